@@ -1,0 +1,75 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// gnh: initialise MPI and Kokkos, parse the command line, dispatch, report.
+// User errors (gnh::Error) end every rank with status 1 and one message, never
+// an MPI abort; the only place they are caught is here.
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <Kokkos_Core.hpp>
+#include <cstdio>
+#include <exception>
+
+#include "core/build_info.hpp"
+#include "core/error.hpp"
+#include "driver/run.hpp"
+#include "parallel/comm.hpp"
+
+namespace {
+
+int dispatch(int argc, char** argv, const gnh::Comm& comm) {
+  CLI::App app{"gnh: gradient noise and Hessian statistics of language-model checkpoints", "gnh"};
+  app.set_version_flag("--version", std::string("gnh ") + gnh::version() + " (" + gnh::git_commit() + ")");
+  app.require_subcommand(1);
+
+  gnh::RunOptions run;
+  CLI::App* run_cmd = app.add_subcommand(
+      "run", "Compute the statistics of every checkpoint in DECK (under mpirun/srun: groups of "
+             "identical checkpoints are dealt round-robin over ranks)");
+  run_cmd->add_option("deck", run.deck, "Input deck (TOML); see doc/deck.md")->required();
+  run_cmd->add_option("--set", run.overrides,
+                      "Override a deck key, e.g. --set analysis.directions=8 (repeatable)")
+      ->type_name("KEY=VALUE");
+  run_cmd->add_flag("--quiet", run.quiet, "Do not echo the deck or per-group progress");
+
+  // Overrides accumulate: let --set be repeated.
+  run_cmd->get_option("--set")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // Help and version go to stdout from rank 0 only; usage errors are user errors.
+    if (comm.rank() == 0) return app.exit(e);
+    return e.get_exit_code();
+  }
+  if (run_cmd->parsed()) return gnh::run_command(comm, run);
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int status = 0;
+  {
+    gnh::Comm comm(MPI_COMM_WORLD);
+    // Kokkos takes its own --kokkos-* arguments out of argv.
+    Kokkos::initialize(argc, argv);
+    try {
+      status = dispatch(argc, argv, comm);
+    } catch (const gnh::ErrorElsewhere&) {
+      status = 1;
+    } catch (const gnh::Error& e) {
+      std::fprintf(stderr, "gnh: error: %s\n", e.what());
+      status = 1;
+    } catch (const std::exception& e) {
+      // Not a user error: a bug. Other ranks may be waiting in a collective,
+      // so abort the job rather than hang it.
+      std::fprintf(stderr, "gnh: internal error on rank %d: %s\n", comm.rank(), e.what());
+      if (comm.size() > 1) MPI_Abort(MPI_COMM_WORLD, 3);
+      status = 3;
+    }
+    Kokkos::finalize();
+  }
+  MPI_Finalize();
+  return status;
+}

@@ -1,0 +1,64 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# Finds gnh's dependencies and papers over packaging differences, exposing
+#   gnh::kokkos        Kokkos core (+ containers)
+#   gnh::kokkoskernels Kokkos Kernels (BLAS through the TPL when available)
+#   gnh::mpi, gnh::hdf5, CLI11::CLI11, tomlplusplus::tomlplusplus (with GNH_ENABLE_MPI)
+#
+# Debian's Trilinos packaging (Kokkos 3.4) exports Kokkos::kokkos with an include
+# directory that lacks the headers (they are in include/trilinos) and has no
+# Kokkos::kokkoskernels target; a cluster's Kokkos >= 4 (Kokkos_ROOT) is used as is.
+
+find_package(Kokkos REQUIRED)
+find_package(KokkosKernels REQUIRED)
+
+find_path(GNH_KOKKOS_INCLUDE_DIR Kokkos_Core.hpp
+  HINTS ${Kokkos_INCLUDE_DIRS} ${Kokkos_DIR}/../../../include
+  PATH_SUFFIXES trilinos)
+add_library(gnh_kokkos INTERFACE)
+target_link_libraries(gnh_kokkos INTERFACE Kokkos::kokkos)
+if(GNH_KOKKOS_INCLUDE_DIR)
+  target_include_directories(gnh_kokkos SYSTEM INTERFACE ${GNH_KOKKOS_INCLUDE_DIR})
+endif()
+add_library(gnh::kokkos ALIAS gnh_kokkos)
+
+add_library(gnh_kokkoskernels INTERFACE)
+if(TARGET Kokkos::kokkoskernels)
+  target_link_libraries(gnh_kokkoskernels INTERFACE Kokkos::kokkoskernels gnh::kokkos)
+elseif(TARGET trilinos_kokkoskernels)
+  target_link_libraries(gnh_kokkoskernels INTERFACE trilinos_kokkoskernels gnh::kokkos)
+  if(KokkosKernels_INCLUDE_DIRS)
+    target_include_directories(gnh_kokkoskernels SYSTEM INTERFACE ${KokkosKernels_INCLUDE_DIRS})
+  endif()
+else()
+  message(FATAL_ERROR "gnh: found KokkosKernels but neither Kokkos::kokkoskernels nor trilinos_kokkoskernels")
+endif()
+add_library(gnh::kokkoskernels ALIAS gnh_kokkoskernels)
+
+if(GNH_ENABLE_MPI)
+  find_package(MPI REQUIRED COMPONENTS C CXX)
+  add_library(gnh_mpi INTERFACE)
+  target_link_libraries(gnh_mpi INTERFACE MPI::MPI_CXX)
+  add_library(gnh::mpi ALIAS gnh_mpi)
+
+  set(HDF5_PREFER_PARALLEL ON)
+  find_package(HDF5 REQUIRED COMPONENTS C)
+  add_library(gnh_hdf5 INTERFACE)
+  if(TARGET HDF5::HDF5)
+    target_link_libraries(gnh_hdf5 INTERFACE HDF5::HDF5)
+  else()
+    target_include_directories(gnh_hdf5 SYSTEM INTERFACE ${HDF5_C_INCLUDE_DIRS} ${HDF5_INCLUDE_DIRS})
+    target_link_libraries(gnh_hdf5 INTERFACE ${HDF5_C_LIBRARIES})
+    target_compile_definitions(gnh_hdf5 INTERFACE ${HDF5_C_DEFINITIONS})
+  endif()
+  # Parallel HDF5's headers include mpi.h.
+  target_link_libraries(gnh_hdf5 INTERFACE MPI::MPI_C)
+  add_library(gnh::hdf5 ALIAS gnh_hdf5)
+
+  find_package(CLI11 REQUIRED)
+  find_package(tomlplusplus REQUIRED)
+  find_package(nlohmann_json REQUIRED)
+endif()
+
+if(GNH_ENABLE_TESTS)
+  find_package(Catch2 2 REQUIRED)
+endif()

@@ -1,0 +1,55 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "analysis/epoch.hpp"
+
+#include "core/error.hpp"
+
+namespace gnh {
+
+index_t epoch_blocks(index_t n_tokens, index_t context, index_t cap) {
+  if (context <= 0) fail("context ", context, " must be positive");
+  const index_t n = n_tokens > 0 ? (n_tokens - 1) / context : 0;
+  return cap > 0 && cap < n ? cap : n;
+}
+
+void fill_batch(View2<std::int32_t, HostSpace> tokens, View2<std::int32_t, HostSpace> targets,
+                const std::int32_t* ids, index_t first, index_t count) {
+  const index_t B = tokens.extent(0), T = tokens.extent(1);
+  for (index_t b = 0; b < B; ++b) {
+    const bool real = b < count;
+    const std::int32_t* block = ids + (first + b) * T;
+    for (index_t t = 0; t < T; ++t) {
+      tokens(b, t) = real ? block[t] : 0;
+      targets(b, t) = real ? block[t + 1] : -1;
+    }
+  }
+}
+
+template <class T>
+EpochLoss epoch_loss(const ExecSpace& space, Gpt<T>& model, Span1<const T> params,
+                     const std::int32_t* ids, index_t n_blocks) {
+  Kokkos::Profiling::pushRegion("gnh::epoch::loss");
+  const index_t B = model.batch(), Tc = model.context();
+  View2<std::int32_t> tokens("gnh::epoch::tokens", B, Tc), targets("gnh::epoch::targets", B, Tc);
+  auto h_tokens = Kokkos::create_mirror_view(tokens);
+  auto h_targets = Kokkos::create_mirror_view(targets);
+  EpochLoss out;
+  for (index_t first = 0; first < n_blocks; first += B) {
+    fill_batch(h_tokens, h_targets, ids, first, std::min(B, n_blocks - first));
+    Kokkos::deep_copy(tokens, h_tokens);
+    Kokkos::deep_copy(targets, h_targets);
+    const LossSum s = model.forward_loss(space, params, tokens, targets);
+    out.sum += s.sum;
+    out.tokens += s.count;
+    ++out.batches;
+  }
+  out.loss = out.tokens > 0 ? out.sum / double(out.tokens) : 0.0;
+  Kokkos::Profiling::popRegion();
+  return out;
+}
+
+template EpochLoss epoch_loss<float>(const ExecSpace&, Gpt<float>&, Span1<const float>,
+                                     const std::int32_t*, index_t);
+template EpochLoss epoch_loss<double>(const ExecSpace&, Gpt<double>&, Span1<const double>,
+                                      const std::int32_t*, index_t);
+
+}  // namespace gnh

@@ -1,0 +1,36 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Full-epoch passes (SPEC §3): with context T, block b has inputs
+// ids[bT .. bT+T-1] and targets ids[bT+1 .. bT+T]; an epoch is blocks 0..n-1,
+// n = floor((N-1)/T), optionally capped. Blocks are processed in microbatches
+// of the model's batch size; the last one is padded with ignored targets, and
+// every sum is divided by the epoch's true target count.
+#pragma once
+#include <cstdint>
+
+#include "core/types.hpp"
+#include "model/gpt.hpp"
+
+namespace gnh {
+
+// Number of blocks of an epoch over n_tokens ids; cap <= 0 means no cap.
+index_t epoch_blocks(index_t n_tokens, index_t context, index_t cap);
+
+// Fills one (B, T) batch with blocks first .. first+count-1 (count <= B); rows
+// past count are padding: token 0 and ignored targets (-1).
+void fill_batch(View2<std::int32_t, HostSpace> tokens, View2<std::int32_t, HostSpace> targets,
+                const std::int32_t* ids, index_t first, index_t count);
+
+struct EpochLoss {
+  double loss = 0.0;        // sum / tokens
+  double sum = 0.0;         // sum of token losses, accumulated in double in block order
+  std::int64_t tokens = 0;  // true target count
+  index_t batches = 0;
+};
+
+// Mean token loss over blocks 0..n_blocks-1 of ids (which must hold at least
+// n_blocks*T + 1 ids). Deterministic: batches are summed in order in double.
+template <class T>
+EpochLoss epoch_loss(const ExecSpace& space, Gpt<T>& model, Span1<const T> params,
+                     const std::int32_t* ids, index_t n_blocks);
+
+}  // namespace gnh

@@ -1,0 +1,16 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Kokkos 3.4 (Debian) and Kokkos >= 4 (clusters) differ in where the maths
+// functions live; kernels call gnh::kmath::exp etc.
+#pragma once
+#include <Kokkos_Core.hpp>
+
+namespace gnh {
+#if KOKKOS_VERSION >= 40000
+namespace kmath = ::Kokkos;
+#else
+namespace kmath = ::Kokkos::Experimental;
+#endif
+
+template <class T>
+KOKKOS_INLINE_FUNCTION constexpr T max_of(T a, T b) { return a > b ? a : b; }
+}  // namespace gnh

@@ -1,0 +1,118 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "io/checkpoint.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <set>
+
+#include "core/error.hpp"
+#include "core/sha256.hpp"
+#include "io/hdf5.hpp"
+#include "model/layout.hpp"
+
+namespace gnh {
+namespace {
+
+ModelConfig read_config(const h5::File& f) {
+  const std::string& path = f.path();
+  auto format = h5::read_string_attr(f.id(), "format", path);
+  if (!format || *format != "gnh-checkpoint")
+    fail(path, ": not a gnh checkpoint (root attribute format=\"gnh-checkpoint\" missing); "
+               "convert PyTorch files with apps/gnh-convert");
+  auto version = h5::read_int_attr(f.id(), "format_version", path);
+  if (!version || *version != 1)
+    fail(path, ": unsupported checkpoint format_version ", version ? *version : -1, " (expected 1)");
+  h5::Handle g = h5::open_group(f.id(), "config", path);
+  const std::string where = path + ": /config";
+  auto need_int = [&](const char* key) -> int {
+    auto v = h5::read_int_attr(g.id(), key, where);
+    if (!v) fail(where, " lacks attribute '", key, "'");
+    return static_cast<int>(*v);
+  };
+  ModelConfig c;
+  c.n_layer = need_int("n_layer");
+  c.n_head = need_int("n_head");
+  c.n_embd = need_int("n_embd");
+  c.block_size = need_int("block_size");
+  c.vocab_size = need_int("vocab_size");
+  c.bias = need_int("bias") != 0;
+  c.tie_embeddings = need_int("tie_embeddings") != 0;
+  auto gelu = h5::read_string_attr(g.id(), "gelu", where);
+  if (!gelu) fail(where, " lacks attribute 'gelu'");
+  if (*gelu == "erf") c.gelu = Gelu::erf;
+  else if (*gelu == "tanh") c.gelu = Gelu::tanh;
+  else fail(where, ": attribute gelu = \"", *gelu, "\" (expected \"erf\" or \"tanh\")");
+  auto eps = h5::read_double_attr(g.id(), "ln_eps", where);
+  if (!eps) fail(where, " lacks attribute 'ln_eps'");
+  c.ln_eps = *eps;
+  c.validate(path);
+  return c;
+}
+
+}  // namespace
+
+ModelConfig read_checkpoint_config(const std::string& path) {
+  h5::File f = h5::File::open_read(path);
+  return read_config(f);
+}
+
+std::string params_sha256(const std::vector<float>& params) {
+  static_assert(sizeof(float) == 4, "float32 expected");
+  Sha256 h;
+  // Hash the little-endian bytes (the host order on every supported platform).
+  h.update(params.data(), params.size() * sizeof(float));
+  return h.hexdigest();
+}
+
+Checkpoint read_checkpoint(const std::string& path) {
+  h5::File f = h5::File::open_read(path);
+  Checkpoint ck;
+  ck.path = path;
+  ck.config = read_config(f);
+  ck.source_file = h5::read_string_attr(f.id(), "source_file", path).value_or("");
+  ck.source_sha256 = h5::read_string_attr(f.id(), "source_sha256", path).value_or("");
+  ck.iter_num = h5::read_int_attr(f.id(), "iter_num", path);
+
+  const ParamLayout layout(ck.config);
+  h5::Handle params = h5::open_group(f.id(), "params", path);
+  std::set<std::string> expected;
+  for (const auto& t : layout.tensors()) expected.insert(t.name);
+  for (const auto& name : h5::list_children(params.id(), path + ": /params"))
+    if (!expected.count(name))
+      fail(path, ": unknown tensor '/params/", name, "' for config ", ck.config.describe());
+
+  ck.params.resize(static_cast<std::size_t>(layout.size()));
+  for (const auto& t : layout.tensors()) {
+    const std::string where = path + ": tensor '" + t.name + "'";
+    if (!h5::exists(params.id(), t.name)) fail(where, " is missing");
+    h5::Handle d(H5Dopen2(params.id(), t.name.c_str(), H5P_DEFAULT));
+    if (!d) fail(where, " cannot be opened");
+    h5::Handle type(H5Dget_type(d.id()));
+    if (H5Tget_class(type.id()) != H5T_FLOAT || H5Tget_size(type.id()) != 4)
+      fail(where, " is not float32");
+    const auto shape = h5::dataset_shape(d.id());
+    if (shape != t.shape) {
+      std::string got, want;
+      for (auto s : shape) got += (got.empty() ? "" : ", ") + std::to_string(s);
+      for (auto s : t.shape) want += (want.empty() ? "" : ", ") + std::to_string(s);
+      fail(where, " has shape (", got, "), expected (", want, ")");
+    }
+    float* dst = ck.params.data() + t.offset;
+    if (H5Dread(d.id(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, dst) < 0)
+      fail(where, " cannot be read (truncated file?)");
+    std::int64_t bad = 0, first = -1;
+    for (std::int64_t i = 0; i < t.size; ++i)
+      if (!std::isfinite(dst[i])) {
+        if (first < 0) first = i;
+        ++bad;
+      }
+    if (bad > 0)
+      fail(where, " holds ", bad, " non-finite value(s), first at flat index ", first, " (",
+           dst[first], ")");
+  }
+  ck.param_sha256 = params_sha256(ck.params);
+  f.close();
+  return ck;
+}
+
+}  // namespace gnh

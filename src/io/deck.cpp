@@ -1,0 +1,285 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "io/deck.hpp"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "core/error.hpp"
+
+namespace gnh {
+namespace {
+
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string suggestion(const std::string& key, const std::vector<std::string>& known) {
+  std::string best;
+  std::size_t best_d = 3;  // suggest only close misspellings
+  for (const auto& k : known) {
+    const std::size_t d = edit_distance(key, k);
+    if (d < best_d) {
+      best_d = d;
+      best = k;
+    }
+  }
+  return best.empty() ? "" : " (did you mean '" + best + "'?)";
+}
+
+std::string type_name(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::table: return "a table";
+    default: return "a date/time";
+  }
+}
+
+// Walks the parsed table, remembering which dotted keys came from --set.
+class Reader {
+ public:
+  Reader(std::string file, std::map<std::string, std::string> origin)
+      : file_(std::move(file)), origin_(std::move(origin)) {}
+
+  std::string where(const toml::node& n, const std::string& key) const {
+    auto it = origin_.find(key);
+    if (it != origin_.end()) return "--set " + it->second;
+    // An override of a parent (e.g. --set data.seen={...}) owns its children.
+    for (const auto& [k, v] : origin_)
+      if (key.rfind(k + ".", 0) == 0) return "--set " + v;
+    const auto line = n.source().begin.line;
+    return line > 0 ? file_ + ":" + std::to_string(line) : file_;
+  }
+
+  void check_keys(const toml::table& t, const std::string& section,
+                  const std::vector<std::string>& known) const {
+    for (const auto& [k, node] : t) {
+      const std::string key(k.str());
+      if (std::find(known.begin(), known.end(), key) == known.end()) {
+        const std::string dotted = section.empty() ? key : section + "." + key;
+        fail(where(node, dotted), ": unknown key '", dotted, "'", suggestion(key, known));
+      }
+    }
+  }
+
+  const toml::table* section(const toml::table& root, const std::string& name, bool required) const {
+    const toml::node* n = root.get(name);
+    if (!n) {
+      if (required) fail(file_, ": missing required section [", name, "]");
+      return nullptr;
+    }
+    if (!n->is_table()) fail(where(*n, name), ": '", name, "' must be a table ([", name, "])");
+    return n->as_table();
+  }
+
+  std::string str(const toml::table& t, const std::string& sec, const std::string& key,
+                  std::string dflt, bool required = false,
+                  const std::vector<std::string>& allowed = {}) const {
+    const std::string dotted = sec + "." + key;
+    const toml::node* n = t.get(key);
+    if (!n) {
+      if (required) fail(file_, ": missing required key ", dotted);
+      return dflt;
+    }
+    if (!n->is_string()) fail(where(*n, dotted), ": ", dotted, " must be a string, got ", type_name(*n));
+    std::string v = n->as_string()->get();
+    if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), v) == allowed.end()) {
+      std::string list;
+      for (const auto& a : allowed) list += (list.empty() ? "\"" : ", \"") + a + "\"";
+      fail(where(*n, dotted), ": ", dotted, " = \"", v, "\" is not one of ", list);
+    }
+    if (required && v.empty()) fail(where(*n, dotted), ": ", dotted, " must not be empty");
+    return v;
+  }
+
+  std::int64_t integer(const toml::table& t, const std::string& sec, const std::string& key,
+                       std::int64_t dflt, std::int64_t lo, std::int64_t hi, bool required = false) const {
+    const std::string dotted = sec + "." + key;
+    const toml::node* n = t.get(key);
+    if (!n) {
+      if (required) fail(file_, ": missing required key ", dotted);
+      return dflt;
+    }
+    if (!n->is_integer())
+      fail(where(*n, dotted), ": ", dotted, " must be an integer, got ", type_name(*n));
+    const std::int64_t v = n->as_integer()->get();
+    if (v < lo || v > hi)
+      fail(where(*n, dotted), ": ", dotted, " = ", v, " is out of range (", lo, " .. ", hi, ")");
+    return v;
+  }
+
+  std::vector<std::string> strings(const toml::table& t, const std::string& sec,
+                                   const std::string& key) const {
+    const std::string dotted = sec + "." + key;
+    const toml::node* n = t.get(key);
+    if (!n) fail(file_, ": missing required key ", dotted);
+    std::vector<std::string> out;
+    if (n->is_string()) {
+      out.push_back(n->as_string()->get());
+    } else if (n->is_array()) {
+      for (const auto& e : *n->as_array()) {
+        if (!e.is_string())
+          fail(where(*n, dotted), ": ", dotted, " must be an array of strings, found ", type_name(e));
+        out.push_back(e.as_string()->get());
+      }
+    } else {
+      fail(where(*n, dotted), ": ", dotted, " must be an array of strings, got ", type_name(*n));
+    }
+    if (out.empty()) fail(where(*n, dotted), ": ", dotted, " is empty");
+    return out;
+  }
+
+  const std::string& file() const { return file_; }
+
+ private:
+  std::string file_;
+  std::map<std::string, std::string> origin_;
+};
+
+// Applies one --set override to the table; returns the dotted key.
+std::string apply_override(toml::table& root, const std::string& spec) {
+  const auto eq = spec.find('=');
+  if (eq == std::string::npos || eq == 0)
+    fail("--set ", spec, ": expected key=value (e.g. analysis.directions=8)");
+  const std::string key = spec.substr(0, eq), value = spec.substr(eq + 1);
+  std::vector<std::string> parts;
+  std::stringstream ks(key);
+  for (std::string p; std::getline(ks, p, '.');) {
+    if (p.empty()) fail("--set ", spec, ": malformed key '", key, "'");
+    parts.push_back(p);
+  }
+  if (parts.size() < 2) fail("--set ", spec, ": key must be section.key (e.g. analysis.seed)");
+  toml::table* t = &root;
+  for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
+    toml::node* n = t->get(parts[i]);
+    if (!n) {
+      t->insert(parts[i], toml::table{});
+      n = t->get(parts[i]);
+    }
+    if (!n->is_table()) fail("--set ", spec, ": '", parts[i], "' is not a table");
+    t = n->as_table();
+  }
+  try {
+    toml::table parsed = toml::parse("v = " + value);
+    t->insert_or_assign(parts.back(), *parsed.get("v"));
+  } catch (const toml::parse_error&) {
+    t->insert_or_assign(parts.back(), value);  // a bare word: take it as a string
+  }
+  return key;
+}
+
+}  // namespace
+
+std::string Deck::resolve(const std::string& p) const {
+  if (p.empty() || p[0] == '/' || dir.empty()) return p;
+  return dir + "/" + p;
+}
+
+Deck parse_deck(const std::string& text, const std::string& name, const std::string& dir,
+                const std::vector<std::string>& overrides) {
+  Deck d;
+  d.file = name;
+  d.dir = dir;
+  d.source_text = text;
+  d.overrides = overrides;
+  toml::table root;
+  try {
+    root = toml::parse(text, name);
+  } catch (const toml::parse_error& e) {
+    fail(name, ":", e.source().begin.line, ": TOML syntax error: ", e.description());
+  }
+  std::map<std::string, std::string> origin;
+  for (const auto& o : overrides) origin[apply_override(root, o)] = o;
+  const Reader r(name, origin);
+
+  r.check_keys(root, "", {"run", "checkpoints", "data", "analysis", "precision", "parallel"});
+
+  if (const toml::table* run = r.section(root, "run", true)) {
+    r.check_keys(*run, "run", {"name", "output"});
+    d.output = r.str(*run, "run", "output", "", true);
+    std::string stem = name.substr(name.find_last_of('/') + 1);
+    stem = stem.substr(0, stem.find_last_of('.'));
+    d.name = r.str(*run, "run", "name", stem);
+  }
+  if (const toml::table* ck = r.section(root, "checkpoints", true)) {
+    r.check_keys(*ck, "checkpoints", {"paths"});
+    d.checkpoint_paths = r.strings(*ck, "checkpoints", "paths");
+  }
+  if (const toml::table* data = r.section(root, "data", true)) {
+    r.check_keys(*data, "data", {"context", "max_blocks", "seen", "unseen"});
+    d.context = r.integer(*data, "data", "context", 0, 1, 1 << 20, true);
+    d.max_blocks = r.integer(*data, "data", "max_blocks", 0, 0, INT64_MAX);
+    for (const char* c : {"seen", "unseen"}) {
+      const toml::node* n = data->get(c);
+      if (!n) continue;
+      const std::string sec = std::string("data.") + c;
+      if (!n->is_table())
+        fail(r.where(*n, sec), ": ", sec, " must be a table like { path = \"...\", dtype = \"uint16\" }");
+      const toml::table& t = *n->as_table();
+      r.check_keys(t, sec, {"path", "dtype", "dataset"});
+      DataCaseSpec cs;
+      cs.name = c;
+      cs.path = r.str(t, sec, "path", "", true);
+      cs.dtype = r.str(t, sec, "dtype", "uint16", false, {"uint16", "uint32", "hdf5"});
+      cs.dataset = r.str(t, sec, "dataset", "");
+      if (cs.dtype == "hdf5" && cs.dataset.empty())
+        fail(r.where(t, sec), ": ", sec, " has dtype \"hdf5\" but no dataset");
+      d.cases.push_back(cs);
+    }
+    if (d.cases.empty()) fail(r.where(*data, "data"), ": [data] needs at least one of seen, unseen");
+  }
+  if (const toml::table* a = r.section(root, "analysis", false)) {
+    r.check_keys(*a, "analysis", {"grad_microbatch", "hvp_batch", "noise_samples", "noise_batch",
+                                  "directions", "seed", "curvature_method"});
+    const std::int64_t big = std::int64_t(1) << 30;
+    d.grad_microbatch = r.integer(*a, "analysis", "grad_microbatch", d.grad_microbatch, 1, big);
+    d.hvp_batch = r.integer(*a, "analysis", "hvp_batch", d.hvp_batch, 1, big);
+    d.noise_samples = r.integer(*a, "analysis", "noise_samples", d.noise_samples, 0, big);
+    d.noise_batch = r.integer(*a, "analysis", "noise_batch", d.noise_batch, 1, big);
+    d.directions = r.integer(*a, "analysis", "directions", d.directions, 0, big);
+    d.seed = static_cast<std::uint64_t>(
+        r.integer(*a, "analysis", "seed", static_cast<std::int64_t>(d.seed), 0, INT64_MAX));
+    d.curvature_method = r.str(*a, "analysis", "curvature_method", d.curvature_method, false,
+                               {"second-order-forward", "forward-over-reverse"});
+  }
+  if (const toml::table* p = r.section(root, "precision", false)) {
+    r.check_keys(*p, "precision", {"policy"});
+    d.policy = r.str(*p, "precision", "policy", d.policy, false, {"fp32", "tf32", "bf16-amp", "fp64"});
+  }
+  if (const toml::table* p = r.section(root, "parallel", false)) {
+    r.check_keys(*p, "parallel", {"ranks_per_checkpoint"});
+    d.ranks_per_checkpoint = r.integer(*p, "parallel", "ranks_per_checkpoint", 1, 1, 1 << 20);
+  }
+  std::ostringstream eff;
+  eff << root;
+  d.effective_text = eff.str();
+  return d;
+}
+
+Deck load_deck(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) fail(path, ": cannot open deck");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const auto slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
+  return parse_deck(ss.str(), path, dir, overrides);
+}
+
+}  // namespace gnh

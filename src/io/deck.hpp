@@ -1,0 +1,59 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The TOML input deck of SPEC §6, parsed strictly: unknown keys, wrong types and
+// out-of-range values are errors with the deck's line number (or the --set
+// override that introduced them). Defaults are documented in doc/deck.md.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gnh {
+
+struct DataCaseSpec {
+  std::string name;             // "seen" | "unseen"
+  std::string path;             // as written in the deck
+  std::string dtype = "uint16";  // "uint16" | "uint32" | "hdf5"
+  std::string dataset;          // HDF5 dataset (dtype "hdf5")
+};
+
+struct Deck {
+  std::string file;            // path of the deck as given
+  std::string dir;             // directory relative paths are resolved against
+  std::string source_text;     // the file as read
+  std::string effective_text;  // the parsed deck after overrides, as TOML
+  std::vector<std::string> overrides;
+
+  // [run]
+  std::string name;
+  std::string output;
+  // [checkpoints]
+  std::vector<std::string> checkpoint_paths;  // globs
+  // [data]
+  std::int64_t context = 0;
+  std::int64_t max_blocks = 0;  // 0: the whole epoch
+  std::vector<DataCaseSpec> cases;
+  // [analysis]
+  std::int64_t grad_microbatch = 32;
+  std::int64_t hvp_batch = 64;
+  std::int64_t noise_samples = 32;
+  std::int64_t noise_batch = 32;
+  std::int64_t directions = 32;
+  std::uint64_t seed = 1234;
+  std::string curvature_method = "second-order-forward";
+  // [precision]
+  std::string policy = "fp32";
+  // [parallel]
+  std::int64_t ranks_per_checkpoint = 1;
+
+  // A path from the deck, resolved against the deck's directory unless absolute.
+  std::string resolve(const std::string& p) const;
+};
+
+// Reads and validates a deck file; overrides are "section.key=value" strings
+// whose value is TOML (a bare word that is not valid TOML is taken as a string).
+Deck load_deck(const std::string& path, const std::vector<std::string>& overrides = {});
+// Same, from text (name is used in messages, dir to resolve paths).
+Deck parse_deck(const std::string& text, const std::string& name, const std::string& dir,
+                const std::vector<std::string>& overrides = {});
+
+}  // namespace gnh

@@ -1,0 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "model/gpt_impl.hpp"
+
+namespace gnh {
+template class Gpt<double>;
+}  // namespace gnh

@@ -1,0 +1,47 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// MPI for gnh: a communicator wrapper with collective error handling, so that a
+// user error found on any rank stops every rank cleanly (no MPI_Abort, no hang).
+#pragma once
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+
+namespace gnh {
+
+class Comm {
+ public:
+  explicit Comm(MPI_Comm c = MPI_COMM_WORLD);
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  MPI_Comm get() const { return comm_; }
+  void barrier() const;
+
+  // Every rank contributes a string; every rank receives all, in rank order.
+  std::vector<std::string> allgather(const std::string& mine) const;
+
+  // Runs f on every rank. If it throws gnh::Error on any rank, every rank
+  // throws: rank 0 a gnh::Error whose message lists each distinct problem once
+  // (prefixed by the rank that saw it when ranks disagree), the others
+  // ErrorElsewhere. Must be called by all ranks.
+  template <class F>
+  void collective(F&& f) const {
+    std::string message;
+    try {
+      f();
+    } catch (const Error& e) {
+      message = e.what();
+      if (message.empty()) message = "unspecified error";
+    }
+    settle(message);
+  }
+
+ private:
+  void settle(const std::string& message) const;
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace gnh

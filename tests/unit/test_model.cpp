@@ -1,0 +1,143 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The whole GPT forward and the epoch loop against the double host reference.
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "analysis/epoch.hpp"
+#include "model/gpt.hpp"
+#include "support/reference.hpp"
+#include "support/views.hpp"
+
+using namespace gnh;
+
+namespace {
+
+ModelConfig make_config(int n_layer, int n_head, int n_embd, int block, int vocab, bool bias,
+                        bool tied, Gelu gelu) {
+  ModelConfig c;
+  c.n_layer = n_layer;
+  c.n_head = n_head;
+  c.n_embd = n_embd;
+  c.block_size = block;
+  c.vocab_size = vocab;
+  c.bias = bias;
+  c.tie_embeddings = tied;
+  c.gelu = gelu;
+  c.ln_eps = 1e-5;
+  return c;
+}
+
+// Parameters with every option mattering: LayerNorm weights near 1, biases
+// and matrices small but non-zero, embeddings O(1).
+std::vector<double> make_params(const ModelConfig& cfg, std::uint64_t seed) {
+  const ParamLayout L(cfg);
+  std::vector<double> p(static_cast<std::size_t>(L.size()));
+  for (const auto& t : L.tensors()) {
+    const bool ln_weight = t.name.find("ln_") != std::string::npos && t.name.find("weight") != std::string::npos;
+    const bool embedding = t.name.find("wte") != std::string::npos || t.name.find("wpe") != std::string::npos;
+    const double scale = ln_weight ? 0.2 : embedding ? 0.8 : 0.3;
+    const auto v = ref::random_vec(t.size, seed++, scale / (ln_weight || embedding ? 1.0 : std::sqrt(t.shape.back() / 4.0)),
+                                   ln_weight ? 1.0 : 0.0);
+    std::copy(v.begin(), v.end(), p.begin() + t.offset);
+  }
+  return p;
+}
+
+std::vector<std::int32_t> make_tokens(std::size_t n, int vocab, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::int32_t> t(n);
+  for (auto& x : t) x = static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(vocab));
+  return t;
+}
+
+template <class T>
+View2<std::int32_t> token_view(const std::vector<std::int32_t>& v, index_t B, index_t Tc) {
+  View2<std::int32_t> d("tokens", B, Tc);
+  auto h = Kokkos::create_mirror_view(d);
+  for (index_t i = 0; i < B * Tc; ++i) h.data()[i] = v[static_cast<std::size_t>(i)];
+  Kokkos::deep_copy(d, h);
+  return d;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("GPT forward loss matches the double reference for every model option", "[model]",
+                   float, double) {
+  using T = TestType;
+  // (layers, heads, embd, block, vocab, bias, tied, gelu, B, T)
+  const auto [nl, nh, ne, block, vocab, bias, tied, gelu, B, Tc] =
+      GENERATE(table<int, int, int, int, int, bool, bool, Gelu, index_t, index_t>({
+          {1, 1, 4, 8, 7, true, true, Gelu::erf, 1, 1},
+          {2, 3, 12, 16, 29, false, true, Gelu::tanh, 2, 13},
+          {2, 3, 12, 16, 29, true, false, Gelu::erf, 3, 16},
+          {1, 2, 8, 11, 17, false, false, Gelu::tanh, 2, 11},
+          {3, 5, 20, 9, 31, true, true, Gelu::tanh, 1, 7},
+      }));
+  CAPTURE(nl, nh, ne, block, vocab, bias, tied, gelu == Gelu::erf, B, Tc);
+  const ModelConfig cfg = make_config(nl, nh, ne, block, vocab, bias, tied, gelu);
+  // The reference sees exactly the parameters the model sees (rounded to T).
+  const auto p = test::rounded<T>(make_params(cfg, 100));
+  const auto tokens = make_tokens(B * Tc, vocab, 7);
+  auto targets = make_tokens(B * Tc, vocab, 8);
+  const bool ignore_one = B * Tc > 1;
+  if (ignore_one) targets[0] = -1;  // an ignored target
+  const double want = ref::model_loss(cfg, p, tokens, targets, B, Tc);
+
+  for (bool save : {false, true}) {
+    Gpt<T> model(cfg, B, Tc, save, /*head_chunk_rows=*/3);
+    const LossSum got = model.forward_loss(ExecSpace(), test::to_view1<T>(p), token_view<T>(tokens, B, Tc),
+                                           token_view<T>(targets, B, Tc));
+    REQUIRE(got.count == B * Tc - (ignore_one ? 1 : 0));
+    const double loss = got.sum / double(got.count);
+    // The bar: 1e-5 relative in float, 1e-12 in double (a few hundred
+    // eps of the deepest dot products, here at most 4C = 80 long).
+    const double rel = std::is_same<T, float>::value ? 1e-5 : 1e-12;
+    CAPTURE(save, loss, want);
+    REQUIRE(std::abs(loss - want) <= rel * std::abs(want));
+  }
+}
+
+TEST_CASE("epoch blocks and batch padding follow SPEC §3", "[model]") {
+  REQUIRE(epoch_blocks(1, 4, 0) == 0);
+  REQUIRE(epoch_blocks(5, 4, 0) == 1);
+  REQUIRE(epoch_blocks(12, 4, 0) == 2);  // needs 4n+1 ids
+  REQUIRE(epoch_blocks(13, 4, 0) == 3);
+  REQUIRE(epoch_blocks(13, 4, 2) == 2);
+  std::vector<std::int32_t> ids(13);
+  for (int i = 0; i < 13; ++i) ids[i] = i;
+  View2<std::int32_t, HostSpace> tok("tok", 3, 4), tgt("tgt", 3, 4);
+  fill_batch(tok, tgt, ids.data(), 1, 2);
+  REQUIRE(tok(0, 0) == 4);
+  REQUIRE(tgt(0, 3) == 8);
+  REQUIRE(tok(1, 3) == 11);
+  REQUIRE(tgt(1, 3) == 12);
+  for (int t = 0; t < 4; ++t) REQUIRE(tgt(2, t) == -1);
+}
+
+TEST_CASE("epoch loss does not depend on the microbatch size", "[model]") {
+  const ModelConfig cfg = make_config(2, 3, 12, 16, 23, true, true, Gelu::erf);
+  const auto p = make_params(cfg, 300);
+  const index_t Tc = 5, n_blocks = 7;  // 7 blocks: batches of 3 leave a padded last batch
+  const auto ids = make_tokens(n_blocks * Tc + 1, cfg.vocab_size, 11);
+  auto params = test::to_view1<double>(p);
+  double reference = 0;
+  for (index_t B : {1, 3, 7, 8}) {
+    Gpt<double> model(cfg, B, Tc, false);
+    const EpochLoss e = epoch_loss<double>(ExecSpace(), model, params, ids.data(), n_blocks);
+    REQUIRE(e.tokens == n_blocks * Tc);
+    if (B == 1) {
+      // The per-block reference, summed by hand.
+      double s = 0;
+      for (index_t b = 0; b < n_blocks; ++b) {
+        std::vector<std::int32_t> tk(ids.begin() + b * Tc, ids.begin() + b * Tc + Tc);
+        std::vector<std::int32_t> tg(ids.begin() + b * Tc + 1, ids.begin() + b * Tc + Tc + 1);
+        s += ref::model_loss(cfg, p, tk, tg, 1, Tc) * double(Tc);
+      }
+      reference = s / double(n_blocks * Tc);
+      REQUIRE(std::abs(e.loss - reference) <= 1e-12 * reference);
+    }
+    // Only the order of the double sums differs between batch sizes.
+    CAPTURE(B);
+    REQUIRE(std::abs(e.loss - reference) <= 1e-13 * reference);
+  }
+}

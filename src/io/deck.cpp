@@ -4,6 +4,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -188,7 +189,7 @@ std::string apply_override(toml::table& root, const std::string& spec) {
 
 std::string Deck::resolve(const std::string& p) const {
   if (p.empty() || p[0] == '/' || dir.empty()) return p;
-  return dir + "/" + p;
+  return (std::filesystem::path(dir) / p).lexically_normal().string();
 }
 
 Deck parse_deck(const std::string& text, const std::string& name, const std::string& dir,

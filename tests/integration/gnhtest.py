@@ -1,0 +1,98 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Shared helpers of gnh's Python-driven integration and oracle tests.
+
+CTest passes GNH_BIN (the gnh executable) and GNH_MPIEXEC (mpirun); the
+models come from apps/python/gnh_model.py and go through the real converter.
+"""
+import os
+import subprocess
+import sys
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+HERE = os.path.dirname(os.path.realpath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "apps", "python"))
+
+import h5py  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import gnh_convert  # noqa: E402
+import gnh_model  # noqa: E402
+
+torch.set_num_threads(1)
+
+GNH = os.environ.get("GNH_BIN", os.path.join(ROOT, "build", "bin", "gnh"))
+MPIEXEC = os.environ.get("GNH_MPIEXEC", "mpirun")
+
+
+def mpi_env():
+    env = dict(os.environ)
+    if os.geteuid() == 0:
+        env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
+        env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+    env["OMPI_MCA_rmaps_base_oversubscribe"] = "1"
+    return env
+
+
+def make_model(cfg, seed, scale=0.3):
+    model = gnh_model.GPT(cfg)
+    gnh_model.init_random(model, seed, scale)
+    return model
+
+
+def save_checkpoint(model, directory, stem, iter_num=None):
+    """Saves nanoGPT-layout .pt and converts it; returns the .h5 path."""
+    cfg = model.config
+    pt = os.path.join(directory, stem + ".pt")
+    h5 = os.path.join(directory, stem + ".h5")
+    obj = {"model": model.state_dict(),
+           "model_args": dict(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
+                              block_size=cfg.block_size, bias=cfg.bias,
+                              vocab_size=cfg.vocab_size, dropout=0)}
+    if iter_num is not None:
+        obj["iter_num"] = iter_num
+    torch.save(obj, pt)
+    opts = gnh_convert.default_options(gelu=cfg.gelu, ln_eps=cfg.ln_eps,
+                                       tie=cfg.tie_embeddings)
+    gnh_convert.convert(pt, h5, opts)
+    return h5
+
+
+def write_tokens(path, n, vocab, seed, dtype=np.uint16):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, vocab, size=n).astype(dtype)
+    ids.tofile(path)
+    return ids
+
+
+def write_deck(path, output, checkpoints, context, seen, unseen=None, extra=""):
+    lines = ["[run]", f'output = "{output}"', "[checkpoints]",
+             "paths = [" + ", ".join(f'"{c}"' for c in checkpoints) + "]",
+             "[data]", f"context = {context}", f'seen = {{ path = "{seen}", dtype = "uint16" }}']
+    if unseen:
+        lines.append(f'unseen = {{ path = "{unseen}", dtype = "uint16" }}')
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n" + extra)
+
+
+def run_gnh(deck, np_=1, sets=(), timeout=300):
+    cmd = [MPIEXEC, "-np", str(np_), GNH, "run", deck, "--quiet"]
+    for s in sets:
+        cmd += ["--set", s]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=mpi_env())
+
+
+def read_results(path):
+    """{alias: {case: (loss, tokens)}} and the group table of a results file."""
+    out = {}
+    with h5py.File(path, "r") as f:
+        assert f.attrs["format"] == "gnh-results"
+        for h, g in f["groups"].items():
+            aliases = [a.decode() if isinstance(a, bytes) else a for a in g.attrs["aliases"]]
+            cases = {c: (float(g[c].attrs["loss"]), int(g[c].attrs["tokens"])) for c in g}
+            for a in aliases:
+                out[a] = dict(cases, group=h)
+    return out

@@ -1,0 +1,129 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Deck parsing (strict keys, line numbers, --set), token files and SHA-256.
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <fstream>
+
+#include "core/error.hpp"
+#include "core/sha256.hpp"
+#include "io/deck.hpp"
+#include "io/tokens.hpp"
+
+using namespace gnh;
+using Catch::Matchers::Contains;
+
+namespace {
+const char* kDeck = R"([run]
+output = "out.h5"
+[checkpoints]
+paths = ["a/*.h5", "b.h5"]
+[data]
+context = 16
+seen = { path = "train.bin", dtype = "uint16" }
+unseen = { path = "val.bin" }
+[analysis]
+directions = 8
+seed = 99
+)";
+
+std::string error_of(const std::string& text, const std::vector<std::string>& sets = {}) {
+  try {
+    parse_deck(text, "deck.toml", "/runs", sets);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST_CASE("a valid deck parses with defaults and resolved paths", "[deck]") {
+  const Deck d = parse_deck(kDeck, "deck.toml", "/runs");
+  REQUIRE(d.output == "out.h5");
+  REQUIRE(d.resolve(d.output) == "/runs/out.h5");
+  REQUIRE(d.resolve("/abs/x") == "/abs/x");
+  REQUIRE(d.checkpoint_paths == std::vector<std::string>{"a/*.h5", "b.h5"});
+  REQUIRE(d.context == 16);
+  REQUIRE(d.cases.size() == 2);
+  REQUIRE(d.cases[1].name == "unseen");
+  REQUIRE(d.cases[1].dtype == "uint16");
+  REQUIRE(d.directions == 8);
+  REQUIRE(d.seed == 99);
+  REQUIRE(d.grad_microbatch == 32);  // default
+  REQUIRE(d.policy == "fp32");
+  REQUIRE(d.name == "deck");  // from the file name
+  REQUIRE_THAT(d.effective_text, Contains("directions = 8"));
+}
+
+TEST_CASE("deck errors name the line and the key", "[deck]") {
+  std::string text = kDeck;
+  text.replace(text.find("directions"), 10, "diretions");
+  REQUIRE_THAT(error_of(text), Contains("deck.toml:10:") && Contains("unknown key 'analysis.diretions'") &&
+                                   Contains("did you mean 'directions'"));
+  REQUIRE_THAT(error_of(std::string(kDeck) + "[extra]\nx = 1\n"), Contains("deck.toml:12:") &&
+                                                                    Contains("unknown key 'extra'"));
+  std::string wrong_type = kDeck;
+  wrong_type.replace(wrong_type.find("context = 16"), 12, "context = \"16\"");
+  REQUIRE_THAT(error_of(wrong_type), Contains("deck.toml:6:") && Contains("data.context must be an integer"));
+  std::string range = kDeck;
+  range.replace(range.find("directions = 8"), 14, "directions = -1");
+  REQUIRE_THAT(error_of(range), Contains("deck.toml:10:") && Contains("out of range"));
+  REQUIRE_THAT(error_of(std::string(kDeck) + "[precision]\npolicy = \"fp16\"\n"),
+               Contains("deck.toml:13:") && Contains("precision.policy = \"fp16\" is not one of"));
+  REQUIRE_THAT(error_of("[run]\noutput = \"x\"\n"), Contains("missing required section [checkpoints]"));
+  REQUIRE_THAT(error_of("[run\n"), Contains("deck.toml:1: TOML syntax error"));
+  std::string dtype = kDeck;
+  dtype.replace(dtype.find("dtype = \"uint16\""), 16, "dtype = \"int8\"");
+  REQUIRE_THAT(error_of(dtype), Contains("deck.toml:7:") && Contains("data.seen.dtype"));
+}
+
+TEST_CASE("--set overrides keys and is named in errors", "[deck]") {
+  const Deck d = parse_deck(kDeck, "deck.toml", "/runs",
+                            {"analysis.directions=3", "precision.policy=fp64", "data.seen.path=other.bin",
+                             "parallel.ranks_per_checkpoint=2"});
+  REQUIRE(d.directions == 3);
+  REQUIRE(d.policy == "fp64");  // a bare word is taken as a string
+  REQUIRE(d.cases[0].path == "other.bin");
+  REQUIRE(d.ranks_per_checkpoint == 2);
+  REQUIRE_THAT(error_of(kDeck, {"analysis.directions=x1"}),
+               Contains("--set analysis.directions=x1") && Contains("must be an integer"));
+  REQUIRE_THAT(error_of(kDeck, {"analysis.nope=1"}),
+               Contains("--set analysis.nope=1") && Contains("unknown key 'analysis.nope'"));
+  REQUIRE_THAT(error_of(kDeck, {"novalue"}), Contains("expected key=value"));
+  REQUIRE_THAT(error_of(kDeck, {"data.context.x=1"}), Contains("'context' is not a table"));
+}
+
+TEST_CASE("token files: widths, vocabulary check with offsets, digest", "[tokens]") {
+  const std::string path = "gnh_test_tokens.bin";
+  {
+    std::ofstream f(path, std::ios::binary);
+    const unsigned char bytes[] = {1, 0, 2, 1, 7, 0};  // uint16 LE: 1, 258, 7
+    f.write(reinterpret_cast<const char*>(bytes), sizeof(bytes));
+  }
+  const TokenFile t = read_tokens(path, "uint16", "", 300);
+  REQUIRE(t.ids == std::vector<std::int32_t>{1, 258, 7});
+  REQUIRE(t.sha256 == sha256_file(path));
+  try {
+    read_tokens(path, "uint16", "", 200);
+    FAIL("expected an error");
+  } catch (const Error& e) {
+    REQUIRE_THAT(e.what(), Contains("gnh_test_tokens.bin") && Contains("token id 258 at offset 1") &&
+                               Contains("vocab_size 200"));
+  }
+  try {
+    read_tokens(path, "uint32", "", 1 << 30);
+    FAIL("expected an error");
+  } catch (const Error& e) {
+    REQUIRE_THAT(e.what(), Contains("not a multiple of 4"));
+  }
+  REQUIRE_THROWS_WITH(read_tokens("no/such/file.bin", "uint16", "", 10), Contains("no/such/file.bin"));
+  std::remove(path.c_str());
+}
+
+TEST_CASE("sha256 matches the FIPS 180-4 examples", "[core]") {
+  REQUIRE(sha256_hex("") == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  REQUIRE(sha256_hex("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  REQUIRE(sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq") ==
+          "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  std::string million(1000000, 'a');
+  REQUIRE(sha256_hex(million) == "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}

@@ -27,6 +27,8 @@ template <class T, class Space = MemSpace>
 using Span1 = Kokkos::View<T*, Kokkos::LayoutRight, Space, Unmanaged>;
 template <class T, class Space = MemSpace>
 using Span2 = Kokkos::View<T**, Kokkos::LayoutRight, Space, Unmanaged>;
+template <class T, class Space = MemSpace>
+using Span3 = Kokkos::View<T***, Kokkos::LayoutRight, Space, Unmanaged>;
 
 // Token ids and targets; a target < 0 is ignored.
 using TokenView = View2<std::int32_t>;  // (B, T)

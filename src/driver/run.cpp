@@ -96,7 +96,7 @@ void compute_groups(const Comm& comm, const Deck& d, const ModelConfig& cfg,
   for (const auto& c : cases) most_blocks = std::max(most_blocks, c.blocks);
   const index_t batch = std::min<index_t>(d.grad_microbatch, most_blocks);
   ExecSpace space;
-  Gpt<T> model(cfg, batch, d.context, /*save_activations=*/false);
+  Gpt<T> model(cfg, batch, d.context);
   const ParamLayout& layout = model.layout();
   View1<T> params("gnh::run::params", layout.size());
   auto h_params = Kokkos::create_mirror_view(params);

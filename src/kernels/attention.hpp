@@ -1,56 +1,133 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Causal multi-head self-attention core (between c_attn and c_proj).
-//   qkv row n = [q | k | v], head h owns columns h*hs .. h*hs+hs-1 of each part.
-//   forward:  s_ts = q_t.k_s / sqrt(hs) (s <= t),  p_t = softmax_s(s_t),  y_t = sum_s p_ts v_s
-// The forward never forms the T x T score matrix: each query row runs an online
-// softmax, accumulating into its own output row. It saves the row's
-// log-sum-exp lse_t = log sum_s exp(s_ts), from which the other modes recompute
-// p_ts = exp(s_ts - lse_t) without a second normalisation pass.
+//   qkv row n = [q | k | v]; head h owns columns h*hs .. h*hs+hs-1 of each part.
+//   forward:  s_ts = q_t.k_s / sqrt(hs) (s <= t),  p_ts = softmax_s(s_t),  y_t = sum_s p_ts v_s
+//   reverse:  D_t = dy_t.y_t,  ds_ts = p_ts (dy_t.v_s - D_t)
+//             dq_t = sum_s ds_ts k_s / sqrt(hs),  dk_s = sum_t ds_ts q_t / sqrt(hs),
+//             dv_s = sum_t p_ts dy_t
+//   tangent / second order: the forward in Dual / Jet2 arithmetic; tangent of
+//   reverse: the reverse in Dual arithmetic.
+// No T x T matrix is ever stored: the forward runs an online softmax per query
+// row, accumulating into its own output row (the running maximum is a value-only
+// shift, which softmax is invariant to, so it carries no derivative). It saves
+// lse_t = log sum_s exp(s_ts) (with tangents), from which the reverse recomputes
+// p_ts = exp(s_ts - lse_t). The reverse runs one pass over queries (dq and D)
+// and one over keys (dk, dv), so no two threads write the same element.
 #pragma once
-#include "core/compat.hpp"
-#include "core/types.hpp"
+#include "core/planes.hpp"
 #include "kernels/check.hpp"
 
 namespace gnh::kernels {
 
-template <class T>
-void attention_forward(const ExecSpace& space,
-                       Span2<T> y,            // (B*T, C)
-                       Span1<T> lse,          // (B*H*T), index (b*H + h)*T + t
-                       Span2<const T> qkv,    // (B*T, 3C)
-                       index_t B, index_t Tc, int n_head) {
-  const index_t C = y.extent(1), H = n_head, hs = C / H;
-  require_extent("gnh::attention::forward", "y rows", y.extent(0), B * Tc);
-  require_extent("gnh::attention::forward", "qkv rows", qkv.extent(0), B * Tc);
-  require_extent("gnh::attention::forward", "qkv cols", qkv.extent(1), 3 * C);
-  require_extent("gnh::attention::forward", "lse", lse.extent(0), B * H * Tc);
+template <class S>
+void attention_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>> lse,
+                       Act2<base_t<S>> qkv, index_t B, index_t Tc, int n_head) {
+  using T = base_t<S>;
+  using io = Io<S>;
+  const index_t C = y.cols(), H = n_head, hs = C / H, K = directions_of<S>(qkv);
+  require_extent("gnh::attention::forward", "y rows", y.rows(), B * Tc);
+  require_extent("gnh::attention::forward", "qkv rows", qkv.rows(), B * Tc);
+  require_extent("gnh::attention::forward", "qkv cols", qkv.cols(), 3 * C);
+  require_extent("gnh::attention::forward", "lse", lse.v.extent(0), B * H * Tc);
   require_extent("gnh::attention::forward", "n_head * head_size", H * hs, C);
   const T scale = T(1) / kmath::sqrt(T(hs));
   Kokkos::parallel_for(
       "gnh::attention::forward", range(space, B * H * Tc), KOKKOS_LAMBDA(const index_t i) {
         const index_t t = i % Tc, h = (i / Tc) % H, b = i / (Tc * H);
         const index_t nq = b * Tc + t, qo = h * hs, ko = C + h * hs, vo = 2 * C + h * hs;
-        T m = 0, l = 0;
-        for (index_t d = 0; d < hs; ++d) y(nq, qo + d) = 0;
-        for (index_t s = 0; s <= t; ++s) {
-          const index_t ns = b * Tc + s;
-          T score = 0;
-          for (index_t d = 0; d < hs; ++d) score += qkv(nq, qo + d) * qkv(ns, ko + d);
-          score *= scale;
-          if (s == 0 || score > m) {
-            // New running maximum: rescale what was accumulated so far.
-            const T corr = s == 0 ? T(0) : kmath::exp(m - score);
-            l *= corr;
-            for (index_t d = 0; d < hs; ++d) y(nq, qo + d) *= corr;
-            m = score;
+        for (int k = 0; k < K; ++k) {
+          T m = 0;
+          S l(0);
+          for (index_t d = 0; d < hs; ++d) io::put(y, k, nq, qo + d, S(0));
+          for (index_t s = 0; s <= t; ++s) {
+            const index_t ns = b * Tc + s;
+            S score(0);
+            for (index_t d = 0; d < hs; ++d) score += io::get(qkv, k, nq, qo + d) * io::get(qkv, k, ns, ko + d);
+            score = score * scale;
+            const T sv = primal_value(score);
+            if (s == 0 || sv > m) {
+              // New running maximum: rescale what was accumulated so far.
+              const T corr = s == 0 ? T(0) : kmath::exp(m - sv);
+              l *= corr;
+              for (index_t d = 0; d < hs; ++d) {
+                S acc = io::get(y, k, nq, qo + d);
+                acc *= corr;
+                io::put(y, k, nq, qo + d, acc);
+              }
+              m = sv;
+            }
+            const S pe = jexp(score - m);
+            l += pe;
+            for (index_t d = 0; d < hs; ++d)
+              io::put(y, k, nq, qo + d, io::get(y, k, nq, qo + d) + pe * io::get(qkv, k, ns, vo + d));
           }
-          const T p = kmath::exp(score - m);
-          l += p;
-          for (index_t d = 0; d < hs; ++d) y(nq, qo + d) += p * qkv(ns, vo + d);
+          const S inv = T(1) / l;
+          for (index_t d = 0; d < hs; ++d) io::put(y, k, nq, qo + d, io::get(y, k, nq, qo + d) * inv);
+          io::put(lse, k, i, jlog(l) + m);
         }
-        const T inv = T(1) / l;
-        for (index_t d = 0; d < hs; ++d) y(nq, qo + d) *= inv;
-        lse(i) = m + kmath::log(l);
+      });
+}
+
+// dqkv is overwritten; D is a (B*H*T) scratch of the same mode.
+template <class S>
+void attention_reverse(const ExecSpace& space, Act2<base_t<S>> dqkv, Act1<base_t<S>> D,
+                       Act2<base_t<S>> dy, Act2<base_t<S>> qkv, Act2<base_t<S>> y,
+                       Act1<base_t<S>> lse, index_t B, index_t Tc, int n_head) {
+  using T = base_t<S>;
+  using io = Io<S>;
+  const index_t C = y.cols(), H = n_head, hs = C / H, K = directions_of<S>(qkv);
+  require_extent("gnh::attention::reverse", "dqkv rows", dqkv.rows(), B * Tc);
+  require_extent("gnh::attention::reverse", "dy rows", dy.rows(), B * Tc);
+  require_extent("gnh::attention::reverse", "D", D.v.extent(0), B * H * Tc);
+  const T scale = T(1) / kmath::sqrt(T(hs));
+  // p_ts and ds_ts for query row nq (index iq into lse/D) and key row ns.
+  Kokkos::parallel_for(
+      "gnh::attention::reverse::queries", range(space, B * H * Tc), KOKKOS_LAMBDA(const index_t i) {
+        const index_t t = i % Tc, h = (i / Tc) % H, b = i / (Tc * H);
+        const index_t nq = b * Tc + t, qo = h * hs, ko = C + h * hs, vo = 2 * C + h * hs;
+        for (int k = 0; k < K; ++k) {
+          S Dt(0);
+          for (index_t d = 0; d < hs; ++d) Dt += io::get(dy, k, nq, qo + d) * io::get(y, k, nq, qo + d);
+          io::put(D, k, i, Dt);
+          const S L = io::get(lse, k, i);
+          for (index_t d = 0; d < hs; ++d) io::put(dqkv, k, nq, qo + d, S(0));
+          for (index_t s = 0; s <= t; ++s) {
+            const index_t ns = b * Tc + s;
+            S score(0), dp(0);
+            for (index_t d = 0; d < hs; ++d) {
+              score += io::get(qkv, k, nq, qo + d) * io::get(qkv, k, ns, ko + d);
+              dp += io::get(dy, k, nq, qo + d) * io::get(qkv, k, ns, vo + d);
+            }
+            const S ds = jexp(score * scale - L) * (dp - Dt) * scale;
+            for (index_t d = 0; d < hs; ++d)
+              io::put(dqkv, k, nq, qo + d, io::get(dqkv, k, nq, qo + d) + ds * io::get(qkv, k, ns, ko + d));
+          }
+        }
+      });
+  Kokkos::parallel_for(
+      "gnh::attention::reverse::keys", range(space, B * H * Tc), KOKKOS_LAMBDA(const index_t i) {
+        const index_t s = i % Tc, h = (i / Tc) % H, b = i / (Tc * H);
+        const index_t ns = b * Tc + s, qo = h * hs, ko = C + h * hs, vo = 2 * C + h * hs;
+        for (int k = 0; k < K; ++k) {
+          for (index_t d = 0; d < hs; ++d) {
+            io::put(dqkv, k, ns, ko + d, S(0));
+            io::put(dqkv, k, ns, vo + d, S(0));
+          }
+          for (index_t t = s; t < Tc; ++t) {
+            const index_t nq = b * Tc + t, iq = (b * H + h) * Tc + t;
+            S score(0), dp(0);
+            for (index_t d = 0; d < hs; ++d) {
+              score += io::get(qkv, k, nq, qo + d) * io::get(qkv, k, ns, ko + d);
+              dp += io::get(dy, k, nq, qo + d) * io::get(qkv, k, ns, vo + d);
+            }
+            const S p = jexp(score * scale - io::get(lse, k, iq));
+            const S ds = p * (dp - io::get(D, k, iq)) * scale;
+            for (index_t d = 0; d < hs; ++d) {
+              io::put(dqkv, k, ns, ko + d, io::get(dqkv, k, ns, ko + d) + ds * io::get(qkv, k, nq, qo + d));
+              io::put(dqkv, k, ns, vo + d, io::get(dqkv, k, ns, vo + d) + p * io::get(dy, k, nq, qo + d));
+            }
+          }
+        }
       });
 }
 

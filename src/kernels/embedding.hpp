@@ -1,30 +1,53 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// Token + position embedding.
+// Token + position embedding; linear in the parameters, so every mode acts
+// plane by plane.
 //   forward:  x[b,t,:] = wte[idx[b,t],:] + wpe[t,:]
-// Saves nothing (the token ids are the only input the other modes need).
+//   tangent:  x.d[k] = v_k[wte][idx] + v_k[wpe][t];  second: x.dd = 0 (theta'' = 0)
+//   reverse:  g[wte][idx[b,t],:] += dx[b,t,:],  g[wpe][t,:] += dx[b,t,:]
+// Saves nothing. The reverse runs one thread per channel over all rows in
+// order, so repeated tokens accumulate deterministically without atomics.
 #pragma once
-#include "core/types.hpp"
+#include "core/planes.hpp"
 #include "kernels/check.hpp"
 
 namespace gnh::kernels {
 
 template <class T>
-void embedding_forward(const ExecSpace& space,
-                       Span2<T> x,                        // (B*T, C)
-                       Span2<const std::int32_t> tokens,  // (B, T)
-                       Span2<const T> wte,                // (V, C)
-                       Span2<const T> wpe) {              // (block_size, C)
-  const index_t B = tokens.extent(0), Tc = tokens.extent(1), C = wte.extent(1);
-  require_extent("gnh::embedding::forward", "x rows", x.extent(0), B * Tc);
-  require_extent("gnh::embedding::forward", "x cols", x.extent(1), C);
-  require_extent("gnh::embedding::forward", "wpe cols", wpe.extent(1), C);
-  if (Tc > static_cast<index_t>(wpe.extent(0)))
-    throw std::logic_error(cat("gnh::embedding::forward: context ", Tc, " exceeds block_size ",
-                               wpe.extent(0)));
+void embedding_forward(const ExecSpace& space, Act2<T> x, Span2<const std::int32_t> tokens,
+                       Params<T> p, index_t wte, index_t wpe) {
+  const index_t B = tokens.extent(0), Tc = tokens.extent(1), C = x.cols();
+  const index_t K = x.d.extent(0);
+  require_extent("gnh::embedding::forward", "x rows", x.rows(), B * Tc);
+  const bool second = x.dd.extent(0) > 0;
   Kokkos::parallel_for(
       "gnh::embedding::forward", range(space, B * Tc * C), KOKKOS_LAMBDA(const index_t i) {
         const index_t n = i / C, c = i % C, t = n % Tc;
-        x(n, c) = wte(tokens(n / Tc, t), c) + wpe(t, c);
+        const index_t iw = wte + index_t(tokens(n / Tc, t)) * C + c, ip = wpe + t * C + c;
+        x.v(n, c) = p.v(iw) + p.v(ip);
+        for (index_t k = 0; k < K; ++k) {
+          x.d(k, n, c) = p.d(k, iw) + p.d(k, ip);
+          if (second) x.dd(k, n, c) = 0;
+        }
+      });
+}
+
+template <class T>
+void embedding_reverse(const ExecSpace& space, Grads<T> g, Act2<T> dx, Span2<const std::int32_t> tokens,
+                       index_t wte, index_t wpe) {
+  const index_t B = tokens.extent(0), Tc = tokens.extent(1), C = dx.cols();
+  const index_t K = dx.d.extent(0);
+  Kokkos::parallel_for(
+      "gnh::embedding::reverse", range(space, C), KOKKOS_LAMBDA(const index_t c) {
+        for (index_t n = 0; n < B * Tc; ++n) {
+          const index_t t = n % Tc;
+          const index_t iw = wte + index_t(tokens(n / Tc, t)) * C + c, ip = wpe + t * C + c;
+          g.v(iw) += dx.v(n, c);
+          g.v(ip) += dx.v(n, c);
+          for (index_t k = 0; k < K; ++k) {
+            g.d(k, iw) += dx.d(k, n, c);
+            g.d(k, ip) += dx.d(k, n, c);
+          }
+        }
       });
 }
 

@@ -1,59 +1,153 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// Language-model head fused with the token cross-entropy.
+// Language-model head fused with the token cross-entropy (summed over rows;
+// the epoch driver divides by the true target count).
 //   forward:  z = h W^T (V logits per row), lse = log sum_v exp(z_v),
-//             loss_n = lse_n - z_n[target_n]  (0 where target_n < 0)
-// Rows are processed in chunks so that only (chunk, V) logits exist at a time,
-// never the full (B*T, V) tensor. Saves lse per row; the other modes recompute
-// the chunk's logits from h and W.
+//             loss_n = lse_n - z_n[target_n]   (0 where target_n < 0)
+//   reverse:  dz = softmax(z) - onehot(target),  dh = dz W,  dW += dz^T h
+//   tangent:  z.d[k] = h.d[k] W^T + h V_k^T;  second: z.dd[k] = h.dd[k] W^T + 2 h.d[k] V_k^T;
+//             lse and loss in Dual / Jet2 arithmetic
+//   tangent of reverse: dz in Dual arithmetic, then the bilinear rules of linear.hpp
+// Rows are processed in chunks so that only (chunk, V) logits (per plane) exist
+// at a time, never the full (B*T, V) tensor. Saves lse per row (with tangents);
+// the reverse recomputes the chunk's logits from h and W.
 #pragma once
-#include <KokkosBlas3_gemm.hpp>
+#include <type_traits>
 
-#include "core/compat.hpp"
-#include "core/types.hpp"
-#include "kernels/check.hpp"
+#include "core/planes.hpp"
+#include "kernels/blas.hpp"
 
 namespace gnh::kernels {
 
-// Softmax statistics of one row of logits: its log-sum-exp.
-template <class T, class Row>
-KOKKOS_INLINE_FUNCTION T row_logsumexp(const Row& z, index_t V) {
-  T m = z(0);
-  for (index_t v = 1; v < V; ++v) m = z(v) > m ? z(v) : m;
-  T s = 0;
-  for (index_t v = 0; v < V; ++v) s += kmath::exp(z(v) - m);
-  return m + kmath::log(s);
+namespace detail {
+template <class T> KOKKOS_INLINE_FUNCTION void store_loss(const Act1<double>& l, int, index_t n, T x) { l.v(n) = double(x); }
+template <class T> KOKKOS_INLINE_FUNCTION void store_loss(const Act1<double>& l, int k, index_t n, const Dual<T>& x) {
+  l.v(n) = double(x.v);
+  l.d(k, n) = double(x.d);
+}
+template <class T> KOKKOS_INLINE_FUNCTION void store_loss(const Act1<double>& l, int k, index_t n, const Jet2<T>& x) {
+  l.v(n) = double(x.v);
+  l.d(k, n) = double(x.d);
+  l.dd(k, n) = double(x.dd);
+}
+
+// Logit planes of rows r0 .. r0+nr-1 into z (plane k of the chunk at k*nr*V).
+template <class T>
+void chunk_logits(const ExecSpace& space, Act2<T> z, Act2<T> h, Params<T> p, index_t w, index_t r0,
+                  index_t nr, bool tangents, bool second) {
+  const index_t N = h.rows(), C = h.cols(), V = z.cols(), K = h.d.extent(0), P = p.v.extent(0);
+  const T* W = p.v.data() + w;
+  gemm<T>(space, "N", "T", T(1), block(h.v.data(), r0 * C, nr, C), block(W, 0, V, C), T(0),
+          block(z.v.data(), 0, nr, V));
+  if (!tangents) return;
+  for (index_t k = 0; k < K; ++k) {
+    const T* Vk = p.d.data() + k * P;
+    T* zk = z.d.data() + k * nr * V;
+    gemm<T>(space, "N", "T", T(1), block(h.d.data(), (k * N + r0) * C, nr, C), block(W, 0, V, C), T(0),
+            block(zk, 0, nr, V));
+    gemm<T>(space, "N", "T", T(1), block(h.v.data(), r0 * C, nr, C), block(Vk, w, V, C), T(1), block(zk, 0, nr, V));
+    if (!second) continue;
+    T* zkk = z.dd.data() + k * nr * V;
+    gemm<T>(space, "N", "T", T(1), block(h.dd.data(), (k * N + r0) * C, nr, C), block(W, 0, V, C), T(0),
+            block(zkk, 0, nr, V));
+    gemm<T>(space, "N", "T", T(2), block(h.d.data(), (k * N + r0) * C, nr, C), block(Vk, w, V, C), T(1),
+            block(zkk, 0, nr, V));
+  }
 }
 
 template <class T>
-void lm_head_xent_forward(const ExecSpace& space,
-                          Span1<double> loss,                 // (N) per-row loss
-                          Span1<T> lse,                       // (N)
-                          Span2<const T> h,                   // (N, C)
-                          Span2<const T> w,                   // (V, C)
-                          Span1<const std::int32_t> targets,  // (N)
-                          Span2<T> logits) {                  // (chunk, V) workspace
-  const index_t N = h.extent(0), C = h.extent(1), V = w.extent(0);
-  require_extent("gnh::lm_head_xent::forward", "weight cols", w.extent(1), C);
-  require_extent("gnh::lm_head_xent::forward", "loss", loss.extent(0), N);
-  require_extent("gnh::lm_head_xent::forward", "lse", lse.extent(0), N);
+Act2<T> chunk_view(const Act2<T>& z, index_t K, index_t nr, index_t V) {
+  Act2<T> c;
+  c.v = Span2<T>(z.v.data(), nr, V);
+  if (z.d.extent(0) > 0) c.d = Span3<T>(z.d.data(), K, nr, V);
+  if (z.dd.extent(0) > 0) c.dd = Span3<T>(z.dd.data(), K, nr, V);
+  return c;
+}
+}  // namespace detail
+
+template <class S>
+void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t<S>> lse,
+                          Act2<base_t<S>> h, Params<base_t<S>> p, index_t w,
+                          Span1<const std::int32_t> targets, Act2<base_t<S>> z) {
+  using T = base_t<S>;
+  using io = Io<S>;
+  const index_t N = h.rows(), V = z.cols(), K = directions_of<S>(h), chunk = z.rows();
+  require_extent("gnh::lm_head_xent::forward", "loss", loss.v.extent(0), N);
   require_extent("gnh::lm_head_xent::forward", "targets", targets.extent(0), N);
-  require_extent("gnh::lm_head_xent::forward", "workspace cols", logits.extent(1), V);
-  const index_t chunk = logits.extent(0);
   if (chunk == 0 && N > 0) throw std::logic_error("gnh::lm_head_xent::forward: empty workspace");
+  const bool tangents = !std::is_same<S, T>::value, second = h.dd.extent(0) > 0;
   for (index_t r0 = 0; r0 < N; r0 += chunk) {
     const index_t nr = N - r0 < chunk ? N - r0 : chunk;
-    Span2<const T> hc(h.data() + r0 * C, nr, C);
-    Span2<T> zc(logits.data(), nr, V);
-    space.fence();
-    KokkosBlas::gemm("N", "T", T(1), hc, w, T(0), zc);
+    const Act2<T> zc = detail::chunk_view(z, K, nr, V);
+    detail::chunk_logits(space, zc, h, p, w, r0, nr, tangents, second);
     Kokkos::parallel_for(
         "gnh::lm_head_xent::forward", range(space, nr), KOKKOS_LAMBDA(const index_t r) {
-          const auto z = Kokkos::subview(zc, r, Kokkos::ALL);
-          const T l = row_logsumexp<T>(z, V);
-          const std::int32_t tgt = targets(r0 + r);
-          lse(r0 + r) = l;
-          loss(r0 + r) = tgt < 0 ? 0.0 : static_cast<double>(l - z(tgt));
+          const index_t n = r0 + r;
+          const std::int32_t tgt = targets(n);
+          T m = zc.v(r, 0);
+          for (index_t v = 1; v < V; ++v) m = zc.v(r, v) > m ? zc.v(r, v) : m;
+          for (int k = 0; k < K; ++k) {
+            S s(0);
+            for (index_t v = 0; v < V; ++v) s += jexp(io::get(zc, k, r, v) - m);
+            const S l = jlog(s) + m;
+            io::put(lse, k, n, l);
+            detail::store_loss(loss, k, n, tgt < 0 ? S(0) : l - io::get(zc, k, r, tgt));
+          }
         });
+  }
+}
+
+// dh is overwritten; g accumulates the gradient of the summed loss.
+template <class S>
+void lm_head_xent_reverse(const ExecSpace& space, Act2<base_t<S>> dh, Grads<base_t<S>> g,
+                          Act1<base_t<S>> lse, Act2<base_t<S>> h, Params<base_t<S>> p, index_t w,
+                          Span1<const std::int32_t> targets, Act2<base_t<S>> z) {
+  using T = base_t<S>;
+  using io = Io<S>;
+  constexpr bool tangents = !std::is_same<S, T>::value;
+  const index_t N = h.rows(), C = h.cols(), V = z.cols(), K = tangents ? h.d.extent(0) : 0;
+  const index_t chunk = z.rows(), P = p.v.extent(0);
+  const T* W = p.v.data() + w;
+  for (index_t r0 = 0; r0 < N; r0 += chunk) {
+    const index_t nr = N - r0 < chunk ? N - r0 : chunk;
+    const Act2<T> zc = detail::chunk_view(z, K, nr, V);
+    detail::chunk_logits(space, zc, h, p, w, r0, nr, tangents, false);
+    // dz = softmax - onehot, in place; the value plane is written after every
+    // tangent plane has read it.
+    Kokkos::parallel_for(
+        "gnh::lm_head_xent::reverse::softmax", range(space, nr * V), KOKKOS_LAMBDA(const index_t i) {
+          const index_t r = i / V, v = i % V, n = r0 + r;
+          const std::int32_t tgt = targets(n);
+          const T zv = zc.v(r, v);
+          if (tgt < 0) {
+            for (int k = 0; k < K; ++k) zc.d(k, r, v) = 0;
+            zc.v(r, v) = 0;
+            return;
+          }
+          const T onehot = v == tgt ? T(1) : T(0);
+          if constexpr (tangents) {
+            for (int k = 0; k < K; ++k) {
+              const S dz = jexp(Tangent<S>::make(zv, zc.d(k, r, v)) - io::get(lse, k, n)) - onehot;
+              zc.d(k, r, v) = Tangent<S>::of(dz);
+            }
+          }
+          zc.v(r, v) = kmath::exp(zv - lse.v(n)) - onehot;
+        });
+    gemm<T>(space, "N", "N", T(1), block(zc.v.data(), 0, nr, V), block(W, 0, V, C), T(0),
+            block(dh.v.data(), r0 * C, nr, C));
+    gemm<T>(space, "T", "N", T(1), block(zc.v.data(), 0, nr, V), block(h.v.data(), r0 * C, nr, C), T(1),
+            block(g.v.data(), w, V, C));
+    for (index_t k = 0; k < K; ++k) {
+      const T* Vk = p.d.data() + k * P;
+      T* Gk = g.d.data() + k * P;
+      const T* dzk = zc.d.data() + k * nr * V;
+      T* dhk = dh.d.data() + (k * N + r0) * C;
+      gemm<T>(space, "N", "N", T(1), block(dzk, 0, nr, V), block(W, 0, V, C), T(0), block(dhk, 0, nr, C));
+      gemm<T>(space, "N", "N", T(1), block(zc.v.data(), 0, nr, V), block(Vk, w, V, C), T(1), block(dhk, 0, nr, C));
+      gemm<T>(space, "T", "N", T(1), block(dzk, 0, nr, V), block(h.v.data(), r0 * C, nr, C), T(1),
+              block(Gk, w, V, C));
+      gemm<T>(space, "T", "N", T(1), block(zc.v.data(), 0, nr, V), block(h.d.data(), (k * N + r0) * C, nr, C),
+              T(1), block(Gk, w, V, C));
+    }
   }
 }
 

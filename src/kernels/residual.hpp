@@ -1,22 +1,45 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// Residual connection.  forward: y = a + b   (y may alias a). Saves nothing.
+// Residual connection and adjoint accumulation; linear, so plane by plane.
+//   forward:  y = a + b (every plane)        reverse: da = db = dy
+// accumulate: y += a (every plane), used to sum adjoints of the residual stream.
+// Saves nothing.
 #pragma once
-#include "core/types.hpp"
+#include "core/planes.hpp"
 #include "kernels/check.hpp"
 
 namespace gnh::kernels {
 
+namespace detail {
 template <class T>
-void residual_forward(const ExecSpace& space, Span2<T> y, Span2<const T> a, Span2<const T> b) {
-  const index_t N = a.extent(0), C = a.extent(1);
-  require_extent("gnh::residual::forward", "b rows", b.extent(0), N);
-  require_extent("gnh::residual::forward", "b cols", b.extent(1), C);
-  require_extent("gnh::residual::forward", "y rows", y.extent(0), N);
-  require_extent("gnh::residual::forward", "y cols", y.extent(1), C);
-  Kokkos::parallel_for(
-      "gnh::residual::forward", range(space, N * C), KOKKOS_LAMBDA(const index_t i) {
-        y(i / C, i % C) = a(i / C, i % C) + b(i / C, i % C);
-      });
+void add_plane(const ExecSpace& space, const char* label, T* y, const T* a, const T* b, index_t n) {
+  if (n == 0) return;
+  Kokkos::parallel_for(label, range(space, n), KOKKOS_LAMBDA(const index_t i) { y[i] = a[i] + b[i]; });
+}
+template <class A>
+index_t plane_size(const A& v) { return static_cast<index_t>(v.size()); }
+}  // namespace detail
+
+template <class T>
+void residual_forward(const ExecSpace& space, Act2<T> y, Act2<T> a, Act2<T> b) {
+  require_extent("gnh::residual::forward", "b size", detail::plane_size(b.v), detail::plane_size(a.v));
+  require_extent("gnh::residual::forward", "y size", detail::plane_size(y.v), detail::plane_size(a.v));
+  detail::add_plane(space, "gnh::residual::forward", y.v.data(), a.v.data(), b.v.data(), detail::plane_size(a.v));
+  detail::add_plane(space, "gnh::residual::forward", y.d.data(), a.d.data(), b.d.data(), detail::plane_size(y.d));
+  detail::add_plane(space, "gnh::residual::forward", y.dd.data(), a.dd.data(), b.dd.data(), detail::plane_size(y.dd));
+}
+
+// y += a on every plane.
+template <class T>
+void accumulate(const ExecSpace& space, Act2<T> y, Act2<T> a) {
+  detail::add_plane(space, "gnh::residual::accumulate", y.v.data(), y.v.data(), a.v.data(), detail::plane_size(y.v));
+  detail::add_plane(space, "gnh::residual::accumulate", y.d.data(), y.d.data(), a.d.data(), detail::plane_size(y.d));
+}
+
+// y = a on every plane.
+template <class T>
+void copy(const ExecSpace& space, Act2<T> y, Act2<T> a) {
+  Kokkos::deep_copy(space, y.v, a.v);
+  if (y.d.size() > 0) Kokkos::deep_copy(space, y.d, a.d);
 }
 
 }  // namespace gnh::kernels

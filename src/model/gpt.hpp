@@ -1,77 +1,127 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The GPT graph of SPEC §1 on a fixed batch shape (B sequences of T tokens),
-// templated on the scalar. Memory (activations and workspaces) is planned once
-// in the constructor; forward_loss() then runs without allocating.
+// The GPT graph of SPEC §1 on a fixed batch shape, templated on the scalar, in
+// every mode of the derivative engine:
+//   forward_loss    primal loss
+//   gradient        loss and the gradient of the batch's summed loss (reverse)
+//   hvp             forward-over-reverse: gradient and H v_k for K directions
+//                   sharing one primal forward and one primal backward
+//   second_order    second-order forward: d/de and d2/de2 of the summed loss
+//                   along K directions, no backward pass, one layer of storage
+// Memory (activations, their tangent planes, adjoints, workspaces) is planned
+// once in the constructor for the modes the Shape asks for.
 #pragma once
 #include <cstdint>
 #include <vector>
 
-#include "core/types.hpp"
+#include "core/planes.hpp"
 #include "model/config.hpp"
 #include "model/layout.hpp"
 
 namespace gnh {
 
-// Sum of token losses over the targets >= 0 of one batch, and their count.
+struct Shape {
+  index_t batch = 1;
+  index_t context = 1;
+  int directions = 0;          // K, for hvp and second_order
+  bool reverse = false;        // gradient / hvp: keep every layer's activations
+  bool second_order = false;   // second_order: second-derivative planes
+  index_t head_chunk_rows = 0;  // rows of logits per chunk (0: automatic)
+};
+
+// Sums over the valid targets (>= 0) of one batch.
 struct LossSum {
-  double sum = 0.0;
-  std::int64_t count = 0;
+  double sum = 0.0;                // sum of token losses
+  std::int64_t count = 0;          // valid targets
+  std::vector<double> first;       // per direction: d/de of the sum
+  std::vector<double> second;      // per direction: d2/de2 of the sum
 };
 
 template <class T>
 struct LayerActivations {
-  View2<T> ln1;                 // (N, C)
-  View1<T> ln1_mean, ln1_rstd;  // (N)
-  View2<T> qkv;                 // (N, 3C)
-  View2<T> att;                 // (N, C) attention output before c_proj
-  View1<T> att_lse;             // (B*H*T)
-  View2<T> x_mid;               // (N, C) residual stream after attention
-  View2<T> ln2;                 // (N, C)
-  View1<T> ln2_mean, ln2_rstd;  // (N)
-  View2<T> fc;                  // (N, 4C) MLP pre-activation
-  View2<T> fc_gelu;             // (N, 4C)
-  View2<T> x_out;               // (N, C) block output
+  Act2<T> ln1;                 // (N, C)
+  Act1<T> ln1_mean, ln1_rstd;  // (N)
+  Act2<T> qkv;                 // (N, 3C)
+  Act2<T> att;                 // (N, C) attention output before c_proj
+  Act1<T> att_lse;             // (B*H*T)
+  Act2<T> x_mid;               // (N, C) residual stream after attention
+  Act2<T> ln2;                 // (N, C)
+  Act1<T> ln2_mean, ln2_rstd;  // (N)
+  Act2<T> fc;                  // (N, 4C) MLP pre-activation
+  Act2<T> fc_gelu;             // (N, 4C)
+  Act2<T> x_out;               // (N, C) block output
+};
+
+template <class T>
+struct Adjoints {
+  Act2<T> res;      // (N, C) adjoint of the residual stream
+  Act2<T> c1, c2;   // (N, C) scratch
+  Act2<T> att;      // (N, C)
+  Act2<T> qkv;      // (N, 3C)
+  Act2<T> fc_gelu;  // (N, 4C)
+  Act2<T> fc;       // (N, 4C)
+  Act1<T> D;        // (B*H*T) attention row terms
 };
 
 template <class T>
 class Gpt {
  public:
-  // save_activations: keep every layer's activations (for reverse mode);
-  // otherwise one layer's buffers are reused and the forward updates the
-  // residual stream in place. head_chunk_rows bounds the (rows, V) logits
-  // workspace of the fused LM head (0: choose automatically).
-  Gpt(const ModelConfig& cfg, index_t batch, index_t context, bool save_activations,
-      index_t head_chunk_rows = 0);
+  Gpt(const ModelConfig& cfg, const Shape& shape);
+  // Primal only, keeping one layer of activations (the loss pass).
+  Gpt(const ModelConfig& cfg, index_t batch, index_t context);
 
   const ModelConfig& config() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }
-  index_t batch() const { return B_; }
-  index_t context() const { return T_; }
-  // Bytes held by the activations and workspaces planned for this batch shape.
+  const Shape& shape() const { return shape_; }
+  index_t batch() const { return shape_.batch; }
+  index_t context() const { return shape_.context; }
+  // Bytes of activations, tangent planes, adjoints and workspaces planned.
   std::size_t workspace_bytes() const { return workspace_bytes_; }
 
   // tokens, targets: (B, T) device views; a target < 0 is ignored.
-  LossSum forward_loss(const ExecSpace& space, Span1<const T> params,
+  LossSum forward_loss(const ExecSpace& space, Span1<const T> params, Span2<const std::int32_t> tokens,
+                       Span2<const std::int32_t> targets);
+  // grad (P) += gradient of the batch's summed loss.
+  LossSum gradient(const ExecSpace& space, Span1<const T> params, Span2<const std::int32_t> tokens,
+                   Span2<const std::int32_t> targets, Span1<T> grad);
+  // dirs (K, P); grad (P) += gradient, hv (K, P) += H_sum dirs_k (H of the summed loss).
+  LossSum hvp(const ExecSpace& space, Span1<const T> params, Span2<const T> dirs,
+              Span2<const std::int32_t> tokens, Span2<const std::int32_t> targets, Span1<T> grad,
+              Span2<T> hv);
+  // dirs (K, P); returns first[k] = G_sum.v_k and second[k] = v_k^T H_sum v_k.
+  LossSum second_order(const ExecSpace& space, Span1<const T> params, Span2<const T> dirs,
                        Span2<const std::int32_t> tokens, Span2<const std::int32_t> targets);
 
-  // Per-row losses of the last forward_loss (N = B*T), for tests and reductions.
-  View1<double> row_loss() const { return row_loss_; }
+  // Per-row losses of the last forward (N = B*T), for tests.
+  View1<double> row_loss() const { return row_loss_v_; }
 
  private:
-  Span2<T> x_in(int layer);
+  template <class S>
+  LossSum forward(const ExecSpace& space, Params<T> p, Span2<const std::int32_t> tokens,
+                  Span2<const std::int32_t> targets);
+  template <class S>
+  void reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<const std::int32_t> tokens,
+               Span2<const std::int32_t> targets);
+  Act2<T> x_in(int layer) const;
+  Act2<T> x_final() const;
+  Act2<T> act2(const char* name, index_t rows, index_t cols, bool tangents, bool second);
+  Act1<T> act1(const char* name, index_t n, bool tangents, bool second);
+  void check_batch(Span2<const std::int32_t> tokens, Span2<const std::int32_t> targets) const;
+
   ModelConfig cfg_;
   ParamLayout layout_;
-  index_t B_, T_, N_;
-  bool save_;
+  Shape shape_;
+  index_t N_;
+  std::vector<View1<T>> owned_;
   std::vector<LayerActivations<T>> acts_;
-  View2<T> x0_;                   // (N, C) embedding output (save mode only)
-  View2<T> proj_;                 // (N, C) c_proj outputs before the residual add
-  View2<T> lnf_;                  // (N, C)
-  View1<T> lnf_mean_, lnf_rstd_;  // (N)
-  View1<T> head_lse_;             // (N)
-  View2<T> logits_;               // (chunk, V)
-  View1<double> row_loss_;        // (N)
-  View1<double, HostSpace> h_row_loss_;
+  Act2<T> x0_;                  // (N, C) embedding output (reverse mode only)
+  Act2<T> proj_;                // (N, C) c_proj outputs before the residual add
+  Act2<T> lnf_;                 // (N, C)
+  Act1<T> lnf_mean_, lnf_rstd_;  // (N)
+  Act1<T> head_lse_;            // (N)
+  Act2<T> logits_;              // (chunk, V) per plane
+  Adjoints<T> adj_;
+  View1<double> row_loss_v_;
+  View2<double> row_loss_d_, row_loss_dd_;  // (K, N)
   std::size_t workspace_bytes_ = 0;
 };
 

@@ -2,7 +2,9 @@
 // Implementation of Gpt<T>; included by one translation unit per scalar type.
 #pragma once
 #include <string>
+#include <type_traits>
 
+#include "core/error.hpp"
 #include "kernels/attention.hpp"
 #include "kernels/embedding.hpp"
 #include "kernels/gelu.hpp"
@@ -14,129 +16,292 @@
 
 namespace gnh {
 
-namespace detail {
-template <class T>
-Span1<const T> vec(Span1<const T> p, std::int64_t off, std::int64_t n) {
-  if (off < 0) return Span1<const T>();
-  return Span1<const T>(p.data() + off, n);
+namespace model_detail {
+// The planes a scalar type uses: primal drops tangents, Dual drops second order.
+template <class S, class A>
+A planes_for(A a) {
+  using T = base_t<S>;
+  if constexpr (std::is_same<S, T>::value) {
+    a.d = decltype(a.d)();
+    a.dd = decltype(a.dd)();
+  } else if constexpr (std::is_same<S, Dual<T>>::value) {
+    a.dd = decltype(a.dd)();
+  }
+  return a;
 }
-template <class T>
-Span2<const T> mat(Span1<const T> p, std::int64_t off, std::int64_t rows, std::int64_t cols) {
-  return Span2<const T>(p.data() + off, rows, cols);
+template <class S, class T>
+Params<T> planes_for(Params<T> p) {
+  if constexpr (std::is_same<S, T>::value) p.d = Span2<const T>();
+  return p;
 }
-}  // namespace detail
+}  // namespace model_detail
 
 template <class T>
-Gpt<T>::Gpt(const ModelConfig& cfg, index_t batch, index_t context, bool save_activations,
-            index_t head_chunk_rows)
-    : cfg_(cfg), layout_(cfg), B_(batch), T_(context), N_(batch * context), save_(save_activations) {
+Act2<T> Gpt<T>::act2(const char* name, index_t rows, index_t cols, bool tangents, bool second) {
+  const index_t K = tangents ? shape_.directions : 0, KK = second ? shape_.directions : 0;
+  const index_t plane = rows * cols, total = plane * (1 + K + KK);
+  owned_.emplace_back(Kokkos::view_alloc(std::string("gnh::gpt::") + name, Kokkos::WithoutInitializing), total);
+  T* base = owned_.back().data();
+  workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(total);
+  Act2<T> a;
+  a.v = Span2<T>(base, rows, cols);
+  if (K > 0) a.d = Span3<T>(base + plane, K, rows, cols);
+  if (KK > 0) a.dd = Span3<T>(base + plane * (1 + K), KK, rows, cols);
+  return a;
+}
+
+template <class T>
+Act1<T> Gpt<T>::act1(const char* name, index_t n, bool tangents, bool second) {
+  const Act2<T> a = act2(name, 1, n, tangents, second);
+  Act1<T> r;
+  r.v = Span1<T>(a.v.data(), n);
+  if (a.d.extent(0) > 0) r.d = Span2<T>(a.d.data(), a.d.extent(0), n);
+  if (a.dd.extent(0) > 0) r.dd = Span2<T>(a.dd.data(), a.dd.extent(0), n);
+  return r;
+}
+
+template <class T>
+Gpt<T>::Gpt(const ModelConfig& cfg, index_t batch, index_t context)
+    : Gpt(cfg, Shape{batch, context, 0, false, false, 0}) {}
+
+template <class T>
+Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape) : cfg_(cfg), layout_(cfg), shape_(shape) {
   cfg_.validate("model");
-  if (batch <= 0) fail("batch size ", batch, " must be positive");
-  if (context <= 0 || context > cfg.block_size)
-    fail("context ", context, " must be in 1..block_size (", cfg.block_size, ")");
+  if (shape.batch <= 0) fail("batch size ", shape.batch, " must be positive");
+  if (shape.context <= 0 || shape.context > cfg.block_size)
+    fail("context ", shape.context, " must be in 1..block_size (", cfg.block_size, ")");
+  if (shape.directions < 0) fail("directions per pass ", shape.directions, " must be >= 0");
+  N_ = shape.batch * shape.context;
   const index_t C = cfg.n_embd, H = cfg.n_head, V = cfg.vocab_size, N = N_;
-  std::size_t bytes = 0;
-  auto v1 = [&](const char* name, index_t n) {
-    bytes += sizeof(T) * n;
-    return View1<T>(Kokkos::view_alloc(std::string("gnh::gpt::") + name, Kokkos::WithoutInitializing), n);
-  };
-  auto v2 = [&](const char* name, index_t r, index_t c) {
-    bytes += sizeof(T) * r * c;
-    return View2<T>(Kokkos::view_alloc(std::string("gnh::gpt::") + name, Kokkos::WithoutInitializing), r, c);
-  };
-  const int slots = save_ ? cfg.n_layer : 1;
+  const bool tan = shape.directions > 0, sec = shape.second_order && tan;
+  const int slots = shape.reverse ? cfg.n_layer : 1;
   for (int l = 0; l < slots; ++l) {
     LayerActivations<T> a;
-    a.ln1 = v2("ln1", N, C);
-    a.ln1_mean = v1("ln1_mean", N);
-    a.ln1_rstd = v1("ln1_rstd", N);
-    a.qkv = v2("qkv", N, 3 * C);
-    a.att = v2("att", N, C);
-    a.att_lse = v1("att_lse", B_ * H * T_);
-    a.x_mid = v2("x_mid", N, C);
-    a.ln2 = v2("ln2", N, C);
-    a.ln2_mean = v1("ln2_mean", N);
-    a.ln2_rstd = v1("ln2_rstd", N);
-    a.fc = v2("fc", N, 4 * C);
-    a.fc_gelu = v2("fc_gelu", N, 4 * C);
-    a.x_out = v2("x_out", N, C);
+    a.ln1 = act2("ln1", N, C, tan, sec);
+    a.ln1_mean = act1("ln1_mean", N, tan, sec);
+    a.ln1_rstd = act1("ln1_rstd", N, tan, sec);
+    a.qkv = act2("qkv", N, 3 * C, tan, sec);
+    a.att = act2("att", N, C, tan, sec);
+    a.att_lse = act1("att_lse", shape.batch * H * shape.context, tan, sec);
+    a.x_mid = act2("x_mid", N, C, tan, sec);
+    a.ln2 = act2("ln2", N, C, tan, sec);
+    a.ln2_mean = act1("ln2_mean", N, tan, sec);
+    a.ln2_rstd = act1("ln2_rstd", N, tan, sec);
+    a.fc = act2("fc", N, 4 * C, tan, sec);
+    a.fc_gelu = act2("fc_gelu", N, 4 * C, tan, sec);
+    a.x_out = act2("x_out", N, C, tan, sec);
     acts_.push_back(a);
   }
-  if (save_) x0_ = v2("x0", N, C);
-  proj_ = v2("proj", N, C);
-  lnf_ = v2("lnf", N, C);
-  lnf_mean_ = v1("lnf_mean", N);
-  lnf_rstd_ = v1("lnf_rstd", N);
-  head_lse_ = v1("head_lse", N);
-  // Default logits chunk: at most 2^24 elements (64 MiB in float), at least one row.
-  if (head_chunk_rows <= 0) head_chunk_rows = std::max<index_t>(1, (index_t(1) << 24) / V);
-  head_chunk_rows = std::min<index_t>(head_chunk_rows, N);
-  logits_ = v2("logits", head_chunk_rows, V);
-  row_loss_ = View1<double>(Kokkos::view_alloc("gnh::gpt::row_loss", Kokkos::WithoutInitializing), N);
-  bytes += sizeof(double) * N;
-  h_row_loss_ = Kokkos::create_mirror_view(row_loss_);
-  workspace_bytes_ = bytes;
+  if (shape.reverse) x0_ = act2("x0", N, C, tan, sec);
+  proj_ = act2("proj", N, C, tan, sec);
+  lnf_ = act2("lnf", N, C, tan, sec);
+  lnf_mean_ = act1("lnf_mean", N, tan, sec);
+  lnf_rstd_ = act1("lnf_rstd", N, tan, sec);
+  head_lse_ = act1("head_lse", N, tan, sec);
+  // Logits chunk: at most 2^24 elements over all planes (64 MiB in float).
+  const index_t planes = 1 + (tan ? shape.directions : 0) * (sec ? 2 : 1);
+  index_t chunk = shape.head_chunk_rows > 0 ? shape.head_chunk_rows
+                                            : std::max<index_t>(1, (index_t(1) << 24) / (V * planes));
+  chunk = std::min<index_t>(chunk, N);
+  logits_ = act2("logits", chunk, V, tan, sec);
+  if (shape.reverse) {
+    adj_.res = act2("d_res", N, C, tan, false);
+    adj_.c1 = act2("d_c1", N, C, tan, false);
+    adj_.c2 = act2("d_c2", N, C, tan, false);
+    adj_.att = act2("d_att", N, C, tan, false);
+    adj_.qkv = act2("d_qkv", N, 3 * C, tan, false);
+    adj_.fc_gelu = act2("d_fc_gelu", N, 4 * C, tan, false);
+    adj_.fc = act2("d_fc", N, 4 * C, tan, false);
+    adj_.D = act1("d_D", shape.batch * H * shape.context, tan, false);
+  }
+  row_loss_v_ = View1<double>("gnh::gpt::row_loss", N);
+  if (tan) row_loss_d_ = View2<double>("gnh::gpt::row_loss_d", shape.directions, N);
+  if (sec) row_loss_dd_ = View2<double>("gnh::gpt::row_loss_dd", shape.directions, N);
+  workspace_bytes_ += sizeof(double) * static_cast<std::size_t>(N * (1 + planes - 1));
 }
 
 template <class T>
-Span2<T> Gpt<T>::x_in(int layer) {
-  // Save mode keeps every block's output; otherwise the stream lives in x_out of
-  // the single slot and is updated in place.
-  if (!save_) return acts_[0].x_out;
-  return layer == 0 ? Span2<T>(x0_) : Span2<T>(acts_[layer - 1].x_out);
+Act2<T> Gpt<T>::x_in(int layer) const {
+  // Reverse mode keeps every block's output; otherwise the stream alternates
+  // between x_out and x_mid of the single slot (never an input of the op that
+  // writes it).
+  if (!shape_.reverse) return acts_[0].x_out;
+  return layer == 0 ? x0_ : acts_[layer - 1].x_out;
 }
 
 template <class T>
-LossSum Gpt<T>::forward_loss(const ExecSpace& space, Span1<const T> p,
-                             Span2<const std::int32_t> tokens, Span2<const std::int32_t> targets) {
+Act2<T> Gpt<T>::x_final() const {
+  return acts_.back().x_out;
+}
+
+template <class T>
+void Gpt<T>::check_batch(Span2<const std::int32_t> tokens, Span2<const std::int32_t> targets) const {
+  using kernels::require_extent;
+  require_extent("gnh::gpt", "tokens rows", tokens.extent(0), shape_.batch);
+  require_extent("gnh::gpt", "tokens cols", tokens.extent(1), shape_.context);
+  require_extent("gnh::gpt", "targets rows", targets.extent(0), shape_.batch);
+  require_extent("gnh::gpt", "targets cols", targets.extent(1), shape_.context);
+}
+
+template <class T>
+template <class S>
+LossSum Gpt<T>::forward(const ExecSpace& space, Params<T> p, Span2<const std::int32_t> tokens,
+                        Span2<const std::int32_t> targets) {
   using namespace kernels;
-  using detail::mat;
-  using detail::vec;
+  using model_detail::planes_for;
   Kokkos::Profiling::pushRegion("gnh::gpt::forward");
-  require_extent("gnh::gpt::forward", "params", p.extent(0), layout_.size());
-  require_extent("gnh::gpt::forward", "tokens rows", tokens.extent(0), B_);
-  require_extent("gnh::gpt::forward", "tokens cols", tokens.extent(1), T_);
-  require_extent("gnh::gpt::forward", "targets rows", targets.extent(0), B_);
-  require_extent("gnh::gpt::forward", "targets cols", targets.extent(1), T_);
-  const index_t C = cfg_.n_embd, V = cfg_.vocab_size;
+  check_batch(tokens, targets);
   const ParamLayout& L = layout_;
-
-  embedding_forward<T>(space, x_in(0), tokens, mat(p, L.wte, V, C), mat(p, L.wpe, cfg_.block_size, C));
+  const index_t B = shape_.batch, Tc = shape_.context;
+  p = planes_for<S>(p);
+  embedding_forward<T>(space, planes_for<S>(x_in(0)), tokens, p, L.wte, L.wpe);
+  const Act2<T> proj = planes_for<S>(proj_);
   for (int l = 0; l < cfg_.n_layer; ++l) {
     const BlockOffsets& o = L.blocks[l];
-    LayerActivations<T>& a = acts_[save_ ? l : 0];
-    Span2<T> x = x_in(l);
-    layernorm_forward<T>(space, a.ln1, a.ln1_mean, a.ln1_rstd, x, vec(p, o.ln1_w, C),
-                         vec(p, o.ln1_b, C), cfg_.ln_eps);
-    linear_forward<T>(space, a.qkv, a.ln1, mat(p, o.attn_w, 3 * C, C), vec(p, o.attn_b, 3 * C));
-    attention_forward<T>(space, a.att, a.att_lse, a.qkv, B_, T_, cfg_.n_head);
-    linear_forward<T>(space, proj_, a.att, mat(p, o.attn_proj_w, C, C), vec(p, o.attn_proj_b, C));
-    residual_forward<T>(space, a.x_mid, x, proj_);
-    layernorm_forward<T>(space, a.ln2, a.ln2_mean, a.ln2_rstd, a.x_mid, vec(p, o.ln2_w, C),
-                         vec(p, o.ln2_b, C), cfg_.ln_eps);
-    linear_forward<T>(space, a.fc, a.ln2, mat(p, o.fc_w, 4 * C, C), vec(p, o.fc_b, 4 * C));
-    gelu_forward<T>(space, a.fc_gelu, a.fc, cfg_.gelu);
-    linear_forward<T>(space, proj_, a.fc_gelu, mat(p, o.fc_proj_w, C, 4 * C), vec(p, o.fc_proj_b, C));
-    residual_forward<T>(space, a.x_out, a.x_mid, proj_);
+    const LayerActivations<T>& a0 = acts_[shape_.reverse ? l : 0];
+    const Act2<T> x = planes_for<S>(x_in(l));
+    const Act2<T> ln1 = planes_for<S>(a0.ln1), qkv = planes_for<S>(a0.qkv), att = planes_for<S>(a0.att);
+    const Act2<T> x_mid = planes_for<S>(a0.x_mid), ln2 = planes_for<S>(a0.ln2);
+    const Act2<T> fc = planes_for<S>(a0.fc), fc_gelu = planes_for<S>(a0.fc_gelu), x_out = planes_for<S>(a0.x_out);
+    layernorm_forward<S>(space, ln1, planes_for<S>(a0.ln1_mean), planes_for<S>(a0.ln1_rstd), x, p, o.ln1_w,
+                         o.ln1_b, cfg_.ln_eps);
+    linear_forward<T>(space, qkv, ln1, p, o.attn_w, o.attn_b);
+    attention_forward<S>(space, att, planes_for<S>(a0.att_lse), qkv, B, Tc, cfg_.n_head);
+    linear_forward<T>(space, proj, att, p, o.attn_proj_w, o.attn_proj_b);
+    residual_forward<T>(space, x_mid, x, proj);
+    layernorm_forward<S>(space, ln2, planes_for<S>(a0.ln2_mean), planes_for<S>(a0.ln2_rstd), x_mid, p, o.ln2_w,
+                         o.ln2_b, cfg_.ln_eps);
+    linear_forward<T>(space, fc, ln2, p, o.fc_w, o.fc_b);
+    gelu_forward<S>(space, fc_gelu, fc, cfg_.gelu);
+    linear_forward<T>(space, proj, fc_gelu, p, o.fc_proj_w, o.fc_proj_b);
+    residual_forward<T>(space, x_out, x_mid, proj);
   }
-  Span2<T> x_final = save_ ? Span2<T>(acts_.back().x_out) : Span2<T>(acts_[0].x_out);
-  layernorm_forward<T>(space, lnf_, lnf_mean_, lnf_rstd_, x_final, vec(p, L.lnf_w, C),
-                       vec(p, L.lnf_b, C), cfg_.ln_eps);
+  layernorm_forward<S>(space, planes_for<S>(lnf_), planes_for<S>(lnf_mean_), planes_for<S>(lnf_rstd_),
+                       planes_for<S>(x_final()), p, L.lnf_w, L.lnf_b, cfg_.ln_eps);
+  Act1<double> loss;
+  loss.v = row_loss_v_;
+  loss.d = row_loss_d_;
+  loss.dd = row_loss_dd_;
   Span1<const std::int32_t> flat_targets(targets.data(), N_);
-  lm_head_xent_forward<T>(space, row_loss_, head_lse_, lnf_, mat(p, L.lm_head, V, C), flat_targets,
-                          logits_);
+  lm_head_xent_forward<S>(space, planes_for<S>(loss), planes_for<S>(head_lse_), planes_for<S>(lnf_), p,
+                          L.lm_head, flat_targets, planes_for<S>(logits_));
   space.fence();
-  Kokkos::deep_copy(h_row_loss_, row_loss_);
+  // Fixed-order host sums in double: deterministic on every backend.
+  auto h_loss = Kokkos::create_mirror_view_and_copy(HostSpace(), row_loss_v_);
   auto h_targets = Kokkos::create_mirror_view_and_copy(HostSpace(), flat_targets);
-  // Fixed-order host sum in double: deterministic on every backend.
   LossSum out;
   for (index_t n = 0; n < N_; ++n) {
     if (h_targets(n) < 0) continue;
-    out.sum += h_row_loss_(n);
+    out.sum += h_loss(n);
     ++out.count;
+  }
+  if constexpr (!std::is_same<S, T>::value) {
+    const index_t K = shape_.directions;
+    auto h_d = Kokkos::create_mirror_view_and_copy(HostSpace(), row_loss_d_);
+    out.first.assign(K, 0.0);
+    for (index_t k = 0; k < K; ++k)
+      for (index_t n = 0; n < N_; ++n)
+        if (h_targets(n) >= 0) out.first[k] += h_d(k, n);
+    if constexpr (std::is_same<S, Jet2<T>>::value) {
+      auto h_dd = Kokkos::create_mirror_view_and_copy(HostSpace(), row_loss_dd_);
+      out.second.assign(K, 0.0);
+      for (index_t k = 0; k < K; ++k)
+        for (index_t n = 0; n < N_; ++n)
+          if (h_targets(n) >= 0) out.second[k] += h_dd(k, n);
+    }
   }
   Kokkos::Profiling::popRegion();
   return out;
+}
+
+template <class T>
+template <class S>
+void Gpt<T>::reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<const std::int32_t> tokens,
+                     Span2<const std::int32_t> targets) {
+  using namespace kernels;
+  using model_detail::planes_for;
+  Kokkos::Profiling::pushRegion("gnh::gpt::reverse");
+  const ParamLayout& L = layout_;
+  const index_t B = shape_.batch, Tc = shape_.context;
+  p = planes_for<S>(p);
+  if constexpr (std::is_same<S, T>::value) g.d = Span2<T>();
+  const Act2<T> res = planes_for<S>(adj_.res), c1 = planes_for<S>(adj_.c1), c2 = planes_for<S>(adj_.c2);
+  const Act2<T> d_att = planes_for<S>(adj_.att), d_qkv = planes_for<S>(adj_.qkv);
+  const Act2<T> d_fcg = planes_for<S>(adj_.fc_gelu), d_fc = planes_for<S>(adj_.fc);
+  const Act1<T> D = planes_for<S>(adj_.D);
+  Span1<const std::int32_t> flat_targets(targets.data(), N_);
+  lm_head_xent_reverse<S>(space, c1, g, planes_for<S>(head_lse_), planes_for<S>(lnf_), p, L.lm_head,
+                          flat_targets, planes_for<S>(logits_));
+  layernorm_reverse<S>(space, res, g, c1, planes_for<S>(x_final()), planes_for<S>(lnf_mean_),
+                       planes_for<S>(lnf_rstd_), p, L.lnf_w, L.lnf_b);
+  for (int l = cfg_.n_layer - 1; l >= 0; --l) {
+    const BlockOffsets& o = L.blocks[l];
+    const LayerActivations<T>& a = acts_[l];
+    // x_out = x_mid + c_proj(gelu(c_fc(ln_2(x_mid)))); res holds d x_out.
+    linear_reverse<T>(space, d_fcg, g, res, planes_for<S>(a.fc_gelu), p, o.fc_proj_w, o.fc_proj_b);
+    gelu_reverse<S>(space, d_fc, d_fcg, planes_for<S>(a.fc), cfg_.gelu);
+    linear_reverse<T>(space, c1, g, d_fc, planes_for<S>(a.ln2), p, o.fc_w, o.fc_b);
+    layernorm_reverse<S>(space, c2, g, c1, planes_for<S>(a.x_mid), planes_for<S>(a.ln2_mean),
+                         planes_for<S>(a.ln2_rstd), p, o.ln2_w, o.ln2_b);
+    accumulate<T>(space, res, c2);  // d x_mid
+    // x_mid = x_in + c_proj(attn(c_attn(ln_1(x_in)))).
+    linear_reverse<T>(space, d_att, g, res, planes_for<S>(a.att), p, o.attn_proj_w, o.attn_proj_b);
+    attention_reverse<S>(space, d_qkv, D, d_att, planes_for<S>(a.qkv), planes_for<S>(a.att),
+                         planes_for<S>(a.att_lse), B, Tc, cfg_.n_head);
+    linear_reverse<T>(space, c1, g, d_qkv, planes_for<S>(a.ln1), p, o.attn_w, o.attn_b);
+    layernorm_reverse<S>(space, c2, g, c1, planes_for<S>(x_in(l)), planes_for<S>(a.ln1_mean),
+                         planes_for<S>(a.ln1_rstd), p, o.ln1_w, o.ln1_b);
+    accumulate<T>(space, res, c2);  // d x_in
+  }
+  // The tied head's contribution is already in g[wte]; the embedding adds its own.
+  embedding_reverse<T>(space, g, res, tokens, L.wte, L.wpe);
+  space.fence();
+  Kokkos::Profiling::popRegion();
+}
+
+template <class T>
+LossSum Gpt<T>::forward_loss(const ExecSpace& space, Span1<const T> params, Span2<const std::int32_t> tokens,
+                             Span2<const std::int32_t> targets) {
+  kernels::require_extent("gnh::gpt::forward_loss", "params", params.extent(0), layout_.size());
+  return forward<T>(space, Params<T>{params, {}}, tokens, targets);
+}
+
+template <class T>
+LossSum Gpt<T>::gradient(const ExecSpace& space, Span1<const T> params, Span2<const std::int32_t> tokens,
+                         Span2<const std::int32_t> targets, Span1<T> grad) {
+  if (!shape_.reverse) throw std::logic_error("gnh::gpt::gradient: planned without reverse mode");
+  kernels::require_extent("gnh::gpt::gradient", "params", params.extent(0), layout_.size());
+  kernels::require_extent("gnh::gpt::gradient", "grad", grad.extent(0), layout_.size());
+  const Params<T> p{params, {}};
+  LossSum out = forward<T>(space, p, tokens, targets);
+  reverse<T>(space, p, Grads<T>{grad, {}}, tokens, targets);
+  return out;
+}
+
+template <class T>
+LossSum Gpt<T>::hvp(const ExecSpace& space, Span1<const T> params, Span2<const T> dirs,
+                    Span2<const std::int32_t> tokens, Span2<const std::int32_t> targets, Span1<T> grad,
+                    Span2<T> hv) {
+  if (!shape_.reverse || shape_.directions == 0)
+    throw std::logic_error("gnh::gpt::hvp: planned without reverse mode or directions");
+  kernels::require_extent("gnh::gpt::hvp", "directions", dirs.extent(0), shape_.directions);
+  kernels::require_extent("gnh::gpt::hvp", "direction length", dirs.extent(1), layout_.size());
+  kernels::require_extent("gnh::gpt::hvp", "hv rows", hv.extent(0), shape_.directions);
+  kernels::require_extent("gnh::gpt::hvp", "hv cols", hv.extent(1), layout_.size());
+  const Params<T> p{params, dirs};
+  LossSum out = forward<Dual<T>>(space, p, tokens, targets);
+  reverse<Dual<T>>(space, p, Grads<T>{grad, hv}, tokens, targets);
+  return out;
+}
+
+template <class T>
+LossSum Gpt<T>::second_order(const ExecSpace& space, Span1<const T> params, Span2<const T> dirs,
+                             Span2<const std::int32_t> tokens, Span2<const std::int32_t> targets) {
+  if (!shape_.second_order || shape_.directions == 0)
+    throw std::logic_error("gnh::gpt::second_order: planned without second-order planes");
+  kernels::require_extent("gnh::gpt::second_order", "directions", dirs.extent(0), shape_.directions);
+  kernels::require_extent("gnh::gpt::second_order", "direction length", dirs.extent(1), layout_.size());
+  return forward<Jet2<T>>(space, Params<T>{params, dirs}, tokens, targets);
 }
 
 }  // namespace gnh

@@ -10,27 +10,36 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
-#include "kernels/attention.hpp"
-#include "kernels/embedding.hpp"
-#include "kernels/gelu.hpp"
-#include "kernels/layernorm.hpp"
-#include "kernels/linear.hpp"
-#include "kernels/lm_head_xent.hpp"
 #include "kernels/residual.hpp"
+#include "support/ops.hpp"
 #include "support/reference.hpp"
-#include "support/views.hpp"
 
 using namespace gnh;
-using gnh::test::nan_view1;
-using gnh::test::nan_view2;
-using gnh::test::rounded;
-using gnh::test::to_host;
-using gnh::test::to_view1;
-using gnh::test::to_view2;
+using gnh::test::Buf;
+using gnh::test::Flat;
 
 namespace {
 template <class T>
 constexpr double eps() { return std::numeric_limits<T>::epsilon(); }
+
+// Rounds reference inputs to T and stores them (what the kernel receives).
+template <class T, class V>
+std::vector<double> load(const V& dst, const std::vector<double>& src) {
+  std::vector<double> r(src.size());
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    dst.data()[i] = static_cast<T>(src[i]);
+    r[i] = static_cast<double>(dst.data()[i]);
+  }
+  return r;
+}
+template <class V>
+void fill_nan(const V& v) {
+  for (std::size_t i = 0; i < v.size(); ++i) v.data()[i] = std::numeric_limits<typename V::value_type>::quiet_NaN();
+}
+template <class V>
+std::vector<double> host(const V& v) {
+  return std::vector<double>(v.data(), v.data() + v.size());
+}
 
 void check_close(const std::vector<double>& got, const std::vector<double>& want,
                  const std::vector<double>& tol) {
@@ -48,20 +57,23 @@ TEMPLATE_TEST_CASE("linear forward matches the reference", "[kernels]", float, d
   const auto [N, in, out, bias] = GENERATE(table<index_t, index_t, index_t, bool>(
       {{1, 1, 1, true}, {7, 5, 3, false}, {13, 11, 17, true}, {0, 3, 2, true}, {64, 37, 29, true}}));
   CAPTURE(N, in, out, bias);
-  const auto x = rounded<T>(ref::random_vec(N * in, 1)), w = rounded<T>(ref::random_vec(out * in, 2));
-  const auto b = rounded<T>(ref::random_vec(out, 3));
-  auto y = nan_view2<T>(N, out);
-  View1<T> bv = bias ? to_view1<T>(b) : View1<T>();
-  kernels::linear_forward<T>(ExecSpace(), y, to_view2<T>(x, N, in), to_view2<T>(w, out, in), bv);
-  const auto want = ref::linear(x, w, bias ? &b : nullptr, N, in, out);
+  test::LinearOp<T> op(N, in, out, bias);
+  Buf<T> x(N, in), y(N, out);
+  Flat<T> p(op.P);
+  const auto xr = load<T>(x.v, ref::random_vec(N * in, 1));
+  const auto pr = load<T>(p.v, ref::random_vec(op.P, 2));
+  fill_nan(y.v);
+  op.fwd_primal(y, x, p);
+  const std::vector<double> w(pr.begin(), pr.begin() + out * in), b(pr.begin() + out * in, pr.end());
+  const auto want = ref::linear(xr, w, bias ? &b : nullptr, N, in, out);
   std::vector<double> tol(want.size());
   for (index_t n = 0; n < N; ++n)
     for (index_t o = 0; o < out; ++o) {
       double mag = bias ? std::abs(b[o]) : 0.0;  // sum |x_i w_i| + |b|
-      for (index_t i = 0; i < in; ++i) mag += std::abs(x[n * in + i] * w[o * in + i]);
+      for (index_t i = 0; i < in; ++i) mag += std::abs(xr[n * in + i] * w[o * in + i]);
       tol[n * out + o] = double(in + 2) * eps<T>() * mag;
     }
-  check_close(to_host(y), want, tol);
+  check_close(host(y.v), want, tol);
 }
 
 TEMPLATE_TEST_CASE("layernorm forward matches the reference", "[kernels]", float, double) {
@@ -69,69 +81,78 @@ TEMPLATE_TEST_CASE("layernorm forward matches the reference", "[kernels]", float
   const auto [N, C, bias] = GENERATE(table<index_t, index_t, bool>(
       {{1, 1, true}, {1, 2, false}, {7, 5, true}, {13, 12, false}, {3, 320, true}}));
   CAPTURE(N, C, bias);
-  const auto x = rounded<T>(ref::random_vec(N * C, 4, 2.0, 0.5));
-  const auto w = rounded<T>(ref::random_vec(C, 5, 0.3, 1.0)), b = rounded<T>(ref::random_vec(C, 6));
-  auto y = nan_view2<T>(N, C);
-  auto mean = nan_view1<T>(N), rstd = nan_view1<T>(N);
-  kernels::layernorm_forward<T>(ExecSpace(), y, mean, rstd, to_view2<T>(x, N, C), to_view1<T>(w),
-                                bias ? to_view1<T>(b) : View1<T>(), 1e-5);
-  const auto want = ref::layernorm(x, w, bias ? &b : nullptr, N, C, 1e-5);
+  test::LayerNormOp<T> op(N, C, bias);
+  Buf<T> x(N, C), y(N, C);
+  Flat<T> p(op.P);
+  const auto xr = load<T>(x.v, ref::random_vec(N * C, 4, 2.0, 0.5));
+  auto praw = ref::random_vec(C, 5, 0.3, 1.0);
+  if (bias) {
+    const auto braw = ref::random_vec(C, 6);
+    praw.insert(praw.end(), braw.begin(), braw.end());
+  }
+  const auto pr = load<T>(p.v, praw);
+  fill_nan(y.v);
+  fill_nan(op.mean.v);
+  fill_nan(op.rstd.v);
+  op.fwd_primal(y, x, p);
+  const std::vector<double> w(pr.begin(), pr.begin() + C), b(pr.begin() + C, pr.end());
+  const auto want = ref::layernorm(xr, w, bias ? &b : nullptr, N, C, 1e-5);
   // Mean and variance are length-C sums; the normalised value inherits
   // ~(C+8) eps relative error of |x - mu| rstd |w|, plus |b| rounding.
   std::vector<double> tol(want.size());
   for (std::size_t i = 0; i < want.size(); ++i)
     tol[i] = double(C + 8) * eps<T>() * (std::abs(want[i]) + (bias ? std::abs(b[i % C]) : 0.0) + 1.0);
-  check_close(to_host(y), want, tol);
-  for (double r : to_host(rstd)) REQUIRE(std::isfinite(r));
-  for (double m : to_host(mean)) REQUIRE(std::isfinite(m));
+  check_close(host(y.v), want, tol);
+  for (double r : host(op.rstd.v)) REQUIRE(std::isfinite(r));
+  for (double m : host(op.mean.v)) REQUIRE(std::isfinite(m));
 }
 
 TEMPLATE_TEST_CASE("gelu forward matches the reference", "[kernels]", float, double) {
   using T = TestType;
   const auto kind = GENERATE(Gelu::erf, Gelu::tanh);
   const auto [N, C] = GENERATE(table<index_t, index_t>({{1, 1}, {7, 13}, {0, 4}}));
-  const auto x = rounded<T>(ref::random_vec(N * C, 7, 3.0));
-  auto y = nan_view2<T>(N, C);
-  kernels::gelu_forward<T>(ExecSpace(), y, to_view2<T>(x, N, C), kind);
-  std::vector<double> want(x.size()), tol(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    want[i] = ref::gelu(x[i], kind);
-    tol[i] = 8 * eps<T>() * (std::abs(x[i]) + 1.0);  // a handful of ops on |x|-sized values
+  test::GeluOp<T> op(N, C, kind);
+  Buf<T> x(N, C), y(N, C);
+  const auto xr = load<T>(x.v, ref::random_vec(N * C, 7, 3.0));
+  fill_nan(y.v);
+  op.fwd_primal(y, x, Flat<T>());
+  std::vector<double> want(xr.size()), tol(xr.size());
+  for (std::size_t i = 0; i < xr.size(); ++i) {
+    want[i] = ref::gelu(xr[i], kind);
+    tol[i] = 8 * eps<T>() * (std::abs(xr[i]) + 1.0);  // a handful of ops on |x|-sized values
   }
-  check_close(to_host(y), want, tol);
+  check_close(host(y.v), want, tol);
 }
 
-TEMPLATE_TEST_CASE("residual and embedding forward match the reference", "[kernels]", float, double) {
+TEMPLATE_TEST_CASE("embedding and residual forward match the reference", "[kernels]", float, double) {
   using T = TestType;
-  const index_t B = 2, Tc = 5, C = 3, V = 11, block = 7;
-  const auto wte = rounded<T>(ref::random_vec(V * C, 8)), wpe = rounded<T>(ref::random_vec(block * C, 9));
-  std::vector<double> tok_d(B * Tc);
-  for (index_t i = 0; i < B * Tc; ++i) tok_d[i] = double((i * 7 + 3) % V);
-  View2<std::int32_t> tokens("tokens", B, Tc);
-  auto ht = Kokkos::create_mirror_view(tokens);
-  for (index_t i = 0; i < B * Tc; ++i) ht.data()[i] = static_cast<std::int32_t>(tok_d[i]);
-  Kokkos::deep_copy(tokens, ht);
-  auto x = nan_view2<T>(B * Tc, C);
-  kernels::embedding_forward<T>(ExecSpace(), x, tokens, to_view2<T>(wte, V, C), to_view2<T>(wpe, block, C));
+  const index_t B = 2, Tc = 5, C = 3, V = 11;
+  test::EmbeddingOp<T> op(B, Tc, V, C);
+  Buf<T> y(B * Tc, C);
+  Flat<T> p(op.P);
+  const auto pr = load<T>(p.v, ref::random_vec(op.P, 8));
+  fill_nan(y.v);
+  op.fwd_primal(y, Buf<T>(B * Tc, 1), p);
   std::vector<double> want(B * Tc * C), tol(B * Tc * C);
   for (index_t n = 0; n < B * Tc; ++n)
     for (index_t c = 0; c < C; ++c) {
-      const double a = wte[ht.data()[n] * C + c], p = wpe[(n % Tc) * C + c];
-      want[n * C + c] = a + p;
-      tol[n * C + c] = eps<T>() * (std::abs(a) + std::abs(p));  // one rounded addition
+      const double a = pr[op.tokens.data()[n] * C + c], q = pr[V * C + (n % Tc) * C + c];
+      want[n * C + c] = a + q;
+      tol[n * C + c] = eps<T>() * (std::abs(a) + std::abs(q));  // one rounded addition
     }
-  check_close(to_host(x), want, tol);
+  check_close(host(y.v), want, tol);
 
-  const auto a = rounded<T>(ref::random_vec(13 * 3, 10)), b = rounded<T>(ref::random_vec(13 * 3, 11));
-  auto y = nan_view2<T>(13, 3);
-  kernels::residual_forward<T>(ExecSpace(), y, to_view2<T>(a, 13, 3), to_view2<T>(b, 13, 3));
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    want.resize(a.size());
-    tol.resize(a.size());
-    want[i] = a[i] + b[i];
-    tol[i] = eps<T>() * (std::abs(a[i]) + std::abs(b[i]));
+  Buf<T> a(13, 3), b(13, 3), s(13, 3);
+  const auto ar = load<T>(a.v, ref::random_vec(39, 10)), br = load<T>(b.v, ref::random_vec(39, 11));
+  fill_nan(s.v);
+  kernels::residual_forward<T>(ExecSpace(), s.template act<T>(), a.template act<T>(), b.template act<T>());
+  want.assign(39, 0.0);
+  tol.assign(39, 0.0);
+  for (std::size_t i = 0; i < 39; ++i) {
+    want[i] = ar[i] + br[i];
+    tol[i] = eps<T>() * (std::abs(ar[i]) + std::abs(br[i]));
   }
-  check_close(to_host(y), want, tol);
+  check_close(host(s.v), want, tol);
 }
 
 TEMPLATE_TEST_CASE("attention forward matches the reference", "[kernels]", float, double) {
@@ -140,10 +161,12 @@ TEMPLATE_TEST_CASE("attention forward matches the reference", "[kernels]", float
       {{1, 1, 1, 1}, {2, 5, 3, 4}, {1, 13, 3, 2}, {2, 7, 1, 5}, {1, 31, 5, 8}}));
   CAPTURE(B, Tc, H, hs);
   const index_t C = H * hs, N = B * Tc;
-  const auto qkv = rounded<T>(ref::random_vec(N * 3 * C, 12, 1.5));
-  auto y = nan_view2<T>(N, C);
-  auto lse = nan_view1<T>(B * H * Tc);
-  kernels::attention_forward<T>(ExecSpace(), y, lse, to_view2<T>(qkv, N, 3 * C), B, Tc, int(H));
+  test::AttentionOp<T> op(B, Tc, int(H), hs);
+  Buf<T> x(N, 3 * C), y(N, C);
+  const auto qkv = load<T>(x.v, ref::random_vec(N * 3 * C, 12, 1.5));
+  fill_nan(y.v);
+  fill_nan(op.lse.v);
+  op.fwd_primal(y, x, Flat<T>());
   const auto want = ref::attention(qkv, B, Tc, C, H);
   // Scores are length-hs dot products, the softmax a length-T sum of exps and
   // the output a length-T convex combination of v: (hs + T + 8) eps times the
@@ -155,8 +178,8 @@ TEMPLATE_TEST_CASE("attention forward matches the reference", "[kernels]", float
       smax = std::max(smax, std::abs(qkv[n * 3 * C + c]) * std::abs(qkv[n * 3 * C + C + c]));
     }
   std::vector<double> tol(want.size(), double(hs + Tc + 8) * eps<T>() * vmax * (1.0 + hs * smax));
-  check_close(to_host(y), want, tol);
-  for (double l : to_host(lse)) REQUIRE(std::isfinite(l));
+  check_close(host(y.v), want, tol);
+  for (double l : host(op.lse.v)) REQUIRE(std::isfinite(l));
 }
 
 TEMPLATE_TEST_CASE("fused lm head and cross-entropy match the reference", "[kernels]", float, double) {
@@ -164,26 +187,23 @@ TEMPLATE_TEST_CASE("fused lm head and cross-entropy match the reference", "[kern
   const auto [N, C, V, chunk] = GENERATE(table<index_t, index_t, index_t, index_t>(
       {{1, 1, 2, 1}, {7, 5, 11, 3}, {13, 12, 37, 13}, {10, 4, 5, 4}}));
   CAPTURE(N, C, V, chunk);
-  const auto h = rounded<T>(ref::random_vec(N * C, 13)), w = rounded<T>(ref::random_vec(V * C, 14));
-  std::vector<std::int32_t> targets(N);
-  for (index_t n = 0; n < N; ++n) targets[n] = n % 4 == 3 ? -1 : std::int32_t((n * 5 + 1) % V);
-  View1<std::int32_t> tv("targets", N);
-  auto ht = Kokkos::create_mirror_view(tv);
-  for (index_t n = 0; n < N; ++n) ht(n) = targets[n];
-  Kokkos::deep_copy(tv, ht);
-  View1<double> loss("loss", N);
-  Kokkos::deep_copy(loss, std::numeric_limits<double>::quiet_NaN());
-  auto lse = nan_view1<T>(N);
-  auto ws = nan_view2<T>(chunk, V);
-  kernels::lm_head_xent_forward<T>(ExecSpace(), loss, lse, to_view2<T>(h, N, C), to_view2<T>(w, V, C), tv, ws);
-  const auto want = ref::xent_rows(h, w, targets, N, C, V);
+  test::XentOp<T> op(N, C, V, chunk);
+  Buf<T> h(N, C), loss(N, 1);
+  Flat<T> p(op.P);
+  const auto hr = load<T>(h.v, ref::random_vec(N * C, 13));
+  const auto w = load<T>(p.v, ref::random_vec(V * C, 14));
+  fill_nan(loss.v);
+  fill_nan(op.z.v);
+  op.fwd_primal(loss, h, p);
+  std::vector<std::int32_t> targets(op.targets.data(), op.targets.data() + N);
+  const auto want = ref::xent_rows(hr, w, targets, N, C, V);
   // Logits are length-C dot products; the log-sum-exp adds a length-V sum.
   std::vector<double> tol(N);
   for (index_t n = 0; n < N; ++n) {
     double mag = 0;
     for (index_t v = 0; v < V; ++v)
-      for (index_t c = 0; c < C; ++c) mag = std::max(mag, std::abs(h[n * C + c] * w[v * C + c]) * C);
+      for (index_t c = 0; c < C; ++c) mag = std::max(mag, std::abs(hr[n * C + c] * w[v * C + c]) * C);
     tol[n] = double(C + V + 8) * eps<T>() * (mag + 1.0);
   }
-  check_close(to_host(loss), want, tol);
+  check_close(host(loss.v), want, tol);
 }

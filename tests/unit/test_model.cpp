@@ -84,7 +84,12 @@ TEMPLATE_TEST_CASE("GPT forward loss matches the double reference for every mode
   const double want = ref::model_loss(cfg, p, tokens, targets, B, Tc);
 
   for (bool save : {false, true}) {
-    Gpt<T> model(cfg, B, Tc, save, /*head_chunk_rows=*/3);
+    Shape shape;
+    shape.batch = B;
+    shape.context = Tc;
+    shape.reverse = save;
+    shape.head_chunk_rows = 3;
+    Gpt<T> model(cfg, shape);
     const LossSum got = model.forward_loss(ExecSpace(), test::to_view1<T>(p), token_view<T>(tokens, B, Tc),
                                            token_view<T>(targets, B, Tc));
     REQUIRE(got.count == B * Tc - (ignore_one ? 1 : 0));
@@ -122,7 +127,7 @@ TEST_CASE("epoch loss does not depend on the microbatch size", "[model]") {
   auto params = test::to_view1<double>(p);
   double reference = 0;
   for (index_t B : {1, 3, 7, 8}) {
-    Gpt<double> model(cfg, B, Tc, false);
+    Gpt<double> model(cfg, B, Tc);
     const EpochLoss e = epoch_loss<double>(ExecSpace(), model, params, ids.data(), n_blocks);
     REQUIRE(e.tokens == n_blocks * Tc);
     if (B == 1) {

@@ -1,0 +1,119 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Activations, parameters and gradients in the derivative engine's three modes,
+// stored as planes (structure of arrays) so that every GEMM stays a plain BLAS
+// call on contiguous LayoutRight blocks:
+//
+//   primal   v              (N, C)
+//   tangent  v, d[k]        d: (K, N, C), one plane per direction k
+//   second   v, d[k], dd[k] dd: (K, N, C)
+//
+// Nonlinear kernels read and write scalars S (T, Dual<T>, Jet2<T>) through Io<S>;
+// linear maps act on each plane separately. Direction k of the parameters is
+// row k of the (K, P) direction buffer, so the tangent of a weight matrix is a
+// contiguous block of it, laid out exactly like the weight.
+#pragma once
+#include "core/jet.hpp"
+#include "core/types.hpp"
+
+namespace gnh {
+
+template <class T>
+struct Act2 {
+  Span2<T> v;      // (N, C)
+  Span3<T> d, dd;  // (K, N, C) or empty
+  KOKKOS_INLINE_FUNCTION index_t rows() const { return v.extent(0); }
+  KOKKOS_INLINE_FUNCTION index_t cols() const { return v.extent(1); }
+};
+
+template <class T>
+struct Act1 {
+  Span1<T> v;      // (N)
+  Span2<T> d, dd;  // (K, N) or empty
+};
+
+// Parameters and, in tangent/second mode, the K directions (parameter tangents).
+template <class T>
+struct Params {
+  Span1<const T> v;  // (P)
+  Span2<const T> d;  // (K, P) or empty
+};
+
+// Gradient accumulators: the gradient and, in tangent mode, its K tangents (Hv_k).
+template <class T>
+struct Grads {
+  Span1<T> v;  // (P)
+  Span2<T> d;  // (K, P) or empty
+};
+
+template <class S>
+struct Io {  // primal: S == T
+  using T = S;
+  static KOKKOS_INLINE_FUNCTION S get(const Act2<T>& a, int, index_t n, index_t c) { return a.v(n, c); }
+  static KOKKOS_INLINE_FUNCTION void put(const Act2<T>& a, int, index_t n, index_t c, const S& x) { a.v(n, c) = x; }
+  static KOKKOS_INLINE_FUNCTION S get(const Act1<T>& a, int, index_t n) { return a.v(n); }
+  static KOKKOS_INLINE_FUNCTION void put(const Act1<T>& a, int, index_t n, const S& x) { a.v(n) = x; }
+  static KOKKOS_INLINE_FUNCTION S param(const Params<T>& p, int, index_t i) { return p.v(i); }
+  // Adds x into gradient entry i; the value part is added once (k == 0).
+  static KOKKOS_INLINE_FUNCTION void accumulate(const Grads<T>& g, int, index_t i, const S& x) { g.v(i) += x; }
+};
+
+template <class T_>
+struct Io<Dual<T_>> {
+  using T = T_;
+  using S = Dual<T>;
+  static KOKKOS_INLINE_FUNCTION S get(const Act2<T>& a, int k, index_t n, index_t c) { return {a.v(n, c), a.d(k, n, c)}; }
+  static KOKKOS_INLINE_FUNCTION void put(const Act2<T>& a, int k, index_t n, index_t c, const S& x) {
+    a.v(n, c) = x.v;
+    a.d(k, n, c) = x.d;
+  }
+  static KOKKOS_INLINE_FUNCTION S get(const Act1<T>& a, int k, index_t n) { return {a.v(n), a.d(k, n)}; }
+  static KOKKOS_INLINE_FUNCTION void put(const Act1<T>& a, int k, index_t n, const S& x) {
+    a.v(n) = x.v;
+    a.d(k, n) = x.d;
+  }
+  static KOKKOS_INLINE_FUNCTION S param(const Params<T>& p, int k, index_t i) { return {p.v(i), p.d(k, i)}; }
+  static KOKKOS_INLINE_FUNCTION void accumulate(const Grads<T>& g, int k, index_t i, const S& x) {
+    if (k == 0) g.v(i) += x.v;
+    g.d(k, i) += x.d;
+  }
+};
+
+template <class T_>
+struct Io<Jet2<T_>> {
+  using T = T_;
+  using S = Jet2<T>;
+  static KOKKOS_INLINE_FUNCTION S get(const Act2<T>& a, int k, index_t n, index_t c) {
+    return {a.v(n, c), a.d(k, n, c), a.dd(k, n, c)};
+  }
+  static KOKKOS_INLINE_FUNCTION void put(const Act2<T>& a, int k, index_t n, index_t c, const S& x) {
+    a.v(n, c) = x.v;
+    a.d(k, n, c) = x.d;
+    a.dd(k, n, c) = x.dd;
+  }
+  static KOKKOS_INLINE_FUNCTION S get(const Act1<T>& a, int k, index_t n) { return {a.v(n), a.d(k, n), a.dd(k, n)}; }
+  static KOKKOS_INLINE_FUNCTION void put(const Act1<T>& a, int k, index_t n, const S& x) {
+    a.v(n) = x.v;
+    a.d(k, n) = x.d;
+    a.dd(k, n) = x.dd;
+  }
+  // theta(eps) = theta + eps v: the second derivative of a parameter is 0.
+  static KOKKOS_INLINE_FUNCTION S param(const Params<T>& p, int k, index_t i) { return {p.v(i), p.d(k, i), T(0)}; }
+};
+
+// Number of directions carried by a scalar type's planes (1 for the primal loop).
+template <class S, class A>
+index_t directions_of(const A& a) {
+  return std::is_same<S, base_t<S>>::value ? 1 : static_cast<index_t>(a.d.extent(0));
+}
+
+}  // namespace gnh
+
+namespace gnh {
+// Building a scalar from a value and one tangent, and reading the tangent back
+// (for kernels that update planes in place: the value is written last).
+template <class S> struct Tangent;
+template <class T> struct Tangent<Dual<T>> {
+  static KOKKOS_INLINE_FUNCTION Dual<T> make(T v, T d) { return {v, d}; }
+  static KOKKOS_INLINE_FUNCTION T of(const Dual<T>& x) { return x.d; }
+};
+}  // namespace gnh

@@ -1,0 +1,210 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Every op's reverse, tangent, tangent-of-reverse and second-order kernels,
+// in double, against central finite differences and the adjoint identity.
+//
+// Tolerances. Central differences with step h err by h^2 |F'''|/6 (truncation)
+// plus eps |F|/h (rounding); with inputs O(1) and h = 1e-5 both are ~1e-10
+// relative, so the bar of 1e-7 relative leaves a wide margin while
+// still catching any wrong term (a missing term is an O(1) relative error).
+// The adjoint identity <J t, w> = <t, J^T w> holds to rounding: both sides are
+// sums of products each formed by O(100)-long accumulations, so we allow
+// 1e3 eps times the sum of absolute terms.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include "support/ops.hpp"
+
+using namespace gnh;
+using test::Buf;
+using test::Flat;
+using test::Op;
+
+namespace {
+
+constexpr double kStep = 1e-5;
+constexpr double kFdRel = 1e-7;
+constexpr double kEps = std::numeric_limits<double>::epsilon();
+
+template <class V>
+void randomize(const V& v, std::uint64_t seed, double scale, double shift = 0.0) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  for (std::size_t i = 0; i < v.size(); ++i) v.data()[i] = shift + scale * nd(rng);
+}
+
+template <class V>
+std::vector<double> copy_of(const V& v) {
+  return std::vector<double>(v.data(), v.data() + v.size());
+}
+
+double dot(const std::vector<double>& a, const std::vector<double>& b) {
+  double s = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+double absdot(const std::vector<double>& a, const std::vector<double>& b) {
+  double s = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += std::abs(a[i] * b[i]);
+  return s;
+}
+
+// floor: the scale below which a quantity counts as zero (a linear op's second
+// derivative is exactly 0 in theory and ~eps in practice).
+void require_close_vectors(const std::vector<double>& got, const std::vector<double>& fd, const char* what,
+                           double floor = 0.0) {
+  REQUIRE(got.size() == fd.size());
+  double scale = floor;
+  for (double g : got) scale = std::max(scale, std::abs(g));
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO(what << " element " << i << ": analytic " << got[i] << " finite difference " << fd[i]);
+    REQUIRE(std::isfinite(got[i]));
+    REQUIRE(std::abs(got[i] - fd[i]) <= kFdRel * std::max(scale, 1e-300));
+  }
+}
+
+// Runs all derivative checks on one op instance.
+void check_op(Op<double>& op, std::uint64_t seed, double x_scale, double x_shift = 0.0) {
+  const index_t N = op.N, Cin = op.Cin, Cout = op.Cout, P = op.P;
+  CAPTURE(op.name(), N, Cin, Cout, P);
+  Buf<double> x(N, Cin), dy(N, Cout);
+  Flat<double> p(P);
+  randomize(x.v, seed, x_scale, x_shift);
+  randomize(x.d, seed + 1, 1.0);  // u_x
+  randomize(p.v, seed + 2, 0.5, 0.0);
+  randomize(p.d, seed + 3, 1.0);  // u_theta
+  if (op.unit_seed) {
+    for (index_t i = 0; i < N * Cout; ++i) { dy.v(i) = 1.0; dy.d(i) = 0.0; }
+  } else {
+    randomize(dy.v, seed + 4, 1.0);
+    randomize(dy.d, seed + 5, 1.0);  // w: tangent of the seed
+  }
+  const auto ux = copy_of(x.d), up = copy_of(p.d);
+
+  // F at theta + h u (primal), its tangent (Dual) and the reverse there.
+  auto shifted = [&](double h, Buf<double>& xs, Flat<double>& ps, Buf<double>& dys) {
+    for (index_t i = 0; i < N * Cin; ++i) { xs.v(i) = x.v(i) + h * x.d(i); xs.d(i) = x.d(i); xs.dd(i) = 0; }
+    for (index_t i = 0; i < P; ++i) { ps.v(i) = p.v(i) + h * p.d(i); ps.d(i) = p.d(i); }
+    for (index_t i = 0; i < N * Cout; ++i) { dys.v(i) = dy.v(i) + h * dy.d(i); dys.d(i) = dy.d(i); }
+  };
+  auto primal_at = [&](double h) {
+    Buf<double> xs(N, Cin), ys(N, Cout), dys(N, Cout);
+    Flat<double> ps(P);
+    shifted(h, xs, ps, dys);
+    op.fwd_primal(ys, xs, ps);
+    return copy_of(ys.v);
+  };
+  auto tangent_at = [&](double h) {
+    Buf<double> xs(N, Cin), ys(N, Cout), dys(N, Cout);
+    Flat<double> ps(P);
+    shifted(h, xs, ps, dys);
+    op.fwd_dual(ys, xs, ps);
+    return copy_of(ys.d);
+  };
+  auto reverse_at = [&](double h) {
+    Buf<double> xs(N, Cin), dys(N, Cout), dx(N, Cin);
+    Flat<double> ps(P), g(P);
+    shifted(h, xs, ps, dys);
+    op.rev_primal(dx, g, dys, xs, ps);
+    auto out = copy_of(dx.v);
+    const auto gv = copy_of(g.v);
+    out.insert(out.end(), gv.begin(), gv.end());
+    return out;
+  };
+  auto central = [&](const std::function<std::vector<double>(double)>& f) {
+    const auto a = f(kStep), b = f(-kStep);
+    std::vector<double> d(a.size());
+    for (std::size_t i = 0; i < a.size(); ++i) d[i] = (a[i] - b[i]) / (2 * kStep);
+    return d;
+  };
+
+  // Primal reverse: <dy, dF> along u against finite differences.
+  Buf<double> dx(N, Cin);
+  Flat<double> g(P);
+  op.rev_primal(dx, g, dy, x, p);
+  const auto dxv = copy_of(dx.v), gv = copy_of(g.v), dyv = copy_of(dy.v);
+  const double vjp = dot(dxv, ux) + dot(gv, up);
+  const double fd = dot(dyv, central(primal_at));
+  const double vjp_scale = absdot(dxv, ux) + absdot(gv, up);
+  INFO("reverse: <dx,u> = " << vjp << ", finite difference " << fd);
+  REQUIRE(std::abs(vjp - fd) <= kFdRel * vjp_scale);
+
+  // Tangent against finite differences, element by element.
+  const auto ydot = tangent_at(0.0);
+  require_close_vectors(ydot, central(primal_at), "tangent");
+
+  // Adjoint identity <J u, dy> = <u, J^T dy>, to rounding.
+  const double lhs = dot(ydot, dyv);
+  INFO("adjoint: <Ju, w> = " << lhs << ", <u, J^T w> = " << vjp);
+  REQUIRE(std::abs(lhs - vjp) <= 1e3 * kEps * (absdot(ydot, dyv) + vjp_scale));
+
+  // Tangent of the reverse against finite differences of the reverse.
+  Buf<double> dx2(N, Cin);
+  Flat<double> g2(P);
+  op.rev_dual(dx2, g2, dy, x, p);
+  auto rdot = copy_of(dx2.d);
+  const auto gd = copy_of(g2.d);
+  rdot.insert(rdot.end(), gd.begin(), gd.end());
+  require_close_vectors(rdot, central(reverse_at), "tangent of reverse");
+  // ... and its value part is the primal reverse.
+  const auto g2v = copy_of(g2.v);
+  for (std::size_t i = 0; i < gv.size(); ++i) REQUIRE(std::abs(g2v[i] - gv[i]) <= 1e3 * kEps * (std::abs(gv[i]) + 1));
+
+  // Second order: y'' along u against finite differences of the tangent.
+  Buf<double> y2(N, Cout);
+  for (index_t i = 0; i < N * Cin; ++i) x.dd(i) = 0;
+  op.fwd_jet(y2, x, p);
+  double tangent_scale = 0;
+  for (double t : ydot) tangent_scale = std::max(tangent_scale, std::abs(t));
+  require_close_vectors(copy_of(y2.dd), central(tangent_at), "second order", tangent_scale);
+  // Its first-order part is the tangent.
+  const auto y2d = copy_of(y2.d);
+  for (std::size_t i = 0; i < ydot.size(); ++i) REQUIRE(std::abs(y2d[i] - ydot[i]) <= 1e3 * kEps * (std::abs(ydot[i]) + 1));
+}
+
+}  // namespace
+
+TEST_CASE("linear: every derivative mode", "[derivatives]") {
+  for (bool bias : {true, false}) {
+    test::LinearOp<double> op(7, 5, 3, bias);
+    check_op(op, 10, 1.0);
+  }
+  test::LinearOp<double> one(1, 1, 1, true);
+  check_op(one, 11, 1.0);
+}
+
+TEST_CASE("layernorm: every derivative mode", "[derivatives]") {
+  for (bool bias : {true, false}) {
+    test::LayerNormOp<double> op(5, 7, bias);
+    check_op(op, 20, 1.5, 0.3);
+  }
+  test::LayerNormOp<double> two(3, 2, true);
+  check_op(two, 21, 1.0);
+}
+
+TEST_CASE("gelu: every derivative mode", "[derivatives]") {
+  for (Gelu kind : {Gelu::erf, Gelu::tanh}) {
+    test::GeluOp<double> op(6, 7, kind);
+    check_op(op, 30, 2.0);
+  }
+}
+
+TEST_CASE("attention: every derivative mode", "[derivatives]") {
+  // (B, T, heads, head size): T = 1, a prime T, three heads.
+  test::AttentionOp<double> a(1, 1, 1, 2), b(2, 5, 3, 2), c(1, 7, 2, 3);
+  check_op(a, 40, 1.0);
+  check_op(b, 41, 1.0);
+  check_op(c, 42, 1.0);
+}
+
+TEST_CASE("fused lm head and cross-entropy: every derivative mode", "[derivatives]") {
+  test::XentOp<double> a(7, 5, 11, 3), b(4, 3, 2, 4);
+  check_op(a, 50, 1.0);
+  check_op(b, 51, 1.0);
+}
+
+TEST_CASE("embedding: every derivative mode", "[derivatives]") {
+  test::EmbeddingOp<double> op(2, 5, 4, 3);
+  check_op(op, 60, 1.0);
+}

@@ -1,0 +1,155 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
+"""The derivative engine against PyTorch (Debian's torch 1.13, double backward)
+on generated checkpoints covering every model option and a context that is not
+a power of two: loss, G, G^T H G, xi^T H xi (xi = g_B - G for one noise batch)
+and v^T H v for Rademacher v from SPEC §4's generator, by both curvature paths.
+
+Bars (issue #3): 1e-10 relative in double, 1e-4 in float; relative to the
+quantity, or to the sum of absolute per-batch contributions where the quantity
+nearly cancels (a Rademacher v^T H v can)."""
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "integration"))
+import gnhtest  # noqa: E402
+import h5py  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+PROBE = os.environ.get("GNH_ENGINE_PROBE", os.path.join(gnhtest.ROOT, "build", "bin", "engine_probe"))
+MASK = (1 << 64) - 1
+
+
+def splitmix64(x):
+    x = (x + 0x9E3779B97F4A7C15) & MASK
+    z = x
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+    return z ^ (z >> 31)
+
+
+def rademacher(seed, k, n):
+    """SPEC §4, vectorised with numpy's wrapping uint64 arithmetic."""
+    key = splitmix64(seed ^ splitmix64(k))
+    with np.errstate(over="ignore"):
+        x = np.uint64(key) ^ np.arange(n, dtype=np.uint64)
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        z = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return np.where((z >> np.uint64(63)) == 0, 1.0, -1.0)
+
+
+class Reference:
+    """Double-precision PyTorch: mean loss, gradients and per-batch H v."""
+
+    def __init__(self, h5path, ids, context):
+        cfg, state = gnhtest.gnh_model.load_gnh_h5(h5path)
+        self.model = gnhtest.gnh_model.GPT(cfg).double()
+        gnhtest.gnh_model.load_canonical_state(self.model, {k: v.double() for k, v in state.items()})
+        self.params = list(gnhtest.gnh_model.canonical_state_dict(self.model).values())
+        self.ids = torch.from_numpy(ids.astype(np.int64))
+        self.T = context
+        self.n = (len(ids) - 1) // context
+
+    def batches(self, blocks, size):
+        for i in range(0, len(blocks), size):
+            b = torch.tensor(blocks[i:i + size])
+            idx = torch.stack([self.ids[j * self.T:(j + 1) * self.T] for j in b])
+            tgt = torch.stack([self.ids[j * self.T + 1:(j + 1) * self.T + 1] for j in b])
+            yield idx, tgt
+
+    def loss_sum(self, idx, tgt):
+        logits = self.model(idx)
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), tgt.reshape(-1),
+                                                 reduction="sum")
+
+    def flat(self, ts):
+        return torch.cat([t.reshape(-1) for t in ts])
+
+    def gradient(self, blocks):
+        g = None
+        count = 0
+        total = 0.0
+        for idx, tgt in self.batches(blocks, 4):
+            ls = self.loss_sum(idx, tgt)
+            gi = self.flat(torch.autograd.grad(ls, self.params))
+            g = gi if g is None else g + gi
+            count += tgt.numel()
+            total += float(ls)
+        return total / count, g / count
+
+    def quad_forms(self, vs):
+        """v^T H v of the epoch-mean loss and the per-batch absolute sum."""
+        quads = np.zeros(len(vs))
+        abs_sum = np.zeros(len(vs))
+        count = 0
+        for idx, tgt in self.batches(list(range(self.n)), 4):
+            ls = self.loss_sum(idx, tgt)
+            g = self.flat(torch.autograd.grad(ls, self.params, create_graph=True))
+            count += tgt.numel()
+            for k, v in enumerate(vs):
+                hv = self.flat(torch.autograd.grad(g @ v, self.params, retain_graph=True))
+                q = float(v @ hv)
+                quads[k] += q
+                abs_sum[k] += abs(q)
+        return quads / count, abs_sum / count
+
+
+class DerivativeOracle(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="gnh-doracle-")
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def run_probe(self, ckpt, tokens, context, policy, K, seed, noise, out):
+        cmd = [PROBE, ckpt, tokens, str(context), policy, "3", "2", str(K), str(seed),
+               ",".join(map(str, noise)), out]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with h5py.File(out, "r") as f:
+            return {k: (f[k][()] if k in f else f.attrs[k]) for k in list(f.keys()) + list(f.attrs.keys())}
+
+    def test_every_model_option(self):
+        context, vocab, K, seed = 7, 23, 2, 1234
+        noise = [4, 1, 6]
+        for i, (bias, tied, gelu) in enumerate(itertools.product((True, False), (True, False), ("erf", "tanh"))):
+            cfg = gnhtest.gnh_model.GPTConfig(n_layer=2, n_head=3, n_embd=12, block_size=8, vocab_size=vocab,
+                                              bias=bias, tie_embeddings=tied, gelu=gelu)
+            d = os.path.join(self.tmp, f"case{i}")
+            os.makedirs(d)
+            h5 = gnhtest.save_checkpoint(gnhtest.make_model(cfg, seed=200 + i, scale=0.4), d, "model")
+            ids = gnhtest.write_tokens(os.path.join(d, "tokens.bin"), context * 9 + 3, vocab, 50 + i)
+            ref = Reference(h5, ids, context)
+            loss, G = ref.gradient(list(range(ref.n)))
+            _, gB = ref.gradient(noise)
+            xi = gB - G
+            P = G.numel()
+            vs = [G, xi] + [torch.from_numpy(rademacher(seed, k, P)) for k in range(K)]
+            quads, abs_sums = ref.quad_forms(vs)
+            for policy, rel in (("fp64", 1e-10), ("fp32", 1e-4)):
+                got = self.run_probe(h5, os.path.join(d, "tokens.bin"), context, policy, K, seed, noise,
+                                     os.path.join(d, f"probe_{policy}.h5"))
+                with self.subTest(bias=bias, tied=tied, gelu=gelu, policy=policy):
+                    self.assertLessEqual(abs(got["loss"] - loss), rel * loss)
+                    Gn = G.numpy()
+                    self.assertLessEqual(np.linalg.norm(got["G"] - Gn), rel * np.linalg.norm(Gn))
+                    self.assertLessEqual(np.linalg.norm(got["gB"] - gB.numpy()), rel * np.linalg.norm(gB.numpy()))
+                    for tag in ("for", "sof"):
+                        for k, name in enumerate(["GHG", "xiHxi"] + [f"vHv[{j}]" for j in range(K)]):
+                            scale = max(abs(quads[k]), abs_sums[k])
+                            self.assertLessEqual(abs(got["quad_" + tag][k] - quads[k]), rel * scale,
+                                                 (tag, name, got["quad_" + tag][k], quads[k]))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,153 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""The PyTorch reference a user would otherwise run, timed on the same
+checkpoint, data, batch and thread count as bench_engine:
+
+  eager gradient            loss.backward() of the batch's summed loss
+  eager double backward     g = grad(loss, create_graph=True), then grad(g.v) per direction
+  functorch fwd-over-rev    jvp(grad(loss), (theta,), (v,)) per direction
+
+torch 1.13's functorch forward mode fails on the built-in layer_norm, softmax
+and cross_entropy, so the functional model below writes those three out with
+elementary ops (used for every path, so all three time the same graph).
+"""
+import os
+import statistics
+import time
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+
+try:
+    import functorch  # noqa: E402
+except ImportError:  # pragma: no cover - Debian's torch ships it
+    functorch = None
+
+
+def layer_norm(x, w, b, eps):
+    mu = x.mean(-1, keepdim=True)
+    var = ((x - mu) ** 2).mean(-1, keepdim=True)
+    y = (x - mu) / torch.sqrt(var + eps) * w
+    return y + b if b is not None else y
+
+
+def gelu(x, kind):
+    if kind == "erf":
+        return 0.5 * x * (1.0 + torch.erf(x * 0.7071067811865476))
+    return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+
+
+def loss_sum(params, names, cfg, idx, tgt):
+    """Summed token cross-entropy of the GPT of SPEC §1, functional in params."""
+    p = dict(zip(names, params))
+    B, T = idx.shape
+    C, H = cfg.n_embd, cfg.n_head
+    hs = C // H
+    x = p["transformer.wte.weight"][idx] + p["transformer.wpe.weight"][:T]
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    for i in range(cfg.n_layer):
+        q = f"transformer.h.{i}."
+        def bias(n):
+            return p.get(q + n)
+        h = layer_norm(x, p[q + "ln_1.weight"], bias("ln_1.bias"), cfg.ln_eps)
+        qkv = h @ p[q + "attn.c_attn.weight"].t()
+        if cfg.bias:
+            qkv = qkv + p[q + "attn.c_attn.bias"]
+        qq, kk, vv = qkv.split(C, dim=2)
+        qq = qq.view(B, T, H, hs).transpose(1, 2)
+        kk = kk.view(B, T, H, hs).transpose(1, 2)
+        vv = vv.view(B, T, H, hs).transpose(1, 2)
+        s = (qq @ kk.transpose(-2, -1)) * (1.0 / hs ** 0.5)
+        s = s.masked_fill(~mask, float("-inf"))
+        s = s - s.max(-1, keepdim=True).values.detach()
+        e = torch.exp(s)
+        a = (e / e.sum(-1, keepdim=True)) @ vv
+        a = a.transpose(1, 2).reshape(B, T, C) @ p[q + "attn.c_proj.weight"].t()
+        if cfg.bias:
+            a = a + p[q + "attn.c_proj.bias"]
+        x = x + a
+        h = layer_norm(x, p[q + "ln_2.weight"], bias("ln_2.bias"), cfg.ln_eps)
+        f = h @ p[q + "mlp.c_fc.weight"].t()
+        if cfg.bias:
+            f = f + p[q + "mlp.c_fc.bias"]
+        f = gelu(f, cfg.gelu) @ p[q + "mlp.c_proj.weight"].t()
+        if cfg.bias:
+            f = f + p[q + "mlp.c_proj.bias"]
+        x = x + f
+    x = layer_norm(x, p["transformer.ln_f.weight"], p.get("transformer.ln_f.bias"), cfg.ln_eps)
+    w = p["transformer.wte.weight"] if cfg.tie_embeddings else p["lm_head.weight"]
+    z = x @ w.t()
+    m = z.max(-1, keepdim=True).values.detach()
+    lse = torch.log(torch.exp(z - m).sum(-1)) + m.squeeze(-1)
+    picked = z.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+    return (lse - picked).sum()
+
+
+def median_seconds(fn, repeats):
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def bench(cfg, state, names, idx, tgt, directions, repeats, dtype=torch.float32):
+    torch.set_num_threads(1)
+    params = [state[n].to(dtype).clone().requires_grad_(True) for n in names]
+    ntok = idx.numel()
+    out = {"context": {"tool": "torch", "version": torch.__version__, "threads": torch.get_num_threads(),
+                       "n_params": sum(t.numel() for t in params), "batch": idx.shape[0],
+                       "seq_len": idx.shape[1]}}
+
+    def fwd():
+        with torch.no_grad():
+            loss_sum(params, names, cfg, idx, tgt)
+
+    t = median_seconds(fwd, repeats)
+    out["forward"] = {"seconds": t, "tokens_per_s": ntok / t}
+
+    def grad():
+        g = torch.autograd.grad(loss_sum(params, names, cfg, idx, tgt), params)
+        return g
+
+    t = median_seconds(grad, repeats)
+    out["gradient"] = {"seconds": t, "tokens_per_s": ntok / t}
+
+    curv = []
+    gen = torch.Generator().manual_seed(0)
+    for K in directions:
+        vs = [[torch.randint(0, 2, t.shape, generator=gen).to(dtype) * 2 - 1 for t in params] for _ in range(K)]
+
+        def double_backward():
+            g = torch.autograd.grad(loss_sum(params, names, cfg, idx, tgt), params, create_graph=True)
+            quads = []
+            for v in vs:
+                hv = torch.autograd.grad(g, params, grad_outputs=v, retain_graph=True)
+                quads.append(sum((a * b).sum() for a, b in zip(hv, v)))
+            return quads
+
+        t = median_seconds(double_backward, repeats)
+        curv.append({"method": "eager-double-backward", "K": K, "seconds": t, "seconds_per_direction": t / K})
+        if functorch is not None:
+            detached = [p.detach() for p in params]
+
+            def f(*ps):
+                return loss_sum(list(ps), names, cfg, idx, tgt)
+
+            gfun = functorch.grad(f, argnums=tuple(range(len(detached))))
+
+            def fwd_over_rev():
+                quads = []
+                for v in vs:
+                    _, hv = functorch.jvp(gfun, tuple(detached), tuple(v))
+                    quads.append(sum((a * b).sum() for a, b in zip(hv, v)))
+                return quads
+
+            t = median_seconds(fwd_over_rev, repeats)
+            curv.append({"method": "functorch-forward-over-reverse", "K": K, "seconds": t,
+                         "seconds_per_direction": t / K})
+    out["curvature"] = curv
+    return out

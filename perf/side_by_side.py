@@ -1,0 +1,108 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
+"""Side-by-side benchmark: gnh's engine (bench_engine) against the PyTorch
+reference (bench_torch) on the same generated checkpoint, data, batch and
+thread count (one core: OPENBLAS_NUM_THREADS=1, torch.set_num_threads(1)), in
+one process tree. Prints a table and writes JSON with the ratios.
+
+  perf/side_by_side.py [--preset small|medium|reference] [--directions 1,8]
+                       [--repeats 3] [--json OUT.json] [--bench build/bin/bench_engine]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+os.environ["OPENBLAS_NUM_THREADS"] = os.environ.get("GNH_BENCH_THREADS", "1")
+os.environ["OMP_NUM_THREADS"] = os.environ["OPENBLAS_NUM_THREADS"]
+
+HERE = os.path.dirname(os.path.realpath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "apps", "python"))
+sys.path.insert(0, HERE)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import bench_torch  # noqa: E402
+import gnh_convert  # noqa: E402
+import gnh_model  # noqa: E402
+
+PRESETS = {
+    # name: (n_layer, n_head, n_embd, vocab, context, batch)
+    "tiny": (1, 2, 16, 64, 16, 2),
+    "small": (2, 4, 128, 1024, 128, 4),
+    "medium": (4, 4, 256, 4096, 256, 4),
+    "reference": (8, 5, 320, 32000, 1024, 64),
+}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="small", choices=sorted(PRESETS))
+    ap.add_argument("--directions", default="1,8")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--bench", default=os.path.join(ROOT, "build", "bin", "bench_engine"))
+    ap.add_argument("--no-functorch", action="store_true")
+    args = ap.parse_args()
+    nl, nh, ne, vocab, T, B = PRESETS[args.preset]
+    Ks = [int(k) for k in args.directions.split(",")]
+    cfg = gnh_model.GPTConfig(n_layer=nl, n_head=nh, n_embd=ne, block_size=T, vocab_size=vocab,
+                              bias=False, tie_embeddings=True)
+    with tempfile.TemporaryDirectory(prefix="gnh-bench-") as d:
+        model = gnh_model.GPT(cfg)
+        gnh_model.init_standard(model, 0)
+        pt, h5 = os.path.join(d, "m.pt"), os.path.join(d, "m.h5")
+        torch.save({"model": model.state_dict(), "model_args": dict(n_layer=nl, n_head=nh, n_embd=ne,
+                    block_size=T, bias=False, vocab_size=vocab, dropout=0)}, pt)
+        gnh_convert.convert(pt, h5, gnh_convert.default_options())
+        ids = np.random.default_rng(0).integers(0, vocab, size=B * T + 1).astype(np.uint16)
+        tok = os.path.join(d, "tokens.bin")
+        ids.tofile(tok)
+        r = subprocess.run([args.bench, h5, tok, "--context", str(T), "--batch", str(B), "--directions",
+                            args.directions, "--repeats", str(args.repeats)], capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"side_by_side: bench_engine failed: {r.stderr}")
+        ours = json.loads(r.stdout)
+        _, state = gnh_model.load_gnh_h5(h5)
+        names = gnh_model.canonical_names(cfg)
+        idx = torch.from_numpy(ids[:B * T].astype(np.int64)).view(B, T)
+        tgt = torch.from_numpy(ids[1:B * T + 1].astype(np.int64)).view(B, T)
+        if args.no_functorch:
+            bench_torch.functorch = None
+        theirs = bench_torch.bench(cfg, state, names, idx, tgt, Ks, args.repeats)
+
+    def per_dir(results, method, K):
+        return next(c["seconds_per_direction"] for c in results["curvature"] if c["method"] == method and c["K"] == K)
+
+    ratios = {"gradient_throughput_vs_eager": ours["gradient"]["tokens_per_s"] / theirs["gradient"]["tokens_per_s"],
+              "forward_throughput_vs_eager": ours["forward"]["tokens_per_s"] / theirs["forward"]["tokens_per_s"]}
+    print(f"preset {args.preset}: {ours['context']['n_params']} parameters, batch {B} x {T} tokens, one thread")
+    print(f"{'pass':38s} {'gnh':>12s} {'torch':>12s} {'ratio':>8s}")
+    print(f"{'forward tokens/s':38s} {ours['forward']['tokens_per_s']:12.0f} {theirs['forward']['tokens_per_s']:12.0f} "
+          f"{ratios['forward_throughput_vs_eager']:8.2f}")
+    print(f"{'gradient tokens/s':38s} {ours['gradient']['tokens_per_s']:12.0f} {theirs['gradient']['tokens_per_s']:12.0f} "
+          f"{ratios['gradient_throughput_vs_eager']:8.2f}")
+    for K in Ks:
+        best = min(per_dir(ours, "forward-over-reverse", K), per_dir(ours, "second-order-forward", K))
+        for m in ("forward-over-reverse", "second-order-forward"):
+            print(f"{'gnh ' + m + f' K={K} s/dir':38s} {per_dir(ours, m, K):12.4f}")
+        for m in ("eager-double-backward", "functorch-forward-over-reverse"):
+            try:
+                t = per_dir(theirs, m, K)
+            except StopIteration:
+                continue
+            ratios[f"{m}_K{K}_vs_best"] = t / best
+            print(f"{'torch ' + m + f' K={K} s/dir':38s} {'':12s} {t:12.4f} {t / best:8.2f}")
+    out = {"preset": args.preset, "gnh": ours, "torch": theirs, "ratios": ratios}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -30,6 +30,8 @@ int dispatch(int argc, char** argv, const gnh::Comm& comm) {
                       "Override a deck key, e.g. --set analysis.directions=8 (repeatable)")
       ->type_name("KEY=VALUE");
   run_cmd->add_flag("--quiet", run.quiet, "Do not echo the deck or per-group progress");
+  run_cmd->add_flag("--dry-run", run.dry_run,
+                    "Validate the deck, every checkpoint and data file, print the work plan, compute nothing");
 
   // Overrides accumulate: let --set be repeated.
   run_cmd->get_option("--set")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);

@@ -3,27 +3,37 @@
 
 #include <glob.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
-#include <iostream>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "analysis/case_analysis.hpp"
 #include "analysis/epoch.hpp"
+#include "analysis/sampling.hpp"
 #include "core/build_info.hpp"
 #include "core/sha256.hpp"
 #include "io/checkpoint.hpp"
 #include "io/deck.hpp"
 #include "io/results.hpp"
 #include "io/tokens.hpp"
-#include "model/gpt.hpp"
+#include "parallel/team_mpi.hpp"
 
 namespace gnh {
 namespace {
 
 using json = nlohmann::json;
+
+// SIGTERM (Slurm's warning before the time limit): finish the current batch,
+// record progress, exit cleanly.
+volatile std::sig_atomic_t g_terminate = 0;
+extern "C" void on_sigterm(int) { g_terminate = 1; }
 
 struct CheckpointFile {
   std::string path;  // as found
@@ -56,8 +66,8 @@ std::vector<CheckpointFile> expand_checkpoints(const Deck& d) {
       const std::string name = basename_of(p);
       auto [it, fresh] = by_name.emplace(name, p);
       if (!fresh)
-        fail(d.file, ": checkpoints.paths: two checkpoints share the file name '", name, "' (",
-             it->second, " and ", p, "); results are keyed by file name");
+        fail(d.file, ": checkpoints.paths: two checkpoints share the file name '", name, "' (", it->second,
+             " and ", p, "); results are keyed by file name");
       out.push_back({p, name});
     }
     globfree(&g);
@@ -71,127 +81,211 @@ struct LoadedCase {
   index_t blocks = 0;
 };
 
-std::string settings_fingerprint(const Deck& d, const ModelConfig& cfg,
-                                 const std::vector<LoadedCase>& cases) {
+AnalysisSettings settings_of(const Deck& d) {
+  AnalysisSettings s;
+  s.context = d.context;
+  s.grad_microbatch = d.grad_microbatch;
+  s.hvp_batch = d.hvp_batch;
+  s.noise_samples = d.noise_samples;
+  s.noise_batch = d.noise_batch;
+  s.directions = d.directions;
+  s.directions_per_pass = d.directions_per_pass;
+  s.seed = d.seed;
+  s.method = parse_curvature_method(d.curvature_method);
+  return s;
+}
+
+std::string settings_fingerprint(const Deck& d, const ModelConfig& cfg, const std::vector<LoadedCase>& cases) {
   // Everything that changes a number in the results, nothing that does not
-  // (paths, output location, run name, rank layout).
+  // (paths, output location, run name, rank layout, directions per pass,
+  // batch sizes: those change rounding only within the stated tolerances).
   json j;
+  j["gnh_version"] = version();
   j["context"] = d.context;
   j["max_blocks"] = d.max_blocks;
   j["model"] = cfg.describe();
   for (const auto& c : cases) j["data"][c.name] = {{"sha256", c.data.sha256}, {"blocks", c.blocks}};
   j["analysis"] = {{"grad_microbatch", d.grad_microbatch}, {"hvp_batch", d.hvp_batch},
                    {"noise_samples", d.noise_samples},     {"noise_batch", d.noise_batch},
-                   {"directions", d.directions},           {"seed", d.seed},
-                   {"curvature_method", d.curvature_method}};
+                   {"directions", d.directions},           {"directions_per_pass", d.directions_per_pass},
+                   {"seed", d.seed},                       {"curvature_method", d.curvature_method}};
   j["precision"] = d.policy;
   return sha256_hex(j.dump()).substr(0, 16);
 }
 
-template <class T>
-void compute_groups(const Comm& comm, const Deck& d, const ModelConfig& cfg,
-                    const std::vector<LoadedCase>& cases, std::vector<GroupResult>& mine,
-                    bool quiet) {
-  index_t most_blocks = 1;
-  for (const auto& c : cases) most_blocks = std::max(most_blocks, c.blocks);
-  const index_t batch = std::min<index_t>(d.grad_microbatch, most_blocks);
-  ExecSpace space;
-  Gpt<T> model(cfg, batch, d.context);
-  const ParamLayout& layout = model.layout();
-  View1<T> params("gnh::run::params", layout.size());
-  auto h_params = Kokkos::create_mirror_view(params);
-  for (auto& g : mine) {
-    g.workspace_bytes = static_cast<std::int64_t>(model.workspace_bytes() + sizeof(T) * layout.size());
-    try {
-      const Checkpoint ck = read_checkpoint(g.alias_paths.front());
-      if (ck.param_sha256 != g.param_sha256)
-        fail(ck.path, ": content changed while the run was starting (sha256 differs)");
-      for (index_t i = 0; i < layout.size(); ++i) h_params(i) = static_cast<T>(ck.params[i]);
-      Kokkos::deep_copy(params, h_params);
-    } catch (const Error& e) {
-      g.error = e.what();
-      std::cerr << "gnh: error: " << g.error << "\n";
-      continue;
+// Progress lines from a team leader: at most every 10 s, and at each stage's end.
+class ProgressLog {
+ public:
+  ProgressLog(int rank, bool quiet) : rank_(rank), quiet_(quiet) {}
+  void begin(const std::string& group, const std::string& cas, index_t tokens_per_pass) {
+    group_ = group;
+    case_ = cas;
+    tokens_ = tokens_per_pass;
+  }
+  void operator()(const std::string& stage, index_t done, index_t total) {
+    if (quiet_) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (stage != stage_) {
+      stage_ = stage;
+      start_ = now;
+      last_ = now;
     }
-    for (const auto& c : cases) {
-      CaseResult r;
-      r.name = c.name;
-      const auto t0 = std::chrono::steady_clock::now();
-      const EpochLoss e = epoch_loss<T>(space, model, params, c.data.ids.data(), c.blocks);
-      r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      r.loss = e.loss;
-      r.tokens = e.tokens;
-      r.blocks = c.blocks;
-      if (!std::isfinite(r.loss)) {
-        r.error = cat("group ", g.hash, " (", g.aliases.front(), ") case ", c.name,
-                      ": loss is not finite (", r.loss, ")");
-        std::cerr << "gnh: error: [rank " << comm.rank() << "] " << r.error << "\n";
-      } else if (!quiet) {
-        std::printf("gnh: [rank %d] %s %-6s loss %.6f over %lld tokens (%.0f tokens/s)\n",
-                    comm.rank(), g.hash.c_str(), c.name.c_str(), r.loss,
-                    static_cast<long long>(r.tokens), double(r.tokens) / std::max(r.seconds, 1e-9));
+    const double since = std::chrono::duration<double>(now - last_).count();
+    if (done < total && since < 10.0) return;
+    last_ = now;
+    const double elapsed = std::chrono::duration<double>(now - start_).count();
+    const double eta = done > 0 ? elapsed / double(done) * double(total - done) : 0.0;
+    const bool epoch = stage == "gradient" || stage.rfind("curvature", 0) == 0;
+    if (epoch && total > 0)
+      std::printf("gnh: [rank %d] %s %-6s %-14s %lld/%lld batches, %.0f tokens/s, %.1f s, ETA %.1f s\n", rank_,
+                  group_.c_str(), case_.c_str(), stage.c_str(), static_cast<long long>(done),
+                  static_cast<long long>(total), double(tokens_) * double(done) / double(total) / std::max(elapsed, 1e-9),
+                  elapsed, eta);
+    else
+      std::printf("gnh: [rank %d] %s %-6s %-14s %lld/%lld, %.1f s\n", rank_, group_.c_str(), case_.c_str(),
+                  stage.c_str(), static_cast<long long>(done), static_cast<long long>(total), elapsed);
+    std::fflush(stdout);
+  }
+
+ private:
+  int rank_;
+  bool quiet_;
+  std::string group_, case_, stage_;
+  index_t tokens_ = 0;
+  std::chrono::steady_clock::time_point start_, last_;
+};
+
+struct Outcome {
+  int done = 0, failed = 0, interrupted = 0, skipped = 0;
+};
+
+template <class T>
+Outcome compute_groups(const Comm& world, MPI_Comm team_comm, const Deck& deck, const ModelConfig& cfg,
+                       const std::vector<LoadedCase>& cases, const std::vector<GroupRecord>& groups,
+                       const std::vector<int>& team_of_group, int my_team, const RunInfo& info,
+                       const std::string& output, bool quiet) {
+  MpiTeam team(team_comm);
+  const bool leader = team.rank() == 0;
+  const ExecSpace space;
+  AnalysisSettings s = settings_of(deck);
+  std::unique_ptr<Engines<T>> engines;
+  ProgressLog log(world.rank(), quiet);
+  Outcome out;
+  for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+    if (team_of_group[gi] != my_team) continue;
+    GroupRecord g = groups[gi];
+    const std::string path = group_file(output, g.hash);
+    // Every member decides the same way: the leader looks, then tells.
+    int complete = leader && group_file_complete(path, info.settings_fingerprint) ? 1 : 0;
+    team.broadcast(&complete, sizeof(complete), 0);
+    if (complete) {
+      ++out.skipped;
+      if (leader && !quiet) {
+        std::printf("gnh: [rank %d] %s complete in %s, skipped\n", world.rank(), g.hash.c_str(), path.c_str());
         std::fflush(stdout);
       }
-      g.cases.push_back(r);
+      continue;
+    }
+    if (g_terminate) {
+      ++out.interrupted;
+      continue;
+    }
+    std::string error;
+    try {
+      const Checkpoint ck = read_checkpoint(g.alias_paths.front());
+      if (ck.param_sha256 != g.param_sha256) fail(ck.path, ": content changed while the run was starting (sha256 differs)");
+      if (!engines) engines = std::make_unique<Engines<T>>(cfg, s);
+      View1<T> params("gnh::run::params", std::int64_t(ck.params.size()));
+      auto hp = Kokkos::create_mirror_view(params);
+      for (std::size_t i = 0; i < ck.params.size(); ++i) hp(i) = static_cast<T>(ck.params[i]);
+      Kokkos::deep_copy(params, hp);
+      for (const auto& c : cases) {
+        CaseHooks hooks;
+        hooks.stop = [] { return g_terminate != 0; };
+        if (leader) {
+          log.begin(g.hash, c.name, c.blocks * deck.context);
+          hooks.progress = [&log](const std::string& stage, index_t done, index_t total) { log(stage, done, total); };
+        }
+        CaseRecord rec;
+        rec.name = c.name;
+        rec.stats = analyse_case<T>(space, team, *engines, params, c.data.ids.data(), c.blocks, s, hooks);
+        if (leader) {
+          for (const auto& idc : rec.stats.identities)
+            if (!idc.ok())
+              std::fprintf(stderr,
+                           "gnh: WARNING: [rank %d] group %s case %s: identity %s violated: deviation %.3e > "
+                           "tolerance %.1e\n",
+                           world.rank(), g.hash.c_str(), c.name.c_str(), idc.name.c_str(), idc.deviation,
+                           idc.tolerance);
+          if (!quiet)
+            std::printf("gnh: [rank %d] %s %-6s loss %.6f |G|^2 %.4e GHG %.4e B_simple %.4g B_noise %.4g tr(H) %.4g\n",
+                        world.rank(), g.hash.c_str(), c.name.c_str(), rec.stats.loss, rec.stats.m.G_sqnorm,
+                        rec.stats.m.GHG, rec.stats.derived.B_simple.value, rec.stats.derived.B_noise.value,
+                        rec.stats.derived.trace_H.value);
+          std::fflush(stdout);
+        }
+        g.cases.push_back(std::move(rec));
+      }
+      if (leader) write_group_file(path, info, g);
+      ++out.done;
+    } catch (const Interrupted&) {
+      ++out.interrupted;
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    // A failure on one member (a bad file, a non-finite loss) fails the group
+    // for the whole team; the team goes on with its next group.
+    const bool team_failed = team.any(!error.empty());
+    if (team_failed) {
+      ++out.failed;
+      if (!error.empty())
+        std::fprintf(stderr, "gnh: error: [rank %d] group %s (%s): %s\n", world.rank(), g.hash.c_str(),
+                     g.aliases.front().c_str(), error.c_str());
     }
   }
+  return out;
 }
 
-json to_json(const GroupResult& g) {
-  json j = {{"hash", g.hash}, {"param_sha256", g.param_sha256}, {"aliases", g.aliases},
-            {"alias_paths", g.alias_paths}, {"n_params", g.n_params}, {"rank", g.rank},
-            {"workspace_bytes", g.workspace_bytes}, {"error", g.error}};
-  if (g.iter_num) j["iter_num"] = *g.iter_num;
-  for (const auto& c : g.cases)
-    j["cases"].push_back({{"name", c.name}, {"loss", c.loss}, {"tokens", c.tokens},
-                          {"blocks", c.blocks}, {"seconds", c.seconds}, {"error", c.error}});
-  return j;
+void print_plan(const Deck& deck, const std::vector<GroupRecord>& groups, const std::vector<int>& team_of_group,
+                const std::vector<LoadedCase>& cases, int teams, int rpc, const std::string& output,
+                const std::string& fingerprint) {
+  const index_t m_req = deck.noise_samples, B = deck.noise_batch;
+  std::printf("gnh: plan: %zu group(s) over %d team(s) of %d rank(s); settings fingerprint %s\n", groups.size(),
+              teams, rpc, fingerprint.c_str());
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    std::string aliases;
+    for (const auto& a : groups[g].aliases) aliases += (aliases.empty() ? "" : ", ") + a;
+    const std::string path = group_file(output, groups[g].hash);
+    const bool done = group_file_complete(path, fingerprint);
+    std::printf("  group %s -> team %d%s: %s\n", groups[g].hash.c_str(), team_of_group[g],
+                done ? " (complete, will be skipped)" : "", aliases.c_str());
+  }
+  for (const auto& c : cases) {
+    const index_t n = c.blocks, m = std::min(m_req, n / B);
+    const index_t D = 1 + m + deck.directions, passes = (D + deck.directions_per_pass - 1) / deck.directions_per_pass;
+    std::printf("  case %-6s %lld blocks (%lld tokens): %lld gradient microbatches; %lld noise batches of %lld%s; "
+                "%lld curvature directions in %lld epoch pass(es) of %lld HVP batches (%s)\n",
+                c.name.c_str(), static_cast<long long>(n), static_cast<long long>(n * deck.context),
+                static_cast<long long>((n + deck.grad_microbatch - 1) / deck.grad_microbatch),
+                static_cast<long long>(m), static_cast<long long>(B), m < m_req ? " (capped)" : "",
+                static_cast<long long>(D), static_cast<long long>(passes),
+                static_cast<long long>((n + deck.hvp_batch - 1) / deck.hvp_batch), deck.curvature_method.c_str());
+  }
+  std::printf("  output %s (group files in %s)\n", output.c_str(), groups_directory(output).c_str());
+  std::fflush(stdout);
 }
 
-GroupResult from_json(const json& j) {
-  GroupResult g;
-  g.hash = j.at("hash");
-  g.param_sha256 = j.at("param_sha256");
-  g.aliases = j.at("aliases").get<std::vector<std::string>>();
-  g.alias_paths = j.at("alias_paths").get<std::vector<std::string>>();
-  g.n_params = j.at("n_params");
-  g.rank = j.at("rank");
-  g.workspace_bytes = j.at("workspace_bytes");
-  g.error = j.at("error");
-  if (j.contains("iter_num")) g.iter_num = j.at("iter_num").get<std::int64_t>();
-  if (j.contains("cases"))
-    for (const auto& c : j.at("cases")) {
-      CaseResult r;
-      r.name = c.at("name");
-      r.loss = c.at("loss");
-      r.tokens = c.at("tokens");
-      r.blocks = c.at("blocks");
-      r.seconds = c.at("seconds");
-      r.error = c.at("error");
-      g.cases.push_back(r);
-    }
-  return g;
-}
-
-void print_summary(const std::vector<GroupResult>& groups, const std::string& output) {
-  std::printf("\n%-28s %-16s %-7s %12s %12s %12s\n", "checkpoint", "group", "case", "tokens",
-              "loss", "perplexity");
+void print_summary(const std::vector<GroupSummary>& groups, const std::string& output) {
+  std::printf("\n%-22s %-16s %-7s %10s %10s %11s %11s %10s %10s %10s\n", "checkpoint", "group", "case", "tokens", "loss",
+              "|G|^2", "GHG", "B_simple", "B_noise", "tr(H)");
   for (const auto& g : groups)
-    for (const auto& alias : g.aliases) {
-      if (!g.error.empty()) {
-        std::printf("%-28s %-16s %-7s %12s %12s %12s\n", alias.c_str(), g.hash.c_str(), "-", "-",
-                    "FAILED", "-");
-        continue;
+    for (const auto& alias : g.aliases)
+      for (const auto& [name, a] : g.cases) {
+        auto v = [&](const char* k) { auto it = a.find(k); return it == a.end() ? NAN : it->second; };
+        std::printf("%-22s %-16s %-7s %10.0f %10.6f %11.4e %11.4e %10.4g %10.4g %10.4g\n", alias.c_str(),
+                    g.hash.c_str(), name.c_str(), v("tokens"), v("loss"), v("G_sqnorm"), v("GHG"), v("B_simple"),
+                    v("B_noise"), v("trace_H"));
       }
-      for (const auto& c : g.cases) {
-        if (!c.error.empty())
-          std::printf("%-28s %-16s %-7s %12lld %12s %12s\n", alias.c_str(), g.hash.c_str(),
-                      c.name.c_str(), static_cast<long long>(c.tokens), "FAILED", "-");
-        else
-          std::printf("%-28s %-16s %-7s %12lld %12.6f %12.4f\n", alias.c_str(), g.hash.c_str(),
-                      c.name.c_str(), static_cast<long long>(c.tokens), c.loss, std::exp(c.loss));
-      }
-    }
   std::printf("\nresults: %s\n", output.c_str());
   std::fflush(stdout);
 }
@@ -207,14 +301,14 @@ int run_command(const Comm& comm, const RunOptions& opt) {
     if (deck.policy == "bf16-amp")
       fail(deck.file, ": precision.policy = \"bf16-amp\" is not available in this version of gnh "
                       "(use fp32, tf32 or fp64)");
-    if (deck.ranks_per_checkpoint != 1)
+    if (comm.size() % deck.ranks_per_checkpoint != 0)
       fail(deck.file, ": parallel.ranks_per_checkpoint = ", deck.ranks_per_checkpoint,
-           " is not available in this version of gnh (use 1)");
+           " does not divide the number of MPI ranks (", comm.size(), ")");
     files = expand_checkpoints(deck);
   });
   if (root) {
-    std::printf("gnh %s (%s) | %s | %d MPI rank(s)\n", version(), git_commit(),
-                build_configuration().c_str(), comm.size());
+    std::printf("gnh %s (%s) | %s | %d MPI rank(s)\n", version(), git_commit(), build_configuration().c_str(),
+                comm.size());
     if (!opt.quiet)
       std::printf("---- deck %s (effective) ----\n%s\n---- end of deck ----\n", deck.file.c_str(),
                   deck.effective_text.c_str());
@@ -244,88 +338,110 @@ int run_command(const Comm& comm, const RunOptions& opt) {
     const std::string first_cfg = info.front().at("config");
     for (std::size_t i = 1; i < files.size(); ++i)
       if (info[i].at("config") != first_cfg)
-        fail("inconsistent model configurations: ", files[0].path, " has ", first_cfg, " but ",
-             files[i].path, " has ", info[i].at("config").get<std::string>());
+        fail("inconsistent model configurations: ", files[0].path, " has ", first_cfg, " but ", files[i].path,
+             " has ", info[i].at("config").get<std::string>());
     cfg = read_checkpoint_config(files[0].path);
     if (deck.context > cfg.block_size)
-      fail(deck.file, ": data.context = ", deck.context, " exceeds the model's block_size ",
-           cfg.block_size);
+      fail(deck.file, ": data.context = ", deck.context, " exceeds the model's block_size ", cfg.block_size);
     for (const auto& spec : deck.cases) {
       LoadedCase c;
       c.name = spec.name;
       c.data = read_tokens(deck.resolve(spec.path), spec.dtype, spec.dataset, cfg.vocab_size);
       c.blocks = epoch_blocks(static_cast<index_t>(c.data.ids.size()), deck.context, deck.max_blocks);
       if (c.blocks == 0)
-        fail(c.data.path, ": ", c.data.ids.size(), " tokens are too few for one block of context ",
-             deck.context, " (data.", spec.name, ")");
+        fail(c.data.path, ": ", c.data.ids.size(), " tokens are too few for one block of context ", deck.context,
+             " (data.", spec.name, ")");
+      if (deck.noise_samples > 0 && c.blocks <= deck.noise_batch)
+        fail(c.data.path, ": ", c.blocks, " blocks of context ", deck.context, " are too few for noise batches of ",
+             deck.noise_batch, " (data.", spec.name, " needs more than analysis.noise_batch blocks)");
       cases.push_back(std::move(c));
     }
   });
 
-  // Group identical parameter states (first appearance order); deal round-robin.
-  std::vector<GroupResult> groups;
+  // Group identical parameter states (first appearance order); deal round-robin over teams.
+  const int rpc = int(deck.ranks_per_checkpoint), teams = comm.size() / rpc, my_team = comm.rank() / rpc;
+  std::vector<GroupRecord> groups;
   std::map<std::string, std::size_t> group_of;
   for (std::size_t i = 0; i < files.size(); ++i) {
     const std::string sha = info[i].at("sha256");
     auto [it, fresh] = group_of.emplace(sha, groups.size());
     if (fresh) {
-      GroupResult g;
+      GroupRecord g;
       g.param_sha256 = sha;
       g.hash = sha.substr(0, 16);
       g.n_params = info[i].at("n_params");
-      g.rank = static_cast<int>(groups.size() % static_cast<std::size_t>(comm.size()));
       groups.push_back(g);
     }
-    GroupResult& g = groups[it->second];
+    GroupRecord& g = groups[it->second];
     g.aliases.push_back(files[i].name);
     g.alias_paths.push_back(files[i].path);
     if (info[i].contains("iter_num") && !g.iter_num) g.iter_num = info[i].at("iter_num").get<std::int64_t>();
   }
-  if (root) {
-    std::printf("gnh: %zu checkpoint file(s), %zu unique state(s), %zu case(s), %d rank(s); "
-                "model %s\n", files.size(), groups.size(), cases.size(), comm.size(),
-                cfg.describe().c_str());
-    std::fflush(stdout);
-  }
+  std::vector<int> team_of_group(groups.size());
+  for (std::size_t g = 0; g < groups.size(); ++g) team_of_group[g] = int(g % std::size_t(teams));
 
-  std::vector<GroupResult> mine;
-  for (const auto& g : groups)
-    if (g.rank == comm.rank()) mine.push_back(g);
-  // fp32 and tf32 are the same computation on the host backend.
-  if (deck.policy == "fp64")
-    compute_groups<double>(comm, deck, cfg, cases, mine, opt.quiet);
-  else
-    compute_groups<float>(comm, deck, cfg, cases, mine, opt.quiet);
-
-  json mine_json = json::array();
-  for (const auto& g : mine) mine_json.push_back(to_json(g));
-  const std::vector<std::string> gathered = comm.allgather(mine_json.dump());
-  std::map<std::string, GroupResult> done;
-  for (const auto& s : gathered)
-    for (const auto& j : json::parse(s)) {
-      GroupResult g = from_json(j);
-      done[g.hash] = g;
-    }
-  for (auto& g : groups) g = done.at(g.hash);
-
-  int failures = 0;
-  for (const auto& g : groups) {
-    failures += g.error.empty() ? 0 : 1;
-    for (const auto& c : g.cases) failures += c.error.empty() ? 0 : 1;
-  }
-  std::string write_error;
   const std::string output = deck.resolve(deck.output);
+  RunInfo ri;
+  ri.deck_text = deck.source_text;
+  ri.effective_deck = deck.effective_text;
+  ri.settings_fingerprint = settings_fingerprint(deck, cfg, cases);
+  ri.model_config = cfg.describe();
+  ri.run_name = deck.name;
+  ri.precision = deck.policy;
+  ri.ranks = comm.size();
+  ri.ranks_per_checkpoint = rpc;
   if (root) {
-    RunInfo ri;
-    ri.deck_text = deck.source_text;
-    ri.effective_deck = deck.effective_text;
-    ri.settings_fingerprint = settings_fingerprint(deck, cfg, cases);
-    ri.model_config = cfg.describe();
-    ri.run_name = deck.name;
-    ri.ranks = comm.size();
+    std::printf("gnh: %zu checkpoint file(s), %zu unique state(s), %zu case(s); model %s\n", files.size(),
+                groups.size(), cases.size(), cfg.describe().c_str());
+    if (opt.dry_run || !opt.quiet) print_plan(deck, groups, team_of_group, cases, teams, rpc, output, ri.settings_fingerprint);
+  }
+  if (opt.dry_run) {
+    if (root) std::printf("gnh: dry run: deck, %zu checkpoint(s) and %zu data file(s) are valid; nothing computed\n",
+                          files.size(), cases.size());
+    return 0;
+  }
+
+  std::signal(SIGTERM, on_sigterm);
+  MPI_Comm team_comm;
+  MPI_Comm_split(comm.get(), my_team, comm.rank(), &team_comm);
+  Outcome mine;
+  if (deck.policy == "fp64")
+    mine = compute_groups<double>(comm, team_comm, deck, cfg, cases, groups, team_of_group, my_team, ri, output, opt.quiet);
+  else  // fp32 and tf32 are the same computation on the host backend
+    mine = compute_groups<float>(comm, team_comm, deck, cfg, cases, groups, team_of_group, my_team, ri, output, opt.quiet);
+  MPI_Comm_free(&team_comm);
+
+  // Every group file is on disk (or failed); rank 0 merges.
+  int local_counts[3] = {mine.failed, mine.interrupted, g_terminate ? 1 : 0}, counts[3] = {0, 0, 0};
+  MPI_Allreduce(local_counts, counts, 3, MPI_INT, MPI_SUM, comm.get());
+  std::string write_error;
+  int status = 0;
+  if (root) {
+    std::vector<std::string> complete;
+    std::vector<std::string> missing;
+    for (const auto& g : groups) {
+      const std::string path = group_file(output, g.hash);
+      if (group_file_complete(path, ri.settings_fingerprint)) complete.push_back(path);
+      else missing.push_back(g.hash + " (" + g.aliases.front() + ")");
+    }
     try {
-      write_results(output, ri, groups);
-      print_summary(groups, output);
+      if (counts[1] > 0 || counts[2] > 0) {
+        std::fprintf(stderr, "gnh: interrupted by SIGTERM: %zu of %zu group(s) complete in %s; run the same command "
+                             "again to resume\n", complete.size(), groups.size(), groups_directory(output).c_str());
+        status = 143;
+      } else {
+        merge_results(output, ri, complete);
+        std::vector<GroupSummary> summaries;
+        for (const auto& p : complete) summaries.push_back(read_group_summary(p));
+        print_summary(summaries, output);
+        if (!missing.empty()) {
+          std::string list;
+          for (const auto& m : missing) list += (list.empty() ? "" : ", ") + m;
+          std::fprintf(stderr, "gnh: error: %zu group(s) failed and are not in %s: %s\n", missing.size(),
+                       output.c_str(), list.c_str());
+          status = 1;
+        }
+      }
     } catch (const Error& e) {
       write_error = e.what();
     }
@@ -333,13 +449,8 @@ int run_command(const Comm& comm, const RunOptions& opt) {
   comm.collective([&] {
     if (!write_error.empty()) throw Error(write_error);
   });
-  if (failures > 0) {
-    if (root)
-      std::fprintf(stderr, "gnh: error: %d group/case computation(s) failed; the others are in %s\n",
-                   failures, output.c_str());
-    return 1;
-  }
-  return 0;
+  MPI_Bcast(&status, 1, MPI_INT, 0, comm.get());
+  return status;
 }
 
 }  // namespace gnh

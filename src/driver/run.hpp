@@ -13,9 +13,11 @@ struct RunOptions {
   std::string deck;
   std::vector<std::string> overrides;  // --set key=value
   bool quiet = false;                  // no deck echo and no per-group progress
+  bool dry_run = false;                // validate everything, print the plan, compute nothing
 };
 
-// Returns the process exit status (0: every group of every case succeeded).
+// Returns the process exit status: 0 when every group succeeded, 1 when some
+// failed (the others are written), 143 when SIGTERM interrupted the run.
 int run_command(const Comm& comm, const RunOptions& opt);
 
 }  // namespace gnh

@@ -247,13 +247,14 @@ Deck parse_deck(const std::string& text, const std::string& name, const std::str
   }
   if (const toml::table* a = r.section(root, "analysis", false)) {
     r.check_keys(*a, "analysis", {"grad_microbatch", "hvp_batch", "noise_samples", "noise_batch",
-                                  "directions", "seed", "curvature_method"});
+                                  "directions", "directions_per_pass", "seed", "curvature_method"});
     const std::int64_t big = std::int64_t(1) << 30;
     d.grad_microbatch = r.integer(*a, "analysis", "grad_microbatch", d.grad_microbatch, 1, big);
     d.hvp_batch = r.integer(*a, "analysis", "hvp_batch", d.hvp_batch, 1, big);
     d.noise_samples = r.integer(*a, "analysis", "noise_samples", d.noise_samples, 0, big);
     d.noise_batch = r.integer(*a, "analysis", "noise_batch", d.noise_batch, 1, big);
     d.directions = r.integer(*a, "analysis", "directions", d.directions, 0, big);
+    d.directions_per_pass = r.integer(*a, "analysis", "directions_per_pass", d.directions_per_pass, 1, 4096);
     d.seed = static_cast<std::uint64_t>(
         r.integer(*a, "analysis", "seed", static_cast<std::int64_t>(d.seed), 0, INT64_MAX));
     d.curvature_method = r.str(*a, "analysis", "curvature_method", d.curvature_method, false,

@@ -38,6 +38,7 @@ struct Deck {
   std::int64_t noise_samples = 32;
   std::int64_t noise_batch = 32;
   std::int64_t directions = 32;
+  std::int64_t directions_per_pass = 8;  // K: curvature directions sharing one primal pass
   std::uint64_t seed = 1234;
   std::string curvature_method = "second-order-forward";
   // [precision]

@@ -6,6 +6,9 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <sstream>
 
 #include "core/build_info.hpp"
 #include "core/error.hpp"
@@ -22,58 +25,223 @@ void fsync_path(const std::string& path) {
   if (rc != 0) fail(path, ": fsync failed");
 }
 
+std::string replace_suffix(const std::string& path, const std::string& suffix) {
+  const std::string stem = path.size() > 3 && path.substr(path.size() - 3) == ".h5" ? path.substr(0, path.size() - 3) : path;
+  return stem + suffix;
+}
+
+void write_root_attrs(hid_t root, const RunInfo& info, const std::string& format) {
+  h5::write_attr(root, "format", format);
+  h5::write_attr(root, "format_version", std::int64_t(1));
+  h5::write_attr(root, "gnh_version", std::string(version()));
+  h5::write_attr(root, "git_commit", std::string(git_commit()));
+  h5::write_attr(root, "build", build_configuration());
+  h5::write_attr(root, "deck", info.deck_text);
+  h5::write_attr(root, "deck_effective", info.effective_deck);
+  h5::write_attr(root, "settings_fingerprint", info.settings_fingerprint);
+  h5::write_attr(root, "model_config", info.model_config);
+  h5::write_attr(root, "run_name", info.run_name);
+  h5::write_attr(root, "precision", info.precision);
+  h5::write_attr(root, "ranks", std::int64_t(info.ranks));
+  h5::write_attr(root, "ranks_per_checkpoint", std::int64_t(info.ranks_per_checkpoint));
+}
+
+void write_case(hid_t parent, const CaseRecord& c, const std::string& where) {
+  const CaseStatistics& s = c.stats;
+  h5::Handle g = h5::create_group(parent, c.name, where);
+  const hid_t id = g.id();
+  h5::write_attr(id, "loss", s.loss);
+  h5::write_attr(id, "tokens", s.tokens);
+  h5::write_attr(id, "n_blocks", std::int64_t(s.m.n_blocks));
+  h5::write_attr(id, "context", std::int64_t(s.m.context));
+  h5::write_attr(id, "G_sqnorm", s.m.G_sqnorm);
+  h5::write_attr(id, "GHG", s.m.GHG);
+  h5::write_attr(id, "noise_batch", std::int64_t(s.m.noise_batch));
+  h5::write_attr(id, "noise_batch_tokens", std::int64_t(s.m.noise_batch * s.m.context));
+  h5::write_attr(id, "n_noise", std::int64_t(s.noise_blocks.size()));
+  h5::write_attr(id, "n_directions", std::int64_t(s.m.vHv.size()));
+  for (const auto& [name, value] : s.derived.named()) h5::write_attr(id, name, value);
+  bool ok = true;
+  for (const auto& idc : s.identities) {
+    if (!idc.checked) continue;
+    h5::write_attr(id, "identity_" + idc.name + "_deviation", idc.deviation);
+    h5::write_attr(id, "identity_" + idc.name + "_tolerance", idc.tolerance);
+    ok = ok && idc.ok();
+  }
+  h5::write_attr(id, "identities_ok", std::int64_t(ok ? 1 : 0));
+  h5::write_attr(id, "peak_memory_bytes", s.peak_memory_bytes);
+  const std::int64_t m = std::int64_t(s.noise_blocks.size()), B = s.m.noise_batch;
+  std::vector<std::int64_t> nb;
+  for (const auto& b : s.noise_blocks) nb.insert(nb.end(), b.begin(), b.end());
+  h5::write_dataset(id, "noise_blocks", nb, {m, m > 0 ? B : 0});
+  h5::write_dataset(id, "gB_sqnorm", s.m.gB_sqnorm);
+  h5::write_dataset(id, "xi_sqnorm", s.m.xi_sqnorm);
+  h5::write_dataset(id, "G_dot_xi", s.m.G_dot_xi);
+  h5::write_dataset(id, "xiHxi", s.m.xiHxi);
+  h5::write_dataset(id, "vHv", s.m.vHv);
+  std::vector<double> t;
+  std::vector<std::string> stages;
+  for (const auto& [stage, sec] : s.timings) {
+    stages.push_back(stage);
+    t.push_back(sec);
+  }
+  h5::write_dataset(id, "timings", t);
+  h5::Handle d(H5Dopen2(id, "timings", H5P_DEFAULT));
+  h5::write_attr(d.id(), "stages", stages);
+  h5::write_attr(d.id(), "units", std::string("seconds"));
+}
+
 }  // namespace
 
-void write_results(const std::string& path, const RunInfo& info,
-                   const std::vector<GroupResult>& groups) {
+std::string groups_directory(const std::string& output) { return replace_suffix(output, ".groups"); }
+
+std::string group_file(const std::string& output, const std::string& hash) {
+  return groups_directory(output) + "/" + hash + ".h5";
+}
+
+void write_atomically(const std::string& path, const std::function<void(const std::string& tmp)>& write) {
   namespace fs = std::filesystem;
   const fs::path target(path);
   if (target.has_parent_path()) {
     std::error_code ec;
     fs::create_directories(target.parent_path(), ec);
-    if (ec) fail(path, ": cannot create output directory: ", ec.message());
+    if (ec) fail(path, ": cannot create directory ", target.parent_path().string(), ": ", ec.message());
   }
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    h5::File f = h5::File::create(tmp);
-    const hid_t root = f.id();
-    h5::write_attr(root, "format", std::string("gnh-results"));
-    h5::write_attr(root, "format_version", std::int64_t(1));
-    h5::write_attr(root, "gnh_version", std::string(version()));
-    h5::write_attr(root, "git_commit", std::string(git_commit()));
-    h5::write_attr(root, "build", build_configuration());
-    h5::write_attr(root, "deck", info.deck_text);
-    h5::write_attr(root, "deck_effective", info.effective_deck);
-    h5::write_attr(root, "settings_fingerprint", info.settings_fingerprint);
-    h5::write_attr(root, "model_config", info.model_config);
-    h5::write_attr(root, "run_name", info.run_name);
-    h5::write_attr(root, "ranks", std::int64_t(info.ranks));
-    h5::Handle all = h5::create_group(root, "groups", tmp);
-    for (const auto& g : groups) {
-      if (!g.error.empty()) continue;
-      h5::Handle gg = h5::create_group(all.id(), g.hash, tmp);
-      h5::write_attr(gg.id(), "aliases", g.aliases);
-      h5::write_attr(gg.id(), "alias_paths", g.alias_paths);
-      h5::write_attr(gg.id(), "param_sha256", g.param_sha256);
-      h5::write_attr(gg.id(), "n_params", g.n_params);
-      if (g.iter_num) h5::write_attr(gg.id(), "iter_num", *g.iter_num);
-      h5::write_attr(gg.id(), "workspace_bytes", g.workspace_bytes);
-      for (const auto& c : g.cases) {
-        if (!c.error.empty()) continue;
-        h5::Handle cg = h5::create_group(gg.id(), c.name, tmp);
-        h5::write_attr(cg.id(), "loss", c.loss);
-        h5::write_attr(cg.id(), "tokens", c.tokens);
-        h5::write_attr(cg.id(), "blocks", c.blocks);
-        h5::write_attr(cg.id(), "time_loss_s", c.seconds);
-      }
-    }
-    f.close();
+  try {
+    write(tmp);
+    fsync_path(tmp);
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
   }
-  fsync_path(tmp);
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::remove(tmp.c_str());
     fail(path, ": cannot rename ", tmp, " into place");
   }
+  // Make the rename itself durable.
+  const std::string dir = target.has_parent_path() ? target.parent_path().string() : ".";
+  const int fd = ::open(dir.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+void write_group_file(const std::string& path, const RunInfo& info, const GroupRecord& g) {
+  write_atomically(path, [&](const std::string& tmp) {
+    h5::File f = h5::File::create(tmp);
+    write_root_attrs(f.id(), info, "gnh-group");
+    h5::Handle all = h5::create_group(f.id(), "groups", tmp);
+    h5::Handle gg = h5::create_group(all.id(), g.hash, tmp);
+    h5::write_attr(gg.id(), "aliases", g.aliases);
+    h5::write_attr(gg.id(), "alias_paths", g.alias_paths);
+    h5::write_attr(gg.id(), "param_sha256", g.param_sha256);
+    h5::write_attr(gg.id(), "n_params", g.n_params);
+    if (g.iter_num) h5::write_attr(gg.id(), "iter_num", *g.iter_num);
+    for (const auto& c : g.cases) write_case(gg.id(), c, tmp);
+    // Written last: a file without it was never finished.
+    h5::write_attr(f.id(), "complete", std::int64_t(1));
+    f.close();
+  });
+}
+
+bool group_file_complete(const std::string& path, const std::string& fingerprint) {
+  if (!std::filesystem::exists(path)) return false;
+  try {
+    h5::File f = h5::File::open_read(path);
+    const auto fp = h5::read_string_attr(f.id(), "settings_fingerprint", path);
+    const auto complete = h5::read_int_attr(f.id(), "complete", path);
+    return fp && *fp == fingerprint && complete && *complete == 1;
+  } catch (const Error&) {
+    return false;  // unreadable (e.g. torn by a crash): recompute
+  }
+}
+
+GroupSummary read_group_summary(const std::string& path) {
+  h5::File f = h5::File::open_read(path);
+  h5::Handle all = h5::open_group(f.id(), "groups", path);
+  const auto names = h5::list_children(all.id(), path);
+  if (names.size() != 1) fail(path, ": expected one group");
+  GroupSummary s;
+  s.hash = names[0];
+  h5::Handle g = h5::open_group(all.id(), s.hash, path);
+  s.iter_num = h5::read_int_attr(g.id(), "iter_num", path);
+  {
+    h5::Handle a(H5Aopen(g.id(), "aliases", H5P_DEFAULT));
+    h5::Handle type(H5Aget_type(a.id()));
+    h5::Handle space(H5Aget_space(a.id()));
+    const hssize_t n = H5Sget_simple_extent_npoints(space.id());
+    std::vector<char*> ptrs(static_cast<std::size_t>(n));
+    h5::Handle mem(H5Tcopy(H5T_C_S1));
+    H5Tset_size(mem.id(), H5T_VARIABLE);
+    H5Tset_cset(mem.id(), H5T_CSET_UTF8);
+    if (H5Aread(a.id(), mem.id(), ptrs.data()) < 0) fail(path, ": cannot read aliases");
+    for (char* p : ptrs) {
+      s.aliases.emplace_back(p ? p : "");
+      H5free_memory(p);
+    }
+  }
+  for (const auto& c : h5::list_children(g.id(), path)) {
+    h5::Handle cg = h5::open_group(g.id(), c, path);
+    std::map<std::string, double>& attrs = s.cases[c];
+    const int n = H5Aget_num_attrs(cg.id());
+    for (int i = 0; i < n; ++i) {
+      char name[256];
+      h5::Handle a(H5Aopen_by_idx(cg.id(), ".", H5_INDEX_NAME, H5_ITER_INC, hsize_t(i), H5P_DEFAULT, H5P_DEFAULT));
+      H5Aget_name(a.id(), sizeof(name), name);
+      const auto v = h5::read_double_attr(cg.id(), name, path);
+      if (v) attrs[name] = *v;
+    }
+    if (attrs.count("identities_ok") && attrs["identities_ok"] != 1.0) s.identities_ok = false;
+  }
+  return s;
+}
+
+void merge_results(const std::string& output, const RunInfo& info, const std::vector<std::string>& group_files) {
+  std::vector<GroupSummary> summaries;
+  for (const auto& p : group_files) summaries.push_back(read_group_summary(p));
+  bool all_ok = true;
+  for (const auto& s : summaries) all_ok = all_ok && s.identities_ok;
+  write_atomically(output, [&](const std::string& tmp) {
+    h5::File f = h5::File::create(tmp);
+    write_root_attrs(f.id(), info, "gnh-results");
+    h5::write_attr(f.id(), "identities_ok", std::int64_t(all_ok ? 1 : 0));
+    h5::Handle all = h5::create_group(f.id(), "groups", tmp);
+    for (std::size_t i = 0; i < group_files.size(); ++i) {
+      h5::File src = h5::File::open_read(group_files[i]);
+      const std::string name = "groups/" + summaries[i].hash;
+      if (H5Ocopy(src.id(), name.c_str(), f.id(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT) < 0)
+        fail(group_files[i], ": cannot copy ", name, " into ", output);
+    }
+    f.close();
+  });
+  // CSV: one row per checkpoint file name and case.
+  const std::string csv = replace_suffix(output, ".csv");
+  write_atomically(csv, [&](const std::string& tmp) {
+    std::ofstream out(tmp);
+    std::vector<std::string> columns = {"loss", "tokens", "G_sqnorm", "GHG"};
+    for (const auto& [name, value] : DerivedStatistics().named()) columns.push_back(name);
+    columns.push_back("noise_batch");
+    columns.push_back("n_noise");
+    columns.push_back("n_directions");
+    columns.push_back("identities_ok");
+    out << "checkpoint,group,iter_num,case";
+    for (const auto& c : columns) out << "," << c;
+    out << "\n" << std::setprecision(17);
+    for (const auto& s : summaries)
+      for (const auto& alias : s.aliases)
+        for (const auto& [cname, attrs] : s.cases) {
+          out << alias << "," << s.hash << "," << (s.iter_num ? std::to_string(*s.iter_num) : "") << "," << cname;
+          for (const auto& c : columns) {
+            auto it = attrs.find(c);
+            out << ",";
+            if (it != attrs.end()) out << it->second;
+          }
+          out << "\n";
+        }
+    if (!out) fail(csv, ": write failed");
+  });
 }
 
 }  // namespace gnh

@@ -1,45 +1,68 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The results file of SPEC §8, written atomically (temporary file, fsync, rename).
+// The results of SPEC §8. Every finished group is written atomically
+// (temporary file, fsync, rename) as its own file in the run's results
+// directory; the final file is merged from those, also atomically, with a
+// CSV summary beside it. Layout: doc/outputs.md.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "analysis/case_analysis.hpp"
+
 namespace gnh {
 
-struct CaseResult {
+struct CaseRecord {
   std::string name;  // "seen" | "unseen"
-  double loss = 0.0;
-  std::int64_t tokens = 0;
-  std::int64_t blocks = 0;
-  double seconds = 0.0;
-  std::string error;  // non-empty: this case failed (e.g. a non-finite loss)
+  CaseStatistics stats;
 };
 
-struct GroupResult {
-  std::string hash;          // group name: first 16 hex digits of param_sha256
+struct GroupRecord {
+  std::string hash;  // first 16 hex digits of param_sha256
   std::string param_sha256;
   std::vector<std::string> aliases;      // checkpoint file names
   std::vector<std::string> alias_paths;  // as found on disk
   std::int64_t n_params = 0;
   std::optional<std::int64_t> iter_num;
-  std::int64_t workspace_bytes = 0;
-  int rank = 0;
-  std::vector<CaseResult> cases;
-  std::string error;  // non-empty: the group failed before any case finished
+  std::vector<CaseRecord> cases;
 };
 
 struct RunInfo {
-  std::string deck_text;        // the deck file as read
-  std::string effective_deck;   // after --set overrides
+  std::string deck_text;       // the deck file as read
+  std::string effective_deck;  // after --set overrides
   std::string settings_fingerprint;
   std::string model_config;
   std::string run_name;
-  int ranks = 1;
+  std::string precision;
+  int ranks = 1, ranks_per_checkpoint = 1;
 };
 
-void write_results(const std::string& path, const RunInfo& info,
-                   const std::vector<GroupResult>& groups);
+// What the summary table and the merge need of a group file.
+struct GroupSummary {
+  std::string hash;
+  std::vector<std::string> aliases;
+  std::optional<std::int64_t> iter_num;
+  std::map<std::string, std::map<std::string, double>> cases;  // case -> scalar attributes
+  bool identities_ok = true;
+};
+
+// The per-run directory of group files: OUTPUT with ".h5" replaced by ".groups".
+std::string groups_directory(const std::string& output);
+std::string group_file(const std::string& output, const std::string& hash);
+
+void write_group_file(const std::string& path, const RunInfo& info, const GroupRecord& g);
+// True if path is a complete group file written with this settings fingerprint.
+bool group_file_complete(const std::string& path, const std::string& fingerprint);
+GroupSummary read_group_summary(const std::string& path);
+
+// Merges complete group files (in order) into the final file, atomically, and
+// writes the CSV summary beside it (OUTPUT with ".h5" replaced by ".csv").
+void merge_results(const std::string& output, const RunInfo& info, const std::vector<std::string>& group_files);
+
+// Atomic replace: write via `write(tmp)`, fsync, rename over path.
+void write_atomically(const std::string& path, const std::function<void(const std::string& tmp)>& write);
 
 }  // namespace gnh

@@ -68,12 +68,21 @@ def write_tokens(path, n, vocab, seed, dtype=np.uint16):
     return ids
 
 
-def write_deck(path, output, checkpoints, context, seen, unseen=None, extra=""):
+# Small analysis settings for tiny test models (the deck defaults are sized for
+# real epochs).
+TEST_ANALYSIS = dict(grad_microbatch=4, hvp_batch=3, noise_samples=2, noise_batch=3, directions=2,
+                     directions_per_pass=5, seed=1234)
+
+
+def write_deck(path, output, checkpoints, context, seen, unseen=None, extra="", analysis=None):
     lines = ["[run]", f'output = "{output}"', "[checkpoints]",
              "paths = [" + ", ".join(f'"{c}"' for c in checkpoints) + "]",
              "[data]", f"context = {context}", f'seen = {{ path = "{seen}", dtype = "uint16" }}']
     if unseen:
         lines.append(f'unseen = {{ path = "{unseen}", dtype = "uint16" }}')
+    lines.append("[analysis]")
+    for k, v in dict(TEST_ANALYSIS, **(analysis or {})).items():
+        lines.append(f'{k} = "{v}"' if isinstance(v, str) else f"{k} = {v}")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n" + extra)
 

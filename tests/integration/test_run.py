@@ -32,7 +32,7 @@ class Campaign:
         self.val = gnhtest.write_tokens(os.path.join(root, "val.bin"), 13 * 5 + 1, 37, 2)
         self.deck = os.path.join(root, "deck.toml")
         gnhtest.write_deck(self.deck, "out/results.h5", ["ckpt/*.h5"], 13, "train.bin", "val.bin",
-                           extra="[analysis]\ngrad_microbatch = 4\n")
+                           analysis=dict(grad_microbatch=4))
 
     def reference(self, stem, case, dtype):
         ids = self.train if case == "seen" else self.val

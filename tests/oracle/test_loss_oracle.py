@@ -41,7 +41,7 @@ class LossOracle(unittest.TestCase):
             gnhtest.save_checkpoint(model, d, "model")
             ids = gnhtest.write_tokens(os.path.join(d, "tokens.bin"), context * 9 + 5, vocab, i)
             gnhtest.write_deck(os.path.join(d, "deck.toml"), "out.h5", ["model.h5"], context,
-                               "tokens.bin", extra="[analysis]\ngrad_microbatch = 4\n")
+                               "tokens.bin", analysis=dict(grad_microbatch=4))
             want, tokens = gnhtest.gnh_model.epoch_loss(model, ids, context, 16, torch.float64)
             for policy, rel in (("fp32", 1e-5), ("fp64", 1e-12)):
                 with self.subTest(bias=bias, tied=tied, gelu=gelu, policy=policy):

@@ -1,0 +1,156 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "analysis/passes.hpp"
+
+#include "core/error.hpp"
+
+namespace gnh {
+namespace {
+
+// Stages one batch: inputs and targets of each listed block, padded with
+// ignored targets past the end of the list.
+class BatchStager {
+ public:
+  BatchStager(index_t B, index_t Tc)
+      : tokens_("gnh::batch::tokens", B, Tc), targets_("gnh::batch::targets", B, Tc),
+        h_tokens_(Kokkos::create_mirror_view(tokens_)), h_targets_(Kokkos::create_mirror_view(targets_)) {}
+
+  void stage(const std::int32_t* ids, const Batch& blocks) {
+    const index_t B = tokens_.extent(0), Tc = tokens_.extent(1);
+    if (index_t(blocks.size()) > B) throw std::logic_error("batch larger than the planned batch size");
+    for (index_t b = 0; b < B; ++b) {
+      const bool real = b < index_t(blocks.size());
+      const std::int32_t* block = real ? ids + blocks[static_cast<std::size_t>(b)] * Tc : ids;
+      for (index_t t = 0; t < Tc; ++t) {
+        h_tokens_(b, t) = real ? block[t] : 0;
+        h_targets_(b, t) = real ? block[t + 1] : -1;
+      }
+    }
+    Kokkos::deep_copy(tokens_, h_tokens_);
+    Kokkos::deep_copy(targets_, h_targets_);
+  }
+  Span2<const std::int32_t> tokens() const { return tokens_; }
+  Span2<const std::int32_t> targets() const { return targets_; }
+
+ private:
+  View2<std::int32_t> tokens_, targets_;
+  typename View2<std::int32_t>::HostMirror h_tokens_, h_targets_;
+};
+
+template <class T>
+double dot_double(const ExecSpace& space, const T* a, const T* b, index_t n) {
+  double s = 0;
+  Kokkos::parallel_reduce(
+      "gnh::passes::dot", range(space, n),
+      KOKKOS_LAMBDA(const index_t i, double& acc) { acc += double(a[i]) * double(b[i]); }, s);
+  return s;
+}
+
+}  // namespace
+
+template <class T>
+bool gradient_pass(const ExecSpace& space, Gpt<T>& model, Span1<const T> params, const std::int32_t* ids,
+                   const std::vector<Batch>& batches, const std::vector<index_t>& mine, ExactSum& acc,
+                   std::vector<BatchScalars>& table, const StopCheck& stop, const ProgressFn& progress) {
+  Kokkos::Profiling::pushRegion("gnh::pass::gradient");
+  const index_t P = model.layout().size();
+  BatchStager stager(model.batch(), model.context());
+  View1<T> grad("gnh::pass::batch_gradient", P);
+  table.resize(batches.size());
+  index_t done = 0;
+  for (index_t b : mine) {
+    if (stop && stop()) {
+      Kokkos::Profiling::popRegion();
+      return false;
+    }
+    stager.stage(ids, batches[static_cast<std::size_t>(b)]);
+    Kokkos::deep_copy(space, grad, T(0));
+    const LossSum s = model.gradient(space, params, stager.tokens(), stager.targets(), grad);
+    acc.add(space, grad.data());
+    BatchScalars& r = table[static_cast<std::size_t>(b)];
+    r.loss_sum = s.sum;
+    r.count = s.count;
+    r.done = true;
+    if (progress) progress(++done, index_t(mine.size()));
+  }
+  space.fence();
+  Kokkos::Profiling::popRegion();
+  return true;
+}
+
+template <class T>
+bool curvature_pass(const ExecSpace& space, Gpt<T>& model, Span1<const T> params, Span2<const T> dirs,
+                    const std::int32_t* ids, const std::vector<Batch>& batches, const std::vector<index_t>& mine,
+                    CurvatureMethod method, std::vector<BatchScalars>& table, const StopCheck& stop,
+                    const ProgressFn& progress, std::vector<ExactSum>* hv_sums) {
+  Kokkos::Profiling::pushRegion("gnh::pass::curvature");
+  const index_t P = model.layout().size(), K = dirs.extent(0);
+  if (K != model.shape().directions) throw std::logic_error("curvature_pass: directions differ from the plan");
+  BatchStager stager(model.batch(), model.context());
+  View1<T> grad;
+  View2<T> hv;
+  if (method == CurvatureMethod::forward_over_reverse) {
+    grad = View1<T>("gnh::pass::batch_gradient", P);
+    hv = View2<T>("gnh::pass::batch_hv", K, P);
+  }
+  table.resize(batches.size());
+  index_t done = 0;
+  for (index_t b : mine) {
+    if (stop && stop()) {
+      Kokkos::Profiling::popRegion();
+      return false;
+    }
+    stager.stage(ids, batches[static_cast<std::size_t>(b)]);
+    BatchScalars& r = table[static_cast<std::size_t>(b)];
+    LossSum s;
+    if (method == CurvatureMethod::second_order_forward) {
+      s = model.second_order(space, params, dirs, stager.tokens(), stager.targets());
+      r.second = s.second;
+    } else {
+      Kokkos::deep_copy(space, grad, T(0));
+      Kokkos::deep_copy(space, hv, T(0));
+      s = model.hvp(space, params, dirs, stager.tokens(), stager.targets(), grad, hv);
+      r.second.assign(static_cast<std::size_t>(K), 0.0);
+      for (index_t k = 0; k < K; ++k) {
+        r.second[k] = dot_double(space, dirs.data() + k * P, hv.data() + k * P, P);
+        if (hv_sums) (*hv_sums)[static_cast<std::size_t>(k)].add(space, hv.data() + k * P);
+      }
+    }
+    r.first = s.first;
+    r.loss_sum = s.sum;
+    r.count = s.count;
+    r.done = true;
+    if (progress) progress(++done, index_t(mine.size()));
+  }
+  space.fence();
+  Kokkos::Profiling::popRegion();
+  return true;
+}
+
+BatchScalars sum_in_order(const std::vector<BatchScalars>& table) {
+  BatchScalars s;
+  for (const auto& r : table) {
+    if (!r.done) throw std::logic_error("sum_in_order: a batch has no result");
+    s.loss_sum += r.loss_sum;
+    s.count += r.count;
+    if (s.first.size() < r.first.size()) s.first.resize(r.first.size(), 0.0);
+    if (s.second.size() < r.second.size()) s.second.resize(r.second.size(), 0.0);
+    for (std::size_t k = 0; k < r.first.size(); ++k) s.first[k] += r.first[k];
+    for (std::size_t k = 0; k < r.second.size(); ++k) s.second[k] += r.second[k];
+  }
+  s.done = true;
+  return s;
+}
+
+#define GNH_INSTANTIATE(T)                                                                                     \
+  template bool gradient_pass<T>(const ExecSpace&, Gpt<T>&, Span1<const T>, const std::int32_t*,              \
+                                 const std::vector<Batch>&, const std::vector<index_t>&, ExactSum&,            \
+                                 std::vector<BatchScalars>&, const StopCheck&, const ProgressFn&);             \
+  template bool curvature_pass<T>(const ExecSpace&, Gpt<T>&, Span1<const T>, Span2<const T>,                   \
+                                  const std::int32_t*, const std::vector<Batch>&, const std::vector<index_t>&, \
+                                  CurvatureMethod, std::vector<BatchScalars>&, const StopCheck&, const ProgressFn&, \
+                                  std::vector<ExactSum>*);
+GNH_INSTANTIATE(float)
+GNH_INSTANTIATE(double)
+#undef GNH_INSTANTIATE
+
+}  // namespace gnh

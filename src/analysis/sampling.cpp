@@ -1,0 +1,38 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "analysis/sampling.hpp"
+
+#include <algorithm>
+
+#include "core/random.hpp"
+
+namespace gnh {
+
+std::vector<std::vector<index_t>> noise_batches(index_t n_blocks, index_t noise_batch, index_t noise_samples,
+                                                std::uint64_t seed) {
+  std::vector<std::vector<index_t>> out;
+  if (noise_batch <= 0 || n_blocks <= 0) return out;
+  const index_t m = std::min(noise_samples, n_blocks / noise_batch);
+  const std::uint64_t key = splitmix64(seed ^ 0x6E6F697365000000ull);
+  std::vector<index_t> perm(static_cast<std::size_t>(n_blocks));
+  for (index_t i = 0; i < n_blocks; ++i) perm[static_cast<std::size_t>(i)] = i;
+  for (index_t i = n_blocks - 1; i >= 1; --i) {
+    const std::uint64_t j = splitmix64(key ^ std::uint64_t(i)) % std::uint64_t(i + 1);
+    std::swap(perm[static_cast<std::size_t>(i)], perm[static_cast<std::size_t>(j)]);
+  }
+  for (index_t j = 0; j < m; ++j) {
+    std::vector<index_t> b(perm.begin() + j * noise_batch, perm.begin() + (j + 1) * noise_batch);
+    std::sort(b.begin(), b.end());
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+std::vector<std::vector<index_t>> make_batches(const std::vector<index_t>& blocks, index_t size) {
+  std::vector<std::vector<index_t>> out;
+  for (std::size_t i = 0; i < blocks.size(); i += static_cast<std::size_t>(size))
+    out.emplace_back(blocks.begin() + static_cast<std::ptrdiff_t>(i),
+                     blocks.begin() + static_cast<std::ptrdiff_t>(std::min(blocks.size(), i + static_cast<std::size_t>(size))));
+  return out;
+}
+
+}  // namespace gnh

@@ -1,0 +1,22 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Noise batches (SPEC §4): effective batches of `noise_batch` distinct blocks,
+// chosen reproducibly from the seed, disjoint, capped at the batches available.
+//   m = min(noise_samples, n / noise_batch)
+//   key = splitmix64(seed ^ 0x6E6F697365000000)
+//   perm = 0..n-1; for i = n-1 .. 1: j = splitmix64(key ^ i) mod (i+1); swap(perm[i], perm[j])
+//   batch j = sorted(perm[j*B .. (j+1)*B - 1])
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/types.hpp"
+
+namespace gnh {
+
+std::vector<std::vector<index_t>> noise_batches(index_t n_blocks, index_t noise_batch, index_t noise_samples,
+                                                std::uint64_t seed);
+
+// Consecutive batches of at most `size` of the given blocks (the last may be short).
+std::vector<std::vector<index_t>> make_batches(const std::vector<index_t>& blocks, index_t size);
+
+}  // namespace gnh

@@ -1,0 +1,63 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "analysis/statistics.hpp"
+
+#include <cmath>
+#include <limits>
+
+namespace gnh {
+
+Estimate mean_se(const std::vector<double>& x) {
+  Estimate e;
+  if (x.empty()) {
+    e.value = std::numeric_limits<double>::quiet_NaN();
+    return e;
+  }
+  double s = 0;
+  for (double v : x) s += v;
+  e.value = s / double(x.size());
+  if (x.size() < 2) return e;
+  double ss = 0;
+  for (double v : x) ss += (v - e.value) * (v - e.value);
+  e.se = std::sqrt(ss / double(x.size() - 1)) / std::sqrt(double(x.size()));
+  return e;
+}
+
+namespace {
+Estimate scaled(Estimate e, double s) { return {e.value * s, e.se * std::abs(s)}; }
+}  // namespace
+
+DerivedStatistics derive(const CaseMeasurements& m) {
+  DerivedStatistics d;
+  const double n = double(m.n_blocks), B = double(m.noise_batch);
+  // E|xi|^2 = tr(Sigma)/B * (n-B)/(n-1) for B of n blocks drawn without replacement.
+  d.fpc = n > B ? (n - 1) / (n - B) : std::numeric_limits<double>::quiet_NaN();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  if (m.xi_sqnorm.empty()) {
+    d.trace_sigma = d.trace_HSigma = d.B_simple = d.B_noise = {nan, 0};
+  } else {
+    d.trace_sigma = scaled(mean_se(m.xi_sqnorm), B * d.fpc);
+    d.trace_HSigma = scaled(mean_se(m.xiHxi), B * d.fpc);
+    d.B_simple = scaled(d.trace_sigma, 1.0 / m.G_sqnorm);
+    d.B_noise = scaled(d.trace_HSigma, 1.0 / m.GHG);
+  }
+  d.trace_H = m.vHv.empty() ? Estimate{nan, 0} : mean_se(m.vHv);
+  d.GHG_over_G_sqnorm = m.GHG / m.G_sqnorm;
+  d.eps_star = m.G_sqnorm / m.GHG;
+  d.B_simple_tokens = scaled(d.B_simple, double(m.context));
+  d.B_noise_tokens = scaled(d.B_noise, double(m.context));
+  return d;
+}
+
+std::vector<std::pair<std::string, double>> DerivedStatistics::named() const {
+  return {{"fpc", fpc},
+          {"trace_sigma", trace_sigma.value},     {"trace_sigma_se", trace_sigma.se},
+          {"B_simple", B_simple.value},           {"B_simple_se", B_simple.se},
+          {"B_simple_tokens", B_simple_tokens.value}, {"B_simple_tokens_se", B_simple_tokens.se},
+          {"trace_HSigma", trace_HSigma.value},   {"trace_HSigma_se", trace_HSigma.se},
+          {"B_noise", B_noise.value},             {"B_noise_se", B_noise.se},
+          {"B_noise_tokens", B_noise_tokens.value}, {"B_noise_tokens_se", B_noise_tokens.se},
+          {"trace_H", trace_H.value},             {"trace_H_se", trace_H.se},
+          {"GHG_over_G_sqnorm", GHG_over_G_sqnorm}, {"eps_star", eps_star}};
+}
+
+}  // namespace gnh

@@ -1,0 +1,41 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The derived statistics of SPEC §4 from the per-sample measurements of one
+// case; definitions and estimators are in doc/statistics.md.
+#pragma once
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/types.hpp"
+
+namespace gnh {
+
+struct CaseMeasurements {
+  index_t n_blocks = 0;      // blocks of the epoch
+  index_t context = 0;       // tokens per block
+  index_t noise_batch = 0;   // B, blocks per noise batch
+  double G_sqnorm = 0, GHG = 0;
+  std::vector<double> gB_sqnorm, xi_sqnorm, G_dot_xi, xiHxi;  // per noise sample
+  std::vector<double> vHv;                                    // per direction
+};
+
+struct Estimate {
+  double value = 0, se = 0;
+};
+
+struct DerivedStatistics {
+  double fpc = 1;  // (n-1)/(n-B): finite-population correction of the noise estimators
+  Estimate trace_sigma, B_simple, trace_HSigma, B_noise, trace_H;
+  double GHG_over_G_sqnorm = 0, eps_star = 0;
+  // Batch sizes in tokens (the values above are in sequences).
+  Estimate B_simple_tokens, B_noise_tokens;
+  // (name, value) pairs in a fixed order, for the output and the CSV table.
+  std::vector<std::pair<std::string, double>> named() const;
+};
+
+DerivedStatistics derive(const CaseMeasurements& m);
+
+// Mean and standard error (sample sd with ddof 1, over sqrt(count)); SE 0 below 2 samples.
+Estimate mean_se(const std::vector<double>& x);
+
+}  // namespace gnh

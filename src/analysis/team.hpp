@@ -1,0 +1,47 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The ranks that share one checkpoint's epoch (parallel.ranks_per_checkpoint).
+// The analysis only needs these collectives; parallel/ implements them on an
+// MPI sub-communicator, and SoloTeam is the one-rank case (no MPI).
+#pragma once
+#include <cstddef>
+#include <vector>
+
+#include "analysis/exact_sum.hpp"
+#include "analysis/passes.hpp"
+
+namespace gnh {
+
+class Team {
+ public:
+  virtual ~Team() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Element-wise sum of every member's accumulator, left in every member's.
+  virtual void sum(ExactSum& acc) = 0;
+  // Each batch's row is filled by the member that computed it (row b by member
+  // owner(b)); afterwards every member holds every row.
+  virtual void share(std::vector<BatchScalars>& table) = 0;
+  virtual void broadcast(void* data, std::size_t bytes, int root) = 0;
+  // True on every member if `flag` is true on any.
+  virtual bool any(bool flag) = 0;
+
+  // The batches member `rank()` computes: b = rank, rank + size, ...
+  std::vector<index_t> share_of(index_t n_batches) const {
+    std::vector<index_t> mine;
+    for (index_t b = rank(); b < n_batches; b += size()) mine.push_back(b);
+    return mine;
+  }
+  int owner(index_t b) const { return int(b % size()); }
+};
+
+class SoloTeam final : public Team {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void sum(ExactSum&) override {}
+  void share(std::vector<BatchScalars>&) override {}
+  void broadcast(void*, std::size_t, int) override {}
+  bool any(bool flag) override { return flag; }
+};
+
+}  // namespace gnh

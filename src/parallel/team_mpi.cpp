@@ -1,0 +1,95 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "parallel/team_mpi.hpp"
+
+#include <climits>
+#include <cstring>
+
+namespace gnh {
+namespace {
+void sum_fixed(void* in, void* inout, int* len, MPI_Datatype*) {
+  auto* a = static_cast<const fixed128*>(in);
+  auto* b = static_cast<fixed128*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] += a[i];
+}
+}  // namespace
+
+MpiTeam::MpiTeam(MPI_Comm comm) : comm_(comm) {
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+  MPI_Type_contiguous(int(sizeof(fixed128)), MPI_BYTE, &fixed_type_);
+  MPI_Type_commit(&fixed_type_);
+  MPI_Op_create(&sum_fixed, /*commute=*/1, &fixed_sum_);
+}
+
+MpiTeam::~MpiTeam() {
+  MPI_Op_free(&fixed_sum_);
+  MPI_Type_free(&fixed_type_);
+}
+
+void MpiTeam::sum(ExactSum& acc) {
+  if (size_ == 1) return;
+  Kokkos::fence();
+  auto h = Kokkos::create_mirror_view_and_copy(HostSpace(), acc.raw());
+  const index_t n = acc.size();
+  for (index_t off = 0; off < n; off += INT_MAX / 2) {
+    const int count = int(std::min<index_t>(INT_MAX / 2, n - off));
+    MPI_Allreduce(MPI_IN_PLACE, h.data() + off, count, fixed_type_, fixed_sum_, comm_);
+  }
+  Kokkos::deep_copy(acc.raw(), h);
+}
+
+void MpiTeam::share(std::vector<BatchScalars>& table) {
+  if (size_ == 1) return;
+  // Rows this member computed: [b, loss_sum, count, K1, first..., K2, second...].
+  std::vector<double> mine;
+  for (std::size_t b = 0; b < table.size(); ++b) {
+    const BatchScalars& r = table[b];
+    if (!r.done) continue;
+    mine.push_back(double(b));
+    mine.push_back(r.loss_sum);
+    mine.push_back(double(r.count));
+    mine.push_back(double(r.first.size()));
+    mine.insert(mine.end(), r.first.begin(), r.first.end());
+    mine.push_back(double(r.second.size()));
+    mine.insert(mine.end(), r.second.begin(), r.second.end());
+  }
+  int n = int(mine.size());
+  std::vector<int> counts(static_cast<std::size_t>(size_)), displs(static_cast<std::size_t>(size_));
+  MPI_Allgather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, comm_);
+  int total = 0;
+  for (int r = 0; r < size_; ++r) {
+    displs[static_cast<std::size_t>(r)] = total;
+    total += counts[static_cast<std::size_t>(r)];
+  }
+  std::vector<double> all(static_cast<std::size_t>(total));
+  MPI_Allgatherv(mine.data(), n, MPI_DOUBLE, all.data(), counts.data(), displs.data(), MPI_DOUBLE, comm_);
+  for (std::size_t i = 0; i < all.size();) {
+    BatchScalars& r = table[static_cast<std::size_t>(all[i])];
+    r.loss_sum = all[i + 1];
+    r.count = std::int64_t(all[i + 2]);
+    const auto k1 = std::size_t(all[i + 3]);
+    r.first.assign(all.begin() + std::ptrdiff_t(i + 4), all.begin() + std::ptrdiff_t(i + 4 + k1));
+    const auto k2 = std::size_t(all[i + 4 + k1]);
+    r.second.assign(all.begin() + std::ptrdiff_t(i + 5 + k1), all.begin() + std::ptrdiff_t(i + 5 + k1 + k2));
+    r.done = true;
+    i += 5 + k1 + k2;
+  }
+}
+
+void MpiTeam::broadcast(void* data, std::size_t bytes, int root) {
+  if (size_ == 1 || bytes == 0) return;
+  Kokkos::fence();
+  auto* p = static_cast<char*>(data);
+  for (std::size_t off = 0; off < bytes; off += INT_MAX) {
+    const int count = int(std::min<std::size_t>(INT_MAX, bytes - off));
+    MPI_Bcast(p + off, count, MPI_BYTE, root, comm_);
+  }
+}
+
+bool MpiTeam::any(bool flag) {
+  int f = flag ? 1 : 0, r = 0;
+  MPI_Allreduce(&f, &r, 1, MPI_INT, MPI_LOR, comm_);
+  return r != 0;
+}
+
+}  // namespace gnh

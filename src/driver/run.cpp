@@ -412,8 +412,17 @@ int run_command(const Comm& comm, const RunOptions& opt) {
   MPI_Comm_free(&team_comm);
 
   // Every group file is on disk (or failed); rank 0 merges.
-  int local_counts[3] = {mine.failed, mine.interrupted, g_terminate ? 1 : 0}, counts[3] = {0, 0, 0};
-  MPI_Allreduce(local_counts, counts, 3, MPI_INT, MPI_SUM, comm.get());
+  // Counts from team leaders only (every member of a team counts the same groups).
+  const bool leader = comm.rank() % rpc == 0;
+  int local_counts[5] = {leader ? mine.failed : 0, leader ? mine.interrupted : 0, g_terminate ? 1 : 0,
+                         leader ? mine.done : 0, leader ? mine.skipped : 0};
+  int counts[5] = {0, 0, 0, 0, 0};
+  MPI_Allreduce(local_counts, counts, 5, MPI_INT, MPI_SUM, comm.get());
+  if (root) {
+    std::printf("gnh: groups: computed %d, reused %d (complete from an earlier run with these settings), failed %d, "
+                "interrupted %d\n", counts[3], counts[4], counts[0], counts[1]);
+    std::fflush(stdout);
+  }
   std::string write_error;
   int status = 0;
   if (root) {

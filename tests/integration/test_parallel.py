@@ -1,0 +1,194 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
+"""Parallel runs and fault tolerance of `gnh run`:
+- 1, 2 and 3 ranks, and ranks_per_checkpoint = 2 (on 2 and 4 ranks), give
+  bitwise-identical datasets and statistics;
+- a run killed with SIGKILL mid-way and rerun ends with a file identical to an
+  uninterrupted run's, recomputing only the unfinished groups;
+- SIGTERM finishes the current batch, records progress, exits with 143, and
+  the rerun completes;
+- a group whose loss is not finite fails alone: the other groups are written;
+- --dry-run validates and plans without computing."""
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import unittest
+
+import gnhtest
+import h5py
+import numpy as np
+
+# Attributes that legitimately differ between runs (wall-clock times are in
+# the `timings` datasets, also excluded).
+VOLATILE = {"timings"}
+
+
+def snapshot(path):
+    """Every dataset and attribute under /groups, as comparable Python values."""
+    out = {}
+    with h5py.File(path, "r") as f:
+        def visit(name, obj):
+            if any(part in VOLATILE for part in name.split("/")):
+                return
+            for k, v in obj.attrs.items():
+                a = np.asarray(v)
+                if a.dtype.kind in "OSU":  # strings: compare the text, not object pointers
+                    out[f"{name}@{k}"] = tuple(x.decode() if isinstance(x, bytes) else str(x) for x in a.reshape(-1))
+                else:
+                    out[f"{name}@{k}"] = a.tobytes()
+            if isinstance(obj, h5py.Dataset):
+                out[name] = obj[()].tobytes()
+        f["groups"].visititems(visit)
+    return out
+
+
+class Parallel(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="gnh-par-")
+        cfg = gnhtest.gnh_model.GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=16, vocab_size=41,
+                                          bias=False, tie_embeddings=True, gelu="erf")
+        ck = os.path.join(cls.tmp, "ckpt")
+        os.makedirs(ck)
+        for i in range(5):
+            gnhtest.save_checkpoint(gnhtest.make_model(cfg, seed=i, scale=0.3), ck, f"ckpt_{i}", iter_num=i)
+        shutil.copy(os.path.join(ck, "ckpt_4.h5"), os.path.join(ck, "final.h5"))
+        gnhtest.write_tokens(os.path.join(cls.tmp, "train.bin"), 12 * 40 + 7, 41, 1)
+        gnhtest.write_tokens(os.path.join(cls.tmp, "val.bin"), 12 * 15 + 1, 41, 2)
+        cls.cfg = cfg
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def deck(self, name, output, checkpoints="ckpt/*.h5", analysis=None):
+        path = os.path.join(self.tmp, name)
+        gnhtest.write_deck(path, output, [checkpoints], 12, "train.bin", "val.bin",
+                           analysis=dict(dict(noise_samples=3, noise_batch=5, directions=3, directions_per_pass=3),
+                                         **(analysis or {})))
+        return path
+
+    def run_ok(self, deck, np_, sets=()):
+        r = gnhtest.run_gnh(deck, np_, sets)
+        self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
+        return r
+
+    def test_rank_counts_and_layouts_are_bitwise_identical(self):
+        snaps = {}
+        for np_, rpc in ((1, 1), (2, 1), (3, 1), (2, 2), (4, 2)):
+            out = f"out/layout_{np_}_{rpc}.h5"
+            deck = self.deck(f"layout_{np_}_{rpc}.toml", out, analysis=dict(seed=5))
+            self.run_ok(deck, np_, [f"parallel.ranks_per_checkpoint={rpc}"])
+            snaps[(np_, rpc)] = snapshot(os.path.join(self.tmp, out))
+        base = snaps[(1, 1)]
+        self.assertGreater(len(base), 50)
+        for key, snap in snaps.items():
+            with self.subTest(ranks=key[0], ranks_per_checkpoint=key[1]):
+                self.assertEqual(sorted(snap), sorted(base))
+                diff = [k for k in base if snap[k] != base[k]]
+                self.assertEqual(diff, [])
+
+    def test_rerun_is_identical_and_skips_everything(self):
+        deck = self.deck("rerun.toml", "out/rerun.h5")
+        self.run_ok(deck, 2)
+        first = snapshot(os.path.join(self.tmp, "out", "rerun.h5"))
+        r = self.run_ok(deck, 2, ["run.name=rerun"])
+        self.assertIn("computed 0, reused 5", r.stdout)
+        self.assertEqual(snapshot(os.path.join(self.tmp, "out", "rerun.h5")), first)
+
+    def _start_and_kill(self, deck, sig, after_groups):
+        cmd = [gnhtest.MPIEXEC, "-np", "1", gnhtest.GNH, "run", deck, "--quiet"]
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=gnhtest.mpi_env(),
+                             start_new_session=True)
+        groups = os.path.join(self.tmp, "out", os.path.basename(deck).replace(".toml", ".groups"))
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            done = [f for f in os.listdir(groups) if f.endswith(".h5")] if os.path.isdir(groups) else []
+            if len(done) >= after_groups:
+                break
+            time.sleep(0.05)
+        # The signal reaches the rank itself (as Slurm delivers it); after
+        # SIGKILL, mpirun goes too, so nothing runs on.
+        name = "-KILL" if sig == signal.SIGKILL else "-TERM"
+        subprocess.run(["pkill", name, "-f", f"^{gnhtest.GNH} run {deck}"], check=False)
+        if sig == signal.SIGKILL:
+            os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate(timeout=120)
+        return p.returncode, out, err, groups
+
+    def test_sigkill_then_rerun(self):
+        deck = self.deck("killed.toml", "out/killed.h5", analysis=dict(directions=6))
+        ref_deck = self.deck("uninterrupted.toml", "out/uninterrupted.h5", analysis=dict(directions=6))
+        self.run_ok(ref_deck, 1)
+        rc, _, _, groups = self._start_and_kill(deck, signal.SIGKILL, 2)
+        self.assertNotEqual(rc, 0)
+        kept = sorted(f for f in os.listdir(groups) if f.endswith(".h5"))
+        self.assertGreaterEqual(len(kept), 2)
+        self.assertLess(len(kept), 5, "the run finished before it could be killed; make the campaign longer")
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "out", "killed.h5")))
+        r = self.run_ok(deck, 1)
+        self.assertIn(f"computed {5 - len(kept)}, reused {len(kept)}", r.stdout)
+        self.assertEqual(snapshot(os.path.join(self.tmp, "out", "killed.h5")),
+                         snapshot(os.path.join(self.tmp, "out", "uninterrupted.h5")))
+
+    def test_sigterm_records_progress_and_resumes(self):
+        deck = self.deck("termed.toml", "out/termed.h5", analysis=dict(directions=6))
+        rc, _, err, groups = self._start_and_kill(deck, signal.SIGTERM, 1)
+        self.assertEqual(rc, 143, err)
+        self.assertIn("interrupted by SIGTERM", err)
+        self.assertIn("run the same command again to resume", err)
+        self.assertNotIn("Traceback", err)
+        kept = [f for f in os.listdir(groups) if f.endswith(".h5")]
+        self.assertLess(len(kept), 5)
+        r = self.run_ok(deck, 1)
+        self.assertIn(f"computed {5 - len(kept)}, reused {len(kept)}", r.stdout)
+        self.assertTrue(os.path.exists(os.path.join(self.tmp, "out", "termed.h5")))
+
+    def test_non_finite_loss_fails_one_group_only(self):
+        d = os.path.join(self.tmp, "withbad")
+        os.makedirs(d, exist_ok=True)
+        for i in (0, 1):
+            shutil.copy(os.path.join(self.tmp, "ckpt", f"ckpt_{i}.h5"), d)
+        bad = gnhtest.make_model(self.cfg, seed=9)
+        with gnhtest.torch.no_grad():
+            # Finite weights whose logits overflow float: the loss is inf - inf.
+            bad.transformer.ln_f.weight.fill_(3e38)
+        gnhtest.save_checkpoint(bad, d, "ckpt_bad")
+        deck = self.deck("withbad.toml", "out/withbad.h5", checkpoints="withbad/*.h5")
+        r = gnhtest.run_gnh(deck, 2)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("not finite", r.stderr)
+        self.assertIn("ckpt_bad.h5", r.stderr)
+        self.assertNotIn("MPI_ABORT", r.stderr)
+        with h5py.File(os.path.join(self.tmp, "out", "withbad.h5"), "r") as f:
+            aliases = sorted(a.decode() if isinstance(a, bytes) else a
+                             for g in f["groups"].values() for a in g.attrs["aliases"])
+        self.assertEqual(aliases, ["ckpt_0.h5", "ckpt_1.h5"])
+
+    def test_dry_run_plans_without_computing(self):
+        deck = self.deck("dry.toml", "out/dry.h5")
+        self.run_ok(deck, 2)
+        cmd = [gnhtest.MPIEXEC, "-np", "2", gnhtest.GNH, "run", deck, "--dry-run"]
+        os.remove(os.path.join(self.tmp, "out", "dry.h5"))
+        shutil.rmtree(os.path.join(self.tmp, "out", "dry.groups"))
+        r = subprocess.run(cmd, capture_output=True, text=True, env=gnhtest.mpi_env(), timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("plan: 5 group(s)", r.stdout)
+        self.assertIn("3 noise batches of 5", r.stdout)
+        self.assertIn("dry run", r.stdout)
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "out", "dry.h5")))
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "out", "dry.groups")))
+
+    def test_too_few_blocks_for_noise_batches(self):
+        deck = self.deck("short.toml", "out/short.h5", analysis=dict(noise_batch=15))
+        r = gnhtest.run_gnh(deck, 2)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("val.bin", r.stderr)
+        self.assertIn("too few for noise batches of 15", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

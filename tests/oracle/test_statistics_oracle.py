@@ -1,0 +1,126 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
+"""`gnh run` end to end against an independent PyTorch double-backward
+computation (stats_reference.py) of every per-sample statistic of SPEC §4, on
+a generated campaign: three epochs plus final/latest aliases of the last.
+
+Bars (issue #4): 1e-10 relative in double (fp64 policy), 1e-4 in float (fp32);
+quadratic forms relative to max(|q|, sum of absolute per-batch contributions)."""
+import os
+import shutil
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.realpath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "integration"))
+sys.path.insert(0, HERE)
+import gnhtest  # noqa: E402
+import h5py  # noqa: E402
+import numpy as np  # noqa: E402
+import stats_reference  # noqa: E402
+
+ANALYSIS = dict(grad_microbatch=4, hvp_batch=3, noise_samples=3, noise_batch=4, directions=3,
+                directions_per_pass=4, seed=77)
+
+
+class StatisticsOracle(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="gnh-soracle-")
+        cfg = gnhtest.gnh_model.GPTConfig(n_layer=2, n_head=3, n_embd=12, block_size=16, vocab_size=31,
+                                          bias=True, tie_embeddings=False, gelu="tanh")
+        ck = os.path.join(cls.tmp, "ckpt")
+        os.makedirs(ck)
+        for e in (1, 2, 3):
+            gnhtest.save_checkpoint(gnhtest.make_model(cfg, seed=e, scale=0.3), ck, f"epoch{e}", iter_num=10 * e)
+        for alias in ("final", "latest"):
+            shutil.copy(os.path.join(ck, "epoch3.h5"), os.path.join(ck, alias + ".h5"))
+        cls.context = 9  # not a power of two
+        gnhtest.write_tokens(os.path.join(cls.tmp, "train.bin"), cls.context * 14 + 5, 31, 1)
+        gnhtest.write_tokens(os.path.join(cls.tmp, "val.bin"), cls.context * 13 + 1, 31, 2)
+        cls.deck = os.path.join(cls.tmp, "deck.toml")
+        gnhtest.write_deck(cls.deck, "out/stats.h5", ["ckpt/*.h5"], cls.context, "train.bin", "val.bin",
+                           analysis=ANALYSIS)
+        cls.refs = {}
+        for e in (1, 2, 3):
+            for case, tok in (("seen", "train.bin"), ("unseen", "val.bin")):
+                cls.refs[(e, case)] = stats_reference.reference_statistics(
+                    os.path.join(ck, f"epoch{e}.h5"), os.path.join(cls.tmp, tok), cls.context,
+                    ANALYSIS["noise_samples"], ANALYSIS["noise_batch"], ANALYSIS["directions"], ANALYSIS["seed"])
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def check_policy(self, policy, rel, method):
+        r = gnhtest.run_gnh(self.deck, 2, [f"precision.policy={policy}", f"analysis.curvature_method={method}"])
+        self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
+        with h5py.File(os.path.join(self.tmp, "out", "stats.h5"), "r") as f:
+            self.assertEqual(f.attrs["format"], "gnh-results")
+            self.assertEqual(int(f.attrs["identities_ok"]), 1)
+            by_alias = {}
+            for h, g in f["groups"].items():
+                for a in g.attrs["aliases"]:
+                    by_alias[a.decode() if isinstance(a, bytes) else a] = g
+            self.assertEqual(sorted(by_alias), ["epoch1.h5", "epoch2.h5", "epoch3.h5", "final.h5", "latest.h5"])
+            self.assertEqual(by_alias["final.h5"].name, by_alias["epoch3.h5"].name)
+            for e in (1, 2, 3):
+                g = by_alias[f"epoch{e}.h5"]
+                self.assertEqual(int(g.attrs["iter_num"]), 10 * e)
+                for case in ("seen", "unseen"):
+                    ref, c = self.refs[(e, case)], g[case]
+                    with self.subTest(epoch=e, case=case, policy=policy, method=method):
+                        self.assertEqual(int(c.attrs["tokens"]), ref["tokens"])
+                        self.assertEqual(c["noise_blocks"][()].tolist(), ref["noise_blocks"])
+                        close = lambda got, want, scale=None: self.assertLessEqual(  # noqa: E731
+                            abs(got - want), rel * (scale if scale is not None else abs(want)), (got, want))
+                        close(c.attrs["loss"], ref["loss"])
+                        close(c.attrs["G_sqnorm"], ref["G_sqnorm"])
+                        close(c.attrs["GHG"], ref["GHG"], max(abs(ref["GHG"]), ref["GHG_abs"]))
+                        for name in ("gB_sqnorm", "xi_sqnorm"):
+                            np.testing.assert_allclose(c[name][()], ref[name], rtol=rel)
+                        # G.xi cancels (xi averages to ~0): scale by |G||xi|.
+                        scale = np.sqrt(ref["G_sqnorm"] * np.asarray(ref["xi_sqnorm"]))
+                        self.assertTrue(np.all(np.abs(c["G_dot_xi"][()] - ref["G_dot_xi"]) <= rel * scale))
+                        qs = np.maximum(np.abs(ref["xiHxi"]), ref["xiHxi_abs"])
+                        self.assertTrue(np.all(np.abs(c["xiHxi"][()] - ref["xiHxi"]) <= rel * qs))
+                        vs = np.maximum(np.abs(ref["vHv"]), ref["vHv_abs"])
+                        self.assertTrue(np.all(np.abs(c["vHv"][()] - ref["vHv"]) <= rel * vs))
+                        self.assertAlmostEqual(c.attrs["fpc"], ref["fpc"], places=12)
+                        for name in ("trace_sigma", "B_simple", "trace_HSigma", "B_noise", "trace_H"):
+                            # Derived from the per-sample values: a few times their bar.
+                            got, want = c.attrs[name], ref[name]
+                            se = max(ref[name + "_se"], abs(want))
+                            self.assertLessEqual(abs(got - want), 10 * rel * se, (name, got, want))
+                        self.assertEqual(int(c.attrs["identities_ok"]), 1)
+                        stages = [s.decode() if isinstance(s, bytes) else s for s in c["timings"].attrs["stages"]]
+                        self.assertEqual(stages, ["gradient", "noise", "curvature", "checks", "total"])
+                        self.assertGreater(int(c.attrs["peak_memory_bytes"]), 0)
+
+    def test_fp64_second_order_forward(self):
+        self.check_policy("fp64", 1e-10, "second-order-forward")
+
+    def test_fp64_forward_over_reverse(self):
+        self.check_policy("fp64", 1e-10, "forward-over-reverse")
+
+    def test_fp32(self):
+        self.check_policy("fp32", 1e-4, "second-order-forward")
+
+    def test_csv_has_a_row_per_file_and_case(self):
+        r = gnhtest.run_gnh(self.deck, 1, ["precision.policy=fp64"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(os.path.join(self.tmp, "out", "stats.csv")) as f:
+            rows = [l.rstrip("\n").split(",") for l in f]
+        header, body = rows[0], rows[1:]
+        self.assertEqual(header[:4], ["checkpoint", "group", "iter_num", "case"])
+        self.assertEqual(len(body), 5 * 2)
+        loss = header.index("loss")
+        got = {(r[0], r[3]): float(r[loss]) for r in body}
+        self.assertEqual(got[("final.h5", "seen")], got[("epoch3.h5", "seen")])
+        self.assertLessEqual(abs(got[("epoch2.h5", "unseen")] - self.refs[(2, "unseen")]["loss"]),
+                             1e-10 * self.refs[(2, "unseen")]["loss"])
+
+
+if __name__ == "__main__":
+    unittest.main()

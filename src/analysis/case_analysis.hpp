@@ -24,6 +24,7 @@ struct AnalysisSettings {
   index_t noise_samples = 32, noise_batch = 32, directions = 32, directions_per_pass = 8;
   std::uint64_t seed = 1234;
   CurvatureMethod method = CurvatureMethod::second_order_forward;
+  bool bf16 = false;  // the bf16-amp policy (float engines)
 };
 
 struct IdentityCheck {

@@ -92,6 +92,7 @@ AnalysisSettings settings_of(const Deck& d) {
   s.directions_per_pass = d.directions_per_pass;
   s.seed = d.seed;
   s.method = parse_curvature_method(d.curvature_method);
+  s.bf16 = d.policy == "bf16-amp";
   return s;
 }
 
@@ -298,9 +299,6 @@ int run_command(const Comm& comm, const RunOptions& opt) {
   std::vector<CheckpointFile> files;
   comm.collective([&] {
     deck = load_deck(opt.deck, opt.overrides);
-    if (deck.policy == "bf16-amp")
-      fail(deck.file, ": precision.policy = \"bf16-amp\" is not available in this version of gnh "
-                      "(use fp32, tf32 or fp64)");
     if (comm.size() % deck.ranks_per_checkpoint != 0)
       fail(deck.file, ": parallel.ranks_per_checkpoint = ", deck.ranks_per_checkpoint,
            " does not divide the number of MPI ranks (", comm.size(), ")");
@@ -407,7 +405,7 @@ int run_command(const Comm& comm, const RunOptions& opt) {
   Outcome mine;
   if (deck.policy == "fp64")
     mine = compute_groups<double>(comm, team_comm, deck, cfg, cases, groups, team_of_group, my_team, ri, output, opt.quiet);
-  else  // fp32 and tf32 are the same computation on the host backend
+  else  // fp32, tf32 (the same computation on the host backend) and bf16-amp
     mine = compute_groups<float>(comm, team_comm, deck, cfg, cases, groups, team_of_group, my_team, ri, output, opt.quiet);
   MPI_Comm_free(&team_comm);
 

@@ -14,14 +14,21 @@
 // p_ts = exp(s_ts - lse_t). The reverse runs one pass over queries (dq and D)
 // and one over keys (dk, dv), so no two threads write the same element.
 #pragma once
+#include "core/bf16.hpp"
 #include "core/planes.hpp"
 #include "kernels/check.hpp"
 
 namespace gnh::kernels {
 
+// A matrix-multiply operand: rounded to bfloat16 under the bf16-amp policy.
+template <class S>
+KOKKOS_INLINE_FUNCTION S operand(const S& x, bool bf16) {
+  return bf16 ? round_bf16(x) : x;
+}
+
 template <class S>
 void attention_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>> lse,
-                       Act2<base_t<S>> qkv, index_t B, index_t Tc, int n_head) {
+                       Act2<base_t<S>> qkv, index_t B, index_t Tc, int n_head, bool bf16 = false) {
   using T = base_t<S>;
   using io = Io<S>;
   const index_t C = y.cols(), H = n_head, hs = C / H, K = directions_of<S>(qkv);
@@ -31,6 +38,8 @@ void attention_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>
   require_extent("gnh::attention::forward", "lse", lse.v.extent(0), B * H * Tc);
   require_extent("gnh::attention::forward", "n_head * head_size", H * hs, C);
   const T scale = T(1) / kmath::sqrt(T(hs));
+  // The matrix-multiply operands (q, k for the scores; p, v for the output)
+  // are rounded to bfloat16 under bf16-amp; scores and softmax stay FP32.
   Kokkos::parallel_for(
       "gnh::attention::forward", range(space, B * H * Tc), KOKKOS_LAMBDA(const index_t i) {
         const index_t t = i % Tc, h = (i / Tc) % H, b = i / (Tc * H);
@@ -39,11 +48,32 @@ void attention_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>
           T m = 0;
           S l(0);
           for (index_t d = 0; d < hs; ++d) io::put(y, k, nq, qo + d, S(0));
+          auto score_of = [&](index_t ns) {
+            S score(0);
+            for (index_t d = 0; d < hs; ++d) score += operand(io::get(qkv, k, nq, qo + d), bf16) * operand(io::get(qkv, k, ns, ko + d), bf16);
+            return score * scale;
+          };
+          if (bf16) {
+            // Two passes, so that the P V operand is the normalised p_ts
+            // rounded to bfloat16: first the log-sum-exp, then the output.
+            for (index_t s = 0; s <= t; ++s) {
+              const T sv = primal_value(score_of(b * Tc + s));
+              m = s == 0 || sv > m ? sv : m;
+            }
+            for (index_t s = 0; s <= t; ++s) l += jexp(score_of(b * Tc + s) - m);
+            const S lse_t = jlog(l) + m;
+            for (index_t s = 0; s <= t; ++s) {
+              const index_t ns = b * Tc + s;
+              const S p = operand(jexp(score_of(ns) - lse_t), bf16);
+              for (index_t d = 0; d < hs; ++d)
+                io::put(y, k, nq, qo + d, io::get(y, k, nq, qo + d) + p * operand(io::get(qkv, k, ns, vo + d), bf16));
+            }
+            io::put(lse, k, i, lse_t);
+            continue;
+          }
           for (index_t s = 0; s <= t; ++s) {
             const index_t ns = b * Tc + s;
-            S score(0);
-            for (index_t d = 0; d < hs; ++d) score += io::get(qkv, k, nq, qo + d) * io::get(qkv, k, ns, ko + d);
-            score = score * scale;
+            const S score = score_of(ns);
             const T sv = primal_value(score);
             if (s == 0 || sv > m) {
               // New running maximum: rescale what was accumulated so far.
@@ -72,7 +102,7 @@ void attention_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>
 template <class S>
 void attention_reverse(const ExecSpace& space, Act2<base_t<S>> dqkv, Act1<base_t<S>> D,
                        Act2<base_t<S>> dy, Act2<base_t<S>> qkv, Act2<base_t<S>> y,
-                       Act1<base_t<S>> lse, index_t B, index_t Tc, int n_head) {
+                       Act1<base_t<S>> lse, index_t B, index_t Tc, int n_head, bool bf16 = false) {
   using T = base_t<S>;
   using io = Io<S>;
   const index_t C = y.cols(), H = n_head, hs = C / H, K = directions_of<S>(qkv);
@@ -95,12 +125,12 @@ void attention_reverse(const ExecSpace& space, Act2<base_t<S>> dqkv, Act1<base_t
             const index_t ns = b * Tc + s;
             S score(0), dp(0);
             for (index_t d = 0; d < hs; ++d) {
-              score += io::get(qkv, k, nq, qo + d) * io::get(qkv, k, ns, ko + d);
-              dp += io::get(dy, k, nq, qo + d) * io::get(qkv, k, ns, vo + d);
+              score += operand(io::get(qkv, k, nq, qo + d), bf16) * operand(io::get(qkv, k, ns, ko + d), bf16);
+              dp += operand(io::get(dy, k, nq, qo + d), bf16) * operand(io::get(qkv, k, ns, vo + d), bf16);
             }
-            const S ds = jexp(score * scale - L) * (dp - Dt) * scale;
+            const S ds = operand(jexp(score * scale - L) * (dp - Dt) * scale, bf16);
             for (index_t d = 0; d < hs; ++d)
-              io::put(dqkv, k, nq, qo + d, io::get(dqkv, k, nq, qo + d) + ds * io::get(qkv, k, ns, ko + d));
+              io::put(dqkv, k, nq, qo + d, io::get(dqkv, k, nq, qo + d) + ds * operand(io::get(qkv, k, ns, ko + d), bf16));
           }
         }
       });
@@ -117,14 +147,15 @@ void attention_reverse(const ExecSpace& space, Act2<base_t<S>> dqkv, Act1<base_t
             const index_t nq = b * Tc + t, iq = (b * H + h) * Tc + t;
             S score(0), dp(0);
             for (index_t d = 0; d < hs; ++d) {
-              score += io::get(qkv, k, nq, qo + d) * io::get(qkv, k, ns, ko + d);
-              dp += io::get(dy, k, nq, qo + d) * io::get(qkv, k, ns, vo + d);
+              score += operand(io::get(qkv, k, nq, qo + d), bf16) * operand(io::get(qkv, k, ns, ko + d), bf16);
+              dp += operand(io::get(dy, k, nq, qo + d), bf16) * operand(io::get(qkv, k, ns, vo + d), bf16);
             }
             const S p = jexp(score * scale - io::get(lse, k, iq));
-            const S ds = p * (dp - io::get(D, k, iq)) * scale;
+            const S ds = operand(p * (dp - io::get(D, k, iq)) * scale, bf16);
+            const S pm = operand(p, bf16);
             for (index_t d = 0; d < hs; ++d) {
-              io::put(dqkv, k, ns, ko + d, io::get(dqkv, k, ns, ko + d) + ds * io::get(qkv, k, nq, qo + d));
-              io::put(dqkv, k, ns, vo + d, io::get(dqkv, k, ns, vo + d) + p * io::get(dy, k, nq, qo + d));
+              io::put(dqkv, k, ns, ko + d, io::get(dqkv, k, ns, ko + d) + ds * operand(io::get(qkv, k, nq, qo + d), bf16));
+              io::put(dqkv, k, ns, vo + d, io::get(dqkv, k, ns, vo + d) + pm * operand(io::get(dy, k, nq, qo + d), bf16));
             }
           }
         }

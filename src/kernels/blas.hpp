@@ -5,6 +5,7 @@
 #pragma once
 #include <KokkosBlas3_gemm.hpp>
 
+#include "core/bf16.hpp"
 #include "core/types.hpp"
 #include "kernels/check.hpp"
 
@@ -39,6 +40,60 @@ void gemm(const ExecSpace& space, const char* ta, const char* tb, T alpha, Span2
     return;
   }
   KokkosBlas::gemm(ta, tb, alpha, A, B, beta, C);
+}
+
+// The precision of matrix-multiply operands. With bf16 (the bf16-amp policy)
+// each operand is rounded to bfloat16 (RNE) into scratch space, chunk by chunk
+// of rows, and multiplied with FP32 accumulation; the output stays FP32.
+template <class T>
+struct GemmPolicy {
+  bool bf16 = false;
+  View1<T> scratch_a, scratch_b;  // sized by the owner (Gpt) for its largest operands
+  index_t chunk_elements = 0;     // elements of A (and, for op(A) = A^T, of B) per chunk
+};
+
+namespace detail {
+template <class T>
+Span2<const T> rounded_copy(const ExecSpace& space, Span2<const T> src, index_t r0, index_t rows, T* dst) {
+  const index_t cols = src.extent(1);
+  const T* s = src.data() + r0 * cols;
+  Kokkos::parallel_for("gnh::gemm::round_bf16", range(space, rows * cols),
+                       KOKKOS_LAMBDA(const index_t i) { dst[i] = round_bf16(s[i]); });
+  return Span2<const T>(dst, rows, cols);
+}
+}  // namespace detail
+
+// gemm under a precision policy: plain, or with bfloat16-rounded operands.
+template <class T>
+void gemm(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, const char* tb, T alpha,
+          Span2<const T> A, Span2<const T> B, T beta, Span2<T> C) {
+  if (!pol.bf16) return gemm<T>(space, ta, tb, alpha, A, B, beta, C);
+  const bool at = ta[0] == 'T';
+  const index_t rows = A.extent(0), cols = A.extent(1);
+  const index_t chunk = std::max<index_t>(1, pol.chunk_elements / std::max<index_t>(1, std::max<index_t>(cols, B.extent(1))));
+  if (pol.scratch_a.extent(0) < std::size_t(std::min(rows, chunk) * cols))
+    throw std::logic_error("gnh::gemm: bf16 scratch too small");
+  if (!at) {
+    // C rows follow A rows; B is rounded once.
+    if (pol.scratch_b.extent(0) < B.size()) throw std::logic_error("gnh::gemm: bf16 scratch too small for B");
+    const Span2<const T> Bs = detail::rounded_copy(space, B, 0, B.extent(0), pol.scratch_b.data());
+    for (index_t r0 = 0; r0 < rows; r0 += chunk) {
+      const index_t n = std::min(chunk, rows - r0);
+      const Span2<const T> As = detail::rounded_copy(space, A, r0, n, pol.scratch_a.data());
+      gemm<T>(space, ta, tb, alpha, As, Bs, beta, Span2<T>(C.data() + r0 * C.extent(1), n, C.extent(1)));
+    }
+    return;
+  }
+  // op(A) = A^T: the contraction runs over the rows of A and of B; C accumulates.
+  if (tb[0] != 'N') throw std::logic_error("gnh::gemm: bf16 policy supports T,N but not T,T");
+  if (rows == 0) return gemm<T>(space, ta, tb, alpha, A, B, beta, C);
+  for (index_t r0 = 0; r0 < rows; r0 += chunk) {
+    const index_t n = std::min(chunk, rows - r0);
+    if (pol.scratch_b.extent(0) < std::size_t(n * B.extent(1))) throw std::logic_error("gnh::gemm: bf16 scratch too small");
+    const Span2<const T> As = detail::rounded_copy(space, A, r0, n, pol.scratch_a.data());
+    const Span2<const T> Bs = detail::rounded_copy(space, B, r0, n, pol.scratch_b.data());
+    gemm<T>(space, ta, tb, alpha, As, Bs, r0 == 0 ? beta : T(1), C);
+  }
 }
 
 }  // namespace gnh::kernels

@@ -8,7 +8,8 @@
 //   tangent of reverse:
 //             dx.d[k] = dy.d[k] W + dy V_k
 //             dW.d[k] += dy.d[k]^T x + dy^T x.d[k],  db.d[k] += sum_n dy.d[k]
-// Saves nothing; the caller keeps x (and its tangents).
+// Saves nothing; the caller keeps x (and its tangents). Under the bf16-amp
+// policy every GEMM operand is rounded to bfloat16 (GemmPolicy).
 #pragma once
 #include "core/planes.hpp"
 #include "kernels/blas.hpp"
@@ -36,27 +37,28 @@ void add_colsum(const ExecSpace& space, T* g, const T* dy, index_t N, index_t ou
 
 // b < 0: no bias.
 template <class T>
-void linear_forward(const ExecSpace& space, Act2<T> y, Act2<T> x, Params<T> p, index_t w, index_t b) {
+void linear_forward(const ExecSpace& space, Act2<T> y, Act2<T> x, Params<T> p, index_t w, index_t b,
+                    const GemmPolicy<T>& pol = GemmPolicy<T>()) {
   const index_t N = x.rows(), in = x.cols(), out = y.cols(), K = y.d.extent(0);
   require_extent("gnh::linear::forward", "y rows", y.rows(), N);
   const T* W = p.v.data() + w;
-  gemm<T>(space, "N", "T", T(1), x.v, block(W, 0, out, in), T(0), y.v);
+  gemm<T>(space, pol, "N", "T", T(1), x.v, block(W, 0, out, in), T(0), y.v);
   if (b >= 0) detail::add_bias(space, y.v.data(), p.v.data() + b, N, out);
   if (K == 0) return;
   // Stacked over directions: (K*N, in) x (in, out).
-  gemm<T>(space, "N", "T", T(1), block(x.d.data(), 0, K * N, in), block(W, 0, out, in), T(0),
+  gemm<T>(space, pol, "N", "T", T(1), block(x.d.data(), 0, K * N, in), block(W, 0, out, in), T(0),
           block(y.d.data(), 0, K * N, out));
   for (index_t k = 0; k < K; ++k) {
     const T* Vk = p.d.data() + k * p.d.extent(1);
-    gemm<T>(space, "N", "T", T(1), x.v, block(Vk, w, out, in), T(1), block(y.d.data(), k * N * out, N, out));
+    gemm<T>(space, pol, "N", "T", T(1), x.v, block(Vk, w, out, in), T(1), block(y.d.data(), k * N * out, N, out));
     if (b >= 0) detail::add_bias(space, y.d.data() + k * N * out, Vk + b, N, out);
   }
   if (y.dd.extent(0) == 0) return;
-  gemm<T>(space, "N", "T", T(1), block(x.dd.data(), 0, K * N, in), block(W, 0, out, in), T(0),
+  gemm<T>(space, pol, "N", "T", T(1), block(x.dd.data(), 0, K * N, in), block(W, 0, out, in), T(0),
           block(y.dd.data(), 0, K * N, out));
   for (index_t k = 0; k < K; ++k) {
     const T* Vk = p.d.data() + k * p.d.extent(1);
-    gemm<T>(space, "N", "T", T(2), block(x.d.data(), k * N * in, N, in), block(Vk, w, out, in), T(1),
+    gemm<T>(space, pol, "N", "T", T(2), block(x.d.data(), k * N * in, N, in), block(Vk, w, out, in), T(1),
             block(y.dd.data(), k * N * out, N, out));
   }
 }
@@ -64,25 +66,25 @@ void linear_forward(const ExecSpace& space, Act2<T> y, Act2<T> x, Params<T> p, i
 // dx is overwritten (skipped when it has no rows); g accumulates.
 template <class T>
 void linear_reverse(const ExecSpace& space, Act2<T> dx, Grads<T> g, Act2<T> dy, Act2<T> x, Params<T> p,
-                    index_t w, index_t b) {
+                    index_t w, index_t b, const GemmPolicy<T>& pol = GemmPolicy<T>()) {
   const index_t N = x.rows(), in = x.cols(), out = dy.cols(), K = dy.d.extent(0);
   require_extent("gnh::linear::reverse", "dy rows", dy.rows(), N);
   const T* W = p.v.data() + w;
-  if (dx.rows() > 0) gemm<T>(space, "N", "N", T(1), dy.v, block(W, 0, out, in), T(0), dx.v);
-  gemm<T>(space, "T", "N", T(1), dy.v, x.v, T(1), block(g.v.data(), w, out, in));
+  if (dx.rows() > 0) gemm<T>(space, pol, "N", "N", T(1), dy.v, block(W, 0, out, in), T(0), dx.v);
+  gemm<T>(space, pol, "T", "N", T(1), dy.v, x.v, T(1), block(g.v.data(), w, out, in));
   if (b >= 0) detail::add_colsum(space, g.v.data() + b, dy.v.data(), N, out);
   if (K == 0) return;
   if (dx.rows() > 0)
-    gemm<T>(space, "N", "N", T(1), block(dy.d.data(), 0, K * N, out), block(W, 0, out, in), T(0),
+    gemm<T>(space, pol, "N", "N", T(1), block(dy.d.data(), 0, K * N, out), block(W, 0, out, in), T(0),
             block(dx.d.data(), 0, K * N, in));
   const index_t P = g.d.extent(1);
   for (index_t k = 0; k < K; ++k) {
     const T* Vk = p.d.data() + k * P;
     T* Gk = g.d.data() + k * P;
     if (dx.rows() > 0)
-      gemm<T>(space, "N", "N", T(1), dy.v, block(Vk, w, out, in), T(1), block(dx.d.data(), k * N * in, N, in));
-    gemm<T>(space, "T", "N", T(1), block(dy.d.data(), k * N * out, N, out), x.v, T(1), block(Gk, w, out, in));
-    gemm<T>(space, "T", "N", T(1), dy.v, block(x.d.data(), k * N * in, N, in), T(1), block(Gk, w, out, in));
+      gemm<T>(space, pol, "N", "N", T(1), dy.v, block(Vk, w, out, in), T(1), block(dx.d.data(), k * N * in, N, in));
+    gemm<T>(space, pol, "T", "N", T(1), block(dy.d.data(), k * N * out, N, out), x.v, T(1), block(Gk, w, out, in));
+    gemm<T>(space, pol, "T", "N", T(1), dy.v, block(x.d.data(), k * N * in, N, in), T(1), block(Gk, w, out, in));
     if (b >= 0) detail::add_colsum(space, Gk + b, dy.d.data() + k * N * out, N, out);
   }
 }

@@ -9,7 +9,8 @@
 //   tangent of reverse: dz in Dual arithmetic, then the bilinear rules of linear.hpp
 // Rows are processed in chunks so that only (chunk, V) logits (per plane) exist
 // at a time, never the full (B*T, V) tensor. Saves lse per row (with tangents);
-// the reverse recomputes the chunk's logits from h and W.
+// the reverse recomputes the chunk's logits from h and W. Under bf16-amp the
+// GEMM operands are rounded to bfloat16; lse, softmax and the loss stay FP32.
 #pragma once
 #include <type_traits>
 
@@ -33,23 +34,23 @@ template <class T> KOKKOS_INLINE_FUNCTION void store_loss(const Act1<double>& l,
 // Logit planes of rows r0 .. r0+nr-1 into z (plane k of the chunk at k*nr*V).
 template <class T>
 void chunk_logits(const ExecSpace& space, Act2<T> z, Act2<T> h, Params<T> p, index_t w, index_t r0,
-                  index_t nr, bool tangents, bool second) {
+                  index_t nr, bool tangents, bool second, const GemmPolicy<T>& pol) {
   const index_t N = h.rows(), C = h.cols(), V = z.cols(), K = h.d.extent(0), P = p.v.extent(0);
   const T* W = p.v.data() + w;
-  gemm<T>(space, "N", "T", T(1), block(h.v.data(), r0 * C, nr, C), block(W, 0, V, C), T(0),
+  gemm<T>(space, pol, "N", "T", T(1), block(h.v.data(), r0 * C, nr, C), block(W, 0, V, C), T(0),
           block(z.v.data(), 0, nr, V));
   if (!tangents) return;
   for (index_t k = 0; k < K; ++k) {
     const T* Vk = p.d.data() + k * P;
     T* zk = z.d.data() + k * nr * V;
-    gemm<T>(space, "N", "T", T(1), block(h.d.data(), (k * N + r0) * C, nr, C), block(W, 0, V, C), T(0),
+    gemm<T>(space, pol, "N", "T", T(1), block(h.d.data(), (k * N + r0) * C, nr, C), block(W, 0, V, C), T(0),
             block(zk, 0, nr, V));
-    gemm<T>(space, "N", "T", T(1), block(h.v.data(), r0 * C, nr, C), block(Vk, w, V, C), T(1), block(zk, 0, nr, V));
+    gemm<T>(space, pol, "N", "T", T(1), block(h.v.data(), r0 * C, nr, C), block(Vk, w, V, C), T(1), block(zk, 0, nr, V));
     if (!second) continue;
     T* zkk = z.dd.data() + k * nr * V;
-    gemm<T>(space, "N", "T", T(1), block(h.dd.data(), (k * N + r0) * C, nr, C), block(W, 0, V, C), T(0),
+    gemm<T>(space, pol, "N", "T", T(1), block(h.dd.data(), (k * N + r0) * C, nr, C), block(W, 0, V, C), T(0),
             block(zkk, 0, nr, V));
-    gemm<T>(space, "N", "T", T(2), block(h.d.data(), (k * N + r0) * C, nr, C), block(Vk, w, V, C), T(1),
+    gemm<T>(space, pol, "N", "T", T(2), block(h.d.data(), (k * N + r0) * C, nr, C), block(Vk, w, V, C), T(1),
             block(zkk, 0, nr, V));
   }
 }
@@ -67,7 +68,8 @@ Act2<T> chunk_view(const Act2<T>& z, index_t K, index_t nr, index_t V) {
 template <class S>
 void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t<S>> lse,
                           Act2<base_t<S>> h, Params<base_t<S>> p, index_t w,
-                          Span1<const std::int32_t> targets, Act2<base_t<S>> z) {
+                          Span1<const std::int32_t> targets, Act2<base_t<S>> z,
+                          const GemmPolicy<base_t<S>>& pol = GemmPolicy<base_t<S>>()) {
   using T = base_t<S>;
   using io = Io<S>;
   const index_t N = h.rows(), V = z.cols(), K = directions_of<S>(h), chunk = z.rows();
@@ -78,7 +80,7 @@ void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t
   for (index_t r0 = 0; r0 < N; r0 += chunk) {
     const index_t nr = N - r0 < chunk ? N - r0 : chunk;
     const Act2<T> zc = detail::chunk_view(z, K, nr, V);
-    detail::chunk_logits(space, zc, h, p, w, r0, nr, tangents, second);
+    detail::chunk_logits(space, zc, h, p, w, r0, nr, tangents, second, pol);
     Kokkos::parallel_for(
         "gnh::lm_head_xent::forward", range(space, nr), KOKKOS_LAMBDA(const index_t r) {
           const index_t n = r0 + r;
@@ -100,7 +102,8 @@ void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t
 template <class S>
 void lm_head_xent_reverse(const ExecSpace& space, Act2<base_t<S>> dh, Grads<base_t<S>> g,
                           Act1<base_t<S>> lse, Act2<base_t<S>> h, Params<base_t<S>> p, index_t w,
-                          Span1<const std::int32_t> targets, Act2<base_t<S>> z) {
+                          Span1<const std::int32_t> targets, Act2<base_t<S>> z,
+                          const GemmPolicy<base_t<S>>& pol = GemmPolicy<base_t<S>>()) {
   using T = base_t<S>;
   using io = Io<S>;
   constexpr bool tangents = !std::is_same<S, T>::value;
@@ -110,7 +113,7 @@ void lm_head_xent_reverse(const ExecSpace& space, Act2<base_t<S>> dh, Grads<base
   for (index_t r0 = 0; r0 < N; r0 += chunk) {
     const index_t nr = N - r0 < chunk ? N - r0 : chunk;
     const Act2<T> zc = detail::chunk_view(z, K, nr, V);
-    detail::chunk_logits(space, zc, h, p, w, r0, nr, tangents, false);
+    detail::chunk_logits(space, zc, h, p, w, r0, nr, tangents, false, pol);
     // dz = softmax - onehot, in place; the value plane is written after every
     // tangent plane has read it.
     Kokkos::parallel_for(
@@ -132,20 +135,20 @@ void lm_head_xent_reverse(const ExecSpace& space, Act2<base_t<S>> dh, Grads<base
           }
           zc.v(r, v) = kmath::exp(zv - lse.v(n)) - onehot;
         });
-    gemm<T>(space, "N", "N", T(1), block(zc.v.data(), 0, nr, V), block(W, 0, V, C), T(0),
+    gemm<T>(space, pol, "N", "N", T(1), block(zc.v.data(), 0, nr, V), block(W, 0, V, C), T(0),
             block(dh.v.data(), r0 * C, nr, C));
-    gemm<T>(space, "T", "N", T(1), block(zc.v.data(), 0, nr, V), block(h.v.data(), r0 * C, nr, C), T(1),
+    gemm<T>(space, pol, "T", "N", T(1), block(zc.v.data(), 0, nr, V), block(h.v.data(), r0 * C, nr, C), T(1),
             block(g.v.data(), w, V, C));
     for (index_t k = 0; k < K; ++k) {
       const T* Vk = p.d.data() + k * P;
       T* Gk = g.d.data() + k * P;
       const T* dzk = zc.d.data() + k * nr * V;
       T* dhk = dh.d.data() + (k * N + r0) * C;
-      gemm<T>(space, "N", "N", T(1), block(dzk, 0, nr, V), block(W, 0, V, C), T(0), block(dhk, 0, nr, C));
-      gemm<T>(space, "N", "N", T(1), block(zc.v.data(), 0, nr, V), block(Vk, w, V, C), T(1), block(dhk, 0, nr, C));
-      gemm<T>(space, "T", "N", T(1), block(dzk, 0, nr, V), block(h.v.data(), r0 * C, nr, C), T(1),
+      gemm<T>(space, pol, "N", "N", T(1), block(dzk, 0, nr, V), block(W, 0, V, C), T(0), block(dhk, 0, nr, C));
+      gemm<T>(space, pol, "N", "N", T(1), block(zc.v.data(), 0, nr, V), block(Vk, w, V, C), T(1), block(dhk, 0, nr, C));
+      gemm<T>(space, pol, "T", "N", T(1), block(dzk, 0, nr, V), block(h.v.data(), r0 * C, nr, C), T(1),
               block(Gk, w, V, C));
-      gemm<T>(space, "T", "N", T(1), block(zc.v.data(), 0, nr, V), block(h.d.data(), (k * N + r0) * C, nr, C),
+      gemm<T>(space, pol, "T", "N", T(1), block(zc.v.data(), 0, nr, V), block(h.d.data(), (k * N + r0) * C, nr, C),
               T(1), block(Gk, w, V, C));
     }
   }

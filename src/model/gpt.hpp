@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/planes.hpp"
+#include "kernels/blas.hpp"
 #include "model/config.hpp"
 #include "model/layout.hpp"
 
@@ -26,6 +27,7 @@ struct Shape {
   bool reverse = false;        // gradient / hvp: keep every layer's activations
   bool second_order = false;   // second_order: second-derivative planes
   index_t head_chunk_rows = 0;  // rows of logits per chunk (0: automatic)
+  bool bf16 = false;           // bf16-amp: matrix-multiply operands rounded to bfloat16 (float only)
 };
 
 // Sums over the valid targets (>= 0) of one batch.
@@ -120,6 +122,7 @@ class Gpt {
   Act1<T> head_lse_;            // (N)
   Act2<T> logits_;              // (chunk, V) per plane
   Adjoints<T> adj_;
+  kernels::GemmPolicy<T> gemm_;  // operand precision of every matrix multiply
   View1<double> row_loss_v_;
   View2<double> row_loss_d_, row_loss_dd_;  // (K, N)
   std::size_t workspace_bytes_ = 0;

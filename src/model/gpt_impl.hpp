@@ -114,6 +114,18 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape) : cfg_(cfg), layout_(cfg
     adj_.fc = act2("d_fc", N, 4 * C, tan, false);
     adj_.D = act1("d_D", shape.batch * H * shape.context, tan, false);
   }
+  if (shape.bf16) {
+    if (!std::is_same<T, float>::value) fail("the bf16-amp policy runs in float");
+    // Operands are rounded chunk by chunk into two scratch buffers: 2^22
+    // elements of activations, and the largest weight block whole.
+    gemm_.bf16 = true;
+    gemm_.chunk_elements = index_t(1) << 22;
+    const index_t biggest_weight = std::max<index_t>(V * C, 4 * C * C);
+    gemm_.scratch_a = View1<T>(Kokkos::view_alloc("gnh::gpt::bf16_a", Kokkos::WithoutInitializing), gemm_.chunk_elements);
+    gemm_.scratch_b = View1<T>(Kokkos::view_alloc("gnh::gpt::bf16_b", Kokkos::WithoutInitializing),
+                               std::max(gemm_.chunk_elements, biggest_weight));
+    workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(gemm_.scratch_a.size() + gemm_.scratch_b.size());
+  }
   row_loss_v_ = View1<double>("gnh::gpt::row_loss", N);
   if (tan) row_loss_d_ = View2<double>("gnh::gpt::row_loss_d", shape.directions, N);
   if (sec) row_loss_dd_ = View2<double>("gnh::gpt::row_loss_dd", shape.directions, N);
@@ -165,15 +177,15 @@ LossSum Gpt<T>::forward(const ExecSpace& space, Params<T> p, Span2<const std::in
     const Act2<T> fc = planes_for<S>(a0.fc), fc_gelu = planes_for<S>(a0.fc_gelu), x_out = planes_for<S>(a0.x_out);
     layernorm_forward<S>(space, ln1, planes_for<S>(a0.ln1_mean), planes_for<S>(a0.ln1_rstd), x, p, o.ln1_w,
                          o.ln1_b, cfg_.ln_eps);
-    linear_forward<T>(space, qkv, ln1, p, o.attn_w, o.attn_b);
-    attention_forward<S>(space, att, planes_for<S>(a0.att_lse), qkv, B, Tc, cfg_.n_head);
-    linear_forward<T>(space, proj, att, p, o.attn_proj_w, o.attn_proj_b);
+    linear_forward<T>(space, qkv, ln1, p, o.attn_w, o.attn_b, gemm_);
+    attention_forward<S>(space, att, planes_for<S>(a0.att_lse), qkv, B, Tc, cfg_.n_head, gemm_.bf16);
+    linear_forward<T>(space, proj, att, p, o.attn_proj_w, o.attn_proj_b, gemm_);
     residual_forward<T>(space, x_mid, x, proj);
     layernorm_forward<S>(space, ln2, planes_for<S>(a0.ln2_mean), planes_for<S>(a0.ln2_rstd), x_mid, p, o.ln2_w,
                          o.ln2_b, cfg_.ln_eps);
-    linear_forward<T>(space, fc, ln2, p, o.fc_w, o.fc_b);
+    linear_forward<T>(space, fc, ln2, p, o.fc_w, o.fc_b, gemm_);
     gelu_forward<S>(space, fc_gelu, fc, cfg_.gelu);
-    linear_forward<T>(space, proj, fc_gelu, p, o.fc_proj_w, o.fc_proj_b);
+    linear_forward<T>(space, proj, fc_gelu, p, o.fc_proj_w, o.fc_proj_b, gemm_);
     residual_forward<T>(space, x_out, x_mid, proj);
   }
   layernorm_forward<S>(space, planes_for<S>(lnf_), planes_for<S>(lnf_mean_), planes_for<S>(lnf_rstd_),
@@ -184,7 +196,7 @@ LossSum Gpt<T>::forward(const ExecSpace& space, Params<T> p, Span2<const std::in
   loss.dd = row_loss_dd_;
   Span1<const std::int32_t> flat_targets(targets.data(), N_);
   lm_head_xent_forward<S>(space, planes_for<S>(loss), planes_for<S>(head_lse_), planes_for<S>(lnf_), p,
-                          L.lm_head, flat_targets, planes_for<S>(logits_));
+                          L.lm_head, flat_targets, planes_for<S>(logits_), gemm_);
   space.fence();
   // Fixed-order host sums in double: deterministic on every backend.
   auto h_loss = Kokkos::create_mirror_view_and_copy(HostSpace(), row_loss_v_);
@@ -231,24 +243,24 @@ void Gpt<T>::reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<cons
   const Act1<T> D = planes_for<S>(adj_.D);
   Span1<const std::int32_t> flat_targets(targets.data(), N_);
   lm_head_xent_reverse<S>(space, c1, g, planes_for<S>(head_lse_), planes_for<S>(lnf_), p, L.lm_head,
-                          flat_targets, planes_for<S>(logits_));
+                          flat_targets, planes_for<S>(logits_), gemm_);
   layernorm_reverse<S>(space, res, g, c1, planes_for<S>(x_final()), planes_for<S>(lnf_mean_),
                        planes_for<S>(lnf_rstd_), p, L.lnf_w, L.lnf_b);
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
     const BlockOffsets& o = L.blocks[l];
     const LayerActivations<T>& a = acts_[l];
     // x_out = x_mid + c_proj(gelu(c_fc(ln_2(x_mid)))); res holds d x_out.
-    linear_reverse<T>(space, d_fcg, g, res, planes_for<S>(a.fc_gelu), p, o.fc_proj_w, o.fc_proj_b);
+    linear_reverse<T>(space, d_fcg, g, res, planes_for<S>(a.fc_gelu), p, o.fc_proj_w, o.fc_proj_b, gemm_);
     gelu_reverse<S>(space, d_fc, d_fcg, planes_for<S>(a.fc), cfg_.gelu);
-    linear_reverse<T>(space, c1, g, d_fc, planes_for<S>(a.ln2), p, o.fc_w, o.fc_b);
+    linear_reverse<T>(space, c1, g, d_fc, planes_for<S>(a.ln2), p, o.fc_w, o.fc_b, gemm_);
     layernorm_reverse<S>(space, c2, g, c1, planes_for<S>(a.x_mid), planes_for<S>(a.ln2_mean),
                          planes_for<S>(a.ln2_rstd), p, o.ln2_w, o.ln2_b);
     accumulate<T>(space, res, c2);  // d x_mid
     // x_mid = x_in + c_proj(attn(c_attn(ln_1(x_in)))).
-    linear_reverse<T>(space, d_att, g, res, planes_for<S>(a.att), p, o.attn_proj_w, o.attn_proj_b);
+    linear_reverse<T>(space, d_att, g, res, planes_for<S>(a.att), p, o.attn_proj_w, o.attn_proj_b, gemm_);
     attention_reverse<S>(space, d_qkv, D, d_att, planes_for<S>(a.qkv), planes_for<S>(a.att),
-                         planes_for<S>(a.att_lse), B, Tc, cfg_.n_head);
-    linear_reverse<T>(space, c1, g, d_qkv, planes_for<S>(a.ln1), p, o.attn_w, o.attn_b);
+                         planes_for<S>(a.att_lse), B, Tc, cfg_.n_head, gemm_.bf16);
+    linear_reverse<T>(space, c1, g, d_qkv, planes_for<S>(a.ln1), p, o.attn_w, o.attn_b, gemm_);
     layernorm_reverse<S>(space, c2, g, c1, planes_for<S>(x_in(l)), planes_for<S>(a.ln1_mean),
                          planes_for<S>(a.ln1_rstd), p, o.ln1_w, o.ln1_b);
     accumulate<T>(space, res, c2);  // d x_in

@@ -1,0 +1,179 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// bfloat16 rounding against the IEEE definition, and the bf16-amp mode of each
+// kernel against its FP32 mode applied to rounded operands.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/bf16.hpp"
+#include "support/ops.hpp"
+#include "support/reference.hpp"
+
+using namespace gnh;
+
+namespace {
+float from_bits(std::uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+std::uint32_t bits(float f) {
+  std::uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+}  // namespace
+
+TEST_CASE("bfloat16 rounding: nearest, ties to even, specials", "[bf16]") {
+  // Exactly representable values are unchanged.
+  for (float x : {0.0f, 1.0f, -2.5f, 1.0f + 0x1p-7f, 3.0e38f * 0 + 0x1p127f})
+    REQUIRE(bits(round_bf16(x)) == bits(x));
+  // Ties: 1 + 2^-8 lies halfway between 1 (even) and 1 + 2^-7 (odd).
+  REQUIRE(round_bf16(1.0f + 0x1p-8f) == 1.0f);
+  // 1 + 3*2^-8 lies halfway between 1 + 2^-7 (odd) and 1 + 2^-6 (even).
+  REQUIRE(round_bf16(1.0f + 3 * 0x1p-8f) == 1.0f + 0x1p-6f);
+  // Just above and below a tie.
+  REQUIRE(round_bf16(from_bits(0x3F808001u)) == from_bits(0x3F810000u));
+  REQUIRE(round_bf16(from_bits(0x3F807FFFu)) == from_bits(0x3F800000u));
+  REQUIRE(round_bf16(-from_bits(0x3F808001u)) == -from_bits(0x3F810000u));
+  // Subnormals round like any other value; the smallest ties go to even (zero).
+  REQUIRE(bits(round_bf16(from_bits(0x00008000u))) == 0x00000000u);
+  REQUIRE(bits(round_bf16(from_bits(0x00018000u))) == 0x00020000u);
+  REQUIRE(bits(round_bf16(from_bits(0x00010001u))) == 0x00010000u);
+  REQUIRE(bits(round_bf16(from_bits(0x007FFFFFu))) == 0x00800000u);  // up into the normals
+  // Signed zero, infinities, overflow to infinity.
+  REQUIRE(bits(round_bf16(-0.0f)) == 0x80000000u);
+  REQUIRE(round_bf16(std::numeric_limits<float>::infinity()) == std::numeric_limits<float>::infinity());
+  REQUIRE(round_bf16(-std::numeric_limits<float>::infinity()) == -std::numeric_limits<float>::infinity());
+  REQUIRE(round_bf16(std::numeric_limits<float>::max()) == std::numeric_limits<float>::infinity());
+  REQUIRE(bits(round_bf16(from_bits(0x7F7F7FFFu))) == 0x7F7F0000u);  // largest finite bf16 stays
+  // NaN stays NaN (quiet), including signalling payloads that would round to Inf.
+  REQUIRE(std::isnan(round_bf16(from_bits(0x7F800001u))));
+  REQUIRE(std::isnan(round_bf16(from_bits(0xFFC00001u))));
+  REQUIRE((bits(round_bf16(from_bits(0x7F800001u))) & 0x00400000u) != 0);
+  // Every result has the low 16 bits clear and is the nearest bf16: brute force
+  // over a sweep of bit patterns against the definition by neighbours.
+  for (std::uint32_t b = 0x00000001u; b < 0x7F000000u; b += 0x00013579u) {
+    const float x = from_bits(b), r = round_bf16(x);
+    REQUIRE((bits(r) & 0xFFFFu) == 0);
+    const float lo = from_bits(b & 0xFFFF0000u), hi = from_bits((b & 0xFFFF0000u) + 0x10000u);
+    const double dlo = double(x) - double(lo), dhi = double(hi) - double(x);
+    if (dlo < dhi) REQUIRE(r == lo);
+    else if (dhi < dlo) REQUIRE(r == hi);
+    else REQUIRE((bits(r) & 0x10000u) == 0);  // tie: even
+  }
+}
+
+namespace {
+template <class V>
+void round_in_place(const V& v) {
+  for (std::size_t i = 0; i < v.size(); ++i) v.data()[i] = round_bf16(v.data()[i]);
+}
+kernels::GemmPolicy<float> bf16_policy(index_t scratch) {
+  kernels::GemmPolicy<float> p;
+  p.bf16 = true;
+  p.chunk_elements = scratch;  // one chunk: the same GEMM call as the FP32 path
+  p.scratch_a = View1<float>("a", scratch);
+  p.scratch_b = View1<float>("b", scratch);
+  return p;
+}
+}  // namespace
+
+TEST_CASE("linear and lm head in bf16-amp equal FP32 on rounded operands", "[bf16]") {
+  const index_t N = 13, in = 11, out = 7, V = 17;
+  const auto pol = bf16_policy(1 << 16);
+  for (const char* mode : {"primal", "tangent", "second"}) {
+    CAPTURE(mode);
+    test::Buf<float> x(N, in), y(N, out), yr(N, out);
+    test::Flat<float> p(out * in + out);
+    const auto xv = ref::random_vec(N * in, 1), xd = ref::random_vec(N * in, 2), pv = ref::random_vec(out * in + out, 3);
+    const auto pd = ref::random_vec(out * in + out, 4);
+    for (index_t i = 0; i < N * in; ++i) { x.v(i) = float(xv[i]); x.d(i) = float(xd[i]); x.dd(i) = float(xd[i] * 0.5); }
+    for (index_t i = 0; i < out * in + out; ++i) { p.v(i) = float(pv[i]); p.d(i) = float(pd[i]); }
+    auto run = [&](const test::Buf<float>& yy, const test::Buf<float>& xx, const test::Flat<float>& pp,
+                   const kernels::GemmPolicy<float>& pl) {
+      const std::string m = mode;
+      if (m == "primal") kernels::linear_forward<float>(ExecSpace(), yy.act<float>(), xx.act<float>(), pp.params<float>(), 0, out * in, pl);
+      else if (m == "tangent") kernels::linear_forward<float>(ExecSpace(), yy.act<Dual<float>>(), xx.act<Dual<float>>(), pp.params<Dual<float>>(), 0, out * in, pl);
+      else kernels::linear_forward<float>(ExecSpace(), yy.act<Jet2<float>>(), xx.act<Jet2<float>>(), pp.params<Jet2<float>>(), 0, out * in, pl);
+    };
+    run(y, x, p, pol);
+    // FP32 on rounded operands: the bias is not a multiply operand and stays.
+    test::Buf<float> xr(N, in);
+    test::Flat<float> prr(out * in + out);
+    for (index_t i = 0; i < N * in; ++i) { xr.v(i) = round_bf16(x.v(i)); xr.d(i) = round_bf16(x.d(i)); xr.dd(i) = round_bf16(x.dd(i)); }
+    for (index_t i = 0; i < out * in + out; ++i) {
+      prr.v(i) = i < out * in ? round_bf16(p.v(i)) : p.v(i);
+      prr.d(i) = i < out * in ? round_bf16(p.d(i)) : p.d(i);
+    }
+    run(yr, xr, prr, kernels::GemmPolicy<float>());
+    for (index_t i = 0; i < N * out; ++i) {
+      REQUIRE(y.v(i) == yr.v(i));
+      if (std::string(mode) != "primal") REQUIRE(y.d(i) == yr.d(i));
+      if (std::string(mode) == "second") REQUIRE(y.dd(i) == yr.dd(i));
+    }
+    // And it differs from plain FP32 (the rounding is real).
+    test::Buf<float> yf(N, out);
+    run(yf, x, p, kernels::GemmPolicy<float>());
+    double diff = 0;
+    for (index_t i = 0; i < N * out; ++i) diff = std::max(diff, double(std::abs(yf.v(i) - y.v(i))));
+    REQUIRE(diff > 1e-4);
+  }
+  // The fused head: loss rows equal FP32 on rounded h and W.
+  test::XentOp<float> op(N, in, V, N);
+  test::Buf<float> h(N, in), loss(N, 1), loss_r(N, 1);
+  test::Flat<float> w(V * in);
+  const auto hv = ref::random_vec(N * in, 5), wv = ref::random_vec(V * in, 6);
+  for (index_t i = 0; i < N * in; ++i) h.v(i) = float(hv[i]);
+  for (index_t i = 0; i < V * in; ++i) w.v(i) = float(wv[i]);
+  View1<double> l1("l1", N), l2("l2", N);
+  kernels::lm_head_xent_forward<float>(ExecSpace(), Act1<double>{l1, {}, {}}, op.lse.act1<float>(), h.act<float>(),
+                                       w.params<float>(), 0, op.targets, op.z.act<float>(), pol);
+  round_in_place(h.v);
+  round_in_place(w.v);
+  kernels::lm_head_xent_forward<float>(ExecSpace(), Act1<double>{l2, {}, {}}, op.lse.act1<float>(), h.act<float>(),
+                                       w.params<float>(), 0, op.targets, op.z.act<float>());
+  for (index_t n = 0; n < N; ++n) REQUIRE(l1(n) == l2(n));
+}
+
+TEST_CASE("attention in bf16-amp rounds q, k, v and p, keeping scores and softmax in FP32", "[bf16]") {
+  const index_t B = 2, Tc = 7, H = 3, hs = 4, C = H * hs, N = B * Tc;
+  test::AttentionOp<float> op(B, Tc, int(H), hs);
+  test::Buf<float> x(N, 3 * C), y(N, C);
+  const auto q = ref::random_vec(N * 3 * C, 8, 1.3);
+  for (index_t i = 0; i < N * 3 * C; ++i) x.v(i) = float(q[i]);
+  kernels::attention_forward<float>(ExecSpace(), y.act<float>(), op.lse.act1<float>(), x.act<float>(), B, Tc, int(H),
+                                    /*bf16=*/true);
+  // Reference in double on the rounded operands, with p rounded after normalisation.
+  auto r = [&](index_t n, index_t c) { return double(round_bf16(x.v(n * 3 * C + c))); };
+  double worst = 0;
+  for (index_t b = 0; b < B; ++b)
+    for (index_t h = 0; h < H; ++h)
+      for (index_t t = 0; t < Tc; ++t) {
+        std::vector<double> s(t + 1);
+        double m = -INFINITY, z = 0;
+        for (index_t u = 0; u <= t; ++u) {
+          double d = 0;
+          for (index_t k = 0; k < hs; ++k) d += r(b * Tc + t, h * hs + k) * r(b * Tc + u, C + h * hs + k);
+          s[u] = d / std::sqrt(double(hs));
+          m = std::max(m, s[u]);
+        }
+        for (double e : s) z += std::exp(e - m);
+        for (index_t k = 0; k < hs; ++k) {
+          double acc = 0;
+          for (index_t u = 0; u <= t; ++u)
+            acc += double(round_bf16(float(std::exp(s[u] - m) / z))) * r(b * Tc + u, 2 * C + h * hs + k);
+          worst = std::max(worst, std::abs(acc - double(y.v((b * Tc + t) * C + h * hs + k))));
+        }
+      }
+  // FP32 arithmetic on the same operands: a few float eps, except where p sits
+  // on a bfloat16 rounding boundary (one bf16 ulp of p, 2^-8, times |v| <= 5).
+  INFO("largest deviation " << worst);
+  REQUIRE(worst <= 0.02);
+  double mean_dev = 0;
+  test::Buf<float> y32(N, C);
+  kernels::attention_forward<float>(ExecSpace(), y32.act<float>(), op.lse.act1<float>(), x.act<float>(), B, Tc, int(H));
+  for (index_t i = 0; i < N * C; ++i) mean_dev += std::abs(double(y32.v(i)) - double(y.v(i)));
+  REQUIRE(mean_dev / double(N * C) > 1e-4);  // the bf16 mode is not the FP32 mode
+}

@@ -1,118 +1,29 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "driver/run.hpp"
 
-#include <glob.h>
-
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
-#include <set>
 
 #include "analysis/case_analysis.hpp"
-#include "analysis/epoch.hpp"
 #include "analysis/sampling.hpp"
 #include "core/build_info.hpp"
-#include "core/sha256.hpp"
+#include "driver/campaign.hpp"
 #include "io/checkpoint.hpp"
-#include "io/deck.hpp"
 #include "io/results.hpp"
-#include "io/tokens.hpp"
 #include "parallel/team_mpi.hpp"
 
 namespace gnh {
 namespace {
 
-using json = nlohmann::json;
 
 // SIGTERM (Slurm's warning before the time limit): finish the current batch,
 // record progress, exit cleanly.
 volatile std::sig_atomic_t g_terminate = 0;
 extern "C" void on_sigterm(int) { g_terminate = 1; }
-
-struct CheckpointFile {
-  std::string path;  // as found
-  std::string name;  // file name
-};
-
-std::string basename_of(const std::string& p) { return p.substr(p.find_last_of('/') + 1); }
-
-std::vector<CheckpointFile> expand_checkpoints(const Deck& d) {
-  std::vector<CheckpointFile> out;
-  std::set<std::string> seen_paths;
-  std::map<std::string, std::string> by_name;
-  for (const auto& pattern : d.checkpoint_paths) {
-    const std::string full = d.resolve(pattern);
-    glob_t g{};
-    const int rc = ::glob(full.c_str(), 0, nullptr, &g);
-    if (rc == GLOB_NOMATCH || (rc == 0 && g.gl_pathc == 0)) {
-      globfree(&g);
-      if (full.find_first_of("*?[") == std::string::npos)
-        fail(d.file, ": checkpoints.paths: file '", full, "' does not exist");
-      fail(d.file, ": checkpoints.paths: pattern '", full, "' matched no files");
-    }
-    if (rc != 0) {
-      globfree(&g);
-      fail(d.file, ": checkpoints.paths: cannot expand '", full, "'");
-    }
-    for (std::size_t i = 0; i < g.gl_pathc; ++i) {
-      const std::string p = g.gl_pathv[i];
-      if (!seen_paths.insert(p).second) continue;
-      const std::string name = basename_of(p);
-      auto [it, fresh] = by_name.emplace(name, p);
-      if (!fresh)
-        fail(d.file, ": checkpoints.paths: two checkpoints share the file name '", name, "' (", it->second,
-             " and ", p, "); results are keyed by file name");
-      out.push_back({p, name});
-    }
-    globfree(&g);
-  }
-  return out;
-}
-
-struct LoadedCase {
-  std::string name;
-  TokenFile data;
-  index_t blocks = 0;
-};
-
-AnalysisSettings settings_of(const Deck& d) {
-  AnalysisSettings s;
-  s.context = d.context;
-  s.grad_microbatch = d.grad_microbatch;
-  s.hvp_batch = d.hvp_batch;
-  s.noise_samples = d.noise_samples;
-  s.noise_batch = d.noise_batch;
-  s.directions = d.directions;
-  s.directions_per_pass = d.directions_per_pass;
-  s.seed = d.seed;
-  s.method = parse_curvature_method(d.curvature_method);
-  s.bf16 = d.policy == "bf16-amp";
-  return s;
-}
-
-std::string settings_fingerprint(const Deck& d, const ModelConfig& cfg, const std::vector<LoadedCase>& cases) {
-  // Everything that changes a number in the results, nothing that does not
-  // (paths, output location, run name, rank layout, directions per pass,
-  // batch sizes: those change rounding only within the stated tolerances).
-  json j;
-  j["gnh_version"] = version();
-  j["context"] = d.context;
-  j["max_blocks"] = d.max_blocks;
-  j["model"] = cfg.describe();
-  for (const auto& c : cases) j["data"][c.name] = {{"sha256", c.data.sha256}, {"blocks", c.blocks}};
-  j["analysis"] = {{"grad_microbatch", d.grad_microbatch}, {"hvp_batch", d.hvp_batch},
-                   {"noise_samples", d.noise_samples},     {"noise_batch", d.noise_batch},
-                   {"directions", d.directions},           {"directions_per_pass", d.directions_per_pass},
-                   {"seed", d.seed},                       {"curvature_method", d.curvature_method}};
-  j["precision"] = d.policy;
-  return sha256_hex(j.dump()).substr(0, 16);
-}
 
 // Progress lines from a team leader: at most every 10 s, and at each stage's end.
 class ProgressLog {
@@ -295,107 +206,21 @@ void print_summary(const std::vector<GroupSummary>& groups, const std::string& o
 
 int run_command(const Comm& comm, const RunOptions& opt) {
   const bool root = comm.rank() == 0;
-  Deck deck;
-  std::vector<CheckpointFile> files;
-  comm.collective([&] {
-    deck = load_deck(opt.deck, opt.overrides);
-    if (comm.size() % deck.ranks_per_checkpoint != 0)
-      fail(deck.file, ": parallel.ranks_per_checkpoint = ", deck.ranks_per_checkpoint,
-           " does not divide the number of MPI ranks (", comm.size(), ")");
-    files = expand_checkpoints(deck);
-  });
-  if (root) {
-    std::printf("gnh %s (%s) | %s | %d MPI rank(s)\n", version(), git_commit(), build_configuration().c_str(),
-                comm.size());
-    if (!opt.quiet)
-      std::printf("---- deck %s (effective) ----\n%s\n---- end of deck ----\n", deck.file.c_str(),
-                  deck.effective_text.c_str());
-    std::fflush(stdout);
-  }
-
-  // Each rank reads and hashes every size-th checkpoint; then all ranks share
-  // the hashes and configurations so that grouping is identical everywhere.
-  json local = json::array();
-  comm.collective([&] {
-    for (std::size_t i = static_cast<std::size_t>(comm.rank()); i < files.size();
-         i += static_cast<std::size_t>(comm.size())) {
-      const Checkpoint ck = read_checkpoint(files[i].path);
-      json e = {{"index", i}, {"sha256", ck.param_sha256}, {"config", ck.config.describe()},
-                {"n_params", ck.params.size()}};
-      if (ck.iter_num) e["iter_num"] = *ck.iter_num;
-      local.push_back(e);
-    }
-  });
-  std::vector<json> info(files.size());
-  for (const auto& s : comm.allgather(local.dump()))
-    for (const auto& e : json::parse(s)) info[e.at("index").get<std::size_t>()] = e;
-
-  ModelConfig cfg;
-  std::vector<LoadedCase> cases;
-  comm.collective([&] {
-    const std::string first_cfg = info.front().at("config");
-    for (std::size_t i = 1; i < files.size(); ++i)
-      if (info[i].at("config") != first_cfg)
-        fail("inconsistent model configurations: ", files[0].path, " has ", first_cfg, " but ", files[i].path,
-             " has ", info[i].at("config").get<std::string>());
-    cfg = read_checkpoint_config(files[0].path);
-    if (deck.context > cfg.block_size)
-      fail(deck.file, ": data.context = ", deck.context, " exceeds the model's block_size ", cfg.block_size);
-    for (const auto& spec : deck.cases) {
-      LoadedCase c;
-      c.name = spec.name;
-      c.data = read_tokens(deck.resolve(spec.path), spec.dtype, spec.dataset, cfg.vocab_size);
-      c.blocks = epoch_blocks(static_cast<index_t>(c.data.ids.size()), deck.context, deck.max_blocks);
-      if (c.blocks == 0)
-        fail(c.data.path, ": ", c.data.ids.size(), " tokens are too few for one block of context ", deck.context,
-             " (data.", spec.name, ")");
-      if (deck.noise_samples > 0 && c.blocks <= deck.noise_batch)
-        fail(c.data.path, ": ", c.blocks, " blocks of context ", deck.context, " are too few for noise batches of ",
-             deck.noise_batch, " (data.", spec.name, " needs more than analysis.noise_batch blocks)");
-      cases.push_back(std::move(c));
-    }
-  });
-
-  // Group identical parameter states (first appearance order); deal round-robin over teams.
+  Campaign c = prepare_campaign(comm, opt.deck, opt.overrides, opt.quiet);
+  const Deck& deck = c.deck;
+  const std::vector<LoadedCase>& cases = c.cases;
+  const std::vector<GroupRecord>& groups = c.groups;
+  const ModelConfig& cfg = c.cfg;
+  const RunInfo& ri = c.info;
+  const std::string& output = c.output;
   const int rpc = int(deck.ranks_per_checkpoint), teams = comm.size() / rpc, my_team = comm.rank() / rpc;
-  std::vector<GroupRecord> groups;
-  std::map<std::string, std::size_t> group_of;
-  for (std::size_t i = 0; i < files.size(); ++i) {
-    const std::string sha = info[i].at("sha256");
-    auto [it, fresh] = group_of.emplace(sha, groups.size());
-    if (fresh) {
-      GroupRecord g;
-      g.param_sha256 = sha;
-      g.hash = sha.substr(0, 16);
-      g.n_params = info[i].at("n_params");
-      groups.push_back(g);
-    }
-    GroupRecord& g = groups[it->second];
-    g.aliases.push_back(files[i].name);
-    g.alias_paths.push_back(files[i].path);
-    if (info[i].contains("iter_num") && !g.iter_num) g.iter_num = info[i].at("iter_num").get<std::int64_t>();
-  }
   std::vector<int> team_of_group(groups.size());
   for (std::size_t g = 0; g < groups.size(); ++g) team_of_group[g] = int(g % std::size_t(teams));
-
-  const std::string output = deck.resolve(deck.output);
-  RunInfo ri;
-  ri.deck_text = deck.source_text;
-  ri.effective_deck = deck.effective_text;
-  ri.settings_fingerprint = settings_fingerprint(deck, cfg, cases);
-  ri.model_config = cfg.describe();
-  ri.run_name = deck.name;
-  ri.precision = deck.policy;
-  ri.ranks = comm.size();
-  ri.ranks_per_checkpoint = rpc;
-  if (root) {
-    std::printf("gnh: %zu checkpoint file(s), %zu unique state(s), %zu case(s); model %s\n", files.size(),
-                groups.size(), cases.size(), cfg.describe().c_str());
-    if (opt.dry_run || !opt.quiet) print_plan(deck, groups, team_of_group, cases, teams, rpc, output, ri.settings_fingerprint);
-  }
+  if (root && (opt.dry_run || !opt.quiet))
+    print_plan(deck, groups, team_of_group, cases, teams, rpc, output, ri.settings_fingerprint);
   if (opt.dry_run) {
     if (root) std::printf("gnh: dry run: deck, %zu checkpoint(s) and %zu data file(s) are valid; nothing computed\n",
-                          files.size(), cases.size());
+                          c.files.size(), cases.size());
     return 0;
   }
 

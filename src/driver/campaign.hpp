@@ -1,0 +1,44 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// What every command that analyses a deck does first, on every rank: parse the
+// deck, expand and hash the checkpoints, group identical states, check their
+// configurations agree, load and validate the data. Every user error stops
+// every rank here, before any expensive work.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "analysis/case_analysis.hpp"
+#include "io/deck.hpp"
+#include "io/results.hpp"
+#include "io/tokens.hpp"
+#include "model/config.hpp"
+#include "parallel/comm.hpp"
+
+namespace gnh {
+
+struct CheckpointFile {
+  std::string path;  // as found
+  std::string name;  // file name
+};
+
+struct LoadedCase {
+  std::string name;
+  TokenFile data;
+  index_t blocks = 0;
+};
+
+struct Campaign {
+  Deck deck;
+  std::vector<CheckpointFile> files;
+  ModelConfig cfg;
+  std::vector<LoadedCase> cases;
+  std::vector<GroupRecord> groups;  // identical states grouped, first appearance order
+  RunInfo info;
+  std::string output;  // run.output resolved
+};
+
+Campaign prepare_campaign(const Comm& comm, const std::string& deck, const std::vector<std::string>& overrides,
+                          bool quiet);
+AnalysisSettings settings_of(const Deck& d);
+
+}  // namespace gnh

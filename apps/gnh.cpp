@@ -8,9 +8,11 @@
 #include <Kokkos_Core.hpp>
 #include <cstdio>
 #include <exception>
+#include <sstream>
 
 #include "core/build_info.hpp"
 #include "core/error.hpp"
+#include "driver/compare.hpp"
 #include "driver/run.hpp"
 #include "parallel/comm.hpp"
 
@@ -36,6 +38,21 @@ int dispatch(int argc, char** argv, const gnh::Comm& comm) {
   // Overrides accumulate: let --set be repeated.
   run_cmd->get_option("--set")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
 
+  gnh::CompareOptions cmp;
+  std::string policies = "fp32,bf16-amp";
+  CLI::App* cmp_cmd = app.add_subcommand(
+      "compare", "Run DECK's analysis under two precision policies with matched batches and directions and report "
+                 "the candidate's errors against the reference (HDF5 and CSV beside run.output)");
+  cmp_cmd->add_option("deck", cmp.deck, "Input deck (TOML)")->required();
+  cmp_cmd->add_option("--policies", policies, "REFERENCE,CANDIDATE (fp32, tf32, bf16-amp, fp64)")
+      ->capture_default_str();
+  cmp_cmd->add_option("--tolerance", cmp.tolerance, "Largest relative error of the requested statistics that passes")
+      ->capture_default_str();
+  cmp_cmd->add_option("--set", cmp.overrides, "Override a deck key (repeatable)")
+      ->type_name("KEY=VALUE")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cmp_cmd->add_flag("--quiet", cmp.quiet, "Do not echo the deck or per-case progress");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -44,6 +61,12 @@ int dispatch(int argc, char** argv, const gnh::Comm& comm) {
     return e.get_exit_code();
   }
   if (run_cmd->parsed()) return gnh::run_command(comm, run);
+  if (cmp_cmd->parsed()) {
+    cmp.policies.clear();
+    std::stringstream ss(policies);
+    for (std::string p; std::getline(ss, p, ',');) cmp.policies.push_back(p);
+    return gnh::compare_command(comm, cmp);
+  }
   return 2;
 }
 

@@ -159,6 +159,14 @@ CaseStatistics analyse_case(const ExecSpace& space, Team& team, Engines<T>& engi
     if (hooks.progress) hooks.progress("noise", j + 1, m);
   }
   if (team.any(stopped)) throw Interrupted{};
+  if (hooks.keep) {
+    auto hG = Kokkos::create_mirror_view_and_copy(HostSpace(), G);
+    auto hxi = Kokkos::create_mirror_view_and_copy(HostSpace(), xi);
+    hooks.keep->G.assign(hG.data(), hG.data() + P);
+    hooks.keep->xi.assign(static_cast<std::size_t>(m), std::vector<double>(static_cast<std::size_t>(P)));
+    for (index_t j = 0; j < m; ++j)
+      for (index_t i = 0; i < P; ++i) hooks.keep->xi[j][i] = double(hxi(j, i));
+  }
   out.timings.emplace_back("noise", clock.lap());
 
   // 3. Curvature: every direction of the case, directions_per_pass per epoch pass.

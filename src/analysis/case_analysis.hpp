@@ -60,7 +60,14 @@ struct Engines {
   std::size_t bytes() const;
 };
 
+// The vectors of a case, copied to the host on request (precision comparisons).
+struct CaseVectors {
+  std::vector<double> G;                // (P)
+  std::vector<std::vector<double>> xi;  // (m, P)
+};
+
 struct CaseHooks {
+  CaseVectors* keep = nullptr;                                             // copy G and the xi_j here
   StopCheck stop;                                                          // SIGTERM
   std::function<void(const std::string& stage, index_t done, index_t total)> progress;  // team rank 0
 };

@@ -1,0 +1,290 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "driver/compare.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iomanip>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "analysis/case_analysis.hpp"
+#include "core/build_info.hpp"
+#include "driver/campaign.hpp"
+#include "io/checkpoint.hpp"
+#include "io/hdf5.hpp"
+#include "io/results.hpp"
+
+namespace gnh {
+namespace {
+
+using json = nlohmann::json;
+
+// The statistics whose relative error decides pass/fail (the seed's criterion
+// was 5% on the requested statistics).
+const std::vector<std::string> kRequested = {"loss",         "G_sqnorm", "GHG",      "trace_sigma",
+                                             "trace_HSigma", "trace_H",  "B_simple", "B_noise"};
+const std::vector<std::string> kArrays = {"gB_sqnorm", "xi_sqnorm", "G_dot_xi", "xiHxi", "vHv"};
+
+struct PolicyResult {
+  CaseStatistics stats;
+  CaseVectors vectors;
+  std::vector<double> cross;  // this policy's H on the reference policy's xi_j (candidate only)
+};
+
+std::map<std::string, double> scalars_of(const CaseStatistics& s) {
+  std::map<std::string, double> m = {{"loss", s.loss}, {"G_sqnorm", s.m.G_sqnorm}, {"GHG", s.m.GHG}};
+  for (const auto& [name, v] : s.derived.named()) m[name] = v;
+  return m;
+}
+
+std::map<std::string, std::vector<double>> arrays_of(const CaseStatistics& s) {
+  return {{"gB_sqnorm", s.m.gB_sqnorm}, {"xi_sqnorm", s.m.xi_sqnorm}, {"G_dot_xi", s.m.G_dot_xi},
+          {"xiHxi", s.m.xiHxi},         {"vHv", s.m.vHv}};
+}
+
+double rel_err(double got, double want) { return std::abs(got - want) / std::abs(want); }
+
+void l2_and_cosine(const std::vector<double>& a, const std::vector<double>& b, double& rel_l2, double& cosine) {
+  double dd = 0, aa = 0, bb = 0, ab = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    dd += (b[i] - a[i]) * (b[i] - a[i]);
+    aa += a[i] * a[i];
+    bb += b[i] * b[i];
+    ab += a[i] * b[i];
+  }
+  rel_l2 = std::sqrt(dd / aa);
+  cosine = ab / std::sqrt(aa * bb);
+}
+
+// One policy on one case; with `cross_dirs`, also this policy's Hessian on those directions.
+template <class T>
+PolicyResult run_policy(const std::string& policy, const Deck& deck, const ModelConfig& cfg,
+                        const std::vector<float>& params_f, const LoadedCase& c,
+                        const std::vector<std::vector<double>>* cross_dirs) {
+  const ExecSpace space;
+  AnalysisSettings s = settings_of(deck);
+  s.bf16 = policy == "bf16-amp";
+  Engines<T> engines(cfg, s);
+  const index_t P = index_t(params_f.size());
+  View1<T> params("gnh::compare::params", P);
+  auto hp = Kokkos::create_mirror_view(params);
+  for (index_t i = 0; i < P; ++i) hp(i) = static_cast<T>(params_f[i]);
+  Kokkos::deep_copy(params, hp);
+  SoloTeam team;
+  PolicyResult r;
+  CaseHooks hooks;
+  hooks.keep = &r.vectors;
+  r.stats = analyse_case<T>(space, team, engines, params, c.data.ids.data(), c.blocks, s, hooks);
+  if (cross_dirs && !cross_dirs->empty()) {
+    const index_t K = s.directions_per_pass, D = index_t(cross_dirs->size());
+    View2<T> dirs("gnh::compare::dirs", K, P);
+    auto hd = Kokkos::create_mirror_view(dirs);
+    for (index_t c0 = 0; c0 < D; c0 += K) {
+      for (index_t r0 = 0; r0 < K; ++r0)
+        for (index_t i = 0; i < P; ++i)
+          hd(r0, i) = c0 + r0 < D ? static_cast<T>((*cross_dirs)[c0 + r0][i]) : T(0);
+      Kokkos::deep_copy(dirs, hd);
+      const EpochCurvature ec = epoch_curvature<T>(space, engines.curvature, params, dirs, c.data.ids.data(),
+                                                   all_blocks(c.blocks), s.method);
+      for (index_t r0 = 0; r0 < K && c0 + r0 < D; ++r0) r.cross.push_back(ec.vHv[r0]);
+    }
+  }
+  return r;
+}
+
+PolicyResult run_policy_any(const std::string& policy, const Deck& deck, const ModelConfig& cfg,
+                            const std::vector<float>& params, const LoadedCase& c,
+                            const std::vector<std::vector<double>>* cross) {
+  if (policy == "fp64") return run_policy<double>(policy, deck, cfg, params, c, cross);
+  return run_policy<float>(policy, deck, cfg, params, c, cross);
+}
+
+json compare_case(const PolicyResult& a, const PolicyResult& b, double tol) {
+  json j;
+  const auto sa = scalars_of(a.stats), sb = scalars_of(b.stats);
+  double worst = 0;
+  for (const auto& [name, va] : sa) {
+    const double vb = sb.at(name);
+    j["scalars"]["ref_" + name] = va;
+    j["scalars"]["cand_" + name] = vb;
+    j["scalars"]["rel_err_" + name] = rel_err(vb, va);
+    j["scalars"]["sign_agree_" + name] = (va > 0) == (vb > 0) ? 1.0 : 0.0;
+  }
+  for (const auto& name : kRequested) worst = std::max(worst, rel_err(sb.at(name), sa.at(name)));
+  const auto aa = arrays_of(a.stats), ab = arrays_of(b.stats);
+  for (const auto& name : kArrays) {
+    const auto& x = aa.at(name);
+    const auto& y = ab.at(name);
+    double m = 0, agree = 0;
+    std::vector<double> e;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      e.push_back(rel_err(y[i], x[i]));
+      m = std::max(m, e.back());
+      agree += (x[i] > 0) == (y[i] > 0) ? 1 : 0;
+    }
+    j["arrays"]["rel_err_" + name] = e;
+    j["scalars"]["rel_err_max_" + name] = m;
+    j["scalars"]["sign_agree_fraction_" + name] = x.empty() ? 1.0 : agree / double(x.size());
+  }
+  double g_l2 = 0, g_cos = 0;
+  l2_and_cosine(a.vectors.G, b.vectors.G, g_l2, g_cos);
+  j["scalars"]["G_rel_l2"] = g_l2;
+  j["scalars"]["G_cosine"] = g_cos;
+  std::vector<double> xl2, xcos, cross;
+  double worst_cross = 0;
+  for (std::size_t k = 0; k < a.vectors.xi.size(); ++k) {
+    double l2 = 0, cs = 0;
+    l2_and_cosine(a.vectors.xi[k], b.vectors.xi[k], l2, cs);
+    xl2.push_back(l2);
+    xcos.push_back(cs);
+    cross.push_back(rel_err(b.cross[k], a.stats.m.xiHxi[k]));
+    worst_cross = std::max(worst_cross, cross.back());
+  }
+  j["arrays"]["xi_rel_l2"] = xl2;
+  j["arrays"]["xi_cosine"] = xcos;
+  j["arrays"]["xiHxi_cand_on_ref_xi"] = b.cross;
+  j["arrays"]["xiHxi_cand_on_ref_xi_rel_err"] = cross;
+  j["scalars"]["rel_err_max_xiHxi_cand_on_ref_xi"] = worst_cross;
+  j["scalars"]["max_rel_err_requested"] = worst;
+  j["scalars"]["tolerance"] = tol;
+  j["scalars"]["pass"] = worst <= tol ? 1.0 : 0.0;
+  for (const auto& [tag, r] : {std::pair<const char*, const PolicyResult*>{"ref", &a}, {"cand", &b}}) {
+    j["scalars"][std::string("time_s_") + tag] = r->stats.timings.back().second;
+    j["scalars"][std::string("peak_memory_bytes_") + tag] = double(r->stats.peak_memory_bytes);
+  }
+  return j;
+}
+
+std::string replace_suffix(const std::string& path, const std::string& suffix) {
+  const std::string stem = path.size() > 3 && path.substr(path.size() - 3) == ".h5" ? path.substr(0, path.size() - 3) : path;
+  return stem + suffix;
+}
+
+}  // namespace
+
+int compare_command(const Comm& comm, const CompareOptions& opt) {
+  const bool root = comm.rank() == 0;
+  comm.collective([&] {
+    if (opt.policies.size() != 2) fail("--policies needs exactly two policies (reference,candidate)");
+    for (const auto& p : opt.policies)
+      if (p != "fp32" && p != "tf32" && p != "bf16-amp" && p != "fp64")
+        fail("--policies: unknown policy \"", p, "\" (fp32, tf32, bf16-amp, fp64)");
+    if (opt.policies[0] == opt.policies[1]) fail("--policies: the two policies are the same");
+    if (!(opt.tolerance > 0)) fail("--tolerance must be positive");
+  });
+  Campaign c = prepare_campaign(comm, opt.deck, opt.overrides, opt.quiet);
+  json mine = json::array();
+  std::string error;
+  for (std::size_t g = std::size_t(comm.rank()); g < c.groups.size(); g += std::size_t(comm.size())) {
+    const GroupRecord& grp = c.groups[g];
+    try {
+      const Checkpoint ck = read_checkpoint(grp.alias_paths.front());
+      json jg = {{"hash", grp.hash}, {"aliases", grp.aliases}};
+      for (const auto& cs : c.cases) {
+        const PolicyResult ref = run_policy_any(opt.policies[0], c.deck, c.cfg, ck.params, cs, nullptr);
+        const PolicyResult cand = run_policy_any(opt.policies[1], c.deck, c.cfg, ck.params, cs, &ref.vectors.xi);
+        json jc = compare_case(ref, cand, opt.tolerance);
+        if (!opt.quiet) {
+          std::printf("gnh: [rank %d] %s %-6s largest relative error %.3e (%s), G cosine %.6f\n", comm.rank(),
+                      grp.hash.c_str(), cs.name.c_str(), jc["scalars"]["max_rel_err_requested"].get<double>(),
+                      jc["scalars"]["pass"].get<double>() == 1.0 ? "pass" : "FAIL",
+                      jc["scalars"]["G_cosine"].get<double>());
+          std::fflush(stdout);
+        }
+        jg["cases"][cs.name] = jc;
+      }
+      mine.push_back(jg);
+    } catch (const Error& e) {
+      error = e.what();
+      std::fprintf(stderr, "gnh: error: [rank %d] group %s (%s): %s\n", comm.rank(), grp.hash.c_str(),
+                   grp.aliases.front().c_str(), e.what());
+    }
+  }
+  const auto gathered = comm.allgather(mine.dump());
+  int failed = error.empty() ? 0 : 1, any_failed = 0;
+  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, comm.get());
+  std::string write_error;
+  if (root) {
+    std::map<std::string, json> by_hash;
+    for (const auto& s : gathered)
+      for (const auto& jg : json::parse(s)) by_hash[jg.at("hash")] = jg;
+    const std::string out = replace_suffix(c.output, ".compare.h5"), csv = replace_suffix(c.output, ".compare.csv");
+    try {
+      write_atomically(out, [&](const std::string& tmp) {
+        h5::File f = h5::File::create(tmp);
+        h5::write_attr(f.id(), "format", std::string("gnh-compare"));
+        h5::write_attr(f.id(), "format_version", std::int64_t(1));
+        h5::write_attr(f.id(), "gnh_version", std::string(version()));
+        h5::write_attr(f.id(), "git_commit", std::string(git_commit()));
+        h5::write_attr(f.id(), "build", build_configuration());
+        h5::write_attr(f.id(), "deck", c.deck.source_text);
+        h5::write_attr(f.id(), "deck_effective", c.deck.effective_text);
+        h5::write_attr(f.id(), "policies", opt.policies);
+        h5::write_attr(f.id(), "reference_policy", opt.policies[0]);
+        h5::write_attr(f.id(), "candidate_policy", opt.policies[1]);
+        h5::write_attr(f.id(), "tolerance", opt.tolerance);
+        h5::write_attr(f.id(), "requested_statistics", kRequested);
+        h5::Handle all = h5::create_group(f.id(), "groups", tmp);
+        for (const auto& grp : c.groups) {
+          if (!by_hash.count(grp.hash)) continue;
+          const json& jg = by_hash[grp.hash];
+          h5::Handle gg = h5::create_group(all.id(), grp.hash, tmp);
+          h5::write_attr(gg.id(), "aliases", grp.aliases);
+          for (const auto& [cname, jc] : jg.at("cases").items()) {
+            h5::Handle cg = h5::create_group(gg.id(), cname, tmp);
+            for (const auto& [k, v] : jc.at("scalars").items()) h5::write_attr(cg.id(), k, v.get<double>());
+            for (const auto& [k, v] : jc.at("arrays").items()) h5::write_dataset(cg.id(), k, v.get<std::vector<double>>());
+          }
+        }
+        f.close();
+      });
+      write_atomically(csv, [&](const std::string& tmp) {
+        std::ofstream o(tmp);
+        const std::vector<std::string> cols = {"pass", "max_rel_err_requested", "G_rel_l2", "G_cosine",
+                                               "rel_err_max_xiHxi_cand_on_ref_xi", "time_s_ref", "time_s_cand",
+                                               "peak_memory_bytes_ref", "peak_memory_bytes_cand"};
+        o << "checkpoint,group,case";
+        for (const auto& k : cols) o << "," << k;
+        for (const auto& k : kRequested) o << ",rel_err_" << k << ",sign_agree_" << k;
+        o << "\n" << std::setprecision(10);
+        for (const auto& grp : c.groups) {
+          if (!by_hash.count(grp.hash)) continue;
+          for (const auto& alias : grp.aliases)
+            for (const auto& [cname, jc] : by_hash[grp.hash].at("cases").items()) {
+              o << alias << "," << grp.hash << "," << cname;
+              for (const auto& k : cols) o << "," << jc.at("scalars").at(k).get<double>();
+              for (const auto& k : kRequested)
+                o << "," << jc.at("scalars").at("rel_err_" + k).get<double>() << ","
+                  << jc.at("scalars").at("sign_agree_" + k).get<double>();
+              o << "\n";
+            }
+        }
+      });
+      std::printf("\n%-22s %-7s %-5s %12s %12s %12s\n", "checkpoint", "case", "pass", "max rel err", "G cosine",
+                  "cross xiHxi");
+      for (const auto& grp : c.groups) {
+        if (!by_hash.count(grp.hash)) continue;
+        for (const auto& alias : grp.aliases)
+          for (const auto& [cname, jc] : by_hash[grp.hash].at("cases").items()) {
+            const json& s = jc.at("scalars");
+            std::printf("%-22s %-7s %-5s %12.3e %12.8f %12.3e\n", alias.c_str(), cname.c_str(),
+                        s.at("pass").get<double>() == 1.0 ? "pass" : "FAIL", s.at("max_rel_err_requested").get<double>(),
+                        s.at("G_cosine").get<double>(), s.at("rel_err_max_xiHxi_cand_on_ref_xi").get<double>());
+          }
+      }
+      std::printf("\ncomparison (%s against %s, tolerance %.3g): %s and %s\n", opt.policies[1].c_str(),
+                  opt.policies[0].c_str(), opt.tolerance, out.c_str(), csv.c_str());
+      std::fflush(stdout);
+    } catch (const Error& e) {
+      write_error = e.what();
+    }
+  }
+  comm.collective([&] {
+    if (!write_error.empty()) throw Error(write_error);
+  });
+  return any_failed ? 1 : 0;
+}
+
+}  // namespace gnh

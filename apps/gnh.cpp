@@ -13,6 +13,7 @@
 #include "core/build_info.hpp"
 #include "core/error.hpp"
 #include "driver/compare.hpp"
+#include "driver/merge.hpp"
 #include "driver/run.hpp"
 #include "parallel/comm.hpp"
 
@@ -32,6 +33,10 @@ int dispatch(int argc, char** argv, const gnh::Comm& comm) {
                       "Override a deck key, e.g. --set analysis.directions=8 (repeatable)")
       ->type_name("KEY=VALUE");
   run_cmd->add_flag("--quiet", run.quiet, "Do not echo the deck or per-group progress");
+  std::string shard;
+  run_cmd->add_option("--shard", shard, "Run shard I of N of a planned campaign (see gnh plan): groups g with "
+                                        "g mod N = I, into OUTPUT.shard-I-of-N.h5")
+      ->type_name("I/N");
   run_cmd->add_flag("--dry-run", run.dry_run,
                     "Validate the deck, every checkpoint and data file, print the work plan, compute nothing");
 
@@ -53,6 +58,13 @@ int dispatch(int argc, char** argv, const gnh::Comm& comm) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cmp_cmd->add_flag("--quiet", cmp.quiet, "Do not echo the deck or per-case progress");
 
+  gnh::MergeOptions mrg;
+  CLI::App* mrg_cmd = app.add_subcommand(
+      "merge", "Validate the shard outputs of a planned campaign (one settings fingerprint and code version, every "
+               "checkpoint exactly once, every group complete, identities re-checked) and combine them");
+  mrg_cmd->add_option("output", mrg.output, "Combined results file to write")->required();
+  mrg_cmd->add_option("shards", mrg.shards, "Shard result files (OUTPUT.shard-I-of-N.h5)")->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -60,7 +72,23 @@ int dispatch(int argc, char** argv, const gnh::Comm& comm) {
     if (comm.rank() == 0) return app.exit(e);
     return e.get_exit_code();
   }
-  if (run_cmd->parsed()) return gnh::run_command(comm, run);
+  if (run_cmd->parsed()) {
+    comm.collective([&] {
+      if (shard.empty()) return;
+      const auto slash = shard.find('/');
+      try {
+        if (slash == std::string::npos) throw std::invalid_argument("no slash");
+        run.shard_index = std::stoi(shard.substr(0, slash));
+        run.shard_count = std::stoi(shard.substr(slash + 1));
+      } catch (const std::exception&) {
+        throw gnh::Error("--shard " + shard + ": expected I/N, e.g. --shard 0/4");
+      }
+      if (run.shard_count < 1 || run.shard_index < 0 || run.shard_index >= run.shard_count)
+        throw gnh::Error("--shard " + shard + ": need 0 <= I < N");
+    });
+    return gnh::run_command(comm, run);
+  }
+  if (mrg_cmd->parsed()) return gnh::merge_command(comm, mrg);
   if (cmp_cmd->parsed()) {
     cmp.policies.clear();
     std::stringstream ss(policies);

@@ -181,11 +181,16 @@ Campaign prepare_campaign(const Comm& comm, const std::string& deck_path, const 
   ri.precision = deck.policy;
   ri.ranks = comm.size();
   ri.ranks_per_checkpoint = int(deck.ranks_per_checkpoint);
+  for (const auto& f : files) ri.campaign_checkpoints.push_back(f.name);
   if (root) {
     std::printf("gnh: %zu checkpoint file(s), %zu unique state(s), %zu case(s); model %s\n", files.size(),
                 groups.size(), cases.size(), cfg.describe().c_str());
   }
   return c;
+}
+
+std::string shard_output(const std::string& output, int index, int count) {
+  return with_suffix(output, ".shard-" + std::to_string(index) + "-of-" + std::to_string(count) + ".h5");
 }
 
 }  // namespace gnh

@@ -40,5 +40,7 @@ struct Campaign {
 Campaign prepare_campaign(const Comm& comm, const std::string& deck, const std::vector<std::string>& overrides,
                           bool quiet);
 AnalysisSettings settings_of(const Deck& d);
+// The output file of shard I of N: OUTPUT with ".h5" replaced by ".shard-I-of-N.h5".
+std::string shard_output(const std::string& output, int index, int count);
 
 }  // namespace gnh

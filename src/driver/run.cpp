@@ -207,6 +207,16 @@ void print_summary(const std::vector<GroupSummary>& groups, const std::string& o
 int run_command(const Comm& comm, const RunOptions& opt) {
   const bool root = comm.rank() == 0;
   Campaign c = prepare_campaign(comm, opt.deck, opt.overrides, opt.quiet);
+  if (opt.shard_count > 1) {
+    // A shard of a planned campaign (gnh plan): its share of the groups, dealt
+    // as the planner deals them, into a file of its own.
+    std::vector<GroupRecord> share;
+    for (std::size_t g = 0; g < c.groups.size(); ++g)
+      if (int(g % std::size_t(opt.shard_count)) == opt.shard_index) share.push_back(c.groups[g]);
+    c.groups = share;
+    c.output = shard_output(c.output, opt.shard_index, opt.shard_count);
+    c.info.shard = std::to_string(opt.shard_index) + "/" + std::to_string(opt.shard_count);
+  }
   const Deck& deck = c.deck;
   const std::vector<LoadedCase>& cases = c.cases;
   const std::vector<GroupRecord>& groups = c.groups;

@@ -14,6 +14,7 @@ struct RunOptions {
   std::vector<std::string> overrides;  // --set key=value
   bool quiet = false;                  // no deck echo and no per-group progress
   bool dry_run = false;                // validate everything, print the plan, compute nothing
+  int shard_index = 0, shard_count = 1;  // --shard I/N: groups g with g % N == I, own output file
 };
 
 // Returns the process exit status: 0 when every group succeeded, 1 when some

@@ -44,6 +44,8 @@ void write_root_attrs(hid_t root, const RunInfo& info, const std::string& format
   h5::write_attr(root, "precision", info.precision);
   h5::write_attr(root, "ranks", std::int64_t(info.ranks));
   h5::write_attr(root, "ranks_per_checkpoint", std::int64_t(info.ranks_per_checkpoint));
+  h5::write_attr(root, "shard", info.shard);
+  h5::write_attr(root, "campaign_checkpoints", info.campaign_checkpoints);
 }
 
 void write_case(hid_t parent, const CaseRecord& c, const std::string& where) {
@@ -94,6 +96,7 @@ void write_case(hid_t parent, const CaseRecord& c, const std::string& where) {
 }  // namespace
 
 std::string groups_directory(const std::string& output) { return replace_suffix(output, ".groups"); }
+std::string with_suffix(const std::string& output, const std::string& suffix) { return replace_suffix(output, suffix); }
 
 std::string group_file(const std::string& output, const std::string& hash) {
   return groups_directory(output) + "/" + hash + ".h5";
@@ -158,30 +161,31 @@ bool group_file_complete(const std::string& path, const std::string& fingerprint
   }
 }
 
-GroupSummary read_group_summary(const std::string& path) {
-  h5::File f = h5::File::open_read(path);
-  h5::Handle all = h5::open_group(f.id(), "groups", path);
-  const auto names = h5::list_children(all.id(), path);
-  if (names.size() != 1) fail(path, ": expected one group");
-  GroupSummary s;
-  s.hash = names[0];
-  h5::Handle g = h5::open_group(all.id(), s.hash, path);
-  s.iter_num = h5::read_int_attr(g.id(), "iter_num", path);
-  {
-    h5::Handle a(H5Aopen(g.id(), "aliases", H5P_DEFAULT));
-    h5::Handle type(H5Aget_type(a.id()));
-    h5::Handle space(H5Aget_space(a.id()));
-    const hssize_t n = H5Sget_simple_extent_npoints(space.id());
-    std::vector<char*> ptrs(static_cast<std::size_t>(n));
-    h5::Handle mem(H5Tcopy(H5T_C_S1));
-    H5Tset_size(mem.id(), H5T_VARIABLE);
-    H5Tset_cset(mem.id(), H5T_CSET_UTF8);
-    if (H5Aread(a.id(), mem.id(), ptrs.data()) < 0) fail(path, ": cannot read aliases");
-    for (char* p : ptrs) {
-      s.aliases.emplace_back(p ? p : "");
-      H5free_memory(p);
-    }
+namespace {
+std::vector<std::string> read_string_array_attr(hid_t obj, const std::string& name, const std::string& where) {
+  std::vector<std::string> out;
+  if (H5Aexists(obj, name.c_str()) <= 0) fail(where, ": missing attribute '", name, "'");
+  h5::Handle a(H5Aopen(obj, name.c_str(), H5P_DEFAULT));
+  h5::Handle space(H5Aget_space(a.id()));
+  const hssize_t n = H5Sget_simple_extent_npoints(space.id());
+  std::vector<char*> ptrs(static_cast<std::size_t>(n));
+  h5::Handle mem(H5Tcopy(H5T_C_S1));
+  H5Tset_size(mem.id(), H5T_VARIABLE);
+  H5Tset_cset(mem.id(), H5T_CSET_UTF8);
+  if (n > 0 && H5Aread(a.id(), mem.id(), ptrs.data()) < 0) fail(where, ": cannot read attribute '", name, "'");
+  for (char* p : ptrs) {
+    out.emplace_back(p ? p : "");
+    H5free_memory(p);
   }
+  return out;
+}
+
+GroupSummary summary_of(hid_t all, const std::string& hash, const std::string& path) {
+  GroupSummary s;
+  s.hash = hash;
+  h5::Handle g = h5::open_group(all, hash, path);
+  s.iter_num = h5::read_int_attr(g.id(), "iter_num", path);
+  s.aliases = read_string_array_attr(g.id(), "aliases", path + ": group " + hash);
   for (const auto& c : h5::list_children(g.id(), path)) {
     h5::Handle cg = h5::open_group(g.id(), c, path);
     std::map<std::string, double>& attrs = s.cases[c];
@@ -197,10 +201,52 @@ GroupSummary read_group_summary(const std::string& path) {
   }
   return s;
 }
+}  // namespace
 
-void merge_results(const std::string& output, const RunInfo& info, const std::vector<std::string>& group_files) {
+std::vector<GroupSummary> read_group_summaries(const std::string& path) {
+  h5::File f = h5::File::open_read(path);
+  h5::Handle all = h5::open_group(f.id(), "groups", path);
+  std::vector<GroupSummary> out;
+  for (const auto& hash : h5::list_children(all.id(), path)) out.push_back(summary_of(all.id(), hash, path));
+  return out;
+}
+
+GroupSummary read_group_summary(const std::string& path) {
+  auto all = read_group_summaries(path);
+  if (all.size() != 1) fail(path, ": expected one group, found ", all.size());
+  return all.front();
+}
+
+RunInfo read_run_info(const std::string& path) {
+  h5::File f = h5::File::open_read(path);
+  const hid_t r = f.id();
+  auto str = [&](const char* k) {
+    auto v = h5::read_string_attr(r, k, path);
+    if (!v) fail(path, ": missing root attribute '", k, "'");
+    return *v;
+  };
+  RunInfo ri;
+  ri.deck_text = str("deck");
+  ri.effective_deck = str("deck_effective");
+  ri.settings_fingerprint = str("settings_fingerprint");
+  ri.model_config = str("model_config");
+  ri.run_name = str("run_name");
+  ri.precision = str("precision");
+  ri.shard = str("shard");
+  ri.ranks = int(h5::read_int_attr(r, "ranks", path).value_or(1));
+  ri.ranks_per_checkpoint = int(h5::read_int_attr(r, "ranks_per_checkpoint", path).value_or(1));
+  ri.campaign_checkpoints = read_string_array_attr(r, "campaign_checkpoints", path);
+  return ri;
+}
+
+void merge_results(const std::string& output, const RunInfo& info, const std::vector<std::string>& sources) {
   std::vector<GroupSummary> summaries;
-  for (const auto& p : group_files) summaries.push_back(read_group_summary(p));
+  std::vector<std::string> origin;
+  for (const auto& p : sources)
+    for (auto& g : read_group_summaries(p)) {
+      summaries.push_back(std::move(g));
+      origin.push_back(p);
+    }
   bool all_ok = true;
   for (const auto& s : summaries) all_ok = all_ok && s.identities_ok;
   write_atomically(output, [&](const std::string& tmp) {
@@ -208,11 +254,11 @@ void merge_results(const std::string& output, const RunInfo& info, const std::ve
     write_root_attrs(f.id(), info, "gnh-results");
     h5::write_attr(f.id(), "identities_ok", std::int64_t(all_ok ? 1 : 0));
     h5::Handle all = h5::create_group(f.id(), "groups", tmp);
-    for (std::size_t i = 0; i < group_files.size(); ++i) {
-      h5::File src = h5::File::open_read(group_files[i]);
+    for (std::size_t i = 0; i < summaries.size(); ++i) {
+      h5::File src = h5::File::open_read(origin[i]);
       const std::string name = "groups/" + summaries[i].hash;
       if (H5Ocopy(src.id(), name.c_str(), f.id(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT) < 0)
-        fail(group_files[i], ": cannot copy ", name, " into ", output);
+        fail(origin[i], ": cannot copy ", name, " into ", output);
     }
     f.close();
   });

@@ -38,6 +38,8 @@ struct RunInfo {
   std::string run_name;
   std::string precision;
   int ranks = 1, ranks_per_checkpoint = 1;
+  std::string shard = "0/1";                      // this file's share of the campaign
+  std::vector<std::string> campaign_checkpoints;  // every checkpoint file name of the deck
 };
 
 // What the summary table and the merge need of a group file.
@@ -51,16 +53,23 @@ struct GroupSummary {
 
 // The per-run directory of group files: OUTPUT with ".h5" replaced by ".groups".
 std::string groups_directory(const std::string& output);
+// OUTPUT with ".h5" replaced by suffix.
+std::string with_suffix(const std::string& output, const std::string& suffix);
 std::string group_file(const std::string& output, const std::string& hash);
 
 void write_group_file(const std::string& path, const RunInfo& info, const GroupRecord& g);
 // True if path is a complete group file written with this settings fingerprint.
 bool group_file_complete(const std::string& path, const std::string& fingerprint);
 GroupSummary read_group_summary(const std::string& path);
+// Every group of a results, shard or group file.
+std::vector<GroupSummary> read_group_summaries(const std::string& path);
+// The run attributes of a results or shard file.
+RunInfo read_run_info(const std::string& path);
 
-// Merges complete group files (in order) into the final file, atomically, and
-// writes the CSV summary beside it (OUTPUT with ".h5" replaced by ".csv").
-void merge_results(const std::string& output, const RunInfo& info, const std::vector<std::string>& group_files);
+// Merges every group of the source files (group files or shard files, in
+// order) into the final file, atomically, and writes the CSV summary beside it
+// (OUTPUT with ".h5" replaced by ".csv").
+void merge_results(const std::string& output, const RunInfo& info, const std::vector<std::string>& sources);
 
 // Atomic replace: write via `write(tmp)`, fsync, rename over path.
 void write_atomically(const std::string& path, const std::function<void(const std::string& tmp)>& write);

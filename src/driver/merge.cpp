@@ -1,0 +1,153 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "driver/merge.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <set>
+
+#include "io/hdf5.hpp"
+#include "io/results.hpp"
+
+namespace gnh {
+namespace {
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+struct ShardHeader {
+  std::string path, format, fingerprint, version, commit;
+  RunInfo info;
+};
+
+ShardHeader read_header(const std::string& path) {
+  ShardHeader h;
+  h.path = path;
+  {
+    h5::File f = h5::File::open_read(path);
+    h.format = h5::read_string_attr(f.id(), "format", path).value_or("");
+    if (h.format != "gnh-results") fail(path, ": not a gnh results or shard file (format \"", h.format, "\")");
+    h.version = h5::read_string_attr(f.id(), "gnh_version", path).value_or("");
+    h.commit = h5::read_string_attr(f.id(), "git_commit", path).value_or("");
+  }
+  h.info = read_run_info(path);
+  h.fingerprint = h.info.settings_fingerprint;
+  return h;
+}
+
+// Re-checks the identities recorded in one case from its datasets and attributes.
+void recheck_case(hid_t cg, const std::string& where) {
+  auto attr = [&](const char* k) {
+    auto v = h5::read_double_attr(cg, k, where);
+    if (!v) fail(where, ": incomplete (no attribute '", k, "')");
+    return *v;
+  };
+  const double G2 = attr("G_sqnorm");
+  for (const char* k : {"loss", "GHG", "trace_H", "identities_ok"}) attr(k);
+  auto dataset = [&](const char* name) {
+    if (!h5::exists(cg, name)) fail(where, ": incomplete (no dataset '", name, "')");
+    h5::Handle d(H5Dopen2(cg, name, H5P_DEFAULT));
+    const auto shape = h5::dataset_shape(d.id());
+    std::vector<double> v(shape.empty() ? 0 : static_cast<std::size_t>(shape[0]));
+    if (!v.empty() && H5Dread(d.id(), H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
+      fail(where, ": cannot read dataset '", name, "'");
+    return v;
+  };
+  const auto g2 = dataset("gB_sqnorm"), x2 = dataset("xi_sqnorm"), gx = dataset("G_dot_xi");
+  dataset("xiHxi");
+  dataset("vHv");
+  for (std::size_t j = 0; j < g2.size(); ++j) {
+    const double dev = std::abs(g2[j] - (G2 + 2 * gx[j] + x2[j])) / g2[j];
+    if (!(dev <= 1e-10))
+      fail(where, ": noise sample ", j, " violates |g|^2 = |G|^2 + 2 G.xi + |xi|^2 (relative deviation ", dev, ")");
+  }
+  const int n = H5Aget_num_attrs(cg);
+  for (int i = 0; i < n; ++i) {
+    char name[256];
+    h5::Handle a(H5Aopen_by_idx(cg, ".", H5_INDEX_NAME, H5_ITER_INC, hsize_t(i), H5P_DEFAULT, H5P_DEFAULT));
+    H5Aget_name(a.id(), sizeof(name), name);
+    const std::string s = name;
+    const std::string suffix = "_deviation";
+    if (s.rfind("identity_", 0) != 0 || s.size() < suffix.size() || s.substr(s.size() - suffix.size()) != suffix) continue;
+    const std::string base = s.substr(0, s.size() - suffix.size());
+    const double dev = attr(s.c_str()), tol = attr((base + "_tolerance").c_str());
+    if (!(dev <= tol))
+      std::fprintf(stderr, "gnh: WARNING: %s: %s = %.3e exceeds its tolerance %.1e\n", where.c_str(), s.c_str(), dev, tol);
+  }
+}
+
+void validate_and_merge(const MergeOptions& opt) {
+  if (opt.shards.empty()) fail("gnh merge: no shard files given");
+  std::vector<ShardHeader> headers;
+  for (const auto& p : opt.shards) headers.push_back(read_header(p));
+  const ShardHeader& first = headers.front();
+  for (const auto& h : headers) {
+    if (h.fingerprint != first.fingerprint)
+      fail(h.path, ": settings fingerprint ", h.fingerprint, " differs from ", first.path, "'s ", first.fingerprint,
+           " (shards of different decks or settings)");
+    if (h.version != first.version || h.commit != first.commit)
+      fail(h.path, ": written by gnh ", h.version, " (", h.commit, "), ", first.path, " by gnh ", first.version,
+           " (", first.commit, "); merge shards of one code version");
+    if (h.info.campaign_checkpoints != first.info.campaign_checkpoints)
+      fail(h.path, ": lists a different set of campaign checkpoints from ", first.path);
+  }
+  // Coverage: every checkpoint file name exactly once, every group complete.
+  std::map<std::string, std::string> seen;  // checkpoint name -> shard
+  std::map<std::string, std::string> group_seen;
+  std::set<std::string> case_names;
+  for (const auto& h : headers) {
+    h5::File f = h5::File::open_read(h.path);
+    h5::Handle all = h5::open_group(f.id(), "groups", h.path);
+    for (const auto& hash : h5::list_children(all.id(), h.path)) {
+      if (group_seen.count(hash)) fail("group ", hash, " appears in both ", group_seen[hash], " and ", h.path);
+      group_seen[hash] = h.path;
+      h5::Handle g = h5::open_group(all.id(), hash, h.path);
+      const auto cases = h5::list_children(g.id(), h.path);
+      if (case_names.empty()) case_names.insert(cases.begin(), cases.end());
+      if (std::set<std::string>(cases.begin(), cases.end()) != case_names)
+        fail(h.path, ": group ", hash, " has cases {", join(cases), "}, expected {",
+             join(std::vector<std::string>(case_names.begin(), case_names.end())), "}");
+      for (const auto& c : cases) {
+        h5::Handle cg = h5::open_group(g.id(), c, h.path);
+        recheck_case(cg.id(), h.path + ": group " + hash + " case " + c);
+      }
+    }
+    for (const auto& s : read_group_summaries(h.path))
+      for (const auto& a : s.aliases) {
+        if (seen.count(a)) fail("checkpoint ", a, " appears in both ", seen[a], " and ", h.path);
+        seen[a] = h.path;
+      }
+  }
+  std::vector<std::string> missing;
+  for (const auto& name : first.info.campaign_checkpoints)
+    if (!seen.count(name)) missing.push_back(name);
+  if (!missing.empty())
+    fail("cannot merge: ", missing.size(), " of ", first.info.campaign_checkpoints.size(),
+         " checkpoint(s) are in none of the shards: ", join(missing),
+         " (a shard is missing or incomplete; resubmit it and merge again)");
+  for (const auto& [name, shard] : seen)
+    if (std::find(first.info.campaign_checkpoints.begin(), first.info.campaign_checkpoints.end(), name) ==
+        first.info.campaign_checkpoints.end())
+      fail(shard, ": checkpoint ", name, " is not part of the campaign");
+  RunInfo info = first.info;
+  info.shard = "merged from " + std::to_string(headers.size()) + " shard(s)";
+  merge_results(opt.output, info, opt.shards);
+  std::printf("gnh: merged %zu shard(s), %zu group(s), %zu checkpoint file(s) into %s\n", headers.size(),
+              group_seen.size(), seen.size(), opt.output.c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int merge_command(const Comm& comm, const MergeOptions& opt) {
+  // One writer: rank 0 validates and merges; errors reach every rank.
+  comm.collective([&] {
+    if (comm.rank() == 0) validate_and_merge(opt);
+  });
+  return 0;
+}
+
+}  // namespace gnh

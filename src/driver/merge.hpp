@@ -1,0 +1,20 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// `gnh merge OUT.h5 SHARD.h5...`: validates shard outputs of one planned
+// campaign and combines them; reports precisely what is missing or mismatched
+// instead of writing a partial result.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "parallel/comm.hpp"
+
+namespace gnh {
+
+struct MergeOptions {
+  std::string output;
+  std::vector<std::string> shards;
+};
+
+int merge_command(const Comm& comm, const MergeOptions& opt);
+
+}  // namespace gnh

@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 #include "driver/compare.hpp"
 #include "driver/merge.hpp"
+#include "driver/report.hpp"
 #include "driver/run.hpp"
 #include "parallel/comm.hpp"
 
@@ -65,6 +66,13 @@ int dispatch(int argc, char** argv, const gnh::Comm& comm) {
   mrg_cmd->add_option("output", mrg.output, "Combined results file to write")->required();
   mrg_cmd->add_option("shards", mrg.shards, "Shard result files (OUTPUT.shard-I-of-N.h5)")->required();
 
+  std::string report_in, report_out;
+  CLI::App* rep_cmd = app.add_subcommand(
+      "report", "CSV tables and PNG/PDF figures of every statistic against checkpoint, seen vs unseen, with a "
+                "one-page summary");
+  rep_cmd->add_option("results", report_in, "Results file (gnh run or gnh merge)")->required();
+  rep_cmd->add_option("--out", report_out, "Directory for the tables and figures")->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -89,6 +97,7 @@ int dispatch(int argc, char** argv, const gnh::Comm& comm) {
     return gnh::run_command(comm, run);
   }
   if (mrg_cmd->parsed()) return gnh::merge_command(comm, mrg);
+  if (rep_cmd->parsed()) return gnh::report_command(comm, report_in, report_out);
   if (cmp_cmd->parsed()) {
     cmp.policies.clear();
     std::stringstream ss(policies);

@@ -1,0 +1,48 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "driver/report.hpp"
+
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <vector>
+
+extern char** environ;
+
+namespace gnh {
+namespace {
+
+std::string report_tool() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec && fs::exists(exe.parent_path() / "gnh-report")) return (exe.parent_path() / "gnh-report").string();
+  if (fs::exists(GNH_REPORT_TOOL)) return GNH_REPORT_TOOL;
+  fail("cannot find the report tool gnh-report beside ", exe.string(), " or at ", GNH_REPORT_TOOL);
+}
+
+}  // namespace
+
+int report_command(const Comm& comm, const std::string& results, const std::string& out_dir) {
+  int status = 0;
+  comm.collective([&] {
+    if (comm.rank() != 0) return;
+    const std::string tool = report_tool();
+    std::vector<std::string> args = {GNH_PYTHON, tool, results, "--out", out_dir};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = 0;
+    if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0)
+      fail("cannot start ", GNH_PYTHON, " for the report (Debian's python3 with h5py and matplotlib)");
+    int ws = 0;
+    waitpid(pid, &ws, 0);
+    status = WIFEXITED(ws) ? WEXITSTATUS(ws) : 1;
+    // The tool printed its own one-line error.
+    if (status != 0) throw ErrorElsewhere(0);
+  });
+  return status;
+}
+
+}  // namespace gnh

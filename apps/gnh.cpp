@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 #include "driver/compare.hpp"
 #include "driver/merge.hpp"
+#include "driver/plan.hpp"
 #include "driver/report.hpp"
 #include "driver/run.hpp"
 #include "parallel/comm.hpp"
@@ -66,6 +67,29 @@ int dispatch(int argc, char** argv, const gnh::Comm& comm) {
   mrg_cmd->add_option("output", mrg.output, "Combined results file to write")->required();
   mrg_cmd->add_option("shards", mrg.shards, "Shard result files (OUTPUT.shard-I-of-N.h5)")->required();
 
+  gnh::PlanOptions pln;
+  CLI::App* pln_cmd = app.add_subcommand(
+      "plan", "Deal DECK's groups to N shards, estimate each shard's wall time from a measured timing profile, "
+              "write Slurm scripts and a receipt; --submit submits the shards and a merge job (afterok)");
+  pln_cmd->add_option("deck", pln.deck, "Input deck (TOML)")->required();
+  pln_cmd->add_option("--jobs", pln.jobs, "Number of shards")->required();
+  pln_cmd->add_option("--profile", pln.profile,
+                      "Timing profile (name in jobscripts/profiles or a path); default: the one measured for this "
+                      "deck's recipe");
+  pln_cmd->add_option("--time", pln.time, "Wall time per shard (HH:MM:SS); required when no profile matches");
+  pln_cmd->add_option("--out", pln.out_dir, "Directory for scripts and receipt (default OUTPUT.plan)");
+  pln_cmd->add_option("--target", pln.target, "cpu or gh200")->capture_default_str();
+  pln_cmd->add_option("--partition", pln.partition, "Slurm partition");
+  pln_cmd->add_option("--account", pln.account, "Slurm account");
+  pln_cmd->add_option("--term-seconds", pln.term_seconds, "SIGTERM this many seconds before the time limit")
+      ->capture_default_str();
+  pln_cmd->add_option("--set", pln.overrides, "Override a deck key (repeatable)")
+      ->type_name("KEY=VALUE")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  pln_cmd->add_flag("--submit", pln.submit, "Submit the shards and the merge job with sbatch");
+  pln_cmd->add_flag("--print-recipe", pln.print_recipe,
+                    "Print the deck's recipe (the key of timing profiles) as JSON and stop");
+
   std::string report_in, report_out;
   CLI::App* rep_cmd = app.add_subcommand(
       "report", "CSV tables and PNG/PDF figures of every statistic against checkpoint, seen vs unseen, with a "
@@ -98,6 +122,7 @@ int dispatch(int argc, char** argv, const gnh::Comm& comm) {
   }
   if (mrg_cmd->parsed()) return gnh::merge_command(comm, mrg);
   if (rep_cmd->parsed()) return gnh::report_command(comm, report_in, report_out);
+  if (pln_cmd->parsed()) return gnh::plan_command(comm, pln);
   if (cmp_cmd->parsed()) {
     cmp.policies.clear();
     std::stringstream ss(policies);

@@ -1,0 +1,251 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "driver/plan.hpp"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "analysis/sampling.hpp"
+#include "core/build_info.hpp"
+#include "driver/campaign.hpp"
+#include "io/results.hpp"
+
+namespace gnh {
+namespace {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+json recipe_of(const Campaign& c) {
+  const Deck& d = c.deck;
+  return {{"model", c.cfg.describe()},           {"context", d.context},
+          {"precision", d.policy},               {"curvature_method", d.curvature_method},
+          {"grad_microbatch", d.grad_microbatch}, {"hvp_batch", d.hvp_batch},
+          {"directions_per_pass", d.directions_per_pass}, {"ranks_per_checkpoint", d.ranks_per_checkpoint}};
+}
+
+std::vector<fs::path> profile_dirs() {
+  std::vector<fs::path> dirs;
+  if (const char* env = std::getenv("GNH_PROFILE_DIR")) dirs.emplace_back(env);
+  dirs.emplace_back(fs::path(GNH_SOURCE_DIR) / "jobscripts" / "profiles");
+  return dirs;
+}
+
+json load_json(const fs::path& p) {
+  std::ifstream in(p);
+  if (!in) fail(p.string(), ": cannot open profile");
+  try {
+    return json::parse(in);
+  } catch (const std::exception& e) {
+    fail(p.string(), ": not a valid profile (", e.what(), ")");
+  }
+}
+
+// The profile to use: the one named, or the one whose recipe matches.
+std::pair<std::string, json> find_profile(const PlanOptions& opt, const json& recipe) {
+  if (!opt.profile.empty()) {
+    fs::path p(opt.profile);
+    if (!fs::exists(p))
+      for (const auto& d : profile_dirs())
+        if (fs::exists(d / (opt.profile + ".json"))) p = d / (opt.profile + ".json");
+    if (!fs::exists(p)) fail("--profile ", opt.profile, ": no such profile (looked in jobscripts/profiles)");
+    json j = load_json(p);
+    if (j.at("recipe") != recipe)
+      fail(p.string(), ": measured for a different recipe (", j.at("recipe").dump(), "), not this deck's (",
+           recipe.dump(), "); measure one with perf/make_profile.py or pass --time");
+    return {p.string(), j};
+  }
+  for (const auto& d : profile_dirs()) {
+    if (!fs::is_directory(d)) continue;
+    for (const auto& e : fs::directory_iterator(d))
+      if (e.path().extension() == ".json") {
+        json j = load_json(e.path());
+        if (j.contains("recipe") && j.at("recipe") == recipe) return {e.path().string(), j};
+      }
+  }
+  return {"", json()};
+}
+
+std::string hhmmss(double seconds) {
+  const long s = long(std::ceil(seconds));
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%02ld:%02ld:%02ld", s / 3600, (s / 60) % 60, s % 60);
+  return buf;
+}
+
+double parse_time(const std::string& t) {
+  int h = 0, m = 0, s = 0;
+  if (std::sscanf(t.c_str(), "%d:%d:%d", &h, &m, &s) != 3 || h < 0 || m < 0 || m > 59 || s < 0 || s > 59)
+    fail("--time ", t, ": expected HH:MM:SS");
+  return h * 3600.0 + m * 60.0 + s;
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::string run_capture(const std::string& cmd, int& status) {
+  std::string out;
+  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
+  if (!p) fail("cannot run: ", cmd);
+  char buf[512];
+  while (std::fgets(buf, sizeof(buf), p.get())) out += buf;
+  status = pclose(p.release());
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  return out;
+}
+
+}  // namespace
+
+int plan_command(const Comm& comm, const PlanOptions& opt) {
+  Campaign c = prepare_campaign(comm, opt.deck, opt.overrides, true);
+  if (comm.rank() != 0) return 0;  // planning is serial; every rank validated above
+  if (opt.jobs < 1) fail("--jobs must be at least 1");
+  if (opt.target != "cpu" && opt.target != "gh200") fail("--target ", opt.target, ": expected cpu or gh200");
+  const Deck& d = c.deck;
+  const json recipe = recipe_of(c);
+  if (opt.print_recipe) {
+    std::printf("%s\n", recipe.dump().c_str());
+    return 0;
+  }
+  auto [profile_path, profile] = find_profile(opt, recipe);
+  if (profile_path.empty() && opt.time.empty())
+    fail("no measured timing profile for this recipe ", recipe.dump(),
+         "; measure one on the target machine (perf/make_profile.py, see doc/operations.md) or give --time HH:MM:SS");
+  // Per-case work in profile units.
+  double t_grad = 0, t_hvp = 0, t_group = 0, t_shard = 0;
+  if (!profile_path.empty()) {
+    t_grad = profile.at("seconds_per_gradient_microbatch");
+    t_hvp = profile.at("seconds_per_hvp_batch_per_direction");
+    t_group = profile.at("seconds_per_group_startup");
+    t_shard = profile.at("seconds_per_shard_startup");
+  }
+  double per_group = t_group;
+  for (const auto& cs : c.cases) {
+    const index_t n = cs.blocks, m = std::min<index_t>(d.noise_samples, n / d.noise_batch);
+    const index_t grad_batches = (n + d.grad_microbatch - 1) / d.grad_microbatch;
+    const index_t noise_batches = m * ((d.noise_batch + d.grad_microbatch - 1) / d.grad_microbatch);
+    const index_t D = 1 + m + d.directions, passes = (D + d.directions_per_pass - 1) / d.directions_per_pass;
+    const index_t hvp_batches = (n + d.hvp_batch - 1) / d.hvp_batch;
+    per_group += double(grad_batches + noise_batches) * t_grad +
+                 double(passes * hvp_batches * d.directions_per_pass) * t_hvp / double(d.ranks_per_checkpoint);
+  }
+  const std::string out_dir = opt.out_dir.empty() ? with_suffix(c.output, ".plan") : opt.out_dir;
+  fs::create_directories(out_dir);
+  const std::string gnh_bin = fs::canonical("/proc/self/exe").string();
+  const std::string deck_abs = fs::absolute(opt.deck).string();
+  std::string sets;
+  for (const auto& o : opt.overrides) sets += " --set " + shell_quote(o);
+  json receipt = {{"deck", deck_abs},
+                  {"run_name", d.name},
+                  {"settings_fingerprint", c.info.settings_fingerprint},
+                  {"gnh_version", version()},
+                  {"git_commit", git_commit()},
+                  {"recipe", recipe},
+                  {"profile", profile_path.empty() ? json(nullptr) : json(profile_path)},
+                  {"wall_time_rule", "twice the estimate plus 30 minutes, rounded up to the hour"},
+                  {"target", opt.target},
+                  {"shards", json::array()}};
+  std::vector<std::string> shard_outputs;
+  const int rpc = int(d.ranks_per_checkpoint);
+  for (int s = 0; s < opt.jobs; ++s) {
+    json shard = {{"index", s}, {"groups", json::array()}, {"checkpoints", json::array()}};
+    int n_groups = 0;
+    for (std::size_t g = 0; g < c.groups.size(); ++g)
+      if (int(g % std::size_t(opt.jobs)) == s) {
+        shard["groups"].push_back(c.groups[g].hash);
+        for (const auto& a : c.groups[g].aliases) shard["checkpoints"].push_back(a);
+        ++n_groups;
+      }
+    double request = 0;
+    if (!profile_path.empty()) {
+      const double est = t_shard + n_groups * per_group;
+      shard["estimate_seconds"] = est;
+      request = std::ceil((2 * est + 1800) / 3600.0) * 3600.0;
+    }
+    if (!opt.time.empty()) request = parse_time(opt.time);
+    shard["time_request"] = hhmmss(request);
+    const std::string output = shard_output(c.output, s, opt.jobs);
+    shard_outputs.push_back(output);
+    shard["output"] = output;
+    const std::string script = out_dir + "/shard-" + std::to_string(s) + ".sbatch";
+    std::ofstream f(script);
+    f << "#!/bin/bash\n# Generated by gnh plan: shard " << s << " of " << opt.jobs << " of " << d.name << ".\n"
+      << "#SBATCH --job-name=gnh-" << d.name << "-" << s << "\n"
+      << "#SBATCH --time=" << hhmmss(request) << "\n"
+      << "#SBATCH --ntasks=" << rpc << "\n"
+      << "#SBATCH --signal=B:TERM@" << opt.term_seconds << "\n"
+      << "#SBATCH --requeue\n#SBATCH --open-mode=append\n"
+      << "#SBATCH --output=" << fs::absolute(out_dir).string() << "/shard-" << s << "-%j.out\n";
+    if (opt.target == "gh200") f << "#SBATCH --gpus-per-task=1\n#SBATCH --cpus-per-task=72\n";
+    if (!opt.partition.empty()) f << "#SBATCH --partition=" << opt.partition << "\n";
+    if (!opt.account.empty()) f << "#SBATCH --account=" << opt.account << "\n";
+    f << "source " << GNH_SOURCE_DIR << "/jobscripts/gnh-shard-body.sh\n"
+      << "gnh_shard_run " << shell_quote(opt.target) << " " << shell_quote(gnh_bin) << " run " << shell_quote(deck_abs)
+      << " --shard " << s << "/" << opt.jobs << sets << "\n";
+    shard["script"] = script;
+    receipt["shards"].push_back(shard);
+  }
+  const std::string merged = c.output, report = with_suffix(c.output, ".report");
+  const std::string merge_script = out_dir + "/merge.sbatch";
+  {
+    std::ofstream f(merge_script);
+    f << "#!/bin/bash\n# Generated by gnh plan: merge the shards of " << d.name << " and draw the report.\n"
+      << "#SBATCH --job-name=gnh-" << d.name << "-merge\n#SBATCH --time=00:30:00\n#SBATCH --ntasks=1\n"
+      << "#SBATCH --output=" << fs::absolute(out_dir).string() << "/merge-%j.out\n";
+    if (!opt.partition.empty()) f << "#SBATCH --partition=" << opt.partition << "\n";
+    if (!opt.account.empty()) f << "#SBATCH --account=" << opt.account << "\n";
+    f << "set -euo pipefail\n" << shell_quote(gnh_bin) << " merge " << shell_quote(merged);
+    for (const auto& o : shard_outputs) f << " " << shell_quote(o);
+    f << "\n" << shell_quote(gnh_bin) << " report " << shell_quote(merged) << " --out " << shell_quote(report) << "\n";
+  }
+  receipt["merge"] = {{"script", merge_script}, {"output", merged}, {"report", report}};
+  if (opt.submit) {
+    std::string deps;
+    for (auto& shard : receipt["shards"]) {
+      int st = 0;
+      const std::string id = run_capture("sbatch --parsable " + shell_quote(shard["script"].get<std::string>()) + " 2>&1", st);
+      if (st != 0) fail("sbatch ", shard["script"].get<std::string>(), " failed: ", id);
+      shard["job_id"] = id.substr(0, id.find(';'));
+      deps += ":" + shard["job_id"].get<std::string>();
+    }
+    int st = 0;
+    const std::string id =
+        run_capture("sbatch --parsable --dependency=afterok" + deps + " " + shell_quote(merge_script) + " 2>&1", st);
+    if (st != 0) fail("sbatch ", merge_script, " failed: ", id);
+    receipt["merge"]["job_id"] = id.substr(0, id.find(';'));
+  }
+  const std::string receipt_path = out_dir + "/receipt.json";
+  write_atomically(receipt_path, [&](const std::string& tmp) {
+    std::ofstream f(tmp);
+    f << receipt.dump(2) << "\n";
+    if (!f) fail(tmp, ": write failed");
+  });
+  std::printf("gnh plan: %zu group(s) of %s in %d shard(s)%s\n", c.groups.size(), d.name.c_str(), opt.jobs,
+              profile_path.empty() ? " (no profile: wall time from --time)" : "");
+  if (!profile_path.empty()) std::printf("  profile %s\n", profile_path.c_str());
+  for (const auto& shard : receipt["shards"]) {
+    std::printf("  shard %d: %zu group(s), %zu checkpoint file(s)", shard["index"].get<int>(), shard["groups"].size(),
+                shard["checkpoints"].size());
+    if (shard.contains("estimate_seconds"))
+      std::printf(", estimate %.1f s", shard["estimate_seconds"].get<double>());
+    std::printf(", request %s%s%s\n", shard["time_request"].get<std::string>().c_str(),
+                shard.contains("job_id") ? ", job " : "",
+                shard.contains("job_id") ? shard["job_id"].get<std::string>().c_str() : "");
+  }
+  if (receipt["merge"].contains("job_id"))
+    std::printf("  merge: job %s after all shards (afterok)\n", receipt["merge"]["job_id"].get<std::string>().c_str());
+  std::printf("  scripts and receipt in %s\n", out_dir.c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace gnh

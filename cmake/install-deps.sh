@@ -9,6 +9,7 @@ packages=(
   libopenmpi-dev openmpi-bin libhdf5-openmpi-dev
   libcli11-dev catch2 libtomlplusplus-dev nlohmann-json3-dev
   python3-torch python3-h5py python3-numpy python3-matplotlib
+  slurmctld slurmd slurm-client munge
 )
 
 missing=()

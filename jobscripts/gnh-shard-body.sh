@@ -30,8 +30,16 @@ gnh_shard_run() {
     wait "$step" || rc=$?
   done
   if [ "$rc" -eq 143 ] && [ -n "${SLURM_JOB_ID:-}" ]; then
-    echo "gnh: interrupted before the time limit; requeueing job $SLURM_JOB_ID to resume"
-    scontrol requeue "$SLURM_JOB_ID"
+    # The warning before the time limit leaves the job RUNNING: requeue it to
+    # resume. A scancel has already marked it CANCELLED: leave it so.
+    local state
+    state=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2)
+    if [ "$state" = RUNNING ]; then
+      echo "gnh: interrupted before the time limit; requeueing job $SLURM_JOB_ID to resume"
+      scontrol requeue "$SLURM_JOB_ID"
+    else
+      echo "gnh: job $SLURM_JOB_ID is $state: not requeued; resubmit this script to resume"
+    fi
   fi
   return "$rc"
 }

@@ -140,7 +140,8 @@ class Operations(unittest.TestCase):
         job = self.sh(f"sbatch --parsable {shard0['script']}").stdout.strip()
         self.wait_queue()
         self.assertEqual(self.job_seconds(job)[1], "COMPLETED")
-        log = open(os.path.join(plan, f"shard-0-{job}.out")).read()
+        with open(os.path.join(plan, f"shard-0-{job}.out")) as f:
+            log = f.read()
         self.assertIn(f"reused {len(kept)}", log)
         remerged = os.path.join(self.work, "remerged.h5")
         self.sh(f"{GNH} merge {remerged} {out0} {receipt['shards'][1]['output']}")

@@ -34,19 +34,43 @@ struct Options {
   int repeats = 3;
 };
 
+// Test hook for the regression comparison: stretch every timed run by this
+// fraction (busy time, as a slower kernel would spend it).
+double g_inject_slowdown = 0.0;
+
+struct Timing {
+  double median = 0;
+  std::vector<double> samples;
+  std::string samples_json() const {
+    std::ostringstream s;
+    s << "[";
+    for (std::size_t i = 0; i < samples.size(); ++i) s << (i ? ", " : "") << samples[i];
+    return s.str() + "]";
+  }
+};
+
 template <class F>
-double median_seconds(int repeats, F&& f) {
+Timing time_repeats(int repeats, F&& f) {
   f();  // warm-up (first-touch of workspaces, BLAS initialisation)
-  std::vector<double> t;
+  Timing t;
   for (int r = 0; r < repeats; ++r) {
     Kokkos::fence();
     const auto t0 = std::chrono::steady_clock::now();
     f();
     Kokkos::fence();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (g_inject_slowdown > 0) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(s * g_inject_slowdown);
+      while (std::chrono::steady_clock::now() < until) {
+      }
+      s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    t.samples.push_back(s);
   }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  std::vector<double> sorted = t.samples;
+  std::sort(sorted.begin(), sorted.end());
+  t.median = sorted[sorted.size() / 2];
+  return t;
 }
 
 long peak_rss_bytes() {
@@ -95,9 +119,10 @@ void run(const Options& o) {
     s.context = Tc;
     s.bf16 = bf16;
     Gpt<T> m(ck.config, s);
-    const double t = median_seconds(o.repeats, [&] { m.forward_loss(space, params, tokens, targets); });
-    js << "  \"forward\": {\"seconds\": " << t << ", \"tokens_per_s\": " << ntok / t
-       << ", \"gflops\": " << fflops / t * 1e-9 << "},\n";
+    const Timing tm = time_repeats(o.repeats, [&] { m.forward_loss(space, params, tokens, targets); });
+    const double t = tm.median;
+    js << "  \"forward\": {\"seconds\": " << t << ", \"samples\": " << tm.samples_json()
+       << ", \"tokens_per_s\": " << ntok / t << ", \"gflops\": " << fflops / t * 1e-9 << "},\n";
   }
   {
     Shape s;
@@ -112,8 +137,10 @@ void run(const Options& o) {
     const double setup =
         read_seconds + std::chrono::duration<double>(std::chrono::steady_clock::now() - t_plan).count();
     js << "  \"setup_seconds\": " << setup << ",\n";
-    const double t = median_seconds(o.repeats, [&] { m.gradient(space, params, tokens, targets, grad); });
-    js << "  \"gradient\": {\"seconds\": " << t << ", \"tokens_per_s\": " << ntok / t
+    const Timing tm = time_repeats(o.repeats, [&] { m.gradient(space, params, tokens, targets, grad); });
+    const double t = tm.median;
+    js << "  \"gradient\": {\"seconds\": " << t << ", \"samples\": " << tm.samples_json()
+       << ", \"tokens_per_s\": " << ntok / t
        << ", \"gflops\": " << 3 * fflops / t * 1e-9 << ", \"workspace_bytes\": " << m.workspace_bytes() << "},\n";
   }
   js << "  \"curvature\": [";
@@ -136,11 +163,13 @@ void run(const Options& o) {
         grad = View1<T>("grad", P);
         hv = View2<T>("hv", K, P);
       }
-      const double t = median_seconds(o.repeats, [&] {
+      const Timing tm = time_repeats(o.repeats, [&] {
         if (s.reverse) m.hvp(space, params, dirs, tokens, targets, grad, hv);
         else m.second_order(space, params, dirs, tokens, targets);
       });
+      const double t = tm.median;
       js << (first ? "\n" : ",\n") << "    {\"method\": \"" << method << "\", \"K\": " << K << ", \"seconds\": " << t
+         << ", \"samples\": " << tm.samples_json()
          << ", \"seconds_per_direction\": " << t / K << ", \"workspace_bytes\": " << m.workspace_bytes() << "}";
       first = false;
     }
@@ -166,6 +195,7 @@ int main(int argc, char** argv) {
       else if (a == "--batch") o.batch = std::stol(next());
       else if (a == "--repeats") o.repeats = std::stoi(next());
       else if (a == "--precision") o.precision = next();
+      else if (a == "--inject-slowdown") g_inject_slowdown = std::stod(next());
       else if (a == "--directions") {
         o.K.clear();
         std::stringstream ss(next());

@@ -99,11 +99,13 @@ void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t
 }
 
 // dh is overwritten; g accumulates the gradient of the summed loss.
+// logits_current: z still holds the forward's logits of this batch (one chunk).
 template <class S>
 void lm_head_xent_reverse(const ExecSpace& space, Act2<base_t<S>> dh, Grads<base_t<S>> g,
                           Act1<base_t<S>> lse, Act2<base_t<S>> h, Params<base_t<S>> p, index_t w,
                           Span1<const std::int32_t> targets, Act2<base_t<S>> z,
-                          const GemmPolicy<base_t<S>>& pol = GemmPolicy<base_t<S>>()) {
+                          const GemmPolicy<base_t<S>>& pol = GemmPolicy<base_t<S>>(),
+                          bool logits_current = false) {
   using T = base_t<S>;
   using io = Io<S>;
   constexpr bool tangents = !std::is_same<S, T>::value;
@@ -113,7 +115,9 @@ void lm_head_xent_reverse(const ExecSpace& space, Act2<base_t<S>> dh, Grads<base
   for (index_t r0 = 0; r0 < N; r0 += chunk) {
     const index_t nr = N - r0 < chunk ? N - r0 : chunk;
     const Act2<T> zc = detail::chunk_view(z, K, nr, V);
-    detail::chunk_logits(space, zc, h, p, w, r0, nr, tangents, false, pol);
+    // When every row fits one chunk, the forward just left exactly these logits
+    // (value and tangent planes) in z: no need to recompute them.
+    if (!(logits_current && nr == N)) detail::chunk_logits(space, zc, h, p, w, r0, nr, tangents, false, pol);
     // dz = softmax - onehot, in place; the value plane is written after every
     // tangent plane has read it.
     Kokkos::parallel_for(

@@ -242,8 +242,9 @@ void Gpt<T>::reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<cons
   const Act2<T> d_fcg = planes_for<S>(adj_.fc_gelu), d_fc = planes_for<S>(adj_.fc);
   const Act1<T> D = planes_for<S>(adj_.D);
   Span1<const std::int32_t> flat_targets(targets.data(), N_);
+  // reverse<S> always follows forward<S> of the same batch (gradient, hvp).
   lm_head_xent_reverse<S>(space, c1, g, planes_for<S>(head_lse_), planes_for<S>(lnf_), p, L.lm_head,
-                          flat_targets, planes_for<S>(logits_), gemm_);
+                          flat_targets, planes_for<S>(logits_), gemm_, /*logits_current=*/true);
   layernorm_reverse<S>(space, res, g, c1, planes_for<S>(x_final()), planes_for<S>(lnf_mean_),
                        planes_for<S>(lnf_rstd_), p, L.lnf_w, L.lnf_b);
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {

@@ -157,11 +157,6 @@ json compare_case(const PolicyResult& a, const PolicyResult& b, double tol) {
   return j;
 }
 
-std::string replace_suffix(const std::string& path, const std::string& suffix) {
-  const std::string stem = path.size() > 3 && path.substr(path.size() - 3) == ".h5" ? path.substr(0, path.size() - 3) : path;
-  return stem + suffix;
-}
-
 }  // namespace
 
 int compare_command(const Comm& comm, const CompareOptions& opt) {
@@ -210,7 +205,7 @@ int compare_command(const Comm& comm, const CompareOptions& opt) {
     std::map<std::string, json> by_hash;
     for (const auto& s : gathered)
       for (const auto& jg : json::parse(s)) by_hash[jg.at("hash")] = jg;
-    const std::string out = replace_suffix(c.output, ".compare.h5"), csv = replace_suffix(c.output, ".compare.csv");
+    const std::string out = with_suffix(c.output, ".compare.h5"), csv = with_suffix(c.output, ".compare.csv");
     try {
       write_atomically(out, [&](const std::string& tmp) {
         h5::File f = h5::File::create(tmp);

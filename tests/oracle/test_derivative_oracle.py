@@ -17,35 +17,14 @@ import tempfile
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "integration"))
+sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
 import gnhtest  # noqa: E402
 import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from stats_reference import rademacher  # noqa: E402  (SPEC §4, one implementation for the oracles)
 
 PROBE = os.environ.get("GNH_ENGINE_PROBE", os.path.join(gnhtest.ROOT, "build", "bin", "engine_probe"))
-MASK = (1 << 64) - 1
-
-
-def splitmix64(x):
-    x = (x + 0x9E3779B97F4A7C15) & MASK
-    z = x
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
-    return z ^ (z >> 31)
-
-
-def rademacher(seed, k, n):
-    """SPEC §4, vectorised with numpy's wrapping uint64 arithmetic."""
-    key = splitmix64(seed ^ splitmix64(k))
-    with np.errstate(over="ignore"):
-        x = np.uint64(key) ^ np.arange(n, dtype=np.uint64)
-        x = x + np.uint64(0x9E3779B97F4A7C15)
-        z = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
-    return np.where((z >> np.uint64(63)) == 0, 1.0, -1.0)
-
-
 class Reference:
     """Double-precision PyTorch: mean loss, gradients and per-batch H v."""
 

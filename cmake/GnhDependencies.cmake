@@ -11,12 +11,24 @@
 find_package(Kokkos REQUIRED)
 find_package(KokkosKernels REQUIRED)
 
-find_path(GNH_KOKKOS_INCLUDE_DIR Kokkos_Core.hpp
-  HINTS ${Kokkos_INCLUDE_DIRS} ${Kokkos_DIR}/../../../include
-  PATH_SUFFIXES trilinos)
 add_library(gnh_kokkos INTERFACE)
 target_link_libraries(gnh_kokkos INTERFACE Kokkos::kokkos)
-if(GNH_KOKKOS_INCLUDE_DIR)
+# Only where the exported include directory lacks the headers (Debian's
+# TriBITS export) look for them in include/trilinos beside it.
+get_target_property(_gnh_kokkos_inc Kokkos::kokkos INTERFACE_INCLUDE_DIRECTORIES)
+set(_gnh_kokkos_headers_found FALSE)
+foreach(_dir IN LISTS _gnh_kokkos_inc)
+  if(EXISTS "${_dir}/Kokkos_Core.hpp")
+    set(_gnh_kokkos_headers_found TRUE)
+  endif()
+endforeach()
+if(NOT _gnh_kokkos_headers_found)
+  find_path(GNH_KOKKOS_INCLUDE_DIR Kokkos_Core.hpp
+    HINTS ${_gnh_kokkos_inc} ${Kokkos_DIR}/../../../include
+    PATH_SUFFIXES trilinos NO_DEFAULT_PATH)
+  if(NOT GNH_KOKKOS_INCLUDE_DIR)
+    message(FATAL_ERROR "gnh: Kokkos found at ${Kokkos_DIR} but not its headers (Kokkos_Core.hpp)")
+  endif()
   target_include_directories(gnh_kokkos SYSTEM INTERFACE ${GNH_KOKKOS_INCLUDE_DIR})
 endif()
 add_library(gnh::kokkos ALIAS gnh_kokkos)

@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "analysis/epoch.hpp"
 
+#include <stdexcept>
+#include <vector>
+
 #include "core/error.hpp"
 
 namespace gnh {
@@ -12,11 +15,12 @@ index_t epoch_blocks(index_t n_tokens, index_t context, index_t cap) {
 }
 
 void fill_batch(View2<std::int32_t, HostSpace> tokens, View2<std::int32_t, HostSpace> targets,
-                const std::int32_t* ids, index_t first, index_t count) {
+                const std::int32_t* ids, const index_t* blocks, index_t count) {
   const index_t B = tokens.extent(0), T = tokens.extent(1);
+  if (count > B) throw std::logic_error("fill_batch: more blocks than the batch holds");
   for (index_t b = 0; b < B; ++b) {
     const bool real = b < count;
-    const std::int32_t* block = ids + (first + b) * T;
+    const std::int32_t* block = real ? ids + blocks[b] * T : ids;
     for (index_t t = 0; t < T; ++t) {
       tokens(b, t) = real ? block[t] : 0;
       targets(b, t) = real ? block[t + 1] : -1;
@@ -33,8 +37,11 @@ EpochLoss epoch_loss(const ExecSpace& space, Gpt<T>& model, Span1<const T> param
   auto h_tokens = Kokkos::create_mirror_view(tokens);
   auto h_targets = Kokkos::create_mirror_view(targets);
   EpochLoss out;
+  std::vector<index_t> blocks(static_cast<std::size_t>(B));
   for (index_t first = 0; first < n_blocks; first += B) {
-    fill_batch(h_tokens, h_targets, ids, first, std::min(B, n_blocks - first));
+    const index_t count = std::min(B, n_blocks - first);
+    for (index_t b = 0; b < count; ++b) blocks[b] = first + b;
+    fill_batch(h_tokens, h_targets, ids, blocks.data(), count);
     Kokkos::deep_copy(tokens, h_tokens);
     Kokkos::deep_copy(targets, h_targets);
     const LossSum s = model.forward_loss(space, params, tokens, targets);

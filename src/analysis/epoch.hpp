@@ -15,10 +15,10 @@ namespace gnh {
 // Number of blocks of an epoch over n_tokens ids; cap <= 0 means no cap.
 index_t epoch_blocks(index_t n_tokens, index_t context, index_t cap);
 
-// Fills one (B, T) batch with blocks first .. first+count-1 (count <= B); rows
-// past count are padding: token 0 and ignored targets (-1).
+// Fills one (B, T) batch with the listed blocks (count <= B); rows past count
+// are padding: token 0 and ignored targets (-1).
 void fill_batch(View2<std::int32_t, HostSpace> tokens, View2<std::int32_t, HostSpace> targets,
-                const std::int32_t* ids, index_t first, index_t count);
+                const std::int32_t* ids, const index_t* blocks, index_t count);
 
 struct EpochLoss {
   double loss = 0.0;        // sum / tokens

@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "analysis/passes.hpp"
 
+#include "analysis/epoch.hpp"
 #include "core/error.hpp"
 
 namespace gnh {
 namespace {
 
-// Stages one batch: inputs and targets of each listed block, padded with
-// ignored targets past the end of the list.
+// Stages one batch on the device (fill_batch on the host, then a copy).
 class BatchStager {
  public:
   BatchStager(index_t B, index_t Tc)
@@ -15,16 +15,7 @@ class BatchStager {
         h_tokens_(Kokkos::create_mirror_view(tokens_)), h_targets_(Kokkos::create_mirror_view(targets_)) {}
 
   void stage(const std::int32_t* ids, const Batch& blocks) {
-    const index_t B = tokens_.extent(0), Tc = tokens_.extent(1);
-    if (index_t(blocks.size()) > B) throw std::logic_error("batch larger than the planned batch size");
-    for (index_t b = 0; b < B; ++b) {
-      const bool real = b < index_t(blocks.size());
-      const std::int32_t* block = real ? ids + blocks[static_cast<std::size_t>(b)] * Tc : ids;
-      for (index_t t = 0; t < Tc; ++t) {
-        h_tokens_(b, t) = real ? block[t] : 0;
-        h_targets_(b, t) = real ? block[t + 1] : -1;
-      }
-    }
+    fill_batch(h_tokens_, h_targets_, ids, blocks.data(), index_t(blocks.size()));
     Kokkos::deep_copy(tokens_, h_tokens_);
     Kokkos::deep_copy(targets_, h_targets_);
   }

@@ -111,7 +111,8 @@ TEST_CASE("epoch blocks and batch padding follow SPEC §3", "[model]") {
   std::vector<std::int32_t> ids(13);
   for (int i = 0; i < 13; ++i) ids[i] = i;
   View2<std::int32_t, HostSpace> tok("tok", 3, 4), tgt("tgt", 3, 4);
-  fill_batch(tok, tgt, ids.data(), 1, 2);
+  const index_t blocks[] = {1, 2};
+  fill_batch(tok, tgt, ids.data(), blocks, 2);
   REQUIRE(tok(0, 0) == 4);
   REQUIRE(tgt(0, 3) == 8);
   REQUIRE(tok(1, 3) == 11);

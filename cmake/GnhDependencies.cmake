@@ -23,9 +23,11 @@ foreach(_dir IN LISTS _gnh_kokkos_inc)
   endif()
 endforeach()
 if(NOT _gnh_kokkos_headers_found)
+  # Debian's export names <prefix>/lib/include; the headers are in
+  # <prefix>/include/trilinos.
   find_path(GNH_KOKKOS_INCLUDE_DIR Kokkos_Core.hpp
-    HINTS ${_gnh_kokkos_inc} ${Kokkos_DIR}/../../../include
-    PATH_SUFFIXES trilinos NO_DEFAULT_PATH)
+    HINTS ${_gnh_kokkos_inc} ${Kokkos_DIR}/../../../../include ${Kokkos_DIR}/../../../include
+    PATH_SUFFIXES trilinos)
   if(NOT GNH_KOKKOS_INCLUDE_DIR)
     message(FATAL_ERROR "gnh: Kokkos found at ${Kokkos_DIR} but not its headers (Kokkos_Core.hpp)")
   endif()

@@ -194,9 +194,16 @@ void print_summary(const std::vector<GroupSummary>& groups, const std::string& o
     for (const auto& alias : g.aliases)
       for (const auto& [name, a] : g.cases) {
         auto v = [&](const char* k) { auto it = a.find(k); return it == a.end() ? NAN : it->second; };
-        std::printf("%-22s %-16s %-7s %10.0f %10.6f %11.4e %11.4e %10.4g %10.4g %10.4g\n", alias.c_str(),
-                    g.hash.c_str(), name.c_str(), v("tokens"), v("loss"), v("G_sqnorm"), v("GHG"), v("B_simple"),
-                    v("B_noise"), v("trace_H"));
+        // Not estimated (no noise samples or no directions): "-".
+        auto g4 = [&](const char* k) {
+          char buf[32];
+          if (std::isfinite(v(k))) std::snprintf(buf, sizeof(buf), "%10.4g", v(k));
+          else std::snprintf(buf, sizeof(buf), "%10s", "-");
+          return std::string(buf);
+        };
+        std::printf("%-22s %-16s %-7s %10.0f %10.6f %11.4e %11.4e %s %s %s\n", alias.c_str(), g.hash.c_str(),
+                    name.c_str(), v("tokens"), v("loss"), v("G_sqnorm"), v("GHG"), g4("B_simple").c_str(),
+                    g4("B_noise").c_str(), g4("trace_H").c_str());
       }
   std::printf("\nresults: %s\n", output.c_str());
   std::fflush(stdout);

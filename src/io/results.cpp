@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -62,7 +63,10 @@ void write_case(hid_t parent, const CaseRecord& c, const std::string& where) {
   h5::write_attr(id, "noise_batch_tokens", std::int64_t(s.m.noise_batch * s.m.context));
   h5::write_attr(id, "n_noise", std::int64_t(s.noise_blocks.size()));
   h5::write_attr(id, "n_directions", std::int64_t(s.m.vHv.size()));
-  for (const auto& [name, value] : s.derived.named()) h5::write_attr(id, name, value);
+  // A quantity that cannot be estimated (no noise samples, no directions) is
+  // left out rather than written as NaN.
+  for (const auto& [name, value] : s.derived.named())
+    if (std::isfinite(value)) h5::write_attr(id, name, value);
   bool ok = true;
   for (const auto& idc : s.identities) {
     if (!idc.checked) continue;

@@ -168,6 +168,21 @@ class Parallel(unittest.TestCase):
                              for g in f["groups"].values() for a in g.attrs["aliases"])
         self.assertEqual(aliases, ["ckpt_0.h5", "ckpt_1.h5"])
 
+    def test_no_samples_no_directions_writes_no_nan(self):
+        deck = self.deck("bare.toml", "out/bare.h5", analysis=dict(noise_samples=0, directions=0))
+        self.run_ok(deck, 1)
+        with h5py.File(os.path.join(self.tmp, "out", "bare.h5"), "r") as f:
+            for g in f["groups"].values():
+                for c in g.values():
+                    for k, v in c.attrs.items():
+                        if np.asarray(v).dtype.kind == "f":
+                            self.assertTrue(np.all(np.isfinite(v)), k)
+                    self.assertNotIn("trace_H", c.attrs)
+                    self.assertNotIn("B_simple", c.attrs)
+                    self.assertIn("eps_star", c.attrs)
+                    self.assertEqual(c["vHv"].shape, (0,))
+                    self.assertEqual(c["noise_blocks"].shape[0], 0)
+
     def test_dry_run_plans_without_computing(self):
         deck = self.deck("dry.toml", "out/dry.h5")
         self.run_ok(deck, 2)

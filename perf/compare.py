@@ -8,7 +8,8 @@ Every timed pass (forward, gradient, each curvature method and K) carries the
 seconds of each repeat. The noise of a pass is the larger relative spread
 (max - min) / median of its repeats in the two runs; a pass regresses when the
 current median is slower than the baseline's by more than max(2 x noise,
-min-threshold). Exit status 1 when anything regressed.
+min-threshold), the noise being the range of the repeats without the fastest
+and slowest when there are five or more. Exit status 1 when anything regressed.
 """
 import argparse
 import json
@@ -23,8 +24,12 @@ def passes(bench):
 
 
 def spread(p):
+    """Relative range of the repeats, without the fastest and slowest when there
+    are five or more (one stray sample should not hide a regression)."""
     s = sorted(p.get("samples", [p["seconds"]]))
     med = s[len(s) // 2]
+    if len(s) >= 5:
+        s = s[1:-1]
     return (s[-1] - s[0]) / med if med > 0 else 0.0
 
 

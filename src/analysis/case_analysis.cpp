@@ -5,6 +5,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "analysis/dot.hpp"
 #include "analysis/sampling.hpp"
 #include "core/error.hpp"
 #include "core/random.hpp"
@@ -20,26 +21,6 @@ Shape make_shape(index_t batch, index_t context, int K, bool reverse, bool secon
   s.directions = K;
   s.reverse = reverse;
   s.second_order = second;
-  return s;
-}
-
-double dot(const ExecSpace& space, const double* a, const double* b, index_t n) {
-  double s = 0;
-  Kokkos::parallel_reduce(
-      "gnh::case::dot", range(space, n), KOKKOS_LAMBDA(const index_t i, double& acc) { acc += a[i] * b[i]; }, s);
-  return s;
-}
-
-template <class T>
-double dot_t(const ExecSpace& space, const T* a, const T* b, index_t n, bool absolute) {
-  double s = 0;
-  Kokkos::parallel_reduce(
-      "gnh::case::dot", range(space, n),
-      KOKKOS_LAMBDA(const index_t i, double& acc) {
-        const double p = double(a[i]) * double(b[i]);
-        acc += absolute ? (p < 0 ? -p : p) : p;
-      },
-      s);
   return s;
 }
 
@@ -255,14 +236,14 @@ CaseStatistics analyse_case(const ExecSpace& space, Team& team, Engines<T>& engi
     Kokkos::deep_copy(tok, ht);
     Kokkos::deep_copy(tgt, hg);
     engines.check_for.hvp(space, params, uv, tok, tgt, grad, hv);
-    const double uHv = dot_t(space, uv.data(), hv.data() + P, P, false);
-    const double vHu = dot_t(space, uv.data() + P, hv.data(), P, false);
-    const double scale = dot_t(space, uv.data(), hv.data() + P, P, true);
+    const double uHv = dot(space, uv.data(), hv.data() + P, P, false);
+    const double vHu = dot(space, uv.data() + P, hv.data(), P, false);
+    const double scale = dot(space, uv.data(), hv.data() + P, P, true);
     symmetry.deviation = std::abs(uHv - vHu) / scale;
     const LossSum so = engines.check_sof.second_order(space, params, uv, tok, tgt);
     for (index_t k = 0; k < 2; ++k) {
-      const double q = dot_t(space, uv.data() + k * P, hv.data() + k * P, P, false);
-      const double qs = dot_t(space, uv.data() + k * P, hv.data() + k * P, P, true);
+      const double q = dot(space, uv.data() + k * P, hv.data() + k * P, P, false);
+      const double qs = dot(space, uv.data() + k * P, hv.data() + k * P, P, true);
       paths.deviation = std::max(paths.deviation, std::abs(so.second[k] - q) / qs);
     }
   }

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "analysis/passes.hpp"
 
+#include "analysis/dot.hpp"
 #include "analysis/epoch.hpp"
 #include "core/error.hpp"
 
@@ -26,15 +27,6 @@ class BatchStager {
   View2<std::int32_t> tokens_, targets_;
   typename View2<std::int32_t>::HostMirror h_tokens_, h_targets_;
 };
-
-template <class T>
-double dot_double(const ExecSpace& space, const T* a, const T* b, index_t n) {
-  double s = 0;
-  Kokkos::parallel_reduce(
-      "gnh::passes::dot", range(space, n),
-      KOKKOS_LAMBDA(const index_t i, double& acc) { acc += double(a[i]) * double(b[i]); }, s);
-  return s;
-}
 
 }  // namespace
 
@@ -102,7 +94,7 @@ bool curvature_pass(const ExecSpace& space, Gpt<T>& model, Span1<const T> params
       s = model.hvp(space, params, dirs, stager.tokens(), stager.targets(), grad, hv);
       r.second.assign(static_cast<std::size_t>(K), 0.0);
       for (index_t k = 0; k < K; ++k) {
-        r.second[k] = dot_double(space, dirs.data() + k * P, hv.data() + k * P, P);
+        r.second[k] = dot(space, dirs.data() + k * P, hv.data() + k * P, P);
         if (hv_sums) (*hv_sums)[static_cast<std::size_t>(k)].add(space, hv.data() + k * P);
       }
     }

@@ -14,10 +14,4 @@ inline void require_extent(const char* kernel, const char* what, long long got, 
     throw std::logic_error(cat(kernel, ": ", what, " has extent ", got, ", expected ", want));
 }
 
-template <class View, class Space>
-constexpr void assert_accessible() {
-  static_assert(Kokkos::SpaceAccessibility<Space, typename View::memory_space>::accessible,
-                "gnh kernel: view not accessible from the execution space");
-}
-
 }  // namespace gnh::kernels

@@ -5,8 +5,11 @@
 #pragma once
 #include <KokkosBlas3_gemm.hpp>
 
+#include <type_traits>
+
 #include "core/bf16.hpp"
 #include "core/types.hpp"
+#include "kernels/host_gemm.hpp"
 #include "kernels/check.hpp"
 
 namespace gnh::kernels {
@@ -38,6 +41,15 @@ void gemm(const ExecSpace& space, const char* ta, const char* tb, T alpha, Span2
                            KOKKOS_LAMBDA(const index_t i) { C(i / n, i % n) *= beta; });
     }
     return;
+  }
+  if constexpr (std::is_same_v<T, float> &&
+                std::is_same_v<ExecSpace, Kokkos::DefaultHostExecutionSpace> &&
+                Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible) {
+    // A host space with one thread (Serial; MPI ranks give the parallelism):
+    // gnh's own sgemm where the CPU has one (host_gemm.hpp), else the vendor's.
+    if (space.concurrency() == 1 && host::sgemm(at, bt, m, n, ka, alpha, A.data(), A.stride(0), B.data(),
+                                                  B.stride(0), beta, C.data(), C.stride(0)))
+      return;
   }
   KokkosBlas::gemm(ta, tb, alpha, A, B, beta, C);
 }

@@ -1,0 +1,295 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Blocked, packed sgemm (the loop order of Goto's algorithm): B is packed in
+// KC x NR slivers per NC-column block (kept in L2/L3), A in MR x KC slivers per
+// MC-row block (kept in L2), and a register-tile micro-kernel accumulates an
+// MR x NR tile of C over KC. The micro-kernels are compiled for their
+// instruction sets with target attributes, so the library itself needs no
+// -march flag and runs on any x86-64.
+#include "kernels/host_gemm.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define GNH_HOST_GEMM_X86 1
+#include <immintrin.h>
+#endif
+
+namespace gnh::kernels::host {
+
+namespace {
+
+constexpr std::int64_t KC = 256;   // depth of a packed block: an A sliver is 12 x 256 x 4 B = 12 KiB
+constexpr std::int64_t MC = 120;   // rows per packed A block (multiple of both MRs): 120 KiB, L2
+constexpr std::int64_t NC = 2048;  // columns per packed B block (multiple of both NRs): 2 MiB
+
+struct FreeDeleter {
+  void operator()(float* p) const { std::free(p); }
+};
+
+// Packing buffers, one pair per thread, grown on demand.
+struct Buffers {
+  std::unique_ptr<float, FreeDeleter> a, b;
+  std::int64_t a_size = 0, b_size = 0;
+  float* get(std::unique_ptr<float, FreeDeleter>& p, std::int64_t& size, std::int64_t need) {
+    if (size < need) {
+      const std::size_t bytes = ((std::size_t(need) * sizeof(float) + 63) / 64) * 64;
+      p.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+      if (!p) throw std::bad_alloc();
+      size = need;
+    }
+    return p.get();
+  }
+};
+thread_local Buffers buffers;
+
+// op(A)(i, p) for i in [i0, i0+mr), p in [p0, p0+kc) into dst[p][MR], rows past
+// mr zero.
+template <int MR>
+void pack_a(bool ta, const float* A, std::int64_t lda, std::int64_t i0, std::int64_t mr, std::int64_t p0,
+            std::int64_t kc, float* dst) {
+  if (ta) {  // stored (k, m): a row of the sliver is contiguous
+    for (std::int64_t p = 0; p < kc; ++p) {
+      const float* s = A + (p0 + p) * lda + i0;
+      float* d = dst + p * MR;
+      std::int64_t i = 0;
+      for (; i < mr; ++i) d[i] = s[i];
+      for (; i < MR; ++i) d[i] = 0.0f;
+    }
+  } else {  // stored (m, k)
+    for (std::int64_t i = 0; i < MR; ++i) {
+      if (i < mr) {
+        const float* s = A + (i0 + i) * lda + p0;
+        for (std::int64_t p = 0; p < kc; ++p) dst[p * MR + i] = s[p];
+      } else {
+        for (std::int64_t p = 0; p < kc; ++p) dst[p * MR + i] = 0.0f;
+      }
+    }
+  }
+}
+
+// op(B)(p, j) for p in [p0, p0+kc), j in [j0, j0+nr) into dst[p][NR], columns
+// past nr zero.
+template <int NR>
+void pack_b(bool tb, const float* B, std::int64_t ldb, std::int64_t p0, std::int64_t kc, std::int64_t j0,
+            std::int64_t nr, float* dst) {
+  if (!tb) {  // stored (k, n)
+    for (std::int64_t p = 0; p < kc; ++p) {
+      const float* s = B + (p0 + p) * ldb + j0;
+      float* d = dst + p * NR;
+      if (nr == NR) {
+        std::memcpy(d, s, sizeof(float) * NR);
+      } else {
+        std::int64_t j = 0;
+        for (; j < nr; ++j) d[j] = s[j];
+        for (; j < NR; ++j) d[j] = 0.0f;
+      }
+    }
+  } else {  // stored (n, k)
+    for (std::int64_t j = 0; j < NR; ++j) {
+      if (j < nr) {
+        const float* s = B + (j0 + j) * ldb + p0;
+        for (std::int64_t p = 0; p < kc; ++p) dst[p * NR + j] = s[p];
+      } else {
+        for (std::int64_t p = 0; p < kc; ++p) dst[p * NR + j] = 0.0f;
+      }
+    }
+  }
+}
+
+// The update of a partial tile from the accumulators in t (row stride NR):
+// the same operations, in the same order, as the vector update of a full tile.
+template <int NR>
+void update_partial(const float* t, float* C, std::int64_t ldc, float alpha, float beta, int mr, int nr) {
+  for (int i = 0; i < mr; ++i)
+    for (int j = 0; j < nr; ++j) {
+      float& c = C[i * ldc + j];
+      c = beta == 0.0f ? alpha * t[i * NR + j] : std::fma(alpha, t[i * NR + j], beta * c);
+    }
+}
+
+#ifdef GNH_HOST_GEMM_X86
+
+constexpr int MR512 = 12, NR512 = 32;
+
+__attribute__((target("avx512f"))) void micro_avx512(std::int64_t kc, const float* __restrict Ap,
+                                                     const float* __restrict Bp, float* C, std::int64_t ldc,
+                                                     float alpha, float beta, int mr, int nr) {
+  __m512 c0[MR512], c1[MR512];
+#pragma GCC unroll 12
+  for (int i = 0; i < MR512; ++i) c0[i] = c1[i] = _mm512_setzero_ps();
+  for (std::int64_t p = 0; p < kc; ++p) {
+    const __m512 b0 = _mm512_load_ps(Bp + p * NR512), b1 = _mm512_load_ps(Bp + p * NR512 + 16);
+    const float* a = Ap + p * MR512;
+#pragma GCC unroll 12
+    for (int i = 0; i < MR512; ++i) {
+      const __m512 ai = _mm512_set1_ps(a[i]);
+      c0[i] = _mm512_fmadd_ps(ai, b0, c0[i]);
+      c1[i] = _mm512_fmadd_ps(ai, b1, c1[i]);
+    }
+  }
+  if (mr == MR512 && nr == NR512) {
+    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+#pragma GCC unroll 12
+    for (int i = 0; i < MR512; ++i) {
+      float* c = C + i * ldc;
+      if (beta == 0.0f) {
+        _mm512_storeu_ps(c, _mm512_mul_ps(va, c0[i]));
+        _mm512_storeu_ps(c + 16, _mm512_mul_ps(va, c1[i]));
+      } else {
+        _mm512_storeu_ps(c, _mm512_fmadd_ps(va, c0[i], _mm512_mul_ps(vb, _mm512_loadu_ps(c))));
+        _mm512_storeu_ps(c + 16, _mm512_fmadd_ps(va, c1[i], _mm512_mul_ps(vb, _mm512_loadu_ps(c + 16))));
+      }
+    }
+    return;
+  }
+  alignas(64) float t[MR512 * NR512];
+  for (int i = 0; i < MR512; ++i) {
+    _mm512_store_ps(t + i * NR512, c0[i]);
+    _mm512_store_ps(t + i * NR512 + 16, c1[i]);
+  }
+  update_partial<NR512>(t, C, ldc, alpha, beta, mr, nr);
+}
+
+constexpr int MR256 = 6, NR256 = 16;
+
+__attribute__((target("avx2,fma"))) void micro_avx2(std::int64_t kc, const float* __restrict Ap,
+                                                    const float* __restrict Bp, float* C, std::int64_t ldc,
+                                                    float alpha, float beta, int mr, int nr) {
+  __m256 c0[MR256], c1[MR256];
+#pragma GCC unroll 6
+  for (int i = 0; i < MR256; ++i) c0[i] = c1[i] = _mm256_setzero_ps();
+  for (std::int64_t p = 0; p < kc; ++p) {
+    const __m256 b0 = _mm256_load_ps(Bp + p * NR256), b1 = _mm256_load_ps(Bp + p * NR256 + 8);
+    const float* a = Ap + p * MR256;
+#pragma GCC unroll 6
+    for (int i = 0; i < MR256; ++i) {
+      const __m256 ai = _mm256_broadcast_ss(a + i);
+      c0[i] = _mm256_fmadd_ps(ai, b0, c0[i]);
+      c1[i] = _mm256_fmadd_ps(ai, b1, c1[i]);
+    }
+  }
+  if (mr == MR256 && nr == NR256) {
+    const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+#pragma GCC unroll 6
+    for (int i = 0; i < MR256; ++i) {
+      float* c = C + i * ldc;
+      if (beta == 0.0f) {
+        _mm256_storeu_ps(c, _mm256_mul_ps(va, c0[i]));
+        _mm256_storeu_ps(c + 8, _mm256_mul_ps(va, c1[i]));
+      } else {
+        _mm256_storeu_ps(c, _mm256_fmadd_ps(va, c0[i], _mm256_mul_ps(vb, _mm256_loadu_ps(c))));
+        _mm256_storeu_ps(c + 8, _mm256_fmadd_ps(va, c1[i], _mm256_mul_ps(vb, _mm256_loadu_ps(c + 8))));
+      }
+    }
+    return;
+  }
+  alignas(64) float t[MR256 * NR256];
+  for (int i = 0; i < MR256; ++i) {
+    _mm256_store_ps(t + i * NR256, c0[i]);
+    _mm256_store_ps(t + i * NR256 + 8, c1[i]);
+  }
+  update_partial<NR256>(t, C, ldc, alpha, beta, mr, nr);
+}
+
+#endif
+
+using Micro = void (*)(std::int64_t, const float*, const float*, float*, std::int64_t, float, float, int, int);
+
+template <int MR, int NR>
+void blocked(Micro micro, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+             const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+             std::int64_t ldc) {
+  static_assert(MC % MR == 0 && NC % NR == 0, "block sizes must be multiples of the register tile");
+  float* Bp = buffers.get(buffers.b, buffers.b_size, KC * std::min<std::int64_t>(NC, (n + NR - 1) / NR * NR));
+  float* Ap = buffers.get(buffers.a, buffers.a_size, KC * MC);
+  for (std::int64_t jc = 0; jc < n; jc += NC) {
+    const std::int64_t nc = std::min(NC, n - jc);
+    for (std::int64_t pc = 0; pc < k; pc += KC) {
+      const std::int64_t kc = std::min(KC, k - pc);
+      const float b = pc == 0 ? beta : 1.0f;
+      for (std::int64_t jr = 0; jr < nc; jr += NR) pack_b<NR>(tb, B, ldb, pc, kc, jc + jr, std::min<std::int64_t>(NR, nc - jr), Bp + jr * kc);
+      for (std::int64_t ic = 0; ic < m; ic += MC) {
+        const std::int64_t mc = std::min(MC, m - ic);
+        for (std::int64_t ir = 0; ir < mc; ir += MR)
+          pack_a<MR>(ta, A, lda, ic + ir, std::min<std::int64_t>(MR, mc - ir), pc, kc, Ap + ir * kc);
+        for (std::int64_t jr = 0; jr < nc; jr += NR)
+          for (std::int64_t ir = 0; ir < mc; ir += MR)
+            micro(kc, Ap + ir * kc, Bp + jr * kc, C + (ic + ir) * ldc + jc + jr, ldc, alpha, b,
+                  int(std::min<std::int64_t>(MR, mc - ir)), int(std::min<std::int64_t>(NR, nc - jr)));
+      }
+    }
+  }
+}
+
+GemmKernel detect() {
+  GemmKernel best = GemmKernel::none;
+  if (supported(GemmKernel::avx512)) best = GemmKernel::avx512;
+  else if (supported(GemmKernel::avx2)) best = GemmKernel::avx2;
+  if (const char* env = std::getenv("GNH_HOST_GEMM")) {
+    const std::string v(env);
+    if (v == "vendor") return GemmKernel::none;
+    if (v == "avx2" && supported(GemmKernel::avx2)) return GemmKernel::avx2;
+    if (v == "avx512" && supported(GemmKernel::avx512)) return GemmKernel::avx512;
+  }
+  return best;
+}
+
+}  // namespace
+
+bool supported(GemmKernel k) {
+#ifdef GNH_HOST_GEMM_X86
+  if (k == GemmKernel::avx512) return __builtin_cpu_supports("avx512f");
+  if (k == GemmKernel::avx2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  (void)k;
+#endif
+  return false;
+}
+
+const char* name(GemmKernel k) {
+  switch (k) {
+    case GemmKernel::avx512: return "avx512";
+    case GemmKernel::avx2: return "avx2";
+    default: return "vendor";
+  }
+}
+
+GemmKernel selected_kernel() {
+  static const GemmKernel k = detect();
+  return k;
+}
+
+bool sgemm_using(GemmKernel kernel, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                 const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+                 std::int64_t ldc) {
+  if (kernel == GemmKernel::none || !supported(kernel)) return false;
+  if (m <= 0 || n <= 0) return true;
+  if (k <= 0) {
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+    return true;
+  }
+#ifdef GNH_HOST_GEMM_X86
+  if (kernel == GemmKernel::avx512)
+    blocked<MR512, NR512>(micro_avx512, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+  else
+    blocked<MR256, NR256>(micro_avx2, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+  return true;
+#else
+  (void)ta, (void)tb, (void)alpha, (void)A, (void)lda, (void)B, (void)ldb;
+  return false;
+#endif
+}
+
+bool sgemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* A,
+           std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
+  return sgemm_using(selected_kernel(), ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+}  // namespace gnh::kernels::host

@@ -1,0 +1,173 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// gnh's host sgemm (kernels/host_gemm.cpp) against a double reference, for
+// every kernel this CPU supports, at sizes that hit every edge of its blocking.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kernels/blas.hpp"
+#include "kernels/host_gemm.hpp"
+
+using namespace gnh;
+using namespace gnh::kernels;
+
+namespace {
+
+struct Problem {
+  bool ta, tb;
+  std::int64_t m, n, k, lda, ldb, ldc;
+  float alpha, beta;
+  std::vector<float> A, B, C0;
+};
+
+Problem make(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, float beta,
+             std::int64_t pad, unsigned seed) {
+  Problem p{ta, tb, m, n, k, 0, 0, 0, alpha, beta, {}, {}, {}};
+  p.lda = (ta ? m : k) + pad;
+  p.ldb = (tb ? k : n) + pad;
+  p.ldc = n + pad;
+  std::mt19937 g(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  p.A.resize(std::size_t((ta ? k : m) * p.lda));
+  p.B.resize(std::size_t((tb ? n : k) * p.ldb));
+  p.C0.resize(std::size_t(m * p.ldc));
+  for (auto& x : p.A) x = u(g);
+  for (auto& x : p.B) x = u(g);
+  for (auto& x : p.C0) x = beta == 0.0f ? std::numeric_limits<float>::quiet_NaN() : u(g);
+  return p;
+}
+
+float a_at(const Problem& p, std::int64_t i, std::int64_t q) { return p.ta ? p.A[q * p.lda + i] : p.A[i * p.lda + q]; }
+float b_at(const Problem& p, std::int64_t q, std::int64_t j) { return p.tb ? p.B[j * p.ldb + q] : p.B[q * p.ldb + j]; }
+
+// Checks C against the double-precision product. Bound: a k-term FMA chain in
+// float has error <= k u sum|a b| (u = 2^-24, first order), and the alpha and
+// beta updates add 3 more roundings of terms bounded by |alpha| sum|a b| and
+// |beta c|; the padding between rows must be untouched.
+void check(const Problem& p, const std::vector<float>& C) {
+  const double u = std::ldexp(1.0, -24);
+  for (std::int64_t i = 0; i < p.m; ++i) {
+    for (std::int64_t j = 0; j < p.n; ++j) {
+      double s = 0, sa = 0;
+      for (std::int64_t q = 0; q < p.k; ++q) {
+        const double t = double(a_at(p, i, q)) * double(b_at(p, q, j));
+        s += t;
+        sa += std::fabs(t);
+      }
+      const double c0 = p.C0[i * p.ldc + j];
+      const double ref = p.alpha * s + (p.beta == 0.0f ? 0.0 : p.beta * c0);
+      const double tol = (p.k + 3) * u * (std::fabs(p.alpha) * sa + (p.beta == 0.0f ? 0.0 : std::fabs(p.beta * c0)));
+      const double got = C[i * p.ldc + j];
+      INFO("m " << p.m << " n " << p.n << " k " << p.k << " ta " << p.ta << " tb " << p.tb << " at " << i << "," << j);
+      REQUIRE(std::isfinite(got));
+      REQUIRE(std::fabs(got - ref) <= tol);
+    }
+    for (std::int64_t j = p.n; j < p.ldc; ++j) {
+      const float before = p.C0[i * p.ldc + j], after = C[i * p.ldc + j];
+      REQUIRE(std::memcmp(&before, &after, sizeof(float)) == 0);
+    }
+  }
+}
+
+std::vector<float> run(host::GemmKernel kernel, const Problem& p) {
+  std::vector<float> C = p.C0;
+  REQUIRE(host::sgemm_using(kernel, p.ta, p.tb, p.m, p.n, p.k, p.alpha, p.A.data(), p.lda, p.B.data(), p.ldb,
+                            p.beta, C.data(), p.ldc));
+  return C;
+}
+
+std::vector<host::GemmKernel> kernels_here() {
+  std::vector<host::GemmKernel> ks;
+  for (auto k : {host::GemmKernel::avx2, host::GemmKernel::avx512})
+    if (host::supported(k)) ks.push_back(k);
+  return ks;
+}
+
+}  // namespace
+
+TEST_CASE("host sgemm matches the double product at blocking edges", "[host_gemm]") {
+  const auto ks = kernels_here();
+  if (ks.empty()) {
+    // No x86 vector kernel on this CPU: the entry point must decline, so that
+    // every caller takes the vendor BLAS.
+    REQUIRE_FALSE(host::sgemm_using(host::GemmKernel::avx512, false, false, 1, 1, 1, 1.0f, nullptr, 1, nullptr,
+                                    1, 0.0f, nullptr, 1));
+    return;
+  }
+  unsigned seed = 1;
+  // Sizes around the register tiles (6/12 rows, 16/32 columns), the packed
+  // blocks (MC 120 rows, KC 256 deep) and one NC (2048 columns) crossing.
+  const std::int64_t dims[][3] = {{1, 1, 1},   {5, 7, 3},    {12, 32, 1},  {13, 33, 17}, {6, 16, 256},
+                                  {121, 47, 257}, {240, 64, 513}, {31, 2049, 9}, {7, 130, 600}};
+  for (auto kernel : ks) {
+    for (const auto& d : dims)
+      for (int t = 0; t < 4; ++t) {
+        const bool ta = t & 1, tb = t & 2;
+        for (const auto& ab : {std::pair<float, float>{1.0f, 0.0f}, {0.5f, 1.0f}, {-1.5f, 0.25f}}) {
+          const Problem p = make(ta, tb, d[0], d[1], d[2], ab.first, ab.second, (seed % 3) * 5, seed);
+          ++seed;
+          check(p, run(kernel, p));
+        }
+      }
+  }
+}
+
+TEST_CASE("host sgemm: a row's result does not depend on the rows around it", "[host_gemm]") {
+  // The same C(i,:) whether it is computed alone or inside a larger block,
+  // bit for bit: what makes results independent of batch size and padding.
+  for (auto kernel : kernels_here()) {
+    for (int t = 0; t < 4; ++t) {
+      const Problem p = make(t & 1, t & 2, 131, 77, 300, 1.0f, 0.0f, 0, 99 + t);
+      const std::vector<float> C = run(kernel, p);
+      for (std::int64_t i : {0, 11, 12, 119, 120, 130}) {
+        // One row: op(A) restricted to row i, the same op(B).
+        Problem r = p;
+        r.m = 1;
+        if (p.ta) {  // A stored (k, m): take column i
+          r.lda = 1;
+          r.A.assign(std::size_t(p.k), 0.0f);
+          for (std::int64_t q = 0; q < p.k; ++q) r.A[q] = p.A[q * p.lda + i];
+        } else {
+          r.A.assign(p.A.begin() + i * p.lda, p.A.begin() + (i + 1) * p.lda);
+        }
+        r.C0.assign(std::size_t(p.ldc), std::numeric_limits<float>::quiet_NaN());
+        const std::vector<float> Ci = run(kernel, r);
+        REQUIRE(std::memcmp(Ci.data(), C.data() + i * p.ldc, sizeof(float) * p.n) == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("host sgemm: the AVX2 and AVX-512 kernels agree bit for bit", "[host_gemm]") {
+  // Both accumulate each C(i,j) as one FMA chain over the same KC blocks.
+  if (!host::supported(host::GemmKernel::avx2) || !host::supported(host::GemmKernel::avx512)) return;
+  for (int t = 0; t < 4; ++t) {
+    const Problem p = make(t & 1, t & 2, 97, 301, 530, 0.75f, 0.5f, 3, 7 + t);
+    const auto a = run(host::GemmKernel::avx2, p), b = run(host::GemmKernel::avx512, p);
+    REQUIRE(std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) == 0);
+  }
+}
+
+TEST_CASE("gnh::kernels::gemm on float views agrees with the vendor BLAS", "[host_gemm]") {
+  const ExecSpace space;
+  const index_t m = 70, n = 50, k = 90;
+  View2<float> A("A", m, k), B("B", n, k), C("C", m, n), R("R", m, n);
+  std::mt19937 g(5);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (index_t i = 0; i < m * k; ++i) A.data()[i] = u(g);
+  for (index_t i = 0; i < n * k; ++i) B.data()[i] = u(g);
+  Kokkos::deep_copy(C, std::numeric_limits<float>::quiet_NaN());
+  gemm<float>(space, "N", "T", 1.0f, A, B, 0.0f, C);
+  KokkosBlas::gemm("N", "T", 1.0f, A, B, 0.0f, R);
+  space.fence();
+  for (index_t i = 0; i < m; ++i)
+    for (index_t j = 0; j < n; ++j) {
+      double sa = 0;
+      for (index_t q = 0; q < k; ++q) sa += std::fabs(double(A(i, q)) * B(j, q));
+      // Two float evaluations of the same sum, each within k u sum|ab|.
+      REQUIRE(std::fabs(double(C(i, j)) - R(i, j)) <= 2 * k * std::ldexp(1.0, -24) * sa);
+    }
+}

@@ -16,7 +16,10 @@
 #pragma once
 #include "core/bf16.hpp"
 #include "core/planes.hpp"
+#include "kernels/attention_host.hpp"
 #include "kernels/check.hpp"
+
+#include <type_traits>
 
 namespace gnh::kernels {
 
@@ -24,6 +27,18 @@ namespace gnh::kernels {
 template <class S>
 KOKKOS_INLINE_FUNCTION S operand(const S& x, bool bf16) {
   return bf16 ? round_bf16(x) : x;
+}
+
+// Whether the tiled host kernels (attention_host.hpp) take this call: FP32 on a
+// one-thread host space with a host sgemm, outside bf16-amp (whose operand
+// rounding lives in the portable kernels).
+template <class S>
+bool use_host_attention(const ExecSpace& space, bool bf16) {
+  if constexpr (std::is_same_v<base_t<S>, float> && std::is_same_v<ExecSpace, Kokkos::DefaultHostExecutionSpace> &&
+                Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible)
+    return !bf16 && space.concurrency() == 1 && host::attention_available();
+  (void)space, (void)bf16;
+  return false;
 }
 
 template <class S>
@@ -37,6 +52,17 @@ void attention_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>
   require_extent("gnh::attention::forward", "qkv cols", qkv.cols(), 3 * C);
   require_extent("gnh::attention::forward", "lse", lse.v.extent(0), B * H * Tc);
   require_extent("gnh::attention::forward", "n_head * head_size", H * hs, C);
+  if constexpr (std::is_same_v<T, float> && !std::is_same_v<S, Dual<T>>) {
+    if (use_host_attention<S>(space, bf16)) {
+      space.fence();
+      if constexpr (std::is_same_v<S, T>)
+        host::attention_forward(y.v.data(), lse.v.data(), qkv.v.data(), B, Tc, H, hs);
+      else
+        host::attention_forward_jet2(y.v.data(), y.d.data(), y.dd.data(), lse.v.data(), lse.d.data(), lse.dd.data(),
+                                     qkv.v.data(), qkv.d.data(), qkv.dd.data(), K, B, Tc, H, hs);
+      return;
+    }
+  }
   const T scale = T(1) / kmath::sqrt(T(hs));
   // The matrix-multiply operands (q, k for the scores; p, v for the output)
   // are rounded to bfloat16 under bf16-amp; scores and softmax stay FP32.
@@ -109,6 +135,14 @@ void attention_reverse(const ExecSpace& space, Act2<base_t<S>> dqkv, Act1<base_t
   require_extent("gnh::attention::reverse", "dqkv rows", dqkv.rows(), B * Tc);
   require_extent("gnh::attention::reverse", "dy rows", dy.rows(), B * Tc);
   require_extent("gnh::attention::reverse", "D", D.v.extent(0), B * H * Tc);
+  if constexpr (std::is_same_v<S, float>) {
+    if (use_host_attention<S>(space, bf16)) {
+      space.fence();
+      host::attention_reverse(dqkv.v.data(), D.v.data(), dy.v.data(), qkv.v.data(), y.v.data(), lse.v.data(), B, Tc,
+                              H, hs);
+      return;
+    }
+  }
   const T scale = T(1) / kmath::sqrt(T(hs));
   // p_ts and ds_ts for query row nq (index iq into lse/D) and key row ns.
   Kokkos::parallel_for(

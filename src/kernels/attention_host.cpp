@@ -1,0 +1,170 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Tiled attention on the host sgemm; see attention_host.hpp. With s = scale q.k,
+// p = softmax(s), y = sum p v, and a direction's first and second derivatives
+// written with one and two dots:
+//   lse' = sum p s',  lse'' = sum p (s'' + s'^2) - lse'^2
+//   p'   = p (s' - lse'),  p'' = p ((s' - lse')^2 + s'' - lse'')
+//   y'   = P' V + P V',  y'' = P'' V + 2 P' V' + P V''
+// Masked entries (key after query) have p = 0, and so p' = p'' = 0.
+#include "kernels/attention_host.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/host_gemm.hpp"
+
+namespace gnh::kernels::host {
+
+namespace {
+
+constexpr std::int64_t TQ = 64;  // query rows per tile: scratch is TQ x T per buffer
+
+void mm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* A,
+        std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
+  sgemm(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+struct Geometry {
+  std::int64_t B, T, H, hs, C, ld;
+  float scale;
+  Geometry(std::int64_t B_, std::int64_t T_, std::int64_t H_, std::int64_t hs_)
+      : B(B_), T(T_), H(H_), hs(hs_), C(H_ * hs_), ld(3 * H_ * hs_), scale(1.0f / std::sqrt(float(hs_))) {}
+  // Offsets into a qkv plane of the tile's queries, and of its batch's keys and values.
+  std::int64_t q(std::int64_t b, std::int64_t h, std::int64_t t0) const { return (b * T + t0) * ld + h * hs; }
+  std::int64_t k(std::int64_t b, std::int64_t h) const { return b * T * ld + C + h * hs; }
+  std::int64_t v(std::int64_t b, std::int64_t h) const { return b * T * ld + 2 * C + h * hs; }
+  std::int64_t y(std::int64_t b, std::int64_t h, std::int64_t t0) const { return (b * T + t0) * C + h * hs; }
+  std::int64_t row(std::int64_t b, std::int64_t h, std::int64_t t) const { return (b * H + h) * T + t; }
+};
+
+// Scores of a tile into S (tq x t1), then p = exp(s - lse) in place with the
+// masked entries zeroed. With lse == nullptr, the row's lse is computed and
+// returned in lse_out; otherwise it is read from lse.
+void softmax_rows(float* S, std::int64_t tq, std::int64_t t0, std::int64_t t1, const float* lse_in, float* lse_out) {
+  for (std::int64_t r = 0; r < tq; ++r) {
+    float* row = S + r * t1;
+    const std::int64_t n = t0 + r + 1;  // keys 0..t
+    float L;
+    if (lse_in) {
+      L = lse_in[r];
+    } else {
+      float m = row[0];
+      for (std::int64_t s = 1; s < n; ++s) m = std::max(m, row[s]);
+      float l = 0.0f;
+      for (std::int64_t s = 0; s < n; ++s) l += std::exp(row[s] - m);
+      L = std::log(l) + m;
+      lse_out[r] = L;
+    }
+    for (std::int64_t s = 0; s < n; ++s) row[s] = std::exp(row[s] - L);
+    for (std::int64_t s = n; s < t1; ++s) row[s] = 0.0f;
+  }
+}
+
+}  // namespace
+
+bool attention_available() { return selected_kernel() != GemmKernel::none; }
+
+void attention_forward(float* y, float* lse, const float* qkv, std::int64_t B, std::int64_t T, std::int64_t H,
+                       std::int64_t hs) {
+  const Geometry g(B, T, H, hs);
+  std::vector<float> S(std::size_t(std::min(TQ, T) * T));
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t t0 = 0; t0 < T; t0 += TQ) {
+        const std::int64_t t1 = std::min(t0 + TQ, T), tq = t1 - t0;
+        mm(false, true, tq, t1, hs, g.scale, qkv + g.q(b, h, t0), g.ld, qkv + g.k(b, h), g.ld, 0.0f, S.data(), t1);
+        softmax_rows(S.data(), tq, t0, t1, nullptr, lse + g.row(b, h, t0));
+        mm(false, false, tq, hs, t1, 1.0f, S.data(), t1, qkv + g.v(b, h), g.ld, 0.0f, y + g.y(b, h, t0), g.C);
+      }
+}
+
+void attention_forward_jet2(float* y, float* yd, float* ydd, float* lse, float* lsed, float* lsedd,
+                            const float* qkv, const float* qkvd, const float* qkvdd, std::int64_t K,
+                            std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs) {
+  const Geometry g(B, T, H, hs);
+  const std::int64_t N = B * T, tile = std::min(TQ, T) * T;
+  std::vector<float> buf(std::size_t(3 * tile));
+  float *P = buf.data(), *Pd = P + tile, *Pdd = Pd + tile;
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t t0 = 0; t0 < T; t0 += TQ) {
+        const std::int64_t t1 = std::min(t0 + TQ, T), tq = t1 - t0;
+        const std::int64_t oq = g.q(b, h, t0), ok = g.k(b, h), ov = g.v(b, h), oy = g.y(b, h, t0);
+        const std::int64_t orow = g.row(b, h, t0);
+        mm(false, true, tq, t1, hs, g.scale, qkv + oq, g.ld, qkv + ok, g.ld, 0.0f, P, t1);
+        softmax_rows(P, tq, t0, t1, nullptr, lse + orow);
+        mm(false, false, tq, hs, t1, 1.0f, P, t1, qkv + ov, g.ld, 0.0f, y + oy, g.C);
+        for (std::int64_t k = 0; k < K; ++k) {
+          const float* d = qkvd + k * N * g.ld;
+          const float* dd = qkvdd + k * N * g.ld;
+          // s' and s''.
+          mm(false, true, tq, t1, hs, g.scale, d + oq, g.ld, qkv + ok, g.ld, 0.0f, Pd, t1);
+          mm(false, true, tq, t1, hs, g.scale, qkv + oq, g.ld, d + ok, g.ld, 1.0f, Pd, t1);
+          mm(false, true, tq, t1, hs, g.scale, dd + oq, g.ld, qkv + ok, g.ld, 0.0f, Pdd, t1);
+          mm(false, true, tq, t1, hs, 2.0f * g.scale, d + oq, g.ld, d + ok, g.ld, 1.0f, Pdd, t1);
+          mm(false, true, tq, t1, hs, g.scale, qkv + oq, g.ld, dd + ok, g.ld, 1.0f, Pdd, t1);
+          for (std::int64_t r = 0; r < tq; ++r) {
+            const float* p = P + r * t1;
+            float* sd = Pd + r * t1;
+            float* sdd = Pdd + r * t1;
+            float l1 = 0.0f, l2 = 0.0f;
+            for (std::int64_t s = 0; s < t1; ++s) {
+              l1 += p[s] * sd[s];
+              l2 += p[s] * (sdd[s] + sd[s] * sd[s]);
+            }
+            l2 -= l1 * l1;
+            for (std::int64_t s = 0; s < t1; ++s) {
+              const float e = sd[s] - l1;
+              sdd[s] = p[s] * (e * e + sdd[s] - l2);
+              sd[s] = p[s] * e;
+            }
+            lsed[k * B * H * T + orow + r] = l1;
+            lsedd[k * B * H * T + orow + r] = l2;
+          }
+          float* yk = yd + k * N * g.C;
+          float* ykk = ydd + k * N * g.C;
+          mm(false, false, tq, hs, t1, 1.0f, Pd, t1, qkv + ov, g.ld, 0.0f, yk + oy, g.C);
+          mm(false, false, tq, hs, t1, 1.0f, P, t1, d + ov, g.ld, 1.0f, yk + oy, g.C);
+          mm(false, false, tq, hs, t1, 1.0f, Pdd, t1, qkv + ov, g.ld, 0.0f, ykk + oy, g.C);
+          mm(false, false, tq, hs, t1, 2.0f, Pd, t1, d + ov, g.ld, 1.0f, ykk + oy, g.C);
+          mm(false, false, tq, hs, t1, 1.0f, P, t1, dd + ov, g.ld, 1.0f, ykk + oy, g.C);
+        }
+      }
+}
+
+void attention_reverse(float* dqkv, float* D, const float* dy, const float* qkv, const float* y,
+                       const float* lse, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs) {
+  const Geometry g(B, T, H, hs);
+  const std::int64_t tile = std::min(TQ, T) * T;
+  std::vector<float> buf(std::size_t(2 * tile));
+  float *P = buf.data(), *dS = P + tile;
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h) {
+      const std::int64_t ok = g.k(b, h), ov = g.v(b, h);
+      for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t c = 0; c < hs; ++c) dqkv[ok + t * g.ld + c] = dqkv[ov + t * g.ld + c] = 0.0f;
+      for (std::int64_t t0 = 0; t0 < T; t0 += TQ) {
+        const std::int64_t t1 = std::min(t0 + TQ, T), tq = t1 - t0;
+        const std::int64_t oq = g.q(b, h, t0), oy = g.y(b, h, t0), orow = g.row(b, h, t0);
+        mm(false, true, tq, t1, hs, g.scale, qkv + oq, g.ld, qkv + ok, g.ld, 0.0f, P, t1);
+        softmax_rows(P, tq, t0, t1, lse + orow, nullptr);
+        mm(false, true, tq, t1, hs, 1.0f, dy + oy, g.C, qkv + ov, g.ld, 0.0f, dS, t1);
+        for (std::int64_t r = 0; r < tq; ++r) {
+          const float* dyr = dy + oy + r * g.C;
+          const float* yr = y + oy + r * g.C;
+          float Dt = 0.0f;
+          for (std::int64_t c = 0; c < hs; ++c) Dt += dyr[c] * yr[c];
+          D[orow + r] = Dt;
+          const float* p = P + r * t1;
+          float* ds = dS + r * t1;
+          for (std::int64_t s = 0; s < t1; ++s) ds[s] = p[s] * (ds[s] - Dt) * g.scale;
+        }
+        mm(false, false, tq, hs, t1, 1.0f, dS, t1, qkv + ok, g.ld, 0.0f, dqkv + oq, g.ld);
+        mm(true, false, t1, hs, tq, 1.0f, dS, t1, qkv + oq, g.ld, 1.0f, dqkv + ok, g.ld);
+        mm(true, false, t1, hs, tq, 1.0f, P, t1, dy + oy, g.C, 1.0f, dqkv + ov, g.ld);
+      }
+    }
+}
+
+}  // namespace gnh::kernels::host

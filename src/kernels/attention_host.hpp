@@ -1,0 +1,34 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Tiled causal attention for one-thread host execution on FP32 data, built on
+// the host sgemm (host_gemm.hpp): per (batch, head) and per tile of TQ query
+// rows, the scores of the tile against its keys go through GEMMs into a TQ x T
+// scratch block (never T x T), the softmax is applied row by row, and the
+// outputs come from GEMMs again. The same quantities as attention.hpp's
+// portable kernels (which it replaces when available), to rounding.
+//
+// Layouts as in attention.hpp: qkv rows (ld 3C) = [q | k | v], head h owns
+// columns h*hs..; y, dy rows (ld C); lse, D indexed (b*H + h)*T + t. Tangent
+// planes are (K, N, cols) blocks, direction k at offset k*N*cols.
+#pragma once
+#include <cstdint>
+
+namespace gnh::kernels::host {
+
+// Whether the tiled kernels can run (a host sgemm kernel is selected).
+bool attention_available();
+
+// Primal forward: y, lse from qkv.
+void attention_forward(float* y, float* lse, const float* qkv, std::int64_t B, std::int64_t T, std::int64_t H,
+                       std::int64_t hs);
+
+// Second-order forward for K directions: planes v, d (K blocks), dd (K blocks)
+// of y and lse from those of qkv.
+void attention_forward_jet2(float* y, float* yd, float* ydd, float* lse, float* lsed, float* lsedd,
+                            const float* qkv, const float* qkvd, const float* qkvdd, std::int64_t K,
+                            std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs);
+
+// Primal reverse: dqkv (overwritten) and D = rowwise dy.y from dy, qkv, y, lse.
+void attention_reverse(float* dqkv, float* D, const float* dy, const float* qkv, const float* y,
+                       const float* lse, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs);
+
+}  // namespace gnh::kernels::host

@@ -1,0 +1,134 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The tiled FP32 host attention (attention_host.cpp) against the portable
+// kernels of attention.hpp run in double on the same inputs: forward, reverse
+// and second-order forward with several directions, at sizes that cross the
+// 64-row query tiles and are not multiples of them.
+#include <catch2/catch.hpp>
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "kernels/attention.hpp"
+#include "kernels/attention_host.hpp"
+#include "kernels/host_gemm.hpp"
+
+using namespace gnh;
+using namespace gnh::kernels;
+
+namespace {
+
+struct Planes {
+  View1<float> f;
+  View1<double> d;
+};
+
+Planes random_planes(index_t n, std::mt19937& g, float amp) {
+  Planes p{View1<float>("f", n), View1<double>("d", n)};
+  std::uniform_real_distribution<float> u(-amp, amp);
+  for (index_t i = 0; i < n; ++i) {
+    p.f(i) = u(g);
+    p.d(i) = p.f(i);
+  }
+  return p;
+}
+
+template <class T>
+Act2<T> act(const View1<T>& buf, index_t K, index_t N, index_t C, bool tangents, bool second) {
+  Act2<T> a;
+  a.v = Span2<T>(buf.data(), N, C);
+  if (tangents) a.d = Span3<T>(buf.data() + N * C, K, N, C);
+  if (second) a.dd = Span3<T>(buf.data() + (1 + K) * N * C, K, N, C);
+  return a;
+}
+template <class T>
+Act1<T> act1(const View1<T>& buf, index_t K, index_t N, bool tangents, bool second) {
+  Act1<T> a;
+  a.v = Span1<T>(buf.data(), N);
+  if (tangents) a.d = Span2<T>(buf.data() + N, K, N);
+  if (second) a.dd = Span2<T>(buf.data() + (1 + K) * N, K, N);
+  return a;
+}
+
+// Float against double, plane by plane (each a block of `len` values): the
+// largest difference within 8 (hs + T) u max(1, max|ref|) of the plane. The
+// float path rounds each score (an hs-term dot), each softmax weight and each
+// output (a T-term sum), each within a few units of u = 2^-24 relative to the
+// magnitudes involved; 8 covers the exp/log evaluations and the derivative
+// recurrences, which combine a handful of such terms.
+void compare(const View1<float>& got, const View1<double>& ref, index_t planes, index_t len, index_t hs, index_t T,
+             const char* what) {
+  const double u = std::ldexp(1.0, -24);
+  for (index_t p = 0; p < planes; ++p) {
+    double scale = 1, err = 0;
+    for (index_t i = 0; i < len; ++i) scale = std::max(scale, std::fabs(ref(p * len + i)));
+    for (index_t i = 0; i < len; ++i) {
+      REQUIRE(std::isfinite(got(p * len + i)));
+      err = std::max(err, std::fabs(got(p * len + i) - ref(p * len + i)));
+    }
+    INFO(what << " plane " << p << " max error " << err << " scale " << scale);
+    REQUIRE(err <= 8.0 * double(hs + T) * u * scale);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("tiled host attention equals the portable kernels to rounding", "[attention][host]") {
+  if (!host::supported(host::GemmKernel::avx2) && !host::supported(host::GemmKernel::avx512)) {
+    REQUIRE_FALSE(host::attention_available());
+    return;
+  }
+  // On a CPU with a host sgemm the float calls below must take the tiled path.
+  REQUIRE(host::attention_available());
+  const ExecSpace space;
+  for (const auto& shape : {std::array<index_t, 4>{2, 150, 3, 8}, std::array<index_t, 4>{1, 64, 2, 32},
+                            std::array<index_t, 4>{3, 5, 1, 4}}) {
+    const index_t B = shape[0], T = shape[1], H = shape[2], hs = shape[3], C = H * hs, N = B * T, K = 3;
+    const index_t R = B * H * T;
+    INFO("B " << B << " T " << T << " H " << H << " hs " << hs);
+    std::mt19937 g(unsigned(B * 1000 + T));
+    // Planes: value, K tangents, K second-order. Amplitude 1.5 gives scores up
+    // to ~1.5^2 sqrt(hs), so the softmax is far from uniform.
+    Planes qkv = random_planes((1 + 2 * K) * N * 3 * C, g, 1.5f);
+    Planes dy = random_planes(N * C, g, 1.0f);
+
+    SECTION("forward") {
+      View1<float> y("y", N * C), lse("lse", R);
+      View1<double> yr("yr", N * C), lser("lser", R);
+      Kokkos::deep_copy(y, std::nanf(""));
+      attention_forward<float>(space, act(y, K, N, C, false, false), act1(lse, K, R, false, false),
+                               act(qkv.f, K, N, 3 * C, false, false), B, T, int(H));
+      attention_forward<double>(space, act(yr, K, N, C, false, false), act1(lser, K, R, false, false),
+                                act(qkv.d, K, N, 3 * C, false, false), B, T, int(H));
+      compare(y, yr, 1, N * C, hs, T, "y");
+      compare(lse, lser, 1, R, hs, T, "lse");
+    }
+    SECTION("second-order forward, three directions") {
+      View1<float> y("y", (1 + 2 * K) * N * C), lse("lse", (1 + 2 * K) * R);
+      View1<double> yr("yr", (1 + 2 * K) * N * C), lser("lser", (1 + 2 * K) * R);
+      Kokkos::deep_copy(y, std::nanf(""));
+      attention_forward<Jet2<float>>(space, act(y, K, N, C, true, true), act1(lse, K, R, true, true),
+                                     act(qkv.f, K, N, 3 * C, true, true), B, T, int(H));
+      attention_forward<Jet2<double>>(space, act(yr, K, N, C, true, true), act1(lser, K, R, true, true),
+                                      act(qkv.d, K, N, 3 * C, true, true), B, T, int(H));
+      compare(y, yr, 1 + 2 * K, N * C, hs, T, "y planes");
+      compare(lse, lser, 1 + 2 * K, R, hs, T, "lse planes");
+    }
+    SECTION("reverse") {
+      View1<float> y("y", N * C), lse("lse", R), dqkv("dqkv", N * 3 * C), D("D", R);
+      View1<double> yr("yr", N * C), lser("lser", R), dqkvr("dqkvr", N * 3 * C), Dr("Dr", R);
+      attention_forward<float>(space, act(y, K, N, C, false, false), act1(lse, K, R, false, false),
+                               act(qkv.f, K, N, 3 * C, false, false), B, T, int(H));
+      attention_forward<double>(space, act(yr, K, N, C, false, false), act1(lser, K, R, false, false),
+                                act(qkv.d, K, N, 3 * C, false, false), B, T, int(H));
+      Kokkos::deep_copy(dqkv, std::nanf(""));
+      attention_reverse<float>(space, act(dqkv, K, N, 3 * C, false, false), act1(D, K, R, false, false),
+                               act(dy.f, K, N, C, false, false), act(qkv.f, K, N, 3 * C, false, false),
+                               act(y, K, N, C, false, false), act1(lse, K, R, false, false), B, T, int(H));
+      attention_reverse<double>(space, act(dqkvr, K, N, 3 * C, false, false), act1(Dr, K, R, false, false),
+                                act(dy.d, K, N, C, false, false), act(qkv.d, K, N, 3 * C, false, false),
+                                act(yr, K, N, C, false, false), act1(lser, K, R, false, false), B, T, int(H));
+      compare(dqkv, dqkvr, 1, N * 3 * C, hs, T, "dqkv");
+      compare(D, Dr, 1, R, hs, T, "D");
+    }
+  }
+}

@@ -52,11 +52,14 @@ void attention_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>
   require_extent("gnh::attention::forward", "qkv cols", qkv.cols(), 3 * C);
   require_extent("gnh::attention::forward", "lse", lse.v.extent(0), B * H * Tc);
   require_extent("gnh::attention::forward", "n_head * head_size", H * hs, C);
-  if constexpr (std::is_same_v<T, float> && !std::is_same_v<S, Dual<T>>) {
+  if constexpr (std::is_same_v<T, float>) {
     if (use_host_attention<S>(space, bf16)) {
       space.fence();
       if constexpr (std::is_same_v<S, T>)
         host::attention_forward(y.v.data(), lse.v.data(), qkv.v.data(), B, Tc, H, hs);
+      else if constexpr (std::is_same_v<S, Dual<T>>)
+        host::attention_forward_dual(y.v.data(), y.d.data(), lse.v.data(), lse.d.data(), qkv.v.data(), qkv.d.data(), K,
+                                     B, Tc, H, hs);
       else
         host::attention_forward_jet2(y.v.data(), y.d.data(), y.dd.data(), lse.v.data(), lse.d.data(), lse.dd.data(),
                                      qkv.v.data(), qkv.d.data(), qkv.dd.data(), K, B, Tc, H, hs);
@@ -135,11 +138,16 @@ void attention_reverse(const ExecSpace& space, Act2<base_t<S>> dqkv, Act1<base_t
   require_extent("gnh::attention::reverse", "dqkv rows", dqkv.rows(), B * Tc);
   require_extent("gnh::attention::reverse", "dy rows", dy.rows(), B * Tc);
   require_extent("gnh::attention::reverse", "D", D.v.extent(0), B * H * Tc);
-  if constexpr (std::is_same_v<S, float>) {
+  if constexpr (std::is_same_v<T, float>) {
     if (use_host_attention<S>(space, bf16)) {
       space.fence();
-      host::attention_reverse(dqkv.v.data(), D.v.data(), dy.v.data(), qkv.v.data(), y.v.data(), lse.v.data(), B, Tc,
-                              H, hs);
+      if constexpr (std::is_same_v<S, T>)
+        host::attention_reverse(dqkv.v.data(), D.v.data(), dy.v.data(), qkv.v.data(), y.v.data(), lse.v.data(), B,
+                                Tc, H, hs);
+      else
+        host::attention_reverse_dual(dqkv.v.data(), dqkv.d.data(), D.v.data(), D.d.data(), dy.v.data(), dy.d.data(),
+                                     qkv.v.data(), qkv.d.data(), y.v.data(), y.d.data(), lse.v.data(), lse.d.data(),
+                                     K, B, Tc, H, hs);
       return;
     }
   }

@@ -168,3 +168,124 @@ void attention_reverse(float* dqkv, float* D, const float* dy, const float* qkv,
 }
 
 }  // namespace gnh::kernels::host
+
+namespace gnh::kernels::host {
+
+void attention_forward_dual(float* y, float* yd, float* lse, float* lsed, const float* qkv, const float* qkvd,
+                            std::int64_t K, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs) {
+  const Geometry g(B, T, H, hs);
+  const std::int64_t N = B * T, R = B * H * T, tile = std::min(TQ, T) * T;
+  std::vector<float> buf(std::size_t(2 * tile));
+  float *P = buf.data(), *Pd = P + tile;
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t t0 = 0; t0 < T; t0 += TQ) {
+        const std::int64_t t1 = std::min(t0 + TQ, T), tq = t1 - t0;
+        const std::int64_t oq = g.q(b, h, t0), ok = g.k(b, h), ov = g.v(b, h), oy = g.y(b, h, t0);
+        const std::int64_t orow = g.row(b, h, t0);
+        mm(false, true, tq, t1, hs, g.scale, qkv + oq, g.ld, qkv + ok, g.ld, 0.0f, P, t1);
+        softmax_rows(P, tq, t0, t1, nullptr, lse + orow);
+        mm(false, false, tq, hs, t1, 1.0f, P, t1, qkv + ov, g.ld, 0.0f, y + oy, g.C);
+        for (std::int64_t k = 0; k < K; ++k) {
+          const float* d = qkvd + k * N * g.ld;
+          mm(false, true, tq, t1, hs, g.scale, d + oq, g.ld, qkv + ok, g.ld, 0.0f, Pd, t1);
+          mm(false, true, tq, t1, hs, g.scale, qkv + oq, g.ld, d + ok, g.ld, 1.0f, Pd, t1);
+          for (std::int64_t r = 0; r < tq; ++r) {
+            const float* p = P + r * t1;
+            float* sd = Pd + r * t1;
+            float l1 = 0.0f;
+            for (std::int64_t s = 0; s < t1; ++s) l1 += p[s] * sd[s];
+            for (std::int64_t s = 0; s < t1; ++s) sd[s] = p[s] * (sd[s] - l1);
+            lsed[k * R + orow + r] = l1;
+          }
+          float* yk = yd + k * N * g.C;
+          mm(false, false, tq, hs, t1, 1.0f, Pd, t1, qkv + ov, g.ld, 0.0f, yk + oy, g.C);
+          mm(false, false, tq, hs, t1, 1.0f, P, t1, d + ov, g.ld, 1.0f, yk + oy, g.C);
+        }
+      }
+}
+
+// With a = dp - D (per element) and its tangent a' = dp' - D':
+//   ds = p a scale,  ds' = (p' a + p a') scale.
+void attention_reverse_dual(float* dqkv, float* dqkvd, float* D, float* Dd, const float* dy, const float* dyd,
+                            const float* qkv, const float* qkvd, const float* y, const float* yd, const float* lse,
+                            const float* lsed, std::int64_t K, std::int64_t B, std::int64_t T, std::int64_t H,
+                            std::int64_t hs) {
+  const Geometry g(B, T, H, hs);
+  const std::int64_t N = B * T, R = B * H * T, tile = std::min(TQ, T) * T;
+  std::vector<float> buf(std::size_t(5 * tile));
+  float *P = buf.data(), *A = P + tile, *Pd = A + tile, *dS = Pd + tile, *dSd = dS + tile;
+  std::vector<float> Dt(std::size_t(std::min(TQ, T)));
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h) {
+      const std::int64_t ok = g.k(b, h), ov = g.v(b, h);
+      for (std::int64_t k = -1; k < K; ++k) {
+        float* out = k < 0 ? dqkv : dqkvd + k * N * g.ld;
+        for (std::int64_t t = 0; t < T; ++t)
+          for (std::int64_t c = 0; c < hs; ++c) out[ok + t * g.ld + c] = out[ov + t * g.ld + c] = 0.0f;
+      }
+      for (std::int64_t t0 = 0; t0 < T; t0 += TQ) {
+        const std::int64_t t1 = std::min(t0 + TQ, T), tq = t1 - t0;
+        const std::int64_t oq = g.q(b, h, t0), oy = g.y(b, h, t0), orow = g.row(b, h, t0);
+        // The primal reverse of the tile; A keeps dp - D for the tangents.
+        mm(false, true, tq, t1, hs, g.scale, qkv + oq, g.ld, qkv + ok, g.ld, 0.0f, P, t1);
+        softmax_rows(P, tq, t0, t1, lse + orow, nullptr);
+        mm(false, true, tq, t1, hs, 1.0f, dy + oy, g.C, qkv + ov, g.ld, 0.0f, A, t1);
+        for (std::int64_t r = 0; r < tq; ++r) {
+          const float* dyr = dy + oy + r * g.C;
+          const float* yr = y + oy + r * g.C;
+          float s = 0.0f;
+          for (std::int64_t c = 0; c < hs; ++c) s += dyr[c] * yr[c];
+          D[orow + r] = Dt[r] = s;
+          const float* p = P + r * t1;
+          float* a = A + r * t1;
+          float* ds = dS + r * t1;
+          for (std::int64_t j = 0; j < t1; ++j) {
+            a[j] -= s;
+            ds[j] = p[j] * a[j] * g.scale;
+          }
+        }
+        mm(false, false, tq, hs, t1, 1.0f, dS, t1, qkv + ok, g.ld, 0.0f, dqkv + oq, g.ld);
+        mm(true, false, t1, hs, tq, 1.0f, dS, t1, qkv + oq, g.ld, 1.0f, dqkv + ok, g.ld);
+        mm(true, false, t1, hs, tq, 1.0f, P, t1, dy + oy, g.C, 1.0f, dqkv + ov, g.ld);
+        for (std::int64_t k = 0; k < K; ++k) {
+          const float* qd = qkvd + k * N * g.ld;
+          const float* dyk = dyd + k * N * g.C;
+          const float* yk = yd + k * N * g.C;
+          float* out = dqkvd + k * N * g.ld;
+          // p' = p (s' - lse'), with s' = scale (q' k + q k').
+          mm(false, true, tq, t1, hs, g.scale, qd + oq, g.ld, qkv + ok, g.ld, 0.0f, Pd, t1);
+          mm(false, true, tq, t1, hs, g.scale, qkv + oq, g.ld, qd + ok, g.ld, 1.0f, Pd, t1);
+          // dp' = dy' v + dy v'.
+          mm(false, true, tq, t1, hs, 1.0f, dyk + oy, g.C, qkv + ov, g.ld, 0.0f, dSd, t1);
+          mm(false, true, tq, t1, hs, 1.0f, dy + oy, g.C, qd + ov, g.ld, 1.0f, dSd, t1);
+          for (std::int64_t r = 0; r < tq; ++r) {
+            const float* dyr = dy + oy + r * g.C;
+            const float* dykr = dyk + oy + r * g.C;
+            const float* yr = y + oy + r * g.C;
+            const float* ykr = yk + oy + r * g.C;
+            float s = 0.0f;
+            for (std::int64_t c = 0; c < hs; ++c) s += dykr[c] * yr[c] + dyr[c] * ykr[c];
+            Dd[k * R + orow + r] = s;
+            const float L1 = lsed[k * R + orow + r];
+            const float* p = P + r * t1;
+            const float* a = A + r * t1;
+            float* pd = Pd + r * t1;
+            float* dsd = dSd + r * t1;
+            for (std::int64_t j = 0; j < t1; ++j) {
+              pd[j] = p[j] * (pd[j] - L1);
+              dsd[j] = (pd[j] * a[j] + p[j] * (dsd[j] - s)) * g.scale;
+            }
+          }
+          mm(false, false, tq, hs, t1, 1.0f, dSd, t1, qkv + ok, g.ld, 0.0f, out + oq, g.ld);
+          mm(false, false, tq, hs, t1, 1.0f, dS, t1, qd + ok, g.ld, 1.0f, out + oq, g.ld);
+          mm(true, false, t1, hs, tq, 1.0f, dSd, t1, qkv + oq, g.ld, 1.0f, out + ok, g.ld);
+          mm(true, false, t1, hs, tq, 1.0f, dS, t1, qd + oq, g.ld, 1.0f, out + ok, g.ld);
+          mm(true, false, t1, hs, tq, 1.0f, Pd, t1, dy + oy, g.C, 1.0f, out + ov, g.ld);
+          mm(true, false, t1, hs, tq, 1.0f, P, t1, dyk + oy, g.C, 1.0f, out + ov, g.ld);
+        }
+      }
+    }
+}
+
+}  // namespace gnh::kernels::host

@@ -27,6 +27,17 @@ void attention_forward_jet2(float* y, float* yd, float* ydd, float* lse, float* 
                             const float* qkv, const float* qkvd, const float* qkvdd, std::int64_t K,
                             std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs);
 
+// Tangent forward for K directions: planes v, d of y and lse.
+void attention_forward_dual(float* y, float* yd, float* lse, float* lsed, const float* qkv, const float* qkvd,
+                            std::int64_t K, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs);
+
+// Tangent of the reverse for K directions: planes v, d of dqkv (overwritten)
+// and D from those of dy, qkv, y and lse.
+void attention_reverse_dual(float* dqkv, float* dqkvd, float* D, float* Dd, const float* dy, const float* dyd,
+                            const float* qkv, const float* qkvd, const float* y, const float* yd, const float* lse,
+                            const float* lsed, std::int64_t K, std::int64_t B, std::int64_t T, std::int64_t H,
+                            std::int64_t hs);
+
 // Primal reverse: dqkv (overwritten) and D = rowwise dy.y from dy, qkv, y, lse.
 void attention_reverse(float* dqkv, float* D, const float* dy, const float* qkv, const float* y,
                        const float* lse, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs);

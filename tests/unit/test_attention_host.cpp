@@ -113,6 +113,37 @@ TEST_CASE("tiled host attention equals the portable kernels to rounding", "[atte
       compare(y, yr, 1 + 2 * K, N * C, hs, T, "y planes");
       compare(lse, lser, 1 + 2 * K, R, hs, T, "lse planes");
     }
+    SECTION("tangent forward, three directions") {
+      View1<float> y("y", (1 + K) * N * C), lse("lse", (1 + K) * R);
+      View1<double> yr("yr", (1 + K) * N * C), lser("lser", (1 + K) * R);
+      Kokkos::deep_copy(y, std::nanf(""));
+      attention_forward<Dual<float>>(space, act(y, K, N, C, true, false), act1(lse, K, R, true, false),
+                                     act(qkv.f, K, N, 3 * C, true, false), B, T, int(H));
+      attention_forward<Dual<double>>(space, act(yr, K, N, C, true, false), act1(lser, K, R, true, false),
+                                      act(qkv.d, K, N, 3 * C, true, false), B, T, int(H));
+      compare(y, yr, 1 + K, N * C, hs, T, "y planes");
+      compare(lse, lser, 1 + K, R, hs, T, "lse planes");
+    }
+    SECTION("tangent of the reverse, three directions") {
+      Planes dyk = random_planes((1 + K) * N * C, g, 1.0f);
+      View1<float> y("y", (1 + K) * N * C), lse("lse", (1 + K) * R), dqkv("dqkv", (1 + K) * N * 3 * C),
+          D("D", (1 + K) * R);
+      View1<double> yr("yr", (1 + K) * N * C), lser("lser", (1 + K) * R), dqkvr("dqkvr", (1 + K) * N * 3 * C),
+          Dr("Dr", (1 + K) * R);
+      attention_forward<Dual<float>>(space, act(y, K, N, C, true, false), act1(lse, K, R, true, false),
+                                     act(qkv.f, K, N, 3 * C, true, false), B, T, int(H));
+      attention_forward<Dual<double>>(space, act(yr, K, N, C, true, false), act1(lser, K, R, true, false),
+                                      act(qkv.d, K, N, 3 * C, true, false), B, T, int(H));
+      Kokkos::deep_copy(dqkv, std::nanf(""));
+      attention_reverse<Dual<float>>(space, act(dqkv, K, N, 3 * C, true, false), act1(D, K, R, true, false),
+                                     act(dyk.f, K, N, C, true, false), act(qkv.f, K, N, 3 * C, true, false),
+                                     act(y, K, N, C, true, false), act1(lse, K, R, true, false), B, T, int(H));
+      attention_reverse<Dual<double>>(space, act(dqkvr, K, N, 3 * C, true, false), act1(Dr, K, R, true, false),
+                                      act(dyk.d, K, N, C, true, false), act(qkv.d, K, N, 3 * C, true, false),
+                                      act(yr, K, N, C, true, false), act1(lser, K, R, true, false), B, T, int(H));
+      compare(dqkv, dqkvr, 1 + K, N * 3 * C, hs, T, "dqkv planes");
+      compare(D, Dr, 1 + K, R, hs, T, "D planes");
+    }
     SECTION("reverse") {
       View1<float> y("y", N * C), lse("lse", R), dqkv("dqkv", N * 3 * C), D("D", R);
       View1<double> yr("yr", N * C), lser("lser", R), dqkvr("dqkvr", N * 3 * C), Dr("Dr", R);

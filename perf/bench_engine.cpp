@@ -1,17 +1,35 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// bench_engine: times one batch of each engine mode on a checkpoint and token
-// file and prints JSON (rates and the context that makes them comparable).
+// bench_engine: times one batch of each engine mode and prints JSON: rates,
+// achieved FLOP/s against an analytic count, this run's measured sgemm rate,
+// peak memory per pass, and the context that makes runs comparable.
 //
-//   bench_engine CKPT.h5 TOKENS.bin --context T --batch B [--directions K,K,...]
-//                [--repeats R] [--precision fp32|fp64]
+//   bench_engine CKPT.h5 TOKENS.bin --context T --batch B [options]   (needs the I/O layer)
+//   bench_engine --synthetic tiny|small|medium|reference|L,H,C,V [--context T] --batch B [options]
 //
-// Each timing fences, warms up once and reports the median of R repeats.
+// options: --directions 1,4,16   directions per primal pass of the curvature passes
+//          --methods second-order-forward,forward-over-reverse
+//          --passes forward,gradient,curvature
+//          --repeats R           timed repeats after one warm-up (median reported)
+//          --precision fp32|fp64|bf16-amp
+//          --plan-only           print the engines' planned workspace bytes per pass, run nothing
+//          --validation          also print loss, G.G and v^T H v (K of the first entry of
+//                                --directions, Rademacher seed 1234) by both methods
+//          --inject-slowdown F   stretch every timed run by F (tests of perf/compare.py)
+//
+// A synthetic model is bias-free, tied, GELU-erf, with N(0, 0.02) weights and
+// unit LayerNorm scales drawn from splitmix64 (the same numbers on every
+// machine), and tokens drawn the same way: what perf/device/run.sh uses, with
+// no checkpoint file and no HDF5. Everything runs on the default execution
+// space; host mirrors feed it.
 #include <sys/resource.h>
 
 #include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -19,19 +37,29 @@
 #include "core/build_info.hpp"
 #include "core/error.hpp"
 #include "core/random.hpp"
+#include "kernels/blas.hpp"
+#include "kernels/host_gemm.hpp"
+#include "model/gpt.hpp"
+#include "model/layout.hpp"
+#ifdef GNH_BENCH_WITH_IO
 #include "io/checkpoint.hpp"
 #include "io/tokens.hpp"
-#include "model/gpt.hpp"
+#endif
 
 using namespace gnh;
 
 namespace {
 
 struct Options {
-  std::string ckpt, tokens, precision = "fp32";
-  index_t context = 64, batch = 4;
-  std::vector<int> K = {1, 8};
+  std::string ckpt, tokens, synthetic, precision = "fp32";
+  index_t context = 0, batch = 4;
+  std::vector<int> K = {1, 4, 16};
+  std::vector<std::string> methods = {"second-order-forward", "forward-over-reverse"};
+  std::vector<std::string> passes = {"forward", "gradient", "curvature"};
   int repeats = 3;
+  bool validation = false;
+  bool plan_only = false;
+  bool has(const std::string& p) const { return std::find(passes.begin(), passes.end(), p) != passes.end(); }
 };
 
 // Test hook for the regression comparison: stretch every timed run by this
@@ -73,65 +101,218 @@ Timing time_repeats(int repeats, F&& f) {
   return t;
 }
 
+// Peak resident memory of the process (bytes), and a reset of it (Linux:
+// writing 5 to clear_refs resets VmHWM), so that each pass reports its own
+// peak. On the host backend this is the engine's memory; on a GPU it is the
+// host side only, and the engine's device memory is workspace_bytes.
 long peak_rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stol(line.substr(6)) * 1024L;
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return u.ru_maxrss * 1024L;
 }
+void reset_peak_rss() {
+  std::ofstream f("/proc/self/clear_refs");
+  if (f) f << "5";
+}
 
-// Forward FLOPs of one batch: 2 * (matmul parameters) per token for the
-// linear layers and the head, plus causal attention (QK^T and PV).
-double forward_flops(const ModelConfig& c, index_t B, index_t T) {
+// Forward FLOPs of one batch, split into the dense layers + head and the
+// causal attention (QK^T and PV over the s <= t pairs).
+struct Flops {
+  double linear = 0, attention = 0;
+  double forward() const { return linear + attention; }
+  // Second-order forward with K directions: each dense product gains two
+  // per direction for the tangent (x'W + xW') and two for the second order
+  // (x''W + 2x'W'; W'' = 0); each attention product two and three.
+  double second_order(int K) const { return linear * (1 + 4.0 * K) + attention * (1 + 5.0 * K); }
+  // Gradient: 3x the forward (a GEMM and its two transposes). Forward-over-
+  // reverse: the gradient, and per direction twice its products again.
+  double gradient() const { return 3 * forward(); }
+  double hvp(int K) const { return gradient() * (1 + 2.0 * K); }
+};
+
+Flops flops_of(const ModelConfig& c, index_t B, index_t T) {
   const double C = c.n_embd, N = double(B * T);
-  const double linear = c.n_layer * 12.0 * C * C + double(c.vocab_size) * C;
-  const double attention = c.n_layer * 2.0 * 2.0 * C * double(T) * double(T + 1) / 2.0 * B;
-  return 2.0 * N * linear + attention;
+  Flops f;
+  f.linear = 2.0 * N * (c.n_layer * 12.0 * C * C + double(c.vocab_size) * C);
+  f.attention = c.n_layer * 2.0 * 2.0 * C * double(T) * double(T + 1) / 2.0 * B;
+  return f;
+}
+
+// sgemm rate of this run, (n x n) * (n x n), through gnh's GEMM entry point
+// (gnh's host kernel where one is selected) and through Kokkos Kernels (the
+// vendor BLAS).
+double sgemm_gflops(index_t n, bool vendor) {
+  View2<float> A("A", n, n), B("B", n, n), C("C", n, n);
+  Kokkos::deep_copy(A, 0.5f);
+  Kokkos::deep_copy(B, 0.25f);
+  const ExecSpace space;
+  auto run = [&] {
+    if (vendor) KokkosBlas::gemm("N", "N", 1.0f, A, B, 0.0f, C);
+    else kernels::gemm<float>(space, "N", "N", 1.0f, A, B, 0.0f, C);
+  };
+  const int reps = std::max(1, int(2e9 / (2.0 * n * n * n)));
+  const Timing t = time_repeats(3, [&] {
+    for (int r = 0; r < reps; ++r) run();
+  });
+  return 2.0 * n * n * n * reps / t.median * 1e-9;
+}
+
+struct Model {
+  ModelConfig config;
+  std::vector<double> params;         // host, flat
+  std::vector<std::int32_t> ids;      // B*T + 1 tokens
+};
+
+std::uint64_t mix(std::uint64_t a, std::uint64_t b) { return splitmix64(a ^ splitmix64(b)); }
+
+Model synthetic(const std::string& spec, index_t B, index_t& T) {
+  static const std::map<std::string, std::vector<int>> presets = {
+      // n_layer, n_head, n_embd, vocab, context (as perf/side_by_side.py)
+      {"tiny", {1, 2, 16, 64, 16}},
+      {"small", {2, 4, 128, 1024, 128}},
+      {"medium", {4, 4, 256, 4096, 256}},
+      {"reference", {8, 5, 320, 32000, 1024}}};
+  std::vector<int> v;
+  if (presets.count(spec)) {
+    v = presets.at(spec);
+  } else {
+    std::stringstream ss(spec);
+    for (std::string x; std::getline(ss, x, ',');) v.push_back(std::stoi(x));
+    if (v.size() != 4) throw Error("--synthetic: expected a preset or n_layer,n_head,n_embd,vocab, got '" + spec + "'");
+    v.push_back(0);
+  }
+  if (T == 0) T = v[4] > 0 ? v[4] : 64;
+  Model m;
+  m.config.n_layer = v[0];
+  m.config.n_head = v[1];
+  m.config.n_embd = v[2];
+  m.config.vocab_size = v[3];
+  m.config.block_size = int(T);
+  m.config.bias = false;
+  m.config.tie_embeddings = true;
+  m.config.validate("--synthetic");
+  const ParamLayout layout(m.config);
+  m.params.assign(std::size_t(layout.size()), 0.0);
+  for (const TensorInfo& t : layout.tensors()) {
+    const bool ln = t.name.find("ln_") != std::string::npos;
+    for (std::int64_t i = 0; i < t.size; ++i) {
+      const std::uint64_t j = std::uint64_t(t.offset + i);
+      if (ln) {
+        m.params[j] = 1.0;
+      } else {  // Box-Muller on two splitmix64 uniforms in (0, 1]
+        const double u1 = (double(mix(1, 2 * j) >> 11) + 1.0) * 0x1p-53;
+        const double u2 = double(mix(1, 2 * j + 1) >> 11) * 0x1p-53;
+        m.params[j] = 0.02 * std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+      }
+    }
+  }
+  m.ids.resize(std::size_t(B * T + 1));
+  for (std::size_t i = 0; i < m.ids.size(); ++i) m.ids[i] = std::int32_t(mix(2, i) % std::uint64_t(m.config.vocab_size));
+  return m;
+}
+
+std::string json_doubles(const std::vector<double>& v) {
+  std::ostringstream s;
+  s.precision(17);
+  s << "[";
+  for (std::size_t i = 0; i < v.size(); ++i) s << (i ? ", " : "") << v[i];
+  return s.str() + "]";
 }
 
 template <class T>
 void run(const Options& o) {
   const ExecSpace space;
   const auto t_setup = std::chrono::steady_clock::now();
-  const Checkpoint ck = read_checkpoint(o.ckpt);
+  index_t Tc = o.context;
+  Model model;
+  if (!o.synthetic.empty()) {
+    model = synthetic(o.synthetic, o.batch, Tc);
+  } else {
+#ifdef GNH_BENCH_WITH_IO
+    const Checkpoint ck = read_checkpoint(o.ckpt);
+    if (Tc == 0) Tc = 64;
+    const TokenFile tf = read_tokens(o.tokens, "uint16", "", ck.config.vocab_size);
+    model.config = ck.config;
+    model.params.assign(ck.params.begin(), ck.params.end());
+    if (index_t(tf.ids.size()) < o.batch * Tc + 1) throw Error("token file too short for one batch");
+    model.ids.assign(tf.ids.begin(), tf.ids.begin() + o.batch * Tc + 1);
+#else
+    throw Error("this bench_engine was built without the I/O layer: use --synthetic");
+#endif
+  }
   const double read_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_setup).count();
-  const TokenFile tf = read_tokens(o.tokens, "uint16", "", ck.config.vocab_size);
-  const index_t P = ParamLayout(ck.config).size(), B = o.batch, Tc = o.context;
-  if (index_t(tf.ids.size()) < B * Tc + 1) throw Error("token file too short for one batch");
+  const ModelConfig& cfg = model.config;
+  const index_t P = ParamLayout(cfg).size(), B = o.batch;
   View1<T> params("params", P);
-  for (index_t i = 0; i < P; ++i) params(i) = static_cast<T>(ck.params[i]);
+  {
+    auto h = Kokkos::create_mirror_view(params);
+    for (index_t i = 0; i < P; ++i) h(i) = static_cast<T>(model.params[i]);
+    Kokkos::deep_copy(params, h);
+  }
   View2<std::int32_t> tokens("tokens", B, Tc), targets("targets", B, Tc);
-  for (index_t b = 0; b < B; ++b)
-    for (index_t t = 0; t < Tc; ++t) {
-      tokens(b, t) = tf.ids[b * Tc + t];
-      targets(b, t) = tf.ids[b * Tc + t + 1];
-    }
-  const double ntok = double(B * Tc), fflops = forward_flops(ck.config, B, Tc);
+  {
+    auto ht = Kokkos::create_mirror_view(tokens);
+    auto hg = Kokkos::create_mirror_view(targets);
+    for (index_t b = 0; b < B; ++b)
+      for (index_t t = 0; t < Tc; ++t) {
+        ht(b, t) = model.ids[b * Tc + t];
+        hg(b, t) = model.ids[b * Tc + t + 1];
+      }
+    Kokkos::deep_copy(tokens, ht);
+    Kokkos::deep_copy(targets, hg);
+  }
+  const double ntok = double(B * Tc);
+  const Flops fl = flops_of(cfg, B, Tc);
   const bool bf16 = o.precision == "bf16-amp";
+  const bool float_run = std::is_same<T, float>::value;
+  const double gemm_rate = float_run ? sgemm_gflops(512, false) : 0.0;
+  const double vendor_rate = float_run ? sgemm_gflops(512, true) : 0.0;
   std::ostringstream js;
   js.precision(6);
   js << "{\n  \"context\": {\"tool\": \"gnh\", \"git_commit\": \"" << git_commit() << "\", \"build\": \""
      << build_configuration() << "\", \"execution_space\": \"" << ExecSpace::name()
      << "\", \"concurrency\": " << ExecSpace().concurrency() << ", \"precision\": \"" << o.precision
-     << "\", \"n_params\": " << P << ", \"batch\": " << B << ", \"seq_len\": " << Tc << "},\n";
-  {
+     << "\", \"model\": \"" << (o.synthetic.empty() ? o.ckpt : "synthetic " + o.synthetic) << "\", \"n_layer\": "
+     << cfg.n_layer << ", \"n_head\": " << cfg.n_head << ", \"n_embd\": " << cfg.n_embd << ", \"vocab_size\": "
+     << cfg.vocab_size << ", \"n_params\": " << P << ", \"batch\": " << B << ", \"seq_len\": " << Tc
+     << ", \"host_gemm\": \"" << kernels::host::name(kernels::host::selected_kernel()) << "\"},\n";
+  js << "  \"sgemm_gflops\": {\"gnh\": " << gemm_rate << ", \"vendor\": " << vendor_rate << ", \"n\": 512},\n";
+  js << "  \"flops_per_batch\": {\"forward\": " << fl.forward() << ", \"attention_share\": "
+     << fl.attention / fl.forward() << "},\n";
+  auto rates = [&](double flops, double t) {
+    std::ostringstream s;
+    s << ", \"gflops\": " << flops / t * 1e-9;
+    if (gemm_rate > 0) s << ", \"fraction_of_sgemm\": " << flops / t * 1e-9 / gemm_rate;
+    return s.str();
+  };
+  std::vector<double> validation;
+  if (o.has("forward")) {
     Shape s;
     s.batch = B;
     s.context = Tc;
     s.bf16 = bf16;
-    Gpt<T> m(ck.config, s);
-    const Timing tm = time_repeats(o.repeats, [&] { m.forward_loss(space, params, tokens, targets); });
+    reset_peak_rss();
+    Gpt<T> m(cfg, s);
+    LossSum loss;
+    const Timing tm = time_repeats(o.repeats, [&] { loss = m.forward_loss(space, params, tokens, targets); });
     const double t = tm.median;
     js << "  \"forward\": {\"seconds\": " << t << ", \"samples\": " << tm.samples_json()
-       << ", \"tokens_per_s\": " << ntok / t << ", \"gflops\": " << fflops / t * 1e-9 << "},\n";
+       << ", \"tokens_per_s\": " << ntok / t << rates(fl.forward(), t) << ", \"workspace_bytes\": "
+       << m.workspace_bytes() << ", \"peak_rss_bytes\": " << peak_rss_bytes() << "},\n";
+    if (o.validation) js << "  \"loss_mean\": " << json_doubles({loss.sum / double(loss.count)}) << ",\n";
   }
-  {
+  if (o.has("gradient")) {
     Shape s;
     s.batch = B;
     s.context = Tc;
     s.reverse = true;
     s.bf16 = bf16;
+    reset_peak_rss();
     const auto t_plan = std::chrono::steady_clock::now();
-    Gpt<T> m(ck.config, s);
+    Gpt<T> m(cfg, s);
     View1<T> grad("grad", P);
     // Group start-up as a run sees it: read the checkpoint, plan an engine.
     const double setup =
@@ -140,42 +321,110 @@ void run(const Options& o) {
     const Timing tm = time_repeats(o.repeats, [&] { m.gradient(space, params, tokens, targets, grad); });
     const double t = tm.median;
     js << "  \"gradient\": {\"seconds\": " << t << ", \"samples\": " << tm.samples_json()
-       << ", \"tokens_per_s\": " << ntok / t
-       << ", \"gflops\": " << 3 * fflops / t * 1e-9 << ", \"workspace_bytes\": " << m.workspace_bytes() << "},\n";
+       << ", \"tokens_per_s\": " << ntok / t << rates(fl.gradient(), t) << ", \"workspace_bytes\": "
+       << m.workspace_bytes() << ", \"peak_rss_bytes\": " << peak_rss_bytes() << "},\n";
+    if (o.validation) {
+      Kokkos::deep_copy(grad, T(0));
+      m.gradient(space, params, tokens, targets, grad);
+      auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), grad);
+      double gg = 0;
+      for (index_t i = 0; i < P; ++i) gg += double(h(i)) * double(h(i));
+      js << "  \"gradient_sum_norm2\": " << json_doubles({gg}) << ",\n";
+    }
   }
   js << "  \"curvature\": [";
   bool first = true;
-  for (int K : o.K) {
-    View2<T> dirs("dirs", K, P);
-    fill_rademacher<T>(space, dirs, 1234, 0);
-    for (const char* method : {"forward-over-reverse", "second-order-forward"}) {
-      Shape s;
-      s.batch = B;
-      s.context = Tc;
-      s.directions = K;
-      s.reverse = std::string(method) == "forward-over-reverse";
-      s.second_order = !s.reverse;
-      s.bf16 = bf16;
-      Gpt<T> m(ck.config, s);
-      View1<T> grad;
-      View2<T> hv;
-      if (s.reverse) {
-        grad = View1<T>("grad", P);
-        hv = View2<T>("hv", K, P);
+  std::map<std::string, std::vector<double>> quad;
+  if (o.has("curvature")) {
+    for (int K : o.K) {
+      View2<T> dirs("dirs", K, P);
+      fill_rademacher<T>(space, dirs, 1234, 0);
+      for (const std::string& method : o.methods) {
+        Shape s;
+        s.batch = B;
+        s.context = Tc;
+        s.directions = K;
+        s.reverse = method == "forward-over-reverse";
+        s.second_order = !s.reverse;
+        s.bf16 = bf16;
+        reset_peak_rss();
+        Gpt<T> m(cfg, s);
+        View1<T> grad;
+        View2<T> hv;
+        if (s.reverse) {
+          grad = View1<T>("grad", P);
+          hv = View2<T>("hv", K, P);
+        }
+        LossSum ls;
+        const Timing tm = time_repeats(o.repeats, [&] {
+          if (s.reverse) m.hvp(space, params, dirs, tokens, targets, grad, hv);
+          else ls = m.second_order(space, params, dirs, tokens, targets);
+        });
+        const double t = tm.median;
+        const long peak = peak_rss_bytes();
+        js << (first ? "\n" : ",\n") << "    {\"method\": \"" << method << "\", \"K\": " << K << ", \"seconds\": " << t
+           << ", \"samples\": " << tm.samples_json() << ", \"seconds_per_direction\": " << t / K
+           << rates(s.reverse ? fl.hvp(K) : fl.second_order(K), t) << ", \"workspace_bytes\": " << m.workspace_bytes()
+           << ", \"peak_rss_bytes\": " << peak << "}";
+        first = false;
+        if (o.validation && K == o.K.front()) {
+          std::vector<double> q(std::size_t(K), 0.0);
+          if (s.reverse) {
+            Kokkos::deep_copy(hv, T(0));
+            m.hvp(space, params, dirs, tokens, targets, grad, hv);
+            auto hh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), hv);
+            auto hd = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), dirs);
+            for (int k = 0; k < K; ++k)
+              for (index_t i = 0; i < P; ++i) q[k] += double(hd(k, i)) * double(hh(k, i));
+          } else {
+            q = ls.second;
+          }
+          quad[method] = q;
+        }
       }
-      const Timing tm = time_repeats(o.repeats, [&] {
-        if (s.reverse) m.hvp(space, params, dirs, tokens, targets, grad, hv);
-        else m.second_order(space, params, dirs, tokens, targets);
-      });
-      const double t = tm.median;
-      js << (first ? "\n" : ",\n") << "    {\"method\": \"" << method << "\", \"K\": " << K << ", \"seconds\": " << t
-         << ", \"samples\": " << tm.samples_json()
-         << ", \"seconds_per_direction\": " << t / K << ", \"workspace_bytes\": " << m.workspace_bytes() << "}";
-      first = false;
     }
   }
-  js << "\n  ],\n  \"peak_rss_bytes\": " << peak_rss_bytes() << "\n}\n";
+  js << "\n  ]";
+  for (const auto& [method, q] : quad) js << ",\n  \"vHv_sum " << method << "\": " << json_doubles(q);
+  js << ",\n  \"peak_rss_bytes\": " << peak_rss_bytes() << "\n}\n";
   std::fputs(js.str().c_str(), stdout);
+}
+
+// The workspace each pass's engine plans (allocated without being touched).
+template <class T>
+void plan(const Options& o) {
+  index_t Tc = o.context;
+  const Model model = synthetic(o.synthetic.empty() ? "small" : o.synthetic, 1, Tc);
+  std::printf("{\"model\": \"%s\", \"batch\": %ld, \"seq_len\": %ld, \"workspace_bytes\": {", o.synthetic.c_str(),
+              long(o.batch), long(Tc));
+  auto one = [&](const char* name, Shape s, bool comma) {
+    s.batch = o.batch;
+    s.context = Tc;
+    s.bf16 = o.precision == "bf16-amp";
+    Gpt<T> m(model.config, s);
+    std::printf("%s\"%s\": %zu", comma ? ", " : "", name, m.workspace_bytes());
+  };
+  one("forward", Shape{}, false);
+  Shape g;
+  g.reverse = true;
+  one("gradient", g, true);
+  for (int K : o.K)
+    for (const std::string& method : o.methods) {
+      Shape s;
+      s.directions = K;
+      s.reverse = method == "forward-over-reverse";
+      s.second_order = !s.reverse;
+      one((method + " K=" + std::to_string(K)).c_str(), s, true);
+    }
+  std::printf("}}\n");
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string x; std::getline(ss, x, ',');)
+    if (!x.empty()) out.push_back(x);
+  return out;
 }
 
 }  // namespace
@@ -195,25 +444,43 @@ int main(int argc, char** argv) {
       else if (a == "--batch") o.batch = std::stol(next());
       else if (a == "--repeats") o.repeats = std::stoi(next());
       else if (a == "--precision") o.precision = next();
+      else if (a == "--synthetic") o.synthetic = next();
+      else if (a == "--validation") o.validation = true;
+      else if (a == "--plan-only") o.plan_only = true;
       else if (a == "--inject-slowdown") g_inject_slowdown = std::stod(next());
+      else if (a == "--methods") o.methods = split(next());
+      else if (a == "--passes") o.passes = split(next());
       else if (a == "--directions") {
         o.K.clear();
-        std::stringstream ss(next());
-        for (std::string k; std::getline(ss, k, ',');) o.K.push_back(std::stoi(k));
+        for (const std::string& k : split(next())) o.K.push_back(std::stoi(k));
       } else pos.push_back(a);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "bench_engine: %s\n", e.what());
       return 2;
     }
   }
-  if (pos.size() != 2) {
-    std::fprintf(stderr, "usage: bench_engine CKPT.h5 TOKENS.bin --context T --batch B [--directions 1,8] "
-                         "[--repeats R] [--precision fp32|fp64]\n");
+  for (const std::string& m : o.methods)
+    if (m != "second-order-forward" && m != "forward-over-reverse") {
+      std::fprintf(stderr, "bench_engine: --methods: unknown method '%s'\n", m.c_str());
+      return 2;
+    }
+  if (o.K.empty() || o.repeats < 1 || (o.synthetic.empty() && pos.size() != 2) ||
+      (!o.synthetic.empty() && !pos.empty())) {
+    std::fprintf(stderr, "usage: bench_engine (CKPT.h5 TOKENS.bin | --synthetic PRESET) --context T --batch B "
+                         "[--directions 1,4,16] [--methods M,M] [--passes P,P] [--repeats R] "
+                         "[--precision fp32|fp64|bf16-amp] [--validation]\n");
     return 2;
   }
-  o.ckpt = pos[0];
-  o.tokens = pos[1];
+  if (o.synthetic.empty()) {
+    o.ckpt = pos[0];
+    o.tokens = pos[1];
+  }
   try {
+    if (o.plan_only) {
+      if (o.precision == "fp64") plan<double>(o);
+      else plan<float>(o);
+      return 0;
+    }
     if (o.precision == "fp64") run<double>(o);
     else run<float>(o);
   } catch (const std::exception& e) {

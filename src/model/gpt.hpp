@@ -40,16 +40,16 @@ struct LossSum {
 
 template <class T>
 struct LayerActivations {
-  Act2<T> ln1;                 // (N, C)
+  Act2<T> ln1;                 // (N, C) one buffer for every layer and ln2 (recomputed in reverse)
   Act1<T> ln1_mean, ln1_rstd;  // (N)
   Act2<T> qkv;                 // (N, 3C)
   Act2<T> att;                 // (N, C) attention output before c_proj
   Act1<T> att_lse;             // (B*H*T)
   Act2<T> x_mid;               // (N, C) residual stream after attention
-  Act2<T> ln2;                 // (N, C)
+  Act2<T> ln2;                 // (N, C) the same buffer as ln1
   Act1<T> ln2_mean, ln2_rstd;  // (N)
   Act2<T> fc;                  // (N, 4C) MLP pre-activation
-  Act2<T> fc_gelu;             // (N, 4C)
+  Act2<T> fc_gelu;             // (N, 4C) one buffer for every layer (recomputed in reverse)
   Act2<T> x_out;               // (N, C) block output
 };
 

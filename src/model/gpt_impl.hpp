@@ -75,20 +75,27 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape) : cfg_(cfg), layout_(cfg
   const index_t C = cfg.n_embd, H = cfg.n_head, V = cfg.vocab_size, N = N_;
   const bool tan = shape.directions > 0, sec = shape.second_order && tan;
   const int slots = shape.reverse ? cfg.n_layer : 1;
+  // The LayerNorm outputs and the GELU output are not kept per layer: every
+  // layer writes them into one buffer each (ln_1 and ln_2 share one), and the
+  // reverse recomputes them from the block's input, x_mid and fc, which are
+  // kept. That is 6C of the 16C values per token and layer, for two LayerNorm
+  // and one GELU forward per layer in the reverse.
+  const Act2<T> ln_shared = act2("ln", N, C, tan, sec);
+  const Act2<T> gelu_shared = act2("fc_gelu", N, 4 * C, tan, sec);
   for (int l = 0; l < slots; ++l) {
     LayerActivations<T> a;
-    a.ln1 = act2("ln1", N, C, tan, sec);
+    a.ln1 = ln_shared;
     a.ln1_mean = act1("ln1_mean", N, tan, sec);
     a.ln1_rstd = act1("ln1_rstd", N, tan, sec);
     a.qkv = act2("qkv", N, 3 * C, tan, sec);
     a.att = act2("att", N, C, tan, sec);
     a.att_lse = act1("att_lse", shape.batch * H * shape.context, tan, sec);
     a.x_mid = act2("x_mid", N, C, tan, sec);
-    a.ln2 = act2("ln2", N, C, tan, sec);
+    a.ln2 = ln_shared;
     a.ln2_mean = act1("ln2_mean", N, tan, sec);
     a.ln2_rstd = act1("ln2_rstd", N, tan, sec);
     a.fc = act2("fc", N, 4 * C, tan, sec);
-    a.fc_gelu = act2("fc_gelu", N, 4 * C, tan, sec);
+    a.fc_gelu = gelu_shared;
     a.x_out = act2("x_out", N, C, tan, sec);
     acts_.push_back(a);
   }
@@ -251,8 +258,12 @@ void Gpt<T>::reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<cons
     const BlockOffsets& o = L.blocks[l];
     const LayerActivations<T>& a = acts_[l];
     // x_out = x_mid + c_proj(gelu(c_fc(ln_2(x_mid)))); res holds d x_out.
+    // gelu(fc) and ln_2(x_mid) are recomputed (shared buffers, see the planner).
+    gelu_forward<S>(space, planes_for<S>(a.fc_gelu), planes_for<S>(a.fc), cfg_.gelu);
     linear_reverse<T>(space, d_fcg, g, res, planes_for<S>(a.fc_gelu), p, o.fc_proj_w, o.fc_proj_b, gemm_);
     gelu_reverse<S>(space, d_fc, d_fcg, planes_for<S>(a.fc), cfg_.gelu);
+    layernorm_forward<S>(space, planes_for<S>(a.ln2), planes_for<S>(a.ln2_mean), planes_for<S>(a.ln2_rstd),
+                         planes_for<S>(a.x_mid), p, o.ln2_w, o.ln2_b, cfg_.ln_eps);
     linear_reverse<T>(space, c1, g, d_fc, planes_for<S>(a.ln2), p, o.fc_w, o.fc_b, gemm_);
     layernorm_reverse<S>(space, c2, g, c1, planes_for<S>(a.x_mid), planes_for<S>(a.ln2_mean),
                          planes_for<S>(a.ln2_rstd), p, o.ln2_w, o.ln2_b);
@@ -261,6 +272,8 @@ void Gpt<T>::reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<cons
     linear_reverse<T>(space, d_att, g, res, planes_for<S>(a.att), p, o.attn_proj_w, o.attn_proj_b, gemm_);
     attention_reverse<S>(space, d_qkv, D, d_att, planes_for<S>(a.qkv), planes_for<S>(a.att),
                          planes_for<S>(a.att_lse), B, Tc, cfg_.n_head, gemm_.bf16);
+    layernorm_forward<S>(space, planes_for<S>(a.ln1), planes_for<S>(a.ln1_mean), planes_for<S>(a.ln1_rstd),
+                         planes_for<S>(x_in(l)), p, o.ln1_w, o.ln1_b, cfg_.ln_eps);
     linear_reverse<T>(space, c1, g, d_qkv, planes_for<S>(a.ln1), p, o.attn_w, o.attn_b, gemm_);
     layernorm_reverse<S>(space, c2, g, c1, planes_for<S>(x_in(l)), planes_for<S>(a.ln1_mean),
                          planes_for<S>(a.ln1_rstd), p, o.ln1_w, o.ln1_b);

@@ -3,63 +3,86 @@
 //   erf:   y = x Phi(x) = x/2 (1 + erf(x/sqrt2)),  y' = Phi(x) + x phi(x)
 //   tanh:  y = x/2 (1 + tanh u),  u = sqrt(2/pi)(x + 0.044715 x^3),
 //          y' = (1 + tanh u)/2 + x/2 (1 - tanh^2 u) u'
-//   reverse: dx = dy y'(x); tangent/second order and the tangent of the reverse
-//   are the same formulas in Dual / Jet2 arithmetic.
+//   reverse: dx = dy y'(x); the derivative modes apply y', y'' at the primal
+//   point to each direction (gelu_derivatives).
 // Saves nothing: the other modes recompute from the pre-activation x.
 #pragma once
+#include <type_traits>
+
 #include "core/planes.hpp"
 #include "kernels/check.hpp"
 #include "model/config.hpp"
 
 namespace gnh::kernels {
 
-template <class S>
-KOKKOS_INLINE_FUNCTION S gelu_value(const S& x, bool exact) {
-  using T = base_t<S>;
-  if (exact) return T(0.5) * x * (jerf(x * T(0.70710678118654752440)) + T(1));
-  const S u = T(0.79788456080286535588) * (x + T(0.044715) * x * x * x);
-  return T(0.5) * x * (jtanh(u) + T(1));
-}
-
-template <class S>
-KOKKOS_INLINE_FUNCTION S gelu_slope(const S& x, bool exact) {
-  using T = base_t<S>;
-  if (exact)
-    return T(0.5) * (jerf(x * T(0.70710678118654752440)) + T(1)) +
-           x * jexp(T(-0.5) * x * x) * T(0.39894228040143267794);  // 1/sqrt(2 pi)
-  const S u = T(0.79788456080286535588) * (x + T(0.044715) * x * x * x);
-  const S th = jtanh(u);
-  const S du = T(0.79788456080286535588) * (T(3 * 0.044715) * x * x + T(1));
-  return T(0.5) * (th + T(1)) + T(0.5) * x * (T(1) - th * th) * du;
+// The primal value and first two derivatives at x (erf: phi = exp(-x^2/2)/
+// sqrt(2 pi), f'' = phi (2 - x^2); tanh: with t = tanh u, f'' = (1 - t^2)
+// (u' + x/2 (u'' - 2 t u'^2))). The kernels evaluate them once per element and
+// apply them to every direction: y' = f' x', y'' = f'' x'^2 + f' x'' (forward);
+// dx = f' dy, dx' = f' dy' + f'' x' dy (reverse and its tangent).
+template <class T>
+KOKKOS_INLINE_FUNCTION void gelu_derivatives(T x, bool exact, int order, T& f, T& f1, T& f2) {
+  if (exact) {
+    const T Phi = T(0.5) * (kmath::erf(x * T(0.70710678118654752440)) + T(1));
+    f = x * Phi;
+    if (order < 1) return;
+    const T phi = kmath::exp(T(-0.5) * x * x) * T(0.39894228040143267794);  // 1/sqrt(2 pi)
+    f1 = Phi + x * phi;
+    f2 = phi * (T(2) - x * x);
+    return;
+  }
+  const T a = T(0.79788456080286535588), b = T(0.044715);
+  const T t = kmath::tanh(a * (x + b * x * x * x));
+  f = T(0.5) * x * (t + T(1));
+  if (order < 1) return;
+  const T du = a * (T(1) + T(3) * b * x * x), ddu = T(6) * a * b * x, sech2 = T(1) - t * t;
+  f1 = T(0.5) * (t + T(1)) + T(0.5) * x * sech2 * du;
+  f2 = sech2 * (du + T(0.5) * x * (ddu - T(2) * t * du * du));
 }
 
 template <class S>
 void gelu_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x, Gelu kind) {
-  using io = Io<S>;
-  const index_t N = x.rows(), C = x.cols(), K = directions_of<S>(x);
+  using T = base_t<S>;
+  constexpr bool tangents = !std::is_same<S, T>::value, second = std::is_same<S, Jet2<T>>::value;
+  const index_t N = x.rows(), C = x.cols(), K = tangents ? x.d.extent(0) : 0;
   require_extent("gnh::gelu::forward", "y rows", y.rows(), N);
   require_extent("gnh::gelu::forward", "y cols", y.cols(), C);
   const bool exact = kind == Gelu::erf;
   Kokkos::parallel_for(
       "gnh::gelu::forward", range(space, N * C), KOKKOS_LAMBDA(const index_t i) {
         const index_t n = i / C, c = i % C;
-        for (int k = 0; k < K; ++k) io::put(y, k, n, c, gelu_value(io::get(x, k, n, c), exact));
+        T f = 0, f1 = 0, f2 = 0;
+        gelu_derivatives(x.v(n, c), exact, tangents ? 1 : 0, f, f1, f2);
+        y.v(n, c) = f;
+        if constexpr (tangents) {
+          for (index_t k = 0; k < K; ++k) {
+            const T xd = x.d(k, n, c);
+            y.d(k, n, c) = f1 * xd;
+            if constexpr (second) y.dd(k, n, c) = f2 * xd * xd + f1 * x.dd(k, n, c);
+          }
+        }
       });
 }
 
 template <class S>
 void gelu_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Act2<base_t<S>> dy,
                   Act2<base_t<S>> x, Gelu kind) {
-  using io = Io<S>;
-  const index_t N = x.rows(), C = x.cols(), K = directions_of<S>(x);
+  using T = base_t<S>;
+  constexpr bool tangents = !std::is_same<S, T>::value;
+  const index_t N = x.rows(), C = x.cols(), K = tangents ? x.d.extent(0) : 0;
   require_extent("gnh::gelu::reverse", "dy rows", dy.rows(), N);
   require_extent("gnh::gelu::reverse", "dx rows", dx.rows(), N);
   const bool exact = kind == Gelu::erf;
   Kokkos::parallel_for(
       "gnh::gelu::reverse", range(space, N * C), KOKKOS_LAMBDA(const index_t i) {
         const index_t n = i / C, c = i % C;
-        for (int k = 0; k < K; ++k)
-          io::put(dx, k, n, c, io::get(dy, k, n, c) * gelu_slope(io::get(x, k, n, c), exact));
+        T f = 0, f1 = 0, f2 = 0;
+        gelu_derivatives(x.v(n, c), exact, 1, f, f1, f2);
+        const T g = dy.v(n, c);
+        dx.v(n, c) = g * f1;
+        if constexpr (tangents) {
+          for (index_t k = 0; k < K; ++k) dx.d(k, n, c) = dy.d(k, n, c) * f1 + g * f2 * x.d(k, n, c);
+        }
       });
 }
 

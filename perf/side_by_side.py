@@ -5,7 +5,13 @@ reference (bench_torch) on the same generated checkpoint, data, batch and
 thread count (one core: OPENBLAS_NUM_THREADS=1, torch.set_num_threads(1)), in
 one process tree. Prints a table and writes JSON with the ratios.
 
-  perf/side_by_side.py [--preset small|medium|reference] [--directions 1,8]
+gnh multiplies with its own host sgemm where the CPU has AVX2 or AVX-512
+(kernels/host_gemm.hpp); the sgemm rate of both that and the vendor BLAS torch
+uses are measured in the same run and printed. The environment applies to both
+sides: GNH_HOST_GEMM=vendor puts gnh on torch's BLAS too, and
+OPENBLAS_CORETYPE=... picks OpenBLAS's kernels for both.
+
+  perf/side_by_side.py [--preset small|medium|reference] [--directions 1,16]
                        [--repeats 3] [--json OUT.json] [--bench build/bin/bench_engine]
 """
 import argparse
@@ -42,7 +48,7 @@ PRESETS = {
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="small", choices=sorted(PRESETS))
-    ap.add_argument("--directions", default="1,8")
+    ap.add_argument("--directions", default="1,16")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", default=None)
     ap.add_argument("--bench", default=os.path.join(ROOT, "build", "bin", "bench_engine"))
@@ -81,6 +87,9 @@ def main():
     ratios = {"gradient_throughput_vs_eager": ours["gradient"]["tokens_per_s"] / theirs["gradient"]["tokens_per_s"],
               "forward_throughput_vs_eager": ours["forward"]["tokens_per_s"] / theirs["forward"]["tokens_per_s"]}
     print(f"preset {args.preset}: {ours['context']['n_params']} parameters, batch {B} x {T} tokens, one thread")
+    sg = ours.get("sgemm_gflops", {})
+    print(f"sgemm 512^3 in this run: gnh's GEMM ({ours['context'].get('host_gemm', '?')}) {sg.get('gnh', 0):.1f} GFLOP/s, "
+          f"the vendor BLAS torch also uses {sg.get('vendor', 0):.1f} GFLOP/s")
     print(f"{'pass':38s} {'gnh':>12s} {'torch':>12s} {'ratio':>8s}")
     print(f"{'forward tokens/s':38s} {ours['forward']['tokens_per_s']:12.0f} {theirs['forward']['tokens_per_s']:12.0f} "
           f"{ratios['forward_throughput_vs_eager']:8.2f}")

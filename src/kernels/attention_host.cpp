@@ -12,6 +12,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/fastmath.hpp"
 #include "kernels/host_gemm.hpp"
 
 namespace gnh::kernels::host {
@@ -52,11 +53,11 @@ void softmax_rows(float* S, std::int64_t tq, std::int64_t t0, std::int64_t t1, c
       float m = row[0];
       for (std::int64_t s = 1; s < n; ++s) m = std::max(m, row[s]);
       float l = 0.0f;
-      for (std::int64_t s = 0; s < n; ++s) l += std::exp(row[s] - m);
+      for (std::int64_t s = 0; s < n; ++s) l += fexp(row[s] - m);
       L = std::log(l) + m;
       lse_out[r] = L;
     }
-    for (std::int64_t s = 0; s < n; ++s) row[s] = std::exp(row[s] - L);
+    for (std::int64_t s = 0; s < n; ++s) row[s] = fexp(row[s] - L);
     for (std::int64_t s = n; s < t1; ++s) row[s] = 0.0f;
   }
 }

@@ -9,6 +9,7 @@
 #pragma once
 #include <type_traits>
 
+#include "core/fastmath.hpp"
 #include "core/planes.hpp"
 #include "kernels/check.hpp"
 #include "model/config.hpp"
@@ -23,10 +24,10 @@ namespace gnh::kernels {
 template <class T>
 KOKKOS_INLINE_FUNCTION void gelu_derivatives(T x, bool exact, int order, T& f, T& f1, T& f2) {
   if (exact) {
-    const T Phi = T(0.5) * (kmath::erf(x * T(0.70710678118654752440)) + T(1));
+    const T Phi = T(0.5) * (fast_erf(x * T(0.70710678118654752440)) + T(1));
     f = x * Phi;
     if (order < 1) return;
-    const T phi = kmath::exp(T(-0.5) * x * x) * T(0.39894228040143267794);  // 1/sqrt(2 pi)
+    const T phi = fast_exp(T(-0.5) * x * x) * T(0.39894228040143267794);  // 1/sqrt(2 pi)
     f1 = Phi + x * phi;
     f2 = phi * (T(2) - x * x);
     return;
@@ -48,17 +49,24 @@ void gelu_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x, 
   require_extent("gnh::gelu::forward", "y rows", y.rows(), N);
   require_extent("gnh::gelu::forward", "y cols", y.cols(), C);
   const bool exact = kind == Gelu::erf;
+  // Planes are contiguous (N, C) blocks: flat indices, no division per element.
+  const index_t NC = N * C;
+  const T* xv = x.v.data();
+  T* yv = y.v.data();
+  const T* xd0 = x.d.data();
+  const T* xdd0 = x.dd.data();
+  T* yd0 = y.d.data();
+  T* ydd0 = y.dd.data();
   Kokkos::parallel_for(
-      "gnh::gelu::forward", range(space, N * C), KOKKOS_LAMBDA(const index_t i) {
-        const index_t n = i / C, c = i % C;
+      "gnh::gelu::forward", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
         T f = 0, f1 = 0, f2 = 0;
-        gelu_derivatives(x.v(n, c), exact, tangents ? 1 : 0, f, f1, f2);
-        y.v(n, c) = f;
+        gelu_derivatives(xv[i], exact, tangents ? 1 : 0, f, f1, f2);
+        yv[i] = f;
         if constexpr (tangents) {
           for (index_t k = 0; k < K; ++k) {
-            const T xd = x.d(k, n, c);
-            y.d(k, n, c) = f1 * xd;
-            if constexpr (second) y.dd(k, n, c) = f2 * xd * xd + f1 * x.dd(k, n, c);
+            const T xd = xd0[k * NC + i];
+            yd0[k * NC + i] = f1 * xd;
+            if constexpr (second) ydd0[k * NC + i] = f2 * xd * xd + f1 * xdd0[k * NC + i];
           }
         }
       });
@@ -73,15 +81,17 @@ void gelu_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Act2<base_t<S>> dy
   require_extent("gnh::gelu::reverse", "dy rows", dy.rows(), N);
   require_extent("gnh::gelu::reverse", "dx rows", dx.rows(), N);
   const bool exact = kind == Gelu::erf;
+  const index_t NC = N * C;
+  const T *xv = x.v.data(), *dyv = dy.v.data(), *xd0 = x.d.data(), *dyd0 = dy.d.data();
+  T *dxv = dx.v.data(), *dxd0 = dx.d.data();
   Kokkos::parallel_for(
-      "gnh::gelu::reverse", range(space, N * C), KOKKOS_LAMBDA(const index_t i) {
-        const index_t n = i / C, c = i % C;
+      "gnh::gelu::reverse", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
         T f = 0, f1 = 0, f2 = 0;
-        gelu_derivatives(x.v(n, c), exact, 1, f, f1, f2);
-        const T g = dy.v(n, c);
-        dx.v(n, c) = g * f1;
+        gelu_derivatives(xv[i], exact, 1, f, f1, f2);
+        const T g = dyv[i];
+        dxv[i] = g * f1;
         if constexpr (tangents) {
-          for (index_t k = 0; k < K; ++k) dx.d(k, n, c) = dy.d(k, n, c) * f1 + g * f2 * x.d(k, n, c);
+          for (index_t k = 0; k < K; ++k) dxd0[k * NC + i] = dyd0[k * NC + i] * f1 + g * f2 * xd0[k * NC + i];
         }
       });
 }

@@ -5,8 +5,8 @@
 //             loss_n = lse_n - z_n[target_n]   (0 where target_n < 0)
 //   reverse:  dz = softmax(z) - onehot(target),  dh = dz W,  dW += dz^T h
 //   tangent:  z.d[k] = h.d[k] W^T + h V_k^T;  second: z.dd[k] = h.dd[k] W^T + 2 h.d[k] V_k^T;
-//             lse and loss in Dual / Jet2 arithmetic
-//   tangent of reverse: dz in Dual arithmetic, then the bilinear rules of linear.hpp
+//             lse' = sum softmax(z) z', lse'' = sum softmax(z) (z'' + z'^2) - lse'^2
+//   tangent of reverse: dz' = softmax(z) (z' - lse'), then the bilinear rules of linear.hpp
 // Rows are processed in chunks so that only (chunk, V) logits (per plane) exist
 // at a time, never the full (B*T, V) tensor. Saves lse per row (with tangents);
 // the reverse recomputes the chunk's logits from h and W. Under bf16-amp the
@@ -14,23 +14,13 @@
 #pragma once
 #include <type_traits>
 
+#include "core/fastmath.hpp"
 #include "core/planes.hpp"
 #include "kernels/blas.hpp"
 
 namespace gnh::kernels {
 
 namespace detail {
-template <class T> KOKKOS_INLINE_FUNCTION void store_loss(const Act1<double>& l, int, index_t n, T x) { l.v(n) = double(x); }
-template <class T> KOKKOS_INLINE_FUNCTION void store_loss(const Act1<double>& l, int k, index_t n, const Dual<T>& x) {
-  l.v(n) = double(x.v);
-  l.d(k, n) = double(x.d);
-}
-template <class T> KOKKOS_INLINE_FUNCTION void store_loss(const Act1<double>& l, int k, index_t n, const Jet2<T>& x) {
-  l.v(n) = double(x.v);
-  l.d(k, n) = double(x.d);
-  l.dd(k, n) = double(x.dd);
-}
-
 // Logit planes of rows r0 .. r0+nr-1 into z (plane k of the chunk at k*nr*V).
 template <class T>
 void chunk_logits(const ExecSpace& space, Act2<T> z, Act2<T> h, Params<T> p, index_t w, index_t r0,
@@ -71,28 +61,50 @@ void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t
                           Span1<const std::int32_t> targets, Act2<base_t<S>> z,
                           const GemmPolicy<base_t<S>>& pol = GemmPolicy<base_t<S>>()) {
   using T = base_t<S>;
-  using io = Io<S>;
   const index_t N = h.rows(), V = z.cols(), K = directions_of<S>(h), chunk = z.rows();
   require_extent("gnh::lm_head_xent::forward", "loss", loss.v.extent(0), N);
   require_extent("gnh::lm_head_xent::forward", "targets", targets.extent(0), N);
   if (chunk == 0 && N > 0) throw std::logic_error("gnh::lm_head_xent::forward: empty workspace");
-  const bool tangents = !std::is_same<S, T>::value, second = h.dd.extent(0) > 0;
+  constexpr bool tangents = !std::is_same<S, T>::value, second = std::is_same<S, Jet2<T>>::value;
   for (index_t r0 = 0; r0 < N; r0 += chunk) {
     const index_t nr = N - r0 < chunk ? N - r0 : chunk;
     const Act2<T> zc = detail::chunk_view(z, K, nr, V);
     detail::chunk_logits(space, zc, h, p, w, r0, nr, tangents, second, pol);
+    // The log-sum-exp once per row; each direction then needs only
+    // lse' = sum_v q_v z'_v and lse'' = sum_v q_v (z''_v + z'_v^2) - lse'^2
+    // with q = softmax(z), recomputed per direction from z and lse.
     Kokkos::parallel_for(
         "gnh::lm_head_xent::forward", range(space, nr), KOKKOS_LAMBDA(const index_t r) {
           const index_t n = r0 + r;
           const std::int32_t tgt = targets(n);
-          T m = zc.v(r, 0);
-          for (index_t v = 1; v < V; ++v) m = zc.v(r, v) > m ? zc.v(r, v) : m;
-          for (int k = 0; k < K; ++k) {
-            S s(0);
-            for (index_t v = 0; v < V; ++v) s += jexp(io::get(zc, k, r, v) - m);
-            const S l = jlog(s) + m;
-            io::put(lse, k, n, l);
-            detail::store_loss(loss, k, n, tgt < 0 ? S(0) : l - io::get(zc, k, r, tgt));
+          const T* zr = &zc.v(r, 0);
+          T m = zr[0];
+          for (index_t v = 1; v < V; ++v) m = zr[v] > m ? zr[v] : m;
+          T s = 0;
+          for (index_t v = 0; v < V; ++v) s += fast_exp(zr[v] - m);
+          const T l = kmath::log(s) + m;
+          lse.v(n) = l;
+          loss.v(n) = tgt < 0 ? 0.0 : double(l - zr[tgt]);
+          if constexpr (tangents) {
+            for (index_t k = 0; k < K; ++k) {
+              const T* dr = &zc.d(k, r, 0);
+              T l1 = 0, l2 = 0;
+              if constexpr (second) {
+                const T* ddr = &zc.dd(k, r, 0);
+                for (index_t v = 0; v < V; ++v) {
+                  const T q = fast_exp(zr[v] - l);
+                  l1 += q * dr[v];
+                  l2 += q * (ddr[v] + dr[v] * dr[v]);
+                }
+                l2 -= l1 * l1;
+                lse.dd(k, n) = l2;
+                loss.dd(k, n) = tgt < 0 ? 0.0 : double(l2 - ddr[tgt]);
+              } else {
+                for (index_t v = 0; v < V; ++v) l1 += fast_exp(zr[v] - l) * dr[v];
+              }
+              lse.d(k, n) = l1;
+              loss.d(k, n) = tgt < 0 ? 0.0 : double(l1 - dr[tgt]);
+            }
           }
         });
   }
@@ -107,7 +119,6 @@ void lm_head_xent_reverse(const ExecSpace& space, Act2<base_t<S>> dh, Grads<base
                           const GemmPolicy<base_t<S>>& pol = GemmPolicy<base_t<S>>(),
                           bool logits_current = false) {
   using T = base_t<S>;
-  using io = Io<S>;
   constexpr bool tangents = !std::is_same<S, T>::value;
   const index_t N = h.rows(), C = h.cols(), V = z.cols(), K = tangents ? h.d.extent(0) : 0;
   const index_t chunk = z.rows(), P = p.v.extent(0);
@@ -121,23 +132,27 @@ void lm_head_xent_reverse(const ExecSpace& space, Act2<base_t<S>> dh, Grads<base
     // dz = softmax - onehot, in place; the value plane is written after every
     // tangent plane has read it.
     Kokkos::parallel_for(
-        "gnh::lm_head_xent::reverse::softmax", range(space, nr * V), KOKKOS_LAMBDA(const index_t i) {
-          const index_t r = i / V, v = i % V, n = r0 + r;
+        "gnh::lm_head_xent::reverse::softmax", range(space, nr), KOKKOS_LAMBDA(const index_t r) {
+          const index_t n = r0 + r;
           const std::int32_t tgt = targets(n);
-          const T zv = zc.v(r, v);
+          T* zr = &zc.v(r, 0);
           if (tgt < 0) {
-            for (int k = 0; k < K; ++k) zc.d(k, r, v) = 0;
-            zc.v(r, v) = 0;
+            for (index_t k = 0; k < K; ++k)
+              for (index_t v = 0; v < V; ++v) zc.d(k, r, v) = 0;
+            for (index_t v = 0; v < V; ++v) zr[v] = 0;
             return;
           }
-          const T onehot = v == tgt ? T(1) : T(0);
+          const T L = lse.v(n);
           if constexpr (tangents) {
-            for (int k = 0; k < K; ++k) {
-              const S dz = jexp(Tangent<S>::make(zv, zc.d(k, r, v)) - io::get(lse, k, n)) - onehot;
-              zc.d(k, r, v) = Tangent<S>::of(dz);
+            // (softmax z)' = q (z' - lse')
+            for (index_t k = 0; k < K; ++k) {
+              T* dr = &zc.d(k, r, 0);
+              const T l1 = lse.d(k, n);
+              for (index_t v = 0; v < V; ++v) dr[v] = fast_exp(zr[v] - L) * (dr[v] - l1);
             }
           }
-          zc.v(r, v) = kmath::exp(zv - lse.v(n)) - onehot;
+          for (index_t v = 0; v < V; ++v) zr[v] = fast_exp(zr[v] - L);
+          zr[tgt] -= T(1);
         });
     gemm<T>(space, pol, "N", "N", T(1), block(zc.v.data(), 0, nr, V), block(W, 0, V, C), T(0),
             block(dh.v.data(), r0 * C, nr, C));

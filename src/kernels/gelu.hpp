@@ -21,26 +21,41 @@ namespace gnh::kernels {
 // (u' + x/2 (u'' - 2 t u'^2))). The kernels evaluate them once per element and
 // apply them to every direction: y' = f' x', y'' = f'' x'^2 + f' x'' (forward);
 // dx = f' dy, dx' = f' dy' + f'' x' dy (reverse and its tangent).
-template <class T>
-KOKKOS_INLINE_FUNCTION void gelu_derivatives(T x, bool exact, int order, T& f, T& f1, T& f2) {
-  if (exact) {
+template <bool Exact, int Order, class T>
+KOKKOS_INLINE_FUNCTION void gelu_derivatives(T x, T& f, T& f1, T& f2) {
+  if constexpr (Exact) {
     const T Phi = T(0.5) * (fast_erf(x * T(0.70710678118654752440)) + T(1));
     f = x * Phi;
-    if (order < 1) return;
-    const T phi = fast_exp(T(-0.5) * x * x) * T(0.39894228040143267794);  // 1/sqrt(2 pi)
-    f1 = Phi + x * phi;
-    f2 = phi * (T(2) - x * x);
-    return;
+    if constexpr (Order >= 1) {
+      const T phi = fast_exp(T(-0.5) * x * x) * T(0.39894228040143267794);  // 1/sqrt(2 pi)
+      f1 = Phi + x * phi;
+      f2 = phi * (T(2) - x * x);
+    }
+  } else {
+    const T a = T(0.79788456080286535588), b = T(0.044715);
+    const T t = kmath::tanh(a * (x + b * x * x * x));
+    f = T(0.5) * x * (t + T(1));
+    if constexpr (Order >= 1) {
+      const T du = a * (T(1) + T(3) * b * x * x), ddu = T(6) * a * b * x, sech2 = T(1) - t * t;
+      f1 = T(0.5) * (t + T(1)) + T(0.5) * x * sech2 * du;
+      f2 = sech2 * (du + T(0.5) * x * (ddu - T(2) * t * du * du));
+    }
   }
-  const T a = T(0.79788456080286535588), b = T(0.044715);
-  const T t = kmath::tanh(a * (x + b * x * x * x));
-  f = T(0.5) * x * (t + T(1));
-  if (order < 1) return;
-  const T du = a * (T(1) + T(3) * b * x * x), ddu = T(6) * a * b * x, sech2 = T(1) - t * t;
-  f1 = T(0.5) * (t + T(1)) + T(0.5) * x * sech2 * du;
-  f2 = sech2 * (du + T(0.5) * x * (ddu - T(2) * t * du * du));
 }
 
+namespace detail {
+// Runs body(std::integral_constant<bool, exact>) for the GELU kind, so that the
+// loops below have no branch on it (and vectorise).
+template <class F>
+void with_gelu_kind(Gelu kind, F&& body) {
+  if (kind == Gelu::erf) body(std::true_type());
+  else body(std::false_type());
+}
+}  // namespace detail
+
+// Each loop is flat over one contiguous (N, C) plane: the value plane first,
+// then one loop per direction, which re-evaluates f', f'' (cheaper, once
+// vectorised, than streaming them through memory).
 template <class S>
 void gelu_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x, Gelu kind) {
   using T = base_t<S>;
@@ -48,28 +63,40 @@ void gelu_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x, 
   const index_t N = x.rows(), C = x.cols(), K = tangents ? x.d.extent(0) : 0;
   require_extent("gnh::gelu::forward", "y rows", y.rows(), N);
   require_extent("gnh::gelu::forward", "y cols", y.cols(), C);
-  const bool exact = kind == Gelu::erf;
-  // Planes are contiguous (N, C) blocks: flat indices, no division per element.
   const index_t NC = N * C;
-  const T* xv = x.v.data();
-  T* yv = y.v.data();
-  const T* xd0 = x.d.data();
-  const T* xdd0 = x.dd.data();
-  T* yd0 = y.d.data();
-  T* ydd0 = y.dd.data();
-  Kokkos::parallel_for(
-      "gnh::gelu::forward", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
-        T f = 0, f1 = 0, f2 = 0;
-        gelu_derivatives(xv[i], exact, tangents ? 1 : 0, f, f1, f2);
-        yv[i] = f;
-        if constexpr (tangents) {
-          for (index_t k = 0; k < K; ++k) {
-            const T xd = xd0[k * NC + i];
-            yd0[k * NC + i] = f1 * xd;
-            if constexpr (second) ydd0[k * NC + i] = f2 * xd * xd + f1 * xdd0[k * NC + i];
-          }
-        }
-      });
+  detail::with_gelu_kind(kind, [&](auto exact) {
+    constexpr bool E = decltype(exact)::value;
+    const T* xv = x.v.data();
+    T* yv = y.v.data();
+    Kokkos::parallel_for(
+        "gnh::gelu::forward", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
+          T f, f1, f2;
+          gelu_derivatives<E, 0>(xv[i], f, f1, f2);
+          yv[i] = f;
+        });
+    for (index_t k = 0; k < K; ++k) {
+      const T* xd = x.d.data() + k * NC;
+      T* yd = y.d.data() + k * NC;
+      if constexpr (second) {
+        const T* xdd = x.dd.data() + k * NC;
+        T* ydd = y.dd.data() + k * NC;
+        Kokkos::parallel_for(
+            "gnh::gelu::forward::second", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
+              T f, f1, f2;
+              gelu_derivatives<E, 1>(xv[i], f, f1, f2);
+              yd[i] = f1 * xd[i];
+              ydd[i] = f2 * xd[i] * xd[i] + f1 * xdd[i];
+            });
+      } else {
+        Kokkos::parallel_for(
+            "gnh::gelu::forward::tangent", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
+              T f, f1, f2;
+              gelu_derivatives<E, 1>(xv[i], f, f1, f2);
+              yd[i] = f1 * xd[i];
+            });
+      }
+    }
+  });
 }
 
 template <class S>
@@ -80,20 +107,29 @@ void gelu_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Act2<base_t<S>> dy
   const index_t N = x.rows(), C = x.cols(), K = tangents ? x.d.extent(0) : 0;
   require_extent("gnh::gelu::reverse", "dy rows", dy.rows(), N);
   require_extent("gnh::gelu::reverse", "dx rows", dx.rows(), N);
-  const bool exact = kind == Gelu::erf;
   const index_t NC = N * C;
-  const T *xv = x.v.data(), *dyv = dy.v.data(), *xd0 = x.d.data(), *dyd0 = dy.d.data();
-  T *dxv = dx.v.data(), *dxd0 = dx.d.data();
-  Kokkos::parallel_for(
-      "gnh::gelu::reverse", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
-        T f = 0, f1 = 0, f2 = 0;
-        gelu_derivatives(xv[i], exact, 1, f, f1, f2);
-        const T g = dyv[i];
-        dxv[i] = g * f1;
-        if constexpr (tangents) {
-          for (index_t k = 0; k < K; ++k) dxd0[k * NC + i] = dyd0[k * NC + i] * f1 + g * f2 * xd0[k * NC + i];
-        }
-      });
+  detail::with_gelu_kind(kind, [&](auto exact) {
+    constexpr bool E = decltype(exact)::value;
+    const T *xv = x.v.data(), *dyv = dy.v.data();
+    T* dxv = dx.v.data();
+    // The tangent planes first: they read dy's value plane, which may be dx's.
+    for (index_t k = 0; k < K; ++k) {
+      const T *xd = x.d.data() + k * NC, *dyd = dy.d.data() + k * NC;
+      T* dxd = dx.d.data() + k * NC;
+      Kokkos::parallel_for(
+          "gnh::gelu::reverse::tangent", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
+            T f, f1, f2;
+            gelu_derivatives<E, 1>(xv[i], f, f1, f2);
+            dxd[i] = dyd[i] * f1 + dyv[i] * f2 * xd[i];
+          });
+    }
+    Kokkos::parallel_for(
+        "gnh::gelu::reverse", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
+          T f, f1, f2;
+          gelu_derivatives<E, 1>(xv[i], f, f1, f2);
+          dxv[i] = dyv[i] * f1;
+        });
+  });
 }
 
 }  // namespace gnh::kernels

@@ -13,9 +13,10 @@
 namespace gnh {
 namespace {
 
-Shape make_shape(index_t batch, index_t context, int K, bool reverse, bool second, bool bf16) {
+Shape make_shape(index_t batch, index_t context, int K, bool reverse, bool second, const AnalysisSettings& a) {
   Shape s;
-  s.bf16 = bf16;
+  s.bf16 = a.bf16;
+  s.tf32 = a.tf32;
   s.batch = batch;
   s.context = context;
   s.directions = K;
@@ -41,12 +42,12 @@ class Stopwatch {
 
 template <class T>
 Engines<T>::Engines(const ModelConfig& cfg, const AnalysisSettings& s)
-    : gradient(cfg, make_shape(s.grad_microbatch, s.context, 0, true, false, s.bf16)),
+    : gradient(cfg, make_shape(s.grad_microbatch, s.context, 0, true, false, s)),
       curvature(cfg, make_shape(s.hvp_batch, s.context, int(s.directions_per_pass),
                                 s.method == CurvatureMethod::forward_over_reverse,
-                                s.method == CurvatureMethod::second_order_forward, s.bf16)),
-      check_for(cfg, make_shape(1, s.context, 2, true, false, s.bf16)),
-      check_sof(cfg, make_shape(1, s.context, 2, false, true, s.bf16)) {}
+                                s.method == CurvatureMethod::second_order_forward, s)),
+      check_for(cfg, make_shape(1, s.context, 2, true, false, s)),
+      check_sof(cfg, make_shape(1, s.context, 2, false, true, s)) {}
 
 template <class T>
 std::size_t Engines<T>::bytes() const {

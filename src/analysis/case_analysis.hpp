@@ -25,6 +25,7 @@ struct AnalysisSettings {
   std::uint64_t seed = 1234;
   CurvatureMethod method = CurvatureMethod::second_order_forward;
   bool bf16 = false;  // the bf16-amp policy (float engines)
+  bool tf32 = false;  // the tf32 policy: TF32 tensor-core GEMMs on CUDA, FP32 elsewhere
 };
 
 struct IdentityCheck {

@@ -65,6 +65,7 @@ AnalysisSettings settings_of(const Deck& d) {
   s.seed = d.seed;
   s.method = parse_curvature_method(d.curvature_method);
   s.bf16 = d.policy == "bf16-amp";
+  s.tf32 = d.policy == "tf32";
   return s;
 }
 

@@ -66,6 +66,7 @@ PolicyResult run_policy(const std::string& policy, const Deck& deck, const Model
   const ExecSpace space;
   AnalysisSettings s = settings_of(deck);
   s.bf16 = policy == "bf16-amp";
+  s.tf32 = policy == "tf32";
   Engines<T> engines(cfg, s);
   const index_t P = index_t(params_f.size());
   View1<T> params("gnh::compare::params", P);

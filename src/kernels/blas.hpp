@@ -5,6 +5,7 @@
 #pragma once
 #include <KokkosBlas3_gemm.hpp>
 
+#include <stdexcept>
 #include <type_traits>
 
 #include "core/bf16.hpp"
@@ -12,7 +13,53 @@
 #include "kernels/host_gemm.hpp"
 #include "kernels/check.hpp"
 
+#if defined(KOKKOS_ENABLE_CUDA) && defined(KOKKOSKERNELS_ENABLE_TPL_CUBLAS)
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include <KokkosBlas_tpl_spec.hpp>
+#define GNH_CUBLAS_MATH_MODE 1
+#endif
+
 namespace gnh::kernels {
+
+// While alive, the float GEMMs Kokkos Kernels sends to cuBLAS use TF32 tensor
+// cores (CUBLAS_TF32_TENSOR_OP_MATH: operands rounded to 10-bit mantissas,
+// FP32 accumulation); the mode in force before is restored on exit, so every
+// other policy keeps exact FP32 math. On other backends TF32 is FP32 and this
+// does nothing.
+class Tf32Scope {
+ public:
+  explicit Tf32Scope(bool on) {
+#ifdef GNH_CUBLAS_MATH_MODE
+    if (!on) return;
+    handle_ = KokkosBlas::Impl::CudaBlasSingleton::singleton().handle;
+    if (cublasGetMathMode(handle_, &previous_) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetMathMode(handle_, CUBLAS_TF32_TENSOR_OP_MATH) != CUBLAS_STATUS_SUCCESS)
+      throw std::runtime_error("gnh::gemm: cannot switch cuBLAS to TF32 math");
+    active_ = true;
+#else
+    (void)on;
+#endif
+  }
+  ~Tf32Scope() {
+#ifdef GNH_CUBLAS_MATH_MODE
+    if (active_) cublasSetMathMode(handle_, previous_);
+#endif
+  }
+  Tf32Scope(const Tf32Scope&) = delete;
+  Tf32Scope& operator=(const Tf32Scope&) = delete;
+  // Whether this scope switched a GEMM library into TF32 mode.
+  bool active() const { return active_; }
+
+ private:
+  bool active_ = false;
+#ifdef GNH_CUBLAS_MATH_MODE
+  cublasHandle_t handle_{};
+  cublasMath_t previous_{};
+#endif
+};
 
 template <class T>
 Span2<const T> block(const T* base, index_t offset, index_t rows, index_t cols) {
@@ -60,6 +107,7 @@ void gemm(const ExecSpace& space, const char* ta, const char* tb, T alpha, Span2
 template <class T>
 struct GemmPolicy {
   bool bf16 = false;
+  bool tf32 = false;  // TF32 tensor-core math (cuBLAS); FP32 on every other backend
   View1<T> scratch_a, scratch_b;  // sized by the owner (Gpt) for its largest operands
   index_t chunk_elements = 0;     // elements of A (and, for op(A) = A^T, of B) per chunk
 };
@@ -79,7 +127,10 @@ Span2<const T> rounded_copy(const ExecSpace& space, Span2<const T> src, index_t 
 template <class T>
 void gemm(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, const char* tb, T alpha,
           Span2<const T> A, Span2<const T> B, T beta, Span2<T> C) {
-  if (!pol.bf16) return gemm<T>(space, ta, tb, alpha, A, B, beta, C);
+  if (!pol.bf16) {
+    const Tf32Scope tf32(pol.tf32 && std::is_same<T, float>::value);
+    return gemm<T>(space, ta, tb, alpha, A, B, beta, C);
+  }
   const bool at = ta[0] == 'T';
   const index_t rows = A.extent(0), cols = A.extent(1);
   const index_t chunk = std::max<index_t>(1, pol.chunk_elements / std::max<index_t>(1, std::max<index_t>(cols, B.extent(1))));

@@ -28,6 +28,7 @@ struct Shape {
   bool second_order = false;   // second_order: second-derivative planes
   index_t head_chunk_rows = 0;  // rows of logits per chunk (0: automatic)
   bool bf16 = false;           // bf16-amp: matrix-multiply operands rounded to bfloat16 (float only)
+  bool tf32 = false;           // tf32: TF32 tensor-core GEMMs where the backend has them (cuBLAS)
 };
 
 // Sums over the valid targets (>= 0) of one batch.

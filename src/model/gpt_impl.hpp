@@ -121,6 +121,7 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape) : cfg_(cfg), layout_(cfg
     adj_.fc = act2("d_fc", N, 4 * C, tan, false);
     adj_.D = act1("d_D", shape.batch * H * shape.context, tan, false);
   }
+  gemm_.tf32 = shape.tf32 && std::is_same<T, float>::value;
   if (shape.bf16) {
     if (!std::is_same<T, float>::value) fail("the bf16-amp policy runs in float");
     // Operands are rounded chunk by chunk into two scratch buffers: 2^22

@@ -2,8 +2,11 @@
 // The whole GPT forward and the epoch loop against the double host reference.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
 
 #include "analysis/epoch.hpp"
+#include "core/random.hpp"
+#include "kernels/blas.hpp"
 #include "model/gpt.hpp"
 #include "support/reference.hpp"
 #include "support/views.hpp"
@@ -146,4 +149,42 @@ TEST_CASE("epoch loss does not depend on the microbatch size", "[model]") {
     CAPTURE(B);
     REQUIRE(std::abs(e.loss - reference) <= 1e-13 * reference);
   }
+}
+
+TEST_CASE("the tf32 policy is FP32 on the host: gradient and curvature equal bit for bit", "[model][precision]") {
+  // TF32 changes only how cuBLAS multiplies (kernels::Tf32Scope); on a host
+  // backend no GEMM library is switched and every number must be identical.
+  REQUIRE_FALSE(kernels::Tf32Scope(true).active());
+  const ModelConfig cfg = make_config(2, 2, 16, 8, 29, false, true, Gelu::erf);
+  const auto pd = make_params(cfg, 500);
+  std::vector<float> pf(pd.begin(), pd.end());
+  auto params = test::to_view1<float>(std::vector<double>(pf.begin(), pf.end()));
+  const index_t B = 2, Tc = 8, P = index_t(pf.size());
+  const auto ids = make_tokens(B * Tc + 1, cfg.vocab_size, 3);
+  std::vector<std::int32_t> tk(ids.begin(), ids.begin() + B * Tc), tg(ids.begin() + 1, ids.end());
+  const auto tokens = token_view<float>(tk, B, Tc), targets = token_view<float>(tg, B, Tc);
+  View2<float> dirs("dirs", 2, P);
+  fill_rademacher<float>(ExecSpace(), dirs, 7, 0);
+  std::vector<float> grads[2];
+  std::vector<double> second[2];
+  for (int tf32 = 0; tf32 < 2; ++tf32) {
+    Shape s;
+    s.batch = B;
+    s.context = Tc;
+    s.reverse = true;
+    s.tf32 = tf32 == 1;
+    Gpt<float> g(cfg, s);
+    View1<float> grad("grad", P);
+    g.gradient(ExecSpace(), params, tokens, targets, grad);
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), grad);
+    grads[tf32].assign(h.data(), h.data() + P);
+    Shape c = s;
+    c.reverse = false;
+    c.second_order = true;
+    c.directions = 2;
+    Gpt<float> so(cfg, c);
+    second[tf32] = so.second_order(ExecSpace(), params, dirs, tokens, targets).second;
+  }
+  REQUIRE(std::memcmp(grads[0].data(), grads[1].data(), sizeof(float) * grads[0].size()) == 0);
+  REQUIRE(second[0] == second[1]);
 }

@@ -61,14 +61,15 @@ void pack_a(bool ta, const float* A, std::int64_t lda, std::int64_t i0, std::int
       for (; i < mr; ++i) d[i] = s[i];
       for (; i < MR; ++i) d[i] = 0.0f;
     }
-  } else {  // stored (m, k)
-    for (std::int64_t i = 0; i < MR; ++i) {
-      if (i < mr) {
-        const float* s = A + (i0 + i) * lda + p0;
-        for (std::int64_t p = 0; p < kc; ++p) dst[p * MR + i] = s[p];
-      } else {
-        for (std::int64_t p = 0; p < kc; ++p) dst[p * MR + i] = 0.0f;
-      }
+  } else {  // stored (m, k): MR row streams, written p by p
+    const float* rows[MR];
+    for (std::int64_t i = 0; i < MR; ++i) rows[i] = A + (i0 + (i < mr ? i : 0)) * lda + p0;
+    if (mr == MR) {
+      for (std::int64_t p = 0; p < kc; ++p)
+        for (int i = 0; i < MR; ++i) dst[p * MR + i] = rows[i][p];
+    } else {
+      for (std::int64_t p = 0; p < kc; ++p)
+        for (int i = 0; i < MR; ++i) dst[p * MR + i] = i < mr ? rows[i][p] : 0.0f;
     }
   }
 }
@@ -90,14 +91,15 @@ void pack_b(bool tb, const float* B, std::int64_t ldb, std::int64_t p0, std::int
         for (; j < NR; ++j) d[j] = 0.0f;
       }
     }
-  } else {  // stored (n, k)
-    for (std::int64_t j = 0; j < NR; ++j) {
-      if (j < nr) {
-        const float* s = B + (j0 + j) * ldb + p0;
-        for (std::int64_t p = 0; p < kc; ++p) dst[p * NR + j] = s[p];
-      } else {
-        for (std::int64_t p = 0; p < kc; ++p) dst[p * NR + j] = 0.0f;
-      }
+  } else {  // stored (n, k): NR column streams, written p by p
+    const float* cols[NR];
+    for (std::int64_t j = 0; j < NR; ++j) cols[j] = B + (j0 + (j < nr ? j : 0)) * ldb + p0;
+    if (nr == NR) {
+      for (std::int64_t p = 0; p < kc; ++p)
+        for (int j = 0; j < NR; ++j) dst[p * NR + j] = cols[j][p];
+    } else {
+      for (std::int64_t p = 0; p < kc; ++p)
+        for (int j = 0; j < NR; ++j) dst[p * NR + j] = j < nr ? cols[j][p] : 0.0f;
     }
   }
 }

@@ -247,10 +247,14 @@ int main(int argc, char** argv) {
   }
   // ---- lm head + cross-entropy (N, C) x (V, C) ---------------------------------
   {
-    const index_t chunk = std::min<index_t>(N, 512);
-    Planes h(K, N, C, 0.1), dh(K, N, C, 0.2), lse(K, N, 1, 0), z(K, chunk, V, 0);
+    // A logits tile as the engine plans it: vocabulary chunks of up to 4096,
+    // rows up to 2^24 elements over the 1 + 2K planes.
+    const index_t vchunk = std::min<index_t>(V, 4096);
+    const index_t chunk = std::max<index_t>(1, std::min<index_t>(N, (index_t(1) << 24) / (vchunk * (1 + 2 * K))));
+    Planes h(K, N, C, 0.1), dh(K, N, C, 0.2), lse(K, N, 1, 0), z(K, chunk, vchunk, 0);
     Flat p(K, V * C, 0.05), g(K, V * C, 0.0);
     View1<double> lossbuf("loss", (1 + 2 * K) * N);
+    View2<T> stats("stats", N, 2);
     View1<std::int32_t> targets("targets", N);
     {
       auto ht = Kokkos::create_mirror_view(targets);
@@ -267,20 +271,20 @@ int main(int argc, char** argv) {
     const Span1<const std::int32_t> tg(targets.data(), N);
     const double f1 = 2.0 * N * C * V;
     auto fwd = [&](int o) {
-      if (o == 0) lm_head_xent_forward<T>(space, loss(0), lse.act1(0), h.act(0), p.params(0), 0, tg, z.act(0));
-      if (o == 1) lm_head_xent_forward<Dual<T>>(space, loss(1), lse.act1(1), h.act(1), p.params(1), 0, tg, z.act(1));
-      if (o == 2) lm_head_xent_forward<Jet2<T>>(space, loss(2), lse.act1(2), h.act(2), p.params(1), 0, tg, z.act(2));
+      if (o == 0) lm_head_xent_forward<T>(space, loss(0), lse.act1(0), h.act(0), p.params(0), 0, V, tg, z.act(0), stats);
+      if (o == 1) lm_head_xent_forward<Dual<T>>(space, loss(1), lse.act1(1), h.act(1), p.params(1), 0, V, tg, z.act(1), stats);
+      if (o == 2) lm_head_xent_forward<Jet2<T>>(space, loss(2), lse.act1(2), h.act(2), p.params(1), 0, V, tg, z.act(2), stats);
     };
     for (int o : fwd_order)
       rep.add("lm_head_xent", modes[o], double(N * V), f1 * (o == 0 ? 1 : o == 1 ? 1 + 2 * K : 1 + 4 * K), [&] { fwd(o); });
     fwd(0);
     // The reverse recomputes its chunk's logits (a third GEMM) unless they are current.
     rep.add("lm_head_xent", "reverse", double(N * V), 3 * f1, [&] {
-      lm_head_xent_reverse<T>(space, dh.act(0), g.grads(0), lse.act1(0), h.act(0), p.params(0), 0, tg, z.act(0));
+      lm_head_xent_reverse<T>(space, dh.act(0), g.grads(0), lse.act1(0), h.act(0), p.params(0), 0, V, tg, z.act(0));
     });
     fwd(1);
     rep.add("lm_head_xent", "tangent-reverse", double(N * V), 3 * f1 * (1 + 2 * K), [&] {
-      lm_head_xent_reverse<Dual<T>>(space, dh.act(1), g.grads(1), lse.act1(1), h.act(1), p.params(1), 0, tg, z.act(1));
+      lm_head_xent_reverse<Dual<T>>(space, dh.act(1), g.grads(1), lse.act1(1), h.act(1), p.params(1), 0, V, tg, z.act(1));
     });
   }
   // ---- embedding (B, T) tokens -> (N, C) ---------------------------------------

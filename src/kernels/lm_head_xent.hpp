@@ -7,10 +7,17 @@
 //   tangent:  z.d[k] = h.d[k] W^T + h V_k^T;  second: z.dd[k] = h.dd[k] W^T + 2 h.d[k] V_k^T;
 //             lse' = sum softmax(z) z', lse'' = sum softmax(z) (z'' + z'^2) - lse'^2
 //   tangent of reverse: dz' = softmax(z) (z' - lse'), then the bilinear rules of linear.hpp
-// Rows are processed in chunks so that only (chunk, V) logits (per plane) exist
-// at a time, never the full (B*T, V) tensor. Saves lse per row (with tangents);
-// the reverse recomputes the chunk's logits from h and W. Under bf16-amp the
-// GEMM operands are rounded to bfloat16; lse, softmax and the loss stay FP32.
+// The logits are computed in tiles of (rows, vocabulary) chunks, the shape of
+// the workspace z (its planes hold one tile), so that neither the full
+// (B*T, V) tensor nor a full (rows, V) block need exist. The forward runs an
+// online log-sum-exp over the vocabulary chunks of a row block: with the
+// running maximum m and e_v = exp(z_v - m) it keeps s = sum e_v and, per
+// direction, A1 = sum e_v z'_v and A2 = sum e_v (z''_v + z'_v^2), all rescaled
+// by exp(m_old - m_new) when m grows; then lse = log s + m, lse' = A1 / s,
+// lse'' = A2 / s - lse'^2. Saves lse per row (with tangents); the reverse
+// recomputes each tile's logits from h and W (unless one tile holds the whole
+// batch and the forward just computed it). Under bf16-amp the GEMM operands
+// are rounded to bfloat16; lse, softmax and the loss stay FP32.
 #pragma once
 #include <type_traits>
 
@@ -21,89 +28,120 @@
 namespace gnh::kernels {
 
 namespace detail {
-// Logit planes of rows r0 .. r0+nr-1 into z (plane k of the chunk at k*nr*V).
+// Logit planes of rows r0 .. r0+nr-1 and vocabulary entries v0 .. v0+vc-1
+// into z (plane k of the tile at k*nr*vc).
 template <class T>
-void chunk_logits(const ExecSpace& space, Act2<T> z, Act2<T> h, Params<T> p, index_t w, index_t r0,
-                  index_t nr, bool tangents, bool second, const GemmPolicy<T>& pol) {
-  const index_t N = h.rows(), C = h.cols(), V = z.cols(), K = h.d.extent(0), P = p.v.extent(0);
-  const T* W = p.v.data() + w;
-  gemm<T>(space, pol, "N", "T", T(1), block(h.v.data(), r0 * C, nr, C), block(W, 0, V, C), T(0),
-          block(z.v.data(), 0, nr, V));
+void chunk_logits(const ExecSpace& space, Act2<T> z, Act2<T> h, Params<T> p, index_t w, index_t r0, index_t nr,
+                  index_t v0, index_t vc, bool tangents, bool second, const GemmPolicy<T>& pol) {
+  const index_t N = h.rows(), C = h.cols(), K = h.d.extent(0), P = p.v.extent(0);
+  const T* W = p.v.data() + w + v0 * C;
+  gemm<T>(space, pol, "N", "T", T(1), block(h.v.data(), r0 * C, nr, C), block(W, 0, vc, C), T(0),
+          block(z.v.data(), 0, nr, vc));
   if (!tangents) return;
   for (index_t k = 0; k < K; ++k) {
-    const T* Vk = p.d.data() + k * P;
-    T* zk = z.d.data() + k * nr * V;
-    gemm<T>(space, pol, "N", "T", T(1), block(h.d.data(), (k * N + r0) * C, nr, C), block(W, 0, V, C), T(0),
-            block(zk, 0, nr, V));
-    gemm<T>(space, pol, "N", "T", T(1), block(h.v.data(), r0 * C, nr, C), block(Vk, w, V, C), T(1), block(zk, 0, nr, V));
+    const T* Vk = p.d.data() + k * P + w + v0 * C;
+    T* zk = z.d.data() + k * nr * vc;
+    gemm<T>(space, pol, "N", "T", T(1), block(h.d.data(), (k * N + r0) * C, nr, C), block(W, 0, vc, C), T(0),
+            block(zk, 0, nr, vc));
+    gemm<T>(space, pol, "N", "T", T(1), block(h.v.data(), r0 * C, nr, C), block(Vk, 0, vc, C), T(1),
+            block(zk, 0, nr, vc));
     if (!second) continue;
-    T* zkk = z.dd.data() + k * nr * V;
-    gemm<T>(space, pol, "N", "T", T(1), block(h.dd.data(), (k * N + r0) * C, nr, C), block(W, 0, V, C), T(0),
-            block(zkk, 0, nr, V));
-    gemm<T>(space, pol, "N", "T", T(2), block(h.d.data(), (k * N + r0) * C, nr, C), block(Vk, w, V, C), T(1),
-            block(zkk, 0, nr, V));
+    T* zkk = z.dd.data() + k * nr * vc;
+    gemm<T>(space, pol, "N", "T", T(1), block(h.dd.data(), (k * N + r0) * C, nr, C), block(W, 0, vc, C), T(0),
+            block(zkk, 0, nr, vc));
+    gemm<T>(space, pol, "N", "T", T(2), block(h.d.data(), (k * N + r0) * C, nr, C), block(Vk, 0, vc, C), T(1),
+            block(zkk, 0, nr, vc));
   }
 }
 
 template <class T>
-Act2<T> chunk_view(const Act2<T>& z, index_t K, index_t nr, index_t V) {
+Act2<T> chunk_view(const Act2<T>& z, index_t K, index_t nr, index_t vc) {
   Act2<T> c;
-  c.v = Span2<T>(z.v.data(), nr, V);
-  if (z.d.extent(0) > 0) c.d = Span3<T>(z.d.data(), K, nr, V);
-  if (z.dd.extent(0) > 0) c.dd = Span3<T>(z.dd.data(), K, nr, V);
+  c.v = Span2<T>(z.v.data(), nr, vc);
+  if (z.d.extent(0) > 0) c.d = Span3<T>(z.d.data(), K, nr, vc);
+  if (z.dd.extent(0) > 0) c.dd = Span3<T>(z.dd.data(), K, nr, vc);
   return c;
 }
 }  // namespace detail
 
+// V: rows of the head weight at offset w (V, C). stats: (N, 2) scratch (the
+// running maximum and the target's logit per row).
 template <class S>
 void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t<S>> lse,
-                          Act2<base_t<S>> h, Params<base_t<S>> p, index_t w,
-                          Span1<const std::int32_t> targets, Act2<base_t<S>> z,
+                          Act2<base_t<S>> h, Params<base_t<S>> p, index_t w, index_t V,
+                          Span1<const std::int32_t> targets, Act2<base_t<S>> z, Span2<base_t<S>> stats,
                           const GemmPolicy<base_t<S>>& pol = GemmPolicy<base_t<S>>()) {
   using T = base_t<S>;
-  const index_t N = h.rows(), V = z.cols(), K = directions_of<S>(h), chunk = z.rows();
+  const index_t N = h.rows(), K = directions_of<S>(h), rows = z.rows(), vchunk = z.cols();
   require_extent("gnh::lm_head_xent::forward", "loss", loss.v.extent(0), N);
   require_extent("gnh::lm_head_xent::forward", "targets", targets.extent(0), N);
-  if (chunk == 0 && N > 0) throw std::logic_error("gnh::lm_head_xent::forward: empty workspace");
+  require_extent("gnh::lm_head_xent::forward", "stats rows", stats.extent(0), N);
+  if ((rows == 0 || vchunk == 0) && N > 0) throw std::logic_error("gnh::lm_head_xent::forward: empty workspace");
   constexpr bool tangents = !std::is_same<S, T>::value, second = std::is_same<S, Jet2<T>>::value;
-  for (index_t r0 = 0; r0 < N; r0 += chunk) {
-    const index_t nr = N - r0 < chunk ? N - r0 : chunk;
-    const Act2<T> zc = detail::chunk_view(z, K, nr, V);
-    detail::chunk_logits(space, zc, h, p, w, r0, nr, tangents, second, pol);
-    // The log-sum-exp once per row; each direction then needs only
-    // lse' = sum_v q_v z'_v and lse'' = sum_v q_v (z''_v + z'_v^2) - lse'^2
-    // with q = softmax(z), recomputed per direction from z and lse.
+  for (index_t r0 = 0; r0 < N; r0 += rows) {
+    const index_t nr = N - r0 < rows ? N - r0 : rows;
+    for (index_t v0 = 0; v0 < V; v0 += vchunk) {
+      const index_t vc = V - v0 < vchunk ? V - v0 : vchunk;
+      const Act2<T> zc = detail::chunk_view(z, K, nr, vc);
+      detail::chunk_logits(space, zc, h, p, w, r0, nr, v0, vc, tangents, second, pol);
+      const bool first = v0 == 0;
+      Kokkos::parallel_for(
+          "gnh::lm_head_xent::forward", range(space, nr), KOKKOS_LAMBDA(const index_t r) {
+            const index_t n = r0 + r;
+            const std::int32_t tgt = targets(n);
+            const bool has_tgt = tgt >= v0 && tgt < v0 + vc;
+            const T* zr = &zc.v(r, 0);
+            T m = zr[0];
+            for (index_t v = 1; v < vc; ++v) m = zr[v] > m ? zr[v] : m;
+            if (!first) m = stats(n, 0) > m ? stats(n, 0) : m;
+            // Rescale what earlier chunks accumulated to the new maximum.
+            const T corr = first ? T(0) : fast_exp(stats(n, 0) - m);
+            T e = 0;
+            for (index_t v = 0; v < vc; ++v) e += fast_exp(zr[v] - m);
+            loss.v(n) = (first ? 0.0 : loss.v(n) * double(corr)) + double(e);
+            stats(n, 0) = m;
+            if (has_tgt) stats(n, 1) = zr[tgt - v0];
+            if constexpr (tangents) {
+              for (index_t k = 0; k < K; ++k) {
+                const T* dr = &zc.d(k, r, 0);
+                T a1 = 0, a2 = 0;
+                if constexpr (second) {
+                  const T* ddr = &zc.dd(k, r, 0);
+                  for (index_t v = 0; v < vc; ++v) {
+                    const T q = fast_exp(zr[v] - m);
+                    a1 += q * dr[v];
+                    a2 += q * (ddr[v] + dr[v] * dr[v]);
+                  }
+                  lse.dd(k, n) = first ? a2 : lse.dd(k, n) * corr + a2;
+                  if (has_tgt) loss.dd(k, n) = -double(ddr[tgt - v0]);
+                } else {
+                  for (index_t v = 0; v < vc; ++v) a1 += fast_exp(zr[v] - m) * dr[v];
+                }
+                lse.d(k, n) = first ? a1 : lse.d(k, n) * corr + a1;
+                if (has_tgt) loss.d(k, n) = -double(dr[tgt - v0]);
+              }
+            }
+          });
+    }
+    // The rows of this block are complete: lse and the losses.
     Kokkos::parallel_for(
-        "gnh::lm_head_xent::forward", range(space, nr), KOKKOS_LAMBDA(const index_t r) {
+        "gnh::lm_head_xent::forward::finish", range(space, nr), KOKKOS_LAMBDA(const index_t r) {
           const index_t n = r0 + r;
-          const std::int32_t tgt = targets(n);
-          const T* zr = &zc.v(r, 0);
-          T m = zr[0];
-          for (index_t v = 1; v < V; ++v) m = zr[v] > m ? zr[v] : m;
-          T s = 0;
-          for (index_t v = 0; v < V; ++v) s += fast_exp(zr[v] - m);
-          const T l = kmath::log(s) + m;
+          const bool valid = targets(n) >= 0;
+          const double s = loss.v(n);
+          const T l = T(kmath::log(s)) + stats(n, 0);
           lse.v(n) = l;
-          loss.v(n) = tgt < 0 ? 0.0 : double(l - zr[tgt]);
+          loss.v(n) = valid ? double(l) - double(stats(n, 1)) : 0.0;
           if constexpr (tangents) {
             for (index_t k = 0; k < K; ++k) {
-              const T* dr = &zc.d(k, r, 0);
-              T l1 = 0, l2 = 0;
-              if constexpr (second) {
-                const T* ddr = &zc.dd(k, r, 0);
-                for (index_t v = 0; v < V; ++v) {
-                  const T q = fast_exp(zr[v] - l);
-                  l1 += q * dr[v];
-                  l2 += q * (ddr[v] + dr[v] * dr[v]);
-                }
-                l2 -= l1 * l1;
-                lse.dd(k, n) = l2;
-                loss.dd(k, n) = tgt < 0 ? 0.0 : double(l2 - ddr[tgt]);
-              } else {
-                for (index_t v = 0; v < V; ++v) l1 += fast_exp(zr[v] - l) * dr[v];
-              }
+              const T l1 = T(double(lse.d(k, n)) / s);
               lse.d(k, n) = l1;
-              loss.d(k, n) = tgt < 0 ? 0.0 : double(l1 - dr[tgt]);
+              loss.d(k, n) = valid ? double(l1) + loss.d(k, n) : 0.0;
+              if constexpr (second) {
+                const T l2 = T(double(lse.dd(k, n)) / s) - l1 * l1;
+                lse.dd(k, n) = l2;
+                loss.dd(k, n) = valid ? double(l2) + loss.dd(k, n) : 0.0;
+              }
             }
           }
         });
@@ -111,64 +149,70 @@ void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t
 }
 
 // dh is overwritten; g accumulates the gradient of the summed loss.
-// logits_current: z still holds the forward's logits of this batch (one chunk).
+// logits_current: z still holds the forward's logits of this batch (one tile).
 template <class S>
 void lm_head_xent_reverse(const ExecSpace& space, Act2<base_t<S>> dh, Grads<base_t<S>> g,
-                          Act1<base_t<S>> lse, Act2<base_t<S>> h, Params<base_t<S>> p, index_t w,
+                          Act1<base_t<S>> lse, Act2<base_t<S>> h, Params<base_t<S>> p, index_t w, index_t V,
                           Span1<const std::int32_t> targets, Act2<base_t<S>> z,
                           const GemmPolicy<base_t<S>>& pol = GemmPolicy<base_t<S>>(),
                           bool logits_current = false) {
   using T = base_t<S>;
   constexpr bool tangents = !std::is_same<S, T>::value;
-  const index_t N = h.rows(), C = h.cols(), V = z.cols(), K = tangents ? h.d.extent(0) : 0;
-  const index_t chunk = z.rows(), P = p.v.extent(0);
-  const T* W = p.v.data() + w;
-  for (index_t r0 = 0; r0 < N; r0 += chunk) {
-    const index_t nr = N - r0 < chunk ? N - r0 : chunk;
-    const Act2<T> zc = detail::chunk_view(z, K, nr, V);
-    // When every row fits one chunk, the forward just left exactly these logits
-    // (value and tangent planes) in z: no need to recompute them.
-    if (!(logits_current && nr == N)) detail::chunk_logits(space, zc, h, p, w, r0, nr, tangents, false, pol);
-    // dz = softmax - onehot, in place; the value plane is written after every
-    // tangent plane has read it.
-    Kokkos::parallel_for(
-        "gnh::lm_head_xent::reverse::softmax", range(space, nr), KOKKOS_LAMBDA(const index_t r) {
-          const index_t n = r0 + r;
-          const std::int32_t tgt = targets(n);
-          T* zr = &zc.v(r, 0);
-          if (tgt < 0) {
-            for (index_t k = 0; k < K; ++k)
-              for (index_t v = 0; v < V; ++v) zc.d(k, r, v) = 0;
-            for (index_t v = 0; v < V; ++v) zr[v] = 0;
-            return;
-          }
-          const T L = lse.v(n);
-          if constexpr (tangents) {
-            // (softmax z)' = q (z' - lse')
-            for (index_t k = 0; k < K; ++k) {
-              T* dr = &zc.d(k, r, 0);
-              const T l1 = lse.d(k, n);
-              for (index_t v = 0; v < V; ++v) dr[v] = fast_exp(zr[v] - L) * (dr[v] - l1);
+  const index_t N = h.rows(), C = h.cols(), K = tangents ? h.d.extent(0) : 0;
+  const index_t rows = z.rows(), vchunk = z.cols(), P = p.v.extent(0);
+  for (index_t r0 = 0; r0 < N; r0 += rows) {
+    const index_t nr = N - r0 < rows ? N - r0 : rows;
+    for (index_t v0 = 0; v0 < V; v0 += vchunk) {
+      const index_t vc = V - v0 < vchunk ? V - v0 : vchunk;
+      const Act2<T> zc = detail::chunk_view(z, K, nr, vc);
+      const T* W = p.v.data() + w + v0 * C;
+      // When one tile holds the whole batch, the forward just left exactly
+      // these logits (value and tangent planes) in z.
+      if (!(logits_current && nr == N && vc == V))
+        detail::chunk_logits(space, zc, h, p, w, r0, nr, v0, vc, tangents, false, pol);
+      // dz = softmax - onehot, in place; the value plane is written after
+      // every tangent plane has read it.
+      Kokkos::parallel_for(
+          "gnh::lm_head_xent::reverse::softmax", range(space, nr), KOKKOS_LAMBDA(const index_t r) {
+            const index_t n = r0 + r;
+            const std::int32_t tgt = targets(n);
+            T* zr = &zc.v(r, 0);
+            if (tgt < 0) {
+              for (index_t k = 0; k < K; ++k)
+                for (index_t v = 0; v < vc; ++v) zc.d(k, r, v) = 0;
+              for (index_t v = 0; v < vc; ++v) zr[v] = 0;
+              return;
             }
-          }
-          for (index_t v = 0; v < V; ++v) zr[v] = fast_exp(zr[v] - L);
-          zr[tgt] -= T(1);
-        });
-    gemm<T>(space, pol, "N", "N", T(1), block(zc.v.data(), 0, nr, V), block(W, 0, V, C), T(0),
-            block(dh.v.data(), r0 * C, nr, C));
-    gemm<T>(space, pol, "T", "N", T(1), block(zc.v.data(), 0, nr, V), block(h.v.data(), r0 * C, nr, C), T(1),
-            block(g.v.data(), w, V, C));
-    for (index_t k = 0; k < K; ++k) {
-      const T* Vk = p.d.data() + k * P;
-      T* Gk = g.d.data() + k * P;
-      const T* dzk = zc.d.data() + k * nr * V;
-      T* dhk = dh.d.data() + (k * N + r0) * C;
-      gemm<T>(space, pol, "N", "N", T(1), block(dzk, 0, nr, V), block(W, 0, V, C), T(0), block(dhk, 0, nr, C));
-      gemm<T>(space, pol, "N", "N", T(1), block(zc.v.data(), 0, nr, V), block(Vk, w, V, C), T(1), block(dhk, 0, nr, C));
-      gemm<T>(space, pol, "T", "N", T(1), block(dzk, 0, nr, V), block(h.v.data(), r0 * C, nr, C), T(1),
-              block(Gk, w, V, C));
-      gemm<T>(space, pol, "T", "N", T(1), block(zc.v.data(), 0, nr, V), block(h.d.data(), (k * N + r0) * C, nr, C),
-              T(1), block(Gk, w, V, C));
+            const T L = lse.v(n);
+            if constexpr (tangents) {
+              // (softmax z)' = q (z' - lse')
+              for (index_t k = 0; k < K; ++k) {
+                T* dr = &zc.d(k, r, 0);
+                const T l1 = lse.d(k, n);
+                for (index_t v = 0; v < vc; ++v) dr[v] = fast_exp(zr[v] - L) * (dr[v] - l1);
+              }
+            }
+            for (index_t v = 0; v < vc; ++v) zr[v] = fast_exp(zr[v] - L);
+            if (tgt >= v0 && tgt < v0 + vc) zr[tgt - v0] -= T(1);
+          });
+      const T beta = v0 == 0 ? T(0) : T(1);  // dh sums over the vocabulary chunks
+      gemm<T>(space, pol, "N", "N", T(1), block(zc.v.data(), 0, nr, vc), block(W, 0, vc, C), beta,
+              block(dh.v.data(), r0 * C, nr, C));
+      gemm<T>(space, pol, "T", "N", T(1), block(zc.v.data(), 0, nr, vc), block(h.v.data(), r0 * C, nr, C), T(1),
+              block(g.v.data(), w + v0 * C, vc, C));
+      for (index_t k = 0; k < K; ++k) {
+        const T* Vk = p.d.data() + k * P + w + v0 * C;
+        T* Gk = g.d.data() + k * P + w + v0 * C;
+        const T* dzk = zc.d.data() + k * nr * vc;
+        T* dhk = dh.d.data() + (k * N + r0) * C;
+        gemm<T>(space, pol, "N", "N", T(1), block(dzk, 0, nr, vc), block(W, 0, vc, C), beta, block(dhk, 0, nr, C));
+        gemm<T>(space, pol, "N", "N", T(1), block(zc.v.data(), 0, nr, vc), block(Vk, 0, vc, C), T(1),
+                block(dhk, 0, nr, C));
+        gemm<T>(space, pol, "T", "N", T(1), block(dzk, 0, nr, vc), block(h.v.data(), r0 * C, nr, C), T(1),
+                block(Gk, 0, vc, C));
+        gemm<T>(space, pol, "T", "N", T(1), block(zc.v.data(), 0, nr, vc),
+                block(h.d.data(), (k * N + r0) * C, nr, C), T(1), block(Gk, 0, vc, C));
+      }
     }
   }
 }

@@ -26,7 +26,8 @@ struct Shape {
   int directions = 0;          // K, for hvp and second_order
   bool reverse = false;        // gradient / hvp: keep every layer's activations
   bool second_order = false;   // second_order: second-derivative planes
-  index_t head_chunk_rows = 0;  // rows of logits per chunk (0: automatic)
+  index_t head_chunk_rows = 0;   // rows of a logits tile (0: automatic)
+  index_t head_chunk_vocab = 0;  // vocabulary entries of a logits tile (0: automatic)
   bool bf16 = false;           // bf16-amp: matrix-multiply operands rounded to bfloat16 (float only)
   bool tf32 = false;           // tf32: TF32 tensor-core GEMMs where the backend has them (cuBLAS)
 };
@@ -121,7 +122,8 @@ class Gpt {
   Act2<T> lnf_;                 // (N, C)
   Act1<T> lnf_mean_, lnf_rstd_;  // (N)
   Act1<T> head_lse_;            // (N)
-  Act2<T> logits_;              // (chunk, V) per plane
+  Act2<T> logits_;              // (rows, vocabulary chunk) per plane: one tile of the head
+  View2<T> head_stats_;         // (N, 2) the head's running maximum and target logit
   Adjoints<T> adj_;
   kernels::GemmPolicy<T> gemm_;  // operand precision of every matrix multiply
   View1<double> row_loss_v_;

@@ -105,12 +105,19 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape) : cfg_(cfg), layout_(cfg
   lnf_mean_ = act1("lnf_mean", N, tan, sec);
   lnf_rstd_ = act1("lnf_rstd", N, tan, sec);
   head_lse_ = act1("head_lse", N, tan, sec);
-  // Logits chunk: at most 2^24 elements over all planes (64 MiB in float).
-  const index_t planes = 1 + (tan ? shape.directions : 0) * (sec ? 2 : 1);
-  index_t chunk = shape.head_chunk_rows > 0 ? shape.head_chunk_rows
-                                            : std::max<index_t>(1, (index_t(1) << 24) / (V * planes));
-  chunk = std::min<index_t>(chunk, N);
-  logits_ = act2("logits", chunk, V, tan, sec);
+  // Logits tile: at most 2^24 elements over all planes (64 MiB in float). The
+  // whole (N, V) block when it fits (the reverse then reuses the forward's
+  // logits); otherwise vocabulary chunks of up to 4096 entries and as many
+  // rows as fit, so that the head GEMMs keep large shapes for any K.
+  const index_t planes = 1 + (tan ? shape.directions : 0) * (sec ? 2 : 1), budget = index_t(1) << 24;
+  index_t vchunk = shape.head_chunk_vocab > 0 ? std::min<index_t>(shape.head_chunk_vocab, V) : V;
+  if (shape.head_chunk_vocab <= 0 && N * V * planes > budget) vchunk = std::min<index_t>(V, 4096);
+  index_t rows = shape.head_chunk_rows > 0 ? shape.head_chunk_rows
+                                           : std::max<index_t>(1, budget / (vchunk * planes));
+  rows = std::min<index_t>(rows, N);
+  logits_ = act2("logits", rows, vchunk, tan, sec);
+  head_stats_ = View2<T>(Kokkos::view_alloc("gnh::gpt::head_stats", Kokkos::WithoutInitializing), N, 2);
+  workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(2 * N);
   if (shape.reverse) {
     adj_.res = act2("d_res", N, C, tan, false);
     adj_.c1 = act2("d_c1", N, C, tan, false);
@@ -204,7 +211,7 @@ LossSum Gpt<T>::forward(const ExecSpace& space, Params<T> p, Span2<const std::in
   loss.dd = row_loss_dd_;
   Span1<const std::int32_t> flat_targets(targets.data(), N_);
   lm_head_xent_forward<S>(space, planes_for<S>(loss), planes_for<S>(head_lse_), planes_for<S>(lnf_), p,
-                          L.lm_head, flat_targets, planes_for<S>(logits_), gemm_);
+                          L.lm_head, cfg_.vocab_size, flat_targets, planes_for<S>(logits_), head_stats_, gemm_);
   space.fence();
   // Fixed-order host sums in double: deterministic on every backend.
   auto h_loss = Kokkos::create_mirror_view_and_copy(HostSpace(), row_loss_v_);
@@ -252,7 +259,7 @@ void Gpt<T>::reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<cons
   Span1<const std::int32_t> flat_targets(targets.data(), N_);
   // reverse<S> always follows forward<S> of the same batch (gradient, hvp).
   lm_head_xent_reverse<S>(space, c1, g, planes_for<S>(head_lse_), planes_for<S>(lnf_), p, L.lm_head,
-                          flat_targets, planes_for<S>(logits_), gemm_, /*logits_current=*/true);
+                          cfg_.vocab_size, flat_targets, planes_for<S>(logits_), gemm_, /*logits_current=*/true);
   layernorm_reverse<S>(space, res, g, c1, planes_for<S>(x_final()), planes_for<S>(lnf_mean_),
                        planes_for<S>(lnf_rstd_), p, L.lnf_w, L.lnf_b);
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {

@@ -169,8 +169,10 @@ struct XentOp : OpOf<T, XentOp<T>> {
   index_t V, chunk;
   View1<std::int32_t> targets;
   Buf<T> lse, z;
-  XentOp(index_t N, index_t C, index_t V_, index_t chunk_)
-      : V(V_), chunk(chunk_), targets("targets", N), lse(N, 1), z(chunk_, V_) {
+  View2<T> stats;
+  // Logits tiles of (chunk_, vchunk) (vchunk 0: the whole vocabulary).
+  XentOp(index_t N, index_t C, index_t V_, index_t chunk_, index_t vchunk = 0)
+      : V(V_), chunk(chunk_), targets("targets", N), lse(N, 1), z(chunk_, vchunk > 0 ? vchunk : V_), stats("stats", N, 2) {
     this->N = N; this->Cin = C; this->Cout = 1; this->P = V * C; this->unit_seed = true;
     for (index_t n = 0; n < N; ++n) targets(n) = n % 4 == 3 ? -1 : std::int32_t((n * 5 + 1) % V);
   }
@@ -182,7 +184,7 @@ struct XentOp : OpOf<T, XentOp<T>> {
     if (!std::is_same<S, T>::value) loss.d = ld;
     if (std::is_same<S, Jet2<T>>::value) loss.dd = ldd;
     kernels::lm_head_xent_forward<S>(ExecSpace(), loss, lse.template act1<S>(), x.template act<S>(), p.template params<S>(), 0,
-                                     targets, z.template act<S>());
+                                     V, targets, z.template act<S>(), stats);
     for (index_t n = 0; n < this->N; ++n) {
       y.v(n) = T(lv(n));
       y.d(n) = T(ld(0, n));
@@ -193,7 +195,7 @@ struct XentOp : OpOf<T, XentOp<T>> {
     Buf<T> y(this->N, 1);
     fwd<S>(y, x, p);
     kernels::lm_head_xent_reverse<S>(ExecSpace(), dx.template act<S>(), g.template grads<S>(), lse.template act1<S>(),
-                                     x.template act<S>(), p.template params<S>(), 0, targets, z.template act<S>());
+                                     x.template act<S>(), p.template params<S>(), 0, V, targets, z.template act<S>());
   }
 };
 

@@ -129,11 +129,11 @@ TEST_CASE("linear and lm head in bf16-amp equal FP32 on rounded operands", "[bf1
   for (index_t i = 0; i < V * in; ++i) w.v(i) = float(wv[i]);
   View1<double> l1("l1", N), l2("l2", N);
   kernels::lm_head_xent_forward<float>(ExecSpace(), Act1<double>{l1, {}, {}}, op.lse.act1<float>(), h.act<float>(),
-                                       w.params<float>(), 0, op.targets, op.z.act<float>(), pol);
+                                       w.params<float>(), 0, V, op.targets, op.z.act<float>(), op.stats, pol);
   round_in_place(h.v);
   round_in_place(w.v);
   kernels::lm_head_xent_forward<float>(ExecSpace(), Act1<double>{l2, {}, {}}, op.lse.act1<float>(), h.act<float>(),
-                                       w.params<float>(), 0, op.targets, op.z.act<float>());
+                                       w.params<float>(), 0, V, op.targets, op.z.act<float>(), op.stats);
   for (index_t n = 0; n < N; ++n) REQUIRE(l1(n) == l2(n));
 }
 

@@ -184,10 +184,13 @@ TEMPLATE_TEST_CASE("attention forward matches the reference", "[kernels]", float
 
 TEMPLATE_TEST_CASE("fused lm head and cross-entropy match the reference", "[kernels]", float, double) {
   using T = TestType;
-  const auto [N, C, V, chunk] = GENERATE(table<index_t, index_t, index_t, index_t>(
-      {{1, 1, 2, 1}, {7, 5, 11, 3}, {13, 12, 37, 13}, {10, 4, 5, 4}}));
-  CAPTURE(N, C, V, chunk);
-  test::XentOp<T> op(N, C, V, chunk);
+  // Tiles of (chunk rows, vchunk vocabulary entries; 0: all), in one piece,
+  // by rows, by vocabulary (the online log-sum-exp) and by both.
+  const auto [N, C, V, chunk, vchunk] = GENERATE(table<index_t, index_t, index_t, index_t, index_t>(
+      {{1, 1, 2, 1, 0}, {7, 5, 11, 3, 0}, {13, 12, 37, 13, 0}, {10, 4, 5, 4, 0}, {7, 5, 11, 7, 4},
+       {13, 12, 37, 5, 10}, {6, 3, 9, 6, 1}}));
+  CAPTURE(N, C, V, chunk, vchunk);
+  test::XentOp<T> op(N, C, V, chunk, vchunk);
   Buf<T> h(N, C), loss(N, 1);
   Flat<T> p(op.P);
   const auto hr = load<T>(h.v, ref::random_vec(N * C, 13));

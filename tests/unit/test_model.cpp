@@ -92,6 +92,7 @@ TEMPLATE_TEST_CASE("GPT forward loss matches the double reference for every mode
     shape.context = Tc;
     shape.reverse = save;
     shape.head_chunk_rows = 3;
+    shape.head_chunk_vocab = save ? 5 : 0;  // the head in (3, 5) tiles, or row chunks of the whole vocabulary
     Gpt<T> model(cfg, shape);
     const LossSum got = model.forward_loss(ExecSpace(), test::to_view1<T>(p), token_view<T>(tokens, B, Tc),
                                            token_view<T>(targets, B, Tc));

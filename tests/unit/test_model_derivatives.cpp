@@ -124,6 +124,7 @@ TEST_CASE("whole model, double: gradient, H v and quadratic forms against finite
   gs.batch = 4;
   gs.context = Tc;
   gs.reverse = true;
+  gs.head_chunk_vocab = 6;  // the head in vocabulary chunks (online log-sum-exp)
   Gpt<double> gmodel(cfg, gs);
   View1<double> G("G", P);
   const EpochGradient eg = epoch_gradient<double>(ExecSpace(), gmodel, p, ids.data(), all_blocks(n_blocks), G);
@@ -146,6 +147,8 @@ TEST_CASE("whole model, double: gradient, H v and quadratic forms against finite
   hs.context = Tc;
   hs.reverse = true;
   hs.directions = int(K);
+  hs.head_chunk_rows = 5;  // the head in (5, 4) tiles
+  hs.head_chunk_vocab = 4;
   Gpt<double> hmodel(cfg, hs);
   View2<double> Hv("Hv", K, P);
   const EpochCurvature fr = epoch_curvature<double>(ExecSpace(), hmodel, p, dirs, ids.data(), all_blocks(n_blocks),
@@ -181,6 +184,7 @@ TEST_CASE("whole model, double: gradient, H v and quadratic forms against finite
   ss.context = Tc;
   ss.directions = int(K);
   ss.second_order = true;
+  ss.head_chunk_vocab = 3;
   Gpt<double> smodel(cfg, ss);
   const EpochCurvature so = epoch_curvature<double>(ExecSpace(), smodel, p, dirs, ids.data(), all_blocks(n_blocks),
                                                     CurvatureMethod::second_order_forward);

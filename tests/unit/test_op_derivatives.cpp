@@ -199,9 +199,13 @@ TEST_CASE("attention: every derivative mode", "[derivatives]") {
 }
 
 TEST_CASE("fused lm head and cross-entropy: every derivative mode", "[derivatives]") {
-  test::XentOp<double> a(7, 5, 11, 3), b(4, 3, 2, 4);
+  // Tiles by rows, by vocabulary chunks (online log-sum-exp, with the target
+  // in the first, a middle and the last chunk) and by both.
+  test::XentOp<double> a(7, 5, 11, 3), b(4, 3, 2, 4), c(7, 5, 11, 7, 4), d(5, 4, 13, 2, 3);
   check_op(a, 50, 1.0);
   check_op(b, 51, 1.0);
+  check_op(c, 52, 1.0);
+  check_op(d, 53, 1.0);
 }
 
 TEST_CASE("embedding: every derivative mode", "[derivatives]") {

@@ -11,7 +11,7 @@
 //          --passes forward,gradient,curvature
 //          --repeats R           timed repeats after one warm-up (median reported); 0: one
 //                                run without warm-up
-//          --precision fp32|fp64|bf16-amp
+//          --precision fp32|tf32|bf16-amp|fp64
 //          --plan-only           print the engines' planned workspace bytes per pass, run nothing
 //          --validation          also print loss, G.G and v^T H v (K of the first entry of
 //                                --directions, Rademacher seed 1234) by both methods
@@ -276,7 +276,7 @@ void run(const Options& o) {
   }
   const double ntok = double(B * Tc);
   const Flops fl = flops_of(cfg, B, Tc);
-  const bool bf16 = o.precision == "bf16-amp";
+  const bool bf16 = o.precision == "bf16-amp", tf32 = o.precision == "tf32";
   const bool float_run = std::is_same<T, float>::value;
   const double gemm_rate = float_run ? sgemm_gflops(512, false) : 0.0;
   const double vendor_rate = float_run ? sgemm_gflops(512, true) : 0.0;
@@ -304,6 +304,7 @@ void run(const Options& o) {
     s.batch = B;
     s.context = Tc;
     s.bf16 = bf16;
+    s.tf32 = tf32;
     reset_peak_rss();
     Gpt<T> m(cfg, s);
     LossSum loss;
@@ -320,6 +321,7 @@ void run(const Options& o) {
     s.context = Tc;
     s.reverse = true;
     s.bf16 = bf16;
+    s.tf32 = tf32;
     reset_peak_rss();
     const auto t_plan = std::chrono::steady_clock::now();
     Gpt<T> m(cfg, s);
@@ -357,6 +359,7 @@ void run(const Options& o) {
         s.reverse = method == "forward-over-reverse";
         s.second_order = !s.reverse;
         s.bf16 = bf16;
+        s.tf32 = tf32;
         reset_peak_rss();
         Gpt<T> m(cfg, s);
         View1<T> grad;
@@ -411,6 +414,7 @@ void plan(const Options& o) {
     s.batch = o.batch;
     s.context = Tc;
     s.bf16 = o.precision == "bf16-amp";
+    s.tf32 = o.precision == "tf32";
     Gpt<T> m(model.config, s);
     std::printf("%s\"%s\": %zu", comma ? ", " : "", name, m.workspace_bytes());
   };
@@ -469,6 +473,10 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (o.precision != "fp32" && o.precision != "tf32" && o.precision != "bf16-amp" && o.precision != "fp64") {
+    std::fprintf(stderr, "bench_engine: --precision: unknown policy '%s'\n", o.precision.c_str());
+    return 2;
+  }
   for (const std::string& m : o.methods)
     if (m != "second-order-forward" && m != "forward-over-reverse") {
       std::fprintf(stderr, "bench_engine: --methods: unknown method '%s'\n", m.c_str());
@@ -478,7 +486,7 @@ int main(int argc, char** argv) {
       (!o.synthetic.empty() && !pos.empty())) {
     std::fprintf(stderr, "usage: bench_engine (CKPT.h5 TOKENS.bin | --synthetic PRESET) --context T --batch B "
                          "[--directions 1,4,16] [--methods M,M] [--passes P,P] [--repeats R] "
-                         "[--precision fp32|fp64|bf16-amp] [--validation]\n");
+                         "[--precision fp32|tf32|bf16-amp|fp64] [--validation]\n");
     return 2;
   }
   if (o.synthetic.empty()) {

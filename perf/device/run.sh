@@ -4,8 +4,8 @@
 # benchmark for the GPU (no MPI, no HDF5), validate a small model's loss,
 # gradient and curvature against CPU results shipped with it, then time the
 # reference configuration (SPEC section 1: 20.4M parameters) per batch of
-# 64 x 1024 tokens for the gradient and both curvature paths, extrapolated to
-# the 9,963-block epoch. Results go to perf/baselines/<machine>/.
+# 64 x 1024 tokens for the gradient and both curvature paths, in fp32, tf32
+# and bf16-amp, extrapolated to the 9,963-block epoch. Results go to perf/baselines/<machine>/.
 #
 #   perf/device/run.sh [--arch HOPPER90] [--out DIR] [--bench PATH] [--cpu]
 #                      [--config reference] [--batch 64]
@@ -91,6 +91,22 @@ say "validation: synthetic small model, float, against $ROOT/perf/device/validat
 "$BENCH" --synthetic small --batch 4 --directions 4 --validation --repeats 1 > "$OUT/device_validation.json"
 "$PY" "$ROOT/perf/device/summarize.py" validate "$ROOT/perf/device/validation_small.json" "$OUT/device_validation.json"
 
+say "validation of the tf32 and bf16-amp policies (5%, the seed's criterion for reduced precision)"
+python_tol() { "$PY" - "$1" "$2" <<'PYEOF'
+import json, sys
+ref = json.load(open(sys.argv[1]))
+ref["tolerance_relative"] = float(sys.argv[2])
+ref["tolerance_reason"] = "reduced-precision policy against fp64: the seed's 5% criterion"
+json.dump(ref, sys.stdout)
+PYEOF
+}
+python_tol "$ROOT/perf/device/validation_small.json" 0.05 > "$OUT/validation_small_5pct.json"
+for policy in tf32 bf16-amp; do
+  "$BENCH" --synthetic small --batch 4 --directions 4 --validation --repeats 1 --precision "$policy" \
+    > "$OUT/device_validation_$policy.json"
+  "$PY" "$ROOT/perf/device/summarize.py" validate "$OUT/validation_small_5pct.json" "$OUT/device_validation_$policy.json"
+done
+
 say "$CONFIG configuration, batch $B sequences"
 # Forward-over-reverse keeps every layer's activations for 1 + K planes
 # (17 GB at K=1); K=4 is the largest that fits with room on a 139 GB GPU.
@@ -98,6 +114,14 @@ say "$CONFIG configuration, batch $B sequences"
   --directions 1,16 --repeats 2 > "$OUT/device_reference_sof.json"
 "$BENCH" --synthetic "$CONFIG" --batch "$B" --passes curvature --methods forward-over-reverse \
   --directions 1,4 --repeats 2 > "$OUT/device_reference_for.json"
+for policy in tf32 bf16-amp; do
+  "$BENCH" --synthetic "$CONFIG" --batch "$B" --passes gradient,curvature --methods second-order-forward \
+    --directions 1,16 --repeats 2 --precision "$policy" > "$OUT/device_reference_sof_$policy.json"
+done
 "$PY" "$ROOT/perf/device/summarize.py" epoch "$OUT/device_epoch.json" "$OUT/device_reference_sof.json" \
   "$OUT/device_reference_for.json" --device "$DEVICE"
+for policy in tf32 bf16-amp; do
+  "$PY" "$ROOT/perf/device/summarize.py" epoch "$OUT/device_epoch_$policy.json" \
+    "$OUT/device_reference_sof_$policy.json" --device "$DEVICE ($policy)"
+done
 say "results in $OUT"

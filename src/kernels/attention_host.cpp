@@ -62,6 +62,16 @@ void softmax_rows(float* S, std::int64_t tq, std::int64_t t0, std::int64_t t1, c
   }
 }
 
+// The primal forward of one tile (rows t0..t1-1 of head h in sequence b): p
+// into P (tq x t1, masked entries 0), lse of its rows, y = P V.
+void forward_tile(const Geometry& g, const float* qkv, float* y, float* lse, std::int64_t b, std::int64_t h,
+                  std::int64_t t0, std::int64_t t1, float* P) {
+  const std::int64_t tq = t1 - t0;
+  mm(false, true, tq, t1, g.hs, g.scale, qkv + g.q(b, h, t0), g.ld, qkv + g.k(b, h), g.ld, 0.0f, P, t1);
+  softmax_rows(P, tq, t0, t1, nullptr, lse + g.row(b, h, t0));
+  mm(false, false, tq, g.hs, t1, 1.0f, P, t1, qkv + g.v(b, h), g.ld, 0.0f, y + g.y(b, h, t0), g.C);
+}
+
 }  // namespace
 
 bool attention_available() { return selected_kernel() != GemmKernel::none; }
@@ -72,12 +82,7 @@ void attention_forward(float* y, float* lse, const float* qkv, std::int64_t B, s
   std::vector<float> S(std::size_t(std::min(TQ, T) * T));
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t h = 0; h < H; ++h)
-      for (std::int64_t t0 = 0; t0 < T; t0 += TQ) {
-        const std::int64_t t1 = std::min(t0 + TQ, T), tq = t1 - t0;
-        mm(false, true, tq, t1, hs, g.scale, qkv + g.q(b, h, t0), g.ld, qkv + g.k(b, h), g.ld, 0.0f, S.data(), t1);
-        softmax_rows(S.data(), tq, t0, t1, nullptr, lse + g.row(b, h, t0));
-        mm(false, false, tq, hs, t1, 1.0f, S.data(), t1, qkv + g.v(b, h), g.ld, 0.0f, y + g.y(b, h, t0), g.C);
-      }
+      for (std::int64_t t0 = 0; t0 < T; t0 += TQ) forward_tile(g, qkv, y, lse, b, h, t0, std::min(t0 + TQ, T), S.data());
 }
 
 void attention_forward_jet2(float* y, float* yd, float* ydd, float* lse, float* lsed, float* lsedd,
@@ -93,9 +98,7 @@ void attention_forward_jet2(float* y, float* yd, float* ydd, float* lse, float* 
         const std::int64_t t1 = std::min(t0 + TQ, T), tq = t1 - t0;
         const std::int64_t oq = g.q(b, h, t0), ok = g.k(b, h), ov = g.v(b, h), oy = g.y(b, h, t0);
         const std::int64_t orow = g.row(b, h, t0);
-        mm(false, true, tq, t1, hs, g.scale, qkv + oq, g.ld, qkv + ok, g.ld, 0.0f, P, t1);
-        softmax_rows(P, tq, t0, t1, nullptr, lse + orow);
-        mm(false, false, tq, hs, t1, 1.0f, P, t1, qkv + ov, g.ld, 0.0f, y + oy, g.C);
+        forward_tile(g, qkv, y, lse, b, h, t0, t1, P);
         for (std::int64_t k = 0; k < K; ++k) {
           const float* d = qkvd + k * N * g.ld;
           const float* dd = qkvdd + k * N * g.ld;
@@ -184,9 +187,7 @@ void attention_forward_dual(float* y, float* yd, float* lse, float* lsed, const 
         const std::int64_t t1 = std::min(t0 + TQ, T), tq = t1 - t0;
         const std::int64_t oq = g.q(b, h, t0), ok = g.k(b, h), ov = g.v(b, h), oy = g.y(b, h, t0);
         const std::int64_t orow = g.row(b, h, t0);
-        mm(false, true, tq, t1, hs, g.scale, qkv + oq, g.ld, qkv + ok, g.ld, 0.0f, P, t1);
-        softmax_rows(P, tq, t0, t1, nullptr, lse + orow);
-        mm(false, false, tq, hs, t1, 1.0f, P, t1, qkv + ov, g.ld, 0.0f, y + oy, g.C);
+        forward_tile(g, qkv, y, lse, b, h, t0, t1, P);
         for (std::int64_t k = 0; k < K; ++k) {
           const float* d = qkvd + k * N * g.ld;
           mm(false, true, tq, t1, hs, g.scale, d + oq, g.ld, qkv + ok, g.ld, 0.0f, Pd, t1);

@@ -82,3 +82,61 @@ KOKKOS_INLINE_FUNCTION float fast_erf(float x) { return ferf(x); }
 KOKKOS_INLINE_FUNCTION double fast_erf(double x) { return kmath::erf(x); }
 
 }  // namespace gnh
+
+namespace gnh {
+
+// Sums (and maxima) over [0, n) in 16 interleaved partial accumulators, so
+// that the compiler vectorises them without reassociating floating point (the
+// order is fixed: lane j takes the terms i = j mod 16, then the lanes are added
+// in order, whatever the backend).
+template <class T, class F>
+KOKKOS_INLINE_FUNCTION T lane_sum(std::int64_t n, const F& f) {
+  constexpr int L = 16;
+  T part[L];
+  for (int j = 0; j < L; ++j) part[j] = T(0);
+  std::int64_t i = 0;
+  for (; i + L <= n; i += L)
+    for (int j = 0; j < L; ++j) part[j] += f(i + j);
+  for (int j = 0; i < n; ++i, ++j) part[j] += f(i);
+  T s = T(0);
+  for (int j = 0; j < L; ++j) s += part[j];
+  return s;
+}
+
+// Two sums over the same terms at once: f(i, a, b) adds its terms to a and b.
+template <class T, class F>
+KOKKOS_INLINE_FUNCTION void lane_sum2(std::int64_t n, const F& f, T& a, T& b) {
+  constexpr int L = 16;
+  T pa[L], pb[L];
+  for (int j = 0; j < L; ++j) pa[j] = pb[j] = T(0);
+  std::int64_t i = 0;
+  for (; i + L <= n; i += L)
+    for (int j = 0; j < L; ++j) f(i + j, pa[j], pb[j]);
+  for (int j = 0; i < n; ++i, ++j) f(i, pa[j], pb[j]);
+  a = b = T(0);
+  for (int j = 0; j < L; ++j) {
+    a += pa[j];
+    b += pb[j];
+  }
+}
+
+template <class T>
+KOKKOS_INLINE_FUNCTION T lane_max(std::int64_t n, const T* x) {
+  constexpr int L = 16;
+  if (n < L) {
+    T m = x[0];
+    for (std::int64_t i = 1; i < n; ++i) m = x[i] > m ? x[i] : m;
+    return m;
+  }
+  T part[L];
+  for (int j = 0; j < L; ++j) part[j] = x[j];
+  std::int64_t i = L;
+  for (; i + L <= n; i += L)
+    for (int j = 0; j < L; ++j) part[j] = x[i + j] > part[j] ? x[i + j] : part[j];
+  for (int j = 0; i < n; ++i, ++j) part[j] = x[i] > part[j] ? x[i] : part[j];
+  T m = part[0];
+  for (int j = 1; j < L; ++j) m = part[j] > m ? part[j] : m;
+  return m;
+}
+
+}  // namespace gnh

@@ -50,10 +50,8 @@ void softmax_rows(float* S, std::int64_t tq, std::int64_t t0, std::int64_t t1, c
     if (lse_in) {
       L = lse_in[r];
     } else {
-      float m = row[0];
-      for (std::int64_t s = 1; s < n; ++s) m = std::max(m, row[s]);
-      float l = 0.0f;
-      for (std::int64_t s = 0; s < n; ++s) l += fexp(row[s] - m);
+      const float m = lane_max(n, row);
+      const float l = lane_sum<float>(n, [&](std::int64_t s) { return fexp(row[s] - m); });
       L = std::log(l) + m;
       lse_out[r] = L;
     }
@@ -112,11 +110,14 @@ void attention_forward_jet2(float* y, float* yd, float* ydd, float* lse, float* 
             const float* p = P + r * t1;
             float* sd = Pd + r * t1;
             float* sdd = Pdd + r * t1;
-            float l1 = 0.0f, l2 = 0.0f;
-            for (std::int64_t s = 0; s < t1; ++s) {
-              l1 += p[s] * sd[s];
-              l2 += p[s] * (sdd[s] + sd[s] * sd[s]);
-            }
+            float l1, l2;
+            lane_sum2<float>(
+                t1,
+                [&](std::int64_t s, float& a, float& b) {
+                  a += p[s] * sd[s];
+                  b += p[s] * (sdd[s] + sd[s] * sd[s]);
+                },
+                l1, l2);
             l2 -= l1 * l1;
             for (std::int64_t s = 0; s < t1; ++s) {
               const float e = sd[s] - l1;
@@ -195,8 +196,7 @@ void attention_forward_dual(float* y, float* yd, float* lse, float* lsed, const 
           for (std::int64_t r = 0; r < tq; ++r) {
             const float* p = P + r * t1;
             float* sd = Pd + r * t1;
-            float l1 = 0.0f;
-            for (std::int64_t s = 0; s < t1; ++s) l1 += p[s] * sd[s];
+            const float l1 = lane_sum<float>(t1, [&](std::int64_t s) { return p[s] * sd[s]; });
             for (std::int64_t s = 0; s < t1; ++s) sd[s] = p[s] * (sd[s] - l1);
             lsed[k * R + orow + r] = l1;
           }

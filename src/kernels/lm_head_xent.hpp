@@ -91,31 +91,32 @@ void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t
             const std::int32_t tgt = targets(n);
             const bool has_tgt = tgt >= v0 && tgt < v0 + vc;
             const T* zr = &zc.v(r, 0);
-            T m = zr[0];
-            for (index_t v = 1; v < vc; ++v) m = zr[v] > m ? zr[v] : m;
+            T m = lane_max(vc, zr);
             if (!first) m = stats(n, 0) > m ? stats(n, 0) : m;
             // Rescale what earlier chunks accumulated to the new maximum.
             const T corr = first ? T(0) : fast_exp(stats(n, 0) - m);
-            T e = 0;
-            for (index_t v = 0; v < vc; ++v) e += fast_exp(zr[v] - m);
+            const T e = lane_sum<T>(vc, [&](index_t v) { return fast_exp(zr[v] - m); });
             loss.v(n) = (first ? 0.0 : loss.v(n) * double(corr)) + double(e);
             stats(n, 0) = m;
             if (has_tgt) stats(n, 1) = zr[tgt - v0];
             if constexpr (tangents) {
               for (index_t k = 0; k < K; ++k) {
                 const T* dr = &zc.d(k, r, 0);
-                T a1 = 0, a2 = 0;
+                T a1, a2;
                 if constexpr (second) {
                   const T* ddr = &zc.dd(k, r, 0);
-                  for (index_t v = 0; v < vc; ++v) {
-                    const T q = fast_exp(zr[v] - m);
-                    a1 += q * dr[v];
-                    a2 += q * (ddr[v] + dr[v] * dr[v]);
-                  }
+                  lane_sum2<T>(
+                      vc,
+                      [&](index_t v, T& s1, T& s2) {
+                        const T q = fast_exp(zr[v] - m);
+                        s1 += q * dr[v];
+                        s2 += q * (ddr[v] + dr[v] * dr[v]);
+                      },
+                      a1, a2);
                   lse.dd(k, n) = first ? a2 : lse.dd(k, n) * corr + a2;
                   if (has_tgt) loss.dd(k, n) = -double(ddr[tgt - v0]);
                 } else {
-                  for (index_t v = 0; v < vc; ++v) a1 += fast_exp(zr[v] - m) * dr[v];
+                  a1 = lane_sum<T>(vc, [&](index_t v) { return fast_exp(zr[v] - m) * dr[v]; });
                 }
                 lse.d(k, n) = first ? a1 : lse.d(k, n) * corr + a1;
                 if (has_tgt) loss.d(k, n) = -double(dr[tgt - v0]);

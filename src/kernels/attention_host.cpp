@@ -70,6 +70,44 @@ void forward_tile(const Geometry& g, const float* qkv, float* y, float* lse, std
   mm(false, false, tq, g.hs, t1, 1.0f, P, t1, qkv + g.v(b, h), g.ld, 0.0f, y + g.y(b, h, t0), g.C);
 }
 
+// Zeroes the k and v columns of head h, sequence b, in a dqkv plane (the
+// reverse accumulates into them tile by tile).
+void zero_kv(const Geometry& g, float* dqkv, std::int64_t b, std::int64_t h) {
+  const std::int64_t ok = g.k(b, h), ov = g.v(b, h);
+  for (std::int64_t t = 0; t < g.T; ++t)
+    for (std::int64_t c = 0; c < g.hs; ++c) dqkv[ok + t * g.ld + c] = dqkv[ov + t * g.ld + c] = 0.0f;
+}
+
+// The primal reverse of one tile: P = softmax (from the saved lse), A = dp - D
+// with dp = dy V^T and D_t = dy_t.y_t (written to D), dS = P A scale; then
+// dq of the tile, and dk, dv of its keys accumulated.
+void reverse_tile(const Geometry& g, float* dqkv, float* D, const float* dy, const float* qkv, const float* y,
+                  const float* lse, std::int64_t b, std::int64_t h, std::int64_t t0, std::int64_t t1, float* P,
+                  float* A, float* dS) {
+  const std::int64_t tq = t1 - t0, hs = g.hs;
+  const std::int64_t oq = g.q(b, h, t0), ok = g.k(b, h), ov = g.v(b, h), oy = g.y(b, h, t0), orow = g.row(b, h, t0);
+  mm(false, true, tq, t1, hs, g.scale, qkv + oq, g.ld, qkv + ok, g.ld, 0.0f, P, t1);
+  softmax_rows(P, tq, t0, t1, lse + orow, nullptr);
+  mm(false, true, tq, t1, hs, 1.0f, dy + oy, g.C, qkv + ov, g.ld, 0.0f, A, t1);
+  for (std::int64_t r = 0; r < tq; ++r) {
+    const float* dyr = dy + oy + r * g.C;
+    const float* yr = y + oy + r * g.C;
+    float Dt = 0.0f;
+    for (std::int64_t c = 0; c < hs; ++c) Dt += dyr[c] * yr[c];
+    D[orow + r] = Dt;
+    const float* p = P + r * t1;
+    float* a = A + r * t1;
+    float* ds = dS + r * t1;
+    for (std::int64_t j = 0; j < t1; ++j) {
+      a[j] -= Dt;
+      ds[j] = p[j] * a[j] * g.scale;
+    }
+  }
+  mm(false, false, tq, hs, t1, 1.0f, dS, t1, qkv + ok, g.ld, 0.0f, dqkv + oq, g.ld);
+  mm(true, false, t1, hs, tq, 1.0f, dS, t1, qkv + oq, g.ld, 1.0f, dqkv + ok, g.ld);
+  mm(true, false, t1, hs, tq, 1.0f, P, t1, dy + oy, g.C, 1.0f, dqkv + ov, g.ld);
+}
+
 }  // namespace
 
 bool attention_available() { return selected_kernel() != GemmKernel::none; }
@@ -142,33 +180,13 @@ void attention_reverse(float* dqkv, float* D, const float* dy, const float* qkv,
                        const float* lse, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs) {
   const Geometry g(B, T, H, hs);
   const std::int64_t tile = std::min(TQ, T) * T;
-  std::vector<float> buf(std::size_t(2 * tile));
-  float *P = buf.data(), *dS = P + tile;
+  std::vector<float> buf(std::size_t(3 * tile));
+  float *P = buf.data(), *A = P + tile, *dS = A + tile;
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t h = 0; h < H; ++h) {
-      const std::int64_t ok = g.k(b, h), ov = g.v(b, h);
-      for (std::int64_t t = 0; t < T; ++t)
-        for (std::int64_t c = 0; c < hs; ++c) dqkv[ok + t * g.ld + c] = dqkv[ov + t * g.ld + c] = 0.0f;
-      for (std::int64_t t0 = 0; t0 < T; t0 += TQ) {
-        const std::int64_t t1 = std::min(t0 + TQ, T), tq = t1 - t0;
-        const std::int64_t oq = g.q(b, h, t0), oy = g.y(b, h, t0), orow = g.row(b, h, t0);
-        mm(false, true, tq, t1, hs, g.scale, qkv + oq, g.ld, qkv + ok, g.ld, 0.0f, P, t1);
-        softmax_rows(P, tq, t0, t1, lse + orow, nullptr);
-        mm(false, true, tq, t1, hs, 1.0f, dy + oy, g.C, qkv + ov, g.ld, 0.0f, dS, t1);
-        for (std::int64_t r = 0; r < tq; ++r) {
-          const float* dyr = dy + oy + r * g.C;
-          const float* yr = y + oy + r * g.C;
-          float Dt = 0.0f;
-          for (std::int64_t c = 0; c < hs; ++c) Dt += dyr[c] * yr[c];
-          D[orow + r] = Dt;
-          const float* p = P + r * t1;
-          float* ds = dS + r * t1;
-          for (std::int64_t s = 0; s < t1; ++s) ds[s] = p[s] * (ds[s] - Dt) * g.scale;
-        }
-        mm(false, false, tq, hs, t1, 1.0f, dS, t1, qkv + ok, g.ld, 0.0f, dqkv + oq, g.ld);
-        mm(true, false, t1, hs, tq, 1.0f, dS, t1, qkv + oq, g.ld, 1.0f, dqkv + ok, g.ld);
-        mm(true, false, t1, hs, tq, 1.0f, P, t1, dy + oy, g.C, 1.0f, dqkv + ov, g.ld);
-      }
+      zero_kv(g, dqkv, b, h);
+      for (std::int64_t t0 = 0; t0 < T; t0 += TQ)
+        reverse_tile(g, dqkv, D, dy, qkv, y, lse, b, h, t0, std::min(t0 + TQ, T), P, A, dS);
     }
 }
 
@@ -217,39 +235,16 @@ void attention_reverse_dual(float* dqkv, float* dqkvd, float* D, float* Dd, cons
   const std::int64_t N = B * T, R = B * H * T, tile = std::min(TQ, T) * T;
   std::vector<float> buf(std::size_t(5 * tile));
   float *P = buf.data(), *A = P + tile, *Pd = A + tile, *dS = Pd + tile, *dSd = dS + tile;
-  std::vector<float> Dt(std::size_t(std::min(TQ, T)));
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t h = 0; h < H; ++h) {
       const std::int64_t ok = g.k(b, h), ov = g.v(b, h);
-      for (std::int64_t k = -1; k < K; ++k) {
-        float* out = k < 0 ? dqkv : dqkvd + k * N * g.ld;
-        for (std::int64_t t = 0; t < T; ++t)
-          for (std::int64_t c = 0; c < hs; ++c) out[ok + t * g.ld + c] = out[ov + t * g.ld + c] = 0.0f;
-      }
+      zero_kv(g, dqkv, b, h);
+      for (std::int64_t k = 0; k < K; ++k) zero_kv(g, dqkvd + k * N * g.ld, b, h);
       for (std::int64_t t0 = 0; t0 < T; t0 += TQ) {
         const std::int64_t t1 = std::min(t0 + TQ, T), tq = t1 - t0;
         const std::int64_t oq = g.q(b, h, t0), oy = g.y(b, h, t0), orow = g.row(b, h, t0);
         // The primal reverse of the tile; A keeps dp - D for the tangents.
-        mm(false, true, tq, t1, hs, g.scale, qkv + oq, g.ld, qkv + ok, g.ld, 0.0f, P, t1);
-        softmax_rows(P, tq, t0, t1, lse + orow, nullptr);
-        mm(false, true, tq, t1, hs, 1.0f, dy + oy, g.C, qkv + ov, g.ld, 0.0f, A, t1);
-        for (std::int64_t r = 0; r < tq; ++r) {
-          const float* dyr = dy + oy + r * g.C;
-          const float* yr = y + oy + r * g.C;
-          float s = 0.0f;
-          for (std::int64_t c = 0; c < hs; ++c) s += dyr[c] * yr[c];
-          D[orow + r] = Dt[r] = s;
-          const float* p = P + r * t1;
-          float* a = A + r * t1;
-          float* ds = dS + r * t1;
-          for (std::int64_t j = 0; j < t1; ++j) {
-            a[j] -= s;
-            ds[j] = p[j] * a[j] * g.scale;
-          }
-        }
-        mm(false, false, tq, hs, t1, 1.0f, dS, t1, qkv + ok, g.ld, 0.0f, dqkv + oq, g.ld);
-        mm(true, false, t1, hs, tq, 1.0f, dS, t1, qkv + oq, g.ld, 1.0f, dqkv + ok, g.ld);
-        mm(true, false, t1, hs, tq, 1.0f, P, t1, dy + oy, g.C, 1.0f, dqkv + ov, g.ld);
+        reverse_tile(g, dqkv, D, dy, qkv, y, lse, b, h, t0, t1, P, A, dS);
         for (std::int64_t k = 0; k < K; ++k) {
           const float* qd = qkvd + k * N * g.ld;
           const float* dyk = dyd + k * N * g.C;

@@ -121,11 +121,14 @@ void attention_forward(float* y, float* lse, const float* qkv, std::int64_t B, s
       for (std::int64_t t0 = 0; t0 < T; t0 += TQ) forward_tile(g, qkv, y, lse, b, h, t0, std::min(t0 + TQ, T), S.data());
 }
 
-void attention_forward_jet2(float* y, float* yd, float* ydd, float* lse, float* lsed, float* lsedd,
-                            const float* qkv, const float* qkvd, const float* qkvdd, std::int64_t K,
-                            std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs) {
+namespace {
+
+// Tangent (second == false: ydd, lsedd, qkvdd unused) or second-order forward.
+void forward_derivatives(float* y, float* yd, float* ydd, float* lse, float* lsed, float* lsedd, const float* qkv,
+                         const float* qkvd, const float* qkvdd, std::int64_t K, std::int64_t B, std::int64_t T,
+                         std::int64_t H, std::int64_t hs, bool second) {
   const Geometry g(B, T, H, hs);
-  const std::int64_t N = B * T, tile = std::min(TQ, T) * T;
+  const std::int64_t N = B * T, R = B * H * T, tile = std::min(TQ, T) * T;
   std::vector<float> buf(std::size_t(3 * tile));
   float *P = buf.data(), *Pd = P + tile, *Pdd = Pd + tile;
   for (std::int64_t b = 0; b < B; ++b)
@@ -137,16 +140,24 @@ void attention_forward_jet2(float* y, float* yd, float* ydd, float* lse, float* 
         forward_tile(g, qkv, y, lse, b, h, t0, t1, P);
         for (std::int64_t k = 0; k < K; ++k) {
           const float* d = qkvd + k * N * g.ld;
-          const float* dd = qkvdd + k * N * g.ld;
+          const float* dd = second ? qkvdd + k * N * g.ld : nullptr;
           // s' and s''.
           mm(false, true, tq, t1, hs, g.scale, d + oq, g.ld, qkv + ok, g.ld, 0.0f, Pd, t1);
           mm(false, true, tq, t1, hs, g.scale, qkv + oq, g.ld, d + ok, g.ld, 1.0f, Pd, t1);
-          mm(false, true, tq, t1, hs, g.scale, dd + oq, g.ld, qkv + ok, g.ld, 0.0f, Pdd, t1);
-          mm(false, true, tq, t1, hs, 2.0f * g.scale, d + oq, g.ld, d + ok, g.ld, 1.0f, Pdd, t1);
-          mm(false, true, tq, t1, hs, g.scale, qkv + oq, g.ld, dd + ok, g.ld, 1.0f, Pdd, t1);
+          if (second) {
+            mm(false, true, tq, t1, hs, g.scale, dd + oq, g.ld, qkv + ok, g.ld, 0.0f, Pdd, t1);
+            mm(false, true, tq, t1, hs, 2.0f * g.scale, d + oq, g.ld, d + ok, g.ld, 1.0f, Pdd, t1);
+            mm(false, true, tq, t1, hs, g.scale, qkv + oq, g.ld, dd + ok, g.ld, 1.0f, Pdd, t1);
+          }
           for (std::int64_t r = 0; r < tq; ++r) {
             const float* p = P + r * t1;
             float* sd = Pd + r * t1;
+            if (!second) {
+              const float l1 = lane_sum<float>(t1, [&](std::int64_t s) { return p[s] * sd[s]; });
+              for (std::int64_t s = 0; s < t1; ++s) sd[s] = p[s] * (sd[s] - l1);
+              lsed[k * R + orow + r] = l1;
+              continue;
+            }
             float* sdd = Pdd + r * t1;
             float l1, l2;
             lane_sum2<float>(
@@ -162,18 +173,33 @@ void attention_forward_jet2(float* y, float* yd, float* ydd, float* lse, float* 
               sdd[s] = p[s] * (e * e + sdd[s] - l2);
               sd[s] = p[s] * e;
             }
-            lsed[k * B * H * T + orow + r] = l1;
-            lsedd[k * B * H * T + orow + r] = l2;
+            lsed[k * R + orow + r] = l1;
+            lsedd[k * R + orow + r] = l2;
           }
           float* yk = yd + k * N * g.C;
-          float* ykk = ydd + k * N * g.C;
           mm(false, false, tq, hs, t1, 1.0f, Pd, t1, qkv + ov, g.ld, 0.0f, yk + oy, g.C);
           mm(false, false, tq, hs, t1, 1.0f, P, t1, d + ov, g.ld, 1.0f, yk + oy, g.C);
-          mm(false, false, tq, hs, t1, 1.0f, Pdd, t1, qkv + ov, g.ld, 0.0f, ykk + oy, g.C);
-          mm(false, false, tq, hs, t1, 2.0f, Pd, t1, d + ov, g.ld, 1.0f, ykk + oy, g.C);
-          mm(false, false, tq, hs, t1, 1.0f, P, t1, dd + ov, g.ld, 1.0f, ykk + oy, g.C);
+          if (second) {
+            float* ykk = ydd + k * N * g.C;
+            mm(false, false, tq, hs, t1, 1.0f, Pdd, t1, qkv + ov, g.ld, 0.0f, ykk + oy, g.C);
+            mm(false, false, tq, hs, t1, 2.0f, Pd, t1, d + ov, g.ld, 1.0f, ykk + oy, g.C);
+            mm(false, false, tq, hs, t1, 1.0f, P, t1, dd + ov, g.ld, 1.0f, ykk + oy, g.C);
+          }
         }
       }
+}
+
+}  // namespace
+
+void attention_forward_jet2(float* y, float* yd, float* ydd, float* lse, float* lsed, float* lsedd,
+                            const float* qkv, const float* qkvd, const float* qkvdd, std::int64_t K,
+                            std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs) {
+  forward_derivatives(y, yd, ydd, lse, lsed, lsedd, qkv, qkvd, qkvdd, K, B, T, H, hs, true);
+}
+
+void attention_forward_dual(float* y, float* yd, float* lse, float* lsed, const float* qkv, const float* qkvd,
+                            std::int64_t K, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs) {
+  forward_derivatives(y, yd, nullptr, lse, lsed, nullptr, qkv, qkvd, nullptr, K, B, T, H, hs, false);
 }
 
 void attention_reverse(float* dqkv, float* D, const float* dy, const float* qkv, const float* y,
@@ -188,41 +214,6 @@ void attention_reverse(float* dqkv, float* D, const float* dy, const float* qkv,
       for (std::int64_t t0 = 0; t0 < T; t0 += TQ)
         reverse_tile(g, dqkv, D, dy, qkv, y, lse, b, h, t0, std::min(t0 + TQ, T), P, A, dS);
     }
-}
-
-}  // namespace gnh::kernels::host
-
-namespace gnh::kernels::host {
-
-void attention_forward_dual(float* y, float* yd, float* lse, float* lsed, const float* qkv, const float* qkvd,
-                            std::int64_t K, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs) {
-  const Geometry g(B, T, H, hs);
-  const std::int64_t N = B * T, R = B * H * T, tile = std::min(TQ, T) * T;
-  std::vector<float> buf(std::size_t(2 * tile));
-  float *P = buf.data(), *Pd = P + tile;
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t h = 0; h < H; ++h)
-      for (std::int64_t t0 = 0; t0 < T; t0 += TQ) {
-        const std::int64_t t1 = std::min(t0 + TQ, T), tq = t1 - t0;
-        const std::int64_t oq = g.q(b, h, t0), ok = g.k(b, h), ov = g.v(b, h), oy = g.y(b, h, t0);
-        const std::int64_t orow = g.row(b, h, t0);
-        forward_tile(g, qkv, y, lse, b, h, t0, t1, P);
-        for (std::int64_t k = 0; k < K; ++k) {
-          const float* d = qkvd + k * N * g.ld;
-          mm(false, true, tq, t1, hs, g.scale, d + oq, g.ld, qkv + ok, g.ld, 0.0f, Pd, t1);
-          mm(false, true, tq, t1, hs, g.scale, qkv + oq, g.ld, d + ok, g.ld, 1.0f, Pd, t1);
-          for (std::int64_t r = 0; r < tq; ++r) {
-            const float* p = P + r * t1;
-            float* sd = Pd + r * t1;
-            const float l1 = lane_sum<float>(t1, [&](std::int64_t s) { return p[s] * sd[s]; });
-            for (std::int64_t s = 0; s < t1; ++s) sd[s] = p[s] * (sd[s] - l1);
-            lsed[k * R + orow + r] = l1;
-          }
-          float* yk = yd + k * N * g.C;
-          mm(false, false, tq, hs, t1, 1.0f, Pd, t1, qkv + ov, g.ld, 0.0f, yk + oy, g.C);
-          mm(false, false, tq, hs, t1, 1.0f, P, t1, d + ov, g.ld, 1.0f, yk + oy, g.C);
-        }
-      }
 }
 
 // With a = dp - D (per element) and its tangent a' = dp' - D':

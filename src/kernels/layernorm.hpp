@@ -2,10 +2,13 @@
 // LayerNorm over the channels of each row.
 //   forward:  mu = mean(x), r = (var(x) + eps)^(-1/2), xh = (x - mu) r, y = xh w + b
 //   reverse:  g = dy w,  dx = r (g - mean(g) - xh mean(g xh)),  dw += sum_n dy xh,  db += sum_n dy
-//   tangent / second order: the forward evaluated in Dual / Jet2 arithmetic
+//   tangent / second order: the row statistics once, each direction by the chain rule (below)
 //   tangent of reverse:     the reverse evaluated in Dual arithmetic
 // Saves mu and r per row (with their tangents in tangent mode); the caller keeps x.
 #pragma once
+#include <type_traits>
+
+#include "core/fastmath.hpp"
 #include "core/planes.hpp"
 #include "kernels/check.hpp"
 
@@ -16,30 +19,60 @@ void layernorm_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>
                        Act1<base_t<S>> rstd, Act2<base_t<S>> x, Params<base_t<S>> p, index_t w,
                        index_t b, double eps) {
   using T = base_t<S>;
-  using io = Io<S>;
-  const index_t N = x.rows(), C = x.cols(), K = directions_of<S>(x);
+  constexpr bool tangents = !std::is_same<S, T>::value, second = std::is_same<S, Jet2<T>>::value;
+  const index_t N = x.rows(), C = x.cols(), K = tangents ? x.d.extent(0) : 0, P = p.v.extent(0);
   require_extent("gnh::layernorm::forward", "y rows", y.rows(), N);
   require_extent("gnh::layernorm::forward", "y cols", y.cols(), C);
   require_extent("gnh::layernorm::forward", "mean", mean.v.extent(0), N);
   const T teps = static_cast<T>(eps);
+  const T* pv = p.v.data();
+  // The row statistics once (two passes, mean then centred squares, for
+  // accuracy in float); each direction then by the chain rule in T, with
+  // delta = x - mu, v = mean(delta^2), r = (v + eps)^-1/2:
+  //   mu' = mean(x'), v' = 2 mean(delta delta'), r' = -r^3 v' / 2,
+  //   xh' = delta' r + delta r',  y' = xh' w + xh w' + b'
+  //   mu'' = mean(x''), v'' = 2 mean(delta'^2 + delta delta''),
+  //   r'' = 3 r^5 v'^2 / 4 - r^3 v'' / 2,
+  //   xh'' = delta'' r + 2 delta' r' + delta r'',  y'' = xh'' w + 2 xh' w'
   Kokkos::parallel_for(
       "gnh::layernorm::forward", range(space, N), KOKKOS_LAMBDA(const index_t n) {
-        for (int k = 0; k < K; ++k) {
-          // Two passes (mean, then centred squares) for accuracy in float.
-          S mu(0);
-          for (index_t c = 0; c < C; ++c) mu += io::get(x, k, n, c);
-          mu = mu / T(C);
-          S var(0);
-          for (index_t c = 0; c < C; ++c) {
-            const S dlt = io::get(x, k, n, c) - mu;
-            var += dlt * dlt;
-          }
-          const S r = T(1) / jsqrt(var / T(C) + teps);
-          io::put(mean, k, n, mu);
-          io::put(rstd, k, n, r);
-          for (index_t c = 0; c < C; ++c) {
-            const S yn = (io::get(x, k, n, c) - mu) * r * io::param(p, k, w + c);
-            io::put(y, k, n, c, b >= 0 ? yn + io::param(p, k, b + c) : yn);
+        const T* xr = &x.v(n, 0);
+        const T mu = lane_sum<T>(C, [&](index_t c) { return xr[c]; }) / T(C);
+        const T var = lane_sum<T>(C, [&](index_t c) { return (xr[c] - mu) * (xr[c] - mu); });
+        const T r = T(1) / kmath::sqrt(var / T(C) + teps);
+        mean.v(n) = mu;
+        rstd.v(n) = r;
+        for (index_t c = 0; c < C; ++c) y.v(n, c) = (xr[c] - mu) * r * pv[w + c] + (b >= 0 ? pv[b + c] : T(0));
+        if constexpr (tangents) {
+          for (index_t k = 0; k < K; ++k) {
+            const T* xd = &x.d(k, n, 0);
+            const T* pd = p.d.data() + k * P;
+            const T mu1 = lane_sum<T>(C, [&](index_t c) { return xd[c]; }) / T(C);
+            const T v1 = lane_sum<T>(C, [&](index_t c) { return (xr[c] - mu) * (xd[c] - mu1); }) * (T(2) / T(C));
+            const T r3 = r * r * r, r1 = T(-0.5) * r3 * v1;
+            mean.d(k, n) = mu1;
+            rstd.d(k, n) = r1;
+            for (index_t c = 0; c < C; ++c) {
+              const T xh = (xr[c] - mu) * r, xh1 = (xd[c] - mu1) * r + (xr[c] - mu) * r1;
+              y.d(k, n, c) = xh1 * pv[w + c] + xh * pd[w + c] + (b >= 0 ? pd[b + c] : T(0));
+            }
+            if constexpr (second) {
+              const T* xdd = &x.dd(k, n, 0);
+              const T mu2 = lane_sum<T>(C, [&](index_t c) { return xdd[c]; }) / T(C);
+              const T v2 = lane_sum<T>(C, [&](index_t c) {
+                             const T d1 = xd[c] - mu1;
+                             return d1 * d1 + (xr[c] - mu) * (xdd[c] - mu2);
+                           }) *
+                           (T(2) / T(C));
+              const T r2 = T(0.75) * r3 * r * r * v1 * v1 - T(0.5) * r3 * v2;
+              mean.dd(k, n) = mu2;
+              rstd.dd(k, n) = r2;
+              for (index_t c = 0; c < C; ++c) {
+                const T d0 = xr[c] - mu, d1 = xd[c] - mu1;
+                const T xh1 = d1 * r + d0 * r1, xh2 = (xdd[c] - mu2) * r + T(2) * d1 * r1 + d0 * r2;
+                y.dd(k, n, c) = xh2 * pv[w + c] + T(2) * xh1 * pd[w + c];
+              }
+            }
           }
         }
       });

@@ -20,7 +20,7 @@
 
 namespace gnh {
 
-KOKKOS_INLINE_FUNCTION float fexp(float x) {
+KOKKOS_FORCEINLINE_FUNCTION float fexp(float x) {
   const float hi = 88.72283f, lo = -87.33654f;
   const float xc = x > hi ? hi : (x < lo ? lo : x);
   // n = round(x / ln 2) by the 1.5 * 2^23 shifter (round to nearest even).
@@ -47,7 +47,7 @@ KOKKOS_INLINE_FUNCTION float fexp(float x) {
   return x < lo ? 0.0f : (x > hi ? __builtin_huge_valf() : y);
 }
 
-KOKKOS_INLINE_FUNCTION float ferf(float x) {
+KOKKOS_FORCEINLINE_FUNCTION float ferf(float x) {
   const float a = x < 0 ? -x : x;
   // |x| < 1: x P(x^2).
   const float z = x * x;
@@ -76,10 +76,10 @@ KOKKOS_INLINE_FUNCTION float ferf(float x) {
 
 // The scalar functions the kernels use: float gets the inline versions,
 // double the library's.
-KOKKOS_INLINE_FUNCTION float fast_exp(float x) { return fexp(x); }
-KOKKOS_INLINE_FUNCTION double fast_exp(double x) { return kmath::exp(x); }
-KOKKOS_INLINE_FUNCTION float fast_erf(float x) { return ferf(x); }
-KOKKOS_INLINE_FUNCTION double fast_erf(double x) { return kmath::erf(x); }
+KOKKOS_FORCEINLINE_FUNCTION float fast_exp(float x) { return fexp(x); }
+KOKKOS_FORCEINLINE_FUNCTION double fast_exp(double x) { return kmath::exp(x); }
+KOKKOS_FORCEINLINE_FUNCTION float fast_erf(float x) { return ferf(x); }
+KOKKOS_FORCEINLINE_FUNCTION double fast_erf(double x) { return kmath::erf(x); }
 
 }  // namespace gnh
 

@@ -22,7 +22,7 @@ namespace gnh::kernels {
 // apply them to every direction: y' = f' x', y'' = f'' x'^2 + f' x'' (forward);
 // dx = f' dy, dx' = f' dy' + f'' x' dy (reverse and its tangent).
 template <bool Exact, int Order, class T>
-KOKKOS_INLINE_FUNCTION void gelu_derivatives(T x, T& f, T& f1, T& f2) {
+KOKKOS_FORCEINLINE_FUNCTION void gelu_derivatives(T x, T& f, T& f1, T& f2) {
   if constexpr (Exact) {
     const T Phi = T(0.5) * (fast_erf(x * T(0.70710678118654752440)) + T(1));
     f = x * Phi;

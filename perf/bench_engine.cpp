@@ -224,6 +224,20 @@ Model synthetic(const std::string& spec, index_t B, index_t& T) {
   return m;
 }
 
+// An engine shape of this run: batch, context, precision; reverse mode and
+// K directions by the pass.
+Shape shape_of(const Options& o, index_t context, bool reverse, int K = 0, bool second = false) {
+  Shape s;
+  s.batch = o.batch;
+  s.context = context;
+  s.reverse = reverse;
+  s.directions = K;
+  s.second_order = second;
+  s.bf16 = o.precision == "bf16-amp";
+  s.tf32 = o.precision == "tf32";
+  return s;
+}
+
 std::string json_doubles(const std::vector<double>& v) {
   std::ostringstream s;
   s.precision(17);
@@ -276,7 +290,6 @@ void run(const Options& o) {
   }
   const double ntok = double(B * Tc);
   const Flops fl = flops_of(cfg, B, Tc);
-  const bool bf16 = o.precision == "bf16-amp", tf32 = o.precision == "tf32";
   const bool float_run = std::is_same<T, float>::value;
   const double gemm_rate = float_run ? sgemm_gflops(512, false) : 0.0;
   const double vendor_rate = float_run ? sgemm_gflops(512, true) : 0.0;
@@ -300,13 +313,8 @@ void run(const Options& o) {
   };
   std::vector<double> validation;
   if (o.has("forward")) {
-    Shape s;
-    s.batch = B;
-    s.context = Tc;
-    s.bf16 = bf16;
-    s.tf32 = tf32;
     reset_peak_rss();
-    Gpt<T> m(cfg, s);
+    Gpt<T> m(cfg, shape_of(o, Tc, false));
     LossSum loss;
     const Timing tm = time_repeats(o.repeats, [&] { loss = m.forward_loss(space, params, tokens, targets); });
     const double t = tm.median;
@@ -316,15 +324,9 @@ void run(const Options& o) {
     if (o.validation) js << "  \"loss_mean\": " << json_doubles({loss.sum / double(loss.count)}) << ",\n";
   }
   if (o.has("gradient")) {
-    Shape s;
-    s.batch = B;
-    s.context = Tc;
-    s.reverse = true;
-    s.bf16 = bf16;
-    s.tf32 = tf32;
     reset_peak_rss();
     const auto t_plan = std::chrono::steady_clock::now();
-    Gpt<T> m(cfg, s);
+    Gpt<T> m(cfg, shape_of(o, Tc, true));
     View1<T> grad("grad", P);
     // Group start-up as a run sees it: read the checkpoint, plan an engine.
     const double setup =
@@ -352,14 +354,8 @@ void run(const Options& o) {
       View2<T> dirs("dirs", K, P);
       fill_rademacher<T>(space, dirs, 1234, 0);
       for (const std::string& method : o.methods) {
-        Shape s;
-        s.batch = B;
-        s.context = Tc;
-        s.directions = K;
-        s.reverse = method == "forward-over-reverse";
-        s.second_order = !s.reverse;
-        s.bf16 = bf16;
-        s.tf32 = tf32;
+        const bool fwd_over_rev = method == "forward-over-reverse";
+        const Shape s = shape_of(o, Tc, fwd_over_rev, K, !fwd_over_rev);
         reset_peak_rss();
         Gpt<T> m(cfg, s);
         View1<T> grad;
@@ -410,25 +406,16 @@ void plan(const Options& o) {
   const Model model = synthetic(o.synthetic.empty() ? "small" : o.synthetic, 1, Tc);
   std::printf("{\"model\": \"%s\", \"batch\": %ld, \"seq_len\": %ld, \"workspace_bytes\": {", o.synthetic.c_str(),
               long(o.batch), long(Tc));
-  auto one = [&](const char* name, Shape s, bool comma) {
-    s.batch = o.batch;
-    s.context = Tc;
-    s.bf16 = o.precision == "bf16-amp";
-    s.tf32 = o.precision == "tf32";
+  auto one = [&](const std::string& name, const Shape& s, bool comma) {
     Gpt<T> m(model.config, s);
-    std::printf("%s\"%s\": %zu", comma ? ", " : "", name, m.workspace_bytes());
+    std::printf("%s\"%s\": %zu", comma ? ", " : "", name.c_str(), m.workspace_bytes());
   };
-  one("forward", Shape{}, false);
-  Shape g;
-  g.reverse = true;
-  one("gradient", g, true);
+  one("forward", shape_of(o, Tc, false), false);
+  one("gradient", shape_of(o, Tc, true), true);
   for (int K : o.K)
     for (const std::string& method : o.methods) {
-      Shape s;
-      s.directions = K;
-      s.reverse = method == "forward-over-reverse";
-      s.second_order = !s.reverse;
-      one((method + " K=" + std::to_string(K)).c_str(), s, true);
+      const bool fwd_over_rev = method == "forward-over-reverse";
+      one(method + " K=" + std::to_string(K), shape_of(o, Tc, fwd_over_rev, K, !fwd_over_rev), true);
     }
   std::printf("}}\n");
 }

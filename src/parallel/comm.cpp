@@ -12,21 +12,28 @@ Comm::Comm(MPI_Comm c) : comm_(c) {
 
 void Comm::barrier() const { MPI_Barrier(comm_); }
 
+GatherLayout gather_layout(MPI_Comm comm, int n) {
+  int size = 1;
+  MPI_Comm_size(comm, &size);
+  GatherLayout g;
+  g.counts.resize(static_cast<std::size_t>(size));
+  g.displs.resize(static_cast<std::size_t>(size));
+  MPI_Allgather(&n, 1, MPI_INT, g.counts.data(), 1, MPI_INT, comm);
+  for (std::size_t r = 0; r < g.counts.size(); ++r) {
+    g.displs[r] = g.total;
+    g.total += g.counts[r];
+  }
+  return g;
+}
+
 std::vector<std::string> Comm::allgather(const std::string& mine) const {
   const int n = static_cast<int>(mine.size());
-  std::vector<int> counts(static_cast<std::size_t>(size_)), displs(static_cast<std::size_t>(size_));
-  MPI_Allgather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, comm_);
-  int total = 0;
-  for (int r = 0; r < size_; ++r) {
-    displs[static_cast<std::size_t>(r)] = total;
-    total += counts[static_cast<std::size_t>(r)];
-  }
-  std::string all(static_cast<std::size_t>(total), '\0');
-  MPI_Allgatherv(mine.data(), n, MPI_CHAR, all.data(), counts.data(), displs.data(), MPI_CHAR, comm_);
+  const GatherLayout g = gather_layout(comm_, n);
+  std::string all(static_cast<std::size_t>(g.total), '\0');
+  MPI_Allgatherv(mine.data(), n, MPI_CHAR, all.data(), g.counts.data(), g.displs.data(), MPI_CHAR, comm_);
   std::vector<std::string> out;
-  for (int r = 0; r < size_; ++r)
-    out.push_back(all.substr(static_cast<std::size_t>(displs[static_cast<std::size_t>(r)]),
-                             static_cast<std::size_t>(counts[static_cast<std::size_t>(r)])));
+  for (std::size_t r = 0; r < g.counts.size(); ++r)
+    out.push_back(all.substr(static_cast<std::size_t>(g.displs[r]), static_cast<std::size_t>(g.counts[r])));
   return out;
 }
 

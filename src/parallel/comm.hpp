@@ -11,6 +11,14 @@
 
 namespace gnh {
 
+// The receive layout of an MPI_Allgatherv in which this rank sends n
+// elements: every rank's count and displacement, and the total. Collective.
+struct GatherLayout {
+  std::vector<int> counts, displs;
+  int total = 0;
+};
+GatherLayout gather_layout(MPI_Comm comm, int n);
+
 class Comm {
  public:
   explicit Comm(MPI_Comm c = MPI_COMM_WORLD);

@@ -4,6 +4,8 @@
 #include <climits>
 #include <cstring>
 
+#include "parallel/comm.hpp"
+
 namespace gnh {
 namespace {
 void sum_fixed(void* in, void* inout, int* len, MPI_Datatype*) {
@@ -53,16 +55,10 @@ void MpiTeam::share(std::vector<BatchScalars>& table) {
     mine.push_back(double(r.second.size()));
     mine.insert(mine.end(), r.second.begin(), r.second.end());
   }
-  int n = int(mine.size());
-  std::vector<int> counts(static_cast<std::size_t>(size_)), displs(static_cast<std::size_t>(size_));
-  MPI_Allgather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, comm_);
-  int total = 0;
-  for (int r = 0; r < size_; ++r) {
-    displs[static_cast<std::size_t>(r)] = total;
-    total += counts[static_cast<std::size_t>(r)];
-  }
-  std::vector<double> all(static_cast<std::size_t>(total));
-  MPI_Allgatherv(mine.data(), n, MPI_DOUBLE, all.data(), counts.data(), displs.data(), MPI_DOUBLE, comm_);
+  const int n = int(mine.size());
+  const GatherLayout g = gather_layout(comm_, n);
+  std::vector<double> all(static_cast<std::size_t>(g.total));
+  MPI_Allgatherv(mine.data(), n, MPI_DOUBLE, all.data(), g.counts.data(), g.displs.data(), MPI_DOUBLE, comm_);
   for (std::size_t i = 0; i < all.size();) {
     BatchScalars& r = table[static_cast<std::size_t>(all[i])];
     r.loss_sum = all[i + 1];

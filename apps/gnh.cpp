@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <exception>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "core/build_info.hpp"
 #include "core/error.hpp"
@@ -139,10 +141,26 @@ int main(int argc, char** argv) {
   int status = 0;
   {
     gnh::Comm comm(MPI_COMM_WORLD);
-    // Kokkos takes its own --kokkos-* arguments out of argv.
-    Kokkos::initialize(argc, argv);
+    // Kokkos sees only the --kokkos-* arguments: given --help it would print
+    // its own banner instead of gnh's. gnh's parser sees the rest;
+    // --kokkos-help prints Kokkos' options and nothing else.
+    std::vector<char*> kokkos_argv{argv[0]}, gnh_argv{argv[0]};
+    bool kokkos_help = false;
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a.rfind("--kokkos-", 0) == 0) {
+        kokkos_argv.push_back(argv[i]);
+        kokkos_help = kokkos_help || a == "--kokkos-help";
+      } else {
+        gnh_argv.push_back(argv[i]);
+      }
+    }
+    int kokkos_argc = int(kokkos_argv.size()), gnh_argc = int(gnh_argv.size());
+    kokkos_argv.push_back(nullptr);
+    gnh_argv.push_back(nullptr);
+    Kokkos::initialize(kokkos_argc, kokkos_argv.data());
     try {
-      status = dispatch(argc, argv, comm);
+      if (!kokkos_help) status = dispatch(gnh_argc, gnh_argv.data(), comm);
     } catch (const gnh::ErrorElsewhere&) {
       status = 1;
     } catch (const gnh::Error& e) {

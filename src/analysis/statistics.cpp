@@ -7,15 +7,13 @@
 namespace gnh {
 
 Estimate mean_se(const std::vector<double>& x) {
-  Estimate e;
-  if (x.empty()) {
-    e.value = std::numeric_limits<double>::quiet_NaN();
-    return e;
-  }
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  Estimate e{nan, nan};
+  if (x.empty()) return e;
   double s = 0;
   for (double v : x) s += v;
   e.value = s / double(x.size());
-  if (x.size() < 2) return e;
+  if (x.size() < 2) return e;  // one sample has no spread to estimate an error from
   double ss = 0;
   for (double v : x) ss += (v - e.value) * (v - e.value);
   e.se = std::sqrt(ss / double(x.size() - 1)) / std::sqrt(double(x.size()));
@@ -33,14 +31,14 @@ DerivedStatistics derive(const CaseMeasurements& m) {
   d.fpc = n > B ? (n - 1) / (n - B) : std::numeric_limits<double>::quiet_NaN();
   const double nan = std::numeric_limits<double>::quiet_NaN();
   if (m.xi_sqnorm.empty()) {
-    d.trace_sigma = d.trace_HSigma = d.B_simple = d.B_noise = {nan, 0};
+    d.trace_sigma = d.trace_HSigma = d.B_simple = d.B_noise = {nan, nan};
   } else {
     d.trace_sigma = scaled(mean_se(m.xi_sqnorm), B * d.fpc);
     d.trace_HSigma = scaled(mean_se(m.xiHxi), B * d.fpc);
     d.B_simple = scaled(d.trace_sigma, 1.0 / m.G_sqnorm);
     d.B_noise = scaled(d.trace_HSigma, 1.0 / m.GHG);
   }
-  d.trace_H = m.vHv.empty() ? Estimate{nan, 0} : mean_se(m.vHv);
+  d.trace_H = mean_se(m.vHv);
   d.GHG_over_G_sqnorm = m.GHG / m.G_sqnorm;
   d.eps_star = m.G_sqnorm / m.GHG;
   d.B_simple_tokens = scaled(d.B_simple, double(m.context));

@@ -35,7 +35,9 @@ struct DerivedStatistics {
 
 DerivedStatistics derive(const CaseMeasurements& m);
 
-// Mean and standard error (sample sd with ddof 1, over sqrt(count)); SE 0 below 2 samples.
+// Mean and standard error (sample sd with ddof 1, over sqrt(count)). Not
+// estimable, hence NaN (and absent from the outputs): the mean of no sample,
+// the error of fewer than two.
 Estimate mean_se(const std::vector<double>& x);
 
 }  // namespace gnh

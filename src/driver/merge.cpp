@@ -134,7 +134,7 @@ void validate_and_merge(const MergeOptions& opt) {
       fail(shard, ": checkpoint ", name, " is not part of the campaign");
   RunInfo info = first.info;
   info.shard = "merged from " + std::to_string(headers.size()) + " shard(s)";
-  merge_results(opt.output, info, opt.shards);
+  merge_results(opt.output, info, opt.shards, first.info.campaign_checkpoints);
   std::printf("gnh: merged %zu shard(s), %zu group(s), %zu checkpoint file(s) into %s\n", headers.size(),
               group_seen.size(), seen.size(), opt.output.c_str());
   std::fflush(stdout);

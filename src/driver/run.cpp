@@ -13,6 +13,7 @@
 #include "core/build_info.hpp"
 #include "driver/campaign.hpp"
 #include "io/checkpoint.hpp"
+#include "io/files.hpp"
 #include "io/results.hpp"
 #include "parallel/team_mpi.hpp"
 
@@ -233,8 +234,24 @@ int run_command(const Comm& comm, const RunOptions& opt) {
   const int rpc = int(deck.ranks_per_checkpoint), teams = comm.size() / rpc, my_team = comm.rank() / rpc;
   std::vector<int> team_of_group(groups.size());
   for (std::size_t g = 0; g < groups.size(); ++g) team_of_group[g] = int(g % std::size_t(teams));
+  // Nothing is computed unless its results can be written, and by this run
+  // alone. The dry run only looks; a run creates the directories, writes a
+  // probe and holds the output's lock until it returns.
+  OutputLock lock;
+  std::string other_run;
+  comm.collective([&] {
+    if (!root) return;
+    check_output_writable(output, groups_directory(output), deck.file + ": run.output", !opt.dry_run);
+    if (opt.dry_run)
+      other_run = OutputLock::holder(output);
+    else
+      lock = OutputLock(output, "gnh run " + opt.deck + (opt.shard_count > 1 ? " --shard " + ri.shard : ""));
+  });
   if (root && (opt.dry_run || !opt.quiet))
     print_plan(deck, groups, team_of_group, cases, teams, rpc, output, ri.settings_fingerprint);
+  if (!other_run.empty())
+    std::printf("gnh: note: another gnh run is writing %s now (%s); this run would stop at once\n", output.c_str(),
+                other_run.c_str());
   if (opt.dry_run) {
     if (root) std::printf("gnh: dry run: deck, %zu checkpoint(s) and %zu data file(s) are valid; nothing computed\n",
                           c.files.size(), cases.size());
@@ -268,7 +285,9 @@ int run_command(const Comm& comm, const RunOptions& opt) {
   if (root) {
     std::vector<std::string> complete;
     std::vector<std::string> missing;
+    std::vector<std::string> expected;  // this run's (or shard's) checkpoint file names
     for (const auto& g : groups) {
+      expected.insert(expected.end(), g.aliases.begin(), g.aliases.end());
       const std::string path = group_file(output, g.hash);
       if (group_file_complete(path, ri.settings_fingerprint)) complete.push_back(path);
       else missing.push_back(g.hash + " (" + g.aliases.front() + ")");
@@ -279,7 +298,7 @@ int run_command(const Comm& comm, const RunOptions& opt) {
                              "again to resume\n", complete.size(), groups.size(), groups_directory(output).c_str());
         status = 143;
       } else {
-        merge_results(output, ri, complete);
+        merge_results(output, ri, complete, expected);
         std::vector<GroupSummary> summaries;
         for (const auto& p : complete) summaries.push_back(read_group_summary(p));
         print_summary(summaries, output);

@@ -153,8 +153,18 @@ class Reader {
   std::map<std::string, std::string> origin_;
 };
 
-// Applies one --set override to the table; returns the dotted key.
-std::string apply_override(toml::table& root, const std::string& spec) {
+// A value that TOML cannot parse is taken as a string only when it is a bare
+// word (fp32, bf16-amp, runs/x.h5): anything with TOML's brackets, braces or
+// quotes was meant as TOML and is an error.
+bool bare_word(const std::string& v) {
+  return !v.empty() && v.find_first_of("[]{}\"'=,#") == std::string::npos &&
+         v.find_first_not_of(" \t") == 0;
+}
+
+// Applies one --set override to the table; returns the dotted key. Tables it
+// creates are recorded in origin, so an error about them blames the --set.
+std::string apply_override(toml::table& root, const std::string& spec,
+                           std::map<std::string, std::string>& origin) {
   const auto eq = spec.find('=');
   if (eq == std::string::npos || eq == 0)
     fail("--set ", spec, ": expected key=value (e.g. analysis.directions=8)");
@@ -172,6 +182,9 @@ std::string apply_override(toml::table& root, const std::string& spec) {
     if (!n) {
       t->insert(parts[i], toml::table{});
       n = t->get(parts[i]);
+      std::string prefix;
+      for (std::size_t j = 0; j <= i; ++j) prefix += (j ? "." : "") + parts[j];
+      origin.emplace(prefix, spec);
     }
     if (!n->is_table()) fail("--set ", spec, ": '", parts[i], "' is not a table");
     t = n->as_table();
@@ -179,9 +192,13 @@ std::string apply_override(toml::table& root, const std::string& spec) {
   try {
     toml::table parsed = toml::parse("v = " + value);
     t->insert_or_assign(parts.back(), *parsed.get("v"));
-  } catch (const toml::parse_error&) {
+  } catch (const toml::parse_error& e) {
+    if (!bare_word(value))
+      fail("--set ", spec, ": value '", value, "' is not valid TOML (", e.description(),
+           "); quote a string, e.g. ", key, "='\"...\"'");
     t->insert_or_assign(parts.back(), value);  // a bare word: take it as a string
   }
+  origin[key] = spec;
   return key;
 }
 
@@ -206,7 +223,7 @@ Deck parse_deck(const std::string& text, const std::string& name, const std::str
     fail(name, ":", e.source().begin.line, ": TOML syntax error: ", e.description());
   }
   std::map<std::string, std::string> origin;
-  for (const auto& o : overrides) origin[apply_override(root, o)] = o;
+  for (const auto& o : overrides) apply_override(root, o, origin);
   const Reader r(name, origin);
 
   r.check_keys(root, "", {"run", "checkpoints", "data", "analysis", "precision", "parallel"});
@@ -241,6 +258,9 @@ Deck parse_deck(const std::string& text, const std::string& name, const std::str
       cs.dataset = r.str(t, sec, "dataset", "");
       if (cs.dtype == "hdf5" && cs.dataset.empty())
         fail(r.where(t, sec), ": ", sec, " has dtype \"hdf5\" but no dataset");
+      if (cs.dtype != "hdf5" && !cs.dataset.empty())
+        fail(r.where(*t.get("dataset"), sec + ".dataset"), ": ", sec, ".dataset = \"", cs.dataset,
+             "\" needs dtype = \"hdf5\" (dtype \"", cs.dtype, "\" is a flat binary token file)");
       d.cases.push_back(cs);
     }
     if (d.cases.empty()) fail(r.where(*data, "data"), ": [data] needs at least one of seen, unseen");

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "io/hdf5.hpp"
 
+#include "io/files.hpp"
+
 #include <cstdio>
 
 #include "core/error.hpp"
@@ -27,6 +29,7 @@ File File::open_read(const std::string& path) {
   quiet();
   File f;
   f.path_ = path;
+  require_not_directory(path, "this path");
   FILE* probe = std::fopen(path.c_str(), "rb");
   if (!probe) fail(path, ": cannot open (no such file or not readable)");
   std::fclose(probe);
@@ -170,7 +173,8 @@ void write_attr(hid_t obj, const std::string& name, const std::vector<std::strin
   std::vector<const char*> ptrs;
   for (const auto& s : v) ptrs.push_back(s.c_str());
   Handle a(H5Acreate2(obj, name.c_str(), t.id(), space.id(), H5P_DEFAULT, H5P_DEFAULT));
-  if (!a || H5Awrite(a.id(), t.id(), ptrs.data()) < 0)
+  // An empty list is the attribute's (0)-shaped dataspace alone: nothing to write.
+  if (!a || (!v.empty() && H5Awrite(a.id(), t.id(), ptrs.data()) < 0))
     fail("HDF5: cannot write attribute '", name, "'");
 }
 

@@ -4,11 +4,14 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <set>
 #include <sstream>
 
 #include "core/build_info.hpp"
@@ -123,8 +126,9 @@ void write_atomically(const std::string& path, const std::function<void(const st
     throw;
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
     std::remove(tmp.c_str());
-    fail(path, ": cannot rename ", tmp, " into place");
+    fail(path, ": cannot rename ", tmp, " into place: ", std::strerror(e));
   }
   // Make the rename itself durable.
   const std::string dir = target.has_parent_path() ? target.parent_path().string() : ".";
@@ -243,7 +247,8 @@ RunInfo read_run_info(const std::string& path) {
   return ri;
 }
 
-void merge_results(const std::string& output, const RunInfo& info, const std::vector<std::string>& sources) {
+void merge_results(const std::string& output, const RunInfo& info, const std::vector<std::string>& sources,
+                   const std::vector<std::string>& expected) {
   std::vector<GroupSummary> summaries;
   std::vector<std::string> origin;
   for (const auto& p : sources)
@@ -251,12 +256,20 @@ void merge_results(const std::string& output, const RunInfo& info, const std::ve
       summaries.push_back(std::move(g));
       origin.push_back(p);
     }
+  std::set<std::string> present;
+  for (const auto& s : summaries) present.insert(s.aliases.begin(), s.aliases.end());
+  std::vector<std::string> missing;
+  for (const auto& name : expected)
+    if (!present.count(name)) missing.push_back(name);
   bool all_ok = true;
   for (const auto& s : summaries) all_ok = all_ok && s.identities_ok;
   write_atomically(output, [&](const std::string& tmp) {
     h5::File f = h5::File::create(tmp);
     write_root_attrs(f.id(), info, "gnh-results");
     h5::write_attr(f.id(), "identities_ok", std::int64_t(all_ok ? 1 : 0));
+    // Whether every checkpoint this file was asked to hold is in it.
+    h5::write_attr(f.id(), "complete", std::int64_t(missing.empty() ? 1 : 0));
+    h5::write_attr(f.id(), "missing_checkpoints", missing);
     h5::Handle all = h5::create_group(f.id(), "groups", tmp);
     for (std::size_t i = 0; i < summaries.size(); ++i) {
       h5::File src = h5::File::open_read(origin[i]);

@@ -68,8 +68,11 @@ RunInfo read_run_info(const std::string& path);
 
 // Merges every group of the source files (group files or shard files, in
 // order) into the final file, atomically, and writes the CSV summary beside it
-// (OUTPUT with ".h5" replaced by ".csv").
-void merge_results(const std::string& output, const RunInfo& info, const std::vector<std::string>& sources);
+// (OUTPUT with ".h5" replaced by ".csv"). The root attribute `complete` is 1
+// when every checkpoint file name in `expected` is an alias of a merged group,
+// else 0, with the absent names in `missing_checkpoints`.
+void merge_results(const std::string& output, const RunInfo& info, const std::vector<std::string>& sources,
+                   const std::vector<std::string>& expected);
 
 // Atomic replace: write via `write(tmp)`, fsync, rename over path.
 void write_atomically(const std::string& path, const std::function<void(const std::string& tmp)>& write);

@@ -5,6 +5,7 @@
 
 #include "core/error.hpp"
 #include "core/sha256.hpp"
+#include "io/files.hpp"
 #include "io/hdf5.hpp"
 
 namespace gnh {
@@ -34,6 +35,7 @@ TokenFile read_tokens(const std::string& path, const std::string& dtype,
   tf.path = path;
   tf.dtype = dtype;
   tf.dataset = dataset;
+  require_not_directory(path, "the token data path");
   if (dtype == "hdf5") {
     h5::File f = h5::File::open_read(path);
     const std::string where = path + ": dataset '" + dataset + "'";

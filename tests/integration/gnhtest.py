@@ -94,6 +94,11 @@ def run_gnh(deck, np_=1, sets=(), timeout=300):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=mpi_env())
 
 
+def text(v):
+    """An HDF5 string attribute element as str."""
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
 def read_results(path):
     """{alias: {case: (loss, tokens)}} and the group table of a results file."""
     out = {}

@@ -166,6 +166,8 @@ class Parallel(unittest.TestCase):
         with h5py.File(os.path.join(self.tmp, "out", "withbad.h5"), "r") as f:
             aliases = sorted(a.decode() if isinstance(a, bytes) else a
                              for g in f["groups"].values() for a in g.attrs["aliases"])
+            self.assertEqual(int(f.attrs["complete"]), 0)
+            self.assertEqual([gnhtest.text(a) for a in f.attrs["missing_checkpoints"]], ["ckpt_bad.h5"])
         self.assertEqual(aliases, ["ckpt_0.h5", "ckpt_1.h5"])
 
     def test_no_samples_no_directions_writes_no_nan(self):
@@ -177,11 +179,25 @@ class Parallel(unittest.TestCase):
                     for k, v in c.attrs.items():
                         if np.asarray(v).dtype.kind == "f":
                             self.assertTrue(np.all(np.isfinite(v)), k)
-                    self.assertNotIn("trace_H", c.attrs)
-                    self.assertNotIn("B_simple", c.attrs)
+                    # Absent estimates have absent standard errors, not 0.
+                    for name in ("trace_H", "B_simple", "B_noise", "trace_sigma", "trace_HSigma"):
+                        self.assertNotIn(name, c.attrs)
+                        self.assertNotIn(name + "_se", c.attrs)
                     self.assertIn("eps_star", c.attrs)
                     self.assertEqual(c["vHv"].shape, (0,))
                     self.assertEqual(c["noise_blocks"].shape[0], 0)
+
+    def test_one_sample_has_no_standard_error(self):
+        deck = self.deck("single.toml", "out/single.h5", analysis=dict(noise_samples=1, directions=1))
+        self.run_ok(deck, 1)
+        with h5py.File(os.path.join(self.tmp, "out", "single.h5"), "r") as f:
+            self.assertEqual(int(f.attrs["complete"]), 1)
+            self.assertEqual(len(f.attrs["missing_checkpoints"]), 0)
+            for g in f["groups"].values():
+                for c in g.values():
+                    for name in ("trace_H", "B_simple", "B_noise"):
+                        self.assertTrue(np.isfinite(c.attrs[name]), name)
+                        self.assertNotIn(name + "_se", c.attrs)
 
     def test_dry_run_plans_without_computing(self):
         deck = self.deck("dry.toml", "out/dry.h5")

@@ -267,13 +267,14 @@ class EpochReference:
 # Derived statistics
 # --------------------------------------------------------------------------- #
 def _mean_se(x):
-    """(mean, sd(ddof=1)/sqrt(len)); mean NaN when empty, SE 0 when len < 2."""
+    """(mean, sd(ddof=1)/sqrt(len)); mean NaN when empty, SE NaN (not
+    estimable) when len < 2."""
     x = np.asarray(x, dtype=np.float64)
     if x.size == 0:
-        return float("nan"), 0.0
+        return float("nan"), float("nan")
     mean = float(x.mean())
     if x.size < 2:
-        return mean, 0.0
+        return mean, float("nan")
     return mean, float(x.std(ddof=1) / math.sqrt(x.size))
 
 
@@ -281,12 +282,12 @@ def derived_statistics(n_blocks, noise_batch, G_sqnorm, GHG, xi_sqnorm, xiHxi, v
     """The derived quantities of SPEC §4 from the raw ones.
 
     B = noise_batch, f = (n-1)/(n-B) (NaN when n <= B), m = len(xi_sqnorm),
-    SE = sd(ddof=1)/sqrt(count), 0 when count < 2: trace_sigma =
+    SE = sd(ddof=1)/sqrt(count), NaN when count < 2: trace_sigma =
     B f mean|xi|^2, B_simple = trace_sigma/|G|^2, trace_HSigma =
     B f mean xi^T H xi, B_noise = trace_HSigma/G^T H G (SE over |G^T H G|),
     trace_H = mean v^T H v, GHG_over_G_sqnorm, eps_star = |G|^2/G^T H G.
-    With no noise sample the four noise quantities are NaN with SE 0; with no
-    direction trace_H is NaN with SE 0.
+    With no noise sample the four noise quantities and their SEs are NaN; with
+    no direction trace_H and its SE are NaN.
     """
     n, B = int(n_blocks), int(noise_batch)
     # Finite-population correction for B of n blocks drawn without replacement;
@@ -305,9 +306,9 @@ def derived_statistics(n_blocks, noise_batch, G_sqnorm, GHG, xi_sqnorm, xiHxi, v
     out["trace_HSigma_se"] = B * f * xh_se
     out["B_noise"] = out["trace_HSigma"] / GHG
     out["B_noise_se"] = out["trace_HSigma_se"] / abs(GHG)
-    if len(xi_sqnorm) == 0:  # no noise sample: values NaN, SEs 0
+    if len(xi_sqnorm) == 0:  # no noise sample: values and SEs NaN
         for k in ("trace_sigma", "B_simple", "trace_HSigma", "B_noise"):
-            out[k], out[k + "_se"] = float("nan"), 0.0
+            out[k], out[k + "_se"] = float("nan"), float("nan")
     out["trace_H"] = vh_mean
     out["trace_H_se"] = vh_se
     out["GHG_over_G_sqnorm"] = GHG / G_sqnorm

@@ -1,12 +1,18 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Deck parsing (strict keys, line numbers, --set), token files and SHA-256.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "core/error.hpp"
 #include "core/sha256.hpp"
 #include "io/deck.hpp"
+#include "io/results.hpp"
 #include "io/tokens.hpp"
 
 using namespace gnh;
@@ -126,4 +132,30 @@ TEST_CASE("sha256 matches the FIPS 180-4 examples", "[core]") {
           "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
   std::string million(1000000, 'a');
   REQUIRE(sha256_hex(million) == "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+TEST_CASE("an atomic write whose rename fails says why and leaves no temporary", "[results]") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("gnh-test-io-" + std::to_string(::getpid()));
+  fs::create_directories(dir / "target.h5" / "occupied");  // rename() cannot replace a non-empty directory
+  std::string message;
+  try {
+    write_atomically((dir / "target.h5").string(), [](const std::string& tmp) { std::ofstream(tmp) << "x"; });
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  CHECK_THAT(message, Contains("target.h5: cannot rename"));
+  CHECK_THAT(message, Contains(std::strerror(EISDIR)));
+  std::size_t entries = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) ++entries;
+  CHECK(entries == 1);  // the temporary file is gone
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a --set that creates a section is blamed, and broken TOML in a --set is an error", "[deck]") {
+  CHECK_THAT(error_of(kDeck, {"foo.bar=1"}), Contains("--set foo.bar=1: unknown key 'foo'"));
+  CHECK_THAT(error_of(kDeck, {"checkpoints.paths=[\"a\","}), Contains("is not valid TOML"));
+  CHECK_THAT(error_of(kDeck, {"run.name={ x"}), Contains("is not valid TOML"));
+  CHECK(error_of(kDeck, {"precision.policy=bf16-amp"}).empty());  // a bare word is a string
+  CHECK(error_of(kDeck, {"run.output=results/x.h5"}).empty());
 }

@@ -1,0 +1,267 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
+"""What `gnh run` and `gnh report` do when the file system, the command line or
+another run gets in the way:
+- an output that cannot be written stops the run (and --dry-run) before any
+  computation, with one line naming run.output;
+- a results file records whether it is complete; the report warns about and
+  marks a partial file, and turns a malformed one into one line;
+- one writer per output: a second run stops at once naming the first, and a
+  killed run leaves nothing held;
+- --set errors blame the --set, broken TOML in a --set is an error, a dataset
+  without dtype "hdf5" and a data path that is a directory are errors;
+- --help prints gnh's help, never Kokkos' banner."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import unittest
+
+import gnhtest
+import h5py
+
+REPORT = os.path.join(gnhtest.ROOT, "apps", "gnh-report")
+
+
+class Reliability(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="gnh-rel-")
+        os.chmod(cls.tmp, 0o755)  # the unprivileged-user test reads it
+        cfg = gnhtest.gnh_model.GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=8, vocab_size=19,
+                                          bias=True, tie_embeddings=True)
+        ck = os.path.join(cls.tmp, "ckpt")
+        os.makedirs(ck)
+        for i in range(2):
+            gnhtest.save_checkpoint(gnhtest.make_model(cfg, seed=i), ck, f"ckpt_{i}", iter_num=i)
+        gnhtest.write_tokens(os.path.join(cls.tmp, "train.bin"), 8 * 20 + 1, 19, 1)
+        gnhtest.write_tokens(os.path.join(cls.tmp, "val.bin"), 8 * 10 + 1, 19, 2)
+        for root, dirs, files in os.walk(cls.tmp):
+            for name in dirs + files:
+                os.chmod(os.path.join(root, name), 0o755)
+        cls.deck = cls.make_deck("deck.toml", "out/results.h5")
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    @classmethod
+    def make_deck(cls, name, output, analysis=None):
+        path = os.path.join(cls.tmp, name)
+        gnhtest.write_deck(path, output, ["ckpt/*.h5"], 8, "train.bin", "val.bin", analysis=analysis)
+        return path
+
+    def gnh(self, *args, np_=1, timeout=120, prefix=()):
+        cmd = list(prefix) + [gnhtest.MPIEXEC, "-np", str(np_), gnhtest.GNH] + [str(a) for a in args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=gnhtest.mpi_env())
+
+    def one_error(self, r, *expect):
+        """The run failed with exactly one error line containing every expected text."""
+        self.assertNotEqual(r.returncode, 0, r.stdout)
+        errors = [l for l in r.stderr.splitlines() if l.startswith("gnh: error:")]
+        self.assertEqual(len(errors), 1, r.stderr)
+        for e in expect:
+            self.assertIn(e, errors[0])
+        for bad in ("Traceback", "MPI_ABORT", "internal error"):
+            self.assertNotIn(bad, r.stderr)
+        self.assertNotIn("gradient", r.stdout)  # no progress line: nothing was computed
+        return errors[0]
+
+    # ------------------------------------------------------------------ output
+    def test_output_that_is_a_directory(self):
+        os.makedirs(os.path.join(self.tmp, "isdir.h5"), exist_ok=True)
+        for extra in ([], ["--dry-run"]):
+            r = self.gnh("run", self.deck, "--quiet", "--set", 'run.output="isdir.h5"', *extra, np_=2)
+            self.one_error(r, "run.output", "isdir.h5", "is an existing directory")
+
+    def test_output_under_a_file(self):
+        blocker = os.path.join(self.tmp, "blocker")
+        with open(blocker, "w") as f:
+            f.write("a file, not a directory\n")
+        for extra in ([], ["--dry-run"]):
+            r = self.gnh("run", self.deck, "--quiet", "--set", 'run.output="blocker/sub/out.h5"', *extra, np_=2)
+            self.one_error(r, "run.output", "blocker", "is a file, not a directory")
+        self.assertTrue(os.path.isfile(blocker))
+
+    def test_group_directory_that_is_a_file(self):
+        os.makedirs(os.path.join(self.tmp, "g"), exist_ok=True)
+        with open(os.path.join(self.tmp, "g", "run.groups"), "w") as f:
+            f.write("x")
+        r = self.gnh("run", self.deck, "--quiet", "--set", 'run.output="g/run.h5"')
+        self.one_error(r, "run.output", "run.groups", "exists and is not a directory")
+
+    def test_unwritable_directory(self):
+        locked = os.path.join(self.tmp, "readonly")
+        os.makedirs(locked, exist_ok=True)
+        os.chmod(locked, 0o555)
+        # Root writes through permission bits: run as an unprivileged user.
+        prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+        for extra in ([], ["--dry-run"]):
+            r = self.gnh("run", self.deck, "--quiet", "--set", 'run.output="readonly/out/run.h5"', *extra,
+                         prefix=prefix)
+            self.one_error(r, "run.output", "readonly", "Permission denied")
+        self.assertEqual(os.listdir(locked), [])
+
+    # ---------------------------------------------------- completeness, report
+    def test_complete_attribute_and_report_of_a_partial_file(self):
+        r = self.gnh("run", self.deck, "--quiet")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        out = os.path.join(self.tmp, "out", "results.h5")
+        with h5py.File(out, "r") as f:
+            self.assertEqual(int(f.attrs["complete"]), 1)
+            self.assertEqual(len(f.attrs["missing_checkpoints"]), 0)
+        rep = subprocess.run([gnhtest.GNH, "report", out, "--out", os.path.join(self.tmp, "rep-full")],
+                             capture_output=True, text=True, env=gnhtest.mpi_env(), timeout=300)
+        self.assertEqual(rep.returncode, 0, rep.stderr)
+        self.assertNotIn("incomplete", rep.stderr)
+        with open(os.path.join(self.tmp, "rep-full", "manifest.json")) as f:
+            self.assertTrue(json.load(f)["complete"])
+
+        # A copy that lost a checkpoint: as `gnh run` writes it when a group fails.
+        partial = os.path.join(self.tmp, "partial.h5")
+        shutil.copy(out, partial)
+        with h5py.File(partial, "r+") as f:
+            f.attrs["complete"] = 0
+            f.attrs["missing_checkpoints"] = ["ckpt_9.h5"]
+        rep = subprocess.run([REPORT, partial, "--out", os.path.join(self.tmp, "rep-part")],
+                             capture_output=True, text=True, timeout=300)
+        self.assertEqual(rep.returncode, 0, rep.stderr)
+        self.assertIn("WARNING", rep.stderr)
+        self.assertIn("incomplete", rep.stderr)
+        self.assertIn("ckpt_9.h5", rep.stderr)
+        with open(os.path.join(self.tmp, "rep-part", "manifest.json")) as f:
+            manifest = json.load(f)
+        self.assertFalse(manifest["complete"])
+        self.assertEqual(manifest["missing_checkpoints"], ["ckpt_9.h5"])
+        for name, fig in manifest["figures"].items():
+            self.assertIn("INCOMPLETE", fig["title"], name)
+
+    def test_report_of_malformed_files_is_one_line(self):
+        out = os.path.join(self.tmp, "malformed")
+        os.makedirs(out, exist_ok=True)
+        no_groups = os.path.join(out, "no_groups.h5")
+        with h5py.File(no_groups, "w") as f:
+            f.attrs["format"] = "gnh-results"
+        no_aliases = os.path.join(out, "no_aliases.h5")
+        with h5py.File(no_aliases, "w") as f:
+            f.attrs["format"] = "gnh-results"
+            f.create_group("groups/0123456789abcdef/seen").attrs["tokens"] = 5
+        garbage = os.path.join(out, "garbage.h5")
+        with open(garbage, "wb") as f:
+            f.write(b"not hdf5 at all")
+        for path, expect in ((no_groups, "no /groups"), (no_aliases, "'aliases'"), (garbage, "not a readable")):
+            rep = subprocess.run([REPORT, path, "--out", os.path.join(out, "figs")], capture_output=True, text=True,
+                                 timeout=300)
+            self.assertEqual(rep.returncode, 1, rep.stderr)
+            self.assertNotIn("Traceback", rep.stderr)
+            lines = rep.stderr.strip().splitlines()
+            self.assertEqual(len(lines), 1, rep.stderr)
+            self.assertIn(path, lines[0])
+            self.assertIn(expect, lines[0])
+
+    # ------------------------------------------------------------- one writer
+    def wait_for_holder(self, lock, proc, timeout=120):
+        """The pid in OUTPUT.lock once the first run holds it."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                self.fail("the first run ended before taking its lock: " + proc.stderr.read())
+            if os.path.exists(lock):
+                with open(lock) as f:
+                    text = f.read()
+                if text.startswith("pid "):
+                    return int(text.split()[1])
+            time.sleep(0.05)
+        self.fail("no lock holder recorded")
+
+    def test_second_run_on_the_same_output_stops_at_once(self):
+        deck = self.make_deck("lock.toml", "out/lock.h5", analysis=dict(directions=60))
+        lock = os.path.join(self.tmp, "out", "lock.h5.lock")
+        first = subprocess.Popen([gnhtest.MPIEXEC, "-np", "1", gnhtest.GNH, "run", deck, "--quiet"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=gnhtest.mpi_env(),
+                                 start_new_session=True)
+        try:
+            pid = self.wait_for_holder(lock, first)
+            # Held still, whatever the machine's speed: the first run is stopped
+            # while the second one tries.
+            os.kill(pid, signal.SIGSTOP)
+            second = self.gnh("run", deck, "--quiet", np_=2)
+            msg = self.one_error(second, "lock.h5", "another gnh run is writing this output", f"pid {pid}")
+            self.assertIn("lock.toml", msg)  # the holder's command
+            dry = self.gnh("run", deck, "--dry-run")
+            self.assertEqual(dry.returncode, 0, dry.stderr)
+            self.assertIn(f"another gnh run is writing", dry.stdout)
+            os.kill(pid, signal.SIGCONT)
+            out, err = first.communicate(timeout=600)
+            self.assertEqual(first.returncode, 0, err)
+        finally:
+            if first.poll() is None:
+                os.killpg(first.pid, signal.SIGKILL)
+                first.communicate()
+        # Released: the same command runs (and reuses every group).
+        again = self.gnh("run", deck)
+        self.assertEqual(again.returncode, 0, again.stderr)
+        self.assertIn("reused 2", again.stdout)
+
+    def test_killed_run_leaves_no_lock_held(self):
+        deck = self.make_deck("killed.toml", "out/killed.h5", analysis=dict(directions=60))
+        lock = os.path.join(self.tmp, "out", "killed.h5.lock")
+        first = subprocess.Popen([gnhtest.MPIEXEC, "-np", "1", gnhtest.GNH, "run", deck, "--quiet"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=gnhtest.mpi_env(),
+                                 start_new_session=True)
+        pid = self.wait_for_holder(lock, first)
+        os.kill(pid, signal.SIGKILL)
+        os.killpg(first.pid, signal.SIGKILL)
+        first.communicate()
+        self.assertTrue(os.path.exists(lock))  # the file stays; the lock does not
+        r = self.gnh("run", deck, "--quiet", "--set", "analysis.directions=1")
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+    # -------------------------------------------------------------- the deck
+    def test_set_errors_blame_the_set(self):
+        r = self.gnh("run", self.deck, "--dry-run", "--set", "foo.bar=1")
+        self.one_error(r, "--set foo.bar=1", "unknown key 'foo'")
+        r = self.gnh("run", self.deck, "--dry-run", "--set", "analysis.nosuch.deep=1")
+        self.one_error(r, "--set analysis.nosuch.deep=1", "unknown key 'analysis.nosuch'")
+
+    def test_set_value_that_is_broken_toml(self):
+        for value in ('["a",', '{ path = "x"', '"unterminated'):
+            r = self.gnh("run", self.deck, "--dry-run", "--set", f"checkpoints.paths={value}")
+            self.one_error(r, f"--set checkpoints.paths={value}", "not valid TOML")
+        # A bare word is still a string.
+        r = self.gnh("run", self.deck, "--dry-run", "--set", "precision.policy=fp64")
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+    def test_dataset_needs_hdf5_dtype(self):
+        r = self.gnh("run", self.deck, "--dry-run", "--set",
+                     'data.seen={ path = "train.bin", dtype = "uint16", dataset = "tokens" }')
+        self.one_error(r, "data.seen.dataset", 'needs dtype = "hdf5"')
+
+    def test_data_path_that_is_a_directory(self):
+        r = self.gnh("run", self.deck, "--dry-run", "--set", 'data.unseen.path="ckpt"', np_=2)
+        self.one_error(r, "ckpt", "is a directory")
+        r = self.gnh("run", self.deck, "--dry-run", "--set",
+                     'data.unseen={ path = "ckpt", dtype = "hdf5", dataset = "t" }')
+        self.one_error(r, "ckpt", "is a directory")
+
+    # --------------------------------------------------------------- --help
+    def test_help_is_gnhs(self):
+        for args in (["--help"], ["run", "--help"], ["compare", "--help"], ["merge", "--help"], ["plan", "--help"],
+                     ["report", "--help"]):
+            r = self.gnh(*args)
+            self.assertEqual(r.returncode, 0, args)
+            self.assertIn("Usage:", r.stdout, args)
+            self.assertNotIn("Kokkos", r.stdout + r.stderr, args)
+        r = self.gnh("run", "--help")
+        self.assertIn("--dry-run", r.stdout)
+        r = self.gnh("--kokkos-help")
+        self.assertEqual(r.returncode, 0)
+        self.assertIn("kokkos", (r.stdout + r.stderr).lower())
+        self.assertNotIn("Usage:", r.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()

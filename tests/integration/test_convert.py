@@ -6,27 +6,45 @@ Run as a plain script (exit status non-zero on failure):
 
     /usr/bin/python3 tests/integration/test_convert.py [-v]
 
+PyTorch is needed here to make checkpoints, never by the converter: every
+command-line run hides it (a ``torch`` package on PYTHONPATH that raises
+ImportError and records any attempt to import it).
+
 * ModelTests: the reference GPT against an independent loop-by-loop float64
   implementation, nanoGPT key names, tying, causality, ignored targets,
   double backward and the SPEC section 3 epoch loss.
 * ConvertTests: every option combination (bias x tied x gelu) in nanoGPT and
   bare-state_dict layouts is converted; the HDF5 layout, attributes,
   canonical order and bitwise values are checked.
+* RealCheckpointTests: nanoGPT training checkpoints as train.py writes them
+  (AdamW after real steps, ``_orig_mod.`` keys, float metadata) in float32,
+  float16 and bfloat16, tied and untied, zip and legacy formats, plus bare
+  state_dicts, safetensors, strided views and big-endian archives; weights
+  and AdamW moments bit for bit.
+* OptimizerMappingTests: optimizer state whose mapping cannot be proven is
+  left out with one warning line, the parameters still converted.
 * ConvertErrorTests: every refusal exits 1 with one line on stderr naming the
   file and tensor, without a traceback and without leaving an output file.
-* CommandLineTests: the real executable in a subprocess (fewer cases: each
-  start imports torch).
+* HostileFileTests: code in every pickle form, in zip and legacy files, is
+  refused by name and never runs; malformed archives and safetensors.
+* CommandLineTests: the real executable in a torch-less subprocess.
 """
 
+import collections
 import contextlib
 import hashlib
 import io
+import json
 import math
 import os
+import pickle
+import pickletools
+import struct
 import subprocess
 import sys
 import tempfile
 import unittest
+import zipfile
 from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before torch is imported
@@ -41,12 +59,13 @@ import torch  # noqa: E402
 
 import gnh_convert  # noqa: E402
 import gnh_model as gm  # noqa: E402
+import gnh_ptfile  # noqa: E402
 
 torch.set_num_threads(1)
 
 CONVERT = REPO / "apps" / "gnh-convert"
 PYTHON = "/usr/bin/python3"
-TORCH_MAJOR = int(torch.__version__.split(".")[0])
+LEGACY_MAGIC = 0x1950a86a20f9469cfc6c
 
 
 def small_config(**kw) -> gm.GPTConfig:
@@ -57,10 +76,26 @@ def small_config(**kw) -> gm.GPTConfig:
 
 
 def model_args(cfg: gm.GPTConfig) -> dict:
-    """nanoGPT's model_args; dropout as int 0 (no floats, see gnh_convert)."""
+    """nanoGPT's model_args, dropout a float as train.py writes it."""
     return dict(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
                 block_size=cfg.block_size, bias=cfg.bias,
-                vocab_size=cfg.vocab_size, dropout=0)
+                vocab_size=cfg.vocab_size, dropout=0.0)
+
+
+def nanogpt_config(cfg: gm.GPTConfig) -> dict:
+    """train.py's 'config': floats, ints, strings, bools, None, tuples, nesting."""
+    return dict(out_dir="out", eval_interval=2000, log_interval=1, eval_iters=200,
+                eval_only=False, always_save_checkpoint=True, init_from="scratch",
+                wandb_log=False, wandb_project="owt", wandb_run_name="gpt2",
+                dataset="openwebtext", gradient_accumulation_steps=5 * 8,
+                batch_size=12, block_size=cfg.block_size, n_layer=cfg.n_layer,
+                n_head=cfg.n_head, n_embd=cfg.n_embd, dropout=0.0, bias=cfg.bias,
+                learning_rate=6e-4, max_iters=600000, weight_decay=1e-1, beta1=0.9,
+                beta2=0.95, grad_clip=1.0, decay_lr=True, warmup_iters=2000,
+                lr_decay_iters=600000, min_lr=6e-5, backend="nccl", device="cpu",
+                dtype="bfloat16", compile=True, resume_from=None,
+                betas=(0.9, 0.95), extra={"nested": {"scale": [1, 2.5, -0.0]},
+                                          "inf": float("inf")})
 
 
 def run_main(*argv):
@@ -73,6 +108,301 @@ def run_main(*argv):
 
 def as_bits(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+def torch_bits(t: torch.Tensor) -> np.ndarray:
+    """float32 bits of a tensor, float16/bfloat16 widened exactly by torch."""
+    return t.detach().to(torch.float32).contiguous().numpy().view(np.uint32)
+
+
+# --------------------------------------------------------------------------- #
+# The converter's command line, with PyTorch hidden
+# --------------------------------------------------------------------------- #
+_HIDDEN_TORCH = """import os
+probe = os.environ.get("GNH_TORCH_PROBE")
+if probe:
+    with open(probe, "a") as fh:
+        fh.write("import torch\\n")
+raise ImportError("torch is hidden by test_convert.py")
+"""
+# Proves torch is hidden, then runs the script as `python3 SCRIPT ARGS` would.
+_DRIVER = """import os, runpy, sys
+probe = os.environ.pop("GNH_TORCH_PROBE")
+try:
+    import torch
+except ImportError as exc:
+    assert "hidden by test_convert.py" in str(exc), exc
+else:
+    sys.exit("torch is importable: " + torch.__file__)
+os.environ["GNH_TORCH_PROBE"] = probe
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def run_without_torch(tmp: Path, *argv) -> subprocess.CompletedProcess:
+    """Run apps/gnh-convert ARGV where ``import torch`` fails; check it never tried."""
+    stub = tmp / "hidden-torch"
+    if not (stub / "torch" / "__init__.py").exists():
+        (stub / "torch").mkdir(parents=True, exist_ok=True)
+        (stub / "torch" / "__init__.py").write_text(_HIDDEN_TORCH)
+    probe = tmp / "torch-import-attempts"
+    env = dict(os.environ, PYTHONPATH=str(stub), GNH_TORCH_PROBE=str(probe))
+    r = subprocess.run([PYTHON, "-c", _DRIVER, str(CONVERT), *map(str, argv)],
+                       capture_output=True, text=True, env=env, timeout=120)
+    if probe.exists():
+        raise AssertionError("the converter tried to import torch")
+    if "torch is importable" in r.stderr:
+        raise AssertionError(r.stderr)
+    return r
+
+
+# --------------------------------------------------------------------------- #
+# Checkpoints as nanoGPT's train.py writes them
+# --------------------------------------------------------------------------- #
+class Compiled(torch.nn.Module):
+    """Like torch.compile's OptimizedModule: the model as ``_orig_mod``."""
+
+    def __init__(self, mod: torch.nn.Module):
+        super().__init__()
+        self._orig_mod = mod
+
+
+def nanogpt_optimizer(model: torch.nn.Module, weight_decay=0.1, lr=6e-4,
+                      betas=(0.9, 0.95)):
+    """nanoGPT's configure_optimizers; returns (AdamW, names in id order)."""
+    param_dict = {pn: p for pn, p in model.named_parameters() if p.requires_grad}
+    decay = [(n, p) for n, p in param_dict.items() if p.dim() >= 2]
+    nodecay = [(n, p) for n, p in param_dict.items() if p.dim() < 2]
+    groups = [{"params": [p for _, p in decay], "weight_decay": weight_decay},
+              {"params": [p for _, p in nodecay], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=lr, betas=betas)
+    return opt, [n for n, _ in decay] + [n for n, _ in nodecay]
+
+
+def train_steps(model: gm.GPT, opt, steps: int, seed: int) -> float:
+    gen = torch.Generator().manual_seed(seed)
+    cfg = model.config
+    loss = torch.zeros(())
+    for _ in range(steps):
+        idx = torch.randint(0, cfg.vocab_size, (3, cfg.block_size), generator=gen)
+        _, loss = model(idx, idx.roll(-1, dims=1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return loss.detach()
+
+
+def nanogpt_checkpoint(cfg: gm.GPTConfig, dtype=torch.float32, steps=3, seed=0,
+                       compiled=True):
+    """Train ``steps`` AdamW steps; return (checkpoint dict, model, names in id order).
+
+    float16/bfloat16 checkpoints are exported after float32 training, the
+    AdamW moments cast to the same dtype by load_state_dict.
+    """
+    model = gm.init_random(gm.GPT(cfg), seed=seed)
+    opt, names = nanogpt_optimizer(model)
+    best_val_loss = train_steps(model, opt, steps, seed)
+    if dtype != torch.float32:
+        model.to(dtype)
+        opt.load_state_dict(opt.state_dict())
+    raw_model = Compiled(model) if compiled else model
+    ckpt = {"model": raw_model.state_dict(), "optimizer": opt.state_dict(),
+            "model_args": model_args(cfg), "iter_num": 1000 + steps,
+            "best_val_loss": best_val_loss, "config": nanogpt_config(cfg)}
+    return ckpt, model, names
+
+
+def save_pt(obj, path: Path, legacy: bool = False) -> Path:
+    torch.save(obj, path, _use_new_zipfile_serialization=not legacy)
+    return path
+
+
+def rewrite_zip(src: Path, dst: Path, replace: dict) -> Path:
+    """Copy a zip archive; members named by their path after the prefix
+    (``data.pkl``, ``data/0``) are replaced by bytes or by f(old bytes), or
+    added if absent."""
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as zout:
+        prefix = zin.namelist()[0].split("/", 1)[0]
+        for info in zin.infolist():
+            suffix = info.filename.split("/", 1)[1]
+            data = zin.read(info.filename)
+            if suffix in replace:
+                value = replace[suffix]
+                data = value(data) if callable(value) else value
+            zout.writestr(info.filename, data)
+        for suffix, value in replace.items():
+            if f"{prefix}/{suffix}" not in zin.namelist():
+                zout.writestr(f"{prefix}/{suffix}", value)
+    return dst
+
+
+def legacy_stream(main: bytes, keys=(), storages=b"") -> bytes:
+    """torch.save's legacy layout around a main pickle ``main``."""
+    sys_info = dict(protocol_version=1001, little_endian=True,
+                    type_sizes=dict(short=2, int=4, long=4))
+    return (pickle.dumps(LEGACY_MAGIC, protocol=2) + pickle.dumps(1001, protocol=2)
+            + pickle.dumps(sys_info, protocol=2) + main
+            + pickle.dumps(list(keys), protocol=2) + storages)
+
+
+def write_safetensors(path: Path, tensors: dict, metadata=None, pad=True) -> Path:
+    """A safetensors file by the format's definition (the package is not installed)."""
+    names = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+             torch.float64: "F64", torch.int64: "I64", torch.int32: "I32"}
+    header, blobs, offset = {}, [], 0
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    for name, t in tensors.items():
+        t = t.detach().contiguous()
+        raw = t.view(torch.int16).numpy().tobytes() if t.dtype == torch.bfloat16 \
+            else t.numpy().tobytes()
+        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    text = json.dumps(header).encode()
+    if pad:
+        text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    return path
+
+
+# --------------------------------------------------------------------------- #
+# Hand-made pickles: torch's layout with chosen geometry, and code payloads
+# --------------------------------------------------------------------------- #
+class FakeStorage:
+    """A float32 storage for TorchLikePickler: key and elements."""
+
+    def __init__(self, key: str, values: torch.Tensor):
+        self.key = key
+        self.data = values.detach().to(torch.float32).contiguous().numpy().tobytes()
+        self.numel = len(self.data) // 4
+
+
+class RawTensor:
+    """Pickles as torch does (_rebuild_tensor_v2), with any geometry and state."""
+
+    def __init__(self, storage, offset, size, stride, state=None):
+        self.args = (storage, offset, size, stride, False, collections.OrderedDict())
+        self.state = state
+
+    def __reduce__(self):
+        fn = torch._utils._rebuild_tensor_v2
+        return (fn, self.args) if self.state is None else (fn, self.args, self.state)
+
+
+class TorchLikePickler(pickle.Pickler):
+    def __init__(self, file, legacy: bool):
+        super().__init__(file, protocol=2)
+        self.legacy = legacy
+
+    def persistent_id(self, obj):
+        if not isinstance(obj, FakeStorage):
+            return None
+        pid = ("storage", torch.FloatStorage, obj.key, "cpu", obj.numel)
+        return pid + (None,) if self.legacy else pid
+
+
+def torch_like_file(path: Path, obj, storages, legacy: bool = False) -> Path:
+    """Write ``obj`` (with RawTensor/FakeStorage leaves) in torch.save's layout."""
+    buf = io.BytesIO()
+    TorchLikePickler(buf, legacy).dump(obj)
+    if legacy:
+        data = b"".join(struct.pack("<q", s.numel) + s.data for s in storages)
+        path.write_bytes(legacy_stream(buf.getvalue(), [s.key for s in storages], data))
+        return path
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", buf.getvalue())
+        for st in storages:
+            z.writestr(f"archive/data/{st.key}", st.data)
+        z.writestr("archive/version", b"3\n")
+    return path
+
+
+def fake_state(sd: dict):
+    """``sd`` as RawTensors, each on its own FakeStorage; (state, storages)."""
+    state, storages = {}, []
+    for i, (name, t) in enumerate(sd.items()):
+        storages.append(FakeStorage(str(i), t.reshape(-1)))
+        stride = tuple(int(np.prod(t.shape[d + 1:])) for d in range(t.dim()))
+        state[name] = RawTensor(storages[-1], 0, tuple(t.shape), stride)
+    return state, storages
+
+
+def torch_like_zip(path: Path, obj, storages) -> Path:
+    return torch_like_file(path, obj, storages, legacy=False)
+
+
+class Evil:
+    """Unpickling this would run a shell command."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+class ExecEvil(Evil):
+    """Unpickling this would run Python code through builtins.exec."""
+
+    def __reduce__(self):
+        return (exec, (f"open({self.marker!r}, 'w').close()",))
+
+
+class Plain:
+    """An arbitrary class instance: not weights."""
+
+    def __init__(self):
+        self.x = 1
+
+
+# Extension codes and what a registry that knew them would run.
+EXT_TARGETS = {"EXT1": (0x5a, os.system.__module__, "system"),
+               "EXT2": (0x5a5a, "os", "system"),
+               "EXT4": (0x5a5a5a5a, "subprocess", "getoutput")}
+
+
+def code_payloads(marker: str) -> dict:
+    """{form: (pickle, global or opcode the refusal names, opcode, runs when
+    unpickled)}: a shell command or exec in every pickle form."""
+    cmd = f"touch {marker}".encode()
+    system = f"{os.system.__module__}.system"
+    args = pickle.dumps((["touch", marker],), protocol=2)[2:-1]
+    reduce = b"(S'" + cmd + b"'\ntR."
+    out = {f"reduce-protocol-{p}": (pickle.dumps({"model": Evil(marker)}, protocol=p),
+                                    system, "GLOBAL" if p < 4 else "STACK_GLOBAL", True)
+           for p in (0, 1, 2, 4, 5)}
+    # Protocols < 3 write Python 2 names; find_class sees them unmapped.
+    out["exec-protocol-2"] = (pickle.dumps({"model": ExecEvil(marker)}, protocol=2),
+                              "__builtin__.exec", "GLOBAL", True)
+    out["exec-protocol-4"] = (pickle.dumps({"model": ExecEvil(marker)}, protocol=4),
+                              "builtins.exec", "STACK_GLOBAL", True)
+    out["inst"] = (b"(S'" + cmd + b"'\nios\nsystem\n.", "os.system", "INST", True)
+    out["obj"] = (b"(cos\nsystem\nS'" + cmd + b"'\no.", "os.system", "OBJ", True)
+    # NEWOBJ and NEWOBJ_EX call cls.__new__ only (Popen's starts nothing), but
+    # their class is refused by name all the same.
+    out["newobj"] = (b"\x80\x02csubprocess\nPopen\n" + args + b"\x81.",
+                     "subprocess.Popen", "NEWOBJ", False)
+    out["newobj-ex"] = (b"\x80\x04\x8c\nsubprocess\x8c\x05Popen\x93" + args
+                        + b"}\x92.", "subprocess.Popen", "NEWOBJ_EX", False)
+    for op, size, byte in (("EXT1", 1, b"\x82"), ("EXT2", 2, b"\x83"),
+                           ("EXT4", 4, b"\x84")):
+        code = EXT_TARGETS[op][0].to_bytes(size, "little")
+        out[op.lower()] = (b"\x80\x02" + byte + code + reduce, op, op, True)
+    return out
+
+
+# Runs each pickle with the standard unpickler, as torch.load(weights_only=False)
+# would: proof that the payloads are live.
+_CONTROL = """import copyreg, os, pickle, sys
+for code, module, name in %r:
+    copyreg.add_extension(module, name, code)
+for path in sys.argv[1:]:
+    with open(path, "rb") as fh:
+        pickle.load(fh)
+"""
 
 
 # --------------------------------------------------------------------------- #
@@ -384,35 +714,17 @@ class ConvertTests(TempDirCase):
         self.assertIn("lm_head.weight", err)
 
     def test_float_metadata(self):
-        """model_args['dropout'] = 0.0 (a pickled float), as nanoGPT writes."""
+        """Python floats, None, tuples and nesting in the metadata (BINFLOAT
+        and friends, which PyTorch 1.x's weights-only loader refused)."""
         cfg = small_config()
         pt, h5 = self.path("floatmeta.pt"), self.path("floatmeta.h5")
-        torch.save({"model": gm.GPT(cfg).state_dict(),
-                    "model_args": {**model_args(cfg), "dropout": 0.0}}, pt)
+        sd = gm.init_random(gm.GPT(cfg), seed=4).state_dict()
+        torch.save({"model": sd, "model_args": model_args(cfg), "iter_num": 5,
+                    "best_val_loss": 2.75, "config": nanogpt_config(cfg)}, pt)
+        self.assertIn(b"G", pt.read_bytes())  # a BINFLOAT opcode is really there
         status, _, err = run_main(pt, h5)
-        if TORCH_MAJOR >= 2:
-            self.assertEqual(status, 0, err)
-        else:  # PyTorch 1.x's weights-only unpickler lacks BINFLOAT
-            self.assertEqual(status, 1)
-            self.assertIn("BINFLOAT", err)
-            self.assertEqual(err.count("\n"), 1)
-
-
-class Evil:
-    """Unpickling this would run a shell command."""
-
-    def __init__(self, marker: str):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
-class Plain:
-    """An arbitrary class instance: not weights."""
-
-    def __init__(self):
-        self.x = 1
+        self.assertEqual((status, err), (0, ""))
+        self.check_h5(h5, pt, cfg, sd, iter_num=5)
 
 
 class ConvertErrorTests(TempDirCase):
@@ -495,6 +807,17 @@ class ConvertErrorTests(TempDirCase):
         pt = self.path("garbage.pt")
         pt.write_bytes(b"this is not a checkpoint\n" * 10)
         self.refuse(pt, "truncated or corrupt")
+        empty = self.path("empty.pt")
+        empty.write_bytes(b"")
+        self.refuse(empty, "empty file")
+
+    def test_truncated_legacy_file(self):
+        full = self.save("whole_legacy")
+        torch.save({"model": self.sd, "model_args": model_args(self.cfg)}, full,
+                   _use_new_zipfile_serialization=False)
+        pt = self.path("truncated_legacy.pt")
+        pt.write_bytes(full.read_bytes()[:-100])
+        self.refuse(pt, "truncated or corrupt file: storage", "bytes")
 
     def test_missing_file(self):
         self.refuse(self.path("does_not_exist.pt"), "cannot read file")
@@ -502,14 +825,51 @@ class ConvertErrorTests(TempDirCase):
     def test_pickled_object_is_refused(self):
         pt = self.path("plain_object.pt")
         torch.save({"model": Plain()}, pt)
-        self.refuse(pt, "weights-only", "Plain")
+        self.refuse(pt, "refusing global __main__.Plain in data.pkl")
 
     def test_pickled_code_is_never_run(self):
         marker = self.path("pwned")
         pt = self.path("evil.pt")
         torch.save({"model": self.sd, "hook": Evil(str(marker))}, pt)
-        self.refuse(pt, "weights-only")
+        self.refuse(pt, f"refusing global {os.system.__module__}.system in data.pkl")
         self.assertFalse(marker.exists())
+
+    def test_storage_shorter_than_its_tensor(self):
+        """A record cut short, and a tensor reaching past its storage."""
+        good = self.save("short_src")
+        cut = rewrite_zip(good, self.path("short_record.pt"),
+                          {"data/3": lambda b: b[:-4]})
+        self.refuse(cut, "storage 3 holds", "data.pkl declares")
+        sd, storages = fake_state(self.sd)
+        storage = FakeStorage("short", torch.ones(100))
+        sd["transformer.h.0.attn.c_proj.weight"] = RawTensor(storage, 0, (12, 12), (12, 1))
+        pt = torch_like_zip(self.path("overreach.pt"), {"model": sd,
+                            "model_args": model_args(self.cfg)}, storages + [storage])
+        self.refuse(pt, "tensor model/transformer.h.0.attn.c_proj.weight of shape "
+                        "(12, 12)", "addresses 144 float32 elements", "holds 100")
+
+    def test_same_file_is_never_overwritten(self):
+        pt = self.save("selfish")
+        before = pt.read_bytes()
+        alias = self.path("alias_link.pt")
+        alias.symlink_to(pt)
+        hard = self.path("hard_link.pt")
+        os.link(pt, hard)
+        for out in (pt, Path(f"{self.tmp}/../{self.tmp.name}/selfish.pt"), alias, hard):
+            with self.subTest(out=str(out)):
+                status, out_text, err = run_main(pt, out)
+                self.assertEqual((status, out_text), (1, ""))
+                self.assertEqual(err.count("\n"), 1, err)
+                self.assertIn("is the input file; refusing to overwrite it", err)
+                self.assertEqual(pt.read_bytes(), before)
+        # OUT.tmp, the converter's scratch file, must not be the input either.
+        tmp_named = self.path("x.h5.tmp")
+        tmp_named.write_bytes(before)
+        status, _, err = run_main(tmp_named, self.path("x.h5"))
+        self.assertEqual(status, 1)
+        self.assertIn("x.h5.tmp is the input file", err)
+        self.assertEqual(tmp_named.read_bytes(), before)
+        self.assertFalse(self.path("x.h5").exists())
 
     def test_bare_state_dict_needs_n_head(self):
         self.refuse(self.save("bare", nanogpt=False), "--n-head is required",
@@ -528,13 +888,59 @@ class ConvertErrorTests(TempDirCase):
                     flags=("--n-head", "3", "--n-layer", "3"))
 
 
-class CommandLineTests(TempDirCase):
-    """The installed script, in a subprocess: exit status and stream contents."""
+    def test_malformed_safetensors(self):
+        tensors = {n: t for n, t in self.sd.items()}
+        good = write_safetensors(self.path("good.safetensors"), tensors)
+        raw = good.read_bytes()
+        n = struct.unpack("<Q", raw[:8])[0]
+        header = json.loads(raw[8:8 + n])
+        body = raw[8 + n:]
 
-    def run_cli(self, *argv):
-        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-        return subprocess.run([PYTHON, str(CONVERT), *map(str, argv)],
-                              capture_output=True, text=True, env=env, timeout=120)
+        def variant(stem, change, data=None):
+            h = json.loads(json.dumps(header))
+            change(h)
+            text = json.dumps(h).encode()
+            pt = self.path(stem + ".safetensors")
+            pt.write_bytes(struct.pack("<Q", len(text)) + text + (body if data is None else data))
+            return pt
+
+        name = "transformer.h.0.mlp.c_fc.weight"
+        first = next(iter(header))
+        end = len(body)
+
+        def set_offsets(h, offsets):
+            h[name]["data_offsets"] = offsets
+
+        cases = [
+            ("past_end", lambda h: set_offsets(h, [end - 8, end + 2296]), None,
+             [f"safetensors tensor {name}", "outside the"]),
+            ("overlap", lambda h: set_offsets(h, [h[first]["data_offsets"][0],
+                                                  h[first]["data_offsets"][0] + 2304]),
+             None, ["overlap or hole"]),
+            ("short_span", lambda h: set_offsets(h, [h[name]["data_offsets"][0],
+                                                     h[name]["data_offsets"][1] - 4]),
+             None, [name, "span 2300 bytes", "needs 2304"]),
+            ("negative", lambda h: set_offsets(h, [-4, 2300]), None, ["data_offsets"]),
+            ("bad_dtype", lambda h: h[name].update(dtype="F8_E4M3"), None,
+             ["unsupported dtype F8_E4M3"]),
+            ("extra_data", lambda h: None, body + b"\0" * 4, ["holds", "header describes"]),
+            ("cut_data", lambda h: None, body[:-4], ["outside the"]),
+        ]
+        for stem, change, data, needles in cases:
+            with self.subTest(case=stem):
+                self.refuse(variant(stem, change, data), *needles)
+        too_long = self.path("header_length.safetensors")
+        too_long.write_bytes(struct.pack("<Q", n + len(body) + 1) + raw[8:])
+        self.refuse(too_long, "truncated or corrupt safetensors file", "header length")
+        dup = self.path("dup.safetensors")
+        text = b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, ' \
+               b'"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}'
+        dup.write_bytes(struct.pack("<Q", len(text)) + text + b"\0" * 8)
+        self.refuse(dup, "key a appears twice")
+
+
+class CommandLineTests(TempDirCase):
+    """The installed script, torch hidden: exit status and stream contents."""
 
     def test_success_and_refusals(self):
         self.assertTrue(os.access(CONVERT, os.X_OK))
@@ -543,8 +949,9 @@ class CommandLineTests(TempDirCase):
         sd = dict(gm.init_random(gm.GPT(cfg), seed=31).state_dict())
         good = self.path("good.pt")
         torch.save({"model": sd, "model_args": model_args(cfg), "iter_num": 9}, good)
-        r = self.run_cli(good, self.path("good.h5"))
+        r = run_without_torch(self.tmp, good, self.path("good.h5"))
         self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stderr, "")
         self.assertRegex(r.stdout, r"^gnh-convert: .*good\.pt -> .*good\.h5 "
                                    r"\(\d+ parameters, sha256 [0-9a-f]{64}\)\n$")
 
@@ -557,17 +964,417 @@ class CommandLineTests(TempDirCase):
         torch.save({"model": bad, "model_args": model_args(cfg)}, nan)
         evil = self.path("evil.pt")
         torch.save({"model": Plain()}, evil)
-        for pt, needle in ((truncated, "truncated"),
-                           (nan, "transformer.h.0.mlp.c_proj.weight"),
-                           (evil, "weights-only")):
-            with self.subTest(pt=pt.name):
-                r = self.run_cli(pt, self.path(pt.stem + ".h5"))
+        for argv, needle in (((truncated, self.path("cut.h5")), "truncated"),
+                             ((nan, self.path("nan.h5")),
+                              "transformer.h.0.mlp.c_proj.weight"),
+                             ((evil, self.path("evil.h5")), "__main__.Plain"),
+                             ((good, good), "is the input file")):
+            pt = argv[0]
+            with self.subTest(pt=pt.name, needle=needle):
+                r = run_without_torch(self.tmp, *argv)
                 self.assertEqual(r.returncode, 1)
                 self.assertEqual(r.stdout, "")
                 self.assertEqual(r.stderr.count("\n"), 1, r.stderr)
                 self.assertTrue(r.stderr.startswith(f"gnh-convert: error: {pt}: "))
                 self.assertIn(needle, r.stderr)
                 self.assertNotIn("Traceback", r.stderr)
+        self.assertTrue(good.read_bytes().startswith(b"PK"))
+
+
+class CheckpointAsserts:
+    """Bitwise checks of a converted file against its torch source (a mixin
+    for TestCase classes)."""
+
+    def check_params(self, f, cfg: gm.GPTConfig, tensors: dict):
+        """/params against ``tensors`` (canonical name -> torch tensor), bitwise."""
+        names = gm.canonical_names(cfg)
+        self.assertEqual(list(f["params"]), names)
+        for name in names:
+            ds = f["params"][name]
+            self.assertEqual(ds.dtype, np.dtype("<f4"), name)
+            self.assertEqual(ds.shape, tuple(tensors[name].shape), name)
+            self.assertTrue(np.array_equal(ds[()].view(np.uint32),
+                                           torch_bits(tensors[name])), name)
+
+    def check_optimizer(self, f, cfg: gm.GPTConfig, opt_sd: dict, names: list,
+                        steps: int, weight_decay: float):
+        """/optimizer against the optimizer's state_dict, ids mapped by ``names``."""
+        self.assertEqual(sorted(names), sorted(gm.canonical_names(cfg)))
+        o = f["optimizer"]
+        self.assertTrue(any(np.any(ds[()] != 0) for ds in o["exp_avg"].values()))
+        for key in ("exp_avg", "exp_avg_sq"):
+            self.assertEqual(list(o[key]), gm.canonical_names(cfg))
+            for pid, name in enumerate(names):
+                ds = o[key][name]
+                want = opt_sd["state"][pid][key]
+                self.assertEqual(ds.dtype, np.dtype("<f4"))
+                self.assertEqual(ds.shape, tuple(want.shape), name)
+                self.assertTrue(np.array_equal(ds[()].view(np.uint32), torch_bits(want)),
+                                f"{key} {name}")
+        group = opt_sd["param_groups"][0]
+        self.assertEqual(o.attrs["step"].dtype, np.int64)
+        self.assertEqual(int(o.attrs["step"]), steps)
+        self.assertEqual(int(opt_sd["state"][0]["step"]), steps)
+        for key, want in (("beta1", group["betas"][0]), ("beta2", group["betas"][1]),
+                          ("eps", group["eps"]), ("lr", group["lr"]),
+                          ("weight_decay", weight_decay)):
+            self.assertEqual(o.attrs[key].dtype, np.float64, key)
+            self.assertEqual(float(o.attrs[key]), want, key)
+
+
+class RealCheckpointTests(TempDirCase, CheckpointAsserts):
+    """nanoGPT checkpoints as train.py saves them, converted without torch."""
+
+    def convert_cli(self, pt: Path, *flags) -> Path:
+        h5 = pt.with_suffix(".h5")
+        r = run_without_torch(self.tmp, pt, h5, *flags)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stderr, "")
+        self.assertTrue(r.stdout.startswith(f"gnh-convert: {pt} -> {h5} ("), r.stdout)
+        self.assertFalse(Path(str(h5) + ".tmp").exists())
+        return h5
+
+    def test_nanogpt_training_checkpoints(self):
+        """float32/float16/bfloat16 x tied/untied x zip/legacy, AdamW after 3 steps."""
+        k = 0
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            for tied in (True, False):
+                k += 1
+                cfg = small_config(bias=k % 2 == 0, tie_embeddings=tied)
+                ckpt, model, names = nanogpt_checkpoint(cfg, dtype, steps=3, seed=k)
+                sd = ckpt["model"]
+                self.assertTrue(all(n.startswith("_orig_mod.") for n in sd))
+                wte, head = sd["_orig_mod.transformer.wte.weight"], sd["_orig_mod.lm_head.weight"]
+                self.assertEqual(wte.dtype, dtype)
+                self.assertEqual(ckpt["optimizer"]["state"][0]["exp_avg"].dtype, dtype)
+                self.assertEqual(wte.data_ptr() == head.data_ptr(), tied)  # one storage
+                for legacy in (False, True):
+                    with self.subTest(dtype=dtype, tied=tied, legacy=legacy):
+                        stem = f"ckpt_{str(dtype)[6:]}_{'tied' if tied else 'untied'}"
+                        pt = save_pt(ckpt, self.path(stem + ("_legacy.pt" if legacy
+                                                             else ".pt")), legacy)
+                        self.assertEqual(zipfile.is_zipfile(pt), not legacy)
+                        loaded = gnh_ptfile.load(str(pt))
+                        self.assertEqual(loaded.kind, "legacy" if legacy else "zip")
+                        self.assertEqual(loaded.obj["model"]["_orig_mod.lm_head.weight"]
+                                         .dtype, str(dtype)[len("torch."):])
+                        self.assertIsInstance(loaded.obj["config"]["learning_rate"], float)
+                        h5 = self.convert_cli(pt)
+                        with h5py.File(h5, "r") as f:
+                            self.assertEqual(set(f), {"config", "params", "optimizer"})
+                            self.assertEqual(int(f.attrs["iter_num"]), 1003)
+                            self.assertEqual(int(f["config"].attrs["tie_embeddings"]),
+                                             int(tied))
+                            self.assertEqual(int(f["config"].attrs["bias"]), int(cfg.bias))
+                            self.check_params(f, cfg, gm.canonical_state_dict(model))
+                            self.check_optimizer(f, cfg, ckpt["optimizer"], names,
+                                                 steps=3, weight_decay=0.1)
+                        cfg2, state = gm.load_gnh_h5(str(h5))
+                        self.assertEqual(cfg2, cfg)
+
+    def test_single_group_and_bare_state_dict(self):
+        cfg = small_config(bias=True, tie_embeddings=False)
+        model = gm.init_random(gm.GPT(cfg), seed=41)
+        opt = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.8, 0.9),
+                                eps=1e-6, weight_decay=0.05)
+        train_steps(model, opt, 2, seed=41)
+        names = [n for n, _ in model.named_parameters()]
+        pt = save_pt({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                      "model_args": model_args(cfg), "iter_num": 2}, self.path("one.pt"))
+        with h5py.File(self.convert_cli(pt), "r") as f:
+            self.check_params(f, cfg, gm.canonical_state_dict(model))
+            self.check_optimizer(f, cfg, opt.state_dict(), names, steps=2,
+                                 weight_decay=0.05)
+        model.to(torch.bfloat16)
+        for legacy in (False, True):
+            with self.subTest(legacy=legacy):
+                pt = save_pt(model.state_dict(),
+                             self.path(f"bare_bf16_{legacy}.pt"), legacy)
+                with h5py.File(self.convert_cli(pt, "--n-head", "3"), "r") as f:
+                    self.assertEqual(set(f), {"config", "params"})
+                    self.assertNotIn("iter_num", f.attrs)
+                    self.check_params(f, cfg, gm.canonical_state_dict(model))
+
+    def test_safetensors(self):
+        cfg = small_config(bias=True, tie_embeddings=True)
+        model = gm.init_random(gm.GPT(cfg), seed=43)
+        dtypes = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+        tensors = {n: t.detach().to(dtypes[i % 4]) for i, (n, t) in
+                   enumerate(gm.canonical_state_dict(model).items())}
+        self.assertEqual(tensors["transformer.wte.weight"].dtype, torch.bfloat16)
+        for pad, meta in ((True, {"format": "pt"}), (False, None)):
+            with self.subTest(pad=pad):
+                pt = write_safetensors(self.path(f"model_{pad}.safetensors"),
+                                       dict(reversed(tensors.items())), meta, pad)
+                loaded = gnh_ptfile.load(str(pt))
+                self.assertEqual(loaded.kind, "safetensors")
+                self.assertEqual({n: t.dtype for n, t in loaded.obj.items()},
+                                 {n: str(t.dtype)[len("torch."):] for n, t in tensors.items()})
+                with h5py.File(self.convert_cli(pt, "--n-head", "3"), "r") as f:
+                    self.check_params(f, cfg, tensors)
+                    self.assertEqual(int(f["config"].attrs["tie_embeddings"]), 1)
+
+    def test_strided_views_and_storage_offsets(self):
+        """Non-contiguous tensors and views into a larger, shared storage."""
+        cfg = small_config(bias=False, tie_embeddings=True)
+        sd = dict(gm.init_random(gm.GPT(cfg), seed=44).state_dict())
+        name = "transformer.h.1.attn.c_proj.weight"
+        sd[name] = sd[name].t().contiguous().t()  # stride (1, 12)
+        big = torch.randn(3 * 12 + 500, generator=torch.Generator().manual_seed(1))
+        sd["transformer.h.0.ln_1.weight"] = big[5:17]            # offset 5
+        sd["transformer.h.1.ln_2.weight"] = big[20:44:2]         # offset 20, stride 2
+        self.assertEqual(sd[name].stride(), (1, 12))
+        for legacy in (False, True):
+            with self.subTest(legacy=legacy):
+                pt = save_pt({"model": sd, "model_args": model_args(cfg)},
+                             self.path(f"views_{legacy}.pt"), legacy)
+                status, _, err = run_main(pt, self.path(f"views_{legacy}.h5"))
+                self.assertEqual((status, err), (0, ""))
+                with h5py.File(self.path(f"views_{legacy}.h5"), "r") as f:
+                    self.check_params(f, cfg, sd)
+
+    def test_big_endian_archive(self):
+        """A zip with byteorder 'big' converts to the same bits."""
+        cfg = small_config()
+        ckpt, model, names = nanogpt_checkpoint(cfg, torch.float32, steps=2, seed=45)
+        little = save_pt(ckpt, self.path("little.pt"))
+        with zipfile.ZipFile(little) as z:
+            keys = [i.filename.split("/", 1)[1] for i in z.infolist()
+                    if "/data/" in i.filename]
+        swap = {k: (lambda b: np.frombuffer(b, "<f4").astype(">f4").tobytes())
+                for k in keys}  # every storage here is float32
+        big = rewrite_zip(little, self.path("big.pt"), {**swap, "byteorder": b"big"})
+        with zipfile.ZipFile(big) as z:
+            self.assertEqual(z.read("little/byteorder"), b"big")
+        outs = []
+        for pt in (little, big):
+            status, _, err = run_main(pt, pt.with_suffix(".h5"))
+            self.assertEqual((status, err), (0, ""))
+            outs.append(pt.with_suffix(".h5"))
+        with h5py.File(outs[0], "r") as a, h5py.File(outs[1], "r") as b:
+            self.check_params(b, cfg, gm.canonical_state_dict(model))
+            self.check_optimizer(b, cfg, ckpt["optimizer"], names, 2, 0.1)
+            for group in ("params", "optimizer/exp_avg", "optimizer/exp_avg_sq"):
+                for name in a[group]:
+                    self.assertTrue(np.array_equal(a[group][name][()].view(np.uint32),
+                                                   b[group][name][()].view(np.uint32)))
+
+
+class OptimizerMappingTests(TempDirCase):
+    """Optimizer state whose mapping cannot be proven: parameters, one warning."""
+
+    def setUp(self):
+        self.cfg = small_config(bias=True, tie_embeddings=True)
+        self.ckpt, self.model, self.names = nanogpt_checkpoint(self.cfg, steps=2, seed=51)
+
+    def left_out(self, ckpt: dict, stem: str, reason: str, flags=()):
+        pt = save_pt(ckpt, self.path(stem + ".pt"))
+        h5 = self.path(stem + ".h5")
+        status, out, err = run_main(pt, h5, *flags)
+        self.assertEqual(status, 0, err)
+        self.assertTrue(out.startswith(f"gnh-convert: {pt} -> {h5} ("))
+        self.assertEqual(err.count("\n"), 1, err)
+        self.assertTrue(err.startswith(f"gnh-convert: warning: {pt}: optimizer state "
+                                       f"left out: "), err)
+        self.assertIn(reason, err)
+        with h5py.File(h5, "r") as f:
+            self.assertEqual(set(f), {"config", "params"})
+            if not flags:
+                for name, t in gm.canonical_state_dict(self.model).items():
+                    self.assertTrue(np.array_equal(f["params"][name][()].view(np.uint32),
+                                                   torch_bits(t)), name)
+
+    def variant(self, change) -> dict:
+        opt = {"state": {i: dict(v) for i, v in self.ckpt["optimizer"]["state"].items()},
+               "param_groups": [dict(g) for g in self.ckpt["optimizer"]["param_groups"]]}
+        change(opt)
+        return {**self.ckpt, "optimizer": opt}
+
+    def test_the_unchanged_checkpoint_maps(self):
+        pt = save_pt(self.ckpt, self.path("maps.pt"))
+        status, _, err = run_main(pt, self.path("maps.h5"))
+        self.assertEqual((status, err), (0, ""))
+        with h5py.File(self.path("maps.h5"), "r") as f:
+            self.assertIn("optimizer", f)
+
+    def test_empty_state(self):
+        opt, _ = nanogpt_optimizer(self.model)
+        self.left_out({**self.ckpt, "optimizer": opt.state_dict()}, "empty",
+                      "the optimizer state is empty")
+
+    def test_three_groups(self):
+        def split(opt):
+            g0, g1 = opt["param_groups"]
+            opt["param_groups"] = [g0, {**g1, "params": g1["params"][:3]},
+                                   {**g1, "params": g1["params"][3:]}]
+        self.left_out(self.variant(split), "three", "3 parameter groups")
+
+    def test_groups_in_the_other_order(self):
+        def swap(opt):
+            g0, g1 = opt["param_groups"]
+            n1 = len(g1["params"])
+            opt["param_groups"] = [{**g1, "params": list(range(n1))},
+                                   {**g0, "params": list(range(n1, n1 + len(g0["params"])))}]
+        self.left_out(self.variant(swap), "swapped", "not nanoGPT's decay/no-decay split")
+
+    def test_shape_mismatch(self):
+        def one_group_reversed(opt):
+            state = opt["state"]
+            n = len(state)
+            opt["state"] = {i: state[n - 1 - i] for i in range(n)}
+            opt["param_groups"] = [{**opt["param_groups"][0], "params": list(range(n))}]
+        self.left_out(self.variant(one_group_reversed), "reversed", "has shape")
+
+    def test_ids_not_in_order(self):
+        def shuffle(opt):
+            p = opt["param_groups"][0]["params"]
+            opt["param_groups"][0]["params"] = [p[1], p[0]] + p[2:]
+        self.left_out(self.variant(shuffle), "ids", "not 0..n-1 in group order")
+
+    def test_missing_state_and_different_steps(self):
+        self.left_out(self.variant(lambda o: o["state"].pop(5)), "missing",
+                      f"parameter 5 ({self.names[5]}) has no state")
+
+        def step(opt):
+            opt["state"][4]["step"] = torch.tensor(7.0)
+        self.left_out(self.variant(step), "steps", "different steps (2 for")
+
+    def test_not_adamw(self):
+        model = gm.init_random(gm.GPT(self.cfg), seed=52)
+        sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        train_steps(model, sgd, 1, seed=52)
+        self.left_out({**self.ckpt, "optimizer": sgd.state_dict()}, "sgd", "not Adam-like")
+        adam = torch.optim.AdamW(model.parameters(), amsgrad=True)
+        train_steps(model, adam, 1, seed=52)
+        self.left_out({**self.ckpt, "optimizer": adam.state_dict()}, "amsgrad",
+                      "amsgrad=True")
+        self.left_out({**self.ckpt, "optimizer": "adamw"}, "string",
+                      "not a torch optimizer state_dict")
+
+    def test_hyperparameters_that_differ_between_groups(self):
+        def decay_no_decay(opt):
+            opt["param_groups"][1]["weight_decay"] = 0.01
+        self.left_out(self.variant(decay_no_decay), "wd", "the no-decay group has "
+                                                          "weight_decay=0.01")
+
+        def lr(opt):
+            opt["param_groups"][1]["lr"] = 1e-3
+        self.left_out(self.variant(lr), "lr", "different lr")
+
+    def test_forced_untie_changes_the_parameter_count(self):
+        n = len(self.names)
+        self.left_out(self.ckpt, "untie", f"the optimizer has {n} parameters, the "
+                                          f"model {n + 1}", flags=("--untie",))
+
+
+class HostileFileTests(TempDirCase):
+    """Pickled code in every form, in zip and legacy files: refused, never run."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cfg = small_config()
+        ckpt, _, _ = nanogpt_checkpoint(cfg, steps=1, seed=61)
+        cls.base_zip = save_pt(ckpt, cls.tmp / "base.pt")
+
+    def refuse_cli(self, pt: Path, *needles):
+        h5 = pt.with_suffix(".h5")
+        r = run_without_torch(self.tmp, pt, h5)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertEqual(r.stdout, "")
+        self.assertEqual(r.stderr.count("\n"), 1, r.stderr)
+        self.assertTrue(r.stderr.startswith(f"gnh-convert: error: {pt}: "), r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
+        for needle in needles:
+            self.assertIn(needle, r.stderr)
+        self.assertFalse(h5.exists())
+        self.assertFalse(Path(str(h5) + ".tmp").exists())
+        return r.stderr
+
+    def test_the_payloads_are_live(self):
+        """The standard unpickler runs each payload that calls something."""
+        control = self.path("control")
+        control.mkdir()
+        files = []
+        for form, (_, _, opcode, live) in code_payloads("x").items():
+            data = code_payloads(str(control / form))[form][0]
+            ops = {op.name for op, _, _ in pickletools.genops(data)}
+            self.assertIn(opcode, ops, form)
+            if live:
+                files.append(self.path(f"control_{form}.pkl"))
+                files[-1].write_bytes(data)
+        r = subprocess.run([PYTHON, "-c", _CONTROL % (list(EXT_TARGETS.values()),),
+                            *map(str, files)], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        made = sorted(p.name for p in control.iterdir())
+        self.assertEqual(made, sorted(f.stem[len("control_"):] for f in files))
+
+    def test_code_in_every_pickle_form(self):
+        marker = self.path("PWNED")
+        for form, (data, needle, _, _) in code_payloads(str(marker)).items():
+            for container in ("zip", "legacy"):
+                with self.subTest(form=form, container=container):
+                    pt = self.path(f"evil_{form}_{container}.pt")
+                    if container == "zip":
+                        rewrite_zip(self.base_zip, pt, {"data.pkl": data})
+                        where = "in data.pkl"
+                    else:
+                        pt.write_bytes(legacy_stream(data))
+                        where = "in the legacy main pickle"
+                    what = ("refusing extension-registry opcode " if needle.startswith("EXT")
+                            else "refusing global ") + needle
+                    self.refuse_cli(pt, what, where)
+                    self.assertFalse(marker.exists())
+
+    def test_a_plain_pickle(self):
+        marker = self.path("PWNED_plain")
+        for protocol in (2, 5):
+            pt = self.path(f"plain_{protocol}.pkl")
+            pt.write_bytes(pickle.dumps({"model": Evil(str(marker))}, protocol=protocol))
+            self.refuse_cli(pt, "a plain pickle, not a torch.save checkpoint (zip or "
+                                "legacy format) or safetensors file")
+        self.assertFalse(marker.exists())
+
+    def test_unknown_globals(self):
+        sd = gm.GPT(small_config()).state_dict()
+        for legacy in (False, True):
+            for extra, name in ((np.zeros(3), "numpy.core.multiarray._reconstruct"),
+                                (torch.nn.Linear(2, 2), "torch.nn.modules.linear.Linear")):
+                with self.subTest(legacy=legacy, name=name):
+                    pt = save_pt({"model": sd, "extra": extra},
+                                 self.path(f"unknown_{name}_{legacy}.pt"), legacy)
+                    self.refuse_cli(pt, f"refusing global {name} in ",
+                                    "(not a tensor, storage or plain container)")
+
+    def test_build_on_allow_listed_objects(self):
+        """BUILD may set an OrderedDict's attributes (torch's _metadata) only."""
+        t = torch.arange(6, dtype=torch.float32)
+        storage = FakeStorage("0", t)
+        for legacy in (False, True):
+            with self.subTest(legacy=legacy):
+                pt = torch_like_file(self.path(f"build_tensor_{legacy}.pt"),
+                                     {"model": {"w": RawTensor(storage, 0, (2, 3), (3, 1),
+                                                               state={"grad": 1})}},
+                                     [storage], legacy)
+                self.refuse_cli(pt, "refusing BUILD on a tensor")
+        pt = self.path("build_function.pt")
+        rewrite_zip(self.base_zip, pt, {"data.pkl": b"\x80\x02ctorch._utils\n"
+                                        b"_rebuild_tensor_v2\n}X\x01\x00\x00\x00xK\x01sb."})
+        self.refuse_cli(pt, "refusing BUILD on torch._utils._rebuild_tensor_v2")
+        # An OrderedDict with attributes is what every torch state_dict is.
+        with zipfile.ZipFile(self.base_zip) as z:
+            pkl = z.read("base/data.pkl")
+        ops = [op.name for op, _, _ in pickletools.genops(pkl)]
+        self.assertIn("BUILD", ops)
+        self.assertEqual(run_main(self.base_zip, self.path("base.h5"))[0], 0)
+
+    def test_truncated_zip(self):
+        raw = self.base_zip.read_bytes()
+        for cut in (len(raw) // 2, len(raw) - 30):
+            with self.subTest(cut=cut):
+                pt = self.path(f"cut_{cut}.pt")
+                pt.write_bytes(raw[:cut])
+                self.refuse_cli(pt, "truncated or corrupt zip archive")
 
 
 if __name__ == "__main__":

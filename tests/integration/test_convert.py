@@ -28,11 +28,14 @@ ImportError and records any attempt to import it).
 * HostileFileTests: code in every pickle form, in zip and legacy files, is
   refused by name and never runs; malformed archives and safetensors.
 * CommandLineTests: the real executable in a torch-less subprocess.
+* DemoCampaignTests: checkpoints as apps/gnh-demo-campaign writes them.
 """
 
 import collections
 import contextlib
 import hashlib
+import importlib.machinery
+import importlib.util
 import io
 import json
 import math
@@ -64,6 +67,7 @@ import gnh_ptfile  # noqa: E402
 torch.set_num_threads(1)
 
 CONVERT = REPO / "apps" / "gnh-convert"
+DEMO = REPO / "apps" / "gnh-demo-campaign"
 PYTHON = "/usr/bin/python3"
 LEGACY_MAGIC = 0x1950a86a20f9469cfc6c
 
@@ -1375,6 +1379,43 @@ class HostileFileTests(TempDirCase):
                 pt = self.path(f"cut_{cut}.pt")
                 pt.write_bytes(raw[:cut])
                 self.refuse_cli(pt, "truncated or corrupt zip archive")
+
+
+class DemoCampaignTests(TempDirCase, CheckpointAsserts):
+    """apps/gnh-demo-campaign's checkpoints convert with their AdamW state."""
+
+    def test_demo_checkpoint(self):
+        loader = importlib.machinery.SourceFileLoader("gnh_demo_campaign", str(DEMO))
+        demo = importlib.util.module_from_spec(
+            importlib.util.spec_from_loader(loader.name, loader))
+        loader.exec_module(demo)
+        demo.SETTINGS.update(epochs=1, max_steps_per_epoch=3, batch_blocks=4,
+                             eval_batch_blocks=8)
+        T = demo.SETTINGS["model"]["block_size"]
+        rng = np.random.default_rng(7)
+        train_tokens = rng.integers(0, 256, 40 * T).astype("<u2")
+        val_tokens = rng.integers(0, 256, 9 * T).astype("<u2")
+        os.makedirs(self.tmp / "ckpt")
+        with contextlib.redirect_stdout(io.StringIO()):
+            demo.train(str(self.tmp), train_tokens, val_tokens)
+        pt = self.tmp / "ckpt" / "ckpt_epoch1.pt"
+        ckpt = torch.load(pt)
+        self.assertEqual(set(ckpt), {"model", "optimizer", "model_args", "iter_num",
+                                     "best_val_loss", "config", "epoch"})
+        self.assertIsInstance(ckpt["model_args"]["dropout"], float)
+        self.assertIsInstance(ckpt["config"]["lr"], float)
+        cfg = gm.GPTConfig(**demo.SETTINGS["model"])
+        model = gm.GPT(cfg)
+        model.load_state_dict(ckpt["model"])
+        _, names = nanogpt_optimizer(model)
+        h5 = self.tmp / "demo.h5"
+        r = run_without_torch(self.tmp, pt, h5)
+        self.assertEqual((r.returncode, r.stderr), (0, ""))
+        with h5py.File(h5, "r") as f:
+            self.check_params(f, cfg, gm.canonical_state_dict(model))
+            self.check_optimizer(f, cfg, ckpt["optimizer"], names, steps=3,
+                                 weight_decay=demo.SETTINGS["weight_decay"])
+            self.assertEqual(int(f.attrs["iter_num"]), 3)
 
 
 if __name__ == "__main__":

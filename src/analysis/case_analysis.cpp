@@ -43,15 +43,29 @@ class Stopwatch {
 template <class T>
 Engines<T>::Engines(const ModelConfig& cfg, const AnalysisSettings& s)
     : gradient(cfg, make_shape(s.grad_microbatch, s.context, 0, true, false, s)),
-      curvature(cfg, make_shape(s.hvp_batch, s.context, int(s.directions_per_pass),
-                                s.method == CurvatureMethod::forward_over_reverse,
-                                s.method == CurvatureMethod::second_order_forward, s)),
       check_for(cfg, make_shape(1, s.context, 2, true, false, s)),
-      check_sof(cfg, make_shape(1, s.context, 2, false, true, s)) {}
+      check_sof(cfg, make_shape(1, s.context, 2, false, true, s)),
+      cfg_(cfg),
+      settings_(s) {}
+
+template <class T>
+Gpt<T>& Engines<T>::curvature(index_t K) {
+  if (K < 1 || K > settings_.directions_per_pass)
+    throw std::logic_error("gnh::engines::curvature: K outside 1..directions_per_pass");
+  if (!curvature_ || curvature_->shape().directions != K) {
+    curvature_.reset();  // free the old plan before making the new one
+    const AnalysisSettings& s = settings_;
+    curvature_ = std::make_unique<Gpt<T>>(
+        cfg_, make_shape(s.hvp_batch, s.context, int(K), s.method == CurvatureMethod::forward_over_reverse,
+                         s.method == CurvatureMethod::second_order_forward, s));
+    curvature_peak_bytes_ = std::max(curvature_peak_bytes_, curvature_->workspace_bytes());
+  }
+  return *curvature_;
+}
 
 template <class T>
 std::size_t Engines<T>::bytes() const {
-  return gradient.workspace_bytes() + curvature.workspace_bytes() + check_for.workspace_bytes() +
+  return gradient.workspace_bytes() + curvature_peak_bytes_ + check_for.workspace_bytes() +
          check_sof.workspace_bytes();
 }
 
@@ -151,38 +165,41 @@ CaseStatistics analyse_case(const ExecSpace& space, Team& team, Engines<T>& engi
   }
   out.timings.emplace_back("noise", clock.lap());
 
-  // 3. Curvature: every direction of the case, directions_per_pass per epoch pass.
-  const index_t D = 1 + m + s.directions, K = s.directions_per_pass;
-  const index_t passes = (D + K - 1) / K;
+  // 3. Curvature: every direction of the case in the fewest epoch passes of at
+  // most directions_per_pass, balanced, each pass exactly as wide as it needs.
+  const index_t D = 1 + m + s.directions;
+  const std::vector<index_t> sizes = balanced_passes(D, s.directions_per_pass);
+  const index_t passes = index_t(sizes.size());
   const auto cbatches = make_batches(blocks, s.hvp_batch);
-  View2<T> dirs("gnh::case::directions", K, P);
+  View2<T> dirs("gnh::case::directions", sizes.front(), P);
   std::vector<double> quad(static_cast<std::size_t>(D)), first(static_cast<std::size_t>(D));
-  for (index_t c = 0; c < passes; ++c) {
+  for (index_t c = 0, d0 = 0; c < passes; d0 += sizes[std::size_t(c)], ++c) {
+    const index_t K = sizes[std::size_t(c)];
     for (index_t r = 0; r < K; ++r) {
-      const index_t d = c * K + r;
+      const index_t d = d0 + r;
       auto row = Kokkos::subview(dirs, r, Kokkos::ALL);
       if (d == 0) {
         auto Gv = G;
         Kokkos::parallel_for("gnh::case::dir_G", range(space, P), KOKKOS_LAMBDA(const index_t i) { row(i) = T(Gv(i)); });
       } else if (d <= m) {
         Kokkos::deep_copy(space, row, Kokkos::subview(xi, d - 1, Kokkos::ALL));
-      } else if (d < D) {
-        fill_rademacher<T>(space, Span2<T>(dirs.data() + r * P, 1, P), s.seed, std::uint64_t(d - 1 - m));
       } else {
-        Kokkos::deep_copy(space, row, T(0));  // padding of the last pass
+        fill_rademacher<T>(space, Span2<T>(dirs.data() + r * P, 1, P), s.seed, std::uint64_t(d - 1 - m));
       }
     }
     space.fence();
     std::vector<BatchScalars> ct;
-    ok = curvature_pass<T>(space, engines.curvature, params, dirs, ids, cbatches,
+    // The first K rows of dirs, contiguous (LayoutRight).
+    const Span2<const T> pass_dirs(dirs.data(), K, P);
+    ok = curvature_pass<T>(space, engines.curvature(K), params, pass_dirs, ids, cbatches,
                            team.share_of(index_t(cbatches.size())), s.method, ct, hooks.stop,
                            progress("curvature " + std::to_string(c + 1) + "/" + std::to_string(passes)));
     if (team.any(!ok)) throw Interrupted{};
     team.share(ct);
     const BatchScalars cs = sum_in_order(ct);
-    for (index_t r = 0; r < K && c * K + r < D; ++r) {
-      quad[c * K + r] = cs.second[r] / double(gs.count);
-      first[c * K + r] = cs.first[r] / double(gs.count);
+    for (index_t r = 0; r < K; ++r) {
+      quad[d0 + r] = cs.second[r] / double(gs.count);
+      first[d0 + r] = cs.first[r] / double(gs.count);
     }
   }
   out.m.GHG = quad[0];
@@ -256,7 +273,7 @@ CaseStatistics analyse_case(const ExecSpace& space, Team& team, Engines<T>& engi
   out.timings.emplace_back("total", total);
   out.peak_memory_bytes = std::int64_t(engines.bytes()) + std::int64_t(sizeof(double)) * P * 4 +
                           std::int64_t(sizeof(fixed128)) * P * (partition ? 3 : 2) +
-                          std::int64_t(sizeof(T)) * P * (m + K + 2 + 3);
+                          std::int64_t(sizeof(T)) * P * (m + sizes.front() + 2 + 3);
   return out;
 }
 

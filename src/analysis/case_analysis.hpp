@@ -3,11 +3,13 @@
 // computed by a team of ranks:
 //   1. gradient pass over the epoch             -> loss, G
 //   2. one gradient per noise batch             -> g_j, xi_j = g_j - G and their norms
-//   3. curvature passes over the epoch, each serving `directions_per_pass`
-//      directions of [G, xi_1..xi_m, v_1..v_K] -> G^T H G, xi^T H xi, v^T H v
+//   3. curvature passes over the epoch, the fewest with at most
+//      `directions_per_pass` directions each, balanced (no padding), serving
+//      [G, xi_1..xi_m, v_1..v_K] -> G^T H G, xi^T H xi, v^T H v
 //   4. identity checks (SPEC §4) and derived statistics.
 #pragma once
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -50,15 +52,25 @@ struct CaseStatistics {
 // Raised when a termination signal stopped a pass (every team member raises it).
 struct Interrupted {};
 
-// Engines planned once per rank (one configuration per run) and reused.
+// Engines planned once per rank (one configuration per run) and reused. The
+// curvature engine is planned for the directions of the pass it runs (at most
+// directions_per_pass) and replanned only when a pass needs another count.
 template <class T>
 struct Engines {
   Engines(const ModelConfig& cfg, const AnalysisSettings& s);
   Gpt<T> gradient;   // reverse, grad_microbatch
-  Gpt<T> curvature;  // directions_per_pass, hvp_batch, by the chosen method
   Gpt<T> check_for;  // forward-over-reverse, K = 2, one block: identity checks
   Gpt<T> check_sof;  // second-order forward, K = 2, one block
+  // hvp_batch by the chosen method, for K directions.
+  Gpt<T>& curvature(index_t K);
+  // Planned bytes: the fixed engines and the largest curvature engine so far.
   std::size_t bytes() const;
+
+ private:
+  ModelConfig cfg_;
+  AnalysisSettings settings_;
+  std::unique_ptr<Gpt<T>> curvature_;
+  std::size_t curvature_peak_bytes_ = 0;
 };
 
 // The vectors of a case, copied to the host on request (precision comparisons).

@@ -35,4 +35,13 @@ std::vector<std::vector<index_t>> make_batches(const std::vector<index_t>& block
   return out;
 }
 
+std::vector<index_t> balanced_passes(index_t directions, index_t max_per_pass) {
+  if (directions <= 0) return {};
+  const index_t passes = (directions + max_per_pass - 1) / max_per_pass;
+  const index_t base = directions / passes, larger = directions % passes;
+  std::vector<index_t> sizes(static_cast<std::size_t>(passes), base);
+  for (index_t c = 0; c < larger; ++c) ++sizes[static_cast<std::size_t>(c)];
+  return sizes;
+}
+
 }  // namespace gnh

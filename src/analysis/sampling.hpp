@@ -16,6 +16,11 @@ namespace gnh {
 std::vector<std::vector<index_t>> noise_batches(index_t n_blocks, index_t noise_batch, index_t noise_samples,
                                                 std::uint64_t seed);
 
+// Direction counts of the curvature passes serving `directions` directions with
+// at most `max_per_pass` each: the fewest passes, balanced (sizes differ by at
+// most one, larger first), so that no pass carries padding. 9 at 8 -> {5, 4}.
+std::vector<index_t> balanced_passes(index_t directions, index_t max_per_pass);
+
 // Consecutive batches of at most `size` of the given blocks (the last may be short).
 std::vector<std::vector<index_t>> make_batches(const std::vector<index_t>& blocks, index_t size);
 

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "analysis/case_analysis.hpp"
+#include "analysis/sampling.hpp"
 #include "core/build_info.hpp"
 #include "driver/campaign.hpp"
 #include "io/checkpoint.hpp"
@@ -79,17 +80,17 @@ PolicyResult run_policy(const std::string& policy, const Deck& deck, const Model
   hooks.keep = &r.vectors;
   r.stats = analyse_case<T>(space, team, engines, params, c.data.ids.data(), c.blocks, s, hooks);
   if (cross_dirs && !cross_dirs->empty()) {
-    const index_t K = s.directions_per_pass, D = index_t(cross_dirs->size());
-    View2<T> dirs("gnh::compare::dirs", K, P);
-    auto hd = Kokkos::create_mirror_view(dirs);
-    for (index_t c0 = 0; c0 < D; c0 += K) {
+    const index_t D = index_t(cross_dirs->size());
+    for (const index_t K : balanced_passes(D, s.directions_per_pass)) {
+      const index_t c0 = index_t(r.cross.size());
+      View2<T> dirs("gnh::compare::dirs", K, P);
+      auto hd = Kokkos::create_mirror_view(dirs);
       for (index_t r0 = 0; r0 < K; ++r0)
-        for (index_t i = 0; i < P; ++i)
-          hd(r0, i) = c0 + r0 < D ? static_cast<T>((*cross_dirs)[c0 + r0][i]) : T(0);
+        for (index_t i = 0; i < P; ++i) hd(r0, i) = static_cast<T>((*cross_dirs)[c0 + r0][i]);
       Kokkos::deep_copy(dirs, hd);
-      const EpochCurvature ec = epoch_curvature<T>(space, engines.curvature, params, dirs, c.data.ids.data(),
+      const EpochCurvature ec = epoch_curvature<T>(space, engines.curvature(K), params, dirs, c.data.ids.data(),
                                                    all_blocks(c.blocks), s.method);
-      for (index_t r0 = 0; r0 < K && c0 + r0 < D; ++r0) r.cross.push_back(ec.vHv[r0]);
+      for (index_t r0 = 0; r0 < K; ++r0) r.cross.push_back(ec.vHv[r0]);
     }
   }
   return r;

@@ -133,10 +133,13 @@ int plan_command(const Comm& comm, const PlanOptions& opt) {
     const index_t n = cs.blocks, m = std::min<index_t>(d.noise_samples, n / d.noise_batch);
     const index_t grad_batches = (n + d.grad_microbatch - 1) / d.grad_microbatch;
     const index_t noise_batches = m * ((d.noise_batch + d.grad_microbatch - 1) / d.grad_microbatch);
-    const index_t D = 1 + m + d.directions, passes = (D + d.directions_per_pass - 1) / d.directions_per_pass;
+    // Passes are balanced and carry no padding: D directions cost D per-direction
+    // units (measured at the full K; a narrower pass shares its primal among
+    // fewer directions, which the wall-time margin covers).
+    const index_t D = 1 + m + d.directions;
     const index_t hvp_batches = (n + d.hvp_batch - 1) / d.hvp_batch;
     per_group += double(grad_batches + noise_batches) * t_grad +
-                 double(passes * hvp_batches * d.directions_per_pass) * t_hvp / double(d.ranks_per_checkpoint);
+                 double(D * hvp_batches) * t_hvp / double(d.ranks_per_checkpoint);
   }
   const std::string out_dir = opt.out_dir.empty() ? with_suffix(c.output, ".plan") : opt.out_dir;
   fs::create_directories(out_dir);

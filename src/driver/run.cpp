@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "driver/run.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -175,13 +176,20 @@ void print_plan(const Deck& deck, const std::vector<GroupRecord>& groups, const 
   }
   for (const auto& c : cases) {
     const index_t n = c.blocks, m = std::min(m_req, n / B);
-    const index_t D = 1 + m + deck.directions, passes = (D + deck.directions_per_pass - 1) / deck.directions_per_pass;
+    const index_t D = 1 + m + deck.directions;
+    const std::vector<index_t> sizes = balanced_passes(D, deck.directions_per_pass);
+    std::string widths;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      if (i > 0 && sizes[i] == sizes[i - 1]) continue;
+      const auto same = std::count(sizes.begin(), sizes.end(), sizes[i]);
+      widths += (widths.empty() ? "" : " + ") + std::to_string(same) + "x" + std::to_string(sizes[i]);
+    }
     std::printf("  case %-6s %lld blocks (%lld tokens): %lld gradient microbatches; %lld noise batches of %lld%s; "
-                "%lld curvature directions in %lld epoch pass(es) of %lld HVP batches (%s)\n",
+                "%lld curvature directions in %lld epoch pass(es) (%s directions) of %lld HVP batches (%s)\n",
                 c.name.c_str(), static_cast<long long>(n), static_cast<long long>(n * deck.context),
                 static_cast<long long>((n + deck.grad_microbatch - 1) / deck.grad_microbatch),
                 static_cast<long long>(m), static_cast<long long>(B), m < m_req ? " (capped)" : "",
-                static_cast<long long>(D), static_cast<long long>(passes),
+                static_cast<long long>(D), static_cast<long long>(sizes.size()), widths.c_str(),
                 static_cast<long long>((n + deck.hvp_batch - 1) / deck.hvp_batch), deck.curvature_method.c_str());
   }
   std::printf("  output %s (group files in %s)\n", output.c_str(), groups_directory(output).c_str());

@@ -187,6 +187,30 @@ class Parallel(unittest.TestCase):
                     self.assertEqual(c["vHv"].shape, (0,))
                     self.assertEqual(c["noise_blocks"].shape[0], 0)
 
+    def test_balanced_passes_give_the_same_quadratic_forms(self):
+        # 1 + 3 + 5 = 9 directions: one pass of 9, passes of 5 + 4 (at most 8;
+        # before, 8 + 1 padded to 8), 3 + 3 + 3, and nine of 1. Each direction's
+        # arithmetic is independent of the others in its pass (GEMM rows are
+        # computed alike whatever rows surround them; per-plane reductions), so
+        # the forms are equal bit for bit.
+        for method in ("second-order-forward", "forward-over-reverse"):
+            forms = {}
+            for k in (9, 8, 3, 1):
+                deck = self.deck(f"k{k}.toml", f"out/k{k}-{method}.h5",
+                                 analysis=dict(noise_samples=3, directions=5, directions_per_pass=k,
+                                               curvature_method=method))
+                self.run_ok(deck, 1)
+                if k == 8:
+                    dry = subprocess.run([gnhtest.MPIEXEC, "-np", "1", gnhtest.GNH, "run", deck, "--dry-run"],
+                                         capture_output=True, text=True, env=gnhtest.mpi_env(), timeout=120)
+                    self.assertIn("9 curvature directions in 2 epoch pass(es) (1x5 + 1x4 directions)", dry.stdout)
+                with h5py.File(os.path.join(self.tmp, "out", f"k{k}-{method}.h5"), "r") as f:
+                    forms[k] = {(h, c): (f["groups"][h][c].attrs["GHG"], f["groups"][h][c]["xiHxi"][()].tobytes(),
+                                         f["groups"][h][c]["vHv"][()].tobytes())
+                                for h in f["groups"] for c in f["groups"][h]}
+            for k in (8, 3, 1):
+                self.assertEqual(forms[k], forms[9], (method, k))
+
     def test_one_sample_has_no_standard_error(self):
         deck = self.deck("single.toml", "out/single.h5", analysis=dict(noise_samples=1, directions=1))
         self.run_ok(deck, 1)

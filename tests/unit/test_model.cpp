@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "analysis/epoch.hpp"
+#include "analysis/sampling.hpp"
 #include "core/random.hpp"
 #include "kernels/blas.hpp"
 #include "model/gpt.hpp"
@@ -188,4 +189,26 @@ TEST_CASE("the tf32 policy is FP32 on the host: gradient and curvature equal bit
   }
   REQUIRE(std::memcmp(grads[0].data(), grads[1].data(), sizeof(float) * grads[0].size()) == 0);
   REQUIRE(second[0] == second[1]);
+}
+
+TEST_CASE("curvature passes: fewest, balanced, never padded", "[analysis]") {
+  using V = std::vector<gnh::index_t>;
+  CHECK(gnh::balanced_passes(9, 8) == V{5, 4});
+  CHECK(gnh::balanced_passes(9, 9) == V{9});
+  CHECK(gnh::balanced_passes(9, 16) == V{9});
+  CHECK(gnh::balanced_passes(16, 8) == V{8, 8});
+  CHECK(gnh::balanced_passes(17, 8) == V{6, 6, 5});
+  CHECK(gnh::balanced_passes(1, 8) == V{1});
+  CHECK(gnh::balanced_passes(5, 1) == V{1, 1, 1, 1, 1});
+  CHECK(gnh::balanced_passes(0, 8).empty());
+  for (gnh::index_t D = 1; D <= 70; ++D)
+    for (gnh::index_t K = 1; K <= 20; ++K) {
+      const V s = gnh::balanced_passes(D, K);
+      gnh::index_t sum = 0;
+      for (auto k : s) sum += k;
+      CHECK(sum == D);
+      CHECK(gnh::index_t(s.size()) == (D + K - 1) / K);  // the fewest passes
+      CHECK(s.front() <= K);
+      CHECK(s.front() - s.back() <= 1);  // balanced, larger first
+    }
 }

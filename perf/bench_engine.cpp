@@ -39,6 +39,7 @@
 #include "core/error.hpp"
 #include "core/random.hpp"
 #include "kernels/blas.hpp"
+#include "kernels/gemm_probe.hpp"
 #include "kernels/host_gemm.hpp"
 #include "model/gpt.hpp"
 #include "model/layout.hpp"
@@ -291,6 +292,8 @@ void run(const Options& o) {
   const double ntok = double(B * Tc);
   const Flops fl = flops_of(cfg, B, Tc);
   const bool float_run = std::is_same<T, float>::value;
+  // The dense GEMM as `gnh run` chooses it: probed on this model's shapes.
+  const std::string probe = float_run ? kernels::choose_host_gemm(cfg, B * Tc).json() : "null";
   const double gemm_rate = float_run ? sgemm_gflops(512, false) : 0.0;
   const double vendor_rate = float_run ? sgemm_gflops(512, true) : 0.0;
   std::ostringstream js;
@@ -301,7 +304,8 @@ void run(const Options& o) {
      << "\", \"model\": \"" << (o.synthetic.empty() ? o.ckpt : "synthetic " + o.synthetic) << "\", \"n_layer\": "
      << cfg.n_layer << ", \"n_head\": " << cfg.n_head << ", \"n_embd\": " << cfg.n_embd << ", \"vocab_size\": "
      << cfg.vocab_size << ", \"n_params\": " << P << ", \"batch\": " << B << ", \"seq_len\": " << Tc
-     << ", \"host_gemm\": \"" << kernels::host::name(kernels::host::selected_kernel()) << "\"},\n";
+     << ", \"host_gemm\": \"" << kernels::host::name(kernels::host::selected_kernel())
+     << "\", \"host_gemm_probe\": " << probe << "},\n";
   js << "  \"sgemm_gflops\": {\"gnh\": " << gemm_rate << ", \"vendor\": " << vendor_rate << ", \"n\": 512},\n";
   js << "  \"flops_per_batch\": {\"forward\": " << fl.forward() << ", \"attention_share\": "
      << fl.attention / fl.forward() << "},\n";

@@ -23,6 +23,7 @@
 #include "kernels/blas.hpp"
 #include "kernels/embedding.hpp"
 #include "kernels/gelu.hpp"
+#include "kernels/gemm_probe.hpp"
 #include "kernels/host_gemm.hpp"
 #include "kernels/layernorm.hpp"
 #include "kernels/linear.hpp"
@@ -166,12 +167,21 @@ int main(int argc, char** argv) {
   const index_t B = sh.B, Tc = sh.Tc, H = sh.H, C = sh.C, V = sh.V, N = B * Tc, F = 4 * C;
   Report rep;
   rep.repeats = repeats;
+  // The dense GEMM as `gnh run` chooses it, on a model of this shape's sizes.
+  ModelConfig probe_cfg;
+  probe_cfg.n_layer = 1;
+  probe_cfg.n_head = int(H);
+  probe_cfg.n_embd = int(C);
+  probe_cfg.block_size = int(Tc);
+  probe_cfg.vocab_size = int(V);
+  const std::string probe = kernels::choose_host_gemm(probe_cfg, N).json();
   rep.sgemm_rate = sgemm_rate(512);
   rep.js.precision(6);
   rep.js << "{\n  \"context\": {\"tool\": \"gnh bench_kernels\", \"git_commit\": \"" << git_commit()
          << "\", \"build\": \"" << build_configuration() << "\", \"execution_space\": \"" << ExecSpace::name()
          << "\", \"concurrency\": " << space.concurrency() << ", \"host_gemm\": \""
-         << host::name(host::selected_kernel()) << "\", \"shape\": \"" << shape_name << "\", \"B\": " << B
+         << host::name(host::selected_kernel()) << "\", \"host_gemm_probe\": " << probe << ", \"shape\": \""
+         << shape_name << "\", \"B\": " << B
          << ", \"T\": " << Tc << ", \"n_head\": " << H << ", \"n_embd\": " << C << ", \"vocab\": " << V
          << ", \"directions\": " << K << "},\n  \"sgemm_gflops\": " << rep.sgemm_rate << ",\n  \"kernels\": [";
 

@@ -7,11 +7,13 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <type_traits>
 
 #include "analysis/epoch.hpp"
 #include "core/build_info.hpp"
 #include "core/sha256.hpp"
 #include "io/checkpoint.hpp"
+#include "kernels/gemm_probe.hpp"
 
 namespace gnh {
 namespace {
@@ -188,6 +190,33 @@ Campaign prepare_campaign(const Comm& comm, const std::string& deck_path, const 
                 groups.size(), cases.size(), cfg.describe().c_str());
   }
   return c;
+}
+
+void choose_host_gemm(const Comm& comm, Campaign& c, bool quiet, bool float_gemms) {
+  if constexpr (!std::is_same_v<ExecSpace, Kokkos::DefaultHostExecutionSpace>) {
+    c.info.host_gemm = "device BLAS";
+    (void)comm, (void)quiet, (void)float_gemms;
+  } else {
+    if (!float_gemms || ExecSpace().concurrency() != 1) {
+      // gnh's kernel is single precision and single threaded.
+      c.info.host_gemm = "vendor";
+      return;
+    }
+    std::string mine;
+    if (comm.rank() == 0) {
+      const kernels::GemmProbe p = kernels::choose_host_gemm(c.cfg, c.deck.hvp_batch * c.deck.context);
+      mine = p.json();
+      if (!quiet) {
+        std::printf("gnh: host sgemm: %s (%s)\n", kernels::host::name(p.chosen), p.reason.c_str());
+        std::fflush(stdout);
+      }
+    }
+    c.info.host_gemm_probe = comm.allgather(mine).front();
+    const std::string chosen = json::parse(c.info.host_gemm_probe).at("chosen");
+    for (auto k : {kernels::host::GemmKernel::none, kernels::host::GemmKernel::avx2, kernels::host::GemmKernel::avx512})
+      if (chosen == kernels::host::name(k)) kernels::host::select_kernel(k);
+    c.info.host_gemm = chosen;
+  }
 }
 
 std::string shard_output(const std::string& output, int index, int count) {

@@ -40,6 +40,10 @@ struct Campaign {
 Campaign prepare_campaign(const Comm& comm, const std::string& deck, const std::vector<std::string>& overrides,
                           bool quiet);
 AnalysisSettings settings_of(const Deck& d);
+// The host's dense float GEMM for this run (kernels/gemm_probe.hpp): rank 0
+// probes, every rank selects its answer; recorded in c.info and printed.
+// Without float GEMMs (fp64 only) nothing is probed: the vendor BLAS multiplies.
+void choose_host_gemm(const Comm& comm, Campaign& c, bool quiet, bool float_gemms);
 // The output file of shard I of N: OUTPUT with ".h5" replaced by ".shard-I-of-N.h5".
 std::string shard_output(const std::string& output, int index, int count);
 

@@ -172,6 +172,7 @@ int compare_command(const Comm& comm, const CompareOptions& opt) {
     if (!(opt.tolerance > 0)) fail("--tolerance must be positive");
   });
   Campaign c = prepare_campaign(comm, opt.deck, opt.overrides, opt.quiet);
+  choose_host_gemm(comm, c, opt.quiet, opt.policies[0] != "fp64" || opt.policies[1] != "fp64");
   json mine = json::array();
   std::string error;
   for (std::size_t g = std::size_t(comm.rank()); g < c.groups.size(); g += std::size_t(comm.size())) {
@@ -216,6 +217,8 @@ int compare_command(const Comm& comm, const CompareOptions& opt) {
         h5::write_attr(f.id(), "gnh_version", std::string(version()));
         h5::write_attr(f.id(), "git_commit", std::string(git_commit()));
         h5::write_attr(f.id(), "build", build_configuration());
+        h5::write_attr(f.id(), "host_gemm", c.info.host_gemm);
+        if (!c.info.host_gemm_probe.empty()) h5::write_attr(f.id(), "host_gemm_probe", c.info.host_gemm_probe);
         h5::write_attr(f.id(), "deck", c.deck.source_text);
         h5::write_attr(f.id(), "deck_effective", c.deck.effective_text);
         h5::write_attr(f.id(), "policies", opt.policies);

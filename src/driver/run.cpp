@@ -255,6 +255,7 @@ int run_command(const Comm& comm, const RunOptions& opt) {
     else
       lock = OutputLock(output, "gnh run " + opt.deck + (opt.shard_count > 1 ? " --shard " + ri.shard : ""));
   });
+  if (!opt.dry_run) choose_host_gemm(comm, c, opt.quiet, deck.policy != "fp64");
   if (root && (opt.dry_run || !opt.quiet))
     print_plan(deck, groups, team_of_group, cases, teams, rpc, output, ri.settings_fingerprint);
   if (!other_run.empty())

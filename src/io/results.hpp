@@ -40,6 +40,8 @@ struct RunInfo {
   int ranks = 1, ranks_per_checkpoint = 1;
   std::string shard = "0/1";                      // this file's share of the campaign
   std::vector<std::string> campaign_checkpoints;  // every checkpoint file name of the deck
+  std::string host_gemm;        // the dense GEMM's kernel ("avx2", "avx512", "vendor", ...)
+  std::string host_gemm_probe;  // the start-up probe behind the choice (JSON), if one ran
 };
 
 // What the summary table and the merge need of a group file.

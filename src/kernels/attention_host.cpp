@@ -23,7 +23,8 @@ constexpr std::int64_t TQ = 64;  // query rows per tile: scratch is TQ x T per b
 
 void mm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* A,
         std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
-  sgemm(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+  // Tiles of 64 queries: gnh's kernel, whatever the dense GEMMs use.
+  sgemm_using(native_kernel(), ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 struct Geometry {
@@ -110,7 +111,7 @@ void reverse_tile(const Geometry& g, float* dqkv, float* D, const float* dy, con
 
 }  // namespace
 
-bool attention_available() { return selected_kernel() != GemmKernel::none; }
+bool attention_available() { return native_kernel() != GemmKernel::none; }
 
 void attention_forward(float* y, float* lse, const float* qkv, std::int64_t B, std::int64_t T, std::int64_t H,
                        std::int64_t hs) {

@@ -8,11 +8,14 @@
 #include "kernels/host_gemm.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <new>
+#include <optional>
+#include <stdexcept>
 #include <string>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -283,17 +286,31 @@ void blocked(Micro micro, Packers packers, bool ta, bool tb, std::int64_t m, std
   }
 }
 
-GemmKernel detect() {
-  GemmKernel best = GemmKernel::none;
-  if (supported(GemmKernel::avx512)) best = GemmKernel::avx512;
-  else if (supported(GemmKernel::avx2)) best = GemmKernel::avx2;
-  if (const char* env = std::getenv("GNH_HOST_GEMM")) {
-    const std::string v(env);
-    if (v == "vendor") return GemmKernel::none;
-    if (v == "avx2" && supported(GemmKernel::avx2)) return GemmKernel::avx2;
-    if (v == "avx512" && supported(GemmKernel::avx512)) return GemmKernel::avx512;
+// The kernel GNH_HOST_GEMM names, if it names one this CPU runs.
+std::optional<GemmKernel> forced() {
+  const char* env = std::getenv("GNH_HOST_GEMM");
+  if (!env) return std::nullopt;
+  const std::string v(env);
+  if (v == "vendor") return GemmKernel::none;
+  if (v == "native") {  // gnh's best kernel for this CPU, not probed
+    if (supported(GemmKernel::avx512)) return GemmKernel::avx512;
+    return supported(GemmKernel::avx2) ? GemmKernel::avx2 : GemmKernel::none;
   }
-  return best;
+  if (v == "avx2" && supported(GemmKernel::avx2)) return GemmKernel::avx2;
+  if (v == "avx512" && supported(GemmKernel::avx512)) return GemmKernel::avx512;
+  return std::nullopt;
+}
+
+GemmKernel detect() {
+  if (const auto f = forced()) return *f;
+  if (supported(GemmKernel::avx512)) return GemmKernel::avx512;
+  if (supported(GemmKernel::avx2)) return GemmKernel::avx2;
+  return GemmKernel::none;
+}
+
+std::atomic<int>& selection() {
+  static std::atomic<int> s{int(detect())};
+  return s;
 }
 
 }  // namespace
@@ -316,9 +333,18 @@ const char* name(GemmKernel k) {
   }
 }
 
-GemmKernel selected_kernel() {
+GemmKernel native_kernel() {
   static const GemmKernel k = detect();
   return k;
+}
+
+bool kernel_forced() { return forced().has_value(); }
+
+GemmKernel selected_kernel() { return GemmKernel(selection().load(std::memory_order_relaxed)); }
+
+void select_kernel(GemmKernel k) {
+  if (k != GemmKernel::none && !supported(k)) throw std::invalid_argument("gnh::host::select_kernel: not supported");
+  selection().store(int(k), std::memory_order_relaxed);
 }
 
 bool sgemm_using(GemmKernel kernel, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,

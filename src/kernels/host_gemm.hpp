@@ -16,9 +16,18 @@ namespace gnh::kernels::host {
 
 enum class GemmKernel { none, avx2, avx512 };
 
-// The best kernel this CPU runs, unless GNH_HOST_GEMM in the environment says
-// "vendor" (none: use the vendor BLAS), "avx2" or "avx512" (if supported).
+// gnh's own kernel for this CPU: the best it runs, unless GNH_HOST_GEMM in the
+// environment says "vendor" (none), "avx2" or "avx512" (if supported);
+// "native" is the best this CPU runs, like the default, but not probed.
+GemmKernel native_kernel();
+// Whether GNH_HOST_GEMM names a kernel (the choice is then not probed).
+bool kernel_forced();
+// The kernel of the dense GEMMs (kernels::gemm: linear layers, LM head):
+// native_kernel() until select_kernel() sets it (the start-up probe of
+// gemm_probe.hpp picks whichever of it and the vendor BLAS is faster).
+// Attention's small tiles always use native_kernel().
 GemmKernel selected_kernel();
+void select_kernel(GemmKernel k);
 bool supported(GemmKernel k);
 const char* name(GemmKernel k);  // "vendor", "avx2", "avx512"
 

@@ -34,6 +34,10 @@ def mpi_env():
         env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
         env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
     env["OMPI_MCA_rmaps_base_oversubscribe"] = "1"
+    # Tests compare separate runs bit for bit: pin the dense GEMM to gnh's
+    # kernel instead of letting each run's start-up probe choose (the probe is
+    # tested on its own: test_host_gemm, test_reliability).
+    env.setdefault("GNH_HOST_GEMM", "native")
     return env
 
 

@@ -105,6 +105,34 @@ class Reliability(unittest.TestCase):
             self.one_error(r, "run.output", "readonly", "Permission denied")
         self.assertEqual(os.listdir(locked), [])
 
+    # ------------------------------------------------------------ host GEMM
+    def test_host_gemm_probe_is_logged_and_recorded(self):
+        env = gnhtest.mpi_env()
+        del env["GNH_HOST_GEMM"]  # the default: probed at start-up
+        deck = self.make_deck("probe.toml", "out/probe.h5")
+        r = subprocess.run([gnhtest.MPIEXEC, "-np", "2", gnhtest.GNH, "run", deck], capture_output=True, text=True,
+                           timeout=300, env=env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        logged = [l for l in r.stdout.splitlines() if l.startswith("gnh: host sgemm: ")]
+        self.assertEqual(len(logged), 1, r.stdout)  # rank 0 probes, once
+        with h5py.File(os.path.join(self.tmp, "out", "probe.h5"), "r") as f:
+            chosen = gnhtest.text(f.attrs["host_gemm"])
+            probe = json.loads(gnhtest.text(f.attrs["host_gemm_probe"]))
+        self.assertIn(chosen, ("avx2", "avx512", "vendor"))
+        self.assertEqual(probe["chosen"], chosen)
+        self.assertTrue(logged[0].startswith(f"gnh: host sgemm: {chosen} "))
+        if probe["probed"]:
+            self.assertEqual(len(probe["shapes"]), 15)
+            native = sum(2 * s["m"] * s["n"] * s["k"] / s["native_gflops"] for s in probe["shapes"])
+            vendor = sum(2 * s["m"] * s["n"] * s["k"] / s["vendor_gflops"] for s in probe["shapes"])
+            self.assertEqual(chosen == "vendor", vendor < native)
+        # Pinned: no probe, the pinned kernel recorded.
+        env["GNH_HOST_GEMM"] = "vendor"
+        r = subprocess.run([gnhtest.MPIEXEC, "-np", "1", gnhtest.GNH, "run", deck, "--set", "analysis.seed=7"],
+                           capture_output=True, text=True, timeout=300, env=env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("gnh: host sgemm: vendor (pinned by GNH_HOST_GEMM)", r.stdout)
+
     # ---------------------------------------------------- completeness, report
     def test_complete_attribute_and_report_of_a_partial_file(self):
         r = self.gnh("run", self.deck, "--quiet")

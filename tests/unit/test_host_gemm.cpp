@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // gnh's host sgemm (kernels/host_gemm.cpp) against a double reference, for
 // every kernel this CPU supports, at sizes that hit every edge of its blocking.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "kernels/blas.hpp"
+#include "kernels/gemm_probe.hpp"
 #include "kernels/host_gemm.hpp"
 
 using namespace gnh;
@@ -170,4 +172,51 @@ TEST_CASE("gnh::kernels::gemm on float views agrees with the vendor BLAS", "[hos
       // Two float evaluations of the same sum, each within k u sum|ab|.
       REQUIRE(std::fabs(double(C(i, j)) - R(i, j)) <= 2 * k * std::ldexp(1.0, -24) * sa);
     }
+}
+
+TEST_CASE("the start-up probe never picks the slower of gnh's kernel and the vendor BLAS", "[gemm][probe]") {
+  using namespace gnh::kernels;
+  const auto shapes = model_gemm_shapes(gnh::ModelConfig{2, 4, 96, 64, 1000}, 4096);
+  REQUIRE(shapes.size() == 15);  // five dense GEMMs, three orientations each
+  CHECK(shapes[0].m == 512);     // rows capped
+  CHECK((shapes[0].n == 288 && shapes[0].k == 96 && !shapes[0].ta && shapes[0].tb));
+  CHECK((shapes[14].m == 1000 && shapes[14].n == 96 && shapes[14].k == 512 && shapes[14].ta));
+
+  const GemmShape probe{false, true, 256, 384, 192, "probe"};
+  const GemmProbe p = probe_host_gemm({probe}, 5);
+  if (host::native_kernel() == host::GemmKernel::none) {
+    CHECK(!p.probed);
+    CHECK(p.chosen == host::GemmKernel::none);
+    return;
+  }
+  REQUIRE(p.probed);
+  REQUIRE(p.entries.size() == 1);
+  // The choice follows its own measurements.
+  CHECK((p.chosen == host::GemmKernel::none) == (p.vendor_total() < p.native_total()));
+  // And an independent measurement agrees: the chosen kernel's median time over
+  // 9 runs is not above the other's. A 15% allowance covers the timing noise of
+  // a shared 2-core machine (repeats of one kernel here spread by up to ~10%).
+  const GemmProbe again = probe_host_gemm({probe, probe, probe, probe, probe, probe, probe, probe, probe}, 1);
+  std::vector<double> tn, tv;
+  for (const auto& e : again.entries) {
+    tn.push_back(e.native_seconds);
+    tv.push_back(e.vendor_seconds);
+  }
+  std::sort(tn.begin(), tn.end());
+  std::sort(tv.begin(), tv.end());
+  const double native = tn[4], vendor = tv[4];
+  INFO("native " << native << " s, vendor " << vendor << " s, chosen " << host::name(p.chosen));
+  if (p.chosen == host::GemmKernel::none) CHECK(vendor <= 1.15 * native);
+  else CHECK(native <= 1.15 * vendor);
+}
+
+TEST_CASE("select_kernel switches the dense GEMM and back", "[gemm][probe]") {
+  using namespace gnh::kernels;
+  const host::GemmKernel before = host::selected_kernel();
+  host::select_kernel(host::GemmKernel::none);
+  CHECK(host::selected_kernel() == host::GemmKernel::none);
+  float a = 2, b = 3, c = 0;
+  CHECK_FALSE(host::sgemm(false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f, &c, 1));  // the vendor's turn
+  host::select_kernel(before);
+  CHECK(host::selected_kernel() == before);
 }

@@ -1,0 +1,132 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "kernels/gemm_probe.hpp"
+
+#include <KokkosBlas3_gemm.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <sstream>
+
+namespace gnh::kernels {
+namespace {
+
+using HostMatrix = Kokkos::View<float**, Kokkos::LayoutRight, Kokkos::HostSpace>;
+
+template <class F>
+double best_seconds(int repeats, F&& f) {
+  f();  // warm-up: first touch, packing buffers, the BLAS's own initialisation
+  double best = std::numeric_limits<double>::infinity();
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+void fill(HostMatrix a, std::uint32_t seed) {
+  float* p = a.data();
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    seed = seed * 1664525u + 1013904223u;
+    p[i] = float(seed >> 8) * (1.0f / 16777216.0f) - 0.5f;
+  }
+}
+
+}  // namespace
+
+double GemmProbe::native_total() const {
+  double t = 0;
+  for (const auto& e : entries) t += e.native_seconds;
+  return t;
+}
+
+double GemmProbe::vendor_total() const {
+  double t = 0;
+  for (const auto& e : entries) t += e.vendor_seconds;
+  return t;
+}
+
+std::string GemmProbe::json() const {
+  std::ostringstream js;
+  js << "{\"native\": \"" << host::name(native) << "\", \"chosen\": \"" << host::name(chosen)
+     << "\", \"probed\": " << (probed ? "true" : "false") << ", \"reason\": \"" << reason << "\", \"shapes\": [";
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const auto& e = entries[i];
+    js << (i ? ", " : "") << "{\"what\": \"" << e.shape.what << "\", \"op\": \"" << (e.shape.ta ? 'T' : 'N')
+       << (e.shape.tb ? 'T' : 'N') << "\", \"m\": " << e.shape.m << ", \"n\": " << e.shape.n << ", \"k\": " << e.shape.k
+       << ", \"native_gflops\": " << e.gflops(e.native_seconds) << ", \"vendor_gflops\": " << e.gflops(e.vendor_seconds)
+       << "}";
+  }
+  js << "]}";
+  return js.str();
+}
+
+std::vector<GemmShape> model_gemm_shapes(const ModelConfig& cfg, index_t rows) {
+  const index_t N = std::clamp<index_t>(rows, 1, 512), C = cfg.n_embd;
+  const index_t V = std::min<index_t>(cfg.vocab_size, 4096);  // the LM head's vocabulary tile
+  std::vector<GemmShape> out;
+  auto linear = [&](const char* name, index_t in, index_t o) {
+    out.push_back({false, true, N, o, in, std::string(name) + " forward"});
+    out.push_back({false, false, N, in, o, std::string(name) + " input adjoint"});
+    out.push_back({true, false, o, in, N, std::string(name) + " weight adjoint"});
+  };
+  linear("c_attn", C, 3 * C);
+  linear("attn.c_proj", C, C);
+  linear("c_fc", C, 4 * C);
+  linear("mlp.c_proj", 4 * C, C);
+  linear("lm_head", C, V);
+  return out;
+}
+
+GemmProbe probe_host_gemm(const std::vector<GemmShape>& shapes, int repeats) {
+  GemmProbe p;
+  p.native = host::native_kernel();
+  p.chosen = p.native;
+  if (p.native == host::GemmKernel::none) {
+    p.reason = "no gnh kernel for this CPU: vendor BLAS";
+    return p;
+  }
+  for (const auto& s : shapes) {
+    HostMatrix A("gnh::probe::A", s.ta ? s.k : s.m, s.ta ? s.m : s.k);
+    HostMatrix B("gnh::probe::B", s.tb ? s.n : s.k, s.tb ? s.k : s.n);
+    HostMatrix C("gnh::probe::C", s.m, s.n);
+    fill(A, 1);
+    fill(B, 2);
+    GemmProbeEntry e;
+    e.shape = s;
+    e.native_seconds = best_seconds(repeats, [&] {
+      host::sgemm_using(p.native, s.ta, s.tb, s.m, s.n, s.k, 1.0f, A.data(), A.extent(1), B.data(), B.extent(1),
+                        0.0f, C.data(), C.extent(1));
+    });
+    e.vendor_seconds = best_seconds(repeats, [&] {
+      KokkosBlas::gemm(s.ta ? "T" : "N", s.tb ? "T" : "N", 1.0f, A, B, 0.0f, C);
+    });
+    p.entries.push_back(e);
+  }
+  p.probed = true;
+  const double tn = p.native_total(), tv = p.vendor_total();
+  p.chosen = tv < tn ? host::GemmKernel::none : p.native;
+  double flops = 0;
+  for (const auto& x : p.entries) flops += 2.0 * double(x.shape.m) * double(x.shape.n) * double(x.shape.k);
+  char line[200];
+  std::snprintf(line, sizeof(line), "probe of %zu model shapes: %s %.1f GFLOP/s, vendor BLAS %.1f GFLOP/s",
+                p.entries.size(), host::name(p.native), flops / tn * 1e-9, flops / tv * 1e-9);
+  p.reason = line;
+  return p;
+}
+
+GemmProbe choose_host_gemm(const ModelConfig& cfg, index_t rows) {
+  GemmProbe p;
+  if (host::kernel_forced()) {
+    p.native = p.chosen = host::native_kernel();
+    p.reason = "pinned by GNH_HOST_GEMM";
+  } else {
+    p = probe_host_gemm(model_gemm_shapes(cfg, rows));
+  }
+  host::select_kernel(p.chosen);
+  return p;
+}
+
+}  // namespace gnh::kernels

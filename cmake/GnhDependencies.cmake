@@ -34,6 +34,26 @@ if(NOT _gnh_kokkos_headers_found)
   target_include_directories(gnh_kokkos SYSTEM INTERFACE ${GNH_KOKKOS_INCLUDE_DIR})
 endif()
 add_library(gnh::kokkos ALIAS gnh_kokkos)
+# Debian's export also links Kokkos core with <multiarch libdir>/libdl.a by
+# absolute path, which only that architecture's libc6-dev provides. A cross
+# build (cmake/cross-aarch64.sh) links the cross compiler's own C library, so
+# a missing one is named by the platform's flag instead (-ldl).
+if(TARGET trilinos_kokkoscore)
+  get_target_property(_gnh_core_libs trilinos_kokkoscore INTERFACE_LINK_LIBRARIES)
+  set(_gnh_core_libs_fixed "")
+  set(_gnh_core_libs_changed FALSE)
+  foreach(_lib IN LISTS _gnh_core_libs)
+    if(_lib MATCHES "^/.*/libdl\\.(a|so)$" AND NOT EXISTS "${_lib}")
+      list(APPEND _gnh_core_libs_fixed ${CMAKE_DL_LIBS})
+      set(_gnh_core_libs_changed TRUE)
+    else()
+      list(APPEND _gnh_core_libs_fixed "${_lib}")
+    endif()
+  endforeach()
+  if(_gnh_core_libs_changed)
+    set_property(TARGET trilinos_kokkoscore PROPERTY INTERFACE_LINK_LIBRARIES "${_gnh_core_libs_fixed}")
+  endif()
+endif()
 
 add_library(gnh_kokkoskernels INTERFACE)
 if(TARGET Kokkos::kokkoskernels)

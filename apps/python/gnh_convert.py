@@ -14,10 +14,23 @@ unpickler, so no pickled code is ever executed.  Accepted layouts:
 
 Weights may be float32, float16, bfloat16 or float64.  AdamW state is written
 to ``/optimizer`` when its parameter ids provably map onto the canonical
-names (nanoGPT's decay/no-decay groups, or one group); otherwise it is left
-out with one warning line.  Every refusal is a :class:`ConvertError` whose
-message names the tensor concerned; :func:`main` prints it as one line
-``gnh-convert: error: <IN>: <problem>`` and returns exit status 1.
+names (nanoGPT's decay/no-decay groups, or one group) and its groups are
+provably Adam-family with decoupled decay (see :func:`collect_optimizer`);
+otherwise it is left out with one warning line.  Every refusal is a
+:class:`ConvertError` whose message names the tensor concerned; :func:`main`
+prints it as one line ``gnh-convert: error: <IN>: <problem>`` and returns exit
+status 1.
+
+Everything taken from the file is checked before it is used to size work:
+the configuration's n_layer must match the ``transformer.h.<i>.`` tensors
+present (0..n_layer-1, at most :data:`MAX_LAYERS`) before names are built,
+every configuration integer is at most :data:`MAX_CONFIG_INT`, iter_num must
+be an integer in [0, 2^63), and optimizer hyper-parameters must be finite and
+in torch's own ranges.  Names from the file reach messages only through
+``gnh_ptfile.printable``/``describe``, and :func:`main` escapes anything
+non-printable that is left, so each message is exactly one line.  The output
+is written to a temporary file created exclusively next to OUT (never a
+pre-existing path, never through a symlink), then renamed over OUT.
 """
 
 from __future__ import annotations
@@ -27,6 +40,7 @@ import math
 import os
 import re
 import sys
+import tempfile
 from dataclasses import dataclass
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -35,12 +49,21 @@ import numpy as np
 import gnh_layout
 import gnh_ptfile
 from gnh_layout import GPTConfig, canonical_names, canonical_shapes
-from gnh_ptfile import Tensor
+from gnh_ptfile import Tensor, describe, printable
 
 PROG = "gnh-convert"
+#: Most transformer blocks accepted (GPT-3 175B has 96).
+MAX_LAYERS = 10_000
+#: Largest n_head, n_embd, block_size or vocab_size accepted (a C int).
+MAX_CONFIG_INT = 2**31 - 1
+_INT64_LIMIT = 2**63
 _COMPILE_PREFIX = "_orig_mod."
-_MASK_BUFFER = re.compile(r"^transformer\.h\.\d+\.attn\.(bias|masked_bias)$")
-_LAYER_KEY = re.compile(r"^transformer\.h\.(\d+)\.")
+# ASCII digits, no leading zeros, at most 9 of them: int() of the match is
+# cheap and names a layer canonical_names can produce.
+_LAYER_INDEX = r"(0|[1-9][0-9]{0,8})"
+_MASK_BUFFER = re.compile(r"^transformer\.h\." + _LAYER_INDEX
+                          + r"\.attn\.(bias|masked_bias)$")
+_LAYER_KEY = re.compile(r"^transformer\.h\." + _LAYER_INDEX + r"\.")
 # Configuration fields in nanoGPT's model_args, with their command-line flag.
 _ARG_FIELDS = (("n_layer", "--n-layer"), ("n_head", "--n-head"),
                ("n_embd", "--n-embd"), ("block_size", "--block-size"),
@@ -54,22 +77,38 @@ class ConvertError(Exception):
 # --------------------------------------------------------------------------- #
 # Loading
 # --------------------------------------------------------------------------- #
-def _one_line(text: str, limit: int = 300) -> str:
-    """Collapse whitespace so an exception message fits on one line."""
-    text = " ".join(str(text).split())
+def _one_line(text: object, limit: int = 2000) -> str:
+    """``text`` as one printable line: anything non-printable (newlines,
+    terminal escapes, bidi controls) backslash-escaped, cut at ``limit``.
+
+    Messages already name file-derived strings through ``printable``; this
+    is the backstop that keeps every line on stderr a single line.
+    """
+    text = str(text)
+    if not text.isprintable():
+        text = "".join(c if c.isprintable()
+                       else c.encode("unicode_escape").decode("ascii") for c in text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def load_checkpoint(path: str) -> Tuple[object, str]:
-    """Read ``path`` with ``gnh_ptfile``; return ``(object, sha256 of the file)``.
-
-    The bytes are read once, so the hash is that of exactly what was loaded.
-    """
+def load_checkpoint(path: str) -> gnh_ptfile.Loaded:
+    """Read ``path`` with ``gnh_ptfile``: the object, the sha256 and the size
+    of the file.  The bytes are read once, so the hash is that of exactly
+    what was loaded."""
     try:
-        loaded = gnh_ptfile.load(path)
+        return gnh_ptfile.load(path)
     except gnh_ptfile.PtFileError as exc:
         raise ConvertError(str(exc)) from None
-    return loaded.obj, loaded.sha256
+
+
+def output_limit(file_size: int) -> int:
+    """Most float32 bytes the output may hold for an input of ``file_size``.
+
+    Real checkpoints give at most about twice their size (float16/bfloat16
+    widened), four times with a forced untied head on a small model;
+    several names backed by one shared tensor can give any multiple.
+    """
+    return 4 * file_size + gnh_ptfile.MATERIALISE_SLACK
 
 
 class Source(NamedTuple):
@@ -81,42 +120,52 @@ class Source(NamedTuple):
     optimizer: Optional[object]
 
 
+def _iter_num(value: object) -> int:
+    """nanoGPT's iter_num: an integer, or a one-element integer tensor, in
+    [0, 2^63) (it is written as an int64 attribute)."""
+    it = value
+    if isinstance(it, Tensor) and it.array.size == 1 and not it.is_floating \
+            and it.dtype != "bool":
+        it = int(it.array.reshape(-1)[0])
+    if isinstance(it, bool) or not isinstance(it, int) or not 0 <= it < _INT64_LIMIT:
+        raise ConvertError(f"iter_num is {describe(value)}, not an integer in "
+                           f"[0, 2^63)")
+    return it
+
+
 def split_checkpoint(obj: object) -> Source:
     """Split a loaded object into state_dict, model_args, iter_num, optimizer.
 
-    Keys lose a leading ``_orig_mod.`` (left by ``torch.compile``).
+    Keys lose a leading ``_orig_mod.`` (left by ``torch.compile``).  Lookups
+    go through ``dict``'s own methods, never an attribute of the object.
     """
     if not isinstance(obj, dict):
-        raise ConvertError(f"top-level object is a {type(obj).__name__}, not a "
+        raise ConvertError(f"top-level object is {describe(obj)}, not a "
                            f"nanoGPT checkpoint dict or a state_dict")
     model_args = None
     iter_num = None
     optimizer = None
-    if "model" in obj and isinstance(obj["model"], dict):
-        state = obj["model"]
-        model_args = obj.get("model_args")
+    if isinstance(dict.get(obj, "model"), dict):
+        state = dict.get(obj, "model")
+        model_args = dict.get(obj, "model_args")
         if model_args is not None and not isinstance(model_args, dict):
-            raise ConvertError(f"'model_args' is a {type(model_args).__name__}, "
-                               f"not a dict")
-        it = obj.get("iter_num")
-        if isinstance(it, Tensor) and it.array.size == 1 and not it.is_floating:
-            it = int(it.array.reshape(-1)[0])
-        if isinstance(it, int) and not isinstance(it, bool):
-            iter_num = it
-        optimizer = obj.get("optimizer")
+            raise ConvertError(f"'model_args' is {describe(model_args)}, not a dict")
+        if "iter_num" in obj:
+            iter_num = _iter_num(dict.get(obj, "iter_num"))
+        optimizer = dict.get(obj, "optimizer")
     else:
         state = obj
     out: Dict[str, Tensor] = {}
-    for key, value in state.items():
+    for key, value in dict.items(state):
         if not isinstance(key, str):
-            raise ConvertError(f"state_dict key {key!r} is not a string")
+            raise ConvertError(f"state_dict key {describe(key)} is not a string")
         name = key[len(_COMPILE_PREFIX):] if key.startswith(_COMPILE_PREFIX) else key
         if name in out:
-            raise ConvertError(f"tensor {name} appears twice (with and without "
-                               f"the {_COMPILE_PREFIX} prefix)")
+            raise ConvertError(f"tensor {printable(name)} appears twice (with and "
+                               f"without the {_COMPILE_PREFIX} prefix)")
         if not isinstance(value, Tensor):
-            raise ConvertError(f"state_dict entry {name} is a "
-                               f"{type(value).__name__}, not a tensor")
+            raise ConvertError(f"state_dict entry {printable(name)} is "
+                               f"{describe(value)}, not a tensor")
         out[name] = value
     if not out:
         raise ConvertError("the state_dict holds no tensors")
@@ -133,6 +182,38 @@ def _bitwise_equal(a: Tensor, b: Tensor) -> bool:
     return a.array.tobytes() == b.array.tobytes()
 
 
+def _layers_present(state: Dict[str, Tensor]) -> set:
+    """The indices i of the ``transformer.h.<i>.`` tensors in ``state``."""
+    return {int(m.group(1)) for m in map(_LAYER_KEY.match, state) if m}
+
+
+def _check_config_values(values: Dict[str, object], origin: Dict[str, str],
+                         state: Dict[str, Tensor]) -> None:
+    """Bound the configuration integers and match n_layer to the tensors.
+
+    Run before any name is built from the configuration, so that a file's
+    ``n_layer=10**9`` costs nothing: the blocks 0..n_layer-1 must all have
+    tensors and no block beyond may have any.  The other sizes are checked
+    against the tensors' shapes by :func:`collect_params`.
+    """
+    for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
+        value = values[name]
+        top = MAX_LAYERS if name == "n_layer" else MAX_CONFIG_INT
+        if not 1 <= value <= top:
+            raise ConvertError(f"{origin[name]} {name}={describe(value)} is out of "
+                               f"range (1..{top})")
+    n_layer = values["n_layer"]
+    present = _layers_present(state)
+    for i in range(n_layer):
+        if i not in present:
+            raise ConvertError(f"missing tensor transformer.h.{i}.* "
+                               f"({origin['n_layer']} n_layer={n_layer})")
+    beyond = sorted(i for i in present if i >= n_layer)
+    if beyond:
+        raise ConvertError(f"unknown tensor transformer.h.{beyond[0]}.* "
+                           f"({origin['n_layer']} n_layer={n_layer})")
+
+
 def _infer_from_tensors(state: Dict[str, Tensor]) -> Dict[str, object]:
     """Configuration values that the tensor shapes determine."""
     inferred: Dict[str, object] = {}
@@ -143,7 +224,7 @@ def _infer_from_tensors(state: Dict[str, Tensor]) -> Dict[str, object]:
     wpe = state.get("transformer.wpe.weight")
     if wpe is not None and len(wpe.shape) == 2:
         inferred["block_size"] = int(wpe.shape[0])
-    layers = [int(m.group(1)) for m in map(_LAYER_KEY.match, state) if m]
+    layers = _layers_present(state)
     if layers:
         inferred["n_layer"] = max(layers) + 1
     bias_keys = [k for k in state if k.endswith(".bias") and not _MASK_BUFFER.match(k)]
@@ -162,26 +243,29 @@ def resolve_config(state: Dict[str, Tensor], model_args: Optional[dict],
     flags = {name: getattr(opts, name) for name, _ in _ARG_FIELDS}
     inferred = _infer_from_tensors(state)
     values: Dict[str, object] = {}
+    origin: Dict[str, str] = {}
     if model_args is not None:
         for name, flag in _ARG_FIELDS:
             if name not in model_args:
                 continue
-            value = model_args[name]
+            value = dict.get(model_args, name)
             if name == "bias":
                 if not isinstance(value, (bool, int)) or value not in (0, 1):
-                    raise ConvertError(f"model_args bias={value!r} is not a boolean")
+                    raise ConvertError(f"model_args bias={describe(value)} is not a "
+                                       f"boolean")
                 value = bool(value)
             elif isinstance(value, bool) or not isinstance(value, int):
-                raise ConvertError(f"model_args {name}={value!r} is not an integer")
+                raise ConvertError(f"model_args {name}={describe(value)} is not an "
+                                   f"integer")
             if flags[name] is not None and flags[name] != value:
                 given = (("--bias" if flags[name] else "--no-bias")
                          if name == "bias" else f"{flag} {flags[name]}")
                 raise ConvertError(f"{given} disagrees with model_args "
-                                   f"{name}={value}")
-            values[name] = value
-    for name, _ in _ARG_FIELDS:
+                                   f"{name}={describe(value)}")
+            values[name], origin[name] = value, "model_args"
+    for name, flag in _ARG_FIELDS:
         if name not in values and flags[name] is not None:
-            values[name] = flags[name]
+            values[name], origin[name] = flags[name], flag
     if "n_head" not in values:
         raise ConvertError("--n-head is required for a bare state_dict "
                            "(transformer.h.0.attn.c_attn.weight does not "
@@ -195,7 +279,8 @@ def resolve_config(state: Dict[str, Tensor], model_args: Optional[dict],
                           "block_size": "transformer.wpe.weight is missing or not 2-D",
                           }[name]
                 raise ConvertError(f"cannot infer {name} ({source}); give {flag}")
-            values[name] = inferred[name]
+            values[name], origin[name] = inferred[name], "the tensors give"
+    _check_config_values(values, origin, state)
 
     # Tied or untied head.
     wte = state.get("transformer.wte.weight")
@@ -210,9 +295,6 @@ def resolve_config(state: Dict[str, Tensor], model_args: Optional[dict],
         tie = head is None or (wte is not None and _bitwise_equal(head, wte))
 
     n_embd, n_head = values["n_embd"], values["n_head"]
-    for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
-        if values[name] < 1:
-            raise ConvertError(f"{name}={values[name]} must be positive")
     if n_embd % n_head:
         raise ConvertError(f"n_head={n_head} does not divide n_embd={n_embd} "
                            f"(transformer.wte.weight)")
@@ -248,17 +330,19 @@ def _float32(t: Tensor) -> Tuple[Optional[np.ndarray], str]:
     return arr, ""
 
 
-def collect_params(state: Dict[str, Tensor], cfg: GPTConfig
-                   ) -> Dict[str, np.ndarray]:
+def collect_params(state: Dict[str, Tensor], cfg: GPTConfig,
+                   limit: Optional[int] = None) -> Dict[str, np.ndarray]:
     """Validate ``state`` against ``cfg``; return canonical float32 arrays.
 
     Checks, in this order: mask buffers are skipped, every canonical tensor
     is present, no unknown tensor remains, then per tensor (canonical order)
-    floating dtype, shape, finiteness and float32 range.
+    floating dtype and shape, then the output's size against ``limit``
+    (bytes, see :func:`output_limit`), then per tensor finiteness and
+    float32 range.
     """
     shapes = canonical_shapes(cfg)
     kept: Dict[str, Tensor] = {}
-    for name, tensor in state.items():
+    for name, tensor in dict.items(state):
         if _MASK_BUFFER.match(name) and (not cfg.bias or len(tensor.shape) == 4):
             continue  # nanoGPT's causal-mask buffer / HF's masked_bias
         kept[name] = tensor
@@ -267,7 +351,7 @@ def collect_params(state: Dict[str, Tensor], cfg: GPTConfig
             raise ConvertError(f"missing tensor {name}")
     for name in kept:
         if name not in shapes and not (cfg.tie_embeddings and name == "lm_head.weight"):
-            raise ConvertError(f"unknown tensor {name}")
+            raise ConvertError(f"unknown tensor {printable(name)}")
 
     out: Dict[str, np.ndarray] = {}
     for name, shape in shapes.items():
@@ -276,6 +360,14 @@ def collect_params(state: Dict[str, Tensor], cfg: GPTConfig
             raise ConvertError(f"tensor {name} has non-floating dtype {t.dtype}")
         if t.shape != shape:
             raise ConvertError(f"tensor {name} has shape {t.shape}, expected {shape}")
+    nbytes = 4 * sum(math.prod(shape) for shape in shapes.values())
+    if limit is not None and nbytes > limit:
+        raise ConvertError(f"the parameters would take {nbytes} bytes of float32, "
+                           f"more than the {limit} allowed for this file (four "
+                           f"times its size plus {gnh_ptfile.MATERIALISE_SLACK >> 20} "
+                           f"MiB): one tensor behind many names?")
+    for name, shape in shapes.items():
+        t = kept[name]
         arr, problem = _float32(t)
         if arr is None:
             raise ConvertError(f"tensor {name} ({t.dtype}) {problem}")
@@ -309,31 +401,71 @@ class _LeftOut(Exception):
     """The optimizer state cannot be carried over; the message says why."""
 
 
+def _key(key: object) -> str:
+    """A dict key from the file, for a message."""
+    return printable(key) if isinstance(key, str) else describe(key)
+
+
 def _real(value: object) -> Optional[float]:
-    """A Python int/float or a one-element tensor as float; None otherwise."""
-    if isinstance(value, Tensor) and value.array.size == 1 and value.dtype != "bool":
-        return float(value.array.reshape(-1)[0])
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
+    """A Python int/float or a one-element tensor as float; None otherwise
+    (also for an integer too large for a float)."""
+    try:
+        if isinstance(value, Tensor) and value.array.size == 1 and value.dtype != "bool":
+            return float(value.array.reshape(-1)[0])
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    except OverflowError:
+        pass
     return None
 
 
+# torch's own checks on Adam/AdamW arguments, plus finiteness.
+_RANGES = {"beta1": (0.0, 1.0, "0 <= beta1 < 1"), "beta2": (0.0, 1.0, "0 <= beta2 < 1"),
+           "eps": (0.0, math.inf, "eps >= 0"), "lr": (0.0, math.inf, "lr >= 0"),
+           "weight_decay": (0.0, math.inf, "weight_decay >= 0")}
+
+
 def _group_settings(groups: List[dict]) -> Tuple[float, float, float, float, float]:
-    """(beta1, beta2, eps, lr, weight_decay) shared by every group."""
+    """(beta1, beta2, eps, lr, weight_decay) shared by every group.
+
+    Every group must be Adam or AdamW's: torch 1.13's RAdam, NAdam and Adamax
+    keep the same ``betas``/``eps``/``lr``/``weight_decay`` and (RAdam) the
+    same per-parameter state, but no ``amsgrad`` entry, so one is required;
+    where a ``decoupled_weight_decay`` entry exists (later torch), it must be
+    True, or weight_decay 0 (Adam's L2 penalty is then zero too).  A torch
+    1.13 state_dict of plain Adam with weight_decay != 0 (an L2 penalty on
+    the gradient) cannot be told from AdamW's (decoupled decay): both store
+    the same entries, so such state is carried over as AdamW's.
+    """
     seen = []
     for g, group in enumerate(groups):
-        betas = group.get("betas")
+        betas = dict.get(group, "betas")
         if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
             raise _LeftOut(f"parameter group {g} has no betas pair (not Adam-like)")
         values = [_real(betas[0]), _real(betas[1])] + [
-            _real(group.get(k)) for k in ("eps", "lr", "weight_decay")]
+            _real(dict.get(group, k)) for k in ("eps", "lr", "weight_decay")]
         if None in values:
             raise _LeftOut(f"parameter group {g} lacks a numeric beta, eps, lr or "
                            f"weight_decay")
+        for key, value in zip(("beta1", "beta2", "eps", "lr", "weight_decay"), values):
+            low, high, rule = _RANGES[key]
+            if not (math.isfinite(value) and low <= value < high):
+                raise _LeftOut(f"parameter group {g} has {key}={value!r}, outside "
+                               f"{rule} (finite)")
+        if "amsgrad" not in group:
+            raise _LeftOut(f"parameter group {g} has no amsgrad entry: not Adam or "
+                           f"AdamW (RAdam, NAdam and Adamax keep moments that "
+                           f"/optimizer cannot describe)")
         for flag in ("amsgrad", "maximize"):
-            if group.get(flag):
+            if dict.get(group, flag):
                 raise _LeftOut(f"parameter group {g} has {flag}=True, which "
                                f"/optimizer cannot describe")
+        if "decoupled_weight_decay" in group and values[4] != 0.0 \
+                and dict.get(group, "decoupled_weight_decay") is not True:
+            raise _LeftOut(f"parameter group {g} has decoupled_weight_decay="
+                           f"{describe(dict.get(group, 'decoupled_weight_decay'))} "
+                           f"and weight_decay={values[4]!r} (Adam's L2 penalty, "
+                           f"not AdamW's decay)")
         seen.append(values)
     for key, i in (("betas", slice(0, 2)), ("eps", slice(2, 3)), ("lr", slice(3, 4))):
         if any(v[i] != seen[0][i] for v in seen):
@@ -354,7 +486,7 @@ def _param_order(groups: List[dict], cfg: GPTConfig) -> List[str]:
     """
     ids: List[object] = []
     for g, group in enumerate(groups):
-        params = group.get("params")
+        params = dict.get(group, "params")
         if not isinstance(params, list):
             raise _LeftOut(f"parameter group {g} has no params list")
         ids.extend(params)
@@ -372,7 +504,7 @@ def _param_order(groups: List[dict], cfg: GPTConfig) -> List[str]:
     shapes = canonical_shapes(cfg)
     decay = [n for n in names if len(shapes[n]) >= 2]
     no_decay = [n for n in names if len(shapes[n]) < 2]
-    sizes = (len(groups[0]["params"]), len(groups[1]["params"]))
+    sizes = (len(dict.get(groups[0], "params")), len(dict.get(groups[1], "params")))
     if sizes != (len(decay), len(no_decay)):
         raise _LeftOut(f"parameter groups of {sizes[0]} and {sizes[1]} tensors are "
                        f"not nanoGPT's decay/no-decay split ({len(decay)} and "
@@ -380,37 +512,46 @@ def _param_order(groups: List[dict], cfg: GPTConfig) -> List[str]:
     return decay + no_decay
 
 
-def collect_optimizer(optimizer: object, cfg: GPTConfig) -> OptimizerState:
+def collect_optimizer(optimizer: object, cfg: GPTConfig,
+                      limit: Optional[int] = None) -> OptimizerState:
     """Map a torch AdamW state_dict onto canonical names, proving each step.
 
     Raises :class:`_LeftOut` with the reason when the mapping cannot be
     proven: ids 0..n-1 in order, counts, every moment's shape equal to its
-    parameter's, state for all parameters, one step, shared hyper-parameters.
+    parameter's, state for all parameters, one step in [0, 2^63), shared
+    hyper-parameters, finite and in torch's ranges, of Adam or AdamW (see
+    :func:`_group_settings`, which also says what cannot be told apart).
     """
-    if not (isinstance(optimizer, dict) and isinstance(optimizer.get("state"), dict)
-            and isinstance(optimizer.get("param_groups"), list)
-            and optimizer["param_groups"]
-            and all(isinstance(g, dict) for g in optimizer["param_groups"])):
+    if not (isinstance(optimizer, dict)
+            and isinstance(dict.get(optimizer, "state"), dict)
+            and isinstance(dict.get(optimizer, "param_groups"), list)
+            and dict.get(optimizer, "param_groups")
+            and all(isinstance(g, dict) for g in dict.get(optimizer, "param_groups"))):
         raise _LeftOut("not a torch optimizer state_dict ('state' and "
                        "'param_groups')")
-    state, groups = optimizer["state"], optimizer["param_groups"]
+    state, groups = dict.get(optimizer, "state"), dict.get(optimizer, "param_groups")
     if not state:
         raise _LeftOut("the optimizer state is empty (saved before the first step)")
     order = _param_order(groups, cfg)
     beta1, beta2, eps, lr, weight_decay = _group_settings(groups)
     shapes = canonical_shapes(cfg)
+    nbytes = 3 * 4 * sum(math.prod(shape) for shape in shapes.values())
+    if limit is not None and nbytes > limit:
+        raise _LeftOut(f"parameters and moments would take {nbytes} bytes of "
+                       f"float32, more than the {limit} allowed for this file")
     moments: Dict[str, Dict[str, np.ndarray]] = {"exp_avg": {}, "exp_avg_sq": {}}
     steps: Dict[int, str] = {}
     for pid, name in enumerate(order):
-        entry = state.get(pid)
+        entry = dict.get(state, pid)
         if entry is None:
             raise _LeftOut(f"parameter {pid} ({name}) has no state")
         if not (isinstance(entry, dict) and set(entry) == {"step", "exp_avg", "exp_avg_sq"}):
-            keys = sorted(map(str, entry)) if isinstance(entry, dict) else entry
-            raise _LeftOut(f"the state of parameter {pid} ({name}) is {keys}, not "
+            what = (", ".join(sorted(_key(k) for k in entry)[:6])
+                    if isinstance(entry, dict) else describe(entry))
+            raise _LeftOut(f"the state of parameter {pid} ({name}) has {what}, not "
                            f"Adam's step, exp_avg and exp_avg_sq")
         for key, out in moments.items():
-            t = entry[key]
+            t = dict.get(entry, key)
             if not (isinstance(t, Tensor) and t.is_floating):
                 raise _LeftOut(f"{key} of parameter {pid} ({name}) is not a "
                                f"floating tensor")
@@ -422,14 +563,15 @@ def collect_optimizer(optimizer: object, cfg: GPTConfig) -> OptimizerState:
             if arr is None:
                 raise _LeftOut(f"{key} of {name} ({t.dtype}) {problem}")
             out[name] = arr
-        step = _real(entry["step"])
-        if step is None or not (step >= 0 and step == int(step)):
-            raise _LeftOut(f"the step of parameter {pid} ({name}) is not a "
-                           f"non-negative integer")
+        step = _real(dict.get(entry, "step"))
+        if step is None or not (0 <= step < _INT64_LIMIT and step == int(step)):
+            raise _LeftOut(f"the step of parameter {pid} ({name}) is not an "
+                           f"integer in [0, 2^63)")
         steps.setdefault(int(step), name)
     extra = set(state) - set(range(len(order)))
     if extra:
-        raise _LeftOut(f"state for unknown parameter id {sorted(map(str, extra))[0]}")
+        raise _LeftOut(f"state for unknown parameter id "
+                       f"{sorted(_key(k) for k in extra)[0]}")
     if len(steps) != 1:
         raise _LeftOut("the parameters have different steps (" + ", ".join(
             f"{s} for {n}" for s, n in sorted(steps.items())) + ")")
@@ -440,75 +582,95 @@ def collect_optimizer(optimizer: object, cfg: GPTConfig) -> OptimizerState:
 # --------------------------------------------------------------------------- #
 # Writing
 # --------------------------------------------------------------------------- #
+def _write_tree(f, cfg: GPTConfig, params: Dict[str, np.ndarray], source_file: str,
+                source_sha256: str, iter_num: Optional[int],
+                optimizer: Optional[OptimizerState]) -> None:
+    """The SPEC section 2 layout, into the open h5py file ``f``."""
+    f.attrs["format"] = gnh_layout.H5_FORMAT
+    f.attrs["format_version"] = np.int64(gnh_layout.H5_FORMAT_VERSION)
+    f.attrs["source_file"] = source_file
+    f.attrs["source_sha256"] = source_sha256
+    if iter_num is not None:
+        f.attrs["iter_num"] = np.int64(iter_num)
+    c = f.create_group("config")
+    for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
+        c.attrs[key] = np.int64(getattr(cfg, key))
+    c.attrs["bias"] = np.int64(int(cfg.bias))
+    c.attrs["tie_embeddings"] = np.int64(int(cfg.tie_embeddings))
+    c.attrs["gelu"] = cfg.gelu
+    c.attrs["ln_eps"] = np.float64(cfg.ln_eps)
+    # track_order keeps the canonical (creation) order on iteration.
+    p = f.create_group("params", track_order=True)
+    for name in canonical_names(cfg):
+        p.create_dataset(name, data=params[name])  # contiguous, no filters
+    if optimizer is not None:
+        o = f.create_group("optimizer")
+        o.attrs["step"] = np.int64(optimizer.step)
+        for key in ("beta1", "beta2", "eps", "weight_decay", "lr"):
+            o.attrs[key] = np.float64(getattr(optimizer, key))
+        for key in ("exp_avg", "exp_avg_sq"):
+            g = o.create_group(key, track_order=True)
+            for name in canonical_names(cfg):
+                g.create_dataset(name, data=getattr(optimizer, key)[name])
+
+
 def write_h5(out_path: str, cfg: GPTConfig, params: Dict[str, np.ndarray],
              source_file: str, source_sha256: str, iter_num: Optional[int],
              optimizer: Optional[OptimizerState] = None) -> None:
-    """Write the checkpoint atomically: OUT.tmp, fsync, rename to OUT."""
+    """Write the checkpoint atomically: a new temporary file, fsync, rename.
+
+    The temporary file is created exclusively (``mkstemp``: a fresh name
+    ``<basename(OUT)>.<random>.tmp`` in OUT's directory, O_EXCL, so neither
+    an existing file nor a planted symlink is ever opened) and HDF5 writes
+    through that very descriptor; it gets the mode a new file would get
+    (0666 less the umask).  ``os.replace`` then puts it in OUT's place (a
+    symlink at OUT is replaced, not followed).  On any failure only that
+    temporary file is removed.
+    """
     import h5py
 
-    tmp = out_path + ".tmp"
+    out_dir = os.path.dirname(os.path.abspath(out_path))
+    # The name is cut so that the random part and suffix fit in NAME_MAX.
+    fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".tmp",
+                               prefix=os.path.basename(out_path)[:200] + ".")
     try:
-        with h5py.File(tmp, "w") as f:
-            f.attrs["format"] = gnh_layout.H5_FORMAT
-            f.attrs["format_version"] = np.int64(gnh_layout.H5_FORMAT_VERSION)
-            f.attrs["source_file"] = source_file
-            f.attrs["source_sha256"] = source_sha256
-            if iter_num is not None:
-                f.attrs["iter_num"] = np.int64(iter_num)
-            c = f.create_group("config")
-            for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
-                c.attrs[key] = np.int64(getattr(cfg, key))
-            c.attrs["bias"] = np.int64(int(cfg.bias))
-            c.attrs["tie_embeddings"] = np.int64(int(cfg.tie_embeddings))
-            c.attrs["gelu"] = cfg.gelu
-            c.attrs["ln_eps"] = np.float64(cfg.ln_eps)
-            # track_order keeps the canonical (creation) order on iteration.
-            p = f.create_group("params", track_order=True)
-            for name in canonical_names(cfg):
-                p.create_dataset(name, data=params[name])  # contiguous, no filters
-            if optimizer is not None:
-                o = f.create_group("optimizer")
-                o.attrs["step"] = np.int64(optimizer.step)
-                for key in ("beta1", "beta2", "eps", "weight_decay", "lr"):
-                    o.attrs[key] = np.float64(getattr(optimizer, key))
-                for key in ("exp_avg", "exp_avg_sq"):
-                    g = o.create_group(key, track_order=True)
-                    for name in canonical_names(cfg):
-                        g.create_dataset(name, data=getattr(optimizer, key)[name])
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        with os.fdopen(fd, "w+b") as fh:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(fh.fileno(), 0o666 & ~umask)
+            with h5py.File(fh, "w") as f:
+                _write_tree(f, cfg, params, source_file, source_sha256, iter_num,
+                            optimizer)
+            fh.flush()
+            os.fsync(fh.fileno())
         os.replace(tmp, out_path)
-        try:
-            dfd = os.open(os.path.dirname(os.path.abspath(out_path)), os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        except OSError:
-            pass  # directory fsync is best effort (not all filesystems allow it)
     except BaseException:
         try:
             os.unlink(tmp)
         except OSError:
             pass
         raise
+    try:
+        dfd = os.open(out_dir, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass  # directory fsync is best effort (not all filesystems allow it)
 
 
 def _check_not_input(in_path: str, out_path: str) -> None:
-    """Refuse an output path (or its .tmp) that is the input file."""
-    for path in (out_path, out_path + ".tmp"):
-        same = os.path.realpath(path) == os.path.realpath(in_path)
-        if not same and os.path.exists(path) and os.path.exists(in_path):
-            try:
-                same = os.path.samefile(path, in_path)
-            except OSError:
-                same = False
-        if same:
-            raise ConvertError(f"the output {path} is the input file; refusing "
-                               f"to overwrite it")
+    """Refuse an output path that is the input file (by path or by inode)."""
+    same = os.path.realpath(out_path) == os.path.realpath(in_path)
+    if not same and os.path.exists(out_path) and os.path.exists(in_path):
+        try:
+            same = os.path.samefile(out_path, in_path)
+        except OSError:
+            same = False
+    if same:
+        raise ConvertError(f"the output {out_path} is the input file; refusing "
+                           f"to overwrite it")
 
 
 def convert(in_path: str, out_path: str, opts: argparse.Namespace,
@@ -522,14 +684,15 @@ def convert(in_path: str, out_path: str, opts: argparse.Namespace,
     ``warn`` (default: one ``gnh-convert: warning:`` line on stderr).
     """
     _check_not_input(in_path, out_path)
-    obj, digest = load_checkpoint(in_path)
-    src = split_checkpoint(obj)
+    loaded = load_checkpoint(in_path)
+    digest, limit = loaded.sha256, output_limit(loaded.size)
+    src = split_checkpoint(loaded.obj)
     cfg = resolve_config(src.state, src.model_args, opts)
-    params = collect_params(src.state, cfg)
+    params = collect_params(src.state, cfg, limit)
     optimizer, left_out = None, None
     if src.optimizer is not None:
         try:
-            optimizer = collect_optimizer(src.optimizer, cfg)
+            optimizer = collect_optimizer(src.optimizer, cfg, limit)
         except _LeftOut as why:
             left_out = f"optimizer state left out: {why}"
     try:
@@ -539,7 +702,7 @@ def convert(in_path: str, out_path: str, opts: argparse.Namespace,
         raise ConvertError(f"cannot write {out_path}: {exc.strerror or exc}") from None
     if left_out is not None:  # after writing, so that a failure stays one line
         if warn is None:
-            print(f"{PROG}: warning: {in_path}: {left_out}", file=sys.stderr)
+            print(_one_line(f"{PROG}: warning: {in_path}: {left_out}"), file=sys.stderr)
         else:
             warn(left_out)
     n_params = int(sum(a.size for a in params.values()))
@@ -597,14 +760,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         cfg, n_params, digest = convert(opts.input, opts.output, opts)
     except ConvertError as exc:
-        print(f"{PROG}: error: {opts.input}: {exc}", file=sys.stderr)
+        print(_one_line(f"{PROG}: error: {opts.input}: {exc}"), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # never show a traceback to the user
-        print(f"{PROG}: error: {opts.input}: unexpected {type(exc).__name__}: "
-              f"{_one_line(exc)}", file=sys.stderr)
+        print(_one_line(f"{PROG}: error: {opts.input}: unexpected "
+                        f"{type(exc).__name__}: {exc}"), file=sys.stderr)
         return 1
-    print(f"{PROG}: {opts.input} -> {opts.output} ({n_params} parameters, "
-          f"sha256 {digest})")
+    print(_one_line(f"{PROG}: {opts.input} -> {opts.output} ({n_params} parameters, "
+                    f"sha256 {digest})"))
     return 0

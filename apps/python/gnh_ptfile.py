@@ -15,11 +15,48 @@
 Pickles go through :class:`_Unpickler`, whose ``find_class`` knows only an
 allow-list of names (tensor and parameter rebuild functions, typed storage
 classes, ``collections.OrderedDict``), each implemented here on numpy.  Any
-other global is refused with its name before anything is called, and the
-extension-registry opcodes (EXT1/2/4), whose look-up can bypass
-``find_class``, are refused by a scan before unpickling.  Tensors come back
-as :class:`Tensor`: the source dtype and a numpy array of the values
-(bfloat16 widened exactly to float32).
+other global is refused with its name before anything is called.  Before a
+pickle is unpickled, :func:`_scan` walks its opcodes without running them and
+refuses the extension-registry opcodes (EXT1/2/4, whose look-up can bypass
+``find_class``) and the shapes of pickle that exhaust the interpreter.
+Tensors come back as :class:`Tensor`: the source dtype and a numpy array of
+the values (bfloat16 widened exactly to float32).
+
+Limits, each far beyond what ``torch.save`` writes for a model, so that a
+hostile file is refused with a message instead of crashing or exhausting
+the process:
+
+* :data:`MAX_DIMS` (16) dimensions per tensor, and sizes, strides and
+  offsets integers in [0, 2^63), all checked before numpy sees them.  numpy
+  refuses more than 32 dimensions and its C code overflows a stack buffer
+  beyond 64; GPT weights have at most 2, nanoGPT's mask buffer 4.  Views
+  are built with ``np.ndarray(buffer=...)``, which checks their extent.
+* :data:`MAX_NESTING` (100) levels of containers (tuples, lists, dicts,
+  sets, rebuilt objects) in a pickle, counted by :func:`_scan`.  CPython
+  hashes a nested tuple recursively in C, so a dict key a million tuples
+  deep overflows the C stack; torch's pickles nest 8 or 9 levels.  A
+  container may not be modified after it was put into another one (as a
+  cyclic structure is built), which would make the count meaningless.
+* BUILD may give an OrderedDict its ``_metadata`` (a dict), as torch does
+  for a state_dict, and nothing else: no attribute can shadow a method.
+* Memo indices: each PUT must use the next free index (as every pickler
+  does) and each GET an index already put, so that a single opcode cannot
+  make the unpickler allocate a memo table of gigabytes.
+* A tensor may not have more elements than its storage (a broadcast view,
+  stride 0, would be copied to its full size), and all tensors together may
+  not copy out more than twice the file's size plus
+  :data:`MATERIALISE_SLACK` (64 MiB): real checkpoints copy about the file's
+  size, plus one copy of a storage shared by tied weights.
+* Zip archives: storage records must be stored uncompressed (torch.save
+  never compresses them) and have exactly the declared size, checked before
+  anything is read; data.pkl may not exceed :data:`MAX_PICKLE_BYTES`
+  (64 MiB).  A zip bomb is refused without being inflated.
+* safetensors headers are at most :data:`MAX_SAFETENSORS_HEADER` bytes (the
+  format's own limit, 100 MB).
+
+:func:`load` raises only :class:`PtFileError`; its message is one line, and
+every name taken from the file goes through :func:`printable` or
+:func:`describe`, so that it cannot break the line or send terminal escapes.
 """
 
 from __future__ import annotations
@@ -28,6 +65,7 @@ import collections
 import hashlib
 import io
 import json
+import math
 import pickle
 import pickletools
 import zipfile
@@ -36,11 +74,24 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["PtFileError", "Tensor", "Loaded", "load", "LEGACY_MAGIC"]
+__all__ = ["PtFileError", "Tensor", "Loaded", "load", "printable", "describe",
+           "LEGACY_MAGIC", "MAX_DIMS", "MAX_NESTING", "MAX_PICKLE_BYTES",
+           "MATERIALISE_SLACK", "MAX_SAFETENSORS_HEADER"]
 
 #: First object of the legacy (non-zip) ``torch.save`` stream.
 LEGACY_MAGIC = 0x1950a86a20f9469cfc6c
 LEGACY_PROTOCOL = 1001
+#: Most dimensions a tensor may have.
+MAX_DIMS = 16
+#: Deepest nesting of containers a pickle may build.
+MAX_NESTING = 100
+#: Largest data.pkl accepted from a zip archive.
+MAX_PICKLE_BYTES = 64 << 20
+#: Bytes that tensors may copy out beyond twice the file's size.
+MATERIALISE_SLACK = 64 << 20
+#: Largest safetensors JSON header (the format's own limit).
+MAX_SAFETENSORS_HEADER = 100_000_000
+_INDEX_LIMIT = 1 << 63  # sizes, strides, offsets and counts are int64 in torch
 _NOT_WEIGHTS = "not a tensor, storage or plain container"
 
 
@@ -63,12 +114,79 @@ _DTYPES = {d.name: d for d in (
     _DType("uint8", "u1", False), _DType("bool", "?", False))}
 
 
-def _printable(text: object, limit: int = 80) -> str:
-    """A name from the file, safe to put in a one-line message."""
-    text = str(text)
-    if not text.isprintable() or len(text) > limit:
-        text = repr(text[:limit])
-    return text
+# --------------------------------------------------------------------------- #
+# Names and values from the file, in one-line messages
+# --------------------------------------------------------------------------- #
+def printable(text: object, limit: int = 80) -> str:
+    """A name from the file, safe to put in a one-line message.
+
+    A printable string of at most ``limit`` characters comes back as it is;
+    anything else as the ``repr`` of its first ``limit`` characters (control
+    characters, newlines and escapes written as backslash sequences), with
+    ``...`` when cut.
+    """
+    text = text if isinstance(text, str) else str(text)
+    if len(text) <= limit and text.isprintable():
+        return text
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")
+
+
+def describe(value: object, limit: int = 80) -> str:
+    """A value from the file, safe to put in a one-line message.
+
+    Scalars as their ``repr`` (strings escaped and cut, integers of more than
+    64 bits by their size), tensors by dtype and shape, containers by type
+    and length; never a recursive ``repr``.
+    """
+    if value is None or isinstance(value, (bool, float)):
+        return repr(value)
+    if isinstance(value, int):
+        bits = value.bit_length()
+        return str(value) if bits <= 64 else f"an integer of {bits} bits"
+    if isinstance(value, str):
+        return repr(value[:limit]) + ("..." if len(value) > limit else "")
+    if isinstance(value, Tensor):
+        return repr(value)
+    if isinstance(value, (bytes, bytearray, tuple, list, dict, set, frozenset)):
+        return f"{_a(type(value).__name__)} of {len(value)} items"
+    return _a(type(value).__name__)
+
+
+def _key_text(key: object) -> str:
+    """A container key from the file as one element of a tensor's path."""
+    return printable(key) if isinstance(key, str) else describe(key)
+
+
+def _index(value: object) -> bool:
+    """True for an int (not bool) in [0, 2**63), torch's range for sizes."""
+    return isinstance(value, int) and not isinstance(value, bool) \
+        and 0 <= value < _INDEX_LIMIT
+
+
+def _a(noun: str) -> str:
+    return ("an " if noun[:1].lower() in "aeiou" else "a ") + noun
+
+
+def _dims_text(dims) -> str:
+    """A short sequence of numbers from the file, as a tuple or list."""
+    if not isinstance(dims, (tuple, list)) or len(dims) > MAX_DIMS:
+        return describe(dims)
+    text = ", ".join(describe(d) for d in dims)
+    if isinstance(dims, list):
+        return f"[{text}]"
+    return f"({text},)" if len(dims) == 1 else f"({text})"
+
+
+def _dims_problem(what: str, dims: object) -> Optional[str]:
+    """Why ``dims`` is not a valid size or stride tuple, or None."""
+    if not isinstance(dims, (tuple, list)):
+        return f"{what} is {describe(dims)}, not a tuple"
+    if len(dims) > MAX_DIMS:
+        return (f"{what} has {len(dims)} dimensions, more than the {MAX_DIMS} "
+                f"this reader supports")
+    if not all(_index(d) for d in dims):
+        return f"{what} {_dims_text(dims)} is not a tuple of integers in [0, 2^63)"
+    return None
 
 
 # --------------------------------------------------------------------------- #
@@ -100,16 +218,24 @@ class _Storage:
         self.big_endian = False
 
     def __setstate__(self, state) -> None:
-        raise PtFileError(f"refusing BUILD on storage {_printable(self.key)}")
+        raise PtFileError(f"refusing BUILD on storage {printable(self.key)}")
 
-    def elements(self) -> np.ndarray:
-        """The stored elements, read-only, in stored byte order."""
-        dt = np.dtype(self.dtype.stored)
-        if self.big_endian:
-            dt = dt.newbyteorder(">")
-        arr = np.frombuffer(self.data, dtype=dt, count=self.numel)
-        arr.flags.writeable = False
-        return arr
+
+class _Budget:
+    """Bytes that tensors may still copy out of their storages."""
+
+    __slots__ = ("left", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.left = self.limit = limit
+
+    def take(self, nbytes: int, where: Callable[[], str]) -> None:
+        if nbytes > self.left:
+            raise PtFileError(
+                f"{where()}: copying its {nbytes} bytes would take the "
+                f"tensors past {self.limit} bytes, twice the file's size plus "
+                f"{MATERIALISE_SLACK >> 20} MiB (storages viewed many times over?)")
+        self.left -= nbytes
 
 
 class Tensor:
@@ -148,65 +274,81 @@ class Tensor:
         raise PtFileError("refusing BUILD on a tensor (tensor state would be "
                           "set by pickled code)")
 
-    def resolve(self, where: str) -> None:
-        """Build ``array`` from the storage; ``where`` names the tensor."""
+    def resolve(self, where: Callable[[], str], budget: _Budget) -> None:
+        """Build ``array`` from the storage; ``where()`` names the tensor
+        (``tensor model/transformer.wte.weight``).
+
+        The geometry was checked when the tensor was rebuilt (at most
+        :data:`MAX_DIMS` dimensions, sizes, strides and offset in
+        [0, 2**63)); here it is checked against the storage, and the copy
+        against ``budget``, before numpy is given it.
+        """
         if self._array is not None:
             return
         st = self._storage
         if st is None or st.data is None:
-            raise PtFileError(f"tensor {where}: its storage was never read "
+            raise PtFileError(f"{where()}: its storage was never read "
                               f"(truncated or corrupt file?)")
-        shape, stride = self.shape, self._stride
-        if 0 in shape:
-            arr = np.empty(shape, dtype=np.dtype(st.dtype.stored))
-        else:
-            need = self._offset + 1 + sum((n - 1) * s for n, s in zip(shape, stride))
-            if need > st.numel:
-                raise PtFileError(
-                    f"tensor {where} of shape {shape} (storage offset "
-                    f"{self._offset}, stride {stride}) addresses {need} "
-                    f"{st.dtype.name} elements, but its storage "
-                    f"{_printable(st.key)} holds {st.numel}")
-            base = st.elements()[self._offset:]
-            strides = tuple(0 if n == 1 else s * base.itemsize
-                            for n, s in zip(shape, stride))
-            view = np.lib.stride_tricks.as_strided(base, shape=shape, strides=strides,
-                                                   writeable=False)
-            arr = view.astype(base.dtype.newbyteorder("="), copy=True)
-        if self.dtype == "bfloat16":  # the high half of a float32, exactly
-            arr = (arr.astype(np.uint32) << 16).view(np.float32)
+        shape, stride, offset = self.shape, self._stride, self._offset
+        numel = math.prod(shape)
+        dt = np.dtype(st.dtype.stored)
+        if st.big_endian:
+            dt = dt.newbyteorder(">")
+        try:
+            if numel == 0:
+                arr = np.empty(shape, dtype=dt.newbyteorder("="))
+            else:
+                need = offset + 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+                if need > st.numel:
+                    raise PtFileError(
+                        f"{where()} of shape {shape} (storage offset "
+                        f"{offset}, stride {stride}) addresses {need} "
+                        f"{st.dtype.name} elements, but its storage "
+                        f"{printable(st.key)} holds {st.numel}")
+                if numel > st.numel:
+                    raise PtFileError(
+                        f"{where()} of shape {shape} (stride {stride}) has "
+                        f"{numel} elements, more than the {st.numel} its storage "
+                        f"{printable(st.key)} holds (a broadcast view, not a weight)")
+                budget.take(numel * dt.itemsize, where)
+                strides = tuple(0 if n == 1 else s * dt.itemsize
+                                for n, s in zip(shape, stride))
+                view = np.ndarray(shape, dtype=dt, buffer=st.data,
+                                  offset=offset * dt.itemsize, strides=strides)
+                arr = view.astype(dt.newbyteorder("="), copy=True)
+            if self.dtype == "bfloat16":  # the high half of a float32, exactly
+                arr = (arr.astype(np.uint32) << 16).view(np.float32)
+        except PtFileError:
+            raise
+        except (ValueError, TypeError, OverflowError, MemoryError) as exc:
+            raise PtFileError(f"{where()} of shape {shape}: numpy cannot "
+                              f"build it: {type(exc).__name__}: "
+                              f"{printable(exc, 200)}") from None
         self._array = arr
         self._storage = None
-
-
-def _int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _dims(value: object) -> bool:
-    return isinstance(value, (tuple, list)) and all(_int(v) and v >= 0 for v in value)
 
 
 def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=False,
                        backward_hooks=None, metadata=None) -> Tensor:
     """``torch._utils._rebuild_tensor_v2``: a tensor viewing a storage."""
     if not isinstance(storage, _Storage):
-        raise PtFileError(f"tensor rebuilt from a {type(storage).__name__}, "
-                          f"not a storage")
-    if not (_int(storage_offset) and storage_offset >= 0 and _dims(size)
-            and _dims(stride) and len(size) == len(stride)):
-        geometry = _printable(repr((storage_offset, size, stride)), 120)
-        raise PtFileError(f"tensor on storage {_printable(storage.key)} has a bad "
-                          f"(offset, size, stride): {geometry}")
+        raise PtFileError(f"tensor rebuilt from {describe(storage)}, not a storage")
+    where = f"tensor on storage {printable(storage.key)}"
+    if not _index(storage_offset):
+        raise PtFileError(f"{where}: storage offset {describe(storage_offset)} is "
+                          f"not an integer in [0, 2^63)")
+    problem = _dims_problem("size", size) or _dims_problem("stride", stride)
+    if problem is None and len(size) != len(stride):
+        problem = (f"size {_dims_text(size)} and stride {_dims_text(stride)} "
+                   f"differ in length")
+    if problem is not None:
+        raise PtFileError(f"{where}: {problem}")
     if not isinstance(requires_grad, bool):
-        raise PtFileError(f"tensor on storage {_printable(storage.key)}: "
-                          f"requires_grad is a {type(requires_grad).__name__}")
+        raise PtFileError(f"{where}: requires_grad is {describe(requires_grad)}")
     if backward_hooks:
-        raise PtFileError(f"tensor on storage {_printable(storage.key)} carries "
-                          f"backward hooks")
+        raise PtFileError(f"{where} carries backward hooks")
     if metadata is not None and not isinstance(metadata, dict):
-        raise PtFileError(f"tensor on storage {_printable(storage.key)}: metadata "
-                          f"is a {type(metadata).__name__}")
+        raise PtFileError(f"{where}: metadata is {describe(metadata)}")
     return Tensor(storage.dtype.name, tuple(size), storage=storage,
                   offset=storage_offset, stride=tuple(stride))
 
@@ -220,12 +362,11 @@ def _rebuild_parameter(data, requires_grad=False, backward_hooks=None,
                        state=None) -> Tensor:
     """``torch._utils._rebuild_parameter[_with_state]``: the tensor itself."""
     if not isinstance(data, Tensor):
-        raise PtFileError(f"parameter rebuilt from a {type(data).__name__}, "
-                          f"not a tensor")
+        raise PtFileError(f"parameter rebuilt from {describe(data)}, not a tensor")
     if backward_hooks:
         raise PtFileError("parameter carries backward hooks")
     if state is not None and not isinstance(state, dict):
-        raise PtFileError(f"parameter state is a {type(state).__name__}")
+        raise PtFileError(f"parameter state is {describe(state)}")
     return data
 
 
@@ -244,6 +385,34 @@ class _Rebuild:
         raise PtFileError(f"refusing BUILD on {self.name}")
 
 
+class _OrderedDict(collections.OrderedDict):
+    """``collections.OrderedDict`` as torch pickles a state_dict.
+
+    ``Module.state_dict()`` returns an OrderedDict with one attribute,
+    ``_metadata`` (an OrderedDict of per-module versions), so torch.save
+    writes a BUILD whose state is ``{'_metadata': OrderedDict(...)}``.  That
+    is accepted; any other state is refused, so that no other attribute
+    (``items``, ``get``, ...) can shadow a method.
+    """
+
+    def __setstate__(self, state) -> None:
+        if not isinstance(state, dict):
+            what = f"state {describe(state)}"
+        elif list(dict.keys(state)) != ["_metadata"]:
+            names = ", ".join(_key_text(k) for k in list(dict.keys(state))[:4])
+            what = f"attributes {names}" if names else "an empty state"
+        elif not isinstance(dict.get(state, "_metadata"), dict):
+            what = f"_metadata {describe(dict.get(state, '_metadata'))}"
+        else:
+            self.__dict__["_metadata"] = dict.get(state, "_metadata")
+            return
+        raise PtFileError(f"refusing BUILD on an OrderedDict with {what} (a torch "
+                          f"state_dict sets only _metadata, a dict)")
+
+
+# Messages name the class as the file does.
+_OrderedDict.__name__ = _OrderedDict.__qualname__ = "OrderedDict"
+
 _STORAGE_TYPES = {name: _StorageType(name, dtype) for name, dtype in (
     ("FloatStorage", "float32"), ("HalfStorage", "float16"),
     ("BFloat16Storage", "bfloat16"), ("DoubleStorage", "float64"),
@@ -258,7 +427,7 @@ _ALLOWED: Dict[Tuple[str, str], object] = {
         ("_rebuild_tensor", _rebuild_tensor),
         ("_rebuild_parameter", _rebuild_parameter),
         ("_rebuild_parameter_with_state", _rebuild_parameter))},
-    ("collections", "OrderedDict"): collections.OrderedDict,
+    ("collections", "OrderedDict"): _OrderedDict,
     **{("torch", name): st for name, st in _STORAGE_TYPES.items()},
 }
 
@@ -280,36 +449,153 @@ class _Unpickler(pickle.Unpickler):
         # call what they find); nothing outside the allow-list is imported.
         found = _ALLOWED.get((module, name))
         if found is None:
-            raise PtFileError(f"refusing global {_printable(module)}."
-                              f"{_printable(name)} in {self._what} ({_NOT_WEIGHTS})")
+            raise PtFileError(f"refusing global {printable(module)}."
+                              f"{printable(name)} in {self._what} ({_NOT_WEIGHTS})")
         return found
 
     def persistent_load(self, pid: object) -> _Storage:
         if self._load_storage is None:
             raise PtFileError(f"unexpected persistent id in {self._what}")
         if not (isinstance(pid, tuple) and pid and pid[0] == "storage"):
-            raise PtFileError(f"refusing persistent id {_printable(repr(pid))} in "
+            raise PtFileError(f"refusing persistent id {describe(pid)} in "
                               f"{self._what} ({_NOT_WEIGHTS})")
         return self._load_storage(pid)
 
 
-def _scan(f: io.BytesIO, what: str) -> None:
-    """Walk the next pickle's opcodes without running it; refuse EXT1/2/4.
+# Opcodes by their effect on the stack, for _scan.
+_PUSH_SCALAR = frozenset((
+    "INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "STRING",
+    "BINSTRING", "SHORT_BINSTRING", "BINBYTES", "SHORT_BINBYTES", "BINBYTES8",
+    "BYTEARRAY8", "NEXT_BUFFER", "NONE", "NEWTRUE", "NEWFALSE", "UNICODE",
+    "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "FLOAT", "BINFLOAT"))
+_PUSH_EMPTY = frozenset(("EMPTY_LIST", "EMPTY_TUPLE", "EMPTY_DICT", "EMPTY_SET"))
+_PUSH_OBJECT = frozenset(("GLOBAL", "PERSID"))  # objects with no parts
+# Pop n items (or, for None, those above the topmost MARK and the MARK)
+# and push one new object built from them.
+_BUILD_NEW = {"TUPLE1": 1, "TUPLE2": 2, "TUPLE3": 3, "REDUCE": 2, "NEWOBJ": 2,
+              "NEWOBJ_EX": 3, "BINPERSID": 1, "TUPLE": None, "LIST": None,
+              "DICT": None, "FROZENSET": None, "OBJ": None, "INST": None}
+# Pop n items (or those above the MARK) into the object left on top.
+_MODIFY = {"APPEND": 1, "SETITEM": 2, "BUILD": 1, "APPENDS": None,
+           "SETITEMS": None, "ADDITEMS": None}
+_NO_EFFECT = frozenset(("PROTO", "FRAME", "STOP", "READONLY_BUFFER"))
+_SCALAR = [0, False]  # the shared node of every scalar: depth 0, never modified
 
-    CPython resolves extension codes through copyreg's process-wide cache,
-    which can skip ``find_class``.  ``torch.save`` never writes them.
+
+def _scan(f: io.BytesIO, what: str) -> None:
+    """Walk the next pickle's opcodes without running it; refuse what is unsafe.
+
+    Refused: the extension-registry opcodes EXT1/2/4 (CPython resolves them
+    through copyreg's process-wide cache, which can skip ``find_class``;
+    torch.save never writes them); containers nested more than
+    :data:`MAX_NESTING` deep; a container modified after it was put into
+    another; memo PUTs that do not use the next free index and GETs of an
+    index not yet put.
+
+    The walk mirrors the unpickler's stack with one node ``[depth, nested]``
+    per object: ``depth`` counts the container levels inside it (0 for a
+    scalar, 1 + the deepest part for anything built from parts) and
+    ``nested`` says that it has been put into another object.  Memo PUT and
+    GET store and fetch nodes, so a shared object keeps its depth.  As
+    modifying an object that is already nested is refused, every depth is
+    final when the object is used, and the count is exact.
     """
     start = f.tell()
+    stack: List[list] = []
+    marks: List[int] = []
+    memo: List[list] = []
+    pos = start
+
+    def fail(problem: str) -> PtFileError:
+        return PtFileError(f"{what}: {problem} (opcode at byte {pos - start})")
+
+    def take(count: Optional[int]) -> List[list]:
+        fence = marks[-1] if marks else 0
+        if count is None:
+            if not marks:
+                raise fail("an opcode that needs a MARK has none")
+            del marks[-1]
+        elif len(stack) - fence < count:
+            raise fail("stack underflow (corrupt pickle)")
+        else:
+            fence = len(stack) - count
+        items = stack[fence:]
+        del stack[fence:]
+        return items
+
+    def nest(items: List[list]) -> int:
+        """The depth of an object made of ``items``, now nested in it."""
+        depth = 1
+        for node in items:
+            if node is not _SCALAR:
+                node[1] = True
+                depth = max(depth, node[0] + 1)
+        if depth > MAX_NESTING:
+            raise fail(f"containers nested more than {MAX_NESTING} deep "
+                       f"({_NOT_WEIGHTS})")
+        return depth
+
     try:
-        for op, arg, _ in pickletools.genops(f):
-            if op.name in ("EXT1", "EXT2", "EXT4"):
-                raise PtFileError(f"refusing extension-registry opcode {op.name} "
+        for op, arg, pos in pickletools.genops(f):
+            name = op.name
+            if name in _PUSH_SCALAR:
+                stack.append(_SCALAR)
+            elif name in _PUSH_EMPTY:
+                stack.append([1, False])
+            elif name in _PUSH_OBJECT:
+                stack.append([0, False])
+            elif name == "STACK_GLOBAL":  # module and name strings: a global
+                take(2)
+                stack.append([0, False])
+            elif name in _BUILD_NEW:
+                stack.append([nest(take(_BUILD_NEW[name])), False])
+            elif name in _MODIFY:
+                items = take(_MODIFY[name])
+                if len(stack) <= (marks[-1] if marks else 0):
+                    raise fail(f"{name} without an object to modify")
+                target = stack[-1]
+                if target is _SCALAR:
+                    continue  # the unpickler will refuse it
+                if target[1]:
+                    raise fail(f"{name} modifies an object already placed in "
+                               f"another (a cyclic structure, {_NOT_WEIGHTS})")
+                target[0] = max(target[0], nest(items))
+            elif name == "MARK":
+                marks.append(len(stack))
+            elif name == "POP":
+                if len(stack) > (marks[-1] if marks else 0):
+                    del stack[-1]
+                elif marks:
+                    del marks[-1]
+                else:
+                    raise fail("POP on an empty stack")
+            elif name == "POP_MARK":
+                take(None)
+            elif name == "DUP":
+                if len(stack) <= (marks[-1] if marks else 0):
+                    raise fail("DUP on an empty stack")
+                stack.append(stack[-1])
+            elif name in ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"):
+                if len(stack) <= (marks[-1] if marks else 0):
+                    raise fail(f"{name} on an empty stack")
+                if name != "MEMOIZE" and arg != len(memo):
+                    raise fail(f"{name} {describe(arg)} is not the next memo index "
+                               f"{len(memo)} (picklers number them in order)")
+                memo.append(stack[-1])
+            elif name in ("GET", "BINGET", "LONG_BINGET"):
+                if not (_index(arg) and arg < len(memo)):
+                    raise fail(f"{name} {describe(arg)} of a memo index never put")
+                stack.append(memo[arg])
+            elif name in ("EXT1", "EXT2", "EXT4"):
+                raise PtFileError(f"refusing extension-registry opcode {name} "
                                   f"(code {arg}) in {what} ({_NOT_WEIGHTS})")
+            elif name not in _NO_EFFECT:
+                raise fail(f"unknown opcode {name}")
     except PtFileError:
         raise
-    except Exception as exc:
+    except Exception as exc:  # genops: ValueError on bad or truncated input
         raise PtFileError(f"corrupt {what} (truncated file?): "
-                          f"{_printable(exc, 200)}") from None
+                          f"{printable(exc, 200)}") from None
     f.seek(start)
 
 
@@ -322,7 +608,7 @@ def _unpickle(f: io.BytesIO, what: str,
         raise
     except Exception as exc:  # the C unpickler raises many types on bad input
         raise PtFileError(f"corrupt {what}: {type(exc).__name__}: "
-                          f"{_printable(exc, 200)}") from None
+                          f"{printable(exc, 200)}") from None
 
 
 def _storage_pid(pid: tuple, what: str, length: int) -> Tuple[_DType, str, int]:
@@ -332,54 +618,89 @@ def _storage_pid(pid: tuple, what: str, length: int) -> Tuple[_DType, str, int]:
                           f"expected {length}")
     _, stype, key, location, numel = pid[:5]
     if not isinstance(stype, _StorageType):
-        raise PtFileError(f"storage id in {what} names a {type(stype).__name__}, "
+        raise PtFileError(f"storage id in {what} names {describe(stype)}, "
                           f"not a storage type")
-    if not (isinstance(key, str) and isinstance(location, str)
-            and _int(numel) and numel >= 0):
-        raise PtFileError(f"bad storage id in {what}: {_printable(repr(pid))}")
+    if not (isinstance(key, str) and isinstance(location, str) and _index(numel)):
+        raise PtFileError(f"bad storage id in {what}: key {describe(key)}, "
+                          f"location {describe(location)}, size {describe(numel)}")
     return stype.dtype, key, numel
 
 
-def _resolve_all(obj: object) -> None:
-    """Build every tensor's array, naming the first bad one by its path."""
-    seen = set()
-    stack: List[Tuple[object, str]] = [(obj, "")]
-    while stack:
-        item, path = stack.pop()
-        if isinstance(item, Tensor):
-            item.resolve(path or "(top level)")
-            continue
-        if id(item) in seen:
-            continue
+def _path(link: Optional[tuple], limit: int = 300) -> str:
+    """``tensor <path>`` from a chain of ``(parent, key, is_index)`` links;
+    a path longer than ``limit`` keeps its start and end."""
+    parts = []
+    while link is not None:
+        link, key, is_index = link
+        parts.append(f"[{key}]" if is_index else _key_text(key))
+    text = ""
+    for part in reversed(parts):
+        text += part if part.startswith("[") or not text else "/" + part
+    if len(text) > limit:
+        text = text[: limit // 3] + " ... " + text[-(limit - limit // 3):]
+    return "tensor " + (text or "(top level)")
+
+
+def _resolve_all(obj: object, budget: _Budget) -> None:
+    """Build every tensor's array, in depth-first order.
+
+    A tensor's path (``model/transformer.wte.weight``, ``list[3]``) is built
+    only for a message, from links to its parents, so the walk costs the
+    same whatever the depth and the length of the keys.
+    """
+    def children(item: object):
         if isinstance(item, dict):
-            seen.add(id(item))
-            children = [(v, f"{path}/{_printable(k)}" if path else _printable(k))
-                        for k, v in item.items()]
-        elif isinstance(item, (list, tuple)):
-            seen.add(id(item))
-            children = [(v, f"{path}[{i}]") for i, v in enumerate(item)]
+            return ((k, v, False) for k, v in dict.items(item))
+        return ((i, v, True) for i, v in enumerate(item))
+
+    if isinstance(obj, Tensor):
+        obj.resolve(lambda: _path(None), budget)
+        return
+    if not isinstance(obj, (dict, list, tuple)):
+        return
+    seen = {id(obj)}
+    stack = [(children(obj), None)]
+    while stack:
+        it, link = stack[-1]
+        for key, child, is_index in it:
+            if isinstance(child, Tensor):
+                here = (link, key, is_index)
+                child.resolve(lambda: _path(here), budget)
+            elif isinstance(child, (dict, list, tuple)) and id(child) not in seen:
+                seen.add(id(child))
+                stack.append((children(child), (link, key, is_index)))
+                break
         else:
-            continue
-        stack.extend(reversed(children))
+            stack.pop()
 
 
 # --------------------------------------------------------------------------- #
 # Formats
 # --------------------------------------------------------------------------- #
 def _read_member(zf: zipfile.ZipFile, name: str) -> bytes:
+    """A member's bytes; its size must have been checked by the caller."""
     try:
         return zf.read(name)
     except Exception as exc:  # BadZipFile (CRC), zlib.error, EOFError, ...
         raise PtFileError(f"truncated or corrupt zip archive: member "
-                          f"{_printable(name)}: {_printable(exc, 200)}") from None
+                          f"{printable(name)}: {printable(exc, 200)}") from None
 
 
-def _load_zip(raw: bytes) -> object:
+def _small_member(zf: zipfile.ZipFile, name: str, limit: int) -> bytes:
+    """A member of at most ``limit`` bytes (checked before it is inflated)."""
+    size = zf.getinfo(name).file_size
+    if size > limit:
+        raise PtFileError(f"zip member {printable(name)} is {size} bytes, more than "
+                          f"the {limit} accepted")
+    return _read_member(zf, name)
+
+
+def _load_zip(raw: bytes, budget: _Budget) -> object:
     try:
         zf = zipfile.ZipFile(io.BytesIO(raw))  # shares raw's buffer, no copy
     except Exception as exc:
         raise PtFileError(f"truncated or corrupt zip archive: "
-                          f"{_printable(exc, 200)}") from None
+                          f"{printable(exc, 200)}") from None
     names = zf.namelist()
     if len(set(names)) != len(names):
         raise PtFileError("corrupt zip archive: a member name appears twice")
@@ -393,9 +714,9 @@ def _load_zip(raw: bytes) -> object:
                           "torch.save checkpoint")
     big_endian = False
     if prefix + "byteorder" in names:
-        order = _read_member(zf, prefix + "byteorder").decode("ascii", "replace")
+        order = _small_member(zf, prefix + "byteorder", 16).decode("ascii", "replace")
         if order not in ("little", "big"):
-            raise PtFileError(f"byteorder record says {_printable(order)!r}")
+            raise PtFileError(f"byteorder record says {describe(order)}")
         big_endian = order == "big"
     member_names = set(names)
     storages: Dict[str, _Storage] = {}
@@ -405,28 +726,38 @@ def _load_zip(raw: bytes) -> object:
         old = storages.get(key)
         if old is not None:  # a storage shared by several tensors: read once
             if (old.dtype, old.numel) != (dtype, numel):
-                raise PtFileError(f"storage {_printable(key)} is declared as "
+                raise PtFileError(f"storage {printable(key)} is declared as "
                                   f"{old.numel} {old.dtype.name} and as "
                                   f"{numel} {dtype.name}")
             return old
         member = prefix + "data/" + key
         if member not in member_names:
-            raise PtFileError(f"storage record {_printable(member)} is missing "
+            raise PtFileError(f"storage record {printable(member)} is missing "
                               f"(truncated or corrupt archive?)")
-        raw = _read_member(zf, member)
+        # Checked before a byte is read or inflated: torch.save stores
+        # records uncompressed, at exactly the declared size.
+        info = zf.getinfo(member)
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise PtFileError(f"storage record {printable(member)} is compressed "
+                              f"(zip method {info.compress_type}); torch.save "
+                              f"stores records uncompressed")
+        if info.compress_size != info.file_size:
+            raise PtFileError(f"corrupt zip archive: stored record "
+                              f"{printable(member)} has {info.compress_size} bytes "
+                              f"in the archive for {info.file_size} of data")
         need = numel * np.dtype(dtype.stored).itemsize
-        if len(raw) != need:
-            raise PtFileError(f"storage {_printable(key)} holds {len(raw)} bytes, "
-                              f"but data.pkl declares {numel} {dtype.name} "
+        if info.file_size != need:
+            raise PtFileError(f"storage {printable(key)} holds {info.file_size} "
+                              f"bytes, but data.pkl declares {numel} {dtype.name} "
                               f"elements ({need} bytes)")
         st = _Storage(key, dtype, numel)
-        st.data, st.big_endian = memoryview(raw), big_endian
+        st.data, st.big_endian = memoryview(_read_member(zf, member)), big_endian
         storages[key] = st
         return st
 
-    pkl = _read_member(zf, pickles[0])
+    pkl = _small_member(zf, pickles[0], MAX_PICKLE_BYTES)
     obj = _unpickle(io.BytesIO(pkl), "data.pkl", load_storage)
-    _resolve_all(obj)
+    _resolve_all(obj, budget)
     return obj
 
 
@@ -444,31 +775,31 @@ def _is_legacy(raw: bytes) -> bool:
     return len(ops) == 2 and ops[0][1] == LEGACY_MAGIC and ops[1][0] == "STOP"
 
 
-def _load_legacy(raw: bytes) -> object:
+def _load_legacy(raw: bytes, budget: _Budget) -> object:
     data = memoryview(raw)  # storages are slices of it, not copies
     f = io.BytesIO(raw)
     what = "the legacy torch.save stream"
     _unpickle(f, what)  # the magic number, checked by _is_legacy
     version = _unpickle(f, what)
     if version != LEGACY_PROTOCOL:
-        raise PtFileError(f"legacy torch.save protocol version {_printable(version)}, "
+        raise PtFileError(f"legacy torch.save protocol version {describe(version)}, "
                           f"expected {LEGACY_PROTOCOL}")
     sys_info = _unpickle(f, what)
     if not isinstance(sys_info, dict):
         raise PtFileError(f"corrupt {what}: sys_info is not a dict")
-    if sys_info.get("little_endian") is not True:
+    if dict.get(sys_info, "little_endian") is not True:
         raise PtFileError("a big-endian legacy torch.save file")
     storages: Dict[str, _Storage] = {}
 
     def load_storage(pid: tuple) -> _Storage:
         dtype, key, numel = _storage_pid(pid, what, 6)
         if pid[5] is not None:
-            raise PtFileError(f"storage {_printable(key)} is a storage view "
+            raise PtFileError(f"storage {printable(key)} is a storage view "
                               f"(PyTorch < 0.4), not supported")
         old = storages.get(key)
         if old is not None:
             if (old.dtype, old.numel) != (dtype, numel):
-                raise PtFileError(f"storage {_printable(key)} is declared as "
+                raise PtFileError(f"storage {printable(key)} is declared as "
                                   f"{old.numel} {old.dtype.name} and as "
                                   f"{numel} {dtype.name}")
             return old
@@ -483,25 +814,25 @@ def _load_legacy(raw: bytes) -> object:
     for key in keys:
         st = storages.get(key)
         if st is None:
-            raise PtFileError(f"storage {_printable(key)} in the key list is not "
+            raise PtFileError(f"storage {printable(key)} in the key list is not "
                               f"used by the main pickle")
         head = f.read(8)
         if len(head) != 8:
             raise PtFileError(f"truncated or corrupt file: no element count for "
-                              f"storage {_printable(key)}")
+                              f"storage {printable(key)}")
         count = int.from_bytes(head, "little")
         if count != st.numel:
-            raise PtFileError(f"storage {_printable(key)} holds {count} elements, "
+            raise PtFileError(f"storage {printable(key)} holds {count} elements, "
                               f"but the main pickle declares {st.numel} "
                               f"{st.dtype.name} elements")
         nbytes = count * np.dtype(st.dtype.stored).itemsize
         start = f.tell()
         if start + nbytes > len(data):
-            raise PtFileError(f"truncated or corrupt file: storage {_printable(key)} "
+            raise PtFileError(f"truncated or corrupt file: storage {printable(key)} "
                               f"needs {nbytes} bytes, {len(data) - start} remain")
         st.data = data[start:start + nbytes]
         f.seek(start + nbytes)
-    _resolve_all(obj)
+    _resolve_all(obj, budget)
     return obj
 
 
@@ -522,23 +853,29 @@ def _no_duplicates(pairs: list) -> dict:
     for key, value in pairs:
         if key in out:
             raise PtFileError(f"corrupt safetensors header: key "
-                              f"{_printable(key)} appears twice")
+                              f"{printable(key)} appears twice")
         out[key] = value
     return out
 
 
-def _load_safetensors(data: memoryview) -> "collections.OrderedDict[str, Tensor]":
+def _load_safetensors(data: memoryview, budget: _Budget
+                      ) -> "collections.OrderedDict[str, Tensor]":
     n = int.from_bytes(data[:8], "little")
     if n > len(data) - 8:
         raise PtFileError(f"truncated or corrupt safetensors file: the header "
                           f"length {n} exceeds the {len(data) - 8} bytes that follow")
+    if n > MAX_SAFETENSORS_HEADER:
+        raise PtFileError(f"safetensors header of {n} bytes, more than the format's "
+                          f"limit of {MAX_SAFETENSORS_HEADER}")
     try:
         header = json.loads(bytes(data[8:8 + n]).decode("utf-8"),
                             object_pairs_hook=_no_duplicates)
     except PtFileError:
         raise
+    except RecursionError:
+        raise PtFileError("corrupt safetensors header: JSON nested too deeply") from None
     except (UnicodeDecodeError, ValueError) as exc:
-        raise PtFileError(f"corrupt safetensors header: {_printable(exc, 200)}") from None
+        raise PtFileError(f"corrupt safetensors header: {printable(exc, 200)}") from None
     if not isinstance(header, dict):
         raise PtFileError("corrupt safetensors header: not a JSON object")
     meta = header.pop("__metadata__", {})
@@ -548,32 +885,34 @@ def _load_safetensors(data: memoryview) -> "collections.OrderedDict[str, Tensor]
     buffer = data[8 + n:]
     spans = []
     for name, entry in header.items():
-        where = f"safetensors tensor {_printable(name)}"
+        where = f"safetensors tensor {printable(name)}"
         if not (isinstance(entry, dict) and set(entry) == {"dtype", "shape", "data_offsets"}):
             raise PtFileError(f"{where}: header entry needs exactly dtype, shape "
                               f"and data_offsets")
         dtype = _SAFETENSORS_DTYPES.get(entry["dtype"]) \
             if isinstance(entry["dtype"], str) else None
         if dtype is None:
-            raise PtFileError(f"{where}: unsupported dtype {_printable(entry['dtype'])}")
+            raise PtFileError(f"{where}: unsupported dtype {_key_text(entry['dtype'])}")
         shape, offsets = entry["shape"], entry["data_offsets"]
-        if not _dims(shape):
-            raise PtFileError(f"{where}: bad shape {_printable(shape)}")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and _dims(offsets)
+        problem = _dims_problem("shape", shape)
+        if problem is not None:
+            raise PtFileError(f"{where}: {problem}")
+        if not (isinstance(offsets, list) and len(offsets) == 2
+                and all(_index(o) for o in offsets)
                 and offsets[0] <= offsets[1] <= len(buffer)):
-            raise PtFileError(f"{where}: data_offsets {_printable(offsets)} outside "
+            raise PtFileError(f"{where}: data_offsets {_dims_text(offsets)} outside "
                               f"the {len(buffer)}-byte data buffer")
         itemsize = np.dtype(_DTYPES[dtype].stored).itemsize
-        need = int(np.prod(shape, dtype=object)) * itemsize
+        need = math.prod(shape) * itemsize
         if offsets[1] - offsets[0] != need:
             raise PtFileError(f"{where}: data_offsets {offsets} span "
                               f"{offsets[1] - offsets[0]} bytes, shape {tuple(shape)} "
                               f"of {dtype} needs {need}")
         spans.append((offsets[0], offsets[1], name, dtype, tuple(shape)))
     end = 0
-    for begin, stop, name, _, _ in sorted(spans):
+    for begin, stop, name, _, _ in sorted(spans, key=lambda s: s[:2]):
         if begin != end:
-            raise PtFileError(f"safetensors tensor {_printable(name)}: data starts at "
+            raise PtFileError(f"safetensors tensor {printable(name)}: data starts at "
                               f"byte {begin}, expected {end} (overlap or hole in "
                               f"the data buffer)")
         end = stop
@@ -590,38 +929,57 @@ def _load_safetensors(data: memoryview) -> "collections.OrderedDict[str, Tensor]
             strides.append(acc)
             acc *= size
         t = Tensor(dtype, shape, storage=st, stride=tuple(reversed(strides)))
-        t.resolve(f"safetensors tensor {_printable(name)}")
+        t.resolve(lambda: f"safetensors tensor {printable(name)}", budget)
         out[name] = t
     return out
 
 
 @dataclass
 class Loaded:
-    """What :func:`load` read: the object, the file's sha256 and its format."""
+    """What :func:`load` read: the object, the file's sha256, its format and
+    its size in bytes."""
 
     obj: object
     sha256: str
     kind: str  # "zip", "legacy" or "safetensors"
+    size: int = 0
 
 
 def load(path: str) -> Loaded:
-    """Read ``path`` once; return its object tree with :class:`Tensor` leaves."""
+    """Read ``path`` once; return its object tree with :class:`Tensor` leaves.
+
+    Raises only :class:`PtFileError`, with a one-line message.
+    """
     try:
         with open(path, "rb") as fh:
             raw = fh.read()
     except OSError as exc:
         raise PtFileError(f"cannot read file: {exc.strerror or exc}") from None
+    except MemoryError:
+        raise PtFileError("cannot read file: out of memory") from None
+    try:
+        return _load(raw)
+    except PtFileError:
+        raise
+    except Exception as exc:  # MemoryError, RecursionError, a bug: still one line
+        raise PtFileError(f"unexpected {type(exc).__name__} while reading: "
+                          f"{printable(exc, 200)}") from None
+
+
+def _load(raw: bytes) -> Loaded:
     digest = hashlib.sha256(raw).hexdigest()
     if not raw:
         raise PtFileError("empty file")
+    budget = _Budget(2 * len(raw) + MATERIALISE_SLACK)
     if raw[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
-        return Loaded(_load_zip(raw), digest, "zip")
+        return Loaded(_load_zip(raw, budget), digest, "zip", len(raw))
     if raw[:1] == b"\x80":  # pickle's PROTO opcode
         if _is_legacy(raw):
-            return Loaded(_load_legacy(raw), digest, "legacy")
+            return Loaded(_load_legacy(raw, budget), digest, "legacy", len(raw))
         raise PtFileError("a plain pickle, not a torch.save checkpoint (zip or "
                           "legacy format) or safetensors file")
     if _looks_like_safetensors(memoryview(raw)):
-        return Loaded(_load_safetensors(memoryview(raw)), digest, "safetensors")
+        return Loaded(_load_safetensors(memoryview(raw), budget), digest,
+                      "safetensors", len(raw))
     raise PtFileError("not a torch.save checkpoint (zip or legacy format) or "
                       "safetensors file (truncated or corrupt file?)")

@@ -27,6 +27,13 @@ ImportError and records any attempt to import it).
   file and tensor, without a traceback and without leaving an output file.
 * HostileFileTests: code in every pickle form, in zip and legacy files, is
   refused by name and never runs; malformed archives and safetensors.
+* ResourceLimitTests: files built to crash or exhaust the reader (too many
+  dimensions, deep nesting, huge memo indices, broadcast views, zip bombs,
+  configurations that would loop, long paths) are refused quickly in a
+  subprocess under a 2 GiB address-space limit.
+* ReaderContractTests: gnh_ptfile.load raises only PtFileError; names from
+  the file cannot break a message's line; the scratch file is created
+  exclusively; iter_num and optimizer settings are range-checked.
 * CommandLineTests: the real executable in a torch-less subprocess.
 * DemoCampaignTests: checkpoints as apps/gnh-demo-campaign writes them.
 """
@@ -42,12 +49,15 @@ import math
 import os
 import pickle
 import pickletools
+import re
+import resource
 import struct
 import subprocess
 import sys
 import tempfile
 import unittest
 import zipfile
+import zlib
 from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before torch is imported
@@ -108,6 +118,13 @@ def run_main(*argv):
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         status = gnh_convert.main([str(a) for a in argv])
     return status, out.getvalue(), err.getvalue()
+
+
+def scratch_files(out: Path) -> list:
+    """Temporary files the converter may have left next to ``out``: its
+    ``mkstemp`` names (``OUT.<8 chars>.tmp``) and the old ``OUT.tmp``."""
+    pattern = re.compile(re.escape(out.name) + r"(\.[A-Za-z0-9_]{8})?\.tmp")
+    return sorted(p.name for p in out.parent.iterdir() if pattern.fullmatch(p.name))
 
 
 def as_bits(a: np.ndarray) -> np.ndarray:
@@ -622,7 +639,7 @@ class ConvertTests(TempDirCase):
                 want = state[name].detach().to(torch.float32).numpy()
                 self.assertEqual(ds.shape, want.shape, name)
                 self.assertTrue(np.array_equal(as_bits(ds[()]), as_bits(want)), name)
-        self.assertFalse(Path(str(h5_path) + ".tmp").exists())
+        self.assertEqual(scratch_files(h5_path), [])
 
     def test_all_option_combinations(self):
         for k, cfg in enumerate(all_configs()):
@@ -725,7 +742,10 @@ class ConvertTests(TempDirCase):
         sd = gm.init_random(gm.GPT(cfg), seed=4).state_dict()
         torch.save({"model": sd, "model_args": model_args(cfg), "iter_num": 5,
                     "best_val_loss": 2.75, "config": nanogpt_config(cfg)}, pt)
-        self.assertIn(b"G", pt.read_bytes())  # a BINFLOAT opcode is really there
+        with zipfile.ZipFile(pt) as z:
+            pkl = z.read(next(n for n in z.namelist() if n.endswith("/data.pkl")))
+        ops = {op.name for op, _, _ in pickletools.genops(pkl)}
+        self.assertIn("BINFLOAT", ops)  # the floats really are pickled as floats
         status, _, err = run_main(pt, h5)
         self.assertEqual((status, err), (0, ""))
         self.check_h5(h5, pt, cfg, sd, iter_num=5)
@@ -755,7 +775,7 @@ class ConvertErrorTests(TempDirCase):
         for needle in needles:
             self.assertIn(needle, err)
         self.assertFalse(h5.exists())
-        self.assertFalse(Path(str(h5) + ".tmp").exists())
+        self.assertEqual(scratch_files(h5), [])
         return err
 
     def test_nan(self):
@@ -866,14 +886,14 @@ class ConvertErrorTests(TempDirCase):
                 self.assertEqual(err.count("\n"), 1, err)
                 self.assertIn("is the input file; refusing to overwrite it", err)
                 self.assertEqual(pt.read_bytes(), before)
-        # OUT.tmp, the converter's scratch file, must not be the input either.
+        # An input named like a scratch file is left alone: the scratch file
+        # is always a new one.
         tmp_named = self.path("x.h5.tmp")
         tmp_named.write_bytes(before)
         status, _, err = run_main(tmp_named, self.path("x.h5"))
-        self.assertEqual(status, 1)
-        self.assertIn("x.h5.tmp is the input file", err)
+        self.assertEqual((status, err), (0, ""))
         self.assertEqual(tmp_named.read_bytes(), before)
-        self.assertFalse(self.path("x.h5").exists())
+        self.assertTrue(h5py.is_hdf5(self.path("x.h5")))
 
     def test_bare_state_dict_needs_n_head(self):
         self.refuse(self.save("bare", nanogpt=False), "--n-head is required",
@@ -1035,7 +1055,7 @@ class RealCheckpointTests(TempDirCase, CheckpointAsserts):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(r.stderr, "")
         self.assertTrue(r.stdout.startswith(f"gnh-convert: {pt} -> {h5} ("), r.stdout)
-        self.assertFalse(Path(str(h5) + ".tmp").exists())
+        self.assertEqual(scratch_files(h5), [])
         return h5
 
     def test_nanogpt_training_checkpoints(self):
@@ -1171,7 +1191,8 @@ class OptimizerMappingTests(TempDirCase):
         self.cfg = small_config(bias=True, tie_embeddings=True)
         self.ckpt, self.model, self.names = nanogpt_checkpoint(self.cfg, steps=2, seed=51)
 
-    def left_out(self, ckpt: dict, stem: str, reason: str, flags=()):
+    def left_out(self, ckpt: dict, stem: str, reason: str, flags=(), model=None):
+        model = self.model if model is None else model
         pt = save_pt(ckpt, self.path(stem + ".pt"))
         h5 = self.path(stem + ".h5")
         status, out, err = run_main(pt, h5, *flags)
@@ -1184,7 +1205,7 @@ class OptimizerMappingTests(TempDirCase):
         with h5py.File(h5, "r") as f:
             self.assertEqual(set(f), {"config", "params"})
             if not flags:
-                for name, t in gm.canonical_state_dict(self.model).items():
+                for name, t in gm.canonical_state_dict(model).items():
                     self.assertTrue(np.array_equal(f["params"][name][()].view(np.uint32),
                                                    torch_bits(t)), name)
 
@@ -1255,6 +1276,65 @@ class OptimizerMappingTests(TempDirCase):
         self.left_out({**self.ckpt, "optimizer": "adamw"}, "string",
                       "not a torch optimizer state_dict")
 
+    def test_other_adam_family_optimizers(self):
+        """RAdam keeps Adam's very state entries and NAdam and Adamax its
+        hyper-parameters; none has amsgrad, so none is taken for AdamW."""
+        for k, cls in enumerate((torch.optim.RAdam, torch.optim.NAdam,
+                                 torch.optim.Adamax)):
+            with self.subTest(optimizer=cls.__name__):
+                model = gm.init_random(gm.GPT(self.cfg), seed=53 + k)
+                params = list(model.parameters())
+                opt = cls([{"params": [p for p in params if p.dim() >= 2],
+                            "weight_decay": 0.1},
+                           {"params": [p for p in params if p.dim() < 2],
+                            "weight_decay": 0.0}], lr=1e-3)
+                train_steps(model, opt, 1, seed=53 + k)
+                ckpt = {"model": model.state_dict(), "optimizer": opt.state_dict(),
+                        "model_args": model_args(self.cfg), "iter_num": 1}
+                self.left_out(ckpt, f"family_{cls.__name__}", "parameter group 0 "
+                              "has no amsgrad entry: not Adam or AdamW", model=model)
+
+    def test_decoupled_weight_decay_entry(self):
+        """Later torch marks Adam's L2 penalty decoupled_weight_decay=False."""
+        def coupled(value):
+            def change(opt):
+                for group in opt["param_groups"]:
+                    group["decoupled_weight_decay"] = value
+            return change
+        self.left_out(self.variant(coupled(False)), "coupled",
+                      "parameter group 0 has decoupled_weight_decay=False and "
+                      "weight_decay=0.1")
+        for stem, change in (("decoupled", coupled(True)), ("no_decay", lambda o: (
+                coupled(False)(o), o["param_groups"][0].update(weight_decay=0.0)))):
+            pt = save_pt(self.variant(change), self.path(stem + ".pt"))
+            status, _, err = run_main(pt, self.path(stem + ".h5"))
+            self.assertEqual((status, err), (0, ""))
+            with h5py.File(self.path(stem + ".h5"), "r") as f:
+                self.assertIn("optimizer", f)
+
+    def test_settings_out_of_range(self):
+        """Non-finite or out-of-range settings and steps are not carried over."""
+        def group(key, value):
+            def change(opt):
+                opt["param_groups"][0][key] = value
+            return change
+
+        def step(value):
+            def change(opt):
+                for entry in opt["state"].values():
+                    entry["step"] = value
+            return change
+        cases = [("lr_nan", group("lr", float("nan")), "lr=nan"),
+                 ("beta", group("betas", (1.5, 0.95)), "beta1=1.5, outside 0 <= beta1 < 1"),
+                 ("eps", group("eps", -1e-8), "eps=-1e-08, outside eps >= 0"),
+                 ("wd_inf", group("weight_decay", float("inf")), "weight_decay=inf"),
+                 ("lr_int", group("lr", 10**400), "lacks a numeric"),
+                 ("step_neg", step(torch.tensor(-1.0)), "not an integer in [0, 2^63)"),
+                 ("step_big", step(2**70), "not an integer in [0, 2^63)")]
+        for stem, change, reason in cases:
+            with self.subTest(case=stem):
+                self.left_out(self.variant(change), stem, reason)
+
     def test_hyperparameters_that_differ_between_groups(self):
         def decay_no_decay(opt):
             opt["param_groups"][1]["weight_decay"] = 0.01
@@ -1292,7 +1372,7 @@ class HostileFileTests(TempDirCase):
         for needle in needles:
             self.assertIn(needle, r.stderr)
         self.assertFalse(h5.exists())
-        self.assertFalse(Path(str(h5) + ".tmp").exists())
+        self.assertEqual(scratch_files(h5), [])
         return r.stderr
 
     def test_the_payloads_are_live(self):
@@ -1372,6 +1452,37 @@ class HostileFileTests(TempDirCase):
         self.assertIn("BUILD", ops)
         self.assertEqual(run_main(self.base_zip, self.path("base.h5"))[0], 0)
 
+    def test_build_on_an_ordered_dict(self):
+        """torch's BUILD sets an OrderedDict's _metadata (a dict); a BUILD that
+        sets anything else (``items`` would stop tensors being read) is refused."""
+        with zipfile.ZipFile(self.base_zip) as z:
+            pkl = z.read("base/data.pkl")
+        ops = [(op.name, arg) for op, arg, _ in pickletools.genops(pkl)]
+        self.assertIn(("BUILD", None), ops)  # with the state {'_metadata': ...}
+        self.assertIn(("BINUNICODE", "_metadata"), ops)
+        w = p_str("w") + p_tensor("0", 6, (2, 3), (3, 1))
+        states = {
+            "items": (b"}" + p_str("items") + OD + b"s", "with attributes items"),
+            "extra": (b"}" + p_str("_metadata") + b"}s" + p_str("get") + b"Ns",
+                      "with attributes _metadata, get"),
+            "not_a_dict": (b"}" + p_str("_metadata") + b"K\x05s", "with _metadata 5"),
+            "tuple": (b"}" + p_str("_metadata") + b"}s" + b"N\x86",
+                      "with state a tuple of 2 items"),
+        }
+        for stem, (state, needle) in states.items():
+            with self.subTest(state=stem):
+                pt = pickle_zip(self.path(f"od_{stem}.pt"), P2 + OD + b")R(" + w + b"u"
+                                + state + b"b.", {"0": bytes(24)})
+                with self.assertRaisesRegex(gnh_ptfile.PtFileError,
+                                            "refusing BUILD on an OrderedDict " + needle):
+                    gnh_ptfile.load(str(pt))
+        pt = pickle_zip(self.path("od_metadata.pt"), P2 + OD + b")R(" + w + b"u}"
+                        + p_str("_metadata") + OD + b")R" + p_str("") + b"}"
+                        + p_str("version") + b"K\x01sss" + b"b.", {"0": bytes(24)})
+        obj = gnh_ptfile.load(str(pt)).obj
+        self.assertEqual(obj._metadata, {"": {"version": 1}})
+        self.assertEqual(obj["w"].shape, (2, 3))
+
     def test_truncated_zip(self):
         raw = self.base_zip.read_bytes()
         for cut in (len(raw) // 2, len(raw) - 30):
@@ -1379,6 +1490,402 @@ class HostileFileTests(TempDirCase):
                 pt = self.path(f"cut_{cut}.pt")
                 pt.write_bytes(raw[:cut])
                 self.refuse_cli(pt, "truncated or corrupt zip archive")
+
+
+# --------------------------------------------------------------------------- #
+# Files built to crash or exhaust the reader
+# --------------------------------------------------------------------------- #
+P2 = b"\x80\x02"                            # PROTO 2
+OD = b"ccollections\nOrderedDict\n"         # GLOBAL collections.OrderedDict
+
+
+def p_str(text: str) -> bytes:
+    """BINUNICODE ``text``."""
+    raw = text.encode()
+    return b"X" + struct.pack("<I", len(raw)) + raw
+
+
+def p_int(n: int) -> bytes:
+    """BININT, or LONG1 beyond 32 bits."""
+    if -2**31 <= n < 2**31:
+        return b"J" + struct.pack("<i", n)
+    raw = n.to_bytes((n.bit_length() + 8) // 8, "little", signed=True)
+    return b"\x8a" + bytes([len(raw)]) + raw
+
+
+def p_tuple(*items: bytes) -> bytes:
+    return b"(" + b"".join(items) + b"t"
+
+
+def p_tensor(key: str, numel: int, size, stride) -> bytes:
+    """A float32 tensor as torch pickles it, on storage ``key`` of ``numel``
+    elements."""
+    pid = p_tuple(p_str("storage"), b"ctorch\nFloatStorage\n", p_str(key),
+                  p_str("cpu"), p_int(numel)) + b"Q"
+    return (b"ctorch._utils\n_rebuild_tensor_v2\n"
+            + p_tuple(pid, p_int(0), p_tuple(*map(p_int, size)),
+                      p_tuple(*map(p_int, stride)), b"\x89", OD + b")R") + b"R")
+
+
+def pickle_zip(path: Path, pkl: bytes, storages=None) -> Path:
+    """A torch.save-like archive around a hand-made data.pkl."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", pkl)
+        for key, data in (storages or {}).items():
+            z.writestr(f"archive/data/{key}", data)
+    return path
+
+
+def raw_zip(path: Path, members) -> Path:
+    """A zip archive written byte by byte from ``(name, method, data, size,
+    crc)``: ``data`` already compressed by ``method``, ``size`` the declared
+    uncompressed size (zipfile checks a CRC only after inflating)."""
+    local, central, offset = [], [], 0
+    for name, method, data, size, crc in members:
+        n = name.encode()
+        local.append(struct.pack("<4s5H3I2H", b"PK\x03\x04", 20, 0, method, 0, 0x21,
+                                 crc, len(data), size, len(n), 0) + n + data)
+        central.append(struct.pack("<4s6H3I5H2I", b"PK\x01\x02", 20, 20, 0, method, 0,
+                                   0x21, crc, len(data), size, len(n), 0, 0, 0, 0, 0,
+                                   offset) + n)
+        offset += len(local[-1])
+    cd = b"".join(central)
+    end = struct.pack("<4s4H2IH", b"PK\x05\x06", 0, 0, len(members), len(members),
+                      len(cd), offset, 0)
+    path.write_bytes(b"".join(local) + cd + end)
+    return path
+
+
+def deflated_zeros(nbytes: int) -> bytes:
+    """A raw deflate stream of ``nbytes`` zero bytes (a multiple of 16 MiB),
+    made without compressing them all: one fully flushed 16 MiB block
+    repeated, then an empty final block."""
+    chunk = 16 << 20
+    assert nbytes % chunk == 0
+    c = zlib.compressobj(9, zlib.DEFLATED, -15)
+    block = c.compress(bytes(chunk)) + c.flush(zlib.Z_FULL_FLUSH)
+    return block * (nbytes // chunk) + zlib.compressobj(9, zlib.DEFLATED, -15).flush()
+
+
+MEMORY_LIMIT = 2 << 30
+# gnh_convert.main once per argument list, each result a JSON line.
+_LIMITED = """import contextlib, io, json, sys
+sys.path.insert(0, sys.argv[1])
+import gnh_convert
+for argv in json.loads(sys.argv[2]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = gnh_convert.main(argv)
+    print(json.dumps([status, out.getvalue(), err.getvalue()]), flush=True)
+"""
+
+
+def _limit_memory():
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
+def run_limited(*runs, timeout=60):
+    """Run ``gnh_convert.main(argv)`` for each argv in ``runs``, in one
+    subprocess under a 2 GiB address-space limit and ``timeout`` seconds;
+    return [(status, stdout, stderr)].  A crash (stack smashing, segfault) or
+    a timeout raises, failing the test rather than the test run."""
+    argvs = json.dumps([[str(a) for a in argv] for argv in runs])
+    r = subprocess.run([PYTHON, "-c", _LIMITED, str(REPO / "apps" / "python"), argvs],
+                       capture_output=True, text=True, timeout=timeout,
+                       preexec_fn=_limit_memory)
+    if r.returncode != 0:
+        raise AssertionError(f"the converter process died (status {r.returncode}): "
+                             f"{r.stderr[-2000:]}")
+    results = [tuple(json.loads(line)) for line in r.stdout.splitlines()]
+    if len(results) != len(runs):
+        raise AssertionError(f"{len(results)} results for {len(runs)} runs: {r.stdout}")
+    return results
+
+
+class ResourceLimitTests(TempDirCase):
+    """Files built to crash or exhaust the reader: refused with one line.
+
+    Each test converts its files in one subprocess under a 2 GiB
+    address-space limit and a timeout, so that a crash, a runaway allocation
+    or an endless loop fails the test, not the test run."""
+
+    def refused(self, result, pt: Path, *needles):
+        status, out, err = result
+        self.assertEqual((status, out), (1, ""), err)
+        self.assertEqual(err.count("\n"), 1, err)
+        self.assertTrue(err.startswith(f"gnh-convert: error: {pt}: "), err)
+        self.assertNotIn("unexpected", err)
+        for needle in needles:
+            self.assertIn(needle, err)
+        self.assertFalse(pt.with_suffix(".h5").exists())
+        self.assertEqual(scratch_files(pt.with_suffix(".h5")), [])
+
+    def refuse_all(self, *cases):
+        """``cases``: (file, [needles], flags), converted in one subprocess."""
+        results = run_limited(*[(pt, pt.with_suffix(".h5"), *flags)
+                                for pt, _, flags in cases])
+        for (pt, needles, _), result in zip(cases, results):
+            with self.subTest(file=pt.name):
+                self.refused(result, pt, *needles)
+
+    def test_too_many_dimensions(self):
+        """numpy smashes its stack beyond 64 dimensions and refuses 33 to 64;
+        the reader stops at 16 before numpy sees the tensor."""
+        one = FakeStorage("0", torch.ones(1))
+
+        def tensor_file(name: str, ndim: int, legacy: bool = False) -> Path:
+            return torch_like_file(self.path(name), {"w": RawTensor(
+                one, 0, (1,) * ndim, (0,) * ndim)}, [one], legacy)
+
+        header = json.dumps({"w": {"dtype": "F32", "shape": [1] * 100,
+                                   "data_offsets": [0, 4]}}).encode()
+        st = self.path("dims100.safetensors")
+        st.write_bytes(struct.pack("<Q", len(header)) + header + bytes(4))
+        self.refuse_all(
+            (tensor_file("dims66.pt", 66), ["size has 66 dimensions, more than the 16"], ()),
+            (tensor_file("dims66_legacy.pt", 66, True), ["size has 66 dimensions"], ()),
+            (tensor_file("dims40.pt", 40), ["size has 40 dimensions"], ()),
+            (tensor_file("dims17.pt", 17), ["size has 17 dimensions"], ()),
+            (st, ["safetensors tensor w: shape has 100 dimensions"], ()))
+        loaded = gnh_ptfile.load(str(tensor_file("dims16.pt", 16)))
+        self.assertEqual(loaded.obj["w"].shape, (1,) * 16)
+
+    def test_deep_nesting(self):
+        """A dict key a million tuples deep overflows CPython's C stack when
+        hashed; every form of nesting beyond 100 levels is refused unrun."""
+        nested = "containers nested more than 100 deep"
+        cases = [
+            ("hash.pt", P2 + b"}N" + b"\x85" * 10**6 + b"K\x01s.", nested),
+            ("deep_value.pt", P2 + b"}" + p_str("w") + b"N" + b"\x85" * 10**4 + b"s.",
+             nested),
+            ("deep_lists.pt", P2 + b"(" * 200 + b"N" + b"l" * 200 + b".", nested),
+            ("deep_dicts.pt", P2 + (b"}" + p_str("k")) * 200 + b"N" + b"s" * 200 + b".",
+             nested),
+            # list A, list B, A.append(B), then B.append(None): B is modified
+            # after it was nested, which would hide its depth from the count.
+            ("late_append.pt", P2 + b"]q\x00]q\x01a" + b"h\x01Na0.",
+             "APPEND modifies an object already placed in another"),
+        ]
+        self.refuse_all(*[(pickle_zip(self.path(name), pkl), [needle], ())
+                          for name, pkl, needle in cases])
+        for levels in (99, 100):  # in {'w': ...}: 100 and 101 levels in all
+            pt = pickle_zip(self.path(f"levels{levels}.pt"), P2 + b"}" + p_str("w")
+                            + b"N" + b"\x85" * levels + b"s.")
+            if levels == 100:
+                with self.assertRaisesRegex(gnh_ptfile.PtFileError, nested):
+                    gnh_ptfile.load(str(pt))
+                continue
+            t, depth = gnh_ptfile.load(str(pt)).obj["w"], 0
+            while isinstance(t, tuple):
+                t, depth = t[0], depth + 1
+            self.assertEqual(depth, levels)
+
+    def test_memo_indices(self):
+        """One LONG_BINPUT of index 2^28 made the unpickler allocate a 4 GiB memo."""
+        huge = pickle_zip(self.path("memo_put.pt"),
+                          P2 + b"}r" + struct.pack("<I", 1 << 28) + b".")
+        skip = pickle_zip(self.path("memo_skip.pt"), P2 + b"}q\x01.")
+        get = pickle_zip(self.path("memo_get.pt"), P2 + b"}q\x00h\x05.")
+        self.refuse_all(
+            (huge, ["LONG_BINPUT 268435456 is not the next memo index 0"], ()),
+            (skip, ["BINPUT 1 is not the next memo index 0"], ()),
+            (get, ["BINGET 5 of a memo index never put"], ()))
+
+    def test_broadcast_and_repeated_views(self):
+        """A stride-0 view of one element would be copied out to 8 GiB; 600
+        views of one 4 MiB storage to 2.4 GiB."""
+        one = FakeStorage("0", torch.ones(1))
+        bcast = torch_like_zip(self.path("bcast.pt"), {"w": RawTensor(
+            one, 0, (1 << 16, 1 << 15), (0, 0))}, [one])
+        big = FakeStorage("0", torch.zeros(1 << 20))
+        views = torch_like_zip(self.path("views.pt"), {
+            f"w{i}": RawTensor(big, 0, (1 << 20,), (1,)) for i in range(600)}, [big])
+        self.refuse_all(
+            (bcast, ["tensor w of shape (65536, 32768)", "has 2147483648 elements, "
+                     "more than the 1 its storage 0 holds"], ()),
+            (views, ["tensors past", "twice the file's size"], ()))
+
+    def test_zip_bombs(self):
+        """2 GiB of zeros deflated into 2 MB, as a storage and as data.pkl:
+        refused from the archive's directory, before anything is inflated."""
+        n = 1 << 29  # float32 elements, 2 GiB
+        bomb = deflated_zeros(4 * n)
+        pkl = P2 + b"}" + p_str("w") + p_tensor("0", n, (n,), (1,)) + b"s."
+        storage_bomb = raw_zip(self.path("storage_bomb.pt"), [
+            ("archive/data.pkl", zipfile.ZIP_STORED, pkl, len(pkl), zlib.crc32(pkl)),
+            ("archive/data/0", zipfile.ZIP_DEFLATED, bomb, 4 * n, 0)])
+        pickle_bomb = raw_zip(self.path("pickle_bomb.pt"), [
+            ("archive/data.pkl", zipfile.ZIP_DEFLATED, bomb, 4 * n, 0)])
+        self.assertLess(storage_bomb.stat().st_size, 4 << 20)
+        self.refuse_all(
+            (storage_bomb, ["storage record archive/data/0 is compressed"], ()),
+            (pickle_bomb, ["zip member archive/data.pkl is 2147483648 bytes, more "
+                           "than the 67108864 accepted"], ()))
+        # torch.save itself stores every record uncompressed.
+        with zipfile.ZipFile(save_pt({"w": torch.ones(3)}, self.path("stored.pt"))) as z:
+            self.assertEqual({i.compress_type for i in z.infolist()}, {zipfile.ZIP_STORED})
+
+    def test_configurations_that_would_loop(self):
+        """n_layer=10**9 (from model_args, a flag or a tensor name) made the
+        canonical names a billion blocks long."""
+        wte = {"transformer.wte.weight": torch.zeros(1, 1)}
+        args = dict(n_layer=10**9, n_head=1, n_embd=1, block_size=1, vocab_size=1,
+                    bias=False)
+        huge = save_pt({"model": wte, "model_args": args}, self.path("args_huge.pt"))
+        named = save_pt({**wte, "transformer.h.999999999.ln_1.weight": torch.zeros(1)},
+                        self.path("name_huge.pt"))
+        cfg = small_config()
+        sd = gm.GPT(cfg).state_dict()
+        fewer = save_pt({"model": sd, "model_args": {**model_args(cfg), "n_layer": 5000}},
+                        self.path("args_5000.pt"))
+        bare = save_pt(sd, self.path("flag_huge.pt"))
+        self.refuse_all(
+            (huge, ["model_args n_layer=1000000000 is out of range (1..10000)"], ()),
+            (named, ["the tensors give n_layer=1000000000 is out of range"],
+             ("--n-head", "1", "--block-size", "1")),
+            (fewer, ["missing tensor transformer.h.2.* (model_args n_layer=5000)"], ()),
+            (bare, ["--n-layer n_layer=1000000000 is out of range"],
+             ("--n-head", "3", "--n-layer", str(10**9))))
+
+    def test_one_tensor_behind_many_names(self):
+        """A 3 MiB file whose 40 blocks all name the same few tensors would
+        be written out as 120 MiB of float32."""
+        cfg = small_config(n_layer=40, n_head=4, n_embd=256, bias=False)
+        shared = {}
+        sd = {name: shared.setdefault(shape, torch.ones(shape))
+              for name, shape in gm.canonical_shapes(cfg).items()}
+        pt = save_pt({"model": sd, "model_args": model_args(cfg)}, self.path("shared.pt"))
+        self.assertLess(pt.stat().st_size, 4 << 20)
+        nbytes = 4 * sum(math.prod(s) for s in gm.canonical_shapes(cfg).values())
+        self.refuse_all((pt, [f"the parameters would take {nbytes} bytes of float32, "
+                              f"more than the", "allowed for this file"], ()))
+
+    def test_long_paths_are_built_only_for_messages(self):
+        """100,000 tensors' paths 90 long keys deep took 2.9 GB of strings;
+        now a path is built for the one tensor a message names."""
+        key = "\x01" * 80  # escaped in a path: 322 characters a level
+        short = FakeStorage("short", torch.ones(100))
+        chain = [None] * 100_000 + [RawTensor(short, 0, (12, 12), (12, 1))]
+        for _ in range(90):
+            chain = {key: chain}
+        pt = torch_like_zip(self.path("long_paths.pt"), {"model": chain}, [short])
+        [result] = run_limited((pt, pt.with_suffix(".h5")))
+        self.refused(result, pt, "addresses 144 float32 elements", " ... ",
+                     r"'\x01\x01", "[100000] of shape (12, 12)")
+
+
+class ReaderContractTests(TempDirCase, CheckpointAsserts):
+    """What the reader and converter promise beyond refusing bad files."""
+
+    def test_load_raises_only_pt_file_error(self):
+        """numpy's and json's errors come back as PtFileError naming the tensor."""
+        def safetensors(name: str, header: bytes, body: bytes = b"") -> Path:
+            path = self.path(name)
+            path.write_bytes(struct.pack("<Q", len(header)) + header + body)
+            return path
+
+        deep = safetensors("deep.safetensors",
+                           b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+        empty_but_huge = safetensors("huge_empty.safetensors", json.dumps(
+            {"a": {"dtype": "F32", "shape": [0, 2**62, 2**62],
+                   "data_offsets": [0, 0]}}).encode())
+        one = FakeStorage("0", torch.ones(1))
+        empty_pickled = torch_like_zip(self.path("huge_empty.pt"), {"w": RawTensor(
+            one, 0, (0, 2**62, 2**62), (1, 1, 1))}, [one])
+        for path, needle in ((deep, "JSON nested too deeply"),
+                             (empty_but_huge, "safetensors tensor a of shape (0, "),
+                             (empty_pickled, "tensor w of shape (0, ")):
+            with self.subTest(file=path.name):
+                with self.assertRaises(gnh_ptfile.PtFileError) as caught:
+                    gnh_ptfile.load(str(path))
+                self.assertIn(needle, str(caught.exception))
+                self.assertNotIn("\n", str(caught.exception))
+
+    def test_names_from_the_file_stay_on_one_line(self):
+        """Newlines, terminal escapes and bidi controls in names are escaped."""
+        cfg = small_config()
+        ckpt, _, _ = nanogpt_checkpoint(cfg, steps=1, seed=71)
+        evil = "x\n\x1b[2Kgnh-convert: ok\u202e"
+        cases = {
+            "name": ({**ckpt, "model": {**ckpt["model"], evil: torch.zeros(1)}},
+                     r"unknown tensor 'x\n\x1b[2Kgnh-convert: ok\u202e'"),
+            "bias": ({**ckpt, "model_args": {**ckpt["model_args"], "bias": "yes\nno"}},
+                     r"model_args bias='yes\nno' is not a boolean"),
+        }
+        for stem, (obj, needle) in cases.items():
+            with self.subTest(case=stem):
+                pt = save_pt(obj, self.path(f"evil_{stem}.pt"))
+                status, out, err = run_main(pt, self.path(f"evil_{stem}.h5"))
+                self.assertEqual((status, out), (1, ""))
+                self.assertEqual(err.count("\n"), 1, err)
+                self.assertTrue(err.isascii() and err[:-1].isprintable(), repr(err))
+                self.assertIn(needle, err)
+        # A warning names the file's keys the same way.
+        opt = ckpt["optimizer"]
+        state = {i: dict(v) for i, v in opt["state"].items()}
+        state[0][evil] = 1
+        pt = save_pt({**ckpt, "optimizer": {**opt, "state": state}}, self.path("evil_opt.pt"))
+        status, _, err = run_main(pt, self.path("evil_opt.h5"))
+        self.assertEqual(status, 0)
+        self.assertEqual(err.count("\n"), 1, err)
+        self.assertTrue(err[:-1].isprintable(), repr(err))
+        self.assertIn(r"'x\n\x1b[2Kgnh-convert: ok\u202e'", err)
+        # The backstop in main.
+        self.assertEqual(gnh_convert._one_line("a\nb\x1b[0m\u2028"), r"a\nb\x1b[0m\u2028")
+
+    def test_scratch_file_is_created_exclusively(self):
+        """A planted OUT.tmp symlink is neither followed nor removed; a
+        symlink at OUT is replaced, its target untouched."""
+        cfg = small_config()
+        model = gm.init_random(gm.GPT(cfg), seed=73)
+        pt = save_pt({"model": model.state_dict(), "model_args": model_args(cfg)},
+                     self.path("good.pt"))
+        victim = self.path("victim.txt")
+        victim.write_bytes(b"precious\n")
+        h5 = self.path("out.h5")
+        planted = Path(str(h5) + ".tmp")
+        planted.symlink_to(victim)
+        link_out = self.path("link_out.h5")
+        link_out.symlink_to(victim)
+        umask = os.umask(0)
+        os.umask(umask)
+        for out in (h5, link_out):
+            with self.subTest(out=out.name):
+                status, _, err = run_main(pt, out)
+                self.assertEqual((status, err), (0, ""))
+                self.assertEqual(victim.read_bytes(), b"precious\n")
+                self.assertFalse(out.is_symlink())
+                self.assertEqual(out.stat().st_mode & 0o777, 0o666 & ~umask)
+                with h5py.File(out, "r") as f:
+                    self.check_params(f, cfg, gm.canonical_state_dict(model))
+        self.assertTrue(planted.is_symlink())
+        self.assertEqual(scratch_files(h5), [planted.name])
+        # A failed write removes its own scratch file and nothing else.
+        blocked = self.path("blocked.h5")
+        blocked.mkdir()
+        status, _, err = run_main(pt, blocked)
+        self.assertEqual(status, 1)
+        self.assertIn(f"cannot write {blocked}", err)
+        self.assertEqual(scratch_files(blocked), [])
+
+    def test_iter_num_range(self):
+        cfg = small_config()
+        sd = gm.init_random(gm.GPT(cfg), seed=74).state_dict()
+        base = {"model": sd, "model_args": model_args(cfg)}
+        for k, bad in enumerate((2**70, 2**63, -5, 5.0, True, "7", None)):
+            with self.subTest(iter_num=bad):
+                pt = save_pt({**base, "iter_num": bad}, self.path(f"iter_{k}.pt"))
+                status, out, err = run_main(pt, self.path(f"iter_{k}.h5"))
+                self.assertEqual((status, out), (1, ""))
+                self.assertEqual(err.count("\n"), 1, err)
+                self.assertIn("iter_num is ", err)
+                self.assertIn("not an integer in [0, 2^63)", err)
+        for k, good in enumerate((0, 2**63 - 1, torch.tensor(12))):
+            pt = save_pt({**base, "iter_num": good}, self.path(f"iter_ok{k}.pt"))
+            status, _, err = run_main(pt, self.path(f"iter_ok{k}.h5"))
+            self.assertEqual((status, err), (0, ""))
+            with h5py.File(self.path(f"iter_ok{k}.h5"), "r") as f:
+                self.assertEqual(int(f.attrs["iter_num"]), int(good))
 
 
 class DemoCampaignTests(TempDirCase, CheckpointAsserts):

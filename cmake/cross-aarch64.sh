@@ -17,10 +17,6 @@ cd "$(dirname "$0")/.."
 build="$(realpath -m "${GNH_ARM_BUILD_DIR:-build-aarch64}")"
 arch="${GNH_ARM_ARCH:-armv9-a}"
 
-sudo_cmd=()
-if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
-export DEBIAN_FRONTEND=noninteractive
-
 # Packages. The arm64 -dev packages are Multi-Arch: same and install beside
 # the amd64 ones; Catch2 is Multi-Arch: foreign (amd64 only), its headers
 # serve both and its main is compiled below.
@@ -28,20 +24,8 @@ packages=(
   cmake catch2 g++-aarch64-linux-gnu qemu-user
   libtrilinos-kokkos-dev:arm64 libtrilinos-kokkos-kernels-dev:arm64 libopenblas-dev:arm64
 )
-missing=()
-for p in "${packages[@]}"; do
-  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
-    missing+=("$p")
-  fi
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "gnh: installing ${missing[*]}"
-  if ! dpkg --print-foreign-architectures | grep -qx arm64; then
-    "${sudo_cmd[@]}" dpkg --add-architecture arm64
-  fi
-  "${sudo_cmd[@]}" apt-get update -qq
-  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+source cmake/apt.sh
+gnh_apt_install "${packages[@]}"
 
 # Catch2::Catch2WithMain for aarch64: Debian's headers and a main compiled by
 # the cross compiler, exported as a CMake package in the build tree.

@@ -205,14 +205,19 @@ class Reliability(unittest.TestCase):
             time.sleep(0.05)
         self.fail("no lock holder recorded")
 
+    def start_holder(self, name):
+        """A run on out/NAME.h5 in the background, once it holds the output's
+        lock: (deck, lock file, the mpirun process, the pid holding the lock)."""
+        deck = self.make_deck(f"{name}.toml", f"out/{name}.h5", analysis=dict(directions=60))
+        lock = os.path.join(self.tmp, "out", f"{name}.h5.lock")
+        proc = subprocess.Popen([gnhtest.MPIEXEC, "-np", "1", gnhtest.GNH, "run", deck, "--quiet"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=gnhtest.mpi_env(),
+                                start_new_session=True)
+        return deck, lock, proc, self.wait_for_holder(lock, proc)
+
     def test_second_run_on_the_same_output_stops_at_once(self):
-        deck = self.make_deck("lock.toml", "out/lock.h5", analysis=dict(directions=60))
-        lock = os.path.join(self.tmp, "out", "lock.h5.lock")
-        first = subprocess.Popen([gnhtest.MPIEXEC, "-np", "1", gnhtest.GNH, "run", deck, "--quiet"],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=gnhtest.mpi_env(),
-                                 start_new_session=True)
+        deck, lock, first, pid = self.start_holder("lock")
         try:
-            pid = self.wait_for_holder(lock, first)
             # Held still, whatever the machine's speed: the first run is stopped
             # while the second one tries.
             os.kill(pid, signal.SIGSTOP)
@@ -235,12 +240,7 @@ class Reliability(unittest.TestCase):
         self.assertIn("reused 2", again.stdout)
 
     def test_killed_run_leaves_no_lock_held(self):
-        deck = self.make_deck("killed.toml", "out/killed.h5", analysis=dict(directions=60))
-        lock = os.path.join(self.tmp, "out", "killed.h5.lock")
-        first = subprocess.Popen([gnhtest.MPIEXEC, "-np", "1", gnhtest.GNH, "run", deck, "--quiet"],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=gnhtest.mpi_env(),
-                                 start_new_session=True)
-        pid = self.wait_for_holder(lock, first)
+        deck, lock, first, pid = self.start_holder("killed")
         os.kill(pid, signal.SIGKILL)
         os.killpg(first.pid, signal.SIGKILL)
         first.communicate()

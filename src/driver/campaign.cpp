@@ -213,8 +213,7 @@ void choose_host_gemm(const Comm& comm, Campaign& c, bool quiet, bool float_gemm
     }
     c.info.host_gemm_probe = comm.allgather(mine).front();
     const std::string chosen = json::parse(c.info.host_gemm_probe).at("chosen");
-    for (auto k : {kernels::host::GemmKernel::none, kernels::host::GemmKernel::avx2, kernels::host::GemmKernel::avx512})
-      if (chosen == kernels::host::name(k)) kernels::host::select_kernel(k);
+    if (const auto k = kernels::host::kernel_named(chosen)) kernels::host::select_kernel(*k);
     c.info.host_gemm = chosen;
   }
 }

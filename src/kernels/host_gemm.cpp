@@ -287,26 +287,24 @@ void blocked(Micro micro, Packers packers, bool ta, bool tb, std::int64_t m, std
 }
 
 // The kernel GNH_HOST_GEMM names, if it names one this CPU runs.
+GemmKernel best_supported() {
+  if (supported(GemmKernel::avx512)) return GemmKernel::avx512;
+  return supported(GemmKernel::avx2) ? GemmKernel::avx2 : GemmKernel::none;
+}
+
+// The kernel GNH_HOST_GEMM names, if it names one this CPU runs ("native":
+// gnh's best kernel for this CPU, not probed).
 std::optional<GemmKernel> forced() {
   const char* env = std::getenv("GNH_HOST_GEMM");
   if (!env) return std::nullopt;
   const std::string v(env);
-  if (v == "vendor") return GemmKernel::none;
-  if (v == "native") {  // gnh's best kernel for this CPU, not probed
-    if (supported(GemmKernel::avx512)) return GemmKernel::avx512;
-    return supported(GemmKernel::avx2) ? GemmKernel::avx2 : GemmKernel::none;
-  }
-  if (v == "avx2" && supported(GemmKernel::avx2)) return GemmKernel::avx2;
-  if (v == "avx512" && supported(GemmKernel::avx512)) return GemmKernel::avx512;
+  if (v == "native") return best_supported();
+  const auto k = kernel_named(v);
+  if (k && (*k == GemmKernel::none || supported(*k))) return k;
   return std::nullopt;
 }
 
-GemmKernel detect() {
-  if (const auto f = forced()) return *f;
-  if (supported(GemmKernel::avx512)) return GemmKernel::avx512;
-  if (supported(GemmKernel::avx2)) return GemmKernel::avx2;
-  return GemmKernel::none;
-}
+GemmKernel detect() { return forced().value_or(best_supported()); }
 
 std::atomic<int>& selection() {
   static std::atomic<int> s{int(detect())};
@@ -331,6 +329,12 @@ const char* name(GemmKernel k) {
     case GemmKernel::avx2: return "avx2";
     default: return "vendor";
   }
+}
+
+std::optional<GemmKernel> kernel_named(const std::string& n) {
+  for (const GemmKernel k : {GemmKernel::none, GemmKernel::avx2, GemmKernel::avx512})
+    if (n == name(k)) return k;
+  return std::nullopt;
 }
 
 GemmKernel native_kernel() {

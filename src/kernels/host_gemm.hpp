@@ -11,6 +11,8 @@
 // of (i,j) are, so a row's result does not depend on the batch around it.
 #pragma once
 #include <cstdint>
+#include <optional>
+#include <string>
 
 namespace gnh::kernels::host {
 
@@ -30,6 +32,7 @@ GemmKernel selected_kernel();
 void select_kernel(GemmKernel k);
 bool supported(GemmKernel k);
 const char* name(GemmKernel k);  // "vendor", "avx2", "avx512"
+std::optional<GemmKernel> kernel_named(const std::string& n);  // the inverse of name()
 
 // With the selected kernel; false (nothing done) when it is none.
 bool sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,

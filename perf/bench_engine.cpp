@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "analysis/settings.hpp"
 #include "core/build_info.hpp"
 #include "core/error.hpp"
 #include "core/random.hpp"
@@ -54,6 +55,7 @@ namespace {
 
 struct Options {
   std::string ckpt, tokens, synthetic, precision = "fp32";
+  Precision policy = Precision::fp32;  // precision, parsed
   index_t context = 0, batch = 4;
   std::vector<int> K = {1, 4, 16};
   std::vector<std::string> methods = {"second-order-forward", "forward-over-reverse"};
@@ -234,8 +236,8 @@ Shape shape_of(const Options& o, index_t context, bool reverse, int K = 0, bool 
   s.reverse = reverse;
   s.directions = K;
   s.second_order = second;
-  s.bf16 = o.precision == "bf16-amp";
-  s.tf32 = o.precision == "tf32";
+  s.bf16 = o.policy == Precision::bf16_amp;
+  s.tf32 = o.policy == Precision::tf32;
   return s;
 }
 
@@ -464,12 +466,14 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (o.precision != "fp32" && o.precision != "tf32" && o.precision != "bf16-amp" && o.precision != "fp64") {
+  if (const auto p = precision_named(o.precision)) {
+    o.policy = *p;
+  } else {
     std::fprintf(stderr, "bench_engine: --precision: unknown policy '%s'\n", o.precision.c_str());
     return 2;
   }
   for (const std::string& m : o.methods)
-    if (m != "second-order-forward" && m != "forward-over-reverse") {
+    if (!curvature_method_named(m)) {
       std::fprintf(stderr, "bench_engine: --methods: unknown method '%s'\n", m.c_str());
       return 2;
     }
@@ -486,11 +490,11 @@ int main(int argc, char** argv) {
   }
   try {
     if (o.plan_only) {
-      if (o.precision == "fp64") plan<double>(o);
+      if (o.policy == Precision::fp64) plan<double>(o);
       else plan<float>(o);
       return 0;
     }
-    if (o.precision == "fp64") run<double>(o);
+    if (o.policy == Precision::fp64) run<double>(o);
     else run<float>(o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_engine: %s\n", e.what());

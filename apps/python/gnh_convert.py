@@ -590,6 +590,9 @@ def _write_tree(f, cfg: GPTConfig, params: Dict[str, np.ndarray], source_file: s
     f.attrs["format_version"] = np.int64(gnh_layout.H5_FORMAT_VERSION)
     f.attrs["source_file"] = source_file
     f.attrs["source_sha256"] = source_sha256
+    # gnh plans a campaign from this (grouping without reading the values) and
+    # checks it against the values whenever it reads them.
+    f.attrs["param_sha256"] = gnh_layout.param_sha256(cfg, params)
     if iter_num is not None:
         f.attrs["iter_num"] = np.int64(iter_num)
     c = f.create_group("config")

@@ -7,16 +7,6 @@
 
 namespace gnh {
 
-CurvatureMethod parse_curvature_method(const std::string& s) {
-  if (s == "forward-over-reverse") return CurvatureMethod::forward_over_reverse;
-  if (s == "second-order-forward") return CurvatureMethod::second_order_forward;
-  fail("unknown curvature method \"", s, "\" (expected forward-over-reverse or second-order-forward)");
-}
-
-const char* to_string(CurvatureMethod m) {
-  return m == CurvatureMethod::forward_over_reverse ? "forward-over-reverse" : "second-order-forward";
-}
-
 std::vector<index_t> all_blocks(index_t n) {
   std::vector<index_t> b(static_cast<std::size_t>(n));
   for (index_t i = 0; i < n; ++i) b[static_cast<std::size_t>(i)] = i;
@@ -31,7 +21,8 @@ EpochGradient epoch_gradient(const ExecSpace& space, Gpt<T>& model, Span1<const 
   const auto batches = make_batches(blocks, model.batch());
   ExactSum acc(P);
   std::vector<BatchScalars> table;
-  gradient_pass<T>(space, model, params, ids, batches, all_blocks(index_t(batches.size())), acc, table);
+  BatchStager stager(model.batch(), model.context());
+  gradient_pass<T>(space, model, stager, params, ids, batches, all_blocks(index_t(batches.size())), acc, table);
   const BatchScalars s = sum_in_order(table);
   EpochGradient out;
   out.tokens = s.count;
@@ -58,7 +49,8 @@ EpochCurvature epoch_curvature(const ExecSpace& space, Gpt<T>& model, Span1<cons
   if (want_hv)
     for (index_t k = 0; k < K; ++k) hv_sums.emplace_back(P);
   std::vector<BatchScalars> table;
-  curvature_pass<T>(space, model, params, dirs, ids, batches, all_blocks(index_t(batches.size())), method, table,
+  BatchStager stager(model.batch(), model.context());
+  curvature_pass<T>(space, model, stager, params, dirs, ids, batches, all_blocks(index_t(batches.size())), method, table,
                     {}, {}, want_hv ? &hv_sums : nullptr);
   const BatchScalars s = sum_in_order(table);
   out.tokens = s.count;

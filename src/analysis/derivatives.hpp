@@ -8,14 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "analysis/settings.hpp"
 #include "core/types.hpp"
 #include "model/gpt.hpp"
 
 namespace gnh {
 
-enum class CurvatureMethod { forward_over_reverse, second_order_forward };
-CurvatureMethod parse_curvature_method(const std::string& s);
-const char* to_string(CurvatureMethod m);
 
 struct EpochGradient {
   double loss = 0.0;

@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "analysis/passes.hpp"
 #include "core/error.hpp"
 
 namespace gnh {
@@ -32,19 +33,16 @@ template <class T>
 EpochLoss epoch_loss(const ExecSpace& space, Gpt<T>& model, Span1<const T> params,
                      const std::int32_t* ids, index_t n_blocks) {
   Kokkos::Profiling::pushRegion("gnh::epoch::loss");
-  const index_t B = model.batch(), Tc = model.context();
-  View2<std::int32_t> tokens("gnh::epoch::tokens", B, Tc), targets("gnh::epoch::targets", B, Tc);
-  auto h_tokens = Kokkos::create_mirror_view(tokens);
-  auto h_targets = Kokkos::create_mirror_view(targets);
+  const index_t B = model.batch();
+  BatchStager stager(B, model.context());
   EpochLoss out;
-  std::vector<index_t> blocks(static_cast<std::size_t>(B));
+  Batch blocks;
   for (index_t first = 0; first < n_blocks; first += B) {
     const index_t count = std::min(B, n_blocks - first);
+    blocks.resize(static_cast<std::size_t>(count));
     for (index_t b = 0; b < count; ++b) blocks[b] = first + b;
-    fill_batch(h_tokens, h_targets, ids, blocks.data(), count);
-    Kokkos::deep_copy(tokens, h_tokens);
-    Kokkos::deep_copy(targets, h_targets);
-    const LossSum s = model.forward_loss(space, params, tokens, targets);
+    stager.stage(ids, blocks, B);
+    const LossSum s = model.forward_loss(space, params, stager.tokens(), stager.targets());
     out.sum += s.sum;
     out.tokens += s.count;
     ++out.batches;

@@ -6,37 +6,27 @@
 #include "core/error.hpp"
 
 namespace gnh {
-namespace {
+BatchStager::BatchStager(index_t max_batch, index_t context)
+    : context_(context), tokens_("gnh::batch::tokens", max_batch, context),
+      targets_("gnh::batch::targets", max_batch, context), h_tokens_(Kokkos::create_mirror_view(tokens_)),
+      h_targets_(Kokkos::create_mirror_view(targets_)) {}
 
-// Stages one batch on the device (fill_batch on the host, then a copy).
-class BatchStager {
- public:
-  BatchStager(index_t B, index_t Tc)
-      : tokens_("gnh::batch::tokens", B, Tc), targets_("gnh::batch::targets", B, Tc),
-        h_tokens_(Kokkos::create_mirror_view(tokens_)), h_targets_(Kokkos::create_mirror_view(targets_)) {}
-
-  void stage(const std::int32_t* ids, const Batch& blocks) {
-    fill_batch(h_tokens_, h_targets_, ids, blocks.data(), index_t(blocks.size()));
-    Kokkos::deep_copy(tokens_, h_tokens_);
-    Kokkos::deep_copy(targets_, h_targets_);
-  }
-  Span2<const std::int32_t> tokens() const { return tokens_; }
-  Span2<const std::int32_t> targets() const { return targets_; }
-
- private:
-  View2<std::int32_t> tokens_, targets_;
-  typename View2<std::int32_t>::HostMirror h_tokens_, h_targets_;
-};
-
-}  // namespace
+void BatchStager::stage(const std::int32_t* ids, const Batch& blocks, index_t B) {
+  if (B > index_t(tokens_.extent(0))) throw std::logic_error("BatchStager: batch larger than planned");
+  rows_ = B;
+  const View2<std::int32_t, HostSpace> ht(h_tokens_.data(), B, context_), hg(h_targets_.data(), B, context_);
+  fill_batch(ht, hg, ids, blocks.data(), index_t(blocks.size()));
+  const std::size_t n = std::size_t(B * context_);
+  Kokkos::deep_copy(Span1<std::int32_t>(tokens_.data(), n), Span1<std::int32_t, HostSpace>(h_tokens_.data(), n));
+  Kokkos::deep_copy(Span1<std::int32_t>(targets_.data(), n), Span1<std::int32_t, HostSpace>(h_targets_.data(), n));
+}
 
 template <class T>
-bool gradient_pass(const ExecSpace& space, Gpt<T>& model, Span1<const T> params, const std::int32_t* ids,
-                   const std::vector<Batch>& batches, const std::vector<index_t>& mine, ExactSum& acc,
+bool gradient_pass(const ExecSpace& space, Gpt<T>& model, BatchStager& stager, Span1<const T> params,
+                   const std::int32_t* ids, const std::vector<Batch>& batches, const std::vector<index_t>& mine, ExactSum& acc,
                    std::vector<BatchScalars>& table, const StopCheck& stop, const ProgressFn& progress) {
   Kokkos::Profiling::pushRegion("gnh::pass::gradient");
   const index_t P = model.layout().size();
-  BatchStager stager(model.batch(), model.context());
   View1<T> grad("gnh::pass::batch_gradient", P);
   table.resize(batches.size());
   index_t done = 0;
@@ -45,7 +35,7 @@ bool gradient_pass(const ExecSpace& space, Gpt<T>& model, Span1<const T> params,
       Kokkos::Profiling::popRegion();
       return false;
     }
-    stager.stage(ids, batches[static_cast<std::size_t>(b)]);
+    stager.stage(ids, batches[static_cast<std::size_t>(b)], model.batch());
     Kokkos::deep_copy(space, grad, T(0));
     const LossSum s = model.gradient(space, params, stager.tokens(), stager.targets(), grad);
     acc.add(space, grad.data());
@@ -61,14 +51,14 @@ bool gradient_pass(const ExecSpace& space, Gpt<T>& model, Span1<const T> params,
 }
 
 template <class T>
-bool curvature_pass(const ExecSpace& space, Gpt<T>& model, Span1<const T> params, Span2<const T> dirs,
+bool curvature_pass(const ExecSpace& space, Gpt<T>& model, BatchStager& stager, Span1<const T> params,
+                    Span2<const T> dirs,
                     const std::int32_t* ids, const std::vector<Batch>& batches, const std::vector<index_t>& mine,
                     CurvatureMethod method, std::vector<BatchScalars>& table, const StopCheck& stop,
                     const ProgressFn& progress, std::vector<ExactSum>* hv_sums) {
   Kokkos::Profiling::pushRegion("gnh::pass::curvature");
   const index_t P = model.layout().size(), K = dirs.extent(0);
   if (K != model.shape().directions) throw std::logic_error("curvature_pass: directions differ from the plan");
-  BatchStager stager(model.batch(), model.context());
   View1<T> grad;
   View2<T> hv;
   if (method == CurvatureMethod::forward_over_reverse) {
@@ -82,7 +72,7 @@ bool curvature_pass(const ExecSpace& space, Gpt<T>& model, Span1<const T> params
       Kokkos::Profiling::popRegion();
       return false;
     }
-    stager.stage(ids, batches[static_cast<std::size_t>(b)]);
+    stager.stage(ids, batches[static_cast<std::size_t>(b)], model.batch());
     BatchScalars& r = table[static_cast<std::size_t>(b)];
     LossSum s;
     if (method == CurvatureMethod::second_order_forward) {
@@ -125,10 +115,10 @@ BatchScalars sum_in_order(const std::vector<BatchScalars>& table) {
 }
 
 #define GNH_INSTANTIATE(T)                                                                                     \
-  template bool gradient_pass<T>(const ExecSpace&, Gpt<T>&, Span1<const T>, const std::int32_t*,              \
+  template bool gradient_pass<T>(const ExecSpace&, Gpt<T>&, BatchStager&, Span1<const T>, const std::int32_t*, \
                                  const std::vector<Batch>&, const std::vector<index_t>&, ExactSum&,            \
                                  std::vector<BatchScalars>&, const StopCheck&, const ProgressFn&);             \
-  template bool curvature_pass<T>(const ExecSpace&, Gpt<T>&, Span1<const T>, Span2<const T>,                   \
+  template bool curvature_pass<T>(const ExecSpace&, Gpt<T>&, BatchStager&, Span1<const T>, Span2<const T>,     \
                                   const std::int32_t*, const std::vector<Batch>&, const std::vector<index_t>&, \
                                   CurvatureMethod, std::vector<BatchScalars>&, const StopCheck&, const ProgressFn&, \
                                   std::vector<ExactSum>*);

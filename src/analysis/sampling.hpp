@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/types.hpp"
+#include "core/index.hpp"
 
 namespace gnh {
 

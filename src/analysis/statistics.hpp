@@ -2,11 +2,12 @@
 // The derived statistics of SPEC §4 from the per-sample measurements of one
 // case; definitions and estimators are in doc/statistics.md.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "core/types.hpp"
+#include "core/index.hpp"
 
 namespace gnh {
 
@@ -34,6 +35,28 @@ struct DerivedStatistics {
 };
 
 DerivedStatistics derive(const CaseMeasurements& m);
+
+// An identity of SPEC §4 checked on a case's vectors.
+struct IdentityCheck {
+  std::string name;
+  double deviation = 0;  // largest relative deviation found
+  double tolerance = 0;  // for the precision
+  bool checked = false;  // false where it does not apply (e.g. no partition)
+  bool ok() const { return !checked || deviation <= tolerance; }
+};
+
+// Everything one case of one parameter state yields: what the results layer
+// writes and reads (io/results.hpp), with no engine or device type in it.
+struct CaseStatistics {
+  double loss = 0;
+  std::int64_t tokens = 0;
+  CaseMeasurements m;
+  DerivedStatistics derived;
+  std::vector<std::vector<index_t>> noise_blocks;
+  std::vector<IdentityCheck> identities;
+  std::vector<std::pair<std::string, double>> timings;  // stage, seconds
+  std::int64_t peak_memory_bytes = 0;  // planned memory of the engines and vectors (analysis/memory.hpp)
+};
 
 // Mean and standard error (sample sd with ddof 1, over sqrt(count)). Not
 // estimable, hence NaN (and absent from the outputs): the mean of no sample,

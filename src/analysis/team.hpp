@@ -4,10 +4,12 @@
 // MPI sub-communicator, and SoloTeam is the one-rank case (no MPI).
 #pragma once
 #include <cstddef>
+#include <type_traits>
 #include <vector>
 
+#include "analysis/batch_scalars.hpp"
 #include "analysis/exact_sum.hpp"
-#include "analysis/passes.hpp"
+#include "core/deal.hpp"
 
 namespace gnh {
 
@@ -25,13 +27,16 @@ class Team {
   // True on every member if `flag` is true on any.
   virtual bool any(bool flag) = 0;
 
-  // The batches member `rank()` computes: b = rank, rank + size, ...
-  std::vector<index_t> share_of(index_t n_batches) const {
-    std::vector<index_t> mine;
-    for (index_t b = rank(); b < n_batches; b += size()) mine.push_back(b);
-    return mine;
+  // A trivially copyable value (a struct of results) from member root to all.
+  template <class V>
+  void broadcast_value(V& v, int root) {
+    static_assert(std::is_trivially_copyable<V>::value, "broadcast_value: plain data only");
+    broadcast(&v, sizeof(V), root);
   }
-  int owner(index_t b) const { return int(b % size()); }
+
+  // The batches member `rank()` computes, dealt round-robin (core/deal.hpp).
+  std::vector<index_t> share_of(index_t n_batches) const { return dealt_share(n_batches, size(), rank()); }
+  int owner(index_t b) const { return dealt_to(b, size()); }
 };
 
 class SoloTeam final : public Team {

@@ -10,7 +10,4 @@ namespace kmath = ::Kokkos;
 #else
 namespace kmath = ::Kokkos::Experimental;
 #endif
-
-template <class T>
-KOKKOS_INLINE_FUNCTION constexpr T max_of(T a, T b) { return a > b ? a : b; }
 }  // namespace gnh

@@ -7,13 +7,14 @@
 
 #include <cstdint>
 
+#include "core/index.hpp"
+
 namespace gnh {
 
 using ExecSpace = Kokkos::DefaultExecutionSpace;
 using MemSpace = ExecSpace::memory_space;
 using HostSpace = Kokkos::HostSpace;
 using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
-using index_t = std::int64_t;
 
 template <class T, class Space = MemSpace>
 using View1 = Kokkos::View<T*, Kokkos::LayoutRight, Space>;

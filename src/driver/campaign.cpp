@@ -13,7 +13,9 @@
 #include "core/build_info.hpp"
 #include "core/sha256.hpp"
 #include "io/checkpoint.hpp"
+#include "core/deal.hpp"
 #include "kernels/gemm_probe.hpp"
+#include "parallel/pack.hpp"
 
 namespace gnh {
 namespace {
@@ -55,45 +57,74 @@ std::vector<CheckpointFile> expand_checkpoints(const Deck& d) {
 
 }  // namespace
 
-AnalysisSettings settings_of(const Deck& d) {
-  AnalysisSettings s;
-  s.context = d.context;
-  s.grad_microbatch = d.grad_microbatch;
-  s.hvp_batch = d.hvp_batch;
-  s.noise_samples = d.noise_samples;
-  s.noise_batch = d.noise_batch;
-  s.directions = d.directions;
-  s.directions_per_pass = d.directions_per_pass;
-  s.seed = d.seed;
-  s.method = parse_curvature_method(d.curvature_method);
-  s.bf16 = d.policy == "bf16-amp";
-  s.tf32 = d.policy == "tf32";
-  return s;
+// A JSON value of a settings member: integers as they are, enumerations by name.
+template <class V>
+json json_of(const V& v) {
+  if constexpr (std::is_enum_v<V>)
+    return to_string(v);
+  else
+    return v;
 }
 
-namespace {
 std::string settings_fingerprint(const Deck& d, const ModelConfig& cfg, const std::vector<LoadedCase>& cases) {
   // Everything that changes a number in the results, nothing that does not
-  // (paths, output location, run name, rank layout, directions per pass,
-  // batch sizes: those change rounding only within the stated tolerances).
+  // (paths, output location, run name, rank layout).
   json j;
   j["gnh_version"] = version();
-  j["context"] = d.context;
+  j["context"] = d.analysis.context;
   j["max_blocks"] = d.max_blocks;
   j["model"] = cfg.describe();
   for (const auto& c : cases) j["data"][c.name] = {{"sha256", c.data.sha256}, {"blocks", c.blocks}};
-  j["analysis"] = {{"grad_microbatch", d.grad_microbatch}, {"hvp_batch", d.hvp_batch},
-                   {"noise_samples", d.noise_samples},     {"noise_batch", d.noise_batch},
-                   {"directions", d.directions},           {"directions_per_pass", d.directions_per_pass},
-                   {"seed", d.seed},                       {"curvature_method", d.curvature_method}};
-  j["precision"] = d.policy;
+  j["analysis"] = json::object();
+  for_each_analysis_key(d.analysis, [&](const AnalysisKey& k, const auto& v) { j["analysis"][k.name] = json_of(v); });
+  j["precision"] = to_string(d.analysis.precision);
   return sha256_hex(j.dump()).substr(0, 16);
+}
+
+namespace {
+
+// What planning needs of one checkpoint file, exchanged between ranks.
+struct FileInfo {
+  std::string sha256, config;
+  std::int64_t n_params = 0, hashed = 0, has_iter = 0, iter_num = 0;
+};
+
+Pack& operator<<(Pack& p, const FileInfo& f) {
+  return p << f.sha256 << f.config << f.n_params << f.hashed << f.has_iter << f.iter_num;
+}
+Unpack& operator>>(Unpack& u, FileInfo& f) {
+  return u >> f.sha256 >> f.config >> f.n_params >> f.hashed >> f.has_iter >> f.iter_num;
+}
+
+FileInfo file_info(const std::string& path, bool read_values) {
+  FileInfo f;
+  CheckpointHeader h;
+  if (read_values) {
+    Checkpoint ck = read_checkpoint(path);
+    f.sha256 = ck.param_sha256;
+    f.hashed = !ck.stored_sha256;
+    h = std::move(ck);
+  } else {
+    h = read_checkpoint_header(path);
+    if (h.stored_sha256) {
+      f.sha256 = *h.stored_sha256;
+    } else {
+      // From an older gnh-convert: the values must be read to be grouped.
+      f.sha256 = read_checkpoint(path).param_sha256;
+      f.hashed = 1;
+    }
+  }
+  f.config = h.config.describe();
+  f.n_params = h.n_params;
+  f.has_iter = h.iter_num.has_value();
+  f.iter_num = h.iter_num.value_or(0);
+  return f;
 }
 
 }  // namespace
 
 Campaign prepare_campaign(const Comm& comm, const std::string& deck_path, const std::vector<std::string>& overrides,
-                          bool quiet) {
+                          bool quiet, bool read_values) {
   const bool root = comm.rank() == 0;
   Campaign c;
   Deck& deck = c.deck;
@@ -113,45 +144,54 @@ Campaign prepare_campaign(const Comm& comm, const std::string& deck_path, const 
                   deck.effective_text.c_str());
     std::fflush(stdout);
   }
-  // Each rank reads and hashes every size-th checkpoint; then all ranks share
-  // the hashes and configurations so that grouping is identical everywhere.
-  json local = json::array();
+  // Each rank reads the headers of its share of the checkpoints (dealt
+  // round-robin), then all ranks share what they found, so that grouping is
+  // identical everywhere.
+  Pack local;
   comm.collective([&] {
-    for (std::size_t i = static_cast<std::size_t>(comm.rank()); i < files.size();
-         i += static_cast<std::size_t>(comm.size())) {
-      const Checkpoint ck = read_checkpoint(files[i].path);
-      json e = {{"index", i}, {"sha256", ck.param_sha256}, {"config", ck.config.describe()},
-                {"n_params", ck.params.size()}};
-      if (ck.iter_num) e["iter_num"] = *ck.iter_num;
-      local.push_back(e);
-    }
+    for (const index_t i : dealt_share(index_t(files.size()), comm.size(), comm.rank()))
+      local << std::int64_t(i) << file_info(files[std::size_t(i)].path, read_values);
   });
-  std::vector<json> info(files.size());
-  for (const auto& s : comm.allgather(local.dump()))
-    for (const auto& e : json::parse(s)) info[e.at("index").get<std::size_t>()] = e;
+  std::vector<FileInfo> info(files.size());
+  for (const auto& bytes : comm.allgather(local.bytes()))
+    for (Unpack u(bytes); !u.done();) {
+      std::int64_t i = 0;
+      u >> i >> info[std::size_t(i)];
+    }
+  std::size_t hashed = 0;
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    files[i].hashed = info[i].hashed != 0;
+    hashed += files[i].hashed;
+  }
+  if (root && hashed > 0 && !read_values) {
+    std::printf("gnh: note: %zu checkpoint file(s) carry no param_sha256 (an older gnh-convert): read in full to be "
+                "grouped, and again to be analysed; convert them again to read each once\n", hashed);
+    std::fflush(stdout);
+  }
 
   ModelConfig& cfg = c.cfg;
   std::vector<LoadedCase>& cases = c.cases;
   comm.collective([&] {
-    const std::string first_cfg = info.front().at("config");
+    const std::string& first_cfg = info.front().config;
     for (std::size_t i = 1; i < files.size(); ++i)
-      if (info[i].at("config") != first_cfg)
+      if (info[i].config != first_cfg)
         fail("inconsistent model configurations: ", files[0].path, " has ", first_cfg, " but ", files[i].path,
-             " has ", info[i].at("config").get<std::string>());
+             " has ", info[i].config);
     cfg = read_checkpoint_config(files[0].path);
-    if (deck.context > cfg.block_size)
-      fail(deck.file, ": data.context = ", deck.context, " exceeds the model's block_size ", cfg.block_size);
+    const index_t context = deck.analysis.context;
+    if (context > cfg.block_size)
+      fail(deck.file, ": data.context = ", context, " exceeds the model's block_size ", cfg.block_size);
     for (const auto& spec : deck.cases) {
       LoadedCase c;
       c.name = spec.name;
       c.data = read_tokens(deck.resolve(spec.path), spec.dtype, spec.dataset, cfg.vocab_size);
-      c.blocks = epoch_blocks(static_cast<index_t>(c.data.ids.size()), deck.context, deck.max_blocks);
+      c.blocks = epoch_blocks(static_cast<index_t>(c.data.ids.size()), context, deck.max_blocks);
       if (c.blocks == 0)
-        fail(c.data.path, ": ", c.data.ids.size(), " tokens are too few for one block of context ", deck.context,
+        fail(c.data.path, ": ", c.data.ids.size(), " tokens are too few for one block of context ", context,
              " (data.", spec.name, ")");
-      if (deck.noise_samples > 0 && c.blocks <= deck.noise_batch)
-        fail(c.data.path, ": ", c.blocks, " blocks of context ", deck.context, " are too few for noise batches of ",
-             deck.noise_batch, " (data.", spec.name, " needs more than analysis.noise_batch blocks)");
+      if (deck.analysis.noise_samples > 0 && c.blocks <= deck.analysis.noise_batch)
+        fail(c.data.path, ": ", c.blocks, " blocks of context ", context, " are too few for noise batches of ",
+             deck.analysis.noise_batch, " (data.", spec.name, " needs more than analysis.noise_batch blocks)");
       cases.push_back(std::move(c));
     }
   });
@@ -160,19 +200,19 @@ Campaign prepare_campaign(const Comm& comm, const std::string& deck_path, const 
   std::vector<GroupRecord>& groups = c.groups;
   std::map<std::string, std::size_t> group_of;
   for (std::size_t i = 0; i < files.size(); ++i) {
-    const std::string sha = info[i].at("sha256");
+    const std::string& sha = info[i].sha256;
     auto [it, fresh] = group_of.emplace(sha, groups.size());
     if (fresh) {
       GroupRecord g;
       g.param_sha256 = sha;
       g.hash = sha.substr(0, 16);
-      g.n_params = info[i].at("n_params");
+      g.n_params = info[i].n_params;
       groups.push_back(g);
     }
     GroupRecord& g = groups[it->second];
     g.aliases.push_back(files[i].name);
     g.alias_paths.push_back(files[i].path);
-    if (info[i].contains("iter_num") && !g.iter_num) g.iter_num = info[i].at("iter_num").get<std::int64_t>();
+    if (info[i].has_iter && !g.iter_num) g.iter_num = info[i].iter_num;
   }
   c.output = deck.resolve(deck.output);
   RunInfo& ri = c.info;
@@ -181,7 +221,7 @@ Campaign prepare_campaign(const Comm& comm, const std::string& deck_path, const 
   ri.settings_fingerprint = settings_fingerprint(deck, cfg, cases);
   ri.model_config = cfg.describe();
   ri.run_name = deck.name;
-  ri.precision = deck.policy;
+  ri.precision = to_string(deck.analysis.precision);
   ri.ranks = comm.size();
   ri.ranks_per_checkpoint = int(deck.ranks_per_checkpoint);
   for (const auto& f : files) ri.campaign_checkpoints.push_back(f.name);
@@ -202,17 +242,20 @@ void choose_host_gemm(const Comm& comm, Campaign& c, bool quiet, bool float_gemm
       c.info.host_gemm = "vendor";
       return;
     }
-    std::string mine;
+    // Rank 0 probes; every rank selects its answer (the kernel's name) and
+    // records the probe (JSON, for the output).
+    Pack mine;
     if (comm.rank() == 0) {
-      const kernels::GemmProbe p = kernels::choose_host_gemm(c.cfg, c.deck.hvp_batch * c.deck.context);
-      mine = p.json();
+      const kernels::GemmProbe p =
+          kernels::choose_host_gemm(c.cfg, c.deck.analysis.hvp_batch * c.deck.analysis.context);
+      mine << std::string(kernels::host::name(p.chosen)) << p.json();
       if (!quiet) {
         std::printf("gnh: host sgemm: %s (%s)\n", kernels::host::name(p.chosen), p.reason.c_str());
         std::fflush(stdout);
       }
     }
-    c.info.host_gemm_probe = comm.allgather(mine).front();
-    const std::string chosen = json::parse(c.info.host_gemm_probe).at("chosen");
+    std::string chosen;
+    Unpack(comm.allgather(mine.bytes()).front()) >> chosen >> c.info.host_gemm_probe;
     if (const auto k = kernels::host::kernel_named(chosen)) kernels::host::select_kernel(*k);
     c.info.host_gemm = chosen;
   }

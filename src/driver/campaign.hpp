@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "analysis/case_analysis.hpp"
+#include "analysis/settings.hpp"
 #include "io/deck.hpp"
 #include "io/results.hpp"
 #include "io/tokens.hpp"
@@ -17,8 +17,9 @@
 namespace gnh {
 
 struct CheckpointFile {
-  std::string path;  // as found
-  std::string name;  // file name
+  std::string path;     // as found
+  std::string name;     // file name
+  bool hashed = false;  // its values were read and hashed while planning (no stored param_sha256)
 };
 
 struct LoadedCase {
@@ -37,9 +38,14 @@ struct Campaign {
   std::string output;  // run.output resolved
 };
 
+// Groups checkpoints by their stored param_sha256 (the header only), or by
+// reading and hashing the values of a file that has none. With read_values,
+// every file is read and validated in full (the dry run's check).
 Campaign prepare_campaign(const Comm& comm, const std::string& deck, const std::vector<std::string>& overrides,
-                          bool quiet);
-AnalysisSettings settings_of(const Deck& d);
+                          bool quiet, bool read_values = false);
+// The settings fingerprint: a hash of everything that changes a number in the
+// results (every [analysis] key, the data, the model, the precision, gnh's version).
+std::string settings_fingerprint(const Deck& d, const ModelConfig& cfg, const std::vector<LoadedCase>& cases);
 // The host's dense float GEMM for this run (kernels/gemm_probe.hpp): rank 0
 // probes, every rank selects its answer; recorded in c.info and printed.
 // Without float GEMMs (fp64 only) nothing is probed: the vendor BLAS multiplies.

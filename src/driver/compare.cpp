@@ -9,8 +9,9 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
-#include "analysis/case_analysis.hpp"
-#include "analysis/sampling.hpp"
+#include "analysis/analyser.hpp"
+#include "analysis/team.hpp"
+#include "core/deal.hpp"
 #include "core/build_info.hpp"
 #include "driver/campaign.hpp"
 #include "io/checkpoint.hpp"
@@ -60,47 +61,19 @@ void l2_and_cosine(const std::vector<double>& a, const std::vector<double>& b, d
 }
 
 // One policy on one case; with `cross_dirs`, also this policy's Hessian on those directions.
-template <class T>
-PolicyResult run_policy(const std::string& policy, const Deck& deck, const ModelConfig& cfg,
-                        const std::vector<float>& params_f, const LoadedCase& c,
-                        const std::vector<std::vector<double>>* cross_dirs) {
-  const ExecSpace space;
-  AnalysisSettings s = settings_of(deck);
-  s.bf16 = policy == "bf16-amp";
-  s.tf32 = policy == "tf32";
-  Engines<T> engines(cfg, s);
-  const index_t P = index_t(params_f.size());
-  View1<T> params("gnh::compare::params", P);
-  auto hp = Kokkos::create_mirror_view(params);
-  for (index_t i = 0; i < P; ++i) hp(i) = static_cast<T>(params_f[i]);
-  Kokkos::deep_copy(params, hp);
+PolicyResult run_policy(Precision policy, const Deck& deck, const ModelConfig& cfg, const std::vector<float>& params,
+                        const LoadedCase& c, const std::vector<std::vector<double>>* cross_dirs) {
+  AnalysisSettings s = deck.analysis;
+  s.precision = policy;
+  Analyser analyser(cfg, s);
+  analyser.set_parameters(params);
   SoloTeam team;
   PolicyResult r;
   CaseHooks hooks;
   hooks.keep = &r.vectors;
-  r.stats = analyse_case<T>(space, team, engines, params, c.data.ids.data(), c.blocks, s, hooks);
-  if (cross_dirs && !cross_dirs->empty()) {
-    const index_t D = index_t(cross_dirs->size());
-    for (const index_t K : balanced_passes(D, s.directions_per_pass)) {
-      const index_t c0 = index_t(r.cross.size());
-      View2<T> dirs("gnh::compare::dirs", K, P);
-      auto hd = Kokkos::create_mirror_view(dirs);
-      for (index_t r0 = 0; r0 < K; ++r0)
-        for (index_t i = 0; i < P; ++i) hd(r0, i) = static_cast<T>((*cross_dirs)[c0 + r0][i]);
-      Kokkos::deep_copy(dirs, hd);
-      const EpochCurvature ec = epoch_curvature<T>(space, engines.curvature(K), params, dirs, c.data.ids.data(),
-                                                   all_blocks(c.blocks), s.method);
-      for (index_t r0 = 0; r0 < K; ++r0) r.cross.push_back(ec.vHv[r0]);
-    }
-  }
+  r.stats = analyser.analyse(team, c.data.ids.data(), c.blocks, hooks);
+  if (cross_dirs && !cross_dirs->empty()) r.cross = analyser.curvature_along(*cross_dirs, c.data.ids.data(), c.blocks);
   return r;
-}
-
-PolicyResult run_policy_any(const std::string& policy, const Deck& deck, const ModelConfig& cfg,
-                            const std::vector<float>& params, const LoadedCase& c,
-                            const std::vector<std::vector<double>>* cross) {
-  if (policy == "fp64") return run_policy<double>(policy, deck, cfg, params, c, cross);
-  return run_policy<float>(policy, deck, cfg, params, c, cross);
 }
 
 json compare_case(const PolicyResult& a, const PolicyResult& b, double tol) {
@@ -166,23 +139,23 @@ int compare_command(const Comm& comm, const CompareOptions& opt) {
   comm.collective([&] {
     if (opt.policies.size() != 2) fail("--policies needs exactly two policies (reference,candidate)");
     for (const auto& p : opt.policies)
-      if (p != "fp32" && p != "tf32" && p != "bf16-amp" && p != "fp64")
-        fail("--policies: unknown policy \"", p, "\" (fp32, tf32, bf16-amp, fp64)");
+      if (!precision_named(p)) fail("--policies: unknown policy \"", p, "\" (fp32, tf32, bf16-amp, fp64)");
     if (opt.policies[0] == opt.policies[1]) fail("--policies: the two policies are the same");
     if (!(opt.tolerance > 0)) fail("--tolerance must be positive");
   });
   Campaign c = prepare_campaign(comm, opt.deck, opt.overrides, opt.quiet);
-  choose_host_gemm(comm, c, opt.quiet, opt.policies[0] != "fp64" || opt.policies[1] != "fp64");
+  const Precision reference = *precision_named(opt.policies[0]), candidate = *precision_named(opt.policies[1]);
+  choose_host_gemm(comm, c, opt.quiet, reference != Precision::fp64 || candidate != Precision::fp64);
   json mine = json::array();
   std::string error;
-  for (std::size_t g = std::size_t(comm.rank()); g < c.groups.size(); g += std::size_t(comm.size())) {
-    const GroupRecord& grp = c.groups[g];
+  for (const index_t g : dealt_share(index_t(c.groups.size()), comm.size(), comm.rank())) {
+    const GroupRecord& grp = c.groups[std::size_t(g)];
     try {
       const Checkpoint ck = read_checkpoint(grp.alias_paths.front());
       json jg = {{"hash", grp.hash}, {"aliases", grp.aliases}};
       for (const auto& cs : c.cases) {
-        const PolicyResult ref = run_policy_any(opt.policies[0], c.deck, c.cfg, ck.params, cs, nullptr);
-        const PolicyResult cand = run_policy_any(opt.policies[1], c.deck, c.cfg, ck.params, cs, &ref.vectors.xi);
+        const PolicyResult ref = run_policy(reference, c.deck, c.cfg, ck.params, cs, nullptr);
+        const PolicyResult cand = run_policy(candidate, c.deck, c.cfg, ck.params, cs, &ref.vectors.xi);
         json jc = compare_case(ref, cand, opt.tolerance);
         if (!opt.quiet) {
           std::printf("gnh: [rank %d] %s %-6s largest relative error %.3e (%s), G cosine %.6f\n", comm.rank(),
@@ -201,8 +174,9 @@ int compare_command(const Comm& comm, const CompareOptions& opt) {
     }
   }
   const auto gathered = comm.allgather(mine.dump());
-  int failed = error.empty() ? 0 : 1, any_failed = 0;
-  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, comm.get());
+  std::vector<long long> failures = {error.empty() ? 0 : 1};
+  comm.sum(failures);
+  const bool any_failed = failures[0] > 0;
   std::string write_error;
   if (root) {
     std::map<std::string, json> by_hash;

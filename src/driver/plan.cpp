@@ -10,8 +10,10 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <type_traits>
 
-#include "analysis/sampling.hpp"
+#include "analysis/memory.hpp"
+#include "core/deal.hpp"
 #include "core/build_info.hpp"
 #include "driver/campaign.hpp"
 #include "io/results.hpp"
@@ -22,12 +24,22 @@ namespace {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
+// What a timing profile is measured for: the model, the context, the
+// precision, the rank layout and the [analysis] keys marked `recipe`.
 json recipe_of(const Campaign& c) {
   const Deck& d = c.deck;
-  return {{"model", c.cfg.describe()},           {"context", d.context},
-          {"precision", d.policy},               {"curvature_method", d.curvature_method},
-          {"grad_microbatch", d.grad_microbatch}, {"hvp_batch", d.hvp_batch},
-          {"directions_per_pass", d.directions_per_pass}, {"ranks_per_checkpoint", d.ranks_per_checkpoint}};
+  json r = {{"model", c.cfg.describe()},
+            {"context", d.analysis.context},
+            {"precision", to_string(d.analysis.precision)},
+            {"ranks_per_checkpoint", d.ranks_per_checkpoint}};
+  for_each_analysis_key(d.analysis, [&](const AnalysisKey& k, const auto& v) {
+    if (!k.recipe) return;
+    if constexpr (std::is_enum_v<std::decay_t<decltype(v)>>)
+      r[k.name] = to_string(v);
+    else
+      r[k.name] = v;
+  });
+  return r;
 }
 
 std::vector<fs::path> profile_dirs() {
@@ -129,15 +141,17 @@ int plan_command(const Comm& comm, const PlanOptions& opt) {
     t_shard = profile.at("seconds_per_shard_startup");
   }
   double per_group = t_group;
+  const AnalysisSettings& a = d.analysis;
   for (const auto& cs : c.cases) {
-    const index_t n = cs.blocks, m = std::min<index_t>(d.noise_samples, n / d.noise_batch);
-    const index_t grad_batches = (n + d.grad_microbatch - 1) / d.grad_microbatch;
-    const index_t noise_batches = m * ((d.noise_batch + d.grad_microbatch - 1) / d.grad_microbatch);
+    const CasePlan p = plan_case(a, cs.blocks);
+    const index_t n = cs.blocks, m = p.n_noise;
+    const index_t grad_batches = (n + a.grad_microbatch - 1) / a.grad_microbatch;
+    const index_t noise_batches = m * ((a.noise_batch + a.grad_microbatch - 1) / a.grad_microbatch);
     // Passes are balanced and carry no padding: D directions cost D per-direction
     // units (measured at the full K; a narrower pass shares its primal among
     // fewer directions, which the wall-time margin covers).
-    const index_t D = 1 + m + d.directions;
-    const index_t hvp_batches = (n + d.hvp_batch - 1) / d.hvp_batch;
+    const index_t D = p.directions();
+    const index_t hvp_batches = (n + a.hvp_batch - 1) / a.hvp_batch;
     per_group += double(grad_batches + noise_batches) * t_grad +
                  double(D * hvp_batches) * t_hvp / double(d.ranks_per_checkpoint);
   }
@@ -162,12 +176,11 @@ int plan_command(const Comm& comm, const PlanOptions& opt) {
   for (int s = 0; s < opt.jobs; ++s) {
     json shard = {{"index", s}, {"groups", json::array()}, {"checkpoints", json::array()}};
     int n_groups = 0;
-    for (std::size_t g = 0; g < c.groups.size(); ++g)
-      if (int(g % std::size_t(opt.jobs)) == s) {
-        shard["groups"].push_back(c.groups[g].hash);
-        for (const auto& a : c.groups[g].aliases) shard["checkpoints"].push_back(a);
-        ++n_groups;
-      }
+    for (const index_t g : dealt_share(index_t(c.groups.size()), opt.jobs, s)) {
+      shard["groups"].push_back(c.groups[std::size_t(g)].hash);
+      for (const auto& alias : c.groups[std::size_t(g)].aliases) shard["checkpoints"].push_back(alias);
+      ++n_groups;
+    }
     double request = 0;
     if (!profile_path.empty()) {
       const double est = t_shard + n_groups * per_group;

@@ -9,9 +9,10 @@
 #include <filesystem>
 #include <map>
 
-#include "analysis/case_analysis.hpp"
-#include "analysis/sampling.hpp"
+#include "analysis/analyser.hpp"
+#include "analysis/memory.hpp"
 #include "core/build_info.hpp"
+#include "core/deal.hpp"
 #include "driver/campaign.hpp"
 #include "io/checkpoint.hpp"
 #include "io/files.hpp"
@@ -73,25 +74,59 @@ struct Outcome {
   int done = 0, failed = 0, interrupted = 0, skipped = 0;
 };
 
-template <class T>
-Outcome compute_groups(const Comm& world, MPI_Comm team_comm, const Deck& deck, const ModelConfig& cfg,
-                       const std::vector<LoadedCase>& cases, const std::vector<GroupRecord>& groups,
-                       const std::vector<int>& team_of_group, int my_team, const RunInfo& info,
-                       const std::string& output, bool quiet) {
+// The parameters of group g, read once: the team leader reads the first file
+// (its hash computed from the values read and checked against the plan), and
+// the team's members read the other files of the group that planning grouped
+// by their stored param_sha256 alone, to prove them the same state. Throws
+// gnh::Error on every member when any member found a problem.
+std::vector<float> group_parameters(MpiTeam& team, const GroupRecord& g, const std::vector<bool>& alias_hashed,
+                                    int world_rank, bool quiet) {
+  std::vector<float> params;
+  std::string error;
+  auto read = [&](std::size_t a) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Checkpoint ck = read_checkpoint(g.alias_paths[a]);
+    if (ck.param_sha256 != g.param_sha256)
+      fail(ck.path, ": parameters hash to ", ck.param_sha256.substr(0, 16), ", not to the ", g.hash,
+           " it was grouped by (changed while the run was starting?)");
+    if (!quiet) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("gnh: [rank %d] read %s: %lld parameters in %.2f s\n", world_rank, g.aliases[a].c_str(),
+                  static_cast<long long>(ck.params.size()), s);
+      std::fflush(stdout);
+    }
+    return std::move(ck.params);
+  };
+  try {
+    if (team.rank() == 0) params = read(0);
+    for (std::size_t a = 1; a < g.alias_paths.size(); ++a)
+      if (!alias_hashed[a] && dealt_to(index_t(a - 1), team.size()) == team.rank()) read(a);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  if (team.any(!error.empty())) throw Error(error);  // empty on the members that found nothing
+  params.resize(static_cast<std::size_t>(g.n_params));
+  team.broadcast(params.data(), sizeof(float) * params.size(), 0);
+  return params;
+}
+
+Outcome compute_groups(const Comm& world, const Comm& team_comm, const Campaign& c, const std::vector<int>& team_of_group,
+                       int my_team, const std::string& output, bool quiet) {
   MpiTeam team(team_comm);
   const bool leader = team.rank() == 0;
-  const ExecSpace space;
-  AnalysisSettings s = settings_of(deck);
-  std::unique_ptr<Engines<T>> engines;
+  const RunInfo& info = c.info;
+  std::unique_ptr<Analyser> analyser;
   ProgressLog log(world.rank(), quiet);
+  std::map<std::string, bool> hashed;  // path -> read in full while planning
+  for (const auto& f : c.files) hashed[f.path] = f.hashed;
   Outcome out;
-  for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+  for (std::size_t gi = 0; gi < c.groups.size(); ++gi) {
     if (team_of_group[gi] != my_team) continue;
-    GroupRecord g = groups[gi];
+    GroupRecord g = c.groups[gi];
     const std::string path = group_file(output, g.hash);
     // Every member decides the same way: the leader looks, then tells.
     int complete = leader && group_file_complete(path, info.settings_fingerprint) ? 1 : 0;
-    team.broadcast(&complete, sizeof(complete), 0);
+    team.broadcast_value(complete, 0);
     if (complete) {
       ++out.skipped;
       if (leader && !quiet) {
@@ -106,34 +141,32 @@ Outcome compute_groups(const Comm& world, MPI_Comm team_comm, const Deck& deck, 
     }
     std::string error;
     try {
-      const Checkpoint ck = read_checkpoint(g.alias_paths.front());
-      if (ck.param_sha256 != g.param_sha256) fail(ck.path, ": content changed while the run was starting (sha256 differs)");
-      if (!engines) engines = std::make_unique<Engines<T>>(cfg, s);
-      View1<T> params("gnh::run::params", std::int64_t(ck.params.size()));
-      auto hp = Kokkos::create_mirror_view(params);
-      for (std::size_t i = 0; i < ck.params.size(); ++i) hp(i) = static_cast<T>(ck.params[i]);
-      Kokkos::deep_copy(params, hp);
-      for (const auto& c : cases) {
+      std::vector<bool> alias_hashed;
+      for (const auto& p : g.alias_paths) alias_hashed.push_back(hashed[p]);
+      const std::vector<float> params = group_parameters(team, g, alias_hashed, world.rank(), quiet);
+      if (!analyser) analyser = std::make_unique<Analyser>(c.cfg, c.deck.analysis);
+      analyser->set_parameters(params);
+      for (const auto& cs : c.cases) {
         CaseHooks hooks;
         hooks.stop = [] { return g_terminate != 0; };
         if (leader) {
-          log.begin(g.hash, c.name, c.blocks * deck.context);
+          log.begin(g.hash, cs.name, cs.blocks * c.deck.analysis.context);
           hooks.progress = [&log](const std::string& stage, index_t done, index_t total) { log(stage, done, total); };
         }
         CaseRecord rec;
-        rec.name = c.name;
-        rec.stats = analyse_case<T>(space, team, *engines, params, c.data.ids.data(), c.blocks, s, hooks);
+        rec.name = cs.name;
+        rec.stats = analyser->analyse(team, cs.data.ids.data(), cs.blocks, hooks);
         if (leader) {
           for (const auto& idc : rec.stats.identities)
             if (!idc.ok())
               std::fprintf(stderr,
                            "gnh: WARNING: [rank %d] group %s case %s: identity %s violated: deviation %.3e > "
                            "tolerance %.1e\n",
-                           world.rank(), g.hash.c_str(), c.name.c_str(), idc.name.c_str(), idc.deviation,
+                           world.rank(), g.hash.c_str(), cs.name.c_str(), idc.name.c_str(), idc.deviation,
                            idc.tolerance);
           if (!quiet)
             std::printf("gnh: [rank %d] %s %-6s loss %.6f |G|^2 %.4e GHG %.4e B_simple %.4g B_noise %.4g tr(H) %.4g\n",
-                        world.rank(), g.hash.c_str(), c.name.c_str(), rec.stats.loss, rec.stats.m.G_sqnorm,
+                        world.rank(), g.hash.c_str(), cs.name.c_str(), rec.stats.loss, rec.stats.m.G_sqnorm,
                         rec.stats.m.GHG, rec.stats.derived.B_simple.value, rec.stats.derived.B_noise.value,
                         rec.stats.derived.trace_H.value);
           std::fflush(stdout);
@@ -160,24 +193,30 @@ Outcome compute_groups(const Comm& world, MPI_Comm team_comm, const Deck& deck, 
   return out;
 }
 
-void print_plan(const Deck& deck, const std::vector<GroupRecord>& groups, const std::vector<int>& team_of_group,
-                const std::vector<LoadedCase>& cases, int teams, int rpc, const std::string& output,
-                const std::string& fingerprint) {
-  const index_t m_req = deck.noise_samples, B = deck.noise_batch;
-  std::printf("gnh: plan: %zu group(s) over %d team(s) of %d rank(s); settings fingerprint %s\n", groups.size(),
+std::string gib(std::size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3g GiB", double(bytes) / double(1ull << 30));
+  return buf;
+}
+
+void print_plan(const Campaign& c, const std::vector<int>& team_of_group, int teams, int rpc,
+                const std::string& output) {
+  const AnalysisSettings& s = c.deck.analysis;
+  const std::string& fingerprint = c.info.settings_fingerprint;
+  std::printf("gnh: plan: %zu group(s) over %d team(s) of %d rank(s); settings fingerprint %s\n", c.groups.size(),
               teams, rpc, fingerprint.c_str());
-  for (std::size_t g = 0; g < groups.size(); ++g) {
+  for (std::size_t g = 0; g < c.groups.size(); ++g) {
     std::string aliases;
-    for (const auto& a : groups[g].aliases) aliases += (aliases.empty() ? "" : ", ") + a;
-    const std::string path = group_file(output, groups[g].hash);
+    for (const auto& a : c.groups[g].aliases) aliases += (aliases.empty() ? "" : ", ") + a;
+    const std::string path = group_file(output, c.groups[g].hash);
     const bool done = group_file_complete(path, fingerprint);
-    std::printf("  group %s -> team %d%s: %s\n", groups[g].hash.c_str(), team_of_group[g],
+    std::printf("  group %s -> team %d%s: %s\n", c.groups[g].hash.c_str(), team_of_group[g],
                 done ? " (complete, will be skipped)" : "", aliases.c_str());
   }
-  for (const auto& c : cases) {
-    const index_t n = c.blocks, m = std::min(m_req, n / B);
-    const index_t D = 1 + m + deck.directions;
-    const std::vector<index_t> sizes = balanced_passes(D, deck.directions_per_pass);
+  for (const auto& cs : c.cases) {
+    const CasePlan p = plan_case(s, cs.blocks);
+    const index_t n = cs.blocks, m = p.n_noise, D = p.directions();
+    const std::vector<index_t>& sizes = p.pass_widths;
     std::string widths;
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       if (i > 0 && sizes[i] == sizes[i - 1]) continue;
@@ -186,11 +225,16 @@ void print_plan(const Deck& deck, const std::vector<GroupRecord>& groups, const 
     }
     std::printf("  case %-6s %lld blocks (%lld tokens): %lld gradient microbatches; %lld noise batches of %lld%s; "
                 "%lld curvature directions in %lld epoch pass(es) (%s directions) of %lld HVP batches (%s)\n",
-                c.name.c_str(), static_cast<long long>(n), static_cast<long long>(n * deck.context),
-                static_cast<long long>((n + deck.grad_microbatch - 1) / deck.grad_microbatch),
-                static_cast<long long>(m), static_cast<long long>(B), m < m_req ? " (capped)" : "",
+                cs.name.c_str(), static_cast<long long>(n), static_cast<long long>(n * s.context),
+                static_cast<long long>((n + s.grad_microbatch - 1) / s.grad_microbatch), static_cast<long long>(m),
+                static_cast<long long>(s.noise_batch), m < s.noise_samples ? " (capped)" : "",
                 static_cast<long long>(D), static_cast<long long>(sizes.size()), widths.c_str(),
-                static_cast<long long>((n + deck.hvp_batch - 1) / deck.hvp_batch), deck.curvature_method.c_str());
+                static_cast<long long>((n + s.hvp_batch - 1) / s.hvp_batch), to_string(s.curvature_method));
+    const MemoryPlan mem = plan_memory(c.cfg, s, p);
+    std::printf("         memory per rank %s: gradient engine %s, curvature engine (K = %lld) %s, checks %s, "
+                "vectors %s\n", gib(mem.total()).c_str(), gib(mem.gradient).c_str(),
+                static_cast<long long>(sizes.front()), gib(mem.curvature).c_str(), gib(mem.checks).c_str(),
+                gib(mem.vectors).c_str());
   }
   std::printf("  output %s (group files in %s)\n", output.c_str(), groups_directory(output).c_str());
   std::fflush(stdout);
@@ -222,13 +266,13 @@ void print_summary(const std::vector<GroupSummary>& groups, const std::string& o
 
 int run_command(const Comm& comm, const RunOptions& opt) {
   const bool root = comm.rank() == 0;
-  Campaign c = prepare_campaign(comm, opt.deck, opt.overrides, opt.quiet);
+  Campaign c = prepare_campaign(comm, opt.deck, opt.overrides, opt.quiet, opt.dry_run);
   if (opt.shard_count > 1) {
     // A shard of a planned campaign (gnh plan): its share of the groups, dealt
     // as the planner deals them, into a file of its own.
     std::vector<GroupRecord> share;
-    for (std::size_t g = 0; g < c.groups.size(); ++g)
-      if (int(g % std::size_t(opt.shard_count)) == opt.shard_index) share.push_back(c.groups[g]);
+    for (const index_t g : dealt_share(index_t(c.groups.size()), opt.shard_count, opt.shard_index))
+      share.push_back(c.groups[std::size_t(g)]);
     c.groups = share;
     c.output = shard_output(c.output, opt.shard_index, opt.shard_count);
     c.info.shard = std::to_string(opt.shard_index) + "/" + std::to_string(opt.shard_count);
@@ -236,12 +280,11 @@ int run_command(const Comm& comm, const RunOptions& opt) {
   const Deck& deck = c.deck;
   const std::vector<LoadedCase>& cases = c.cases;
   const std::vector<GroupRecord>& groups = c.groups;
-  const ModelConfig& cfg = c.cfg;
   const RunInfo& ri = c.info;
   const std::string& output = c.output;
   const int rpc = int(deck.ranks_per_checkpoint), teams = comm.size() / rpc, my_team = comm.rank() / rpc;
   std::vector<int> team_of_group(groups.size());
-  for (std::size_t g = 0; g < groups.size(); ++g) team_of_group[g] = int(g % std::size_t(teams));
+  for (std::size_t g = 0; g < groups.size(); ++g) team_of_group[g] = dealt_to(index_t(g), teams);
   // Nothing is computed unless its results can be written, and by this run
   // alone. The dry run only looks; a run creates the directories, writes a
   // probe and holds the output's lock until it returns.
@@ -255,9 +298,8 @@ int run_command(const Comm& comm, const RunOptions& opt) {
     else
       lock = OutputLock(output, "gnh run " + opt.deck + (opt.shard_count > 1 ? " --shard " + ri.shard : ""));
   });
-  if (!opt.dry_run) choose_host_gemm(comm, c, opt.quiet, deck.policy != "fp64");
-  if (root && (opt.dry_run || !opt.quiet))
-    print_plan(deck, groups, team_of_group, cases, teams, rpc, output, ri.settings_fingerprint);
+  if (!opt.dry_run) choose_host_gemm(comm, c, opt.quiet, !deck.analysis.fp64());
+  if (root && (opt.dry_run || !opt.quiet)) print_plan(c, team_of_group, teams, rpc, output);
   if (!other_run.empty())
     std::printf("gnh: note: another gnh run is writing %s now (%s); this run would stop at once\n", output.c_str(),
                 other_run.c_str());
@@ -268,25 +310,17 @@ int run_command(const Comm& comm, const RunOptions& opt) {
   }
 
   std::signal(SIGTERM, on_sigterm);
-  MPI_Comm team_comm;
-  MPI_Comm_split(comm.get(), my_team, comm.rank(), &team_comm);
-  Outcome mine;
-  if (deck.policy == "fp64")
-    mine = compute_groups<double>(comm, team_comm, deck, cfg, cases, groups, team_of_group, my_team, ri, output, opt.quiet);
-  else  // fp32, tf32 (the same computation on the host backend) and bf16-amp
-    mine = compute_groups<float>(comm, team_comm, deck, cfg, cases, groups, team_of_group, my_team, ri, output, opt.quiet);
-  MPI_Comm_free(&team_comm);
+  const Outcome mine = compute_groups(comm, comm.split(my_team), c, team_of_group, my_team, output, opt.quiet);
 
   // Every group file is on disk (or failed); rank 0 merges.
   // Counts from team leaders only (every member of a team counts the same groups).
   const bool leader = comm.rank() % rpc == 0;
-  int local_counts[5] = {leader ? mine.failed : 0, leader ? mine.interrupted : 0, g_terminate ? 1 : 0,
-                         leader ? mine.done : 0, leader ? mine.skipped : 0};
-  int counts[5] = {0, 0, 0, 0, 0};
-  MPI_Allreduce(local_counts, counts, 5, MPI_INT, MPI_SUM, comm.get());
+  std::vector<long long> counts = {leader ? mine.failed : 0, leader ? mine.interrupted : 0, g_terminate ? 1 : 0,
+                                   leader ? mine.done : 0, leader ? mine.skipped : 0};
+  comm.sum(counts);
   if (root) {
-    std::printf("gnh: groups: computed %d, reused %d (complete from an earlier run with these settings), failed %d, "
-                "interrupted %d\n", counts[3], counts[4], counts[0], counts[1]);
+    std::printf("gnh: groups: computed %lld, reused %lld (complete from an earlier run with these settings), failed %lld, "
+                "interrupted %lld\n", counts[3], counts[4], counts[0], counts[1]);
     std::fflush(stdout);
   }
   std::string write_error;
@@ -326,7 +360,7 @@ int run_command(const Comm& comm, const RunOptions& opt) {
   comm.collective([&] {
     if (!write_error.empty()) throw Error(write_error);
   });
-  MPI_Bcast(&status, 1, MPI_INT, 0, comm.get());
+  comm.broadcast(status, 0);
   return status;
 }
 

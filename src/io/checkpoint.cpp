@@ -64,24 +64,31 @@ std::string params_sha256(const std::vector<float>& params) {
   return h.hexdigest();
 }
 
-Checkpoint read_checkpoint(const std::string& path) {
-  h5::File f = h5::File::open_read(path);
-  Checkpoint ck;
-  ck.path = path;
-  ck.config = read_config(f);
-  ck.source_file = h5::read_string_attr(f.id(), "source_file", path).value_or("");
-  ck.source_sha256 = h5::read_string_attr(f.id(), "source_sha256", path).value_or("");
-  ck.iter_num = h5::read_int_attr(f.id(), "iter_num", path);
+namespace {
 
-  const ParamLayout layout(ck.config);
+// The header of an open file; with `values`, also reads every tensor into params.
+CheckpointHeader read_header(const h5::File& f, const std::string& path, std::vector<float>* values) {
+  CheckpointHeader h;
+  h.path = path;
+  h.config = read_config(f);
+  h.source_file = h5::read_string_attr(f.id(), "source_file", path).value_or("");
+  h.source_sha256 = h5::read_string_attr(f.id(), "source_sha256", path).value_or("");
+  h.iter_num = h5::read_int_attr(f.id(), "iter_num", path);
+  h.stored_sha256 = h5::read_string_attr(f.id(), "param_sha256", path);
+  if (h.stored_sha256 && (h.stored_sha256->size() != 64 ||
+                          h.stored_sha256->find_first_not_of("0123456789abcdef") != std::string::npos))
+    fail(path, ": root attribute param_sha256 = \"", *h.stored_sha256, "\" is not 64 lowercase hex digits");
+
+  const ParamLayout layout(h.config);
+  h.n_params = layout.size();
   h5::Handle params = h5::open_group(f.id(), "params", path);
   std::set<std::string> expected;
   for (const auto& t : layout.tensors()) expected.insert(t.name);
   for (const auto& name : h5::list_children(params.id(), path + ": /params"))
     if (!expected.count(name))
-      fail(path, ": unknown tensor '/params/", name, "' for config ", ck.config.describe());
+      fail(path, ": unknown tensor '/params/", name, "' for config ", h.config.describe());
 
-  ck.params.resize(static_cast<std::size_t>(layout.size()));
+  if (values) values->resize(static_cast<std::size_t>(layout.size()));
   for (const auto& t : layout.tensors()) {
     const std::string where = path + ": tensor '" + t.name + "'";
     if (!h5::exists(params.id(), t.name)) fail(where, " is missing");
@@ -97,7 +104,8 @@ Checkpoint read_checkpoint(const std::string& path) {
       for (auto s : t.shape) want += (want.empty() ? "" : ", ") + std::to_string(s);
       fail(where, " has shape (", got, "), expected (", want, ")");
     }
-    float* dst = ck.params.data() + t.offset;
+    if (!values) continue;
+    float* dst = values->data() + t.offset;
     if (H5Dread(d.id(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, dst) < 0)
       fail(where, " cannot be read (truncated file?)");
     std::int64_t bad = 0, first = -1;
@@ -110,8 +118,27 @@ Checkpoint read_checkpoint(const std::string& path) {
       fail(where, " holds ", bad, " non-finite value(s), first at flat index ", first, " (",
            dst[first], ")");
   }
-  ck.param_sha256 = params_sha256(ck.params);
+  return h;
+}
+
+}  // namespace
+
+CheckpointHeader read_checkpoint_header(const std::string& path) {
+  h5::File f = h5::File::open_read(path);
+  CheckpointHeader h = read_header(f, path, nullptr);
   f.close();
+  return h;
+}
+
+Checkpoint read_checkpoint(const std::string& path) {
+  h5::File f = h5::File::open_read(path);
+  Checkpoint ck;
+  static_cast<CheckpointHeader&>(ck) = read_header(f, path, &ck.params);
+  f.close();
+  ck.param_sha256 = params_sha256(ck.params);
+  if (ck.stored_sha256 && *ck.stored_sha256 != ck.param_sha256)
+    fail(path, ": the parameters read hash to ", ck.param_sha256.substr(0, 16), "..., not to the file's param_sha256 ",
+         ck.stored_sha256->substr(0, 16), "...: the file was changed after conversion; convert it again");
   return ck;
 }
 

@@ -10,21 +10,34 @@
 
 namespace gnh {
 
-struct Checkpoint {
+// What a checkpoint says of itself without its parameter values: cheap to
+// read (attributes and dataset headers), enough to plan a campaign.
+struct CheckpointHeader {
   std::string path;
   ModelConfig config;
-  std::vector<float> params;  // flat, canonical order (ParamLayout)
-  std::string param_sha256;   // of the float32 little-endian flat vector
+  std::int64_t n_params = 0;
+  // The converter's param_sha256 attribute (gnh-convert writes it); files from
+  // older converters have none and must be read in full to be grouped.
+  std::optional<std::string> stored_sha256;
   std::string source_file, source_sha256;
   std::optional<std::int64_t> iter_num;
 };
 
-// Reads only the root and /config attributes (cheap; for planning and checks).
+struct Checkpoint : CheckpointHeader {
+  std::vector<float> params;  // flat, canonical order (ParamLayout)
+  std::string param_sha256;   // of the float32 little-endian flat vector, computed from the values read
+};
+
+// Reads only the root and /config attributes.
 ModelConfig read_checkpoint_config(const std::string& path);
 
-// Reads and validates everything: format, config, every tensor present with the
-// right shape and dtype, no unknown tensors, all values finite. Throws
-// gnh::Error naming the file and the tensor.
+// Reads and validates the header: format, config, every tensor present with
+// the right shape and dtype, no unknown tensors; no values. Throws gnh::Error
+// naming the file and the tensor.
+CheckpointHeader read_checkpoint_header(const std::string& path);
+
+// Reads and validates everything: the header, all values finite, and the
+// hash of the values read equal to the stored param_sha256 where there is one.
 Checkpoint read_checkpoint(const std::string& path);
 
 // Content hash of a flat parameter vector (what groups identical states).

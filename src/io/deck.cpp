@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <sstream>
+#include <type_traits>
 
 #include "core/error.hpp"
 
@@ -241,7 +242,7 @@ Deck parse_deck(const std::string& text, const std::string& name, const std::str
   }
   if (const toml::table* data = r.section(root, "data", true)) {
     r.check_keys(*data, "data", {"context", "max_blocks", "seen", "unseen"});
-    d.context = r.integer(*data, "data", "context", 0, 1, 1 << 20, true);
+    d.analysis.context = r.integer(*data, "data", "context", 0, 1, 1 << 20, true);
     d.max_blocks = r.integer(*data, "data", "max_blocks", 0, 0, INT64_MAX);
     for (const char* c : {"seen", "unseen"}) {
       const toml::node* n = data->get(c);
@@ -266,23 +267,21 @@ Deck parse_deck(const std::string& text, const std::string& name, const std::str
     if (d.cases.empty()) fail(r.where(*data, "data"), ": [data] needs at least one of seen, unseen");
   }
   if (const toml::table* a = r.section(root, "analysis", false)) {
-    r.check_keys(*a, "analysis", {"grad_microbatch", "hvp_batch", "noise_samples", "noise_batch",
-                                  "directions", "directions_per_pass", "seed", "curvature_method"});
-    const std::int64_t big = std::int64_t(1) << 30;
-    d.grad_microbatch = r.integer(*a, "analysis", "grad_microbatch", d.grad_microbatch, 1, big);
-    d.hvp_batch = r.integer(*a, "analysis", "hvp_batch", d.hvp_batch, 1, big);
-    d.noise_samples = r.integer(*a, "analysis", "noise_samples", d.noise_samples, 0, big);
-    d.noise_batch = r.integer(*a, "analysis", "noise_batch", d.noise_batch, 1, big);
-    d.directions = r.integer(*a, "analysis", "directions", d.directions, 0, big);
-    d.directions_per_pass = r.integer(*a, "analysis", "directions_per_pass", d.directions_per_pass, 1, 4096);
-    d.seed = static_cast<std::uint64_t>(
-        r.integer(*a, "analysis", "seed", static_cast<std::int64_t>(d.seed), 0, INT64_MAX));
-    d.curvature_method = r.str(*a, "analysis", "curvature_method", d.curvature_method, false,
-                               {"second-order-forward", "forward-over-reverse"});
+    std::vector<std::string> known;
+    for_each_analysis_key(d.analysis, [&](const AnalysisKey& k, const auto&) { known.push_back(k.name); });
+    r.check_keys(*a, "analysis", known);
+    for_each_analysis_key(d.analysis, [&](const AnalysisKey& k, auto& v) {
+      using V = std::decay_t<decltype(v)>;
+      if constexpr (std::is_same_v<V, CurvatureMethod>)
+        v = *curvature_method_named(r.str(*a, "analysis", k.name, to_string(v), false, curvature_method_names()));
+      else
+        v = static_cast<V>(r.integer(*a, "analysis", k.name, static_cast<std::int64_t>(v), k.lowest, k.highest));
+    });
   }
   if (const toml::table* p = r.section(root, "precision", false)) {
     r.check_keys(*p, "precision", {"policy"});
-    d.policy = r.str(*p, "precision", "policy", d.policy, false, {"fp32", "tf32", "bf16-amp", "fp64"});
+    d.analysis.precision =
+        *precision_named(r.str(*p, "precision", "policy", to_string(d.analysis.precision), false, precision_names()));
   }
   if (const toml::table* p = r.section(root, "parallel", false)) {
     r.check_keys(*p, "parallel", {"ranks_per_checkpoint"});

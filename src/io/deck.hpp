@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "analysis/settings.hpp"
+
 namespace gnh {
 
 struct DataCaseSpec {
@@ -28,21 +30,11 @@ struct Deck {
   std::string output;
   // [checkpoints]
   std::vector<std::string> checkpoint_paths;  // globs
-  // [data]
-  std::int64_t context = 0;
+  // [data] (data.context is analysis.context)
   std::int64_t max_blocks = 0;  // 0: the whole epoch
   std::vector<DataCaseSpec> cases;
-  // [analysis]
-  std::int64_t grad_microbatch = 32;
-  std::int64_t hvp_batch = 64;
-  std::int64_t noise_samples = 32;
-  std::int64_t noise_batch = 32;
-  std::int64_t directions = 32;
-  std::int64_t directions_per_pass = 8;  // K: curvature directions sharing one primal pass
-  std::uint64_t seed = 1234;
-  std::string curvature_method = "second-order-forward";
-  // [precision]
-  std::string policy = "fp32";
+  // [analysis], data.context and [precision], typed (analysis/settings.hpp)
+  AnalysisSettings analysis;
   // [parallel]
   std::int64_t ranks_per_checkpoint = 1;
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "analysis/case_analysis.hpp"
+#include "analysis/statistics.hpp"
 
 namespace gnh {
 

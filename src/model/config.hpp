@@ -18,7 +18,6 @@ struct ModelConfig {
   Gelu gelu = Gelu::erf;
   double ln_eps = 1e-5;
 
-  int head_size() const { return n_embd / n_head; }
   // Throws gnh::Error naming `where` and the offending field.
   void validate(const std::string& where) const;
   std::string describe() const;

@@ -17,20 +17,9 @@
 #include "kernels/blas.hpp"
 #include "model/config.hpp"
 #include "model/layout.hpp"
+#include "model/plan.hpp"
 
 namespace gnh {
-
-struct Shape {
-  index_t batch = 1;
-  index_t context = 1;
-  int directions = 0;          // K, for hvp and second_order
-  bool reverse = false;        // gradient / hvp: keep every layer's activations
-  bool second_order = false;   // second_order: second-derivative planes
-  index_t head_chunk_rows = 0;   // rows of a logits tile (0: automatic)
-  index_t head_chunk_vocab = 0;  // vocabulary entries of a logits tile (0: automatic)
-  bool bf16 = false;           // bf16-amp: matrix-multiply operands rounded to bfloat16 (float only)
-  bool tf32 = false;           // tf32: TF32 tensor-core GEMMs where the backend has them (cuBLAS)
-};
 
 // Sums over the valid targets (>= 0) of one batch.
 struct LossSum {
@@ -70,6 +59,8 @@ template <class T>
 class Gpt {
  public:
   Gpt(const ModelConfig& cfg, const Shape& shape);
+  // The bytes Gpt(cfg, shape) allocates, counted without allocating them.
+  static std::size_t planned_bytes(const ModelConfig& cfg, const Shape& shape);
   // Primal only, keeping one layer of activations (the loss pass).
   Gpt(const ModelConfig& cfg, index_t batch, index_t context);
 
@@ -105,6 +96,7 @@ class Gpt {
   template <class S>
   void reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<const std::int32_t> tokens,
                Span2<const std::int32_t> targets);
+  Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate);
   Act2<T> x_in(int layer) const;
   Act2<T> x_final() const;
   Act2<T> act2(const char* name, index_t rows, index_t cols, bool tangents, bool second);
@@ -129,6 +121,7 @@ class Gpt {
   View1<double> row_loss_v_;
   View2<double> row_loss_d_, row_loss_dd_;  // (K, N)
   std::size_t workspace_bytes_ = 0;
+  bool allocate_ = true;  // false: only count the bytes (planned_bytes)
 };
 
 extern template class Gpt<float>;

@@ -40,9 +40,10 @@ template <class T>
 Act2<T> Gpt<T>::act2(const char* name, index_t rows, index_t cols, bool tangents, bool second) {
   const index_t K = tangents ? shape_.directions : 0, KK = second ? shape_.directions : 0;
   const index_t plane = rows * cols, total = plane * (1 + K + KK);
+  workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(total);
+  if (!allocate_) return Act2<T>();
   owned_.emplace_back(Kokkos::view_alloc(std::string("gnh::gpt::") + name, Kokkos::WithoutInitializing), total);
   T* base = owned_.back().data();
-  workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(total);
   Act2<T> a;
   a.v = Span2<T>(base, rows, cols);
   if (K > 0) a.d = Span3<T>(base + plane, K, rows, cols);
@@ -65,13 +66,24 @@ Gpt<T>::Gpt(const ModelConfig& cfg, index_t batch, index_t context)
     : Gpt(cfg, Shape{batch, context, 0, false, false, 0}) {}
 
 template <class T>
-Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape) : cfg_(cfg), layout_(cfg), shape_(shape) {
+Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape) : Gpt(cfg, shape, true) {}
+
+template <class T>
+std::size_t Gpt<T>::planned_bytes(const ModelConfig& cfg, const Shape& shape) {
+  return Gpt(cfg, shape, false).workspace_bytes_;
+}
+
+// Every buffer of the engine, in one list: with allocate false, only counted.
+template <class T>
+Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate)
+    : cfg_(cfg), layout_(cfg), shape_(shape), allocate_(allocate) {
   cfg_.validate("model");
   if (shape.batch <= 0) fail("batch size ", shape.batch, " must be positive");
   if (shape.context <= 0 || shape.context > cfg.block_size)
     fail("context ", shape.context, " must be in 1..block_size (", cfg.block_size, ")");
   if (shape.directions < 0) fail("directions per pass ", shape.directions, " must be >= 0");
   N_ = shape.batch * shape.context;
+  const GptTiles plan = gpt_tiles(cfg, shape);
   const index_t C = cfg.n_embd, H = cfg.n_head, V = cfg.vocab_size, N = N_;
   const bool tan = shape.directions > 0, sec = shape.second_order && tan;
   const int slots = shape.reverse ? cfg.n_layer : 1;
@@ -105,18 +117,8 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape) : cfg_(cfg), layout_(cfg
   lnf_mean_ = act1("lnf_mean", N, tan, sec);
   lnf_rstd_ = act1("lnf_rstd", N, tan, sec);
   head_lse_ = act1("head_lse", N, tan, sec);
-  // Logits tile: at most 2^24 elements over all planes (64 MiB in float). The
-  // whole (N, V) block when it fits (the reverse then reuses the forward's
-  // logits); otherwise vocabulary chunks of up to 4096 entries and as many
-  // rows as fit, so that the head GEMMs keep large shapes for any K.
-  const index_t planes = 1 + (tan ? shape.directions : 0) * (sec ? 2 : 1), budget = index_t(1) << 24;
-  index_t vchunk = shape.head_chunk_vocab > 0 ? std::min<index_t>(shape.head_chunk_vocab, V) : V;
-  if (shape.head_chunk_vocab <= 0 && N * V * planes > budget) vchunk = std::min<index_t>(V, 4096);
-  index_t rows = shape.head_chunk_rows > 0 ? shape.head_chunk_rows
-                                           : std::max<index_t>(1, budget / (vchunk * planes));
-  rows = std::min<index_t>(rows, N);
-  logits_ = act2("logits", rows, vchunk, tan, sec);
-  head_stats_ = View2<T>(Kokkos::view_alloc("gnh::gpt::head_stats", Kokkos::WithoutInitializing), N, 2);
+  logits_ = act2("logits", plan.logits_rows, plan.logits_vocab, tan, sec);
+  if (allocate_) head_stats_ = View2<T>(Kokkos::view_alloc("gnh::gpt::head_stats", Kokkos::WithoutInitializing), N, 2);
   workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(2 * N);
   if (shape.reverse) {
     adj_.res = act2("d_res", N, C, tan, false);
@@ -131,20 +133,20 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape) : cfg_(cfg), layout_(cfg
   gemm_.tf32 = shape.tf32 && std::is_same<T, float>::value;
   if (shape.bf16) {
     if (!std::is_same<T, float>::value) fail("the bf16-amp policy runs in float");
-    // Operands are rounded chunk by chunk into two scratch buffers: 2^22
-    // elements of activations, and the largest weight block whole.
     gemm_.bf16 = true;
-    gemm_.chunk_elements = index_t(1) << 22;
-    const index_t biggest_weight = std::max<index_t>(V * C, 4 * C * C);
-    gemm_.scratch_a = View1<T>(Kokkos::view_alloc("gnh::gpt::bf16_a", Kokkos::WithoutInitializing), gemm_.chunk_elements);
-    gemm_.scratch_b = View1<T>(Kokkos::view_alloc("gnh::gpt::bf16_b", Kokkos::WithoutInitializing),
-                               std::max(gemm_.chunk_elements, biggest_weight));
-    workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(gemm_.scratch_a.size() + gemm_.scratch_b.size());
+    gemm_.chunk_elements = plan.bf16_chunk;
+    workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(plan.bf16_chunk + plan.bf16_scratch_b);
+    if (allocate_) {
+      gemm_.scratch_a = View1<T>(Kokkos::view_alloc("gnh::gpt::bf16_a", Kokkos::WithoutInitializing), plan.bf16_chunk);
+      gemm_.scratch_b =
+          View1<T>(Kokkos::view_alloc("gnh::gpt::bf16_b", Kokkos::WithoutInitializing), plan.bf16_scratch_b);
+    }
   }
+  workspace_bytes_ += sizeof(double) * static_cast<std::size_t>(N * (1 + (tan ? shape.directions : 0) * (sec ? 2 : 1)));
+  if (!allocate_) return;
   row_loss_v_ = View1<double>("gnh::gpt::row_loss", N);
   if (tan) row_loss_d_ = View2<double>("gnh::gpt::row_loss_d", shape.directions, N);
   if (sec) row_loss_dd_ = View2<double>("gnh::gpt::row_loss_dd", shape.directions, N);
-  workspace_bytes_ += sizeof(double) * static_cast<std::size_t>(N * (1 + planes - 1));
 }
 
 template <class T>

@@ -10,7 +10,25 @@ Comm::Comm(MPI_Comm c) : comm_(c) {
   MPI_Comm_size(comm_, &size_);
 }
 
-void Comm::barrier() const { MPI_Barrier(comm_); }
+
+Comm Comm::split(int color) const {
+  MPI_Comm sub;
+  MPI_Comm_split(comm_, color, rank_, &sub);
+  Comm c(sub);
+  c.owned_ = std::shared_ptr<MPI_Comm>(new MPI_Comm(sub), [](MPI_Comm* p) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(p);
+    delete p;
+  });
+  return c;
+}
+
+void Comm::sum(std::vector<long long>& values) const {
+  MPI_Allreduce(MPI_IN_PLACE, values.data(), int(values.size()), MPI_LONG_LONG, MPI_SUM, comm_);
+}
+
+void Comm::broadcast(int& value, int root) const { MPI_Bcast(&value, 1, MPI_INT, root, comm_); }
 
 GatherLayout gather_layout(MPI_Comm comm, int n) {
   int size = 1;

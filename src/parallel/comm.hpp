@@ -4,6 +4,7 @@
 #pragma once
 #include <mpi.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,7 +26,13 @@ class Comm {
   int rank() const { return rank_; }
   int size() const { return size_; }
   MPI_Comm get() const { return comm_; }
-  void barrier() const;
+
+  // The ranks of equal `color`, ordered as here; freed with the last copy. Collective.
+  Comm split(int color) const;
+  // Element-wise sum of every rank's values, left in every rank's. Collective.
+  void sum(std::vector<long long>& values) const;
+  // Root's value on every rank. Collective.
+  void broadcast(int& value, int root) const;
 
   // Every rank contributes a string; every rank receives all, in rank order.
   std::vector<std::string> allgather(const std::string& mine) const;
@@ -49,6 +56,7 @@ class Comm {
  private:
   void settle(const std::string& message) const;
   MPI_Comm comm_;
+  std::shared_ptr<MPI_Comm> owned_;  // a communicator this Comm made (split), freed with the last copy
   int rank_ = 0, size_ = 1;
 };
 

@@ -15,7 +15,7 @@ void sum_fixed(void* in, void* inout, int* len, MPI_Datatype*) {
 }
 }  // namespace
 
-MpiTeam::MpiTeam(MPI_Comm comm) : comm_(comm) {
+MpiTeam::MpiTeam(const Comm& comm) : owner_(comm), comm_(comm.get()) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
   MPI_Type_contiguous(int(sizeof(fixed128)), MPI_BYTE, &fixed_type_);

@@ -5,12 +5,13 @@
 #include <mpi.h>
 
 #include "analysis/team.hpp"
+#include "parallel/comm.hpp"
 
 namespace gnh {
 
 class MpiTeam final : public Team {
  public:
-  explicit MpiTeam(MPI_Comm comm);
+  explicit MpiTeam(const Comm& comm);
   ~MpiTeam() override;
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -20,6 +21,7 @@ class MpiTeam final : public Team {
   bool any(bool flag) override;
 
  private:
+  Comm owner_;  // keeps a split communicator alive
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
   MPI_Datatype fixed_type_;

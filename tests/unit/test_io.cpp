@@ -8,7 +8,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <type_traits>
 
+#include "core/deal.hpp"
 #include "core/error.hpp"
 #include "core/sha256.hpp"
 #include "io/deck.hpp"
@@ -48,14 +50,14 @@ TEST_CASE("a valid deck parses with defaults and resolved paths", "[deck]") {
   REQUIRE(d.resolve(d.output) == "/runs/out.h5");
   REQUIRE(d.resolve("/abs/x") == "/abs/x");
   REQUIRE(d.checkpoint_paths == std::vector<std::string>{"a/*.h5", "b.h5"});
-  REQUIRE(d.context == 16);
+  REQUIRE(d.analysis.context == 16);
   REQUIRE(d.cases.size() == 2);
   REQUIRE(d.cases[1].name == "unseen");
   REQUIRE(d.cases[1].dtype == "uint16");
-  REQUIRE(d.directions == 8);
-  REQUIRE(d.seed == 99);
-  REQUIRE(d.grad_microbatch == 32);  // default
-  REQUIRE(d.policy == "fp32");
+  REQUIRE(d.analysis.directions == 8);
+  REQUIRE(d.analysis.seed == 99);
+  REQUIRE(d.analysis.grad_microbatch == 32);  // default
+  REQUIRE(d.analysis.precision == Precision::fp32);
   REQUIRE(d.name == "deck");  // from the file name
   REQUIRE_THAT(d.effective_text, Contains("directions = 8"));
 }
@@ -86,8 +88,8 @@ TEST_CASE("--set overrides keys and is named in errors", "[deck]") {
   const Deck d = parse_deck(kDeck, "deck.toml", "/runs",
                             {"analysis.directions=3", "precision.policy=fp64", "data.seen.path=other.bin",
                              "parallel.ranks_per_checkpoint=2"});
-  REQUIRE(d.directions == 3);
-  REQUIRE(d.policy == "fp64");  // a bare word is taken as a string
+  REQUIRE(d.analysis.directions == 3);
+  REQUIRE(d.analysis.precision == Precision::fp64);  // a bare word is taken as a string
   REQUIRE(d.cases[0].path == "other.bin");
   REQUIRE(d.ranks_per_checkpoint == 2);
   REQUIRE_THAT(error_of(kDeck, {"analysis.directions=x1"}),
@@ -158,4 +160,46 @@ TEST_CASE("a --set that creates a section is blamed, and broken TOML in a --set 
   CHECK_THAT(error_of(kDeck, {"run.name={ x"}), Contains("is not valid TOML"));
   CHECK(error_of(kDeck, {"precision.policy=bf16-amp"}).empty());  // a bare word is a string
   CHECK(error_of(kDeck, {"run.output=results/x.h5"}).empty());
+}
+
+TEST_CASE("every [analysis] key of the table is read, range-checked and typed", "[deck]") {
+  // The table (analysis/settings.hpp) is the only list of keys: each one is
+  // accepted, an integer below its lowest value is refused naming the key, and
+  // an enumeration takes only its names.
+  const Deck defaults = parse_deck(kDeck, "deck.toml", "/runs");
+  for_each_analysis_key(defaults.analysis, [&](const AnalysisKey& k, const auto& v) {
+    using V = std::decay_t<decltype(v)>;
+    const std::string key = std::string("analysis.") + k.name;
+    CAPTURE(key);
+    if constexpr (std::is_enum_v<V>) {
+      for (const auto& name : curvature_method_names()) {
+        const Deck d = parse_deck(kDeck, "deck.toml", "/runs", {key + "=" + name});
+        REQUIRE(to_string(d.analysis.curvature_method) == name);
+      }
+      REQUIRE_THAT(error_of(kDeck, {key + "=newton"}), Contains(key) && Contains("is not one of"));
+    } else {
+      const Deck d = parse_deck(kDeck, "deck.toml", "/runs", {key + "=" + std::to_string(k.lowest)});
+      REQUIRE(std::int64_t(v) >= k.lowest);
+      std::int64_t got = -1;
+      for_each_analysis_key(d.analysis, [&](const AnalysisKey& k2, const auto& v2) {
+        if constexpr (!std::is_enum_v<std::decay_t<decltype(v2)>>)
+          if (std::string(k2.name) == k.name) got = std::int64_t(v2);
+      });
+      REQUIRE(got == k.lowest);
+      REQUIRE_THAT(error_of(kDeck, {key + "=" + std::to_string(k.lowest - 1)}), Contains(key) && Contains("out of range"));
+    }
+  });
+}
+
+TEST_CASE("one dealing rule: item i to part i mod parts, every item once", "[deal]") {
+  for (int parts : {1, 2, 3, 7})
+    for (index_t items : {index_t(0), index_t(1), index_t(5), index_t(22)}) {
+      std::vector<int> seen(static_cast<std::size_t>(items), 0);
+      for (int part = 0; part < parts; ++part)
+        for (const index_t i : dealt_share(items, parts, part)) {
+          REQUIRE(dealt_to(i, parts) == part);
+          ++seen[static_cast<std::size_t>(i)];
+        }
+      for (int n : seen) REQUIRE(n == 1);
+    }
 }

@@ -1,0 +1,84 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "analysis/analyser.hpp"
+
+#include "analysis/case_analysis.hpp"
+#include "analysis/derivatives.hpp"
+#include "analysis/sampling.hpp"
+
+namespace gnh {
+
+struct Analyser::Impl {
+  virtual ~Impl() = default;
+  virtual void set_parameters(const std::vector<float>& params) = 0;
+  virtual CaseStatistics analyse(Team& team, const std::int32_t* ids, index_t n_blocks, const CaseHooks& hooks) = 0;
+  virtual std::vector<double> curvature_along(const std::vector<std::vector<double>>& dirs, const std::int32_t* ids,
+                                              index_t n_blocks) = 0;
+};
+
+namespace {
+
+// The engines and parameters of one scalar type.
+template <class T>
+struct EnginesOf final : Analyser::Impl {
+  EnginesOf(const ModelConfig& cfg, const AnalysisSettings& s) : settings(s), engines(cfg, s) {}
+
+  void set_parameters(const std::vector<float>& p) override {
+    const index_t P = engines.gradient.layout().size();
+    if (index_t(p.size()) != P) throw std::logic_error("gnh::analyser: parameter count differs from the layout");
+    if (params.extent(0) == 0) params = View1<T>("gnh::analyser::params", P);
+    auto hp = Kokkos::create_mirror_view(params);
+    for (index_t i = 0; i < P; ++i) hp(i) = static_cast<T>(p[static_cast<std::size_t>(i)]);
+    Kokkos::deep_copy(params, hp);
+  }
+
+  CaseStatistics analyse(Team& team, const std::int32_t* ids, index_t n_blocks, const CaseHooks& hooks) override {
+    return analyse_case<T>(space, team, engines, params, ids, n_blocks, settings, hooks);
+  }
+
+  std::vector<double> curvature_along(const std::vector<std::vector<double>>& dirs, const std::int32_t* ids,
+                                      index_t n_blocks) override {
+    const index_t P = engines.gradient.layout().size();
+    std::vector<double> out;
+    for (const index_t K : balanced_passes(index_t(dirs.size()), settings.directions_per_pass)) {
+      const index_t c0 = index_t(out.size());
+      View2<T> d("gnh::analyser::dirs", K, P);
+      auto hd = Kokkos::create_mirror_view(d);
+      for (index_t r = 0; r < K; ++r)
+        for (index_t i = 0; i < P; ++i) hd(r, i) = static_cast<T>(dirs[std::size_t(c0 + r)][std::size_t(i)]);
+      Kokkos::deep_copy(d, hd);
+      const EpochCurvature ec =
+          epoch_curvature<T>(space, engines.curvature(K), params, d, ids, all_blocks(n_blocks), settings.curvature_method);
+      out.insert(out.end(), ec.vHv.begin(), ec.vHv.end());
+    }
+    return out;
+  }
+
+  ExecSpace space;
+  AnalysisSettings settings;
+  Engines<T> engines;
+  View1<T> params;
+};
+
+}  // namespace
+
+Analyser::Analyser(const ModelConfig& cfg, const AnalysisSettings& s) {
+  if (s.fp64())
+    impl_ = std::make_unique<EnginesOf<double>>(cfg, s);
+  else  // fp32, tf32 (the same computation on a host backend) and bf16-amp
+    impl_ = std::make_unique<EnginesOf<float>>(cfg, s);
+}
+
+Analyser::~Analyser() = default;
+
+void Analyser::set_parameters(const std::vector<float>& params) { impl_->set_parameters(params); }
+
+CaseStatistics Analyser::analyse(Team& team, const std::int32_t* ids, index_t n_blocks, const CaseHooks& hooks) {
+  return impl_->analyse(team, ids, n_blocks, hooks);
+}
+
+std::vector<double> Analyser::curvature_along(const std::vector<std::vector<double>>& dirs, const std::int32_t* ids,
+                                              index_t n_blocks) {
+  return impl_->curvature_along(dirs, ids, n_blocks);
+}
+
+}  // namespace gnh

@@ -1,0 +1,59 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "analysis/memory.hpp"
+
+#include <algorithm>
+
+#include "analysis/exact_sum.hpp"
+#include "analysis/sampling.hpp"
+#include "model/layout.hpp"
+
+namespace gnh {
+namespace {
+Shape shape_of(const AnalysisSettings& s, index_t batch, index_t K, bool reverse, bool second) {
+  Shape sh;
+  sh.bf16 = s.bf16();
+  sh.tf32 = s.tf32();
+  sh.batch = batch;
+  sh.context = s.context;
+  sh.directions = int(K);
+  sh.reverse = reverse;
+  sh.second_order = second;
+  return sh;
+}
+}  // namespace
+
+CasePlan plan_case(const AnalysisSettings& s, index_t n_blocks) {
+  CasePlan c;
+  c.n_blocks = n_blocks;
+  c.n_noise = s.noise_batch > 0 && n_blocks > 0 ? std::min(s.noise_samples, n_blocks / s.noise_batch) : 0;
+  c.partition = c.n_noise > 0 && c.n_noise * s.noise_batch == n_blocks;
+  c.directions_asked = s.directions;
+  c.pass_widths = balanced_passes(c.directions(), s.directions_per_pass);
+  return c;
+}
+
+Shape gradient_shape(const AnalysisSettings& s) { return shape_of(s, s.grad_microbatch, 0, true, false); }
+
+Shape curvature_shape(const AnalysisSettings& s, index_t K) {
+  return shape_of(s, s.hvp_batch, K, s.curvature_method == CurvatureMethod::forward_over_reverse,
+                  s.curvature_method == CurvatureMethod::second_order_forward);
+}
+
+Shape check_shape(const AnalysisSettings& s, bool second_order) { return shape_of(s, 1, 2, !second_order, second_order); }
+
+MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const CasePlan& c) {
+  const std::size_t scalar = s.fp64() ? sizeof(double) : sizeof(float);
+  const std::size_t P = std::size_t(ParamLayout(cfg).size());
+  MemoryPlan m;
+  m.gradient = plan_gpt_bytes(cfg, gradient_shape(s), scalar);
+  m.curvature = plan_gpt_bytes(cfg, curvature_shape(s, c.pass_widths.front()), scalar);
+  m.checks = plan_gpt_bytes(cfg, check_shape(s, false), scalar) + plan_gpt_bytes(cfg, check_shape(s, true), scalar);
+  // G, g_j, xi_j and a check buffer in double; two or three exact sums (the
+  // epoch's, a noise batch's, the partition's); the xi block, the widest
+  // pass's directions, the two check directions and three batch vectors.
+  m.vectors = sizeof(double) * P * 4 + sizeof(fixed128) * P * (c.partition ? 3 : 2) +
+              scalar * P * std::size_t(c.n_noise + c.pass_widths.front() + 2 + 3);
+  return m;
+}
+
+}  // namespace gnh

@@ -1,0 +1,40 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The plan of a case as pure functions of the settings, the model and the
+// epoch: the noise samples, the curvature passes, the engines' shapes and the
+// memory they and the case's vectors take. The analysis runs by this plan and
+// the dry run prints it, so the two cannot disagree. No Kokkos here.
+#pragma once
+#include <cstddef>
+#include <vector>
+
+#include "analysis/settings.hpp"
+#include "model/config.hpp"
+#include "model/plan.hpp"
+
+namespace gnh {
+
+struct CasePlan {
+  index_t n_blocks = 0;
+  index_t n_noise = 0;              // noise samples: min(noise_samples, n_blocks / noise_batch)
+  bool partition = false;           // the noise batches cover the epoch exactly
+  std::vector<index_t> pass_widths;  // directions of each curvature pass, balanced, widest first
+  index_t directions() const { return 1 + n_noise + directions_asked; }  // G, the xi_j, the v_k
+  index_t directions_asked = 0;
+};
+CasePlan plan_case(const AnalysisSettings& s, index_t n_blocks);
+
+// The engines of a case: the gradient (reverse, grad_microbatch), the
+// curvature (hvp_batch, K directions, by the chosen method) and the two
+// one-block engines of the identity checks (K = 2).
+Shape gradient_shape(const AnalysisSettings& s);
+Shape curvature_shape(const AnalysisSettings& s, index_t K);
+Shape check_shape(const AnalysisSettings& s, bool second_order);
+
+struct MemoryPlan {
+  std::size_t gradient = 0, curvature = 0, checks = 0;  // engines (model/plan.hpp)
+  std::size_t vectors = 0;  // G, g_j, xi_j in double; the exact sums; the xi and direction blocks
+  std::size_t total() const { return gradient + curvature + checks + vectors; }
+};
+MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const CasePlan& c);
+
+}  // namespace gnh

@@ -1,0 +1,74 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The analysis settings, typed once where the deck is read (SPEC §6), and the
+// one table of [analysis] keys from which the deck reader, the settings
+// fingerprint and a timing profile's recipe all follow. A new key is one line
+// in GNH_ANALYSIS_KEYS plus its use; nothing else lists the keys.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/index.hpp"
+
+namespace gnh {
+
+// [precision] policy: fp32; tf32 (TF32 tensor-core GEMMs on CUDA, the same as
+// fp32 on a host); bf16-amp (matrix-multiply operands rounded to bfloat16,
+// float accumulation); fp64.
+enum class Precision { fp32, tf32, bf16_amp, fp64 };
+// [analysis] curvature_method: the path of v^T H v (doc/derivatives.md).
+enum class CurvatureMethod { forward_over_reverse, second_order_forward };
+
+const char* to_string(Precision p);
+const char* to_string(CurvatureMethod m);
+// The deck spelling of every value, for parsing and for messages.
+const std::vector<std::string>& precision_names();
+const std::vector<std::string>& curvature_method_names();
+std::optional<Precision> precision_named(const std::string& s);
+std::optional<CurvatureMethod> curvature_method_named(const std::string& s);
+
+// X(key, type, default, lowest, highest, recipe): every [analysis] key. Every
+// key can change a result, so every key is in the settings fingerprint;
+// `recipe` marks the keys that change the cost of a pass, which a timing
+// profile is measured for (driver/plan.cpp). Enumerations ignore the range.
+#define GNH_ANALYSIS_KEYS(X)                                                                   \
+  X(grad_microbatch, index_t, 32, 1, index_t(1) << 30, true)                                   \
+  X(hvp_batch, index_t, 64, 1, index_t(1) << 30, true)                                         \
+  X(noise_samples, index_t, 32, 0, index_t(1) << 30, false)                                    \
+  X(noise_batch, index_t, 32, 1, index_t(1) << 30, false)                                      \
+  X(directions, index_t, 32, 0, index_t(1) << 30, false)                                       \
+  X(directions_per_pass, index_t, 8, 1, 4096, true)                                            \
+  X(seed, std::uint64_t, 1234, 0, INT64_MAX, false)                                            \
+  X(curvature_method, CurvatureMethod, CurvatureMethod::second_order_forward, 0, 0, true)
+
+struct AnalysisSettings {
+#define GNH_SETTINGS_MEMBER(key, type, dflt, lo, hi, recipe) type key = dflt;
+  GNH_ANALYSIS_KEYS(GNH_SETTINGS_MEMBER)
+#undef GNH_SETTINGS_MEMBER
+  index_t context = 0;                    // [data] context: tokens per block
+  Precision precision = Precision::fp32;  // [precision] policy
+
+  bool fp64() const { return precision == Precision::fp64; }
+  bool bf16() const { return precision == Precision::bf16_amp; }
+  bool tf32() const { return precision == Precision::tf32; }
+};
+
+// One row of the table, as the visitors below pass it.
+struct AnalysisKey {
+  const char* name;
+  std::int64_t lowest, highest;
+  bool recipe;
+};
+
+// f(key, member) for every [analysis] key in table order; the member's type
+// tells an integer from an enumeration.
+template <class Settings, class F>
+void for_each_analysis_key(Settings& s, F&& f) {
+#define GNH_SETTINGS_VISIT(key, type, dflt, lo, hi, recipe) \
+  f(AnalysisKey{#key, std::int64_t(lo), std::int64_t(hi), recipe}, s.key);
+  GNH_ANALYSIS_KEYS(GNH_SETTINGS_VISIT)
+#undef GNH_SETTINGS_VISIT
+}
+
+}  // namespace gnh

@@ -1,0 +1,40 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "model/plan.hpp"
+
+#include <algorithm>
+
+#include "model/gpt.hpp"
+
+namespace gnh {
+
+GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape) {
+  GptTiles t;
+  const index_t N = shape.batch * shape.context, C = cfg.n_embd, V = cfg.vocab_size;
+  const bool tan = shape.directions > 0, sec = shape.second_order && tan;
+  const index_t K = tan ? shape.directions : 0;
+  // Logits tile: at most 2^24 elements over all planes (64 MiB in float). The
+  // whole (N, V) block when it fits (the reverse then reuses the forward's
+  // logits); otherwise vocabulary chunks of up to 4096 entries and as many
+  // rows as fit, so that the head GEMMs keep large shapes for any K.
+  const index_t planes = 1 + K * (sec ? 2 : 1), budget = index_t(1) << 24;
+  index_t vchunk = shape.head_chunk_vocab > 0 ? std::min<index_t>(shape.head_chunk_vocab, V) : V;
+  if (shape.head_chunk_vocab <= 0 && N * V * planes > budget) vchunk = std::min<index_t>(V, 4096);
+  const index_t rows =
+      shape.head_chunk_rows > 0 ? shape.head_chunk_rows : std::max<index_t>(1, budget / (vchunk * planes));
+  t.logits_rows = std::min<index_t>(rows, N);
+  t.logits_vocab = vchunk;
+  if (shape.bf16) {
+    // Operands are rounded chunk by chunk into two scratch buffers: 2^22
+    // elements of activations, and the largest weight block whole.
+    t.bf16_chunk = index_t(1) << 22;
+    t.bf16_scratch_b = std::max(t.bf16_chunk, std::max<index_t>(V * C, 4 * C * C));
+  }
+  return t;
+}
+
+std::size_t plan_gpt_bytes(const ModelConfig& cfg, const Shape& shape, std::size_t scalar_bytes) {
+  return scalar_bytes == sizeof(double) ? Gpt<double>::planned_bytes(cfg, shape)
+                                        : Gpt<float>::planned_bytes(cfg, shape);
+}
+
+}  // namespace gnh

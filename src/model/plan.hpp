@@ -1,0 +1,37 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The shape an engine (Gpt<T>) is planned for, its tiles, and its memory as a
+// function of the configuration and the shape: the engine allocates by these
+// and the dry run prints them, so the two cannot disagree. No Kokkos here.
+#pragma once
+#include <cstddef>
+
+#include "core/index.hpp"
+#include "model/config.hpp"
+
+namespace gnh {
+
+struct Shape {
+  index_t batch = 1;
+  index_t context = 1;
+  int directions = 0;          // K, for hvp and second_order
+  bool reverse = false;        // gradient / hvp: keep every layer's activations
+  bool second_order = false;   // second_order: second-derivative planes
+  index_t head_chunk_rows = 0;   // rows of a logits tile (0: automatic)
+  index_t head_chunk_vocab = 0;  // vocabulary entries of a logits tile (0: automatic)
+  bool bf16 = false;           // bf16-amp: matrix-multiply operands rounded to bfloat16 (float only)
+  bool tf32 = false;           // tf32: TF32 tensor-core GEMMs where the backend has them (cuBLAS)
+};
+
+// The engine's tiles: the head's logits tile and the bf16-amp operand scratch.
+struct GptTiles {
+  index_t logits_rows = 0, logits_vocab = 0;   // the head's logits tile
+  index_t bf16_chunk = 0, bf16_scratch_b = 0;  // bf16-amp operand scratch (elements); 0 without bf16
+};
+GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape);
+
+// Every buffer an engine whose scalar has `scalar_bytes` bytes (4 or 8)
+// allocates, counted by running its constructor without allocating
+// (Gpt<T>::planned_bytes): the engine's own list of buffers is the only one.
+std::size_t plan_gpt_bytes(const ModelConfig& cfg, const Shape& shape, std::size_t scalar_bytes);
+
+}  // namespace gnh

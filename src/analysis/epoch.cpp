@@ -9,12 +9,6 @@
 
 namespace gnh {
 
-index_t epoch_blocks(index_t n_tokens, index_t context, index_t cap) {
-  if (context <= 0) fail("context ", context, " must be positive");
-  const index_t n = n_tokens > 0 ? (n_tokens - 1) / context : 0;
-  return cap > 0 && cap < n ? cap : n;
-}
-
 void fill_batch(View2<std::int32_t, HostSpace> tokens, View2<std::int32_t, HostSpace> targets,
                 const std::int32_t* ids, const index_t* blocks, index_t count) {
   const index_t B = tokens.extent(0), T = tokens.extent(1);

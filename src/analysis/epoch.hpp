@@ -7,13 +7,11 @@
 #pragma once
 #include <cstdint>
 
+#include "analysis/sampling.hpp"
 #include "core/types.hpp"
 #include "model/gpt.hpp"
 
 namespace gnh {
-
-// Number of blocks of an epoch over n_tokens ids; cap <= 0 means no cap.
-index_t epoch_blocks(index_t n_tokens, index_t context, index_t cap);
 
 // Fills one (B, T) batch with the listed blocks (count <= B); rows past count
 // are padding: token 0 and ignored targets (-1).

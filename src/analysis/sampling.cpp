@@ -3,9 +3,16 @@
 
 #include <algorithm>
 
+#include "core/error.hpp"
 #include "core/random.hpp"
 
 namespace gnh {
+
+index_t epoch_blocks(index_t n_tokens, index_t context, index_t cap) {
+  if (context <= 0) fail("context ", context, " must be positive");
+  const index_t n = n_tokens > 0 ? (n_tokens - 1) / context : 0;
+  return cap > 0 && cap < n ? cap : n;
+}
 
 std::vector<std::vector<index_t>> noise_batches(index_t n_blocks, index_t noise_batch, index_t noise_samples,
                                                 std::uint64_t seed) {

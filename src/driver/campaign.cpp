@@ -9,7 +9,7 @@
 #include <set>
 #include <type_traits>
 
-#include "analysis/epoch.hpp"
+#include "analysis/sampling.hpp"
 #include "core/build_info.hpp"
 #include "core/sha256.hpp"
 #include "io/checkpoint.hpp"

@@ -7,7 +7,6 @@
 #include <iomanip>
 #include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
 
 #include "analysis/analyser.hpp"
 #include "analysis/team.hpp"
@@ -17,17 +16,24 @@
 #include "io/checkpoint.hpp"
 #include "io/hdf5.hpp"
 #include "io/results.hpp"
+#include "parallel/pack.hpp"
 
 namespace gnh {
 namespace {
-
-using json = nlohmann::json;
 
 // The statistics whose relative error decides pass/fail (the seed's criterion
 // was 5% on the requested statistics).
 const std::vector<std::string> kRequested = {"loss",         "G_sqnorm", "GHG",      "trace_sigma",
                                              "trace_HSigma", "trace_H",  "B_simple", "B_noise"};
 const std::vector<std::string> kArrays = {"gB_sqnorm", "xi_sqnorm", "G_dot_xi", "xiHxi", "vHv"};
+
+// One case compared: named scalars and per-sample arrays, as written.
+struct CaseComparison {
+  std::map<std::string, double> scalars;
+  std::map<std::string, std::vector<double>> arrays;
+};
+Pack& operator<<(Pack& p, const CaseComparison& c) { return p << c.scalars << c.arrays; }
+Unpack& operator>>(Unpack& u, CaseComparison& c) { return u >> c.scalars >> c.arrays; }
 
 struct PolicyResult {
   CaseStatistics stats;
@@ -76,16 +82,16 @@ PolicyResult run_policy(Precision policy, const Deck& deck, const ModelConfig& c
   return r;
 }
 
-json compare_case(const PolicyResult& a, const PolicyResult& b, double tol) {
-  json j;
+CaseComparison compare_case(const PolicyResult& a, const PolicyResult& b, double tol) {
+  CaseComparison j;
   const auto sa = scalars_of(a.stats), sb = scalars_of(b.stats);
   double worst = 0;
   for (const auto& [name, va] : sa) {
     const double vb = sb.at(name);
-    j["scalars"]["ref_" + name] = va;
-    j["scalars"]["cand_" + name] = vb;
-    j["scalars"]["rel_err_" + name] = rel_err(vb, va);
-    j["scalars"]["sign_agree_" + name] = (va > 0) == (vb > 0) ? 1.0 : 0.0;
+    j.scalars["ref_" + name] = va;
+    j.scalars["cand_" + name] = vb;
+    j.scalars["rel_err_" + name] = rel_err(vb, va);
+    j.scalars["sign_agree_" + name] = (va > 0) == (vb > 0) ? 1.0 : 0.0;
   }
   for (const auto& name : kRequested) worst = std::max(worst, rel_err(sb.at(name), sa.at(name)));
   const auto aa = arrays_of(a.stats), ab = arrays_of(b.stats);
@@ -99,14 +105,14 @@ json compare_case(const PolicyResult& a, const PolicyResult& b, double tol) {
       m = std::max(m, e.back());
       agree += (x[i] > 0) == (y[i] > 0) ? 1 : 0;
     }
-    j["arrays"]["rel_err_" + name] = e;
-    j["scalars"]["rel_err_max_" + name] = m;
-    j["scalars"]["sign_agree_fraction_" + name] = x.empty() ? 1.0 : agree / double(x.size());
+    j.arrays["rel_err_" + name] = e;
+    j.scalars["rel_err_max_" + name] = m;
+    j.scalars["sign_agree_fraction_" + name] = x.empty() ? 1.0 : agree / double(x.size());
   }
   double g_l2 = 0, g_cos = 0;
   l2_and_cosine(a.vectors.G, b.vectors.G, g_l2, g_cos);
-  j["scalars"]["G_rel_l2"] = g_l2;
-  j["scalars"]["G_cosine"] = g_cos;
+  j.scalars["G_rel_l2"] = g_l2;
+  j.scalars["G_cosine"] = g_cos;
   std::vector<double> xl2, xcos, cross;
   double worst_cross = 0;
   for (std::size_t k = 0; k < a.vectors.xi.size(); ++k) {
@@ -117,17 +123,17 @@ json compare_case(const PolicyResult& a, const PolicyResult& b, double tol) {
     cross.push_back(rel_err(b.cross[k], a.stats.m.xiHxi[k]));
     worst_cross = std::max(worst_cross, cross.back());
   }
-  j["arrays"]["xi_rel_l2"] = xl2;
-  j["arrays"]["xi_cosine"] = xcos;
-  j["arrays"]["xiHxi_cand_on_ref_xi"] = b.cross;
-  j["arrays"]["xiHxi_cand_on_ref_xi_rel_err"] = cross;
-  j["scalars"]["rel_err_max_xiHxi_cand_on_ref_xi"] = worst_cross;
-  j["scalars"]["max_rel_err_requested"] = worst;
-  j["scalars"]["tolerance"] = tol;
-  j["scalars"]["pass"] = worst <= tol ? 1.0 : 0.0;
+  j.arrays["xi_rel_l2"] = xl2;
+  j.arrays["xi_cosine"] = xcos;
+  j.arrays["xiHxi_cand_on_ref_xi"] = b.cross;
+  j.arrays["xiHxi_cand_on_ref_xi_rel_err"] = cross;
+  j.scalars["rel_err_max_xiHxi_cand_on_ref_xi"] = worst_cross;
+  j.scalars["max_rel_err_requested"] = worst;
+  j.scalars["tolerance"] = tol;
+  j.scalars["pass"] = worst <= tol ? 1.0 : 0.0;
   for (const auto& [tag, r] : {std::pair<const char*, const PolicyResult*>{"ref", &a}, {"cand", &b}}) {
-    j["scalars"][std::string("time_s_") + tag] = r->stats.timings.back().second;
-    j["scalars"][std::string("peak_memory_bytes_") + tag] = double(r->stats.peak_memory_bytes);
+    j.scalars[std::string("time_s_") + tag] = r->stats.timings.back().second;
+    j.scalars[std::string("peak_memory_bytes_") + tag] = double(r->stats.peak_memory_bytes);
   }
   return j;
 }
@@ -146,42 +152,45 @@ int compare_command(const Comm& comm, const CompareOptions& opt) {
   Campaign c = prepare_campaign(comm, opt.deck, opt.overrides, opt.quiet);
   const Precision reference = *precision_named(opt.policies[0]), candidate = *precision_named(opt.policies[1]);
   choose_host_gemm(comm, c, opt.quiet, reference != Precision::fp64 || candidate != Precision::fp64);
-  json mine = json::array();
+  Pack mine;  // (hash, case -> comparison) for each group of this rank
   std::string error;
   for (const index_t g : dealt_share(index_t(c.groups.size()), comm.size(), comm.rank())) {
     const GroupRecord& grp = c.groups[std::size_t(g)];
     try {
       const Checkpoint ck = read_checkpoint(grp.alias_paths.front());
-      json jg = {{"hash", grp.hash}, {"aliases", grp.aliases}};
+      std::map<std::string, CaseComparison> cases;
       for (const auto& cs : c.cases) {
         const PolicyResult ref = run_policy(reference, c.deck, c.cfg, ck.params, cs, nullptr);
         const PolicyResult cand = run_policy(candidate, c.deck, c.cfg, ck.params, cs, &ref.vectors.xi);
-        json jc = compare_case(ref, cand, opt.tolerance);
+        const CaseComparison jc = compare_case(ref, cand, opt.tolerance);
         if (!opt.quiet) {
           std::printf("gnh: [rank %d] %s %-6s largest relative error %.3e (%s), G cosine %.6f\n", comm.rank(),
-                      grp.hash.c_str(), cs.name.c_str(), jc["scalars"]["max_rel_err_requested"].get<double>(),
-                      jc["scalars"]["pass"].get<double>() == 1.0 ? "pass" : "FAIL",
-                      jc["scalars"]["G_cosine"].get<double>());
+                      grp.hash.c_str(), cs.name.c_str(), jc.scalars.at("max_rel_err_requested"),
+                      jc.scalars.at("pass") == 1.0 ? "pass" : "FAIL", jc.scalars.at("G_cosine"));
           std::fflush(stdout);
         }
-        jg["cases"][cs.name] = jc;
+        cases[cs.name] = jc;
       }
-      mine.push_back(jg);
+      mine << grp.hash << cases;
     } catch (const Error& e) {
       error = e.what();
       std::fprintf(stderr, "gnh: error: [rank %d] group %s (%s): %s\n", comm.rank(), grp.hash.c_str(),
                    grp.aliases.front().c_str(), e.what());
     }
   }
-  const auto gathered = comm.allgather(mine.dump());
+  const auto gathered = comm.allgather(mine.bytes());
   std::vector<long long> failures = {error.empty() ? 0 : 1};
   comm.sum(failures);
   const bool any_failed = failures[0] > 0;
   std::string write_error;
   if (root) {
-    std::map<std::string, json> by_hash;
-    for (const auto& s : gathered)
-      for (const auto& jg : json::parse(s)) by_hash[jg.at("hash")] = jg;
+    std::map<std::string, std::map<std::string, CaseComparison>> by_hash;  // hash -> case -> comparison
+    for (const auto& bytes : gathered)
+      for (Unpack u(bytes); !u.done();) {
+        std::string hash;
+        u >> hash;
+        u >> by_hash[hash];
+      }
     const std::string out = with_suffix(c.output, ".compare.h5"), csv = with_suffix(c.output, ".compare.csv");
     try {
       write_atomically(out, [&](const std::string& tmp) {
@@ -203,13 +212,12 @@ int compare_command(const Comm& comm, const CompareOptions& opt) {
         h5::Handle all = h5::create_group(f.id(), "groups", tmp);
         for (const auto& grp : c.groups) {
           if (!by_hash.count(grp.hash)) continue;
-          const json& jg = by_hash[grp.hash];
           h5::Handle gg = h5::create_group(all.id(), grp.hash, tmp);
           h5::write_attr(gg.id(), "aliases", grp.aliases);
-          for (const auto& [cname, jc] : jg.at("cases").items()) {
+          for (const auto& [cname, jc] : by_hash[grp.hash]) {
             h5::Handle cg = h5::create_group(gg.id(), cname, tmp);
-            for (const auto& [k, v] : jc.at("scalars").items()) h5::write_attr(cg.id(), k, v.get<double>());
-            for (const auto& [k, v] : jc.at("arrays").items()) h5::write_dataset(cg.id(), k, v.get<std::vector<double>>());
+            for (const auto& [k, v] : jc.scalars) h5::write_attr(cg.id(), k, v);
+            for (const auto& [k, v] : jc.arrays) h5::write_dataset(cg.id(), k, v);
           }
         }
         f.close();
@@ -226,12 +234,11 @@ int compare_command(const Comm& comm, const CompareOptions& opt) {
         for (const auto& grp : c.groups) {
           if (!by_hash.count(grp.hash)) continue;
           for (const auto& alias : grp.aliases)
-            for (const auto& [cname, jc] : by_hash[grp.hash].at("cases").items()) {
+            for (const auto& [cname, jc] : by_hash[grp.hash]) {
               o << alias << "," << grp.hash << "," << cname;
-              for (const auto& k : cols) o << "," << jc.at("scalars").at(k).get<double>();
+              for (const auto& k : cols) o << "," << jc.scalars.at(k);
               for (const auto& k : kRequested)
-                o << "," << jc.at("scalars").at("rel_err_" + k).get<double>() << ","
-                  << jc.at("scalars").at("sign_agree_" + k).get<double>();
+                o << "," << jc.scalars.at("rel_err_" + k) << "," << jc.scalars.at("sign_agree_" + k);
               o << "\n";
             }
         }
@@ -241,11 +248,11 @@ int compare_command(const Comm& comm, const CompareOptions& opt) {
       for (const auto& grp : c.groups) {
         if (!by_hash.count(grp.hash)) continue;
         for (const auto& alias : grp.aliases)
-          for (const auto& [cname, jc] : by_hash[grp.hash].at("cases").items()) {
-            const json& s = jc.at("scalars");
+          for (const auto& [cname, jc] : by_hash[grp.hash]) {
+            const auto& s = jc.scalars;
             std::printf("%-22s %-7s %-5s %12.3e %12.8f %12.3e\n", alias.c_str(), cname.c_str(),
-                        s.at("pass").get<double>() == 1.0 ? "pass" : "FAIL", s.at("max_rel_err_requested").get<double>(),
-                        s.at("G_cosine").get<double>(), s.at("rel_err_max_xiHxi_cand_on_ref_xi").get<double>());
+                        s.at("pass") == 1.0 ? "pass" : "FAIL", s.at("max_rel_err_requested"), s.at("G_cosine"),
+                        s.at("rel_err_max_xiHxi_cand_on_ref_xi"));
           }
       }
       std::printf("\ncomparison (%s against %s, tolerance %.3g): %s and %s\n", opt.policies[1].c_str(),

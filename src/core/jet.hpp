@@ -35,6 +35,11 @@ template <class S> struct Base { using type = S; };
 template <class T> struct Base<Dual<T>> { using type = T; };
 template <class T> struct Base<Jet2<T>> { using type = T; };
 template <class S> using base_t = typename Base<S>::type;
+// Whether the scalar S carries tangent planes (Dual, Jet2) or second-order
+// planes (Jet2). Namespace-scope constants: a device lambda tests them in an
+// `if constexpr` without capturing anything (nvcc allows no first capture there).
+template <class S> inline constexpr bool has_tangents_v = !std::is_same<S, base_t<S>>::value;
+template <class S> inline constexpr bool has_second_v = std::is_same<S, Jet2<base_t<S>>>::value;
 
 template <class T> KOKKOS_INLINE_FUNCTION T primal_value(T x) { return x; }
 template <class T> KOKKOS_INLINE_FUNCTION T primal_value(const Dual<T>& x) { return x.v; }

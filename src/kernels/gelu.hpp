@@ -43,13 +43,73 @@ KOKKOS_FORCEINLINE_FUNCTION void gelu_derivatives(T x, T& f, T& f1, T& f2) {
   }
 }
 
+
+// Each loop is flat over one contiguous (N, C) plane: the value plane first,
+// then one loop per direction, which re-evaluates f', f'' (cheaper, once
+// vectorised, than streaming them through memory).
 namespace detail {
-// Runs body(std::integral_constant<bool, exact>) for the GELU kind, so that the
-// loops below have no branch on it (and vectorise).
-template <class F>
-void with_gelu_kind(Gelu kind, F&& body) {
-  if (kind == Gelu::erf) body(std::true_type());
-  else body(std::false_type());
+// The loops of one GELU kind E (a template parameter, so that they have no
+// branch on it and vectorise; a named function rather than a generic lambda,
+// which nvcc does not allow around device lambdas).
+template <bool E, class S>
+void gelu_forward_kind(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x, index_t NC, index_t K) {
+  using T = base_t<S>;
+  constexpr bool second = std::is_same<S, Jet2<T>>::value;
+  const T* xv = x.v.data();
+  T* yv = y.v.data();
+  Kokkos::parallel_for(
+      "gnh::gelu::forward", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
+        T f, f1, f2;
+        gelu_derivatives<E, 0>(xv[i], f, f1, f2);
+        yv[i] = f;
+      });
+  for (index_t k = 0; k < K; ++k) {
+    const T* xd = x.d.data() + k * NC;
+    T* yd = y.d.data() + k * NC;
+    const T* xdd = second ? x.dd.data() + k * NC : nullptr;
+    T* ydd = second ? y.dd.data() + k * NC : nullptr;
+    if constexpr (second) {
+      Kokkos::parallel_for(
+          "gnh::gelu::forward::second", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
+            T f, f1, f2;
+            gelu_derivatives<E, 1>(xv[i], f, f1, f2);
+            yd[i] = f1 * xd[i];
+            ydd[i] = f2 * xd[i] * xd[i] + f1 * xdd[i];
+          });
+    } else {
+      Kokkos::parallel_for(
+          "gnh::gelu::forward::tangent", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
+            T f, f1, f2;
+            gelu_derivatives<E, 1>(xv[i], f, f1, f2);
+            yd[i] = f1 * xd[i];
+          });
+    }
+  }
+}
+
+template <bool E, class S>
+void gelu_reverse_kind(const ExecSpace& space, Act2<base_t<S>> dx, Act2<base_t<S>> dy, Act2<base_t<S>> x, index_t NC,
+                       index_t K) {
+  using T = base_t<S>;
+  const T *xv = x.v.data(), *dyv = dy.v.data();
+  T* dxv = dx.v.data();
+  // The tangent planes first: they read dy's value plane, which may be dx's.
+  for (index_t k = 0; k < K; ++k) {
+    const T *xd = x.d.data() + k * NC, *dyd = dy.d.data() + k * NC;
+    T* dxd = dx.d.data() + k * NC;
+    Kokkos::parallel_for(
+        "gnh::gelu::reverse::tangent", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
+          T f, f1, f2;
+          gelu_derivatives<E, 1>(xv[i], f, f1, f2);
+          dxd[i] = dyd[i] * f1 + dyv[i] * f2 * xd[i];
+        });
+  }
+  Kokkos::parallel_for(
+      "gnh::gelu::reverse", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
+        T f, f1, f2;
+        gelu_derivatives<E, 1>(xv[i], f, f1, f2);
+        dxv[i] = dyv[i] * f1;
+      });
 }
 }  // namespace detail
 
@@ -59,44 +119,12 @@ void with_gelu_kind(Gelu kind, F&& body) {
 template <class S>
 void gelu_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x, Gelu kind) {
   using T = base_t<S>;
-  constexpr bool tangents = !std::is_same<S, T>::value, second = std::is_same<S, Jet2<T>>::value;
+  constexpr bool tangents = !std::is_same<S, T>::value;
   const index_t N = x.rows(), C = x.cols(), K = tangents ? x.d.extent(0) : 0;
   require_extent("gnh::gelu::forward", "y rows", y.rows(), N);
   require_extent("gnh::gelu::forward", "y cols", y.cols(), C);
-  const index_t NC = N * C;
-  detail::with_gelu_kind(kind, [&](auto exact) {
-    constexpr bool E = decltype(exact)::value;
-    const T* xv = x.v.data();
-    T* yv = y.v.data();
-    Kokkos::parallel_for(
-        "gnh::gelu::forward", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
-          T f, f1, f2;
-          gelu_derivatives<E, 0>(xv[i], f, f1, f2);
-          yv[i] = f;
-        });
-    for (index_t k = 0; k < K; ++k) {
-      const T* xd = x.d.data() + k * NC;
-      T* yd = y.d.data() + k * NC;
-      if constexpr (second) {
-        const T* xdd = x.dd.data() + k * NC;
-        T* ydd = y.dd.data() + k * NC;
-        Kokkos::parallel_for(
-            "gnh::gelu::forward::second", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
-              T f, f1, f2;
-              gelu_derivatives<E, 1>(xv[i], f, f1, f2);
-              yd[i] = f1 * xd[i];
-              ydd[i] = f2 * xd[i] * xd[i] + f1 * xdd[i];
-            });
-      } else {
-        Kokkos::parallel_for(
-            "gnh::gelu::forward::tangent", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
-              T f, f1, f2;
-              gelu_derivatives<E, 1>(xv[i], f, f1, f2);
-              yd[i] = f1 * xd[i];
-            });
-      }
-    }
-  });
+  if (kind == Gelu::erf) detail::gelu_forward_kind<true, S>(space, y, x, N * C, K);
+  else detail::gelu_forward_kind<false, S>(space, y, x, N * C, K);
 }
 
 template <class S>
@@ -107,29 +135,8 @@ void gelu_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Act2<base_t<S>> dy
   const index_t N = x.rows(), C = x.cols(), K = tangents ? x.d.extent(0) : 0;
   require_extent("gnh::gelu::reverse", "dy rows", dy.rows(), N);
   require_extent("gnh::gelu::reverse", "dx rows", dx.rows(), N);
-  const index_t NC = N * C;
-  detail::with_gelu_kind(kind, [&](auto exact) {
-    constexpr bool E = decltype(exact)::value;
-    const T *xv = x.v.data(), *dyv = dy.v.data();
-    T* dxv = dx.v.data();
-    // The tangent planes first: they read dy's value plane, which may be dx's.
-    for (index_t k = 0; k < K; ++k) {
-      const T *xd = x.d.data() + k * NC, *dyd = dy.d.data() + k * NC;
-      T* dxd = dx.d.data() + k * NC;
-      Kokkos::parallel_for(
-          "gnh::gelu::reverse::tangent", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
-            T f, f1, f2;
-            gelu_derivatives<E, 1>(xv[i], f, f1, f2);
-            dxd[i] = dyd[i] * f1 + dyv[i] * f2 * xd[i];
-          });
-    }
-    Kokkos::parallel_for(
-        "gnh::gelu::reverse", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
-          T f, f1, f2;
-          gelu_derivatives<E, 1>(xv[i], f, f1, f2);
-          dxv[i] = dyv[i] * f1;
-        });
-  });
+  if (kind == Gelu::erf) detail::gelu_reverse_kind<true, S>(space, dx, dy, x, N * C, K);
+  else detail::gelu_reverse_kind<false, S>(space, dx, dy, x, N * C, K);
 }
 
 }  // namespace gnh::kernels

@@ -87,6 +87,7 @@ void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t
       const bool first = v0 == 0;
       Kokkos::parallel_for(
           "gnh::lm_head_xent::forward", range(space, nr), KOKKOS_LAMBDA(const index_t r) {
+            (void)K, (void)lse;  // captured here: nvcc allows no first capture inside the constexpr-if
             const index_t n = r0 + r;
             const std::int32_t tgt = targets(n);
             const bool has_tgt = tgt >= v0 && tgt < v0 + vc;
@@ -99,11 +100,11 @@ void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t
             loss.v(n) = (first ? 0.0 : loss.v(n) * double(corr)) + double(e);
             stats(n, 0) = m;
             if (has_tgt) stats(n, 1) = zr[tgt - v0];
-            if constexpr (tangents) {
+            if constexpr (has_tangents_v<S>) {
               for (index_t k = 0; k < K; ++k) {
                 const T* dr = &zc.d(k, r, 0);
                 T a1, a2;
-                if constexpr (second) {
+                if constexpr (has_second_v<S>) {
                   const T* ddr = &zc.dd(k, r, 0);
                   lane_sum2<T>(
                       vc,
@@ -127,18 +128,19 @@ void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t
     // The rows of this block are complete: lse and the losses.
     Kokkos::parallel_for(
         "gnh::lm_head_xent::forward::finish", range(space, nr), KOKKOS_LAMBDA(const index_t r) {
+          (void)K;  // captured here: nvcc allows no first capture inside the constexpr-if
           const index_t n = r0 + r;
           const bool valid = targets(n) >= 0;
           const double s = loss.v(n);
           const T l = T(kmath::log(s)) + stats(n, 0);
           lse.v(n) = l;
           loss.v(n) = valid ? double(l) - double(stats(n, 1)) : 0.0;
-          if constexpr (tangents) {
+          if constexpr (has_tangents_v<S>) {
             for (index_t k = 0; k < K; ++k) {
               const T l1 = T(double(lse.d(k, n)) / s);
               lse.d(k, n) = l1;
               loss.d(k, n) = valid ? double(l1) + loss.d(k, n) : 0.0;
-              if constexpr (second) {
+              if constexpr (has_second_v<S>) {
                 const T l2 = T(double(lse.dd(k, n)) / s) - l1 * l1;
                 lse.dd(k, n) = l2;
                 loss.dd(k, n) = valid ? double(l2) + loss.dd(k, n) : 0.0;
@@ -185,7 +187,7 @@ void lm_head_xent_reverse(const ExecSpace& space, Act2<base_t<S>> dh, Grads<base
               return;
             }
             const T L = lse.v(n);
-            if constexpr (tangents) {
+            if constexpr (has_tangents_v<S>) {
               // (softmax z)' = q (z' - lse')
               for (index_t k = 0; k < K; ++k) {
                 T* dr = &zc.d(k, r, 0);

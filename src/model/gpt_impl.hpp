@@ -84,7 +84,7 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate)
   if (shape.directions < 0) fail("directions per pass ", shape.directions, " must be >= 0");
   N_ = shape.batch * shape.context;
   const GptTiles plan = gpt_tiles(cfg, shape);
-  const index_t C = cfg.n_embd, H = cfg.n_head, V = cfg.vocab_size, N = N_;
+  const index_t C = cfg.n_embd, H = cfg.n_head, N = N_;
   const bool tan = shape.directions > 0, sec = shape.second_order && tan;
   const int slots = shape.reverse ? cfg.n_layer : 1;
   // The LayerNorm outputs and the GELU output are not kept per layer: every

@@ -9,7 +9,22 @@
 # Kokkos::kokkoskernels target; a cluster's Kokkos >= 4 (Kokkos_ROOT) is used as is.
 
 find_package(Kokkos REQUIRED)
+# Kokkos Kernels from the same prefix as Kokkos unless told otherwise
+# (cmake/build-kokkos.sh installs both into one prefix); otherwise a system
+# Kokkos Kernels built against another Kokkos would be found first.
+if(NOT KokkosKernels_ROOT AND NOT DEFINED ENV{KokkosKernels_ROOT})
+  if(Kokkos_ROOT)
+    set(KokkosKernels_ROOT "${Kokkos_ROOT}")
+  elseif(DEFINED ENV{Kokkos_ROOT})
+    set(KokkosKernels_ROOT "$ENV{Kokkos_ROOT}")
+  endif()
+endif()
 find_package(KokkosKernels REQUIRED)
+if(TARGET trilinos_kokkoskernels AND Kokkos_VERSION VERSION_GREATER_EQUAL 4)
+  message(FATAL_ERROR "gnh: Kokkos ${Kokkos_VERSION} (${Kokkos_DIR}) but the Trilinos Kokkos Kernels of "
+                      "Kokkos 3 (${KokkosKernels_DIR}); set KokkosKernels_ROOT to the Kokkos Kernels built "
+                      "against this Kokkos")
+endif()
 
 add_library(gnh_kokkos INTERFACE)
 target_link_libraries(gnh_kokkos INTERFACE Kokkos::kokkos)

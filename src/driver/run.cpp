@@ -245,7 +245,9 @@ void print_summary(const std::vector<GroupSummary>& groups, const std::string& o
               "|G|^2", "GHG", "B_simple", "B_noise", "tr(H)");
   for (const auto& g : groups)
     for (const auto& alias : g.aliases)
-      for (const auto& [name, a] : g.cases) {
+      for (const auto& named : g.cases) {
+        const std::string& name = named.first;
+        const std::map<std::string, double>& a = named.second;
         auto v = [&](const char* k) { auto it = a.find(k); return it == a.end() ? NAN : it->second; };
         // Not estimated (no noise samples or no directions): "-".
         auto g4 = [&](const char* k) {

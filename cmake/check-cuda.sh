@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# The CUDA variant, compiled here (no GPU needed): Kokkos and Kokkos Kernels
+# from the vendored archives (cmake/build-kokkos.sh, cached), then every target
+# of gnh for sm_90 with nvcc into build-gh200/ (the gh200 preset). Then:
+#   - bench_engine and gnh hold sm_90 device code (cuobjdump --list-elf, or
+#     perf/device/fatbin_archs.py where the toolkit has no cuobjdump);
+#   - a kernel calling a host-only function (tests/cuda/host_call_in_kernel.cpp)
+#     fails to compile with the same compiler and flags, so a host-only call in
+#     one of gnh's kernels would fail the build above.
+# Prints the time of each step. CI runs it after the tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+t0=$SECONDS
+bash cmake/install-deps.sh
+prefix="$(bash cmake/build-kokkos.sh cuda | tail -1)"
+t1=$SECONDS
+echo "check-cuda: Kokkos (CUDA) ready in $((t1 - t0)) s: $prefix"
+export Kokkos_ROOT="$prefix"
+if [ ! -f build-gh200/CMakeCache.txt ] || ! grep -q "Kokkos_DIR:PATH=$prefix" build-gh200/CMakeCache.txt; then
+  rm -rf build-gh200
+  cmake --preset gh200
+fi
+cmake --build build-gh200 -j "${GNH_BUILD_JOBS:-2}"
+t2=$SECONDS
+echo "check-cuda: gnh compiled for sm_90 in $((t2 - t1)) s"
+
+# cuobjdump where the toolkit has it, else perf/device/fatbin_archs.py (the
+# same listing from the ELF's .nv_fatbin section).
+for exe in bench_engine gnh; do
+  if command -v cuobjdump >/dev/null; then
+    n="$(cuobjdump --list-elf "build-gh200/bin/$exe" | grep -c "sm_90" || true)"
+  else
+    n="$(python3 perf/device/fatbin_archs.py "build-gh200/bin/$exe" | sed -n 's/^elf sm_90 x//p')"
+  fi
+  if [ -z "$n" ] || [ "$n" -eq 0 ]; then
+    echo "check-cuda: build-gh200/bin/$exe has no sm_90 device code" >&2
+    exit 1
+  fi
+  echo "check-cuda: build-gh200/bin/$exe: $n sm_90 ELF image(s)"
+done
+
+# The negative check: the flags of a core translation unit, on a kernel that
+# calls a host-only function.
+flags="$(sed -n 's/^CXX_FLAGS = //p' build-gh200/src/CMakeFiles/gnh_core.dir/flags.make)"
+defines="$(sed -n 's/^CXX_DEFINES = //p' build-gh200/src/CMakeFiles/gnh_core.dir/flags.make)"
+includes="$(sed -n 's/^CXX_INCLUDES = //p' build-gh200/src/CMakeFiles/gnh_core.dir/flags.make)"
+compiler="$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' build-gh200/CMakeCache.txt)"
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
+# shellcheck disable=SC2086
+if "$compiler" $defines $includes $flags -c tests/cuda/host_call_in_kernel.cpp -o "$out/x.o" > "$out/log" 2>&1; then
+  echo "check-cuda: tests/cuda/host_call_in_kernel.cpp compiled: a host-only call in a kernel would go unnoticed" >&2
+  exit 1
+fi
+grep -m1 -i "host.*function\|__host__" "$out/log" | sed 's/^/check-cuda: as expected: /' || true
+echo "check-cuda: passed in $((SECONDS - t0)) s"

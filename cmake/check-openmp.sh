@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# The OpenMP host variant: Kokkos and Kokkos Kernels with OpenMP from the
+# vendored archives (cmake/build-kokkos.sh openmp, cached), gnh built against
+# them into build-openmp/ (the openmp preset), and its unit and oracle tests
+# run with OMP_NUM_THREADS threads (default 2).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+t0=$SECONDS
+bash cmake/install-deps.sh
+prefix="$(bash cmake/build-kokkos.sh openmp | tail -1)"
+export Kokkos_ROOT="$prefix"
+if [ ! -f build-openmp/CMakeCache.txt ] || ! grep -q "Kokkos_DIR:PATH=$prefix" build-openmp/CMakeCache.txt; then
+  rm -rf build-openmp
+  cmake --preset openmp
+fi
+cmake --build build-openmp -j "${GNH_BUILD_JOBS:-2}"
+t1=$SECONDS
+echo "check-openmp: built in $((t1 - t0)) s"
+source cmake/mpi-env.sh
+OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" OMP_PROC_BIND=false ctest --test-dir build-openmp -L "unit|oracle" \
+  --output-on-failure -j 1
+echo "check-openmp: unit and oracle tests passed in $((SECONDS - t1)) s"

@@ -12,18 +12,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t0=$SECONDS
-bash cmake/install-deps.sh
-prefix="$(bash cmake/build-kokkos.sh cuda | tail -1)"
-t1=$SECONDS
-echo "check-cuda: Kokkos (CUDA) ready in $((t1 - t0)) s: $prefix"
-export Kokkos_ROOT="$prefix"
-if [ ! -f build-gh200/CMakeCache.txt ] || ! grep -q "Kokkos_DIR:PATH=$prefix" build-gh200/CMakeCache.txt; then
-  rm -rf build-gh200
-  cmake --preset gh200
-fi
-cmake --build build-gh200 -j "${GNH_BUILD_JOBS:-2}"
-t2=$SECONDS
-echo "check-cuda: gnh compiled for sm_90 in $((t2 - t1)) s"
+source cmake/kokkos-variant.sh
+gnh_build_variant cuda gh200
+echo "check-cuda: Kokkos (CUDA, $Kokkos_ROOT) and gnh compiled for sm_90 in $((SECONDS - t0)) s"
 
 # cuobjdump where the toolkit has it, else perf/device/fatbin_archs.py (the
 # same listing from the ELF's .nv_fatbin section).

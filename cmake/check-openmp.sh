@@ -7,14 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t0=$SECONDS
-bash cmake/install-deps.sh
-prefix="$(bash cmake/build-kokkos.sh openmp | tail -1)"
-export Kokkos_ROOT="$prefix"
-if [ ! -f build-openmp/CMakeCache.txt ] || ! grep -q "Kokkos_DIR:PATH=$prefix" build-openmp/CMakeCache.txt; then
-  rm -rf build-openmp
-  cmake --preset openmp
-fi
-cmake --build build-openmp -j "${GNH_BUILD_JOBS:-2}"
+source cmake/kokkos-variant.sh
+gnh_build_variant openmp openmp
 t1=$SECONDS
 echo "check-openmp: built in $((t1 - t0)) s"
 source cmake/mpi-env.sh

@@ -18,6 +18,7 @@
 #include "core/planes.hpp"
 #include "kernels/attention_host.hpp"
 #include "kernels/check.hpp"
+#include "kernels/op.hpp"
 
 #include <type_traits>
 
@@ -203,5 +204,40 @@ void attention_reverse(const ExecSpace& space, Act2<base_t<S>> dqkv, Act1<base_t
         }
       });
 }
+
+// The op contract (kernels/op.hpp): qkv (B*T, 3C) -> y (B*T, C) over H heads,
+// no parameters; saves lse (B*H*T) and uses D (B*H*T) as the reverse's scratch.
+template <class T>
+struct AttentionOp {
+  static constexpr const char* name = "attention";
+  index_t B, Tc, H, hs;
+  AttentionOp(index_t B_, index_t T_, index_t H_, index_t hs_) : B(B_), Tc(T_), H(H_), hs(hs_) {}
+  static AttentionOp at(const OpDims& d, index_t) { return AttentionOp(d.B, d.T, d.H, d.C / d.H); }
+  OpSizes sizes() const { return {B * Tc, 3 * H * hs, H * hs, 0}; }
+  std::vector<OpExtent> saved() const { return {{B * H * Tc, 1}, {B * H * Tc, 1}}; }
+  // Causal Q K^T and P V: 2 * 2 hs T(T+1)/2 per head and sequence; the
+  // second-order planes carry one more product (the cross term q' k'), the
+  // reverse recomputes P (its five products are 2.5 forwards).
+  double flops(OpMode m, index_t K) const {
+    const double f1 = 2.0 * 2.0 * double(H * hs) * double(Tc) * double(Tc + 1) / 2.0 * double(B);
+    switch (m) {
+      case OpMode::forward: return f1;
+      case OpMode::tangent: return f1 * (1 + 2 * double(K));
+      case OpMode::second_order: return f1 * (1 + 5 * double(K));
+      case OpMode::reverse: return 2.5 * f1;
+      case OpMode::tangent_reverse: return 2.5 * f1 * (1 + 2 * double(K));
+    }
+    return 0.0;
+  }
+  template <class S>
+  void forward(const ExecSpace& space, Act2<T> y, Act2<T> x, Params<T>, const OpSaved<T>& s) const {
+    attention_forward<S>(space, y, s.flat(0), x, B, Tc, int(H));
+  }
+  template <class S>
+  void reverse(const ExecSpace& space, Act2<T> dx, Grads<T>, Act2<T> dy, Act2<T> x, Act2<T> y, Params<T>,
+               const OpSaved<T>& s) const {
+    attention_reverse<S>(space, dx, s.flat(1), dy, x, y, s.flat(0), B, Tc, int(H));
+  }
+};
 
 }  // namespace gnh::kernels

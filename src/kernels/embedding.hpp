@@ -9,6 +9,7 @@
 #pragma once
 #include "core/planes.hpp"
 #include "kernels/check.hpp"
+#include "kernels/op.hpp"
 
 namespace gnh::kernels {
 
@@ -50,5 +51,33 @@ void embedding_reverse(const ExecSpace& space, Grads<T> g, Act2<T> dx, Span2<con
         }
       });
 }
+
+// The op contract (kernels/op.hpp): tokens (B, T) -> x (B*T, C), no input
+// activation (in = 0); theta = [wte (V, C) | wpe (T, C)]. The tokens repeat
+// (i * 3 mod V), so the reverse's accumulation over repeated rows is exercised.
+template <class T>
+struct EmbeddingOp {
+  static constexpr const char* name = "embedding";
+  index_t B, Tc, V, C;
+  View2<std::int32_t> tokens;
+  EmbeddingOp(index_t B_, index_t T_, index_t V_, index_t C_) : B(B_), Tc(T_), V(V_), C(C_), tokens("tokens", B_, T_) {
+    auto h = Kokkos::create_mirror_view(tokens);
+    for (index_t i = 0; i < B * Tc; ++i) h.data()[i] = std::int32_t((i * 3) % V);
+    Kokkos::deep_copy(tokens, h);
+  }
+  static EmbeddingOp at(const OpDims& d, index_t) { return EmbeddingOp(d.B, d.T, d.V, d.C); }
+  OpSizes sizes() const { return {B * Tc, 0, C, (V + Tc) * C}; }
+  std::vector<OpExtent> saved() const { return {}; }
+  double flops(OpMode, index_t) const { return 0.0; }
+  template <class S>
+  void forward(const ExecSpace& space, Act2<T> y, Act2<T>, Params<T> p, const OpSaved<T>&) const {
+    embedding_forward<T>(space, y, tokens, p, 0, V * C);
+  }
+  template <class S>
+  void reverse(const ExecSpace& space, Act2<T>, Grads<T> g, Act2<T> dy, Act2<T>, Act2<T>, Params<T>,
+               const OpSaved<T>&) const {
+    embedding_reverse<T>(space, g, dy, tokens, 0, V * C);
+  }
+};
 
 }  // namespace gnh::kernels

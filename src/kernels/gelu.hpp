@@ -12,6 +12,7 @@
 #include "core/fastmath.hpp"
 #include "core/planes.hpp"
 #include "kernels/check.hpp"
+#include "kernels/op.hpp"
 #include "model/config.hpp"
 
 namespace gnh::kernels {
@@ -138,5 +139,28 @@ void gelu_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Act2<base_t<S>> dy
   if (kind == Gelu::erf) detail::gelu_reverse_kind<true, S>(space, dx, dy, x, N * C, K);
   else detail::gelu_reverse_kind<false, S>(space, dx, dy, x, N * C, K);
 }
+
+// The op contract (kernels/op.hpp): elementwise on (N, C), no parameters; as
+// the model uses it, on the MLP's (N, 4C) pre-activation.
+template <class T>
+struct GeluOp {
+  static constexpr const char* name = "gelu";
+  index_t N, C;
+  Gelu kind;
+  GeluOp(index_t N_, index_t C_, Gelu kind_) : N(N_), C(C_), kind(kind_) {}
+  static GeluOp at(const OpDims& d, index_t) { return GeluOp(d.B * d.T, 4 * d.C, Gelu::erf); }
+  OpSizes sizes() const { return {N, C, C, 0}; }
+  std::vector<OpExtent> saved() const { return {}; }
+  double flops(OpMode, index_t) const { return 0.0; }
+  template <class S>
+  void forward(const ExecSpace& space, Act2<T> y, Act2<T> x, Params<T>, const OpSaved<T>&) const {
+    gelu_forward<S>(space, y, x, kind);
+  }
+  template <class S>
+  void reverse(const ExecSpace& space, Act2<T> dx, Grads<T>, Act2<T> dy, Act2<T> x, Act2<T>, Params<T>,
+               const OpSaved<T>&) const {
+    gelu_reverse<S>(space, dx, dy, x, kind);
+  }
+};
 
 }  // namespace gnh::kernels

@@ -11,6 +11,7 @@
 #include "core/fastmath.hpp"
 #include "core/planes.hpp"
 #include "kernels/check.hpp"
+#include "kernels/op.hpp"
 
 namespace gnh::kernels {
 
@@ -135,5 +136,28 @@ void layernorm_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Grads<base_t<
         }
       });
 }
+
+// The op contract (kernels/op.hpp): theta = [w | b] (C each); saves the row
+// mean and reciprocal deviation, (N, 1) each.
+template <class T>
+struct LayerNormOp {
+  static constexpr const char* name = "layernorm";
+  index_t N, C;
+  bool bias;
+  LayerNormOp(index_t N_, index_t C_, bool bias_) : N(N_), C(C_), bias(bias_) {}
+  static LayerNormOp at(const OpDims& d, index_t) { return LayerNormOp(d.B * d.T, d.C, true); }
+  OpSizes sizes() const { return {N, C, C, C * (bias ? 2 : 1)}; }
+  std::vector<OpExtent> saved() const { return {{N, 1}, {N, 1}}; }
+  double flops(OpMode, index_t) const { return 0.0; }
+  template <class S>
+  void forward(const ExecSpace& space, Act2<T> y, Act2<T> x, Params<T> p, const OpSaved<T>& s) const {
+    layernorm_forward<S>(space, y, s.flat(0), s.flat(1), x, p, 0, bias ? C : -1, 1e-5);
+  }
+  template <class S>
+  void reverse(const ExecSpace& space, Act2<T> dx, Grads<T> g, Act2<T> dy, Act2<T> x, Act2<T>, Params<T> p,
+               const OpSaved<T>& s) const {
+    layernorm_reverse<S>(space, dx, g, dy, x, s.flat(0), s.flat(1), p, 0, bias ? C : -1);
+  }
+};
 
 }  // namespace gnh::kernels

@@ -19,11 +19,13 @@
 // batch and the forward just computed it). Under bf16-amp the GEMM operands
 // are rounded to bfloat16; lse, softmax and the loss stay FP32.
 #pragma once
+#include <algorithm>
 #include <type_traits>
 
 #include "core/fastmath.hpp"
 #include "core/planes.hpp"
 #include "kernels/blas.hpp"
+#include "kernels/op.hpp"
 
 namespace gnh::kernels {
 
@@ -219,5 +221,63 @@ void lm_head_xent_reverse(const ExecSpace& space, Act2<base_t<S>> dh, Grads<base
     }
   }
 }
+
+// The op contract (kernels/op.hpp): h (N, C) -> y (N, 1), the per-row loss,
+// theta = W (V, C); the reverse seeds every row with 1 (dy is not read). Targets
+// (n * 5 + 1 mod V, every fourth ignored) are the op's own. Saves lse (N, 1);
+// the logits tile z (rows, vchunk) is scratch (vchunk 0: the whole vocabulary).
+template <class T>
+struct LmHeadXentOp {
+  static constexpr const char* name = "lm_head_xent";
+  static constexpr bool is_loss = true;
+  index_t N, C, V, rows, vchunk;
+  View1<std::int32_t> targets;
+  View2<T> stats;
+  View1<double> loss;  // (1 + 2K) N: the forward's double loss planes before y
+  LmHeadXentOp(index_t N_, index_t C_, index_t V_, index_t rows_, index_t vchunk_ = 0)
+      : N(N_), C(C_), V(V_), rows(rows_), vchunk(vchunk_ > 0 ? vchunk_ : V_), targets("targets", N_),
+        stats("stats", N_, 2) {
+    auto h = Kokkos::create_mirror_view(targets);
+    for (index_t n = 0; n < N; ++n) h(n) = n % 4 == 3 ? -1 : std::int32_t((n * 5 + 1) % V);
+    Kokkos::deep_copy(targets, h);
+  }
+  // The tile as the engine plans it: vocabulary chunks of up to 4096 and rows
+  // up to 2^24 elements over the 1 + 2K planes.
+  static LmHeadXentOp at(const OpDims& d, index_t K) {
+    const index_t N = d.B * d.T, vc = std::min<index_t>(d.V, 4096);
+    const index_t r = std::max<index_t>(1, std::min<index_t>(N, (index_t(1) << 24) / (vc * (1 + 2 * K))));
+    return LmHeadXentOp(N, d.C, d.V, r, vc);
+  }
+  OpSizes sizes() const { return {N, C, 1, V * C}; }
+  std::vector<OpExtent> saved() const { return {{N, 1}, {rows, vchunk}}; }
+  // The reverse recomputes its tile's logits (a third GEMM).
+  double flops(OpMode m, index_t K) const {
+    const double f1 = 2.0 * double(N) * double(C) * double(V);
+    return (m == OpMode::reverse || m == OpMode::tangent_reverse ? 3.0 : 1.0) * f1 * gemm_multiplier(m, K);
+  }
+  template <class S>
+  void forward(const ExecSpace& space, Act2<T> y, Act2<T> h, Params<T> p, const OpSaved<T>& s) {
+    const index_t K = directions_of<S>(h), planes = std::is_same<S, T>::value ? 0 : K;
+    if (index_t(loss.extent(0)) < (1 + 2 * planes) * N) loss = View1<double>("gnh::lm_head_xent::loss", (1 + 2 * K) * N);
+    Act1<double> l;
+    l.v = Span1<double>(loss.data(), N);
+    if (!std::is_same<S, T>::value) l.d = Span2<double>(loss.data() + N, K, N);
+    if (std::is_same<S, Jet2<T>>::value) l.dd = Span2<double>(loss.data() + (1 + K) * N, K, N);
+    lm_head_xent_forward<S>(space, l, s.flat(0), h, p, 0, V, targets, s[1], stats);
+    Kokkos::parallel_for(  // the lambda reads locals only, never this
+        "gnh::lm_head_xent::op_loss", range(space, N), KOKKOS_LAMBDA(const index_t n) {
+          y.v(n, 0) = T(l.v(n));
+          for (index_t k = 0; k < planes; ++k) {
+            y.d(k, n, 0) = T(l.d(k, n));
+            if (l.dd.extent(0) > 0) y.dd(k, n, 0) = T(l.dd(k, n));
+          }
+        });
+  }
+  template <class S>
+  void reverse(const ExecSpace& space, Act2<T> dx, Grads<T> g, Act2<T>, Act2<T> h, Act2<T>, Params<T> p,
+               const OpSaved<T>& s) const {
+    lm_head_xent_reverse<S>(space, dx, g, s.flat(0), h, p, 0, V, targets, s[1]);
+  }
+};
 
 }  // namespace gnh::kernels

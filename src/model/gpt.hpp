@@ -11,6 +11,7 @@
 // once in the constructor for the modes the Shape asks for.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "core/planes.hpp"
@@ -29,31 +30,10 @@ struct LossSum {
   std::vector<double> second;      // per direction: d2/de2 of the sum
 };
 
+// Every buffer of the graph (activations, their planes, adjoints, the head's
+// tile), defined in gpt_impl.hpp beside the graph that uses them.
 template <class T>
-struct LayerActivations {
-  Act2<T> ln1;                 // (N, C) one buffer for every layer and ln2 (recomputed in reverse)
-  Act1<T> ln1_mean, ln1_rstd;  // (N)
-  Act2<T> qkv;                 // (N, 3C)
-  Act2<T> att;                 // (N, C) attention output before c_proj
-  Act1<T> att_lse;             // (B*H*T)
-  Act2<T> x_mid;               // (N, C) residual stream after attention
-  Act2<T> ln2;                 // (N, C) the same buffer as ln1
-  Act1<T> ln2_mean, ln2_rstd;  // (N)
-  Act2<T> fc;                  // (N, 4C) MLP pre-activation
-  Act2<T> fc_gelu;             // (N, 4C) one buffer for every layer (recomputed in reverse)
-  Act2<T> x_out;               // (N, C) block output
-};
-
-template <class T>
-struct Adjoints {
-  Act2<T> res;      // (N, C) adjoint of the residual stream
-  Act2<T> c1, c2;   // (N, C) scratch
-  Act2<T> att;      // (N, C)
-  Act2<T> qkv;      // (N, 3C)
-  Act2<T> fc_gelu;  // (N, 4C)
-  Act2<T> fc;       // (N, 4C)
-  Act1<T> D;        // (B*H*T) attention row terms
-};
+struct GptBuffers;
 
 template <class T>
 class Gpt {
@@ -63,6 +43,9 @@ class Gpt {
   static std::size_t planned_bytes(const ModelConfig& cfg, const Shape& shape);
   // Primal only, keeping one layer of activations (the loss pass).
   Gpt(const ModelConfig& cfg, index_t batch, index_t context);
+  ~Gpt();
+  Gpt(const Gpt&) = delete;
+  Gpt& operator=(const Gpt&) = delete;
 
   const ModelConfig& config() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }
@@ -108,15 +91,7 @@ class Gpt {
   Shape shape_;
   index_t N_;
   std::vector<View1<T>> owned_;
-  std::vector<LayerActivations<T>> acts_;
-  Act2<T> x0_;                  // (N, C) embedding output (reverse mode only)
-  Act2<T> proj_;                // (N, C) c_proj outputs before the residual add
-  Act2<T> lnf_;                 // (N, C)
-  Act1<T> lnf_mean_, lnf_rstd_;  // (N)
-  Act1<T> head_lse_;            // (N)
-  Act2<T> logits_;              // (rows, vocabulary chunk) per plane: one tile of the head
-  View2<T> head_stats_;         // (N, 2) the head's running maximum and target logit
-  Adjoints<T> adj_;
+  std::unique_ptr<GptBuffers<T>> buf_;
   kernels::GemmPolicy<T> gemm_;  // operand precision of every matrix multiply
   View1<double> row_loss_v_;
   View2<double> row_loss_d_, row_loss_dd_;  // (K, N)

@@ -16,6 +16,48 @@
 
 namespace gnh {
 
+template <class T>
+struct LayerActivations {
+  Act2<T> ln1;                 // (N, C) one buffer for every layer and ln2 (recomputed in reverse)
+  Act1<T> ln1_mean, ln1_rstd;  // (N)
+  Act2<T> qkv;                 // (N, 3C)
+  Act2<T> att;                 // (N, C) attention output before c_proj
+  Act1<T> att_lse;             // (B*H*T)
+  Act2<T> x_mid;               // (N, C) residual stream after attention
+  Act2<T> ln2;                 // (N, C) the same buffer as ln1
+  Act1<T> ln2_mean, ln2_rstd;  // (N)
+  Act2<T> fc;                  // (N, 4C) MLP pre-activation
+  Act2<T> fc_gelu;             // (N, 4C) one buffer for every layer (recomputed in reverse)
+  Act2<T> x_out;               // (N, C) block output
+};
+
+template <class T>
+struct Adjoints {
+  Act2<T> res;      // (N, C) adjoint of the residual stream
+  Act2<T> c1, c2;   // (N, C) scratch
+  Act2<T> att;      // (N, C)
+  Act2<T> qkv;      // (N, 3C)
+  Act2<T> fc_gelu;  // (N, 4C)
+  Act2<T> fc;       // (N, 4C)
+  Act1<T> D;        // (B*H*T) attention row terms
+};
+
+template <class T>
+struct GptBuffers {
+  std::vector<LayerActivations<T>> acts;  // one per layer (reverse) or one shared (forward modes)
+  Act2<T> x0;                  // (N, C) embedding output (reverse mode only)
+  Act2<T> proj;                // (N, C) c_proj outputs before the residual add
+  Act2<T> lnf;                 // (N, C)
+  Act1<T> lnf_mean, lnf_rstd;  // (N)
+  Act1<T> head_lse;            // (N)
+  Act2<T> logits;              // (rows, vocabulary chunk) per plane: one tile of the head
+  View2<T> head_stats;         // (N, 2) the head's running maximum and target logit
+  Adjoints<T> adj;
+};
+
+template <class T>
+Gpt<T>::~Gpt() = default;
+
 namespace model_detail {
 // The planes a scalar type uses: primal drops tangents, Dual drops second order.
 template <class S, class A>
@@ -76,7 +118,7 @@ std::size_t Gpt<T>::planned_bytes(const ModelConfig& cfg, const Shape& shape) {
 // Every buffer of the engine, in one list: with allocate false, only counted.
 template <class T>
 Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate)
-    : cfg_(cfg), layout_(cfg), shape_(shape), allocate_(allocate) {
+    : cfg_(cfg), layout_(cfg), shape_(shape), buf_(std::make_unique<GptBuffers<T>>()), allocate_(allocate) {
   cfg_.validate("model");
   if (shape.batch <= 0) fail("batch size ", shape.batch, " must be positive");
   if (shape.context <= 0 || shape.context > cfg.block_size)
@@ -109,26 +151,26 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate)
     a.fc = act2("fc", N, 4 * C, tan, sec);
     a.fc_gelu = gelu_shared;
     a.x_out = act2("x_out", N, C, tan, sec);
-    acts_.push_back(a);
+    buf_->acts.push_back(a);
   }
-  if (shape.reverse) x0_ = act2("x0", N, C, tan, sec);
-  proj_ = act2("proj", N, C, tan, sec);
-  lnf_ = act2("lnf", N, C, tan, sec);
-  lnf_mean_ = act1("lnf_mean", N, tan, sec);
-  lnf_rstd_ = act1("lnf_rstd", N, tan, sec);
-  head_lse_ = act1("head_lse", N, tan, sec);
-  logits_ = act2("logits", plan.logits_rows, plan.logits_vocab, tan, sec);
-  if (allocate_) head_stats_ = View2<T>(Kokkos::view_alloc("gnh::gpt::head_stats", Kokkos::WithoutInitializing), N, 2);
+  if (shape.reverse) buf_->x0 = act2("x0", N, C, tan, sec);
+  buf_->proj = act2("proj", N, C, tan, sec);
+  buf_->lnf = act2("lnf", N, C, tan, sec);
+  buf_->lnf_mean = act1("lnf_mean", N, tan, sec);
+  buf_->lnf_rstd = act1("lnf_rstd", N, tan, sec);
+  buf_->head_lse = act1("head_lse", N, tan, sec);
+  buf_->logits = act2("logits", plan.logits_rows, plan.logits_vocab, tan, sec);
+  if (allocate_) buf_->head_stats = View2<T>(Kokkos::view_alloc("gnh::gpt::head_stats", Kokkos::WithoutInitializing), N, 2);
   workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(2 * N);
   if (shape.reverse) {
-    adj_.res = act2("d_res", N, C, tan, false);
-    adj_.c1 = act2("d_c1", N, C, tan, false);
-    adj_.c2 = act2("d_c2", N, C, tan, false);
-    adj_.att = act2("d_att", N, C, tan, false);
-    adj_.qkv = act2("d_qkv", N, 3 * C, tan, false);
-    adj_.fc_gelu = act2("d_fc_gelu", N, 4 * C, tan, false);
-    adj_.fc = act2("d_fc", N, 4 * C, tan, false);
-    adj_.D = act1("d_D", shape.batch * H * shape.context, tan, false);
+    buf_->adj.res = act2("d_res", N, C, tan, false);
+    buf_->adj.c1 = act2("d_c1", N, C, tan, false);
+    buf_->adj.c2 = act2("d_c2", N, C, tan, false);
+    buf_->adj.att = act2("d_att", N, C, tan, false);
+    buf_->adj.qkv = act2("d_qkv", N, 3 * C, tan, false);
+    buf_->adj.fc_gelu = act2("d_fc_gelu", N, 4 * C, tan, false);
+    buf_->adj.fc = act2("d_fc", N, 4 * C, tan, false);
+    buf_->adj.D = act1("d_D", shape.batch * H * shape.context, tan, false);
   }
   gemm_.tf32 = shape.tf32 && std::is_same<T, float>::value;
   if (shape.bf16) {
@@ -154,13 +196,13 @@ Act2<T> Gpt<T>::x_in(int layer) const {
   // Reverse mode keeps every block's output; otherwise the stream alternates
   // between x_out and x_mid of the single slot (never an input of the op that
   // writes it).
-  if (!shape_.reverse) return acts_[0].x_out;
-  return layer == 0 ? x0_ : acts_[layer - 1].x_out;
+  if (!shape_.reverse) return buf_->acts[0].x_out;
+  return layer == 0 ? buf_->x0 : buf_->acts[layer - 1].x_out;
 }
 
 template <class T>
 Act2<T> Gpt<T>::x_final() const {
-  return acts_.back().x_out;
+  return buf_->acts.back().x_out;
 }
 
 template <class T>
@@ -184,10 +226,10 @@ LossSum Gpt<T>::forward(const ExecSpace& space, Params<T> p, Span2<const std::in
   const index_t B = shape_.batch, Tc = shape_.context;
   p = planes_for<S>(p);
   embedding_forward<T>(space, planes_for<S>(x_in(0)), tokens, p, L.wte, L.wpe);
-  const Act2<T> proj = planes_for<S>(proj_);
+  const Act2<T> proj = planes_for<S>(buf_->proj);
   for (int l = 0; l < cfg_.n_layer; ++l) {
     const BlockOffsets& o = L.blocks[l];
-    const LayerActivations<T>& a0 = acts_[shape_.reverse ? l : 0];
+    const LayerActivations<T>& a0 = buf_->acts[shape_.reverse ? l : 0];
     const Act2<T> x = planes_for<S>(x_in(l));
     const Act2<T> ln1 = planes_for<S>(a0.ln1), qkv = planes_for<S>(a0.qkv), att = planes_for<S>(a0.att);
     const Act2<T> x_mid = planes_for<S>(a0.x_mid), ln2 = planes_for<S>(a0.ln2);
@@ -205,15 +247,15 @@ LossSum Gpt<T>::forward(const ExecSpace& space, Params<T> p, Span2<const std::in
     linear_forward<T>(space, proj, fc_gelu, p, o.fc_proj_w, o.fc_proj_b, gemm_);
     residual_forward<T>(space, x_out, x_mid, proj);
   }
-  layernorm_forward<S>(space, planes_for<S>(lnf_), planes_for<S>(lnf_mean_), planes_for<S>(lnf_rstd_),
+  layernorm_forward<S>(space, planes_for<S>(buf_->lnf), planes_for<S>(buf_->lnf_mean), planes_for<S>(buf_->lnf_rstd),
                        planes_for<S>(x_final()), p, L.lnf_w, L.lnf_b, cfg_.ln_eps);
   Act1<double> loss;
   loss.v = row_loss_v_;
   loss.d = row_loss_d_;
   loss.dd = row_loss_dd_;
   Span1<const std::int32_t> flat_targets(targets.data(), N_);
-  lm_head_xent_forward<S>(space, planes_for<S>(loss), planes_for<S>(head_lse_), planes_for<S>(lnf_), p,
-                          L.lm_head, cfg_.vocab_size, flat_targets, planes_for<S>(logits_), head_stats_, gemm_);
+  lm_head_xent_forward<S>(space, planes_for<S>(loss), planes_for<S>(buf_->head_lse), planes_for<S>(buf_->lnf), p,
+                          L.lm_head, cfg_.vocab_size, flat_targets, planes_for<S>(buf_->logits), buf_->head_stats, gemm_);
   space.fence();
   // Fixed-order host sums in double: deterministic on every backend.
   auto h_loss = Kokkos::create_mirror_view_and_copy(HostSpace(), row_loss_v_);
@@ -254,19 +296,19 @@ void Gpt<T>::reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<cons
   const index_t B = shape_.batch, Tc = shape_.context;
   p = planes_for<S>(p);
   if constexpr (std::is_same<S, T>::value) g.d = Span2<T>();
-  const Act2<T> res = planes_for<S>(adj_.res), c1 = planes_for<S>(adj_.c1), c2 = planes_for<S>(adj_.c2);
-  const Act2<T> d_att = planes_for<S>(adj_.att), d_qkv = planes_for<S>(adj_.qkv);
-  const Act2<T> d_fcg = planes_for<S>(adj_.fc_gelu), d_fc = planes_for<S>(adj_.fc);
-  const Act1<T> D = planes_for<S>(adj_.D);
+  const Act2<T> res = planes_for<S>(buf_->adj.res), c1 = planes_for<S>(buf_->adj.c1), c2 = planes_for<S>(buf_->adj.c2);
+  const Act2<T> d_att = planes_for<S>(buf_->adj.att), d_qkv = planes_for<S>(buf_->adj.qkv);
+  const Act2<T> d_fcg = planes_for<S>(buf_->adj.fc_gelu), d_fc = planes_for<S>(buf_->adj.fc);
+  const Act1<T> D = planes_for<S>(buf_->adj.D);
   Span1<const std::int32_t> flat_targets(targets.data(), N_);
   // reverse<S> always follows forward<S> of the same batch (gradient, hvp).
-  lm_head_xent_reverse<S>(space, c1, g, planes_for<S>(head_lse_), planes_for<S>(lnf_), p, L.lm_head,
-                          cfg_.vocab_size, flat_targets, planes_for<S>(logits_), gemm_, /*logits_current=*/true);
-  layernorm_reverse<S>(space, res, g, c1, planes_for<S>(x_final()), planes_for<S>(lnf_mean_),
-                       planes_for<S>(lnf_rstd_), p, L.lnf_w, L.lnf_b);
+  lm_head_xent_reverse<S>(space, c1, g, planes_for<S>(buf_->head_lse), planes_for<S>(buf_->lnf), p, L.lm_head,
+                          cfg_.vocab_size, flat_targets, planes_for<S>(buf_->logits), gemm_, /*logits_current=*/true);
+  layernorm_reverse<S>(space, res, g, c1, planes_for<S>(x_final()), planes_for<S>(buf_->lnf_mean),
+                       planes_for<S>(buf_->lnf_rstd), p, L.lnf_w, L.lnf_b);
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
     const BlockOffsets& o = L.blocks[l];
-    const LayerActivations<T>& a = acts_[l];
+    const LayerActivations<T>& a = buf_->acts[l];
     // x_out = x_mid + c_proj(gelu(c_fc(ln_2(x_mid)))); res holds d x_out.
     // gelu(fc) and ln_2(x_mid) are recomputed (shared buffers, see the planner).
     gelu_forward<S>(space, planes_for<S>(a.fc_gelu), planes_for<S>(a.fc), cfg_.gelu);

@@ -5,15 +5,12 @@
 // with one direction (K = 1). Buffers are plain host views of double or float.
 #pragma once
 #include <memory>
+#include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "core/planes.hpp"
-#include "kernels/attention.hpp"
-#include "kernels/embedding.hpp"
-#include "kernels/gelu.hpp"
-#include "kernels/layernorm.hpp"
-#include "kernels/linear.hpp"
-#include "kernels/lm_head_xent.hpp"
+#include "kernels/ops.hpp"
 
 namespace gnh::test {
 
@@ -91,131 +88,41 @@ struct OpOf : Op<T> {
   Impl& self() { return static_cast<Impl&>(*this); }
 };
 
-template <class T>
-struct LinearOp : OpOf<T, LinearOp<T>> {
-  bool bias;
-  LinearOp(index_t N, index_t in, index_t out, bool b) : bias(b) {
-    this->N = N; this->Cin = in; this->Cout = out; this->P = out * in + (b ? out : 0);
+// Any op of the contract (kernels/op.hpp) seen through Op<T>: its saved
+// buffers allocated with one direction, each reverse preceded by its forward.
+// OpAdapter<kernels::GeluOp<double>> op(N, C, Gelu::erf) takes the op's own
+// constructor arguments, so a new op needs nothing here.
+template <class O>
+struct OpAdapter;
+template <template <class> class O, class T>
+struct OpAdapter<O<T>> : OpOf<T, OpAdapter<O<T>>> {
+  O<T> kernel;
+  std::vector<Buf<T>> saved;  // in the order of O<T>::saved()
+  template <class... A>
+  explicit OpAdapter(A&&... args) : kernel(std::forward<A>(args)...) {
+    const kernels::OpSizes s = kernel.sizes();
+    this->N = s.rows; this->Cin = s.in; this->Cout = s.out; this->P = s.params;
+    this->unit_seed = kernels::is_loss_op<O<T>>::value;
+    for (const kernels::OpExtent& e : kernel.saved()) saved.emplace_back(e.rows, e.cols);
   }
-  const char* name() const override { return "linear"; }
-  index_t b_off() const { return bias ? this->Cout * this->Cin : -1; }
+  const char* name() const override { return O<T>::name; }
+  template <class S> kernels::OpSaved<T> saved_planes() const {
+    kernels::OpSaved<T> s;
+    if (saved.size() > std::size_t(s.kMax)) throw std::logic_error("OpAdapter: too many saved buffers");
+    for (const Buf<T>& b : saved) s.buf[s.count++] = b.template act<S>();
+    return s;
+  }
   template <class S> void fwd(const Buf<T>& y, const Buf<T>& x, const Flat<T>& p) {
-    kernels::linear_forward<T>(ExecSpace(), y.template act<S>(), x.template act<S>(), p.template params<S>(), 0, b_off());
-  }
-  template <class S> void rev(const Buf<T>& dx, const Flat<T>& g, const Buf<T>& dy, const Buf<T>& x, const Flat<T>& p) {
-    kernels::linear_reverse<T>(ExecSpace(), dx.template act<S>(), g.template grads<S>(), dy.template act<S>(),
-                               x.template act<S>(), p.template params<S>(), 0, b_off());
-  }
-};
-
-template <class T>
-struct LayerNormOp : OpOf<T, LayerNormOp<T>> {
-  bool bias;
-  Buf<T> mean, rstd;
-  LayerNormOp(index_t N, index_t C, bool b) : bias(b), mean(N, 1), rstd(N, 1) {
-    this->N = N; this->Cin = C; this->Cout = C; this->P = C * (b ? 2 : 1);
-  }
-  const char* name() const override { return "layernorm"; }
-  template <class S> void fwd(const Buf<T>& y, const Buf<T>& x, const Flat<T>& p) {
-    kernels::layernorm_forward<S>(ExecSpace(), y.template act<S>(), mean.template act1<S>(), rstd.template act1<S>(),
-                                  x.template act<S>(), p.template params<S>(), 0, bias ? this->Cin : -1, 1e-5);
+    kernel.template forward<S>(ExecSpace(), y.template act<S>(), x.template act<S>(), p.template params<S>(),
+                               saved_planes<S>());
+    Kokkos::fence();
   }
   template <class S> void rev(const Buf<T>& dx, const Flat<T>& g, const Buf<T>& dy, const Buf<T>& x, const Flat<T>& p) {
     Buf<T> y(this->N, this->Cout);
     fwd<S>(y, x, p);
-    kernels::layernorm_reverse<S>(ExecSpace(), dx.template act<S>(), g.template grads<S>(), dy.template act<S>(),
-                                  x.template act<S>(), mean.template act1<S>(), rstd.template act1<S>(),
-                                  p.template params<S>(), 0, bias ? this->Cin : -1);
-  }
-};
-
-template <class T>
-struct GeluOp : OpOf<T, GeluOp<T>> {
-  Gelu kind;
-  GeluOp(index_t N, index_t C, Gelu k) : kind(k) { this->N = N; this->Cin = C; this->Cout = C; }
-  const char* name() const override { return "gelu"; }
-  template <class S> void fwd(const Buf<T>& y, const Buf<T>& x, const Flat<T>&) {
-    kernels::gelu_forward<S>(ExecSpace(), y.template act<S>(), x.template act<S>(), kind);
-  }
-  template <class S> void rev(const Buf<T>& dx, const Flat<T>&, const Buf<T>& dy, const Buf<T>& x, const Flat<T>&) {
-    kernels::gelu_reverse<S>(ExecSpace(), dx.template act<S>(), dy.template act<S>(), x.template act<S>(), kind);
-  }
-};
-
-template <class T>
-struct AttentionOp : OpOf<T, AttentionOp<T>> {
-  index_t B, Tc;
-  int H;
-  Buf<T> lse, D;
-  AttentionOp(index_t B_, index_t T_, int H_, index_t hs) : B(B_), Tc(T_), H(H_), lse(B_ * H_ * T_, 1), D(B_ * H_ * T_, 1) {
-    this->N = B * Tc; this->Cin = 3 * H * hs; this->Cout = H * hs;
-  }
-  const char* name() const override { return "attention"; }
-  template <class S> void fwd(const Buf<T>& y, const Buf<T>& x, const Flat<T>&) {
-    kernels::attention_forward<S>(ExecSpace(), y.template act<S>(), lse.template act1<S>(), x.template act<S>(), B, Tc, H);
-  }
-  template <class S> void rev(const Buf<T>& dx, const Flat<T>& p, const Buf<T>& dy, const Buf<T>& x, const Flat<T>&) {
-    (void)p;
-    Buf<T> y(this->N, this->Cout);
-    fwd<S>(y, x, Flat<T>());
-    kernels::attention_reverse<S>(ExecSpace(), dx.template act<S>(), D.template act1<S>(), dy.template act<S>(),
-                                  x.template act<S>(), y.template act<S>(), lse.template act1<S>(), B, Tc, H);
-  }
-};
-
-// y (N, 1) = per-row cross-entropy of h W^T; the reverse seeds each row with 1.
-template <class T>
-struct XentOp : OpOf<T, XentOp<T>> {
-  index_t V, chunk;
-  View1<std::int32_t> targets;
-  Buf<T> lse, z;
-  View2<T> stats;
-  // Logits tiles of (chunk_, vchunk) (vchunk 0: the whole vocabulary).
-  XentOp(index_t N, index_t C, index_t V_, index_t chunk_, index_t vchunk = 0)
-      : V(V_), chunk(chunk_), targets("targets", N), lse(N, 1), z(chunk_, vchunk > 0 ? vchunk : V_), stats("stats", N, 2) {
-    this->N = N; this->Cin = C; this->Cout = 1; this->P = V * C; this->unit_seed = true;
-    for (index_t n = 0; n < N; ++n) targets(n) = n % 4 == 3 ? -1 : std::int32_t((n * 5 + 1) % V);
-  }
-  const char* name() const override { return "lm_head_xent"; }
-  template <class S> void fwd(const Buf<T>& y, const Buf<T>& x, const Flat<T>& p) {
-    View1<double> lv("lv", this->N);
-    View2<double> ld("ld", 1, this->N), ldd("ldd", 1, this->N);
-    Act1<double> loss{lv, {}, {}};
-    if (!std::is_same<S, T>::value) loss.d = ld;
-    if (std::is_same<S, Jet2<T>>::value) loss.dd = ldd;
-    kernels::lm_head_xent_forward<S>(ExecSpace(), loss, lse.template act1<S>(), x.template act<S>(), p.template params<S>(), 0,
-                                     V, targets, z.template act<S>(), stats);
-    for (index_t n = 0; n < this->N; ++n) {
-      y.v(n) = T(lv(n));
-      y.d(n) = T(ld(0, n));
-      y.dd(n) = T(ldd(0, n));
-    }
-  }
-  template <class S> void rev(const Buf<T>& dx, const Flat<T>& g, const Buf<T>&, const Buf<T>& x, const Flat<T>& p) {
-    Buf<T> y(this->N, 1);
-    fwd<S>(y, x, p);
-    kernels::lm_head_xent_reverse<S>(ExecSpace(), dx.template act<S>(), g.template grads<S>(), lse.template act1<S>(),
-                                     x.template act<S>(), p.template params<S>(), 0, V, targets, z.template act<S>());
-  }
-};
-
-// x is unused (Cin = 0); theta = [wte (V, C) | wpe (T, C)].
-template <class T>
-struct EmbeddingOp : OpOf<T, EmbeddingOp<T>> {
-  index_t B, Tc, V, C;
-  View2<std::int32_t> tokens;
-  EmbeddingOp(index_t B_, index_t T_, index_t V_, index_t C_) : B(B_), Tc(T_), V(V_), C(C_), tokens("tokens", B_, T_) {
-    this->N = B * Tc; this->Cin = 1; this->Cout = C; this->P = (V + Tc) * C;
-    // Repeated tokens, so the scatter-add of the reverse is exercised.
-    for (index_t i = 0; i < B * Tc; ++i) tokens.data()[i] = std::int32_t((i * 3) % (V - 1));
-  }
-  const char* name() const override { return "embedding"; }
-  template <class S> void fwd(const Buf<T>& y, const Buf<T>&, const Flat<T>& p) {
-    kernels::embedding_forward<T>(ExecSpace(), y.template act<S>(), tokens, p.template params<S>(), 0, V * C);
-  }
-  template <class S> void rev(const Buf<T>& dx, const Flat<T>& g, const Buf<T>& dy, const Buf<T>&, const Flat<T>&) {
-    for (index_t i = 0; i < dx.rows * dx.cols; ++i) dx.v(i) = dx.d(i) = 0;  // no input
-    kernels::embedding_reverse<T>(ExecSpace(), g.template grads<S>(), dy.template act<S>(), tokens, 0, V * C);
+    kernel.template reverse<S>(ExecSpace(), dx.template act<S>(), g.template grads<S>(), dy.template act<S>(),
+                               x.template act<S>(), y.template act<S>(), p.template params<S>(), saved_planes<S>());
+    Kokkos::fence();
   }
 };
 

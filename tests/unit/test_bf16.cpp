@@ -121,29 +121,29 @@ TEST_CASE("linear and lm head in bf16-amp equal FP32 on rounded operands", "[bf1
     REQUIRE(diff > 1e-4);
   }
   // The fused head: loss rows equal FP32 on rounded h and W.
-  test::XentOp<float> op(N, in, V, N);
+  test::OpAdapter<kernels::LmHeadXentOp<float>> op(N, in, V, N);
   test::Buf<float> h(N, in), loss(N, 1), loss_r(N, 1);
   test::Flat<float> w(V * in);
   const auto hv = ref::random_vec(N * in, 5), wv = ref::random_vec(V * in, 6);
   for (index_t i = 0; i < N * in; ++i) h.v(i) = float(hv[i]);
   for (index_t i = 0; i < V * in; ++i) w.v(i) = float(wv[i]);
   View1<double> l1("l1", N), l2("l2", N);
-  kernels::lm_head_xent_forward<float>(ExecSpace(), Act1<double>{l1, {}, {}}, op.lse.act1<float>(), h.act<float>(),
-                                       w.params<float>(), 0, V, op.targets, op.z.act<float>(), op.stats, pol);
+  kernels::lm_head_xent_forward<float>(ExecSpace(), Act1<double>{l1, {}, {}}, op.saved[0].act1<float>(), h.act<float>(),
+                                       w.params<float>(), 0, V, op.kernel.targets, op.saved[1].act<float>(), op.kernel.stats, pol);
   round_in_place(h.v);
   round_in_place(w.v);
-  kernels::lm_head_xent_forward<float>(ExecSpace(), Act1<double>{l2, {}, {}}, op.lse.act1<float>(), h.act<float>(),
-                                       w.params<float>(), 0, V, op.targets, op.z.act<float>(), op.stats);
+  kernels::lm_head_xent_forward<float>(ExecSpace(), Act1<double>{l2, {}, {}}, op.saved[0].act1<float>(), h.act<float>(),
+                                       w.params<float>(), 0, V, op.kernel.targets, op.saved[1].act<float>(), op.kernel.stats);
   for (index_t n = 0; n < N; ++n) REQUIRE(l1(n) == l2(n));
 }
 
 TEST_CASE("attention in bf16-amp rounds q, k, v and p, keeping scores and softmax in FP32", "[bf16]") {
   const index_t B = 2, Tc = 7, H = 3, hs = 4, C = H * hs, N = B * Tc;
-  test::AttentionOp<float> op(B, Tc, int(H), hs);
+  test::OpAdapter<kernels::AttentionOp<float>> op(B, Tc, int(H), hs);
   test::Buf<float> x(N, 3 * C), y(N, C);
   const auto q = ref::random_vec(N * 3 * C, 8, 1.3);
   for (index_t i = 0; i < N * 3 * C; ++i) x.v(i) = float(q[i]);
-  kernels::attention_forward<float>(ExecSpace(), y.act<float>(), op.lse.act1<float>(), x.act<float>(), B, Tc, int(H),
+  kernels::attention_forward<float>(ExecSpace(), y.act<float>(), op.saved[0].act1<float>(), x.act<float>(), B, Tc, int(H),
                                     /*bf16=*/true);
   // Reference in double on the rounded operands, with p rounded after normalisation.
   auto r = [&](index_t n, index_t c) { return double(round_bf16(x.v(n * 3 * C + c))); };
@@ -173,7 +173,7 @@ TEST_CASE("attention in bf16-amp rounds q, k, v and p, keeping scores and softma
   REQUIRE(worst <= 0.02);
   double mean_dev = 0;
   test::Buf<float> y32(N, C);
-  kernels::attention_forward<float>(ExecSpace(), y32.act<float>(), op.lse.act1<float>(), x.act<float>(), B, Tc, int(H));
+  kernels::attention_forward<float>(ExecSpace(), y32.act<float>(), op.saved[0].act1<float>(), x.act<float>(), B, Tc, int(H));
   for (index_t i = 0; i < N * C; ++i) mean_dev += std::abs(double(y32.v(i)) - double(y.v(i)));
   REQUIRE(mean_dev / double(N * C) > 1e-4);  // the bf16 mode is not the FP32 mode
 }

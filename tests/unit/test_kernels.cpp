@@ -57,7 +57,7 @@ TEMPLATE_TEST_CASE("linear forward matches the reference", "[kernels]", float, d
   const auto [N, in, out, bias] = GENERATE(table<index_t, index_t, index_t, bool>(
       {{1, 1, 1, true}, {7, 5, 3, false}, {13, 11, 17, true}, {0, 3, 2, true}, {64, 37, 29, true}}));
   CAPTURE(N, in, out, bias);
-  test::LinearOp<T> op(N, in, out, bias);
+  test::OpAdapter<kernels::LinearOp<T>> op(N, in, out, bias);
   Buf<T> x(N, in), y(N, out);
   Flat<T> p(op.P);
   const auto xr = load<T>(x.v, ref::random_vec(N * in, 1));
@@ -81,7 +81,7 @@ TEMPLATE_TEST_CASE("layernorm forward matches the reference", "[kernels]", float
   const auto [N, C, bias] = GENERATE(table<index_t, index_t, bool>(
       {{1, 1, true}, {1, 2, false}, {7, 5, true}, {13, 12, false}, {3, 320, true}}));
   CAPTURE(N, C, bias);
-  test::LayerNormOp<T> op(N, C, bias);
+  test::OpAdapter<kernels::LayerNormOp<T>> op(N, C, bias);
   Buf<T> x(N, C), y(N, C);
   Flat<T> p(op.P);
   const auto xr = load<T>(x.v, ref::random_vec(N * C, 4, 2.0, 0.5));
@@ -92,8 +92,8 @@ TEMPLATE_TEST_CASE("layernorm forward matches the reference", "[kernels]", float
   }
   const auto pr = load<T>(p.v, praw);
   fill_nan(y.v);
-  fill_nan(op.mean.v);
-  fill_nan(op.rstd.v);
+  fill_nan(op.saved[0].v);
+  fill_nan(op.saved[1].v);
   op.fwd_primal(y, x, p);
   const std::vector<double> w(pr.begin(), pr.begin() + C), b(pr.begin() + C, pr.end());
   const auto want = ref::layernorm(xr, w, bias ? &b : nullptr, N, C, 1e-5);
@@ -103,15 +103,15 @@ TEMPLATE_TEST_CASE("layernorm forward matches the reference", "[kernels]", float
   for (std::size_t i = 0; i < want.size(); ++i)
     tol[i] = double(C + 8) * eps<T>() * (std::abs(want[i]) + (bias ? std::abs(b[i % C]) : 0.0) + 1.0);
   check_close(host(y.v), want, tol);
-  for (double r : host(op.rstd.v)) REQUIRE(std::isfinite(r));
-  for (double m : host(op.mean.v)) REQUIRE(std::isfinite(m));
+  for (double r : host(op.saved[1].v)) REQUIRE(std::isfinite(r));
+  for (double m : host(op.saved[0].v)) REQUIRE(std::isfinite(m));
 }
 
 TEMPLATE_TEST_CASE("gelu forward matches the reference", "[kernels]", float, double) {
   using T = TestType;
   const auto kind = GENERATE(Gelu::erf, Gelu::tanh);
   const auto [N, C] = GENERATE(table<index_t, index_t>({{1, 1}, {7, 13}, {0, 4}}));
-  test::GeluOp<T> op(N, C, kind);
+  test::OpAdapter<kernels::GeluOp<T>> op(N, C, kind);
   Buf<T> x(N, C), y(N, C);
   const auto xr = load<T>(x.v, ref::random_vec(N * C, 7, 3.0));
   fill_nan(y.v);
@@ -127,7 +127,7 @@ TEMPLATE_TEST_CASE("gelu forward matches the reference", "[kernels]", float, dou
 TEMPLATE_TEST_CASE("embedding and residual forward match the reference", "[kernels]", float, double) {
   using T = TestType;
   const index_t B = 2, Tc = 5, C = 3, V = 11;
-  test::EmbeddingOp<T> op(B, Tc, V, C);
+  test::OpAdapter<kernels::EmbeddingOp<T>> op(B, Tc, V, C);
   Buf<T> y(B * Tc, C);
   Flat<T> p(op.P);
   const auto pr = load<T>(p.v, ref::random_vec(op.P, 8));
@@ -136,7 +136,7 @@ TEMPLATE_TEST_CASE("embedding and residual forward match the reference", "[kerne
   std::vector<double> want(B * Tc * C), tol(B * Tc * C);
   for (index_t n = 0; n < B * Tc; ++n)
     for (index_t c = 0; c < C; ++c) {
-      const double a = pr[op.tokens.data()[n] * C + c], q = pr[V * C + (n % Tc) * C + c];
+      const double a = pr[op.kernel.tokens.data()[n] * C + c], q = pr[V * C + (n % Tc) * C + c];
       want[n * C + c] = a + q;
       tol[n * C + c] = eps<T>() * (std::abs(a) + std::abs(q));  // one rounded addition
     }
@@ -161,11 +161,11 @@ TEMPLATE_TEST_CASE("attention forward matches the reference", "[kernels]", float
       {{1, 1, 1, 1}, {2, 5, 3, 4}, {1, 13, 3, 2}, {2, 7, 1, 5}, {1, 31, 5, 8}}));
   CAPTURE(B, Tc, H, hs);
   const index_t C = H * hs, N = B * Tc;
-  test::AttentionOp<T> op(B, Tc, int(H), hs);
+  test::OpAdapter<kernels::AttentionOp<T>> op(B, Tc, int(H), hs);
   Buf<T> x(N, 3 * C), y(N, C);
   const auto qkv = load<T>(x.v, ref::random_vec(N * 3 * C, 12, 1.5));
   fill_nan(y.v);
-  fill_nan(op.lse.v);
+  fill_nan(op.saved[0].v);
   op.fwd_primal(y, x, Flat<T>());
   const auto want = ref::attention(qkv, B, Tc, C, H);
   // Scores are length-hs dot products, the softmax a length-T sum of exps and
@@ -179,7 +179,7 @@ TEMPLATE_TEST_CASE("attention forward matches the reference", "[kernels]", float
     }
   std::vector<double> tol(want.size(), double(hs + Tc + 8) * eps<T>() * vmax * (1.0 + hs * smax));
   check_close(host(y.v), want, tol);
-  for (double l : host(op.lse.v)) REQUIRE(std::isfinite(l));
+  for (double l : host(op.saved[0].v)) REQUIRE(std::isfinite(l));
 }
 
 TEMPLATE_TEST_CASE("fused lm head and cross-entropy match the reference", "[kernels]", float, double) {
@@ -190,15 +190,15 @@ TEMPLATE_TEST_CASE("fused lm head and cross-entropy match the reference", "[kern
       {{1, 1, 2, 1, 0}, {7, 5, 11, 3, 0}, {13, 12, 37, 13, 0}, {10, 4, 5, 4, 0}, {7, 5, 11, 7, 4},
        {13, 12, 37, 5, 10}, {6, 3, 9, 6, 1}}));
   CAPTURE(N, C, V, chunk, vchunk);
-  test::XentOp<T> op(N, C, V, chunk, vchunk);
+  test::OpAdapter<kernels::LmHeadXentOp<T>> op(N, C, V, chunk, vchunk);
   Buf<T> h(N, C), loss(N, 1);
   Flat<T> p(op.P);
   const auto hr = load<T>(h.v, ref::random_vec(N * C, 13));
   const auto w = load<T>(p.v, ref::random_vec(V * C, 14));
   fill_nan(loss.v);
-  fill_nan(op.z.v);
+  fill_nan(op.saved[1].v);
   op.fwd_primal(loss, h, p);
-  std::vector<std::int32_t> targets(op.targets.data(), op.targets.data() + N);
+  std::vector<std::int32_t> targets(op.kernel.targets.data(), op.kernel.targets.data() + N);
   const auto want = ref::xent_rows(hr, w, targets, N, C, V);
   // Logits are length-C dot products; the log-sum-exp adds a length-V sum.
   std::vector<double> tol(N);

@@ -167,32 +167,32 @@ void check_op(Op<double>& op, std::uint64_t seed, double x_scale, double x_shift
 
 TEST_CASE("linear: every derivative mode", "[derivatives]") {
   for (bool bias : {true, false}) {
-    test::LinearOp<double> op(7, 5, 3, bias);
+    test::OpAdapter<kernels::LinearOp<double>> op(7, 5, 3, bias);
     check_op(op, 10, 1.0);
   }
-  test::LinearOp<double> one(1, 1, 1, true);
+  test::OpAdapter<kernels::LinearOp<double>> one(1, 1, 1, true);
   check_op(one, 11, 1.0);
 }
 
 TEST_CASE("layernorm: every derivative mode", "[derivatives]") {
   for (bool bias : {true, false}) {
-    test::LayerNormOp<double> op(5, 7, bias);
+    test::OpAdapter<kernels::LayerNormOp<double>> op(5, 7, bias);
     check_op(op, 20, 1.5, 0.3);
   }
-  test::LayerNormOp<double> two(3, 2, true);
+  test::OpAdapter<kernels::LayerNormOp<double>> two(3, 2, true);
   check_op(two, 21, 1.0);
 }
 
 TEST_CASE("gelu: every derivative mode", "[derivatives]") {
   for (Gelu kind : {Gelu::erf, Gelu::tanh}) {
-    test::GeluOp<double> op(6, 7, kind);
+    test::OpAdapter<kernels::GeluOp<double>> op(6, 7, kind);
     check_op(op, 30, 2.0);
   }
 }
 
 TEST_CASE("attention: every derivative mode", "[derivatives]") {
   // (B, T, heads, head size): T = 1, a prime T, three heads.
-  test::AttentionOp<double> a(1, 1, 1, 2), b(2, 5, 3, 2), c(1, 7, 2, 3);
+  test::OpAdapter<kernels::AttentionOp<double>> a(1, 1, 1, 2), b(2, 5, 3, 2), c(1, 7, 2, 3);
   check_op(a, 40, 1.0);
   check_op(b, 41, 1.0);
   check_op(c, 42, 1.0);
@@ -201,7 +201,7 @@ TEST_CASE("attention: every derivative mode", "[derivatives]") {
 TEST_CASE("fused lm head and cross-entropy: every derivative mode", "[derivatives]") {
   // Tiles by rows, by vocabulary chunks (online log-sum-exp, with the target
   // in the first, a middle and the last chunk) and by both.
-  test::XentOp<double> a(7, 5, 11, 3), b(4, 3, 2, 4), c(7, 5, 11, 7, 4), d(5, 4, 13, 2, 3);
+  test::OpAdapter<kernels::LmHeadXentOp<double>> a(7, 5, 11, 3), b(4, 3, 2, 4), c(7, 5, 11, 7, 4), d(5, 4, 13, 2, 3);
   check_op(a, 50, 1.0);
   check_op(b, 51, 1.0);
   check_op(c, 52, 1.0);
@@ -209,6 +209,26 @@ TEST_CASE("fused lm head and cross-entropy: every derivative mode", "[derivative
 }
 
 TEST_CASE("embedding: every derivative mode", "[derivatives]") {
-  test::EmbeddingOp<double> op(2, 5, 4, 3);
+  test::OpAdapter<kernels::EmbeddingOp<double>> op(2, 5, 4, 3);
   check_op(op, 60, 1.0);
+}
+
+namespace {
+// check_op on O as the model uses it, at a small model's sizes (kernels::Ops).
+struct CheckAtModelSizes {
+  std::uint64_t seed = 70;
+  template <class O>
+  void operator()() {
+    // B = 2 sequences of T = 5, 2 heads of 2 channels, a vocabulary of 7.
+    const kernels::OpDims dims{2, 5, 2, 4, 7};
+    test::OpAdapter<O> op(O::at(dims, 1));
+    check_op(op, seed++, 1.0);
+  }
+};
+}  // namespace
+
+TEST_CASE("every registered op, at a small model's sizes: every derivative mode", "[derivatives]") {
+  // A new op in kernels/ops.hpp is checked here with nothing else written.
+  STATIC_REQUIRE(kernels::Ops::size >= 6);
+  kernels::Ops::for_each<double>(CheckAtModelSizes{});
 }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "analysis/blocks.hpp"
 #include "analysis/dot.hpp"
 #include "analysis/passes.hpp"
 #include "analysis/sampling.hpp"
@@ -63,6 +64,43 @@ struct CaseAnalysis {
     out_.m.n_blocks = n_blocks;
     out_.m.context = s.context;
     out_.m.noise_batch = s.noise_batch;
+    if (s.curvature.blocks)
+      for (Partition& p : parameter_partitions(engines.gradient.layout())) {
+        BlockMeasurements b;
+        b.partition = std::move(p.name);
+        b.names = std::move(p.names);
+        b.offsets = std::move(p.offsets);
+        b.has_hv = s.keeps_hv();
+        blocks_.push_back(std::move(b));
+      }
+    for (const BlockMeasurements& b : blocks_) n_block_values_ += index_t(b.size());
+  }
+
+  // sum_i a_i b_i over every block of every partition, in order (all
+  // partitions' blocks concatenated); empty without [curvature] blocks.
+  template <class A, class B>
+  std::vector<double> block_dots(const A* a, const B* b) const {
+    std::vector<double> out;
+    out.reserve(static_cast<std::size_t>(n_block_values_));
+    for (const BlockMeasurements& p : blocks_)
+      for (std::size_t i = 0; i < p.size(); ++i)
+        out.push_back(dot(space_, a + p.offsets[i], b + p.offsets[i], index_t(p.offsets[i + 1] - p.offsets[i])));
+    return out;
+  }
+  // Appends the concatenated per-block values v to row lists, one per partition.
+  void add_block_row(std::vector<std::vector<double>> BlockMeasurements::*rows, const std::vector<double>& v) {
+    std::size_t at = 0;
+    for (BlockMeasurements& p : blocks_) {
+      (p.*rows).emplace_back(v.begin() + at, v.begin() + at + p.size());
+      at += p.size();
+    }
+  }
+  void set_block_values(std::vector<double> BlockMeasurements::*field, const std::vector<double>& v) {
+    std::size_t at = 0;
+    for (BlockMeasurements& p : blocks_) {
+      p.*field = std::vector<double>(v.begin() + at, v.begin() + at + p.size());
+      at += p.size();
+    }
   }
 
   CaseStatistics run() {
@@ -75,6 +113,8 @@ struct CaseAnalysis {
     identities();
     out_.timings.emplace_back("checks", clock_.lap());
     out_.derived = derive(out_.m);
+    for (const BlockMeasurements& b : blocks_) out_.blocks.push_back(derive_blocks(b, out_.m, out_.derived));
+    block_identity();
     double total = 0;
     for (const auto& t : out_.timings) total += t.second;
     out_.timings.emplace_back("total", total);
@@ -108,6 +148,7 @@ struct CaseAnalysis {
     if (!std::isfinite(out_.loss)) fail("the epoch loss is not finite (", out_.loss, ")");
     acc.to_double(space_, G_.data(), 1.0 / double(gs.count));
     out_.m.G_sqnorm = dot(space_, G_.data(), G_.data(), P_);
+    set_block_values(&BlockMeasurements::G_sqnorm, block_dots(G_.data(), G_.data()));
   }
 
   // Stage 2: noise batches, each computed whole by one member and shared:
@@ -124,6 +165,7 @@ struct CaseAnalysis {
       partition_sum_.clear(space_);
     }
     bool stopped = false;
+    std::vector<double> xi_blocks(static_cast<std::size_t>(n_block_values_));
     for (index_t j = 0; j < m; ++j) {
       const int owner = team_.owner(j);
       NoiseSample r;
@@ -151,12 +193,15 @@ struct CaseAnalysis {
           r.xi_sqnorm = dot(space_, xij.data(), xij.data(), P_);
           r.G_dot_xi = dot(space_, G_.data(), xij.data(), P_);
           r.finite = std::isfinite(r.gB_sqnorm);
+          xi_blocks = block_dots(xij.data(), xij.data());
           if (plan_.partition) partition_sum_.add(space_, gj_.data());
         }
         space_.fence();
       }
       team_.broadcast_value(r, owner);
       team_.broadcast(xi_.data() + j * P_, sizeof(T) * static_cast<std::size_t>(P_), owner);
+      if (!xi_blocks.empty()) team_.broadcast(xi_blocks.data(), sizeof(double) * xi_blocks.size(), owner);
+      add_block_row(&BlockMeasurements::xi_sqnorm, xi_blocks);
       stopped = stopped || r.stopped;
       if (!stopped && !r.finite) fail("noise batch ", j, ": the gradient is not finite");
       out_.m.gB_sqnorm.push_back(r.gB_sqnorm);
@@ -199,6 +244,19 @@ struct CaseAnalysis {
     const auto batches = make_batches(all_blocks(plan_.n_blocks), s_.hvp_batch);
     View2<T> dirs("gnh::case::directions", sizes.front(), P_);
     std::vector<double> quad(static_cast<std::size_t>(D));
+    // With [curvature], the epoch's H v of each direction of a pass, summed
+    // exactly over the batches and the team (so identical at any rank count).
+    const bool keep_hv = s_.keeps_hv();
+    std::vector<ExactSum> hv_sums;
+    View1<double> Hv;
+    if (keep_hv) {
+      for (index_t k = 0; k < sizes.front(); ++k) hv_sums.emplace_back(P_);
+      Hv = View1<double>("gnh::case::Hv", P_);
+      if (s_.curvature.diagonal) {
+        diagonal_ = View1<double>("gnh::case::diagonal", P_);
+        Kokkos::deep_copy(space_, diagonal_, 0.0);
+      }
+    }
     first_.assign(static_cast<std::size_t>(D), 0.0);
     for (index_t c = 0, d0 = 0; c < passes; d0 += sizes[std::size_t(c)], ++c) {
       const index_t K = sizes[std::size_t(c)];
@@ -207,10 +265,18 @@ struct CaseAnalysis {
       std::vector<BatchScalars> ct;
       // The first K rows of dirs, contiguous (LayoutRight).
       const Span2<const T> pass_dirs(dirs.data(), K, P_);
+      std::vector<ExactSum> pass_sums(hv_sums.begin(), hv_sums.begin() + (keep_hv ? K : 0));
+      for (ExactSum& e : pass_sums) e.clear(space_);
       const bool ok = curvature_pass<T>(space_, engines_.curvature(K), stager_, params_, pass_dirs, ids_, batches,
                                         team_.share_of(index_t(batches.size())), s_.curvature_method, ct, hooks_.stop,
-                                        progress("curvature " + std::to_string(c + 1) + "/" + std::to_string(passes)));
+                                        progress("curvature " + std::to_string(c + 1) + "/" + std::to_string(passes)),
+                                        keep_hv ? &pass_sums : nullptr);
       if (team_.any(!ok)) throw Interrupted{};
+      for (index_t r = 0; keep_hv && r < K; ++r) {
+        team_.sum(pass_sums[std::size_t(r)]);
+        pass_sums[std::size_t(r)].to_double(space_, Hv.data(), 1.0 / double(tokens_));
+        kept_hv(dirs.data() + r * P_, Hv, d0 + r);
+      }
       team_.share(ct);
       const BatchScalars cs = sum_in_order(ct);
       for (index_t r = 0; r < K; ++r) {
@@ -223,6 +289,62 @@ struct CaseAnalysis {
     out_.m.vHv.assign(quad.begin() + 1 + m, quad.end());
     for (double q : quad)
       if (!std::isfinite(q)) fail("a curvature quadratic form is not finite");
+    if (diagonal_.extent(0) > 0 && s_.directions > 0) {
+      out_.hessian_diagonal.resize(static_cast<std::size_t>(P_));
+      auto h = Kokkos::create_mirror_view_and_copy(HostSpace(), diagonal_);
+      for (index_t i = 0; i < P_; ++i) out_.hessian_diagonal[i] = float(h(i) / double(s_.directions));
+    }
+  }
+
+  // What the epoch's H v of direction d (dir, in the engine's precision, as
+  // the pass applied it) gives beyond d^T H d: its per-block shares and, for a
+  // Rademacher direction, |Hv|^2 (whole and per block) and the diagonal.
+  void kept_hv(const T* dir, View1<double> Hv, index_t d) {
+    const index_t m = plan_.n_noise;
+    const std::vector<double> shares = block_dots(dir, Hv.data());
+    if (d == 0) set_block_values(&BlockMeasurements::GHG, shares);
+    else if (d <= m) add_block_row(&BlockMeasurements::xiHxi, shares);
+    else {
+      add_block_row(&BlockMeasurements::vHv, shares);
+      add_block_row(&BlockMeasurements::Hv_sqnorm, block_dots(Hv.data(), Hv.data()));
+      out_.m.Hv_sqnorm.push_back(dot(space_, Hv.data(), Hv.data(), P_));
+      if (diagonal_.extent(0) > 0) {
+        auto diag = diagonal_;
+        Kokkos::parallel_for("gnh::case::diagonal", range(space_, P_),
+                             KOKKOS_LAMBDA(const index_t i) { diag(i) += double(dir[i]) * Hv(i); });
+      }
+    }
+  }
+
+  // SPEC §10: each partition's block values sum to the whole-model ones.
+  // Every block value is a double dot product of the same vectors as the
+  // whole one (or a mean of such), so they agree to double rounding except
+  // where the whole value was summed batch by batch from the engine's
+  // per-batch products (G^T H G, xi^T H xi, v^T H v): there the engine's
+  // identity tolerance (fp64 1e-10, fp32 1e-4, bf16 1e-2) applies.
+  void block_identity() {
+    if (blocks_.empty()) return;
+    constexpr bool fp64 = std::is_same<T, double>::value;
+    const double tol = fp64 ? 1e-10 : s_.bf16() ? 1e-2 : 1e-4;
+    IdentityCheck sums{"block_sums", 0, tol, true};
+    const DerivedStatistics& d = out_.derived;
+    const Estimate xiHxi_mean = mean_se(out_.m.xiHxi);
+    const std::pair<const char*, double> whole[] = {
+        {"G_sqnorm", out_.m.G_sqnorm},     {"trace_sigma", d.trace_sigma.value}, {"trace_H", d.trace_H.value},
+        {"GHG_contrib", out_.m.GHG},       {"xiHxi_contrib", xiHxi_mean.value},  {"frob_H", d.frob_H.value}};
+    for (const BlockTable& t : out_.blocks)
+      for (const auto& [name, value] : whole) {
+        const std::vector<double>* col = t.column(name);
+        if (!col || !std::isfinite(value)) continue;
+        double sum = 0, abs_sum = 0;
+        for (double x : *col) {
+          sum += x;
+          abs_sum += std::abs(x);
+        }
+        const double scale = std::max(std::abs(value), abs_sum);
+        sums.deviation = std::max(sums.deviation, std::abs(sum - value) / std::max(scale, 1e-300));
+      }
+    out_.identities.push_back(sums);
   }
 
   // Stage 4: the identities of SPEC §4. Tolerances: the |g|^2 identity is
@@ -294,6 +416,9 @@ struct CaseAnalysis {
   View2<T> xi_;                // (m, P) the noise vectors
   ExactSum partition_sum_;     // sum of the g_j when the noise batches partition the epoch
   std::vector<double> first_;  // per direction: G . d
+  std::vector<BlockMeasurements> blocks_;  // [curvature] blocks: one per partition
+  index_t n_block_values_ = 0;             // blocks of all partitions together
+  View1<double> diagonal_;                 // [curvature] diagonal: sum_k v_k * (H v_k)
 };
 
 }  // namespace

@@ -53,6 +53,11 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const 
   // pass's directions, the two check directions and three batch vectors.
   m.vectors = sizeof(double) * P * 4 + sizeof(fixed128) * P * (c.partition ? 3 : 2) +
               scalar * P * std::size_t(c.n_noise + c.pass_widths.front() + 2 + 3);
+  // [curvature] with H v kept: an exact sum per direction of the widest pass,
+  // the epoch's H v in double, and the diagonal's accumulator in double.
+  if (s.keeps_hv())
+    m.vectors += sizeof(fixed128) * P * std::size_t(c.pass_widths.front()) +
+                 sizeof(double) * P * (s.curvature.diagonal ? 2 : 1);
   return m;
 }
 

@@ -32,7 +32,8 @@ Shape check_shape(const AnalysisSettings& s, bool second_order);
 
 struct MemoryPlan {
   std::size_t gradient = 0, curvature = 0, checks = 0;  // engines (model/plan.hpp)
-  std::size_t vectors = 0;  // G, g_j, xi_j in double; the exact sums; the xi and direction blocks
+  std::size_t vectors = 0;  // G, g_j, xi_j in double; the exact sums; the xi and direction blocks;
+                            // with [curvature], the epoch's H v of each direction of a pass
   std::size_t total() const { return gradient + curvature + checks + vectors; }
 };
 MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const CasePlan& c);

@@ -42,16 +42,30 @@ std::optional<CurvatureMethod> curvature_method_named(const std::string& s);
   X(seed, std::uint64_t, 1234, 0, INT64_MAX, false)                                            \
   X(curvature_method, CurvatureMethod, CurvatureMethod::second_order_forward, 0, 0, true)
 
+// [curvature] (SPEC §10): what the analysis computes beyond §4. Absent: none.
+struct CurvatureSettings {
+  bool blocks = false;    // per-block statistics, both partitions (trace_H and the rest need Hv)
+  bool diagonal = false;  // the Hutchinson diagonal of H as a dataset (needs Hv)
+  bool any() const { return blocks || diagonal; }
+};
+
 struct AnalysisSettings {
 #define GNH_SETTINGS_MEMBER(key, type, dflt, lo, hi, recipe) type key = dflt;
   GNH_ANALYSIS_KEYS(GNH_SETTINGS_MEMBER)
 #undef GNH_SETTINGS_MEMBER
   index_t context = 0;                    // [data] context: tokens per block
   Precision precision = Precision::fp32;  // [precision] policy
+  CurvatureSettings curvature;            // [curvature]
 
   bool fp64() const { return precision == Precision::fp64; }
   bool bf16() const { return precision == Precision::bf16_amp; }
   bool tf32() const { return precision == Precision::tf32; }
+  // Whether the curvature passes keep the epoch's H v of every direction: the
+  // per-block curvature, tr(H^2) and the diagonal need it, and only
+  // forward-over-reverse has it (second-order forward gives v^T H v alone).
+  bool keeps_hv() const {
+    return curvature.any() && curvature_method == CurvatureMethod::forward_over_reverse;
+  }
 };
 
 // One row of the table, as the visitors below pass it.

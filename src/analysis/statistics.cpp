@@ -2,6 +2,7 @@
 #include "analysis/statistics.hpp"
 
 #include <cmath>
+#include <functional>
 #include <limits>
 
 namespace gnh {
@@ -39,6 +40,8 @@ DerivedStatistics derive(const CaseMeasurements& m) {
     d.B_noise = scaled(d.trace_HSigma, 1.0 / m.GHG);
   }
   d.trace_H = mean_se(m.vHv);
+  d.frob_H = mean_se(m.Hv_sqnorm);
+  d.effective_rank = d.trace_H.value * d.trace_H.value / d.frob_H.value;
   d.GHG_over_G_sqnorm = m.GHG / m.G_sqnorm;
   d.eps_star = m.G_sqnorm / m.GHG;
   d.B_simple_tokens = scaled(d.B_simple, double(m.context));
@@ -55,7 +58,56 @@ std::vector<std::pair<std::string, double>> DerivedStatistics::named() const {
           {"B_noise", B_noise.value},             {"B_noise_se", B_noise.se},
           {"B_noise_tokens", B_noise_tokens.value}, {"B_noise_tokens_se", B_noise_tokens.se},
           {"trace_H", trace_H.value},             {"trace_H_se", trace_H.se},
+          {"frob_H", frob_H.value},               {"frob_H_se", frob_H.se},
+          {"effective_rank", effective_rank},
           {"GHG_over_G_sqnorm", GHG_over_G_sqnorm}, {"eps_star", eps_star}};
+}
+
+namespace {
+// Column b of per-sample rows.
+std::vector<double> column_of(const std::vector<std::vector<double>>& rows, std::size_t b) {
+  std::vector<double> c;
+  c.reserve(rows.size());
+  for (const auto& r : rows) c.push_back(r[b]);
+  return c;
+}
+}  // namespace
+
+const std::vector<double>* BlockTable::column(const std::string& name) const {
+  for (const auto& c : columns)
+    if (c.first == name) return &c.second;
+  return nullptr;
+}
+
+BlockTable derive_blocks(const BlockMeasurements& b, const CaseMeasurements& m, const DerivedStatistics& d) {
+  BlockTable t;
+  t.partition = b.partition;
+  t.names = b.names;
+  t.offsets = b.offsets;
+  const std::size_t n = b.size();
+  const double B = double(m.noise_batch);
+  // Estimated quantities: (name, per-block estimate).
+  auto estimated = [&](const std::string& name, const std::function<Estimate(std::size_t)>& f) {
+    std::vector<double> v(n), se(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const Estimate e = f(i);
+      v[i] = e.value;
+      se[i] = e.se;
+    }
+    t.columns.emplace_back(name, std::move(v));
+    t.columns.emplace_back(name + "_se", std::move(se));
+  };
+  t.columns.emplace_back("G_sqnorm", b.G_sqnorm);
+  estimated("trace_sigma", [&](std::size_t i) { return scaled(mean_se(column_of(b.xi_sqnorm, i)), B * d.fpc); });
+  estimated("B_simple", [&](std::size_t i) {
+    return scaled(scaled(mean_se(column_of(b.xi_sqnorm, i)), B * d.fpc), 1.0 / b.G_sqnorm[i]);
+  });
+  if (!b.has_hv) return t;
+  estimated("trace_H", [&](std::size_t i) { return mean_se(column_of(b.vHv, i)); });
+  t.columns.emplace_back("GHG_contrib", b.GHG);
+  estimated("xiHxi_contrib", [&](std::size_t i) { return mean_se(column_of(b.xiHxi, i)); });
+  estimated("frob_H", [&](std::size_t i) { return mean_se(column_of(b.Hv_sqnorm, i)); });
+  return t;
 }
 
 }  // namespace gnh

@@ -18,6 +18,7 @@ struct CaseMeasurements {
   double G_sqnorm = 0, GHG = 0;
   std::vector<double> gB_sqnorm, xi_sqnorm, G_dot_xi, xiHxi;  // per noise sample
   std::vector<double> vHv;                                    // per direction
+  std::vector<double> Hv_sqnorm;  // per direction |H v_k|^2, where the epoch's H v is kept (SPEC §10)
 };
 
 struct Estimate {
@@ -27,6 +28,8 @@ struct Estimate {
 struct DerivedStatistics {
   double fpc = 1;  // (n-1)/(n-B): finite-population correction of the noise estimators
   Estimate trace_sigma, B_simple, trace_HSigma, B_noise, trace_H;
+  Estimate frob_H;            // mean |H v_k|^2, unbiased for tr(H^2) (SPEC §10)
+  double effective_rank = 0;  // tr(H)^2 / tr(H^2)
   double GHG_over_G_sqnorm = 0, eps_star = 0;
   // Batch sizes in tokens (the values above are in sequences).
   Estimate B_simple_tokens, B_noise_tokens;
@@ -35,6 +38,32 @@ struct DerivedStatistics {
 };
 
 DerivedStatistics derive(const CaseMeasurements& m);
+
+// SPEC §10: the per-block measurements of one partition of the parameters
+// (blocks are contiguous ranges of the canonical flat vector, offsets[b] ..
+// offsets[b+1]). Per sample or direction, one value per block.
+struct BlockMeasurements {
+  std::string partition;  // "tensor" | "layer"
+  std::vector<std::string> names;
+  std::vector<std::int64_t> offsets;  // n_blocks + 1
+  bool has_hv = false;                // the epoch's H v was kept (forward-over-reverse)
+  std::vector<double> G_sqnorm, GHG;  // |G_b|^2, G_b^T (HG)_b
+  std::vector<std::vector<double>> xi_sqnorm, xiHxi;  // per noise sample: |xi_b|^2, xi_b^T (H xi)_b
+  std::vector<std::vector<double>> vHv, Hv_sqnorm;    // per direction: v_b^T (Hv)_b, |(Hv)_b|^2
+  std::size_t size() const { return names.size(); }
+};
+
+// The block table of SPEC §10 for one partition: (name, one value per block)
+// in the order of the spec, "<name>_se" beside each estimated quantity. The
+// H v columns are absent where H v was not kept.
+struct BlockTable {
+  std::string partition;
+  std::vector<std::string> names;
+  std::vector<std::int64_t> offsets;
+  std::vector<std::pair<std::string, std::vector<double>>> columns;
+  const std::vector<double>* column(const std::string& name) const;
+};
+BlockTable derive_blocks(const BlockMeasurements& b, const CaseMeasurements& m, const DerivedStatistics& d);
 
 // An identity of SPEC §4 checked on a case's vectors.
 struct IdentityCheck {
@@ -56,6 +85,8 @@ struct CaseStatistics {
   std::vector<IdentityCheck> identities;
   std::vector<std::pair<std::string, double>> timings;  // stage, seconds
   std::int64_t peak_memory_bytes = 0;  // planned memory of the engines and vectors (analysis/memory.hpp)
+  std::vector<BlockTable> blocks;        // [curvature] blocks: one table per partition
+  std::vector<float> hessian_diagonal;   // [curvature] diagonal: mean_k v_k * (H v_k), (P)
 };
 
 // Mean and standard error (sample sd with ddof 1, over sqrt(count)). Not

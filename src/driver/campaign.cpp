@@ -78,6 +78,9 @@ std::string settings_fingerprint(const Deck& d, const ModelConfig& cfg, const st
   j["analysis"] = json::object();
   for_each_analysis_key(d.analysis, [&](const AnalysisKey& k, const auto& v) { j["analysis"][k.name] = json_of(v); });
   j["precision"] = to_string(d.analysis.precision);
+  // Only when asked for, so that a deck without [curvature] keeps its fingerprint.
+  if (d.analysis.curvature.any())
+    j["curvature"] = {{"blocks", d.analysis.curvature.blocks}, {"diagonal", d.analysis.curvature.diagonal}};
   return sha256_hex(j.dump()).substr(0, 16);
 }
 

@@ -126,6 +126,14 @@ class Reader {
     return v;
   }
 
+  bool boolean(const toml::table& t, const std::string& sec, const std::string& key, bool dflt) const {
+    const std::string dotted = sec + "." + key;
+    const toml::node* n = t.get(key);
+    if (!n) return dflt;
+    if (!n->is_boolean()) fail(where(*n, dotted), ": ", dotted, " must be true or false, got ", type_name(*n));
+    return n->as_boolean()->get();
+  }
+
   std::vector<std::string> strings(const toml::table& t, const std::string& sec,
                                    const std::string& key) const {
     const std::string dotted = sec + "." + key;
@@ -227,7 +235,7 @@ Deck parse_deck(const std::string& text, const std::string& name, const std::str
   for (const auto& o : overrides) apply_override(root, o, origin);
   const Reader r(name, origin);
 
-  r.check_keys(root, "", {"run", "checkpoints", "data", "analysis", "precision", "parallel"});
+  r.check_keys(root, "", {"run", "checkpoints", "data", "analysis", "precision", "parallel", "curvature"});
 
   if (const toml::table* run = r.section(root, "run", true)) {
     r.check_keys(*run, "run", {"name", "output"});
@@ -282,6 +290,25 @@ Deck parse_deck(const std::string& text, const std::string& name, const std::str
     r.check_keys(*p, "precision", {"policy"});
     d.analysis.precision =
         *precision_named(r.str(*p, "precision", "policy", to_string(d.analysis.precision), false, precision_names()));
+  }
+  if (const toml::table* c = r.section(root, "curvature", false)) {
+    r.check_keys(*c, "curvature", {"blocks", "diagonal", "update", "preconditioned", "lanczos_steps", "lanczos_chains",
+                                   "lanczos_operator", "top_eigenvalues"});
+    d.analysis.curvature.blocks = r.boolean(*c, "curvature", "blocks", false);
+    d.analysis.curvature.diagonal = r.boolean(*c, "curvature", "diagonal", false);
+    // SPEC §10's other parts are not in this version: asking for one is an
+    // error rather than a silently missing output.
+    for (const char* k : {"update", "preconditioned"})
+      if (r.boolean(*c, "curvature", k, false))
+        fail(r.where(*c->get(k), std::string("curvature.") + k), ": curvature.", k,
+             " = true is not implemented in this version of gnh (issue #13); set it to false");
+    if (r.integer(*c, "curvature", "lanczos_steps", 0, 0, 1 << 20) > 0)
+      fail(r.where(*c->get("lanczos_steps"), "curvature.lanczos_steps"),
+           ": curvature.lanczos_steps > 0 (the spectrum) is not implemented in this version of gnh (issue #14); "
+           "set it to 0");
+    r.integer(*c, "curvature", "lanczos_chains", 4, 1, 1 << 20);
+    r.integer(*c, "curvature", "top_eigenvalues", 5, 1, 1 << 20);
+    r.str(*c, "curvature", "lanczos_operator", "H", false, {"H", "PHP"});
   }
   if (const toml::table* p = r.section(root, "parallel", false)) {
     r.check_keys(*p, "parallel", {"ranks_per_checkpoint"});

@@ -205,6 +205,17 @@ void write_dataset(hid_t loc, const std::string& name, const std::vector<double>
   write_raw(loc, name, H5T_NATIVE_DOUBLE, v.data(), {static_cast<std::int64_t>(v.size())});
 }
 
+void write_dataset(hid_t loc, const std::string& name, const std::vector<float>& v) {
+  write_raw(loc, name, H5T_NATIVE_FLOAT, v.data(), {static_cast<std::int64_t>(v.size())});
+}
+
+void write_dataset(hid_t loc, const std::string& name, const std::vector<std::string>& v) {
+  Handle t = utf8_vlen_type();
+  std::vector<const char*> ptrs;
+  for (const auto& s : v) ptrs.push_back(s.c_str());
+  write_raw(loc, name, t.id(), ptrs.data(), {static_cast<std::int64_t>(v.size())});
+}
+
 void write_dataset(hid_t loc, const std::string& name, const std::vector<std::int64_t>& v,
                    const std::vector<std::int64_t>& shape) {
   write_raw(loc, name, H5T_NATIVE_INT64, v.data(), shape);

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -90,6 +91,21 @@ void write_case(hid_t parent, const CaseRecord& c, const std::string& where) {
   h5::write_dataset(id, "G_dot_xi", s.m.G_dot_xi);
   h5::write_dataset(id, "xiHxi", s.m.xiHxi);
   h5::write_dataset(id, "vHv", s.m.vHv);
+  // SPEC §10, where [curvature] asked for them.
+  if (!s.m.Hv_sqnorm.empty()) h5::write_dataset(id, "Hv_sqnorm", s.m.Hv_sqnorm);
+  if (!s.hessian_diagonal.empty()) h5::write_dataset(id, "hessian_diagonal", s.hessian_diagonal);
+  if (!s.blocks.empty()) {
+    h5::Handle bg = h5::create_group(id, "blocks", where);
+    for (const BlockTable& t : s.blocks) {
+      h5::Handle pg = h5::create_group(bg.id(), t.partition, where);
+      h5::write_dataset(pg.id(), "names", t.names);
+      h5::write_dataset(pg.id(), "offsets", t.offsets, {std::int64_t(t.offsets.size())});
+      // A column with no finite value (a standard error from one sample) is left out.
+      for (const auto& [name, values] : t.columns)
+        if (std::any_of(values.begin(), values.end(), [](double v) { return std::isfinite(v); }))
+          h5::write_dataset(pg.id(), name, values);
+    }
+  }
   std::vector<double> t;
   std::vector<std::string> stages;
   for (const auto& [stage, sec] : s.timings) {

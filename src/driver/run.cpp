@@ -302,6 +302,12 @@ int run_command(const Comm& comm, const RunOptions& opt) {
   });
   if (!opt.dry_run) choose_host_gemm(comm, c, opt.quiet, !deck.analysis.fp64());
   if (root && (opt.dry_run || !opt.quiet)) print_plan(c, team_of_group, teams, rpc, output);
+  const AnalysisSettings& as = c.deck.analysis;
+  if (root && as.curvature.any() && !as.keeps_hv())
+    std::printf("gnh: note: [curvature] with curvature_method = \"%s\": the epoch's H v is not formed, so only the "
+                "per-block G_sqnorm, trace_sigma and B_simple are computed; trace_H, GHG_contrib, xiHxi_contrib, "
+                "frob_H, effective_rank and the diagonal need curvature_method = \"forward-over-reverse\"\n",
+                to_string(as.curvature_method));
   if (!other_run.empty())
     std::printf("gnh: note: another gnh run is writing %s now (%s); this run would stop at once\n", output.c_str(),
                 other_run.c_str());

@@ -40,7 +40,11 @@ def snapshot(path):
                 else:
                     out[f"{name}@{k}"] = a.tobytes()
             if isinstance(obj, h5py.Dataset):
-                out[name] = obj[()].tobytes()
+                a = obj[()]
+                if a.dtype.kind in "OSU":  # variable-length strings (block names): the text
+                    out[name] = tuple(x.decode() if isinstance(x, bytes) else str(x) for x in a.reshape(-1))
+                else:
+                    out[name] = a.tobytes()
         f["groups"].visititems(visit)
     return out
 
@@ -64,11 +68,16 @@ class Parallel(unittest.TestCase):
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
-    def deck(self, name, output, checkpoints="ckpt/*.h5", analysis=None):
+    def deck(self, name, output, checkpoints="ckpt/*.h5", analysis=None, curvature=False):
+        """curvature: forward-over-reverse with SPEC §10's blocks and diagonal."""
         path = os.path.join(self.tmp, name)
-        gnhtest.write_deck(path, output, [checkpoints], 12, "train.bin", "val.bin",
-                           analysis=dict(dict(noise_samples=3, noise_batch=5, directions=3, directions_per_pass=3),
-                                         **(analysis or {})))
+        analysis = dict(dict(noise_samples=3, noise_batch=5, directions=3, directions_per_pass=3), **(analysis or {}))
+        if curvature:
+            analysis["curvature_method"] = "forward-over-reverse"
+        gnhtest.write_deck(path, output, [checkpoints], 12, "train.bin", "val.bin", analysis=analysis)
+        if curvature:
+            with open(path, "a") as f:
+                f.write("\n[curvature]\nblocks = true\ndiagonal = true\n")
         return path
 
     def run_ok(self, deck, np_, sets=()):
@@ -77,14 +86,24 @@ class Parallel(unittest.TestCase):
         return r
 
     def test_rank_counts_and_layouts_are_bitwise_identical(self):
+        self.check_layouts(False)
+
+    def test_curvature_blocks_and_diagonal_are_bitwise_identical_across_layouts(self):
+        self.check_layouts(True)
+
+    def check_layouts(self, curvature):
         snaps = {}
+        tag = "curv" if curvature else "plain"
         for np_, rpc in ((1, 1), (2, 1), (3, 1), (2, 2), (4, 2)):
-            out = f"out/layout_{np_}_{rpc}.h5"
-            deck = self.deck(f"layout_{np_}_{rpc}.toml", out, analysis=dict(seed=5))
+            out = f"out/layout_{tag}_{np_}_{rpc}.h5"
+            deck = self.deck(f"layout_{tag}_{np_}_{rpc}.toml", out, analysis=dict(seed=5), curvature=curvature)
             self.run_ok(deck, np_, [f"parallel.ranks_per_checkpoint={rpc}"])
             snaps[(np_, rpc)] = snapshot(os.path.join(self.tmp, out))
         base = snaps[(1, 1)]
         self.assertGreater(len(base), 50)
+        if curvature:  # the SPEC §10 outputs are among the compared objects
+            for name in ("blocks/layer/trace_H", "blocks/tensor/frob_H", "hessian_diagonal", "Hv_sqnorm"):
+                self.assertTrue(any(k.endswith("seen/" + name) for k in base), name)
         for key, snap in snaps.items():
             with self.subTest(ranks=key[0], ranks_per_checkpoint=key[1]):
                 self.assertEqual(sorted(snap), sorted(base))
@@ -120,8 +139,8 @@ class Parallel(unittest.TestCase):
         return p.returncode, out, err, groups
 
     def test_sigkill_then_rerun(self):
-        deck = self.deck("killed.toml", "out/killed.h5", analysis=dict(directions=6))
-        ref_deck = self.deck("uninterrupted.toml", "out/uninterrupted.h5", analysis=dict(directions=6))
+        deck = self.deck("killed.toml", "out/killed.h5", analysis=dict(directions=6), curvature=True)
+        ref_deck = self.deck("uninterrupted.toml", "out/uninterrupted.h5", analysis=dict(directions=6), curvature=True)
         self.run_ok(ref_deck, 1)
         rc, _, _, groups = self._start_and_kill(deck, signal.SIGKILL, 2)
         self.assertNotEqual(rc, 0)

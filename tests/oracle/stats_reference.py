@@ -52,7 +52,7 @@ torch.set_num_threads(1)
 
 __all__ = ["MASK64", "NOISE_SALT", "splitmix64", "rademacher", "noise_batches",
            "reference_statistics", "EpochReference", "load_reference", "statistics_of",
-           "derived_statistics"]
+           "derived_statistics", "partitions", "block_statistics"]
 
 MASK64 = (1 << 64) - 1
 #: Salt of the noise-batch key ("noise" in ASCII, left-aligned).
@@ -359,6 +359,7 @@ def statistics_of(ref, noise_samples, noise_batch, directions, seed, batched=Tru
         "GHG": float(q[0]),
         "GHG_abs": float(a[0]),
         "noise_blocks": blocks,
+        "noise_batch": int(noise_batch),
         "gB": (torch.stack(gs).numpy().copy() if m else np.zeros((0, ref.P))),
         "gB_sqnorm": np.array([float(g @ g) for g in gs]),
         "xi_sqnorm": np.array([float(x @ x) for x in xis]),
@@ -397,3 +398,79 @@ def reference_statistics(ckpt_h5: str, tokens_path: str, context: int, noise_sam
     """
     ref = load_reference(ckpt_h5, tokens_path, context, dtype, max_blocks)
     return statistics_of(ref, noise_samples, noise_batch, directions, seed)
+
+
+# --------------------------------------------------------------------------- #
+# SPEC §10: per-block statistics, tr(H^2) and the Hutchinson diagonal
+# --------------------------------------------------------------------------- #
+def partitions(ref):
+    """The `tensor` and `layer` partitions of SPEC §10 as {name: (names, offsets)},
+    from the canonical tensor order of the reference's model."""
+    sd = gnh_model.canonical_state_dict(ref.model)
+    names, offsets, off = [], [], 0
+    layer_names, layer_offsets = [], []
+    for name, t in sd.items():
+        names.append(name)
+        offsets.append(off)
+        if name in ("transformer.wte.weight", "transformer.wpe.weight"):
+            block = "embed"
+        elif name.startswith("transformer.h."):
+            block = "h." + name.split(".")[2]
+        else:
+            block = "head"
+        if not layer_names or layer_names[-1] != block:
+            layer_names.append(block)
+            layer_offsets.append(off)
+        off += t.numel()
+    return {"tensor": (names, offsets + [off]), "layer": (layer_names, layer_offsets + [off])}
+
+
+def block_statistics(ref, stats, directions, seed):
+    """Per-block quantities of SPEC §10 from the epoch's H v of every direction
+    (float64 double backward), given ``statistics_of``'s output ``stats``.
+
+    Returns {"partitions": {part: {"names", "offsets", <quantity>: array,
+    <quantity>_se: array, <quantity>_scale: array}}, "frob_H", "frob_H_se",
+    "effective_rank", "hessian_diagonal", "hessian_diagonal_scale"}. A
+    ``_scale`` is sum_i |d_i (Hd)_i| over the block (averaged like the
+    quantity), the tolerance scale of a quadratic form that may cancel.
+    """
+    G = torch.from_numpy(stats["G"])
+    xis = [torch.from_numpy(g) - G for g in stats["gB"]]
+    vs = [torch.from_numpy(rademacher(seed, k, ref.P)) for k in range(int(directions))]
+    HG = ref.hvp(G)
+    Hxi = [ref.hvp(x) for x in xis]
+    Hv = [ref.hvp(v) for v in vs]
+    B, f = stats["noise_batch"], stats["fpc"]
+
+    def mse(rows):
+        a = np.asarray(rows, dtype=np.float64)
+        if a.shape[0] == 0:
+            return np.full(a.shape[1:], np.nan), np.full(a.shape[1:], np.nan)
+        se = a.std(axis=0, ddof=1) / math.sqrt(a.shape[0]) if a.shape[0] > 1 else np.full(a.shape[1:], np.nan)
+        return a.mean(axis=0), se
+
+    out = {"partitions": {}}
+    for part, (names, offsets) in partitions(ref).items():
+        sl = [slice(offsets[i], offsets[i + 1]) for i in range(len(names))]
+        dots = lambda a, b: [float(a[s] @ b[s]) for s in sl]  # noqa: E731
+        absdots = lambda a, b: [float((a[s] * b[s]).abs().sum()) for s in sl]  # noqa: E731
+        q = {"names": names, "offsets": offsets}
+        q["G_sqnorm"] = np.array(dots(G, G))
+        xs, xs_se = mse([dots(x, x) for x in xis])
+        q["trace_sigma"], q["trace_sigma_se"] = B * f * xs, B * f * xs_se
+        q["B_simple"], q["B_simple_se"] = q["trace_sigma"] / q["G_sqnorm"], q["trace_sigma_se"] / q["G_sqnorm"]
+        q["trace_H"], q["trace_H_se"] = mse([dots(v, h) for v, h in zip(vs, Hv)])
+        q["trace_H_scale"] = np.mean([absdots(v, h) for v, h in zip(vs, Hv)], axis=0)
+        q["GHG_contrib"] = np.array(dots(G, HG))
+        q["GHG_contrib_scale"] = np.array(absdots(G, HG))
+        q["xiHxi_contrib"], q["xiHxi_contrib_se"] = mse([dots(x, h) for x, h in zip(xis, Hxi)])
+        q["xiHxi_contrib_scale"] = np.mean([absdots(x, h) for x, h in zip(xis, Hxi)], axis=0)
+        q["frob_H"], q["frob_H_se"] = mse([dots(h, h) for h in Hv])
+        out["partitions"][part] = q
+    out["frob_H"], out["frob_H_se"] = mse([float(h @ h) for h in Hv])
+    out["effective_rank"] = stats["trace_H"] ** 2 / out["frob_H"]
+    diag = torch.stack([v * h for v, h in zip(vs, Hv)])
+    out["hessian_diagonal"] = diag.mean(0).numpy()
+    out["hessian_diagonal_scale"] = diag.abs().mean(0).numpy()
+    return out

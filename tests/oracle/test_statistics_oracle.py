@@ -107,6 +107,72 @@ class StatisticsOracle(unittest.TestCase):
     def test_fp32(self):
         self.check_policy("fp32", 1e-4, "second-order-forward")
 
+    def check_blocks(self, policy, rel):
+        """SPEC §10 per-block statistics, tr(H^2), the effective rank and the
+        Hutchinson diagonal against float64 double backward (block_statistics).
+        Bars: `rel` relative to the quantity, or for sums of products that can
+        cancel (trace_H, GHG_contrib, xiHxi_contrib) to the sum of absolute
+        products; the diagonal is stored in float32, so 2^-24 relative more."""
+        r = gnhtest.run_gnh(self.deck, 2, [f"precision.policy={policy}", "analysis.curvature_method=forward-over-reverse",
+                                           "curvature.blocks=true", "curvature.diagonal=true"])
+        self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
+        with h5py.File(os.path.join(self.tmp, "out", "stats.h5"), "r") as f:
+            self.assertEqual(int(f.attrs["identities_ok"]), 1)
+            groups = {}
+            for g in f["groups"].values():
+                for a in g.attrs["aliases"]:
+                    groups[a.decode() if isinstance(a, bytes) else a] = g
+            for e in (1, 3):
+                for case, tok in (("seen", "train.bin"), ("unseen", "val.bin")):
+                    ref = stats_reference.load_reference(os.path.join(self.tmp, "ckpt", f"epoch{e}.h5"),
+                                                         os.path.join(self.tmp, tok), self.context)
+                    st = stats_reference.statistics_of(ref, ANALYSIS["noise_samples"], ANALYSIS["noise_batch"],
+                                                       ANALYSIS["directions"], ANALYSIS["seed"])
+                    want = stats_reference.block_statistics(ref, st, ANALYSIS["directions"], ANALYSIS["seed"])
+                    c = groups[f"epoch{e}.h5"][case]
+                    with self.subTest(epoch=e, case=case, policy=policy):
+                        self.assertLessEqual(c.attrs["identity_block_sums_deviation"],
+                                             c.attrs["identity_block_sums_tolerance"])
+                        for name in ("frob_H", "effective_rank"):
+                            self.assertLessEqual(abs(c.attrs[name] - want[name]), rel * abs(want[name]), name)
+                        self.assertLessEqual(abs(c.attrs["frob_H_se"] - want["frob_H_se"]),
+                                             10 * rel * max(want["frob_H_se"], want["frob_H"]))
+                        d = c["hessian_diagonal"][()]
+                        self.assertEqual(d.dtype, np.float32)
+                        self.assertEqual(d.shape, (st["P"],))
+                        # Entries with no curvature (positions past the context) are
+                        # rounding noise on both sides: each entry's bar is `rel` of
+                        # its own scale or of the largest one, whichever is larger.
+                        scale = np.maximum(want["hessian_diagonal_scale"], want["hessian_diagonal_scale"].max())
+                        dt = np.abs(d - want["hessian_diagonal"])
+                        self.assertTrue(np.all(dt <= 2.0 ** -24 * np.abs(want["hessian_diagonal"]) + rel * scale),
+                                        dt.max())
+                        for part in ("tensor", "layer"):
+                            b, w = c["blocks"][part], want["partitions"][part]
+                            names = [n.decode() if isinstance(n, bytes) else n for n in b["names"][()]]
+                            self.assertEqual(names, w["names"])
+                            self.assertEqual(b["offsets"][()].tolist(), w["offsets"])
+                            for q in ("G_sqnorm", "trace_sigma", "B_simple", "trace_H", "GHG_contrib",
+                                      "xiHxi_contrib", "frob_H"):
+                                got, exp = b[q][()], w[q]
+                                scale = np.maximum(np.abs(exp), w.get(q + "_scale", 0.0))
+                                self.assertTrue(np.all(np.abs(got - exp) <= rel * scale), (part, q, got, exp))
+                                if q + "_se" in w:
+                                    se_scale = np.maximum(w[q + "_se"], scale)
+                                    self.assertTrue(np.all(np.abs(b[q + "_se"][()] - w[q + "_se"]) <= 10 * rel * se_scale),
+                                                    (part, q + "_se"))
+                            # The layer blocks are unions of tensor blocks.
+                            if part == "layer":
+                                t = c["blocks"]["tensor"]
+                                self.assertAlmostEqual(float(np.sum(t["frob_H"][()])), float(np.sum(b["frob_H"][()])),
+                                                       delta=rel * float(np.sum(b["frob_H"][()])))
+
+    def test_fp64_curvature_blocks(self):
+        self.check_blocks("fp64", 1e-10)
+
+    def test_fp32_curvature_blocks(self):
+        self.check_blocks("fp32", 1e-4)
+
     def test_csv_has_a_row_per_file_and_case(self):
         r = gnhtest.run_gnh(self.deck, 1, ["precision.policy=fp64"])
         self.assertEqual(r.returncode, 0, r.stderr)

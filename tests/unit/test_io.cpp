@@ -2,6 +2,7 @@
 // Deck parsing (strict keys, line numbers, --set), token files and SHA-256.
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cerrno>
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include <fstream>
 #include <type_traits>
 
+#include "analysis/blocks.hpp"
 #include "core/deal.hpp"
 #include "core/error.hpp"
 #include "core/sha256.hpp"
@@ -201,5 +203,65 @@ TEST_CASE("one dealing rule: item i to part i mod parts, every item once", "[dea
           ++seen[static_cast<std::size_t>(i)];
         }
       for (int n : seen) REQUIRE(n == 1);
+    }
+}
+
+TEST_CASE("[curvature]: blocks and diagonal are read; parts not implemented are refused by line", "[deck]") {
+  const Deck none = parse_deck(kDeck, "deck.toml", "/runs");
+  REQUIRE_FALSE(none.analysis.curvature.any());
+  const Deck d = parse_deck(std::string(kDeck) + "[curvature]\nblocks = true\nupdate = false\nlanczos_steps = 0\n",
+                            "deck.toml", "/runs");
+  REQUIRE(d.analysis.curvature.blocks);
+  REQUIRE_FALSE(d.analysis.curvature.diagonal);
+  // H v exists only under forward-over-reverse.
+  REQUIRE_FALSE(d.analysis.keeps_hv());
+  const Deck f = parse_deck(kDeck, "deck.toml", "/runs",
+                            {"curvature.diagonal=true", "analysis.curvature_method=forward-over-reverse"});
+  REQUIRE(f.analysis.curvature.diagonal);
+  REQUIRE(f.analysis.keeps_hv());
+  REQUIRE_THAT(error_of(std::string(kDeck) + "[curvature]\nblocks = 1\n"),
+               Contains("deck.toml:13:") && Contains("curvature.blocks must be true or false"));
+  REQUIRE_THAT(error_of(std::string(kDeck) + "[curvature]\nupdate = true\n"),
+               Contains("deck.toml:13:") && Contains("curvature.update = true is not implemented"));
+  REQUIRE_THAT(error_of(std::string(kDeck) + "[curvature]\nlanczos_steps = 20\n"),
+               Contains("deck.toml:13:") && Contains("issue #14"));
+  REQUIRE_THAT(error_of(std::string(kDeck) + "[curvature]\nblock = true\n"),
+               Contains("unknown key 'curvature.block'"));
+}
+
+TEST_CASE("the tensor and layer partitions of SPEC §10 tile the flat vector", "[blocks]") {
+  for (bool bias : {true, false})
+    for (bool tied : {true, false}) {
+      ModelConfig cfg;
+      cfg.n_layer = 3;
+      cfg.n_head = 2;
+      cfg.n_embd = 8;
+      cfg.block_size = 16;
+      cfg.vocab_size = 11;
+      cfg.bias = bias;
+      cfg.tie_embeddings = tied;
+      const ParamLayout L(cfg);
+      const auto parts = parameter_partitions(L);
+      REQUIRE(parts.size() == 2);
+      const Partition& t = parts[0];
+      const Partition& l = parts[1];
+      CAPTURE(bias, tied);
+      REQUIRE(t.name == "tensor");
+      REQUIRE(t.names.size() == L.tensors().size());
+      REQUIRE(t.offsets.size() == t.names.size() + 1);
+      for (std::size_t i = 0; i < t.names.size(); ++i) {
+        REQUIRE(t.names[i] == L.tensors()[i].name);
+        REQUIRE(t.offsets[i + 1] - t.offsets[i] == L.tensors()[i].size);
+      }
+      REQUIRE(l.name == "layer");
+      REQUIRE(l.names == std::vector<std::string>{"embed", "h.0", "h.1", "h.2", "head"});
+      REQUIRE(l.offsets.front() == 0);
+      REQUIRE(l.offsets.back() == L.size());
+      const std::int64_t C = 8, V = 11, T = 16;
+      REQUIRE(l.offsets[1] == (V + T) * C);  // wte + wpe
+      // head: ln_f (weight, and bias when present), and lm_head when untied.
+      REQUIRE(l.offsets[5] - l.offsets[4] == C * (bias ? 2 : 1) + (tied ? 0 : V * C));
+      // Every layer block is a union of whole tensor blocks.
+      for (std::int64_t o : l.offsets) REQUIRE(std::count(t.offsets.begin(), t.offsets.end(), o) == 1);
     }
 }

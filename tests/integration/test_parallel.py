@@ -9,6 +9,8 @@
   the rerun completes;
 - a group whose loss is not finite fails alone: the other groups are written;
 - --dry-run validates and plans without computing."""
+import csv
+import json
 import os
 import shutil
 import signal
@@ -104,6 +106,27 @@ class Parallel(unittest.TestCase):
         if curvature:  # the SPEC §10 outputs are among the compared objects
             for name in ("blocks/layer/trace_H", "blocks/tensor/frob_H", "hessian_diagonal", "Hv_sqnorm"):
                 self.assertTrue(any(k.endswith("seen/" + name) for k in base), name)
+            # The report's block table and per-layer figure (SPEC §10, issue #13 item 5).
+            rep = os.path.join(self.tmp, "report-curv")
+            r = subprocess.run([gnhtest.GNH, "report", os.path.join(self.tmp, "out/layout_curv_1_1.h5"), "--out", rep],
+                               capture_output=True, text=True, env=gnhtest.mpi_env())
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(os.path.join(rep, "manifest.json")) as f:
+                manifest = json.load(f)
+            self.assertEqual(manifest["figures"]["layers"]["panels"], ["B_simple", "trace_H"])
+            self.assertIn("effective_rank", manifest["figures"])
+            with open(os.path.join(rep, "blocks.csv")) as f:
+                rows = list(csv.DictReader(f))
+            # 5 states (final is an alias) x 2 cases x (n_layer + 2 layer blocks + the tensors).
+            n_tensors = 2 + 6 * self.cfg.n_layer + 1  # no bias, tied: wte, wpe, 6 weights per layer, ln_f
+            self.assertEqual(len(rows), 5 * 2 * ((self.cfg.n_layer + 2) + n_tensors))
+            with h5py.File(os.path.join(self.tmp, "out/layout_curv_1_1.h5"), "r") as f:
+                g = next(iter(f["groups"].values()))
+                want = g["seen/blocks/layer/trace_H"][()]
+                hash_ = next(iter(f["groups"]))
+            got = [float(r["trace_H"]) for r in rows if r["group"] == hash_ and r["case"] == "seen" and
+                   r["partition"] == "layer"]
+            self.assertEqual(got, want.tolist())
         for key, snap in snaps.items():
             with self.subTest(ranks=key[0], ranks_per_checkpoint=key[1]):
                 self.assertEqual(sorted(snap), sorted(base))

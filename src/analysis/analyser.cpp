@@ -10,6 +10,7 @@ namespace gnh {
 struct Analyser::Impl {
   virtual ~Impl() = default;
   virtual void set_parameters(const std::vector<float>& params) = 0;
+  virtual void set_preconditioner(const std::vector<double>& P) = 0;
   virtual CaseStatistics analyse(Team& team, const std::int32_t* ids, index_t n_blocks, const CaseHooks& hooks) = 0;
   virtual std::vector<double> curvature_along(const std::vector<std::vector<double>>& dirs, const std::int32_t* ids,
                                               index_t n_blocks) = 0;
@@ -31,8 +32,21 @@ struct EnginesOf final : Analyser::Impl {
     Kokkos::deep_copy(params, hp);
   }
 
+  void set_preconditioner(const std::vector<double>& p) override {
+    if (p.empty()) {
+      precond = View1<double>();
+      return;
+    }
+    const index_t P = engines.gradient.layout().size();
+    if (index_t(p.size()) != P) throw std::logic_error("gnh::analyser: preconditioner size differs from the layout");
+    precond = View1<double>("gnh::analyser::preconditioner", P);
+    auto hp = Kokkos::create_mirror_view(precond);
+    for (index_t i = 0; i < P; ++i) hp(i) = p[static_cast<std::size_t>(i)];
+    Kokkos::deep_copy(precond, hp);
+  }
+
   CaseStatistics analyse(Team& team, const std::int32_t* ids, index_t n_blocks, const CaseHooks& hooks) override {
-    return analyse_case<T>(space, team, engines, params, ids, n_blocks, settings, hooks);
+    return analyse_case<T>(space, team, engines, params, precond, ids, n_blocks, settings, hooks);
   }
 
   std::vector<double> curvature_along(const std::vector<std::vector<double>>& dirs, const std::int32_t* ids,
@@ -57,6 +71,7 @@ struct EnginesOf final : Analyser::Impl {
   AnalysisSettings settings;
   Engines<T> engines;
   View1<T> params;
+  View1<double> precond;  // empty: no preconditioned statistics
 };
 
 }  // namespace
@@ -71,6 +86,7 @@ Analyser::Analyser(const ModelConfig& cfg, const AnalysisSettings& s) {
 Analyser::~Analyser() = default;
 
 void Analyser::set_parameters(const std::vector<float>& params) { impl_->set_parameters(params); }
+void Analyser::set_preconditioner(const std::vector<double>& P) { impl_->set_preconditioner(P); }
 
 CaseStatistics Analyser::analyse(Team& team, const std::int32_t* ids, index_t n_blocks, const CaseHooks& hooks) {
   return impl_->analyse(team, ids, n_blocks, hooks);

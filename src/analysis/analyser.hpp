@@ -43,6 +43,9 @@ class Analyser {
 
   // The parameter state to analyse next (flat, canonical order, float32 as stored).
   void set_parameters(const std::vector<float>& params);
+  // SPEC §10's AdamW preconditioner P (flat, P values) of that state, or an
+  // empty vector when it has none; used where [curvature] preconditioned.
+  void set_preconditioner(const std::vector<double>& P);
   // Every statistic of SPEC §4 for one case, computed by the team.
   CaseStatistics analyse(Team& team, const std::int32_t* ids, index_t n_blocks, const CaseHooks& hooks);
   // v^T H v of the epoch's mean loss along each direction (P values each), in

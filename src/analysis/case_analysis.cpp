@@ -50,20 +50,22 @@ struct NoiseSample {
   double gB_sqnorm = 0, xi_sqnorm = 0, G_dot_xi = 0;
   bool stopped = false;  // a termination signal stopped its gradient pass
   bool finite = false;   // |g_j|^2 is finite
+  double xiPxi = 0;      // xi_j^T P xi_j, with the AdamW preconditioner
 };
 
 // The stages of one case, in order; each fills its part of `out_`. (Every
 // member is public: nvcc allows no device lambda in a private member function.)
 template <class T>
 struct CaseAnalysis {
-  CaseAnalysis(const ExecSpace& space, Team& team, Engines<T>& engines, Span1<const T> params,
+  CaseAnalysis(const ExecSpace& space, Team& team, Engines<T>& engines, Span1<const T> params, View1<double> precond,
                const std::int32_t* ids, index_t n_blocks, const AnalysisSettings& s, const CaseHooks& hooks)
-      : space_(space), team_(team), engines_(engines), params_(params), ids_(ids), s_(s), hooks_(hooks),
-        plan_(plan_case(s, n_blocks)), P_(engines.gradient.layout().size()),
+      : space_(space), team_(team), engines_(engines), params_(params), precond_(precond), ids_(ids), s_(s),
+        hooks_(hooks), plan_(plan_case(s, n_blocks, precond.extent(0) > 0)), P_(engines.gradient.layout().size()),
         stager_(std::max<index_t>(s.grad_microbatch, s.hvp_batch), s.context), G_("gnh::case::G", P_) {
     out_.m.n_blocks = n_blocks;
     out_.m.context = s.context;
     out_.m.noise_batch = s.noise_batch;
+    out_.m.preconditioned = plan_.preconditioned;
     if (s.curvature.blocks)
       for (Partition& p : parameter_partitions(engines.gradient.layout())) {
         BlockMeasurements b;
@@ -149,6 +151,7 @@ struct CaseAnalysis {
     acc.to_double(space_, G_.data(), 1.0 / double(gs.count));
     out_.m.G_sqnorm = dot(space_, G_.data(), G_.data(), P_);
     set_block_values(&BlockMeasurements::G_sqnorm, block_dots(G_.data(), G_.data()));
+    if (plan_.preconditioned) out_.m.GPG = weighted_dot(space_, G_.data(), precond_.data(), G_.data(), P_);
   }
 
   // Stage 2: noise batches, each computed whole by one member and shared:
@@ -194,6 +197,7 @@ struct CaseAnalysis {
           r.G_dot_xi = dot(space_, G_.data(), xij.data(), P_);
           r.finite = std::isfinite(r.gB_sqnorm);
           xi_blocks = block_dots(xij.data(), xij.data());
+          if (plan_.preconditioned) r.xiPxi = weighted_dot(space_, xij.data(), precond_.data(), xij.data(), P_);
           if (plan_.partition) partition_sum_.add(space_, gj_.data());
         }
         space_.fence();
@@ -207,6 +211,7 @@ struct CaseAnalysis {
       out_.m.gB_sqnorm.push_back(r.gB_sqnorm);
       out_.m.xi_sqnorm.push_back(r.xi_sqnorm);
       out_.m.G_dot_xi.push_back(r.G_dot_xi);
+      if (plan_.preconditioned) out_.m.xiPxi.push_back(r.xiPxi);
       if (hooks_.progress) hooks_.progress("noise", j + 1, m);
     }
     if (team_.any(stopped)) throw Interrupted{};
@@ -221,11 +226,23 @@ struct CaseAnalysis {
   }
 
   // Direction d of the case into row r of dirs: G, then the xi_j, then the
-  // Rademacher v_k (SPEC §4's generator, index k).
+  // Rademacher v_k (SPEC §4's generator, index k), then with the AdamW
+  // preconditioner P (SPEC §10) PG and the P xi_j.
   void fill_direction(View2<T> dirs, index_t r, index_t d) {
-    const index_t m = plan_.n_noise;
+    const index_t m = plan_.n_noise, K = plan_.directions_asked;
     auto row = Kokkos::subview(dirs, r, Kokkos::ALL);
-    if (d == 0) {
+    if (d > m + K) {
+      auto Pv = precond_;
+      if (d == m + K + 1) {
+        auto Gv = G_;
+        Kokkos::parallel_for("gnh::case::dir_PG", range(space_, P_),
+                             KOKKOS_LAMBDA(const index_t i) { row(i) = T(Pv(i) * Gv(i)); });
+      } else {
+        auto x = Kokkos::subview(xi_, d - m - K - 2, Kokkos::ALL);
+        Kokkos::parallel_for("gnh::case::dir_Pxi", range(space_, P_),
+                             KOKKOS_LAMBDA(const index_t i) { row(i) = T(Pv(i) * double(x(i))); });
+      }
+    } else if (d == 0) {
       auto Gv = G_;
       Kokkos::parallel_for("gnh::case::dir_G", range(space_, P_), KOKKOS_LAMBDA(const index_t i) { row(i) = T(Gv(i)); });
     } else if (d <= m) {
@@ -286,7 +303,12 @@ struct CaseAnalysis {
     }
     out_.m.GHG = quad[0];
     out_.m.xiHxi.assign(quad.begin() + 1, quad.begin() + 1 + m);
-    out_.m.vHv.assign(quad.begin() + 1 + m, quad.end());
+    const index_t K = plan_.directions_asked;
+    out_.m.vHv.assign(quad.begin() + 1 + m, quad.begin() + 1 + m + K);
+    if (plan_.preconditioned) {
+      out_.m.PG_H_PG = quad[std::size_t(1 + m + K)];
+      out_.m.PxiHPxi.assign(quad.begin() + 2 + m + K, quad.end());
+    }
     for (double q : quad)
       if (!std::isfinite(q)) fail("a curvature quadratic form is not finite");
     if (diagonal_.extent(0) > 0 && s_.directions > 0) {
@@ -301,6 +323,7 @@ struct CaseAnalysis {
   // Rademacher direction, |Hv|^2 (whole and per block) and the diagonal.
   void kept_hv(const T* dir, View1<double> Hv, index_t d) {
     const index_t m = plan_.n_noise;
+    if (d > m + plan_.directions_asked) return;  // the preconditioned directions
     const std::vector<double> shares = block_dots(dir, Hv.data());
     if (d == 0) set_block_values(&BlockMeasurements::GHG, shares);
     else if (d <= m) add_block_row(&BlockMeasurements::xiHxi, shares);
@@ -403,6 +426,7 @@ struct CaseAnalysis {
   Team& team_;
   Engines<T>& engines_;
   Span1<const T> params_;
+  View1<double> precond_;  // the AdamW preconditioner P, or empty
   const std::int32_t* ids_;
   const AnalysisSettings& s_;
   const CaseHooks& hooks_;
@@ -425,16 +449,16 @@ struct CaseAnalysis {
 
 template <class T>
 CaseStatistics analyse_case(const ExecSpace& space, Team& team, Engines<T>& engines, Span1<const T> params,
-                            const std::int32_t* ids, index_t n_blocks, const AnalysisSettings& s,
-                            const CaseHooks& hooks) {
-  return CaseAnalysis<T>(space, team, engines, params, ids, n_blocks, s, hooks).run();
+                            View1<double> precond, const std::int32_t* ids, index_t n_blocks,
+                            const AnalysisSettings& s, const CaseHooks& hooks) {
+  return CaseAnalysis<T>(space, team, engines, params, precond, ids, n_blocks, s, hooks).run();
 }
 
 template struct Engines<float>;
 template struct Engines<double>;
 template CaseStatistics analyse_case<float>(const ExecSpace&, Team&, Engines<float>&, Span1<const float>,
-                                            const std::int32_t*, index_t, const AnalysisSettings&, const CaseHooks&);
+                                            View1<double>, const std::int32_t*, index_t, const AnalysisSettings&, const CaseHooks&);
 template CaseStatistics analyse_case<double>(const ExecSpace&, Team&, Engines<double>&, Span1<const double>,
-                                             const std::int32_t*, index_t, const AnalysisSettings&, const CaseHooks&);
+                                             View1<double>, const std::int32_t*, index_t, const AnalysisSettings&, const CaseHooks&);
 
 }  // namespace gnh

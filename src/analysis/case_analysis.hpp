@@ -39,7 +39,7 @@ struct Engines {
 
 template <class T>
 CaseStatistics analyse_case(const ExecSpace& space, Team& team, Engines<T>& engines, Span1<const T> params,
-                            const std::int32_t* ids, index_t n_blocks, const AnalysisSettings& s,
+                            View1<double> precond, const std::int32_t* ids, index_t n_blocks, const AnalysisSettings& s,
                             const CaseHooks& hooks);
 
 }  // namespace gnh

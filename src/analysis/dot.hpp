@@ -28,4 +28,20 @@ double dot(const ExecSpace& space, const A* a, const B* b, index_t n, bool absol
   return s;
 }
 
+// sum_i a_i w_i b_i in double (a P-weighted inner product).
+template <class A, class B>
+struct WeightedDotTerm {
+  const A* a;
+  const double* w;
+  const B* b;
+  KOKKOS_INLINE_FUNCTION void operator()(const index_t i, double& acc) const { acc += double(a[i]) * w[i] * double(b[i]); }
+};
+
+template <class A, class B>
+double weighted_dot(const ExecSpace& space, const A* a, const double* w, const B* b, index_t n) {
+  double s = 0;
+  Kokkos::parallel_reduce("gnh::analysis::weighted_dot", range(space, n), WeightedDotTerm<A, B>{a, w, b}, s);
+  return s;
+}
+
 }  // namespace gnh

@@ -46,7 +46,8 @@ std::optional<CurvatureMethod> curvature_method_named(const std::string& s);
 struct CurvatureSettings {
   bool blocks = false;    // per-block statistics, both partitions (trace_H and the rest need Hv)
   bool diagonal = false;  // the Hutchinson diagonal of H as a dataset (needs Hv)
-  bool any() const { return blocks || diagonal; }
+  bool preconditioned = false;  // the AdamW-preconditioned noise scale, where a checkpoint has AdamW state
+  bool any() const { return blocks || diagonal || preconditioned; }
 };
 
 struct AnalysisSettings {
@@ -64,7 +65,7 @@ struct AnalysisSettings {
   // per-block curvature, tr(H^2) and the diagonal need it, and only
   // forward-over-reverse has it (second-order forward gives v^T H v alone).
   bool keeps_hv() const {
-    return curvature.any() && curvature_method == CurvatureMethod::forward_over_reverse;
+    return (curvature.blocks || curvature.diagonal) && curvature_method == CurvatureMethod::forward_over_reverse;
   }
 };
 

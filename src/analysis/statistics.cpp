@@ -42,6 +42,20 @@ DerivedStatistics derive(const CaseMeasurements& m) {
   d.trace_H = mean_se(m.vHv);
   d.frob_H = mean_se(m.Hv_sqnorm);
   d.effective_rank = d.trace_H.value * d.trace_H.value / d.frob_H.value;
+  if (m.preconditioned) {
+    d.GPG = m.GPG;
+    d.PG_H_PG = m.PG_H_PG;
+    d.curvature_preconditioned = m.PG_H_PG / m.GPG;
+    if (m.xiPxi.empty()) {
+      d.B_simple_P = d.B_noise_P = {nan, nan};
+    } else {
+      d.B_simple_P = scaled(mean_se(m.xiPxi), B * d.fpc / m.GPG);
+      d.B_noise_P = scaled(mean_se(m.PxiHPxi), B * d.fpc / m.PG_H_PG);
+    }
+  } else {
+    d.GPG = d.PG_H_PG = d.curvature_preconditioned = nan;
+    d.B_simple_P = d.B_noise_P = {nan, nan};
+  }
   d.GHG_over_G_sqnorm = m.GHG / m.G_sqnorm;
   d.eps_star = m.G_sqnorm / m.GHG;
   d.B_simple_tokens = scaled(d.B_simple, double(m.context));
@@ -60,6 +74,10 @@ std::vector<std::pair<std::string, double>> DerivedStatistics::named() const {
           {"trace_H", trace_H.value},             {"trace_H_se", trace_H.se},
           {"frob_H", frob_H.value},               {"frob_H_se", frob_H.se},
           {"effective_rank", effective_rank},
+          {"GPG", GPG},                           {"PG_H_PG", PG_H_PG},
+          {"curvature_preconditioned", curvature_preconditioned},
+          {"B_simple_P", B_simple_P.value},       {"B_simple_P_se", B_simple_P.se},
+          {"B_noise_P", B_noise_P.value},         {"B_noise_P_se", B_noise_P.se},
           {"GHG_over_G_sqnorm", GHG_over_G_sqnorm}, {"eps_star", eps_star}};
 }
 

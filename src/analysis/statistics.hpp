@@ -19,6 +19,11 @@ struct CaseMeasurements {
   std::vector<double> gB_sqnorm, xi_sqnorm, G_dot_xi, xiHxi;  // per noise sample
   std::vector<double> vHv;                                    // per direction
   std::vector<double> Hv_sqnorm;  // per direction |H v_k|^2, where the epoch's H v is kept (SPEC §10)
+  // SPEC §10's AdamW preconditioner P, where the state has one: G^T P G,
+  // (PG)^T H (PG), and per noise sample xi^T P xi and (P xi)^T H (P xi).
+  bool preconditioned = false;
+  double GPG = 0, PG_H_PG = 0;
+  std::vector<double> xiPxi, PxiHPxi;
 };
 
 struct Estimate {
@@ -30,6 +35,10 @@ struct DerivedStatistics {
   Estimate trace_sigma, B_simple, trace_HSigma, B_noise, trace_H;
   Estimate frob_H;            // mean |H v_k|^2, unbiased for tr(H^2) (SPEC §10)
   double effective_rank = 0;  // tr(H)^2 / tr(H^2)
+  // Preconditioned (SPEC §10): B_simple^P = tr(P Sigma)/G^T P G, B_noise^P =
+  // tr(PHP Sigma)/(PG)^T H (PG), and (PG)^T H (PG)/G^T P G; NaN without state.
+  double GPG = 0, PG_H_PG = 0, curvature_preconditioned = 0;
+  Estimate B_simple_P, B_noise_P;
   double GHG_over_G_sqnorm = 0, eps_star = 0;
   // Batch sizes in tokens (the values above are in sequences).
   Estimate B_simple_tokens, B_noise_tokens;

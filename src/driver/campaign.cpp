@@ -80,7 +80,9 @@ std::string settings_fingerprint(const Deck& d, const ModelConfig& cfg, const st
   j["precision"] = to_string(d.analysis.precision);
   // Only when asked for, so that a deck without [curvature] keeps its fingerprint.
   if (d.analysis.curvature.any())
-    j["curvature"] = {{"blocks", d.analysis.curvature.blocks}, {"diagonal", d.analysis.curvature.diagonal}};
+    j["curvature"] = {{"blocks", d.analysis.curvature.blocks},
+                      {"diagonal", d.analysis.curvature.diagonal},
+                      {"preconditioned", d.analysis.curvature.preconditioned}};
   return sha256_hex(j.dump()).substr(0, 16);
 }
 

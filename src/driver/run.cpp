@@ -110,6 +110,40 @@ std::vector<float> group_parameters(MpiTeam& team, const GroupRecord& g, const s
   return params;
 }
 
+// SPEC §10's AdamW preconditioner of group g: the team leader reads the
+// first alias that carries AdamW state (aliases share parameters, not
+// necessarily optimizer state: which one was used is recorded), and the team
+// shares it. Empty when no alias has state; `note` says which or why not.
+std::vector<double> group_preconditioner(MpiTeam& team, const GroupRecord& g, const ModelConfig& cfg,
+                                         std::string& note) {
+  std::vector<double> P;
+  std::string error;
+  std::int64_t source = -1;
+  if (team.rank() == 0) {
+    try {
+      for (std::size_t a = 0; a < g.alias_paths.size() && source < 0; ++a)
+        if (const auto st = read_adam_state(g.alias_paths[a])) {
+          P = adam_preconditioner(*st, cfg, g.alias_paths[a]);
+          source = std::int64_t(a);
+        }
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  if (team.any(!error.empty())) throw Error(error);
+  team.broadcast_value(source, 0);
+  if (source < 0) {
+    std::string names;
+    for (const auto& a : g.aliases) names += (names.empty() ? "" : ", ") + a;
+    note = "none: no AdamW state (/optimizer) in " + names;
+    return {};
+  }
+  P.resize(static_cast<std::size_t>(g.n_params));
+  team.broadcast(P.data(), sizeof(double) * P.size(), 0);
+  note = "AdamW state of " + g.aliases[std::size_t(source)];
+  return P;
+}
+
 Outcome compute_groups(const Comm& world, const Comm& team_comm, const Campaign& c, const std::vector<int>& team_of_group,
                        int my_team, const std::string& output, bool quiet) {
   MpiTeam team(team_comm);
@@ -146,6 +180,11 @@ Outcome compute_groups(const Comm& world, const Comm& team_comm, const Campaign&
       const std::vector<float> params = group_parameters(team, g, alias_hashed, world.rank(), quiet);
       if (!analyser) analyser = std::make_unique<Analyser>(c.cfg, c.deck.analysis);
       analyser->set_parameters(params);
+      if (c.deck.analysis.curvature.preconditioned) {
+        analyser->set_preconditioner(group_preconditioner(team, g, c.cfg, g.preconditioner));
+        if (leader && !quiet) std::printf("gnh: [rank %d] %s preconditioner: %s\n", world.rank(), g.hash.c_str(),
+                                          g.preconditioner.c_str());
+      }
       for (const auto& cs : c.cases) {
         CaseHooks hooks;
         hooks.stop = [] { return g_terminate != 0; };
@@ -214,7 +253,7 @@ void print_plan(const Campaign& c, const std::vector<int>& team_of_group, int te
                 done ? " (complete, will be skipped)" : "", aliases.c_str());
   }
   for (const auto& cs : c.cases) {
-    const CasePlan p = plan_case(s, cs.blocks);
+    const CasePlan p = plan_case(s, cs.blocks, true);
     const index_t n = cs.blocks, m = p.n_noise, D = p.directions();
     const std::vector<index_t>& sizes = p.pass_widths;
     std::string widths;
@@ -303,7 +342,7 @@ int run_command(const Comm& comm, const RunOptions& opt) {
   if (!opt.dry_run) choose_host_gemm(comm, c, opt.quiet, !deck.analysis.fp64());
   if (root && (opt.dry_run || !opt.quiet)) print_plan(c, team_of_group, teams, rpc, output);
   const AnalysisSettings& as = c.deck.analysis;
-  if (root && as.curvature.any() && !as.keeps_hv())
+  if (root && (as.curvature.blocks || as.curvature.diagonal) && !as.keeps_hv())
     std::printf("gnh: note: [curvature] with curvature_method = \"%s\": the epoch's H v is not formed, so only the "
                 "per-block G_sqnorm, trace_sigma and B_simple are computed; trace_H, GHG_contrib, xiHxi_contrib, "
                 "frob_H, effective_rank and the diagonal need curvature_method = \"forward-over-reverse\"\n",

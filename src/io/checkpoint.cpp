@@ -66,6 +66,43 @@ std::string params_sha256(const std::vector<float>& params) {
 
 namespace {
 
+// Every tensor of the layout under `group` (named `prefix` + name in
+// messages): present, float32, the layout's shape; with `values`, read into
+// it and checked finite (and >= 0 when nonnegative).
+void read_tensors(hid_t group, const ParamLayout& layout, const std::string& path, const std::string& prefix,
+                  std::vector<float>* values, bool nonnegative = false) {
+  if (values) values->resize(static_cast<std::size_t>(layout.size()));
+  for (const auto& t : layout.tensors()) {
+    const std::string where = path + ": tensor '" + prefix + t.name + "'";
+    if (!h5::exists(group, t.name)) fail(where, " is missing");
+    h5::Handle d(H5Dopen2(group, t.name.c_str(), H5P_DEFAULT));
+    if (!d) fail(where, " cannot be opened");
+    h5::Handle type(H5Dget_type(d.id()));
+    if (H5Tget_class(type.id()) != H5T_FLOAT || H5Tget_size(type.id()) != 4)
+      fail(where, " is not float32");
+    const auto shape = h5::dataset_shape(d.id());
+    if (shape != t.shape) {
+      std::string got, want;
+      for (auto s : shape) got += (got.empty() ? "" : ", ") + std::to_string(s);
+      for (auto s : t.shape) want += (want.empty() ? "" : ", ") + std::to_string(s);
+      fail(where, " has shape (", got, "), expected (", want, ")");
+    }
+    if (!values) continue;
+    float* dst = values->data() + t.offset;
+    if (H5Dread(d.id(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, dst) < 0)
+      fail(where, " cannot be read (truncated file?)");
+    std::int64_t bad = 0, first = -1;
+    for (std::int64_t i = 0; i < t.size; ++i)
+      if (!std::isfinite(dst[i]) || (nonnegative && dst[i] < 0)) {
+        if (first < 0) first = i;
+        ++bad;
+      }
+    if (bad > 0)
+      fail(where, " holds ", bad, nonnegative ? " negative or non-finite" : " non-finite", " value(s), first at flat index ",
+           first, " (", dst[first], ")");
+  }
+}
+
 // The header of an open file; with `values`, also reads every tensor into params.
 CheckpointHeader read_header(const h5::File& f, const std::string& path, std::vector<float>* values) {
   CheckpointHeader h;
@@ -88,36 +125,7 @@ CheckpointHeader read_header(const h5::File& f, const std::string& path, std::ve
     if (!expected.count(name))
       fail(path, ": unknown tensor '/params/", name, "' for config ", h.config.describe());
 
-  if (values) values->resize(static_cast<std::size_t>(layout.size()));
-  for (const auto& t : layout.tensors()) {
-    const std::string where = path + ": tensor '" + t.name + "'";
-    if (!h5::exists(params.id(), t.name)) fail(where, " is missing");
-    h5::Handle d(H5Dopen2(params.id(), t.name.c_str(), H5P_DEFAULT));
-    if (!d) fail(where, " cannot be opened");
-    h5::Handle type(H5Dget_type(d.id()));
-    if (H5Tget_class(type.id()) != H5T_FLOAT || H5Tget_size(type.id()) != 4)
-      fail(where, " is not float32");
-    const auto shape = h5::dataset_shape(d.id());
-    if (shape != t.shape) {
-      std::string got, want;
-      for (auto s : shape) got += (got.empty() ? "" : ", ") + std::to_string(s);
-      for (auto s : t.shape) want += (want.empty() ? "" : ", ") + std::to_string(s);
-      fail(where, " has shape (", got, "), expected (", want, ")");
-    }
-    if (!values) continue;
-    float* dst = values->data() + t.offset;
-    if (H5Dread(d.id(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, dst) < 0)
-      fail(where, " cannot be read (truncated file?)");
-    std::int64_t bad = 0, first = -1;
-    for (std::int64_t i = 0; i < t.size; ++i)
-      if (!std::isfinite(dst[i])) {
-        if (first < 0) first = i;
-        ++bad;
-      }
-    if (bad > 0)
-      fail(where, " holds ", bad, " non-finite value(s), first at flat index ", first, " (",
-           dst[first], ")");
-  }
+  read_tensors(params.id(), layout, path, "", values);
   return h;
 }
 
@@ -128,6 +136,50 @@ CheckpointHeader read_checkpoint_header(const std::string& path) {
   CheckpointHeader h = read_header(f, path, nullptr);
   f.close();
   return h;
+}
+
+std::optional<AdamState> read_adam_state(const std::string& path) {
+  h5::File f = h5::File::open_read(path);
+  if (!h5::exists(f.id(), "optimizer")) return std::nullopt;
+  const ModelConfig cfg = read_config(f);
+  const ParamLayout layout(cfg);
+  h5::Handle o = h5::open_group(f.id(), "optimizer", path);
+  const std::string where = path + ": /optimizer";
+  AdamState s;
+  const auto step = h5::read_int_attr(o.id(), "step", where);
+  if (!step || *step < 1) fail(where, ": attribute step must be an integer >= 1");
+  s.step = *step;
+  auto real = [&](const char* name, double lo, double hi) {
+    const auto v = h5::read_double_attr(o.id(), name, where);
+    if (!v || !std::isfinite(*v) || *v < lo || *v >= hi)
+      fail(where, ": attribute ", name, " must be a finite number in [", lo, ", ", hi, ")");
+    return *v;
+  };
+  s.beta1 = real("beta1", 0.0, 1.0);
+  s.beta2 = real("beta2", 0.0, 1.0);
+  s.eps = real("eps", 0.0, HUGE_VAL);
+  h5::Handle v = h5::open_group(o.id(), "exp_avg_sq", path);
+  read_tensors(v.id(), layout, path, "/optimizer/exp_avg_sq/", &s.exp_avg_sq, true);
+  f.close();
+  return s;
+}
+
+std::vector<double> adam_preconditioner(const AdamState& s, const ModelConfig& cfg, const std::string& path) {
+  const ParamLayout layout(cfg);
+  if (std::int64_t(s.exp_avg_sq.size()) != layout.size())
+    fail(path, ": /optimizer/exp_avg_sq holds ", s.exp_avg_sq.size(), " values, the model ", layout.size());
+  const double correction = 1.0 - std::pow(s.beta2, double(s.step));
+  std::vector<double> P(s.exp_avg_sq.size());
+  for (const auto& t : layout.tensors())
+    for (std::int64_t i = 0; i < t.size; ++i) {
+      const double vhat = double(s.exp_avg_sq[std::size_t(t.offset + i)]) / correction;
+      const double p = 1.0 / (std::sqrt(vhat) + s.eps);
+      if (!std::isfinite(p))
+        fail(path, ": the AdamW preconditioner 1/(sqrt(v_hat) + eps) of tensor '", t.name, "' is not finite at index ",
+             i, " (exp_avg_sq ", s.exp_avg_sq[std::size_t(t.offset + i)], ", eps ", s.eps, ")");
+      P[std::size_t(t.offset + i)] = p;
+    }
+  return P;
 }
 
 Checkpoint read_checkpoint(const std::string& path) {

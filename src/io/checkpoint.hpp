@@ -40,6 +40,24 @@ CheckpointHeader read_checkpoint_header(const std::string& path);
 // hash of the values read equal to the stored param_sha256 where there is one.
 Checkpoint read_checkpoint(const std::string& path);
 
+// The AdamW state of /optimizer (SPEC §2), as gnh-convert writes it.
+struct AdamState {
+  std::int64_t step = 0;
+  double beta1 = 0, beta2 = 0, eps = 0;
+  std::vector<float> exp_avg_sq;  // flat, canonical order
+};
+
+// The file's AdamW state, validated (every tensor present, float32, the
+// parameter's shape, finite and >= 0; step >= 1; 0 <= beta2 < 1; eps >= 0),
+// or nothing when the file has no /optimizer. Throws gnh::Error naming the
+// file, the attribute or the tensor.
+std::optional<AdamState> read_adam_state(const std::string& path);
+
+// SPEC §10's preconditioner P = 1/(sqrt(v_hat) + eps), v_hat = exp_avg_sq /
+// (1 - beta2^step), flat; throws naming the file, tensor and index where it
+// is not finite (eps = 0 with a zero second moment).
+std::vector<double> adam_preconditioner(const AdamState& s, const ModelConfig& cfg, const std::string& path);
+
 // Content hash of a flat parameter vector (what groups identical states).
 std::string params_sha256(const std::vector<float>& params);
 

@@ -93,6 +93,10 @@ void write_case(hid_t parent, const CaseRecord& c, const std::string& where) {
   h5::write_dataset(id, "vHv", s.m.vHv);
   // SPEC §10, where [curvature] asked for them.
   if (!s.m.Hv_sqnorm.empty()) h5::write_dataset(id, "Hv_sqnorm", s.m.Hv_sqnorm);
+  if (s.m.preconditioned) {
+    h5::write_dataset(id, "xiPxi", s.m.xiPxi);
+    h5::write_dataset(id, "PxiHPxi", s.m.PxiHPxi);
+  }
   if (!s.hessian_diagonal.empty()) h5::write_dataset(id, "hessian_diagonal", s.hessian_diagonal);
   if (!s.blocks.empty()) {
     h5::Handle bg = h5::create_group(id, "blocks", where);
@@ -168,6 +172,7 @@ void write_group_file(const std::string& path, const RunInfo& info, const GroupR
     h5::write_attr(gg.id(), "param_sha256", g.param_sha256);
     h5::write_attr(gg.id(), "n_params", g.n_params);
     if (g.iter_num) h5::write_attr(gg.id(), "iter_num", *g.iter_num);
+    if (!g.preconditioner.empty()) h5::write_attr(gg.id(), "preconditioner", g.preconditioner);
     for (const auto& c : g.cases) write_case(gg.id(), c, tmp);
     // Written last: a file without it was never finished.
     h5::write_attr(f.id(), "complete", std::int64_t(1));

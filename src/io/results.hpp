@@ -27,6 +27,8 @@ struct GroupRecord {
   std::vector<std::string> alias_paths;  // as found on disk
   std::int64_t n_params = 0;
   std::optional<std::int64_t> iter_num;
+  // [curvature] preconditioned: which alias's AdamW state gave P, or why none.
+  std::string preconditioner;
   std::vector<CaseRecord> cases;
 };
 

@@ -47,8 +47,28 @@ def make_model(cfg, seed, scale=0.3):
     return model
 
 
-def save_checkpoint(model, directory, stem, iter_num=None):
-    """Saves nanoGPT-layout .pt and converts it; returns the .h5 path."""
+def train_adamw(model, steps, seed, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95)):
+    """``steps`` AdamW steps on random tokens with nanoGPT's parameter groups
+    (decay for >= 2-D tensors); returns the optimizer's state_dict, as a
+    nanoGPT checkpoint carries it."""
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    groups = [{"params": [p for p in params.values() if p.dim() >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in params.values() if p.dim() < 2], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=lr, betas=betas)
+    gen = torch.Generator().manual_seed(seed)
+    cfg = model.config
+    for _ in range(steps):
+        idx = torch.randint(0, cfg.vocab_size, (2, cfg.block_size), generator=gen)
+        _, loss = model(idx, idx.roll(-1, dims=1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return opt.state_dict()
+
+
+def save_checkpoint(model, directory, stem, iter_num=None, optimizer=None):
+    """Saves nanoGPT-layout .pt (with ``optimizer``, a torch optimizer
+    state_dict, when given) and converts it; returns the .h5 path."""
     cfg = model.config
     pt = os.path.join(directory, stem + ".pt")
     h5 = os.path.join(directory, stem + ".h5")
@@ -58,6 +78,8 @@ def save_checkpoint(model, directory, stem, iter_num=None):
                               vocab_size=cfg.vocab_size, dropout=0)}
     if iter_num is not None:
         obj["iter_num"] = iter_num
+    if optimizer is not None:
+        obj["optimizer"] = optimizer
     torch.save(obj, pt)
     opts = gnh_convert.default_options(gelu=cfg.gelu, ln_eps=cfg.ln_eps,
                                        tie=cfg.tie_embeddings)

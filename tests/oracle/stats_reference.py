@@ -52,7 +52,8 @@ torch.set_num_threads(1)
 
 __all__ = ["MASK64", "NOISE_SALT", "splitmix64", "rademacher", "noise_batches",
            "reference_statistics", "EpochReference", "load_reference", "statistics_of",
-           "derived_statistics", "partitions", "block_statistics"]
+           "derived_statistics", "partitions", "block_statistics", "adam_preconditioner",
+           "preconditioned_statistics"]
 
 MASK64 = (1 << 64) - 1
 #: Salt of the noise-batch key ("noise" in ASCII, left-aligned).
@@ -473,4 +474,48 @@ def block_statistics(ref, stats, directions, seed):
     diag = torch.stack([v * h for v, h in zip(vs, Hv)])
     out["hessian_diagonal"] = diag.mean(0).numpy()
     out["hessian_diagonal_scale"] = diag.abs().mean(0).numpy()
+    return out
+
+
+def adam_preconditioner(ckpt_h5):
+    """SPEC §10's P = 1/(sqrt(v_hat) + eps), v_hat = exp_avg_sq/(1 - beta2^step),
+    flat in canonical order (float64), from a gnh HDF5 checkpoint's /optimizer;
+    None when it has none."""
+    import h5py
+    with h5py.File(ckpt_h5, "r") as f:
+        if "optimizer" not in f:
+            return None
+        o = f["optimizer"]
+        step, beta2, eps = int(o.attrs["step"]), float(o.attrs["beta2"]), float(o.attrs["eps"])
+        cfg, _ = gnh_model.load_gnh_h5(ckpt_h5)
+        names = list(gnh_model.canonical_state_dict(gnh_model.GPT(cfg)).keys())
+        v = np.concatenate([np.asarray(o["exp_avg_sq"][n][()], dtype=np.float64).reshape(-1) for n in names])
+    return 1.0 / (np.sqrt(v / (1.0 - beta2 ** step)) + eps)
+
+
+def preconditioned_statistics(ref, stats, P):
+    """SPEC §10's preconditioned noise scale in float64: G^T P G, (PG)^T H (PG),
+    per sample xi^T P xi and (P xi)^T H (P xi), B_simple_P, B_noise_P (with
+    SEs) and the curvature along PG. ``*_scale`` entries bound |q| by
+    Cauchy-Schwarz (|d| |Hd|), the tolerance scale of a form that cancels."""
+    P = torch.from_numpy(np.asarray(P, dtype=np.float64))
+    G = torch.from_numpy(stats["G"])
+    xis = [torch.from_numpy(g) - G for g in stats["gB"]]
+    B, f = stats["noise_batch"], stats["fpc"]
+    PG = P * G
+    HPG = ref.hvp(PG)
+    out = {"GPG": float(G @ PG), "PG_H_PG": float(PG @ HPG), "PG_H_PG_scale": float(PG.norm() * HPG.norm())}
+    xiPxi, PxiHPxi, scales = [], [], []
+    for x in xis:
+        Px = P * x
+        HPx = ref.hvp(Px)
+        xiPxi.append(float(x @ Px))
+        PxiHPxi.append(float(Px @ HPx))
+        scales.append(float(Px.norm() * HPx.norm()))
+    out["xiPxi"], out["PxiHPxi"], out["PxiHPxi_scale"] = np.array(xiPxi), np.array(PxiHPxi), np.array(scales)
+    m1, s1 = _mean_se(out["xiPxi"])
+    m2, s2 = _mean_se(out["PxiHPxi"])
+    out["B_simple_P"], out["B_simple_P_se"] = B * f * m1 / out["GPG"], B * f * s1 / out["GPG"]
+    out["B_noise_P"], out["B_noise_P_se"] = B * f * m2 / out["PG_H_PG"], B * f * s2 / abs(out["PG_H_PG"])
+    out["curvature_preconditioned"] = out["PG_H_PG"] / out["GPG"]
     return out

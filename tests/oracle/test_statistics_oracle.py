@@ -188,5 +188,102 @@ class StatisticsOracle(unittest.TestCase):
                              1e-10 * self.refs[(2, "unseen")]["loss"])
 
 
+class PreconditionedOracle(unittest.TestCase):
+    """SPEC §10's AdamW-preconditioned noise scale against float64 double
+    backward, on checkpoints converted from nanoGPT files that carry real
+    AdamW state after training steps, beside one without state."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="gnh-precond-")
+        cfg = gnhtest.gnh_model.GPTConfig(n_layer=2, n_head=3, n_embd=12, block_size=16, vocab_size=31,
+                                          bias=True, tie_embeddings=True, gelu="erf")
+        ck = os.path.join(cls.tmp, "ckpt")
+        os.makedirs(ck)
+        model = gnhtest.make_model(cfg, seed=4, scale=0.3)
+        state = gnhtest.train_adamw(model, steps=3, seed=4)
+        gnhtest.save_checkpoint(model, ck, "adam", iter_num=3, optimizer=state)
+        gnhtest.save_checkpoint(gnhtest.make_model(cfg, seed=5, scale=0.3), ck, "plain", iter_num=5)
+        cls.context = 9
+        gnhtest.write_tokens(os.path.join(cls.tmp, "train.bin"), cls.context * 14 + 5, 31, 1)
+        cls.deck = os.path.join(cls.tmp, "deck.toml")
+        gnhtest.write_deck(cls.deck, "out/p.h5", ["ckpt/*.h5"], cls.context, "train.bin", analysis=ANALYSIS)
+        with open(cls.deck, "a") as f:
+            f.write("\n[curvature]\npreconditioned = true\n")
+        cls.ref = stats_reference.load_reference(os.path.join(ck, "adam.h5"), os.path.join(cls.tmp, "train.bin"),
+                                                 cls.context)
+        cls.st = stats_reference.statistics_of(cls.ref, ANALYSIS["noise_samples"], ANALYSIS["noise_batch"],
+                                               ANALYSIS["directions"], ANALYSIS["seed"])
+        P = stats_reference.adam_preconditioner(os.path.join(ck, "adam.h5"))
+        assert P is not None and stats_reference.adam_preconditioner(os.path.join(ck, "plain.h5")) is None
+        cls.want = stats_reference.preconditioned_statistics(cls.ref, cls.st, P)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def check(self, policy, rel, method):
+        r = gnhtest.run_gnh(self.deck, 2, [f"precision.policy={policy}", f"analysis.curvature_method={method}"])
+        self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
+        w = self.want
+        with h5py.File(os.path.join(self.tmp, "out", "p.h5"), "r") as f:
+            self.assertEqual(int(f.attrs["identities_ok"]), 1)
+            g = {}
+            for h in f["groups"].values():
+                g[gnhtest.text(h.attrs["aliases"][0])] = h
+            self.assertEqual(gnhtest.text(g["adam.h5"].attrs["preconditioner"]), "AdamW state of adam.h5")
+            self.assertIn("none: no AdamW state", gnhtest.text(g["plain.h5"].attrs["preconditioner"]))
+            plain = g["plain.h5"]["seen"]
+            for name in ("GPG", "PG_H_PG", "B_simple_P", "B_noise_P", "curvature_preconditioned"):
+                self.assertNotIn(name, plain.attrs)
+            self.assertNotIn("xiPxi", plain)
+            c = g["adam.h5"]["seen"]
+            self.assertLessEqual(abs(c.attrs["GPG"] - w["GPG"]), rel * w["GPG"])
+            self.assertLessEqual(abs(c.attrs["PG_H_PG"] - w["PG_H_PG"]), rel * w["PG_H_PG_scale"])
+            np.testing.assert_allclose(c["xiPxi"][()], w["xiPxi"], rtol=rel)
+            self.assertTrue(np.all(np.abs(c["PxiHPxi"][()] - w["PxiHPxi"]) <= rel * w["PxiHPxi_scale"]))
+            for name in ("B_simple_P", "B_noise_P", "curvature_preconditioned"):
+                # Ratios of the forms above: a few times their bar, relative to the
+                # value or its standard error, whichever is larger.
+                scale = max(abs(w[name]), w.get(name + "_se", 0.0))
+                self.assertLessEqual(abs(c.attrs[name] - w[name]), 10 * rel * scale * max(1.0, abs(w["PG_H_PG_scale"] / w["PG_H_PG"])), name)
+            for name in ("B_simple_P_se", "B_noise_P_se"):
+                self.assertLessEqual(abs(c.attrs[name] - w[name]), 10 * rel * max(w[name], abs(w[name[:-3]])) *
+                                     max(1.0, abs(w["PG_H_PG_scale"] / w["PG_H_PG"])), name)
+
+    def test_fp64_forward_over_reverse(self):
+        self.check("fp64", 1e-10, "forward-over-reverse")
+
+    def test_bad_optimizer_state_fails_its_group_by_name(self):
+        bad_dir = os.path.join(self.tmp, "bad")
+        os.makedirs(bad_dir, exist_ok=True)
+        bad = os.path.join(bad_dir, "bad.h5")
+        shutil.copy(os.path.join(self.tmp, "ckpt", "adam.h5"), bad)
+        name = "transformer.h.1.mlp.c_fc.weight"
+        with h5py.File(bad, "r+") as f:
+            d = f["optimizer/exp_avg_sq/" + name]
+            v = d[()]
+            v.reshape(-1)[7] = -1.0
+            d[...] = v
+        deck = os.path.join(self.tmp, "bad.toml")
+        gnhtest.write_deck(deck, "out/bad.h5", ["bad/*.h5", "ckpt/plain.h5"], self.context, "train.bin",
+                           analysis=ANALYSIS, extra="[curvature]\npreconditioned = true\n")
+        r = gnhtest.run_gnh(deck, 1)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("bad.h5", r.stderr)
+        self.assertIn(f"/optimizer/exp_avg_sq/{name}", r.stderr)
+        self.assertIn("first at flat index 7", r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
+        # The other group was computed and written.
+        with h5py.File(os.path.join(self.tmp, "out", "bad.h5"), "r") as f:
+            self.assertEqual([gnhtest.text(a) for g in f["groups"].values() for a in g.attrs["aliases"]], ["plain.h5"])
+
+    def test_fp64_second_order_forward(self):
+        self.check("fp64", 1e-10, "second-order-forward")
+
+    def test_fp32(self):
+        self.check("fp32", 1e-4, "second-order-forward")
+
+
 if __name__ == "__main__":
     unittest.main()

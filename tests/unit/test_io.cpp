@@ -219,6 +219,9 @@ TEST_CASE("[curvature]: blocks and diagonal are read; parts not implemented are 
                             {"curvature.diagonal=true", "analysis.curvature_method=forward-over-reverse"});
   REQUIRE(f.analysis.curvature.diagonal);
   REQUIRE(f.analysis.keeps_hv());
+  const Deck p = parse_deck(kDeck, "deck.toml", "/runs", {"curvature.preconditioned=true"});
+  REQUIRE(p.analysis.curvature.preconditioned);
+  REQUIRE_FALSE(p.analysis.keeps_hv());  // quadratic forms only: either method
   REQUIRE_THAT(error_of(std::string(kDeck) + "[curvature]\nblocks = 1\n"),
                Contains("deck.toml:13:") && Contains("curvature.blocks must be true or false"));
   REQUIRE_THAT(error_of(std::string(kDeck) + "[curvature]\nupdate = true\n"),

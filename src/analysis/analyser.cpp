@@ -11,6 +11,7 @@ struct Analyser::Impl {
   virtual ~Impl() = default;
   virtual void set_parameters(const std::vector<float>& params) = 0;
   virtual void set_preconditioner(const std::vector<double>& P) = 0;
+  virtual void set_update_target(const std::vector<float>& theta_b) = 0;
   virtual CaseStatistics analyse(Team& team, const std::int32_t* ids, index_t n_blocks, const CaseHooks& hooks) = 0;
   virtual std::vector<double> curvature_along(const std::vector<std::vector<double>>& dirs, const std::int32_t* ids,
                                               index_t n_blocks) = 0;
@@ -45,8 +46,22 @@ struct EnginesOf final : Analyser::Impl {
     Kokkos::deep_copy(precond, hp);
   }
 
+  void set_update_target(const std::vector<float>& b) override {
+    if (b.empty()) {
+      target = View1<T>();
+      return;
+    }
+    const index_t P = engines.gradient.layout().size();
+    if (index_t(b.size()) != P) throw std::logic_error("gnh::analyser: update target size differs from the layout");
+    target = View1<T>("gnh::analyser::update_target", P);
+    auto hb = Kokkos::create_mirror_view(target);
+    for (index_t i = 0; i < P; ++i) hb(i) = static_cast<T>(b[static_cast<std::size_t>(i)]);
+    Kokkos::deep_copy(target, hb);
+  }
+
   CaseStatistics analyse(Team& team, const std::int32_t* ids, index_t n_blocks, const CaseHooks& hooks) override {
-    return analyse_case<T>(space, team, engines, params, precond, ids, n_blocks, settings, hooks);
+    return analyse_case<T>(space, team, engines, params, CaseExtras<T>{precond, target}, ids, n_blocks, settings,
+                           hooks);
   }
 
   std::vector<double> curvature_along(const std::vector<std::vector<double>>& dirs, const std::int32_t* ids,
@@ -72,6 +87,7 @@ struct EnginesOf final : Analyser::Impl {
   Engines<T> engines;
   View1<T> params;
   View1<double> precond;  // empty: no preconditioned statistics
+  View1<T> target;        // empty: no update statistics
 };
 
 }  // namespace
@@ -87,6 +103,7 @@ Analyser::~Analyser() = default;
 
 void Analyser::set_parameters(const std::vector<float>& params) { impl_->set_parameters(params); }
 void Analyser::set_preconditioner(const std::vector<double>& P) { impl_->set_preconditioner(P); }
+void Analyser::set_update_target(const std::vector<float>& theta_b) { impl_->set_update_target(theta_b); }
 
 CaseStatistics Analyser::analyse(Team& team, const std::int32_t* ids, index_t n_blocks, const CaseHooks& hooks) {
   return impl_->analyse(team, ids, n_blocks, hooks);

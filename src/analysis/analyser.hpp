@@ -46,6 +46,9 @@ class Analyser {
   // SPEC §10's AdamW preconditioner P (flat, P values) of that state, or an
   // empty vector when it has none; used where [curvature] preconditioned.
   void set_preconditioner(const std::vector<double>& P);
+  // SPEC §10's update target theta_b (the next state by iter_num, flat float32
+  // as stored), after set_parameters; empty: none (the last state).
+  void set_update_target(const std::vector<float>& theta_b);
   // Every statistic of SPEC §4 for one case, computed by the team.
   CaseStatistics analyse(Team& team, const std::int32_t* ids, index_t n_blocks, const CaseHooks& hooks);
   // v^T H v of the epoch's mean loss along each direction (P values each), in

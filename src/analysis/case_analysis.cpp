@@ -57,15 +57,26 @@ struct NoiseSample {
 // member is public: nvcc allows no device lambda in a private member function.)
 template <class T>
 struct CaseAnalysis {
-  CaseAnalysis(const ExecSpace& space, Team& team, Engines<T>& engines, Span1<const T> params, View1<double> precond,
-               const std::int32_t* ids, index_t n_blocks, const AnalysisSettings& s, const CaseHooks& hooks)
-      : space_(space), team_(team), engines_(engines), params_(params), precond_(precond), ids_(ids), s_(s),
-        hooks_(hooks), plan_(plan_case(s, n_blocks, precond.extent(0) > 0)), P_(engines.gradient.layout().size()),
+  CaseAnalysis(const ExecSpace& space, Team& team, Engines<T>& engines, Span1<const T> params,
+               const CaseExtras<T>& extras, const std::int32_t* ids, index_t n_blocks, const AnalysisSettings& s,
+               const CaseHooks& hooks)
+      : space_(space), team_(team), engines_(engines), params_(params), precond_(extras.precond),
+        target_(extras.target), ids_(ids), s_(s), hooks_(hooks),
+        plan_(plan_case(s, n_blocks, extras.precond.extent(0) > 0, extras.target.extent(0) > 0)), P_(engines.gradient.layout().size()),
         stager_(std::max<index_t>(s.grad_microbatch, s.hvp_batch), s.context), G_("gnh::case::G", P_) {
     out_.m.n_blocks = n_blocks;
     out_.m.context = s.context;
     out_.m.noise_batch = s.noise_batch;
     out_.m.preconditioned = plan_.preconditioned;
+    if (plan_.update) {
+      // Delta = theta_b - theta_a in double, from the parameters as the engine holds them.
+      delta_ = View1<double>("gnh::case::delta", P_);
+      auto d = delta_;
+      auto a = params_;
+      auto b = target_;
+      Kokkos::parallel_for("gnh::case::delta", range(space_, P_),
+                           KOKKOS_LAMBDA(const index_t i) { d(i) = double(b(i)) - double(a(i)); });
+    }
     if (s.curvature.blocks)
       for (Partition& p : parameter_partitions(engines.gradient.layout())) {
         BlockMeasurements b;
@@ -112,6 +123,10 @@ struct CaseAnalysis {
     out_.timings.emplace_back("noise", clock_.lap());
     curvature_passes();
     out_.timings.emplace_back("curvature", clock_.lap());
+    if (plan_.update) {
+      update_step();
+      out_.timings.emplace_back("update", clock_.lap());
+    }
     identities();
     out_.timings.emplace_back("checks", clock_.lap());
     out_.derived = derive(out_.m);
@@ -231,7 +246,11 @@ struct CaseAnalysis {
   void fill_direction(View2<T> dirs, index_t r, index_t d) {
     const index_t m = plan_.n_noise, K = plan_.directions_asked;
     auto row = Kokkos::subview(dirs, r, Kokkos::ALL);
-    if (d > m + K) {
+    if (plan_.update && d == plan_.directions() - 1) {
+      auto Dv = delta_;
+      Kokkos::parallel_for("gnh::case::dir_delta", range(space_, P_),
+                           KOKKOS_LAMBDA(const index_t i) { row(i) = T(Dv(i)); });
+    } else if (d > m + K) {
       auto Pv = precond_;
       if (d == m + K + 1) {
         auto Gv = G_;
@@ -307,8 +326,9 @@ struct CaseAnalysis {
     out_.m.vHv.assign(quad.begin() + 1 + m, quad.begin() + 1 + m + K);
     if (plan_.preconditioned) {
       out_.m.PG_H_PG = quad[std::size_t(1 + m + K)];
-      out_.m.PxiHPxi.assign(quad.begin() + 2 + m + K, quad.end());
+      out_.m.PxiHPxi.assign(quad.begin() + 2 + m + K, quad.begin() + 2 + 2 * m + K);
     }
+    if (plan_.update) out_.update.dHd = quad.back();
     for (double q : quad)
       if (!std::isfinite(q)) fail("a curvature quadratic form is not finite");
     if (diagonal_.extent(0) > 0 && s_.directions > 0) {
@@ -318,12 +338,45 @@ struct CaseAnalysis {
     }
   }
 
+  // SPEC §10 along the update: |Delta|^2 and G^T Delta in double, Delta^T H
+  // Delta from the curvature passes, and L(theta_b) on this case by a
+  // forward-only pass split over the team like the gradient pass (summed in
+  // batch order, so the same at any rank count).
+  void update_step() {
+    UpdateStatistics& u = out_.update;
+    u.present = true;
+    u.delta_sqnorm = dot(space_, delta_.data(), delta_.data(), P_);
+    u.G_dot_delta = dot(space_, G_.data(), delta_.data(), P_);
+    const auto batches = make_batches(all_blocks(plan_.n_blocks), s_.grad_microbatch);
+    std::vector<BatchScalars> table(batches.size());
+    const Span1<const T> theta_b(target_.data(), P_);
+    for (index_t b : team_.share_of(index_t(batches.size()))) {
+      if (hooks_.stop && hooks_.stop()) break;
+      stager_.stage(ids_, batches[std::size_t(b)], engines_.gradient.batch());
+      const LossSum l = engines_.gradient.forward_loss(space_, theta_b, stager_.tokens(), stager_.targets());
+      BatchScalars& r = table[std::size_t(b)];
+      r.loss_sum = l.sum;
+      r.count = l.count;
+      r.done = true;
+    }
+    bool stopped = false;
+    for (index_t b : team_.share_of(index_t(batches.size()))) stopped = stopped || !table[std::size_t(b)].done;
+    if (team_.any(stopped)) throw Interrupted{};
+    team_.share(table);
+    const BatchScalars ls = sum_in_order(table);
+    const double loss_b = ls.loss_sum / double(ls.count);
+    if (!std::isfinite(loss_b)) fail("the epoch loss at the update's target state is not finite (", loss_b, ")");
+    u.measured_change = loss_b - out_.loss;
+    u.predicted_change = u.G_dot_delta + 0.5 * u.dHd;
+    u.curvature_along = u.dHd / u.delta_sqnorm;
+  }
+
   // What the epoch's H v of direction d (dir, in the engine's precision, as
   // the pass applied it) gives beyond d^T H d: its per-block shares and, for a
   // Rademacher direction, |Hv|^2 (whole and per block) and the diagonal.
   void kept_hv(const T* dir, View1<double> Hv, index_t d) {
     const index_t m = plan_.n_noise;
-    if (d > m + plan_.directions_asked) return;  // the preconditioned directions
+    if (d > m + plan_.directions_asked) return;  // the preconditioned and update directions
     const std::vector<double> shares = block_dots(dir, Hv.data());
     if (d == 0) set_block_values(&BlockMeasurements::GHG, shares);
     else if (d <= m) add_block_row(&BlockMeasurements::xiHxi, shares);
@@ -427,6 +480,8 @@ struct CaseAnalysis {
   Engines<T>& engines_;
   Span1<const T> params_;
   View1<double> precond_;  // the AdamW preconditioner P, or empty
+  View1<T> target_;        // theta_b of the update, or empty
+  View1<double> delta_;    // theta_b - theta_a
   const std::int32_t* ids_;
   const AnalysisSettings& s_;
   const CaseHooks& hooks_;
@@ -449,16 +504,18 @@ struct CaseAnalysis {
 
 template <class T>
 CaseStatistics analyse_case(const ExecSpace& space, Team& team, Engines<T>& engines, Span1<const T> params,
-                            View1<double> precond, const std::int32_t* ids, index_t n_blocks,
+                            const CaseExtras<T>& extras, const std::int32_t* ids, index_t n_blocks,
                             const AnalysisSettings& s, const CaseHooks& hooks) {
-  return CaseAnalysis<T>(space, team, engines, params, precond, ids, n_blocks, s, hooks).run();
+  return CaseAnalysis<T>(space, team, engines, params, extras, ids, n_blocks, s, hooks).run();
 }
 
 template struct Engines<float>;
 template struct Engines<double>;
 template CaseStatistics analyse_case<float>(const ExecSpace&, Team&, Engines<float>&, Span1<const float>,
-                                            View1<double>, const std::int32_t*, index_t, const AnalysisSettings&, const CaseHooks&);
+                                            const CaseExtras<float>&, const std::int32_t*, index_t,
+                                            const AnalysisSettings&, const CaseHooks&);
 template CaseStatistics analyse_case<double>(const ExecSpace&, Team&, Engines<double>&, Span1<const double>,
-                                             View1<double>, const std::int32_t*, index_t, const AnalysisSettings&, const CaseHooks&);
+                                             const CaseExtras<double>&, const std::int32_t*, index_t,
+                                             const AnalysisSettings&, const CaseHooks&);
 
 }  // namespace gnh

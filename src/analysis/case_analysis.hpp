@@ -37,9 +37,16 @@ struct Engines {
   std::unique_ptr<Gpt<T>> curvature_;
 };
 
+// What a state brings beyond its parameters (SPEC §10); empty views: none.
+template <class T>
+struct CaseExtras {
+  View1<double> precond;  // the AdamW preconditioner P
+  View1<T> target;        // theta_b, the next state by iter_num
+};
+
 template <class T>
 CaseStatistics analyse_case(const ExecSpace& space, Team& team, Engines<T>& engines, Span1<const T> params,
-                            View1<double> precond, const std::int32_t* ids, index_t n_blocks, const AnalysisSettings& s,
+                            const CaseExtras<T>& extras, const std::int32_t* ids, index_t n_blocks, const AnalysisSettings& s,
                             const CaseHooks& hooks);
 
 }  // namespace gnh

@@ -22,9 +22,10 @@ Shape shape_of(const AnalysisSettings& s, index_t batch, index_t K, bool reverse
 }
 }  // namespace
 
-CasePlan plan_case(const AnalysisSettings& s, index_t n_blocks, bool preconditioned) {
+CasePlan plan_case(const AnalysisSettings& s, index_t n_blocks, bool preconditioned, bool update) {
   CasePlan c;
   c.preconditioned = preconditioned && s.curvature.preconditioned;
+  c.update = update && s.curvature.update;
   c.n_blocks = n_blocks;
   c.n_noise = s.noise_batch > 0 && n_blocks > 0 ? std::min(s.noise_samples, n_blocks / s.noise_batch) : 0;
   c.partition = c.n_noise > 0 && c.n_noise * s.noise_batch == n_blocks;
@@ -57,6 +58,7 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const 
   // [curvature] with H v kept: an exact sum per direction of the widest pass,
   // the epoch's H v in double, and the diagonal's accumulator in double.
   if (c.preconditioned) m.vectors += sizeof(double) * P;  // the preconditioner
+  if (c.update) m.vectors += (sizeof(double) + scalar) * P;  // Delta and theta_b
   if (s.keeps_hv())
     m.vectors += sizeof(fixed128) * P * std::size_t(c.pass_widths.front()) +
                  sizeof(double) * P * (s.curvature.diagonal ? 2 : 1);

@@ -19,13 +19,18 @@ struct CasePlan {
   bool partition = false;           // the noise batches cover the epoch exactly
   std::vector<index_t> pass_widths;  // directions of each curvature pass, balanced, widest first
   // G, the xi_j, the v_k, then with the AdamW preconditioner P: PG, the P xi_j.
-  index_t directions() const { return 1 + n_noise + directions_asked + (preconditioned ? 1 + n_noise : 0); }
+  // With an update target (SPEC §10), Delta last.
+  index_t directions() const {
+    return 1 + n_noise + directions_asked + (preconditioned ? 1 + n_noise : 0) + (update ? 1 : 0);
+  }
   index_t directions_asked = 0;
   bool preconditioned = false;
+  bool update = false;
 };
-// preconditioned: the state has AdamW state and [curvature] asks for it (the
-// plan of a campaign assumes every state has, an upper bound).
-CasePlan plan_case(const AnalysisSettings& s, index_t n_blocks, bool preconditioned);
+// preconditioned / update: the state has AdamW state / a next state and
+// [curvature] asks for it (the plan of a campaign assumes every state has
+// both, an upper bound).
+CasePlan plan_case(const AnalysisSettings& s, index_t n_blocks, bool preconditioned, bool update);
 
 // The engines of a case: the gradient (reverse, grad_microbatch), the
 // curvature (hvp_batch, K directions, by the chosen method) and the two

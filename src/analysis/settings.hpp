@@ -47,7 +47,8 @@ struct CurvatureSettings {
   bool blocks = false;    // per-block statistics, both partitions (trace_H and the rest need Hv)
   bool diagonal = false;  // the Hutchinson diagonal of H as a dataset (needs Hv)
   bool preconditioned = false;  // the AdamW-preconditioned noise scale, where a checkpoint has AdamW state
-  bool any() const { return blocks || diagonal || preconditioned; }
+  bool update = false;          // curvature along the update to the next checkpoint by iter_num
+  bool any() const { return blocks || diagonal || preconditioned || update; }
 };
 
 struct AnalysisSettings {

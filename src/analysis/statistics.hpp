@@ -74,6 +74,17 @@ struct BlockTable {
 };
 BlockTable derive_blocks(const BlockMeasurements& b, const CaseMeasurements& m, const DerivedStatistics& d);
 
+// SPEC §10: along the update Delta = theta_b - theta_a to the next state by
+// iter_num, at theta_a on this case.
+struct UpdateStatistics {
+  bool present = false;
+  std::string partner;  // theta_b's hash (set by the driver)
+  double delta_sqnorm = 0, G_dot_delta = 0, dHd = 0;
+  double predicted_change = 0;  // G^T Delta + dHd / 2
+  double measured_change = 0;   // L(theta_b) - L(theta_a)
+  double curvature_along = 0;   // dHd / |Delta|^2
+};
+
 // An identity of SPEC §4 checked on a case's vectors.
 struct IdentityCheck {
   std::string name;
@@ -96,6 +107,7 @@ struct CaseStatistics {
   std::int64_t peak_memory_bytes = 0;  // planned memory of the engines and vectors (analysis/memory.hpp)
   std::vector<BlockTable> blocks;        // [curvature] blocks: one table per partition
   std::vector<float> hessian_diagonal;   // [curvature] diagonal: mean_k v_k * (H v_k), (P)
+  UpdateStatistics update;               // [curvature] update
 };
 
 // Mean and standard error (sample sd with ddof 1, over sqrt(count)). Not

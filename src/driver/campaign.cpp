@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "driver/campaign.hpp"
 
+#include <algorithm>
+
 #include <glob.h>
 
 #include <cstdio>
@@ -82,7 +84,8 @@ std::string settings_fingerprint(const Deck& d, const ModelConfig& cfg, const st
   if (d.analysis.curvature.any())
     j["curvature"] = {{"blocks", d.analysis.curvature.blocks},
                       {"diagonal", d.analysis.curvature.diagonal},
-                      {"preconditioned", d.analysis.curvature.preconditioned}};
+                      {"preconditioned", d.analysis.curvature.preconditioned},
+                      {"update", d.analysis.curvature.update}};
   return sha256_hex(j.dump()).substr(0, 16);
 }
 
@@ -99,6 +102,41 @@ Pack& operator<<(Pack& p, const FileInfo& f) {
 }
 Unpack& operator>>(Unpack& u, FileInfo& f) {
   return u >> f.sha256 >> f.config >> f.n_params >> f.hashed >> f.has_iter >> f.iter_num;
+}
+
+// [curvature] update (SPEC §10): consecutive distinct states by iter_num. A
+// file without iter_num, aliases of one state that disagree on it, or two
+// states with the same iter_num leave the order undefined: an error naming
+// the files.
+void order_by_iteration(const Deck& deck, const std::vector<CheckpointFile>& files, const std::vector<FileInfo>& info,
+                        std::vector<GroupRecord>& groups) {
+  std::map<std::string, std::size_t> group_of;
+  for (std::size_t g = 0; g < groups.size(); ++g) group_of[groups[g].param_sha256] = g;
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    if (!info[i].has_iter)
+      fail(deck.file, ": curvature.update orders the checkpoints by iter_num, but ", files[i].path,
+           " has no iter_num (convert it from a nanoGPT file that has one, or set curvature.update = false)");
+    const GroupRecord& g = groups[group_of.at(info[i].sha256)];
+    if (g.iter_num && *g.iter_num != info[i].iter_num)
+      fail(deck.file, ": curvature.update: ", files[i].path, " and ", g.alias_paths.front(),
+           " hold the same parameters but iter_num ", info[i].iter_num, " and ", *g.iter_num,
+           ": their place in the order is ambiguous");
+  }
+  std::vector<std::size_t> order(groups.size());
+  for (std::size_t g = 0; g < order.size(); ++g) {
+    order[g] = g;
+    groups[g].ordered = true;
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return *groups[a].iter_num < *groups[b].iter_num; });
+  for (std::size_t k = 0; k + 1 < order.size(); ++k) {
+    GroupRecord &a = groups[order[k]], &b = groups[order[k + 1]];
+    if (*a.iter_num == *b.iter_num)
+      fail(deck.file, ": curvature.update: ", a.alias_paths.front(), " and ", b.alias_paths.front(),
+           " are different parameter states with the same iter_num ", *a.iter_num, ": the update has no order");
+    a.partner = int(order[k + 1]);
+    a.partner_hash = b.hash;
+  }
 }
 
 FileInfo file_info(const std::string& path, bool read_values) {
@@ -219,6 +257,7 @@ Campaign prepare_campaign(const Comm& comm, const std::string& deck_path, const 
     g.alias_paths.push_back(files[i].path);
     if (info[i].has_iter && !g.iter_num) g.iter_num = info[i].iter_num;
   }
+  if (deck.analysis.curvature.update) order_by_iteration(deck, files, info, groups);
   c.output = deck.resolve(deck.output);
   RunInfo& ri = c.info;
   ri.deck_text = deck.source_text;

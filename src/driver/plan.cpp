@@ -143,7 +143,7 @@ int plan_command(const Comm& comm, const PlanOptions& opt) {
   double per_group = t_group;
   const AnalysisSettings& a = d.analysis;
   for (const auto& cs : c.cases) {
-    const CasePlan p = plan_case(a, cs.blocks, true);
+    const CasePlan p = plan_case(a, cs.blocks, true, true);
     const index_t n = cs.blocks, m = p.n_noise;
     const index_t grad_batches = (n + a.grad_microbatch - 1) / a.grad_microbatch;
     const index_t noise_batches = m * ((a.noise_batch + a.grad_microbatch - 1) / a.grad_microbatch);

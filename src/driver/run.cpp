@@ -159,7 +159,8 @@ Outcome compute_groups(const Comm& world, const Comm& team_comm, const Campaign&
     GroupRecord g = c.groups[gi];
     const std::string path = group_file(output, g.hash);
     // Every member decides the same way: the leader looks, then tells.
-    int complete = leader && group_file_complete(path, info.settings_fingerprint) ? 1 : 0;
+    int complete =
+        leader && group_file_complete(path, info.settings_fingerprint, g.ordered ? &g.partner_hash : nullptr) ? 1 : 0;
     team.broadcast_value(complete, 0);
     if (complete) {
       ++out.skipped;
@@ -185,6 +186,16 @@ Outcome compute_groups(const Comm& world, const Comm& team_comm, const Campaign&
         if (leader && !quiet) std::printf("gnh: [rank %d] %s preconditioner: %s\n", world.rank(), g.hash.c_str(),
                                           g.preconditioner.c_str());
       }
+      if (g.ordered) {
+        // The update's target: the next state's parameters, read by the leader
+        // (its hash checked against the plan) and shared.
+        std::vector<float> target;
+        if (g.partner >= 0) {
+          const GroupRecord& b = c.groups[std::size_t(g.partner)];
+          target = group_parameters(team, b, std::vector<bool>(b.alias_paths.size(), true), world.rank(), quiet);
+        }
+        analyser->set_update_target(target);
+      }
       for (const auto& cs : c.cases) {
         CaseHooks hooks;
         hooks.stop = [] { return g_terminate != 0; };
@@ -195,6 +206,7 @@ Outcome compute_groups(const Comm& world, const Comm& team_comm, const Campaign&
         CaseRecord rec;
         rec.name = cs.name;
         rec.stats = analyser->analyse(team, cs.data.ids.data(), cs.blocks, hooks);
+        rec.stats.update.partner = g.partner_hash;
         if (leader) {
           for (const auto& idc : rec.stats.identities)
             if (!idc.ok())
@@ -248,12 +260,13 @@ void print_plan(const Campaign& c, const std::vector<int>& team_of_group, int te
     std::string aliases;
     for (const auto& a : c.groups[g].aliases) aliases += (aliases.empty() ? "" : ", ") + a;
     const std::string path = group_file(output, c.groups[g].hash);
-    const bool done = group_file_complete(path, fingerprint);
+    const bool done =
+        group_file_complete(path, fingerprint, c.groups[g].ordered ? &c.groups[g].partner_hash : nullptr);
     std::printf("  group %s -> team %d%s: %s\n", c.groups[g].hash.c_str(), team_of_group[g],
                 done ? " (complete, will be skipped)" : "", aliases.c_str());
   }
   for (const auto& cs : c.cases) {
-    const CasePlan p = plan_case(s, cs.blocks, true);
+    const CasePlan p = plan_case(s, cs.blocks, true, true);
     const index_t n = cs.blocks, m = p.n_noise, D = p.directions();
     const std::vector<index_t>& sizes = p.pass_widths;
     std::string widths;

@@ -297,11 +297,9 @@ Deck parse_deck(const std::string& text, const std::string& name, const std::str
     d.analysis.curvature.blocks = r.boolean(*c, "curvature", "blocks", false);
     d.analysis.curvature.diagonal = r.boolean(*c, "curvature", "diagonal", false);
     d.analysis.curvature.preconditioned = r.boolean(*c, "curvature", "preconditioned", false);
-    // SPEC §10's other parts are not in this version: asking for one is an
-    // error rather than a silently missing output.
-    if (r.boolean(*c, "curvature", "update", false))
-      fail(r.where(*c->get("update"), "curvature.update"),
-           ": curvature.update = true is not implemented in this version of gnh (issue #13); set it to false");
+    d.analysis.curvature.update = r.boolean(*c, "curvature", "update", false);
+    // The spectrum is not in this version: asking for it is an error rather
+    // than a silently missing output.
     if (r.integer(*c, "curvature", "lanczos_steps", 0, 0, 1 << 20) > 0)
       fail(r.where(*c->get("lanczos_steps"), "curvature.lanczos_steps"),
            ": curvature.lanczos_steps > 0 (the spectrum) is not implemented in this version of gnh (issue #14); "

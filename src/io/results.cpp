@@ -93,6 +93,17 @@ void write_case(hid_t parent, const CaseRecord& c, const std::string& where) {
   h5::write_dataset(id, "vHv", s.m.vHv);
   // SPEC §10, where [curvature] asked for them.
   if (!s.m.Hv_sqnorm.empty()) h5::write_dataset(id, "Hv_sqnorm", s.m.Hv_sqnorm);
+  if (s.update.present) {
+    const UpdateStatistics& u = s.update;
+    h5::Handle ug = h5::create_group(id, "update", where);
+    h5::write_attr(ug.id(), "partner", u.partner);
+    h5::write_attr(ug.id(), "delta_sqnorm", u.delta_sqnorm);
+    h5::write_attr(ug.id(), "G_dot_delta", u.G_dot_delta);
+    h5::write_attr(ug.id(), "dHd", u.dHd);
+    h5::write_attr(ug.id(), "predicted_change", u.predicted_change);
+    h5::write_attr(ug.id(), "measured_change", u.measured_change);
+    h5::write_attr(ug.id(), "curvature_along", u.curvature_along);
+  }
   if (s.m.preconditioned) {
     h5::write_dataset(id, "xiPxi", s.m.xiPxi);
     h5::write_dataset(id, "PxiHPxi", s.m.PxiHPxi);
@@ -173,6 +184,9 @@ void write_group_file(const std::string& path, const RunInfo& info, const GroupR
     h5::write_attr(gg.id(), "n_params", g.n_params);
     if (g.iter_num) h5::write_attr(gg.id(), "iter_num", *g.iter_num);
     if (!g.preconditioner.empty()) h5::write_attr(gg.id(), "preconditioner", g.preconditioner);
+    // [curvature] update: the state the update goes to ("" for the last), so
+    // that a rerun whose campaign orders the states differently recomputes.
+    if (g.ordered) h5::write_attr(gg.id(), "update_partner", g.partner_hash);
     for (const auto& c : g.cases) write_case(gg.id(), c, tmp);
     // Written last: a file without it was never finished.
     h5::write_attr(f.id(), "complete", std::int64_t(1));
@@ -180,13 +194,19 @@ void write_group_file(const std::string& path, const RunInfo& info, const GroupR
   });
 }
 
-bool group_file_complete(const std::string& path, const std::string& fingerprint) {
+bool group_file_complete(const std::string& path, const std::string& fingerprint, const std::string* partner) {
   if (!std::filesystem::exists(path)) return false;
   try {
     h5::File f = h5::File::open_read(path);
     const auto fp = h5::read_string_attr(f.id(), "settings_fingerprint", path);
     const auto complete = h5::read_int_attr(f.id(), "complete", path);
-    return fp && *fp == fingerprint && complete && *complete == 1;
+    if (!(fp && *fp == fingerprint && complete && *complete == 1)) return false;
+    if (!partner) return true;
+    h5::Handle all = h5::open_group(f.id(), "groups", path);
+    const auto hashes = h5::list_children(all.id(), path);
+    if (hashes.size() != 1) return false;
+    h5::Handle g = h5::open_group(all.id(), hashes.front(), path);
+    return h5::read_string_attr(g.id(), "update_partner", path).value_or("\x01") == *partner;
   } catch (const Error&) {
     return false;  // unreadable (e.g. torn by a crash): recompute
   }

@@ -29,6 +29,11 @@ struct GroupRecord {
   std::optional<std::int64_t> iter_num;
   // [curvature] preconditioned: which alias's AdamW state gave P, or why none.
   std::string preconditioner;
+  // [curvature] update: the next state by iter_num (an index into the
+  // campaign's groups), -1 for the last; and its hash, as written.
+  bool ordered = false;  // the campaign asked for updates: partner_hash is recorded
+  int partner = -1;
+  std::string partner_hash;
   std::vector<CaseRecord> cases;
 };
 
@@ -62,8 +67,10 @@ std::string with_suffix(const std::string& output, const std::string& suffix);
 std::string group_file(const std::string& output, const std::string& hash);
 
 void write_group_file(const std::string& path, const RunInfo& info, const GroupRecord& g);
-// True if path is a complete group file written with this settings fingerprint.
-bool group_file_complete(const std::string& path, const std::string& fingerprint);
+// True if path is a complete group file written with this settings fingerprint
+// (and, with partner, whose update went to that state: "" for none).
+bool group_file_complete(const std::string& path, const std::string& fingerprint,
+                         const std::string* partner = nullptr);
 GroupSummary read_group_summary(const std::string& path);
 // Every group of a results, shard or group file.
 std::vector<GroupSummary> read_group_summaries(const std::string& path);

@@ -79,7 +79,7 @@ class Parallel(unittest.TestCase):
         gnhtest.write_deck(path, output, [checkpoints], 12, "train.bin", "val.bin", analysis=analysis)
         if curvature:
             with open(path, "a") as f:
-                f.write("\n[curvature]\nblocks = true\ndiagonal = true\n")
+                f.write("\n[curvature]\nblocks = true\ndiagonal = true\nupdate = true\n")
         return path
 
     def run_ok(self, deck, np_, sets=()):
@@ -104,7 +104,8 @@ class Parallel(unittest.TestCase):
         base = snaps[(1, 1)]
         self.assertGreater(len(base), 50)
         if curvature:  # the SPEC §10 outputs are among the compared objects
-            for name in ("blocks/layer/trace_H", "blocks/tensor/frob_H", "hessian_diagonal", "Hv_sqnorm"):
+            for name in ("blocks/layer/trace_H", "blocks/tensor/frob_H", "hessian_diagonal", "Hv_sqnorm",
+                         "update@dHd", "update@measured_change"):
                 self.assertTrue(any(k.endswith("seen/" + name) for k in base), name)
             # The report's block table and per-layer figure (SPEC §10, issue #13 item 5).
             rep = os.path.join(self.tmp, "report-curv")
@@ -115,6 +116,7 @@ class Parallel(unittest.TestCase):
                 manifest = json.load(f)
             self.assertEqual(manifest["figures"]["layers"]["panels"], ["B_simple", "trace_H"])
             self.assertIn("effective_rank", manifest["figures"])
+            self.assertEqual(manifest["figures"]["update"]["panels"], ["curvature_along", "change"])
             with open(os.path.join(rep, "blocks.csv")) as f:
                 rows = list(csv.DictReader(f))
             # 5 states (final is an alias) x 2 cases x (n_layer + 2 layer blocks + the tensors).

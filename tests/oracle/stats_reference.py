@@ -53,7 +53,7 @@ torch.set_num_threads(1)
 __all__ = ["MASK64", "NOISE_SALT", "splitmix64", "rademacher", "noise_batches",
            "reference_statistics", "EpochReference", "load_reference", "statistics_of",
            "derived_statistics", "partitions", "block_statistics", "adam_preconditioner",
-           "preconditioned_statistics"]
+           "preconditioned_statistics", "update_statistics"]
 
 MASK64 = (1 << 64) - 1
 #: Salt of the noise-batch key ("noise" in ASCII, left-aligned).
@@ -518,4 +518,30 @@ def preconditioned_statistics(ref, stats, P):
     out["B_simple_P"], out["B_simple_P_se"] = B * f * m1 / out["GPG"], B * f * s1 / out["GPG"]
     out["B_noise_P"], out["B_noise_P_se"] = B * f * m2 / out["PG_H_PG"], B * f * s2 / abs(out["PG_H_PG"])
     out["curvature_preconditioned"] = out["PG_H_PG"] / out["GPG"]
+    return out
+
+
+def update_statistics(ref_a, stats_a, ckpt_b):
+    """SPEC §10 along the update Delta = theta_b - theta_a, at theta_a on the
+    reference's case: |Delta|^2, G^T Delta, Delta^T H Delta (with its
+    Cauchy-Schwarz scale |Delta| |H Delta|), the quadratic model's predicted
+    change, the measured L(theta_b) - L(theta_a) and the curvature along."""
+    _, state = gnh_model.load_gnh_h5(ckpt_b)
+    theta_b = torch.cat([state[n].double().reshape(-1) for n in gnh_model.canonical_state_dict(ref_a.model)])
+    theta_a = ref_a.flat_params()
+    delta = theta_b - theta_a
+    G = torch.from_numpy(stats_a["G"])
+    Hd = ref_a.hvp(delta)
+    out = {"delta_sqnorm": float(delta @ delta), "G_dot_delta": float(G @ delta), "dHd": float(delta @ Hd),
+           "dHd_scale": float(delta.norm() * Hd.norm()),
+           "G_dot_delta_scale": float(G.norm() * delta.norm())}
+    loss_a = ref_a.loss()
+    ref_a.set_flat_params(theta_b)
+    try:
+        loss_b = ref_a.loss()
+    finally:
+        ref_a.set_flat_params(theta_a)
+    out["measured_change"] = loss_b - loss_a
+    out["predicted_change"] = out["G_dot_delta"] + 0.5 * out["dHd"]
+    out["curvature_along"] = out["dHd"] / out["delta_sqnorm"]
     return out

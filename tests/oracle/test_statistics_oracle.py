@@ -12,6 +12,8 @@ import sys
 import tempfile
 import unittest
 
+import torch
+
 HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 sys.path.insert(0, HERE)
@@ -173,6 +175,53 @@ class StatisticsOracle(unittest.TestCase):
     def test_fp32_curvature_blocks(self):
         self.check_blocks("fp32", 1e-4)
 
+    def check_update(self, policy, rel, method):
+        """SPEC §10 along the update between consecutive checkpoints (epoch1 ->
+        epoch2 -> epoch3; final and latest are epoch3's aliases) against float64
+        PyTorch. Bars: `rel` of the value, or of |Delta||H Delta| and |G||Delta|
+        for the forms that can cancel."""
+        r = gnhtest.run_gnh(self.deck, 2, [f"precision.policy={policy}", f"analysis.curvature_method={method}",
+                                           "curvature.update=true"])
+        self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
+        ck = os.path.join(self.tmp, "ckpt")
+        with h5py.File(os.path.join(self.tmp, "out", "stats.h5"), "r") as f:
+            groups = {}
+            for g in f["groups"].values():
+                for a in g.attrs["aliases"]:
+                    groups[gnhtest.text(a)] = g
+            self.assertEqual(gnhtest.text(groups["epoch3.h5"].attrs["update_partner"]), "")
+            self.assertNotIn("update", groups["epoch3.h5"]["seen"])
+            for e in (1, 2):
+                a = groups[f"epoch{e}.h5"]
+                self.assertEqual(gnhtest.text(a.attrs["update_partner"]), groups[f"epoch{e + 1}.h5"].name.split("/")[-1])
+                for case, tok in (("seen", "train.bin"), ("unseen", "val.bin")):
+                    ref = stats_reference.load_reference(os.path.join(ck, f"epoch{e}.h5"), os.path.join(self.tmp, tok),
+                                                         self.context)
+                    _, G = ref.gradient()
+                    want = stats_reference.update_statistics(ref, {"G": G.numpy()}, os.path.join(ck, f"epoch{e + 1}.h5"))
+                    u = a[case]["update"].attrs
+                    with self.subTest(epoch=e, case=case, policy=policy, method=method):
+                        self.assertEqual(gnhtest.text(u["partner"]), gnhtest.text(a.attrs["update_partner"]))
+                        self.assertLessEqual(abs(u["delta_sqnorm"] - want["delta_sqnorm"]), rel * want["delta_sqnorm"])
+                        self.assertLessEqual(abs(u["G_dot_delta"] - want["G_dot_delta"]), rel * want["G_dot_delta_scale"])
+                        self.assertLessEqual(abs(u["dHd"] - want["dHd"]), rel * want["dHd_scale"])
+                        # The losses are sums over the epoch: rel of the loss itself.
+                        loss = self.refs[(e, case)]["loss"]
+                        self.assertLessEqual(abs(u["measured_change"] - want["measured_change"]), 2 * rel * loss)
+                        self.assertLessEqual(abs(u["predicted_change"] - want["predicted_change"]),
+                                             rel * (want["G_dot_delta_scale"] + want["dHd_scale"]))
+                        self.assertLessEqual(abs(u["curvature_along"] - want["curvature_along"]),
+                                             2 * rel * want["dHd_scale"] / want["delta_sqnorm"])
+
+    def test_fp64_update_forward_over_reverse(self):
+        self.check_update("fp64", 1e-10, "forward-over-reverse")
+
+    def test_fp64_update_second_order_forward(self):
+        self.check_update("fp64", 1e-10, "second-order-forward")
+
+    def test_fp32_update(self):
+        self.check_update("fp32", 1e-4, "second-order-forward")
+
     def test_csv_has_a_row_per_file_and_case(self):
         r = gnhtest.run_gnh(self.deck, 1, ["precision.policy=fp64"])
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -186,6 +235,73 @@ class StatisticsOracle(unittest.TestCase):
         self.assertEqual(got[("final.h5", "seen")], got[("epoch3.h5", "seen")])
         self.assertLessEqual(abs(got[("epoch2.h5", "unseen")] - self.refs[(2, "unseen")]["loss"]),
                              1e-10 * self.refs[(2, "unseen")]["loss"])
+
+
+class UpdateIdentityAndOrder(unittest.TestCase):
+    """SPEC §10 along the update: on two nearby states the quadratic model
+    predicts the measured loss change to third order; checkpoints that cannot
+    be ordered by iter_num are refused by name when the update is asked for."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="gnh-update-")
+        cls.cfg = gnhtest.gnh_model.GPTConfig(n_layer=2, n_head=2, n_embd=8, block_size=16, vocab_size=23,
+                                              bias=True, tie_embeddings=False, gelu="tanh")
+        cls.context = 8
+        gnhtest.write_tokens(os.path.join(cls.tmp, "train.bin"), cls.context * 12 + 1, 23, 3)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def campaign(self, name, models):
+        d = os.path.join(self.tmp, name)
+        os.makedirs(d)
+        for stem, model, it in models:
+            gnhtest.save_checkpoint(model, d, stem, iter_num=it)
+        deck = os.path.join(self.tmp, name + ".toml")
+        gnhtest.write_deck(deck, f"out/{name}.h5", [f"{name}/*.h5"], self.context, "train.bin",
+                           analysis=dict(noise_samples=0, directions=0, directions_per_pass=2),
+                           extra="[curvature]\nupdate = true\n")
+        return deck
+
+    def test_quadratic_model_predicts_a_small_step(self):
+        a = gnhtest.make_model(self.cfg, seed=7, scale=0.3)
+        b = gnhtest.make_model(self.cfg, seed=7, scale=0.3)
+        gen = torch.Generator().manual_seed(8)
+        with torch.no_grad():
+            for p in b.parameters():
+                p.add_(1e-3 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+        deck = self.campaign("near", [("a", a, 100), ("b", b, 101)])
+        r = gnhtest.run_gnh(deck, 2, ["precision.policy=fp64", "analysis.curvature_method=forward-over-reverse"])
+        self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
+        with h5py.File(os.path.join(self.tmp, "out", "near.h5"), "r") as f:
+            g = {gnhtest.text(h.attrs["aliases"][0]): h for h in f["groups"].values()}
+            u = g["a.h5"]["seen"]["update"].attrs
+            self.assertNotIn("update", g["b.h5"]["seen"])
+            measured, predicted, quad = u["measured_change"], u["predicted_change"], 0.5 * u["dHd"]
+            # The model's error is the third-order term, O(|Delta|^3): far below
+            # the second-order term it adds to the first, which it must resolve.
+            self.assertGreater(abs(quad), 1e-3 * abs(measured))
+            self.assertLessEqual(abs(measured - predicted), 0.05 * abs(quad), (measured, predicted, quad))
+            self.assertGreater(abs(measured - u["G_dot_delta"]), 0.5 * abs(quad))
+
+    def test_unordered_checkpoints_are_refused_by_name(self):
+        m = [gnhtest.make_model(self.cfg, seed=s, scale=0.3) for s in (1, 2)]
+        tie = self.campaign("tie", [("p", m[0], 5), ("q", m[1], 5)])
+        r = gnhtest.run_gnh(tie, 1)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("same iter_num 5", r.stderr)
+        self.assertIn("p.h5", r.stderr)
+        self.assertIn("q.h5", r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
+        none = self.campaign("none", [("r", m[0], 5), ("s", m[1], None)])
+        r = gnhtest.run_gnh(none, 1)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("s.h5 has no iter_num", r.stderr)
+        # Without the update the same campaign runs.
+        r = gnhtest.run_gnh(none, 1, ["curvature.update=false"])
+        self.assertEqual(r.returncode, 0, r.stderr)
 
 
 class PreconditionedOracle(unittest.TestCase):

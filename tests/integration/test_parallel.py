@@ -60,7 +60,10 @@ class Parallel(unittest.TestCase):
         ck = os.path.join(cls.tmp, "ckpt")
         os.makedirs(ck)
         for i in range(5):
-            gnhtest.save_checkpoint(gnhtest.make_model(cfg, seed=i, scale=0.3), ck, f"ckpt_{i}", iter_num=i)
+            model = gnhtest.make_model(cfg, seed=i, scale=0.3)
+            # Two states carry AdamW state (nanoGPT files after real steps), for [curvature] preconditioned.
+            opt = gnhtest.train_adamw(model, steps=2, seed=i) if i in (1, 3) else None
+            gnhtest.save_checkpoint(model, ck, f"ckpt_{i}", iter_num=i, optimizer=opt)
         shutil.copy(os.path.join(ck, "ckpt_4.h5"), os.path.join(ck, "final.h5"))
         gnhtest.write_tokens(os.path.join(cls.tmp, "train.bin"), 12 * 40 + 7, 41, 1)
         gnhtest.write_tokens(os.path.join(cls.tmp, "val.bin"), 12 * 15 + 1, 41, 2)
@@ -79,7 +82,7 @@ class Parallel(unittest.TestCase):
         gnhtest.write_deck(path, output, [checkpoints], 12, "train.bin", "val.bin", analysis=analysis)
         if curvature:
             with open(path, "a") as f:
-                f.write("\n[curvature]\nblocks = true\ndiagonal = true\nupdate = true\n")
+                f.write("\n[curvature]\nblocks = true\ndiagonal = true\nupdate = true\npreconditioned = true\n")
         return path
 
     def run_ok(self, deck, np_, sets=()):
@@ -104,9 +107,10 @@ class Parallel(unittest.TestCase):
         base = snaps[(1, 1)]
         self.assertGreater(len(base), 50)
         if curvature:  # the SPEC §10 outputs are among the compared objects
-            for name in ("blocks/layer/trace_H", "blocks/tensor/frob_H", "hessian_diagonal", "Hv_sqnorm",
-                         "update@dHd", "update@measured_change"):
-                self.assertTrue(any(k.endswith("seen/" + name) for k in base), name)
+            for name in ("seen/blocks/layer/trace_H", "seen/blocks/tensor/frob_H", "seen/hessian_diagonal",
+                         "seen/Hv_sqnorm", "seen/update@dHd", "seen/update@measured_change", "seen/xiPxi",
+                         "seen@B_noise_P"):
+                self.assertTrue(any(k.endswith(name) for k in base), name)
             # The report's block table and per-layer figure (SPEC §10, issue #13 item 5).
             rep = os.path.join(self.tmp, "report-curv")
             r = subprocess.run([gnhtest.GNH, "report", os.path.join(self.tmp, "out/layout_curv_1_1.h5"), "--out", rep],

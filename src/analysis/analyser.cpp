@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "analysis/analyser.hpp"
 
+#include <string>
+
 #include "analysis/case_analysis.hpp"
 #include "analysis/derivatives.hpp"
 #include "analysis/sampling.hpp"
@@ -19,44 +21,31 @@ struct Analyser::Impl {
 
 namespace {
 
+// A host vector on the device (empty when it is), of the layout's size P.
+template <class D, class S>
+View1<D> device_copy(const std::vector<S>& v, index_t P, const char* label) {
+  if (v.empty()) return View1<D>();
+  if (index_t(v.size()) != P) throw std::logic_error(std::string(label) + ": size differs from the layout");
+  View1<D> out(std::string(label), P);
+  auto h = Kokkos::create_mirror_view(out);
+  for (index_t i = 0; i < P; ++i) h(i) = static_cast<D>(v[static_cast<std::size_t>(i)]);
+  Kokkos::deep_copy(out, h);
+  return out;
+}
+
 // The engines and parameters of one scalar type.
 template <class T>
 struct EnginesOf final : Analyser::Impl {
   EnginesOf(const ModelConfig& cfg, const AnalysisSettings& s) : settings(s), engines(cfg, s) {}
 
   void set_parameters(const std::vector<float>& p) override {
-    const index_t P = engines.gradient.layout().size();
-    if (index_t(p.size()) != P) throw std::logic_error("gnh::analyser: parameter count differs from the layout");
-    if (params.extent(0) == 0) params = View1<T>("gnh::analyser::params", P);
-    auto hp = Kokkos::create_mirror_view(params);
-    for (index_t i = 0; i < P; ++i) hp(i) = static_cast<T>(p[static_cast<std::size_t>(i)]);
-    Kokkos::deep_copy(params, hp);
+    params = device_copy<T>(p, engines.gradient.layout().size(), "gnh::analyser::params");
   }
-
   void set_preconditioner(const std::vector<double>& p) override {
-    if (p.empty()) {
-      precond = View1<double>();
-      return;
-    }
-    const index_t P = engines.gradient.layout().size();
-    if (index_t(p.size()) != P) throw std::logic_error("gnh::analyser: preconditioner size differs from the layout");
-    precond = View1<double>("gnh::analyser::preconditioner", P);
-    auto hp = Kokkos::create_mirror_view(precond);
-    for (index_t i = 0; i < P; ++i) hp(i) = p[static_cast<std::size_t>(i)];
-    Kokkos::deep_copy(precond, hp);
+    precond = device_copy<double>(p, engines.gradient.layout().size(), "gnh::analyser::preconditioner");
   }
-
   void set_update_target(const std::vector<float>& b) override {
-    if (b.empty()) {
-      target = View1<T>();
-      return;
-    }
-    const index_t P = engines.gradient.layout().size();
-    if (index_t(b.size()) != P) throw std::logic_error("gnh::analyser: update target size differs from the layout");
-    target = View1<T>("gnh::analyser::update_target", P);
-    auto hb = Kokkos::create_mirror_view(target);
-    for (index_t i = 0; i < P; ++i) hb(i) = static_cast<T>(b[static_cast<std::size_t>(i)]);
-    Kokkos::deep_copy(target, hb);
+    target = device_copy<T>(b, engines.gradient.layout().size(), "gnh::analyser::update_target");
   }
 
   CaseStatistics analyse(Team& team, const std::int32_t* ids, index_t n_blocks, const CaseHooks& hooks) override {

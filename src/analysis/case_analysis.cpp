@@ -68,15 +68,7 @@ struct CaseAnalysis {
     out_.m.context = s.context;
     out_.m.noise_batch = s.noise_batch;
     out_.m.preconditioned = plan_.preconditioned;
-    if (plan_.update) {
-      // Delta = theta_b - theta_a in double, from the parameters as the engine holds them.
-      delta_ = View1<double>("gnh::case::delta", P_);
-      auto d = delta_;
-      auto a = params_;
-      auto b = target_;
-      Kokkos::parallel_for("gnh::case::delta", range(space_, P_),
-                           KOKKOS_LAMBDA(const index_t i) { d(i) = double(b(i)) - double(a(i)); });
-    }
+    if (plan_.update) form_delta();
     if (s.curvature.blocks)
       for (Partition& p : parameter_partitions(engines.gradient.layout())) {
         BlockMeasurements b;
@@ -87,6 +79,17 @@ struct CaseAnalysis {
         blocks_.push_back(std::move(b));
       }
     for (const BlockMeasurements& b : blocks_) n_block_values_ += index_t(b.size());
+  }
+
+  // Delta = theta_b - theta_a in double, from the parameters as the engine
+  // holds them. (A member function: nvcc allows no device lambda in a constructor.)
+  void form_delta() {
+    delta_ = View1<double>("gnh::case::delta", P_);
+    auto d = delta_;
+    auto a = params_;
+    auto b = target_;
+    Kokkos::parallel_for("gnh::case::delta", range(space_, P_),
+                         KOKKOS_LAMBDA(const index_t i) { d(i) = double(b(i)) - double(a(i)); });
   }
 
   // sum_i a_i b_i over every block of every partition, in order (all

@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <vector>
 
+#include "analysis/exact_sum.hpp"
 #include "core/fastmath.hpp"
 
 namespace {
@@ -61,4 +63,41 @@ TEST_CASE("ferf is within 4 ulp of erf", "[fastmath]") {
   CHECK(std::isnan(gnh::ferf(std::nanf(""))));
   CHECK(gnh::ferf(10.0f) == 1.0f);
   CHECK(gnh::ferf(-10.0f) == -1.0f);
+}
+
+TEST_CASE("exact sums: a float's fixed-point value by its bits equals the double path", "[exact_sum]") {
+  // Every exponent a curvature term can have (|x| < 2^47, the sums' range),
+  // both signs, zero, -0, denormals and values below the 2^-80 resolution,
+  // which floor to 0 or to -1 unit: the two paths must agree bit for bit,
+  // or the sums of H v would change with the kernel that formed them.
+  std::uint32_t state = 12345;
+  auto next = [&] {
+    state = state * 1664525u + 1013904223u;
+    return state;
+  };
+  std::vector<float> xs = {0.0f, -0.0f, 1.0f, -1.0f, std::numeric_limits<float>::denorm_min(),
+                           -std::numeric_limits<float>::denorm_min(), 0x1p-80f, -0x1p-80f, 0x1.8p-81f, -0x1.8p-81f,
+                           0x1p46f, -0x1p46f, 0x1.fffffep46f, -0x1.fffffep46f};
+  for (int e = -149; e < 47; ++e)
+    for (int k = 0; k < 20; ++k) {
+      const float m = 1.0f + float(next() >> 9) * 0x1p-23f;
+      xs.push_back(std::ldexp(m, e) * ((next() & 1u) ? -1.0f : 1.0f));
+    }
+  for (float x : xs) {
+    CAPTURE(x);
+    REQUIRE(gnh::to_fixed(x) == gnh::to_fixed(double(x)));
+  }
+  // floor(x 2^80), in units of 2^-80, for small negatives too (the double
+  // path once gave -2^64 units for an addend in (-2^-69, 0)).
+  REQUIRE(gnh::to_fixed(-0x1p-80) == -1);
+  REQUIRE(gnh::to_fixed(-0x1.8p-80) == -2);
+  REQUIRE(gnh::to_fixed(-1e-30) == -1);  // -1.2e-6 units
+  REQUIRE(gnh::to_fixed(1e-30) == 0);
+  REQUIRE(gnh::to_fixed(-0x1p-70) == -1024);
+  REQUIRE(gnh::to_fixed(-3.0) == -(gnh::fixed128(3) << 80));
+  REQUIRE(gnh::to_fixed(0x1p40 + 0.5) == (gnh::fixed128(1) << 120) + (gnh::fixed128(1) << 79));
+  for (double x : {-1e-25, -2.5e-22, -1.0, 3.75, -0x1.23456789abcdp-30, 0x1p46}) {
+    CAPTURE(x, double(gnh::from_fixed(gnh::to_fixed(x)) - x));
+    REQUIRE(std::abs(gnh::from_fixed(gnh::to_fixed(x)) - x) <= 0x1p-80 + std::abs(x) * 0x1p-52);  // floor, then double rounding
+  }
 }

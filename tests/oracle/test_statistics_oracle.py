@@ -366,6 +366,16 @@ class PreconditionedOracle(unittest.TestCase):
             for name in ("B_simple_P_se", "B_noise_P_se"):
                 self.assertLessEqual(abs(c.attrs[name] - w[name]), 10 * rel * max(w[name], abs(w[name[:-3]])) *
                                      max(1.0, abs(w["PG_H_PG_scale"] / w["PG_H_PG"])), name)
+            b_simple_p = float(c.attrs["B_simple_P"])
+        # The CSV table has the columns, empty for the state without AdamW state.
+        with open(os.path.join(self.tmp, "out", "p.csv")) as f:
+            rows = [l.rstrip("\n").split(",") for l in f]
+        col = rows[0].index("B_simple_P")
+        for name in ("B_noise_P", "curvature_preconditioned", "GPG", "PG_H_PG"):
+            self.assertIn(name, rows[0])
+        got = {r[0]: r[col] for r in rows[1:]}
+        self.assertEqual(got["plain.h5"], "")
+        self.assertEqual(float(got["adam.h5"]), b_simple_p)
 
     def test_fp64_forward_over_reverse(self):
         self.check("fp64", 1e-10, "forward-over-reverse")

@@ -68,6 +68,9 @@ int dispatch(int argc, char** argv, const gnh::Comm& comm) {
                "checkpoint exactly once, every group complete, identities re-checked) and combine them");
   mrg_cmd->add_option("output", mrg.output, "Combined results file to write")->required();
   mrg_cmd->add_option("shards", mrg.shards, "Shard result files (OUTPUT.shard-I-of-N.h5)")->required();
+  mrg_cmd->add_flag("--accept-failed-identities", mrg.accept_failed_identities,
+                    "Merge shards whose recorded identity checks failed (refused otherwise); the failed checks are "
+                    "listed in the output's accepted_failed_identities attribute");
 
   gnh::PlanOptions pln;
   CLI::App* pln_cmd = app.add_subcommand(

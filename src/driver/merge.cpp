@@ -38,15 +38,19 @@ ShardHeader read_header(const std::string& path) {
   return h;
 }
 
-// Re-checks the identities recorded in one case from its datasets and attributes.
-void recheck_case(hid_t cg, const std::string& where) {
+// Re-checks the identities recorded in one case from its datasets and
+// attributes; returns those whose recorded deviation exceeds its tolerance,
+// as "where: identity_<name> = deviation > tolerance".
+std::vector<std::string> recheck_case(hid_t cg, const std::string& where) {
   auto attr = [&](const char* k) {
     auto v = h5::read_double_attr(cg, k, where);
     if (!v) fail(where, ": incomplete (no attribute '", k, "')");
     return *v;
   };
   const double G2 = attr("G_sqnorm");
-  for (const char* k : {"loss", "GHG", "trace_H", "identities_ok"}) attr(k);
+  // trace_H and the noise quantities are absent where a campaign asked for
+  // no directions or no noise samples: such a campaign merges too.
+  for (const char* k : {"loss", "GHG", "identities_ok"}) attr(k);
   auto dataset = [&](const char* name) {
     if (!h5::exists(cg, name)) fail(where, ": incomplete (no dataset '", name, "')");
     h5::Handle d(H5Dopen2(cg, name, H5P_DEFAULT));
@@ -64,6 +68,7 @@ void recheck_case(hid_t cg, const std::string& where) {
     if (!(dev <= 1e-10))
       fail(where, ": noise sample ", j, " violates |g|^2 = |G|^2 + 2 G.xi + |xi|^2 (relative deviation ", dev, ")");
   }
+  std::vector<std::string> failed;
   const int n = H5Aget_num_attrs(cg);
   for (int i = 0; i < n; ++i) {
     char name[256];
@@ -74,9 +79,14 @@ void recheck_case(hid_t cg, const std::string& where) {
     if (s.rfind("identity_", 0) != 0 || s.size() < suffix.size() || s.substr(s.size() - suffix.size()) != suffix) continue;
     const std::string base = s.substr(0, s.size() - suffix.size());
     const double dev = attr(s.c_str()), tol = attr((base + "_tolerance").c_str());
-    if (!(dev <= tol))
-      std::fprintf(stderr, "gnh: WARNING: %s: %s = %.3e exceeds its tolerance %.1e\n", where.c_str(), s.c_str(), dev, tol);
+    if (!(dev <= tol)) {
+      char buf[96];
+      std::snprintf(buf, sizeof(buf), " = %.3e > tolerance %.1e", dev, tol);
+      failed.push_back(where + ": " + base + buf);
+    }
   }
+  if (failed.empty() && attr("identities_ok") != 1.0) failed.push_back(where + ": identities_ok = 0");
+  return failed;
 }
 
 void validate_and_merge(const MergeOptions& opt) {
@@ -98,6 +108,7 @@ void validate_and_merge(const MergeOptions& opt) {
   std::map<std::string, std::string> seen;  // checkpoint name -> shard
   std::map<std::string, std::string> group_seen;
   std::set<std::string> case_names;
+  std::vector<std::string> failed_identities;
   for (const auto& h : headers) {
     h5::File f = h5::File::open_read(h.path);
     h5::Handle all = h5::open_group(f.id(), "groups", h.path);
@@ -112,7 +123,8 @@ void validate_and_merge(const MergeOptions& opt) {
              join(std::vector<std::string>(case_names.begin(), case_names.end())), "}");
       for (const auto& c : cases) {
         h5::Handle cg = h5::open_group(g.id(), c, h.path);
-        recheck_case(cg.id(), h.path + ": group " + hash + " case " + c);
+        for (auto& f : recheck_case(cg.id(), h.path + ": group " + hash + " case " + c))
+          failed_identities.push_back(std::move(f));
       }
     }
     for (const auto& s : read_group_summaries(h.path))
@@ -132,8 +144,19 @@ void validate_and_merge(const MergeOptions& opt) {
     if (std::find(first.info.campaign_checkpoints.begin(), first.info.campaign_checkpoints.end(), name) ==
         first.info.campaign_checkpoints.end())
       fail(shard, ": checkpoint ", name, " is not part of the campaign");
+  if (!failed_identities.empty()) {
+    std::string list;
+    for (const auto& f : failed_identities) list += "\n  " + f;
+    if (!opt.accept_failed_identities)
+      fail("cannot merge: ", failed_identities.size(), " recorded identity check(s) failed:", list,
+           "\n(recompute those groups, or pass --accept-failed-identities to merge them anyway; that is recorded "
+           "in the output)");
+    std::fprintf(stderr, "gnh: WARNING: merging %zu failed identity check(s) (--accept-failed-identities):%s\n",
+                 failed_identities.size(), list.c_str());
+  }
   RunInfo info = first.info;
   info.shard = "merged from " + std::to_string(headers.size()) + " shard(s)";
+  info.accepted_failed_identities = failed_identities;
   merge_results(opt.output, info, opt.shards, first.info.campaign_checkpoints);
   std::printf("gnh: merged %zu shard(s), %zu group(s), %zu checkpoint file(s) into %s\n", headers.size(),
               group_seen.size(), seen.size(), opt.output.c_str());

@@ -13,6 +13,9 @@ namespace gnh {
 struct MergeOptions {
   std::string output;
   std::vector<std::string> shards;
+  // A shard whose recorded identity checks failed is refused unless this is
+  // set; the identities accepted so are then listed in the output.
+  bool accept_failed_identities = false;
 };
 
 int merge_command(const Comm& comm, const MergeOptions& opt);

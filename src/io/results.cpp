@@ -53,6 +53,8 @@ void write_root_attrs(hid_t root, const RunInfo& info, const std::string& format
   h5::write_attr(root, "campaign_checkpoints", info.campaign_checkpoints);
   if (!info.host_gemm.empty()) h5::write_attr(root, "host_gemm", info.host_gemm);
   if (!info.host_gemm_probe.empty()) h5::write_attr(root, "host_gemm_probe", info.host_gemm_probe);
+  if (!info.accepted_failed_identities.empty())
+    h5::write_attr(root, "accepted_failed_identities", info.accepted_failed_identities);
 }
 
 void write_case(hid_t parent, const CaseRecord& c, const std::string& where) {

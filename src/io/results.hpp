@@ -49,6 +49,8 @@ struct RunInfo {
   std::vector<std::string> campaign_checkpoints;  // every checkpoint file name of the deck
   std::string host_gemm;        // the dense GEMM's kernel ("avx2", "avx512", "vendor", ...)
   std::string host_gemm_probe;  // the start-up probe behind the choice (JSON), if one ran
+  // gnh merge --accept-failed-identities: the failed checks merged anyway.
+  std::vector<std::string> accepted_failed_identities;
 };
 
 // What the summary table and the merge need of a group file.

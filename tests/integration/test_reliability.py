@@ -276,6 +276,50 @@ class Reliability(unittest.TestCase):
         self.one_error(r, "ckpt", "is a directory")
 
     # --------------------------------------------------------------- --help
+    # -------------------------------------------------------------- strict merges
+    def shards(self, name, analysis=None):
+        """Both shards of a 2-shard campaign; returns their paths."""
+        deck = self.make_deck(name + ".toml", f"out/{name}.h5", analysis=analysis)
+        for i in range(2):
+            r = self.gnh("run", deck, "--shard", f"{i}/2", "--quiet")
+            self.assertEqual(r.returncode, 0, r.stderr)
+        return [os.path.join(self.tmp, "out", f"{name}.shard-{i}-of-2.h5") for i in range(2)]
+
+    def test_merge_refuses_a_failed_identity_unless_accepted_and_recorded(self):
+        shards = self.shards("strict")
+        with h5py.File(shards[1], "r+") as f:
+            g = next(iter(f["groups"].values()))
+            c = g["seen"]
+            c.attrs["identity_hessian_symmetry_deviation"] = 10 * float(c.attrs["identity_hessian_symmetry_tolerance"])
+            c.attrs["identities_ok"] = 0
+            bad = f"{shards[1]}: group {g.name.split('/')[-1]} case seen: identity_hessian_symmetry"
+        out = os.path.join(self.tmp, "out", "strict-merged.h5")
+        r = self.gnh("merge", out, *shards)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("cannot merge: 1 recorded identity check(s) failed", r.stderr)
+        self.assertIn(bad, r.stderr)
+        self.assertIn("--accept-failed-identities", r.stderr)
+        self.assertFalse(os.path.exists(out))
+        r = self.gnh("merge", out, *shards, "--accept-failed-identities")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with h5py.File(out, "r") as f:
+            self.assertEqual(int(f.attrs["identities_ok"]), 0)
+            accepted = [gnhtest.text(a) for a in f.attrs["accepted_failed_identities"]]
+        self.assertEqual(len(accepted), 1)
+        self.assertIn(bad, accepted[0])
+
+    def test_merge_of_a_campaign_without_directions_or_noise(self):
+        shards = self.shards("bare", analysis=dict(directions=0, noise_samples=0))
+        out = os.path.join(self.tmp, "out", "bare-merged.h5")
+        r = self.gnh("merge", out, *shards)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with h5py.File(out, "r") as f:
+            self.assertEqual(int(f.attrs["complete"]), 1)
+            self.assertNotIn("accepted_failed_identities", f.attrs)
+            for g in f["groups"].values():
+                self.assertNotIn("trace_H", g["seen"].attrs)
+                self.assertIn("GHG", g["seen"].attrs)
+
     def test_help_is_gnhs(self):
         for args in (["--help"], ["run", "--help"], ["compare", "--help"], ["merge", "--help"], ["plan", "--help"],
                      ["report", "--help"]):

@@ -47,6 +47,21 @@ def make_model(cfg, seed, scale=0.3):
     return model
 
 
+def train_steps(model, opt, steps, seed, batch):
+    """``steps`` optimizer steps on random (batch, block_size) token sequences
+    predicting themselves shifted by one; returns the last loss."""
+    gen = torch.Generator().manual_seed(seed)
+    cfg = model.config
+    loss = torch.zeros(())
+    for _ in range(steps):
+        idx = torch.randint(0, cfg.vocab_size, (batch, cfg.block_size), generator=gen)
+        _, loss = model(idx, idx.roll(-1, dims=1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return loss.detach()
+
+
 def train_adamw(model, steps, seed, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95)):
     """``steps`` AdamW steps on random tokens with nanoGPT's parameter groups
     (decay for >= 2-D tensors); returns the optimizer's state_dict, as a
@@ -55,14 +70,7 @@ def train_adamw(model, steps, seed, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95)
     groups = [{"params": [p for p in params.values() if p.dim() >= 2], "weight_decay": weight_decay},
               {"params": [p for p in params.values() if p.dim() < 2], "weight_decay": 0.0}]
     opt = torch.optim.AdamW(groups, lr=lr, betas=betas)
-    gen = torch.Generator().manual_seed(seed)
-    cfg = model.config
-    for _ in range(steps):
-        idx = torch.randint(0, cfg.vocab_size, (2, cfg.block_size), generator=gen)
-        _, loss = model(idx, idx.roll(-1, dims=1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+    train_steps(model, opt, steps, seed, batch=2)
     return opt.state_dict()
 
 

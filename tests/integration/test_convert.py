@@ -73,6 +73,7 @@ import torch  # noqa: E402
 import gnh_convert  # noqa: E402
 import gnh_model as gm  # noqa: E402
 import gnh_ptfile  # noqa: E402
+import gnhtest  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -202,16 +203,7 @@ def nanogpt_optimizer(model: torch.nn.Module, weight_decay=0.1, lr=6e-4,
 
 
 def train_steps(model: gm.GPT, opt, steps: int, seed: int) -> float:
-    gen = torch.Generator().manual_seed(seed)
-    cfg = model.config
-    loss = torch.zeros(())
-    for _ in range(steps):
-        idx = torch.randint(0, cfg.vocab_size, (3, cfg.block_size), generator=gen)
-        _, loss = model(idx, idx.roll(-1, dims=1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    return loss.detach()
+    return gnhtest.train_steps(model, opt, steps, seed, batch=3)
 
 
 def nanogpt_checkpoint(cfg: gm.GPTConfig, dtype=torch.float32, steps=3, seed=0,

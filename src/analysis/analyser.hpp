@@ -18,6 +18,7 @@
 namespace gnh {
 
 class Team;
+class LanczosStore;
 
 // Raised when a termination signal stopped a pass (every team member raises it).
 struct Interrupted {};
@@ -32,6 +33,7 @@ struct CaseHooks {
   CaseVectors* keep = nullptr;  // copy G and the xi_j here
   StopCheck stop;               // SIGTERM
   std::function<void(const std::string& stage, index_t done, index_t total)> progress;  // team rank 0
+  LanczosStore* lanczos = nullptr;  // the spectrum's state between steps; none: not resumable
 };
 
 class Analyser {

@@ -9,6 +9,7 @@
 #include "analysis/dot.hpp"
 #include "analysis/passes.hpp"
 #include "analysis/sampling.hpp"
+#include "analysis/spectrum.hpp"
 #include "core/error.hpp"
 #include "core/random.hpp"
 
@@ -126,11 +127,21 @@ struct CaseAnalysis {
     out_.timings.emplace_back("noise", clock_.lap());
     curvature_passes();
     out_.timings.emplace_back("curvature", clock_.lap());
+    if (plan_.spectrum) {
+      SpectrumRun sp = lanczos_spectrum<T>(space_, team_, engines_, stager_, params_, precond_, ids_, plan_.n_blocks,
+                                           tokens_, s_, hooks_);
+      out_.spectrum = std::move(sp.stats);
+      spectrum_check_ = sp.quadrature;
+      out_.spectrum_resumed_at = sp.resumed_at;
+      out_.timings.emplace_back("spectrum", clock_.lap());
+      spectrum_parts_ = {{"spectrum_passes", sp.pass_seconds}, {"spectrum_arithmetic", sp.arithmetic_seconds}};
+    }
     if (plan_.update) {
       update_step();
       out_.timings.emplace_back("update", clock_.lap());
     }
     identities();
+    if (plan_.spectrum) out_.identities.push_back(spectrum_check_);
     out_.timings.emplace_back("checks", clock_.lap());
     out_.derived = derive(out_.m);
     for (const BlockMeasurements& b : blocks_) out_.blocks.push_back(derive_blocks(b, out_.m, out_.derived));
@@ -138,7 +149,9 @@ struct CaseAnalysis {
     double total = 0;
     for (const auto& t : out_.timings) total += t.second;
     out_.timings.emplace_back("total", total);
-    out_.peak_memory_bytes = std::int64_t(plan_memory(engines_.gradient.config(), s_, plan_).total());
+    // Within "spectrum": its epoch passes and its Lanczos arithmetic.
+    out_.timings.insert(out_.timings.end(), spectrum_parts_.begin(), spectrum_parts_.end());
+    out_.peak_memory_bytes = std::int64_t(plan_memory(engines_.gradient.config(), s_, plan_, team_.size()).total());
     return std::move(out_);
   }
 
@@ -501,6 +514,8 @@ struct CaseAnalysis {
   std::vector<BlockMeasurements> blocks_;  // [curvature] blocks: one per partition
   index_t n_block_values_ = 0;             // blocks of all partitions together
   View1<double> diagonal_;                 // [curvature] diagonal: sum_k v_k * (H v_k)
+  IdentityCheck spectrum_check_;           // the spectrum's quadrature identities
+  std::vector<std::pair<std::string, double>> spectrum_parts_;
 };
 
 }  // namespace

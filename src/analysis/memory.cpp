@@ -5,6 +5,7 @@
 
 #include "analysis/exact_sum.hpp"
 #include "analysis/sampling.hpp"
+#include "analysis/lanczos.hpp"
 #include "model/layout.hpp"
 
 namespace gnh {
@@ -31,6 +32,7 @@ CasePlan plan_case(const AnalysisSettings& s, index_t n_blocks, bool preconditio
   c.partition = c.n_noise > 0 && c.n_noise * s.noise_batch == n_blocks;
   c.directions_asked = s.directions;
   c.pass_widths = balanced_passes(c.directions(), s.directions_per_pass);
+  c.spectrum = s.curvature.lanczos_steps > 0 && (!s.curvature.lanczos_php || preconditioned);
   return c;
 }
 
@@ -43,7 +45,7 @@ Shape curvature_shape(const AnalysisSettings& s, index_t K) {
 
 Shape check_shape(const AnalysisSettings& s, bool second_order) { return shape_of(s, 1, 2, !second_order, second_order); }
 
-MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const CasePlan& c) {
+MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const CasePlan& c, int members) {
   const std::size_t scalar = s.fp64() ? sizeof(double) : sizeof(float);
   const std::size_t P = std::size_t(ParamLayout(cfg).size());
   MemoryPlan m;
@@ -62,6 +64,12 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const 
   if (s.keeps_hv())
     m.vectors += sizeof(fixed128) * P * std::size_t(c.pass_widths.front()) +
                  sizeof(double) * P * (s.curvature.diagonal ? 2 : 1);
+  if (c.spectrum) {
+    m.spectrum = lanczos_bytes(index_t(P), s.curvature, s.directions_per_pass, members);
+    // The curvature engine at the chains' width, where it is wider than the §4 passes'.
+    const index_t K = std::min(s.curvature.lanczos_chains, s.directions_per_pass);
+    if (K > c.pass_widths.front()) m.curvature = plan_gpt_bytes(cfg, curvature_shape(s, K), scalar);
+  }
   return m;
 }
 

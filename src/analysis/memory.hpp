@@ -26,6 +26,7 @@ struct CasePlan {
   index_t directions_asked = 0;
   bool preconditioned = false;
   bool update = false;
+  bool spectrum = false;  // [curvature] lanczos_steps > 0 (and, for PHP, AdamW state)
 };
 // preconditioned / update: the state has AdamW state / a next state and
 // [curvature] asks for it (the plan of a campaign assumes every state has
@@ -43,8 +44,10 @@ struct MemoryPlan {
   std::size_t gradient = 0, curvature = 0, checks = 0;  // engines (model/plan.hpp)
   std::size_t vectors = 0;  // G, g_j, xi_j in double; the exact sums; the xi and direction blocks;
                             // with [curvature], the epoch's H v of each direction of a pass
-  std::size_t total() const { return gradient + curvature + checks + vectors; }
+  std::size_t spectrum = 0;  // the Lanczos chains' share of one team member (analysis/spectrum.hpp)
+  std::size_t total() const { return gradient + curvature + checks + vectors + spectrum; }
 };
-MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const CasePlan& c);
+// members: the team's size (the Lanczos basis is sharded over it).
+MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const CasePlan& c, int members = 1);
 
 }  // namespace gnh

@@ -48,7 +48,14 @@ struct CurvatureSettings {
   bool diagonal = false;  // the Hutchinson diagonal of H as a dataset (needs Hv)
   bool preconditioned = false;  // the AdamW-preconditioned noise scale, where a checkpoint has AdamW state
   bool update = false;          // curvature along the update to the next checkpoint by iter_num
-  bool any() const { return blocks || diagonal || preconditioned || update; }
+  // The spectrum: Lanczos chains of lanczos_steps steps (0: none) on H, or on
+  // P^1/2 H P^1/2 (lanczos_php) where a state has AdamW state; a chain stops
+  // early once its top_eigenvalues residuals are at most lanczos_tolerance
+  // times the operator's norm (0: never early).
+  index_t lanczos_steps = 0, lanczos_chains = 4, top_eigenvalues = 5;
+  bool lanczos_php = false;
+  double lanczos_tolerance = 0;
+  bool any() const { return blocks || diagonal || preconditioned || update || lanczos_steps > 0; }
 };
 
 struct AnalysisSettings {

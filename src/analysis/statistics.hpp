@@ -85,6 +85,26 @@ struct UpdateStatistics {
   double curvature_along = 0;   // dHd / |Delta|^2
 };
 
+// SPEC §10's spectrum: Lanczos chains on the full-epoch H (or P^1/2 H P^1/2)
+// and what follows from them (analysis/spectrum.hpp, doc/statistics.md).
+// Per-chain arrays are (chains, steps) row-major, zero beyond the steps a
+// chain took (chain_steps): a zero weight adds nothing to any quadrature.
+struct SpectrumStatistics {
+  bool present = false;
+  std::string op;                     // "H" | "PHP"
+  index_t steps = 0, chains = 0;      // m asked, number of chains
+  double tolerance = 0;               // curvature.lanczos_tolerance (0: every chain runs m steps)
+  std::int64_t chunk = 0;             // elements per partial dot product (the fixed summation order)
+  std::vector<std::int64_t> chain_steps;
+  std::vector<std::string> chain_stop;  // "steps" | "converged" | "invariant_subspace"
+  std::vector<double> alpha, beta;      // beta[j]: the norm of the residual after step j + 1
+  std::vector<double> ritz_values, ritz_weights;  // ascending; Gauss weights S(0, i)^2
+  std::vector<double> start_vHv, start_Hv_sqnorm;  // per chain: v^T H v and |H v|^2 of the unit start vector
+  std::vector<double> top_eigenvalues, top_residuals;  // the first chain's largest Ritz values, descending
+  double broadening = 0;                               // the density's Gaussian sigma
+  std::vector<double> density_grid, density;
+};
+
 // An identity of SPEC §4 checked on a case's vectors.
 struct IdentityCheck {
   std::string name;
@@ -108,6 +128,8 @@ struct CaseStatistics {
   std::vector<BlockTable> blocks;        // [curvature] blocks: one table per partition
   std::vector<float> hessian_diagonal;   // [curvature] diagonal: mean_k v_k * (H v_k), (P)
   UpdateStatistics update;               // [curvature] update
+  SpectrumStatistics spectrum;           // [curvature] lanczos_steps > 0
+  std::int64_t spectrum_resumed_at = -1;  // the Lanczos steps a saved state had done (-1: started afresh); not written
 };
 
 // Mean and standard error (sample sd with ddof 1, over sqrt(count)). Not

@@ -24,6 +24,10 @@ class Team {
   // owner(b)); afterwards every member holds every row.
   virtual void share(std::vector<BatchScalars>& table) = 0;
   virtual void broadcast(void* data, std::size_t bytes, int root) = 0;
+  // Every member fills its own elements of v and leaves the others zero;
+  // afterwards every member holds all of them. Exact (each element is one
+  // value plus zeros), so the result does not depend on the team's size.
+  virtual void combine(View1<double> v) = 0;
   // True on every member if `flag` is true on any.
   virtual bool any(bool flag) = 0;
 
@@ -46,6 +50,7 @@ class SoloTeam final : public Team {
   void sum(ExactSum&) override {}
   void share(std::vector<BatchScalars>&) override {}
   void broadcast(void*, std::size_t, int) override {}
+  void combine(View1<double>) override {}
   bool any(bool flag) override { return flag; }
 };
 

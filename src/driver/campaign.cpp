@@ -86,6 +86,13 @@ std::string settings_fingerprint(const Deck& d, const ModelConfig& cfg, const st
                       {"diagonal", d.analysis.curvature.diagonal},
                       {"preconditioned", d.analysis.curvature.preconditioned},
                       {"update", d.analysis.curvature.update}};
+  // The spectrum's keys, only when asked for (earlier fingerprints stay valid).
+  if (d.analysis.curvature.lanczos_steps > 0)
+    j["curvature"]["lanczos"] = {{"steps", d.analysis.curvature.lanczos_steps},
+                                 {"chains", d.analysis.curvature.lanczos_chains},
+                                 {"operator", d.analysis.curvature.lanczos_php ? "PHP" : "H"},
+                                 {"top_eigenvalues", d.analysis.curvature.top_eigenvalues},
+                                 {"tolerance", d.analysis.curvature.lanczos_tolerance}};
   return sha256_hex(j.dump()).substr(0, 16);
 }
 

@@ -11,11 +11,13 @@
 
 #include "analysis/analyser.hpp"
 #include "analysis/memory.hpp"
+#include "analysis/sampling.hpp"
 #include "core/build_info.hpp"
 #include "core/deal.hpp"
 #include "driver/campaign.hpp"
 #include "io/checkpoint.hpp"
 #include "io/files.hpp"
+#include "io/lanczos_store.hpp"
 #include "io/results.hpp"
 #include "parallel/team_mpi.hpp"
 
@@ -50,7 +52,7 @@ class ProgressLog {
     last_ = now;
     const double elapsed = std::chrono::duration<double>(now - start_).count();
     const double eta = done > 0 ? elapsed / double(done) * double(total - done) : 0.0;
-    const bool epoch = stage == "gradient" || stage.rfind("curvature", 0) == 0;
+    const bool epoch = stage == "gradient" || stage.rfind("curvature", 0) == 0 || stage.rfind("spectrum ", 0) == 0;
     if (epoch && total > 0)
       std::printf("gnh: [rank %d] %s %-6s %-14s %lld/%lld batches, %.0f tokens/s, %.1f s, ETA %.1f s\n", rank_,
                   group_.c_str(), case_.c_str(), stage.c_str(), static_cast<long long>(done),
@@ -181,10 +183,15 @@ Outcome compute_groups(const Comm& world, const Comm& team_comm, const Campaign&
       const std::vector<float> params = group_parameters(team, g, alias_hashed, world.rank(), quiet);
       if (!analyser) analyser = std::make_unique<Analyser>(c.cfg, c.deck.analysis);
       analyser->set_parameters(params);
-      if (c.deck.analysis.curvature.preconditioned) {
-        analyser->set_preconditioner(group_preconditioner(team, g, c.cfg, g.preconditioner));
+      const CurvatureSettings& cv = c.deck.analysis.curvature;
+      if (cv.preconditioned || (cv.lanczos_steps > 0 && cv.lanczos_php)) {
+        std::vector<double> P = group_preconditioner(team, g, c.cfg, g.preconditioner);
         if (leader && !quiet) std::printf("gnh: [rank %d] %s preconditioner: %s\n", world.rank(), g.hash.c_str(),
                                           g.preconditioner.c_str());
+        if (leader && P.empty() && cv.lanczos_steps > 0 && cv.lanczos_php)
+          std::printf("gnh: note: %s has no AdamW state: no spectrum of P^1/2 H P^1/2 for it "
+                      "(curvature.lanczos_operator = \"PHP\")\n", g.hash.c_str());
+        analyser->set_preconditioner(P);
       }
       if (g.ordered) {
         // The update's target: the next state's parameters, read by the leader
@@ -203,9 +210,23 @@ Outcome compute_groups(const Comm& world, const Comm& team_comm, const Campaign&
           log.begin(g.hash, cs.name, cs.blocks * c.deck.analysis.context);
           hooks.progress = [&log](const std::string& stage, index_t done, index_t total) { log(stage, done, total); };
         }
+        // The spectrum's state between steps, beside the group file.
+        const std::string lanczos_prefix = groups_directory(output) + "/" + g.hash + "." + cs.name + ".lanczos";
+        std::unique_ptr<FileLanczosStore> store;
+        if (c.deck.analysis.curvature.lanczos_steps > 0) {
+          store = std::make_unique<FileLanczosStore>(lanczos_prefix,
+                                                     info.settings_fingerprint + " " + g.hash + " " + cs.name);
+          hooks.lanczos = store.get();
+        }
         CaseRecord rec;
         rec.name = cs.name;
         rec.stats = analyser->analyse(team, cs.data.ids.data(), cs.blocks, hooks);
+        if (leader && !quiet && rec.stats.spectrum_resumed_at >= 0) {
+          std::printf("gnh: [rank %d] %s %-6s spectrum resumed after step %lld (saved in %s)\n", world.rank(),
+                      g.hash.c_str(), cs.name.c_str(), static_cast<long long>(rec.stats.spectrum_resumed_at),
+                      store->state_path().c_str());
+          std::fflush(stdout);
+        }
         rec.stats.update.partner = g.partner_hash;
         if (leader) {
           for (const auto& idc : rec.stats.identities)
@@ -224,7 +245,11 @@ Outcome compute_groups(const Comm& world, const Comm& team_comm, const Campaign&
         }
         g.cases.push_back(std::move(rec));
       }
-      if (leader) write_group_file(path, info, g);
+      if (leader) {
+        write_group_file(path, info, g);
+        for (const auto& cs : c.cases)
+          FileLanczosStore::remove(groups_directory(output) + "/" + g.hash + "." + cs.name + ".lanczos");
+      }
       ++out.done;
     } catch (const Interrupted&) {
       ++out.interrupted;
@@ -282,11 +307,18 @@ void print_plan(const Campaign& c, const std::vector<int>& team_of_group, int te
                 static_cast<long long>(s.noise_batch), m < s.noise_samples ? " (capped)" : "",
                 static_cast<long long>(D), static_cast<long long>(sizes.size()), widths.c_str(),
                 static_cast<long long>((n + s.hvp_batch - 1) / s.hvp_batch), to_string(s.curvature_method));
-    const MemoryPlan mem = plan_memory(c.cfg, s, p);
+    const MemoryPlan mem = plan_memory(c.cfg, s, p, rpc);
     std::printf("         memory per rank %s: gradient engine %s, curvature engine (K = %lld) %s, checks %s, "
                 "vectors %s\n", gib(mem.total()).c_str(), gib(mem.gradient).c_str(),
                 static_cast<long long>(sizes.front()), gib(mem.curvature).c_str(), gib(mem.checks).c_str(),
                 gib(mem.vectors).c_str());
+    if (p.spectrum)
+      std::printf("         spectrum: %lld Lanczos chain(s) of up to %lld steps on %s, %lld epoch pass(es) per step; basis "
+                  "sharded over the team's %d rank(s): %s per rank (float64)\n",
+                  static_cast<long long>(s.curvature.lanczos_chains), static_cast<long long>(s.curvature.lanczos_steps),
+                  s.curvature.lanczos_php ? "P^1/2 H P^1/2" : "H",
+                  static_cast<long long>(balanced_passes(s.curvature.lanczos_chains, s.directions_per_pass).size()),
+                  rpc, gib(mem.spectrum).c_str());
   }
   std::printf("  output %s (group files in %s)\n", output.c_str(), groups_directory(output).c_str());
   std::fflush(stdout);

@@ -126,6 +126,19 @@ class Reader {
     return v;
   }
 
+  // A number (an integer is taken as one), within [lo, hi].
+  double real(const toml::table& t, const std::string& sec, const std::string& key, double dflt, double lo,
+              double hi) const {
+    const std::string dotted = sec + "." + key;
+    const toml::node* n = t.get(key);
+    if (!n) return dflt;
+    if (!n->is_number()) fail(where(*n, dotted), ": ", dotted, " must be a number, got ", type_name(*n));
+    const double v = n->is_integer() ? double(n->as_integer()->get()) : n->as_floating_point()->get();
+    if (!(v >= lo && v <= hi))
+      fail(where(*n, dotted), ": ", dotted, " = ", v, " is out of range (", lo, " .. ", hi, ")");
+    return v;
+  }
+
   bool boolean(const toml::table& t, const std::string& sec, const std::string& key, bool dflt) const {
     const std::string dotted = sec + "." + key;
     const toml::node* n = t.get(key);
@@ -293,20 +306,23 @@ Deck parse_deck(const std::string& text, const std::string& name, const std::str
   }
   if (const toml::table* c = r.section(root, "curvature", false)) {
     r.check_keys(*c, "curvature", {"blocks", "diagonal", "update", "preconditioned", "lanczos_steps", "lanczos_chains",
-                                   "lanczos_operator", "top_eigenvalues"});
+                                   "lanczos_operator", "top_eigenvalues", "lanczos_tolerance"});
     d.analysis.curvature.blocks = r.boolean(*c, "curvature", "blocks", false);
     d.analysis.curvature.diagonal = r.boolean(*c, "curvature", "diagonal", false);
     d.analysis.curvature.preconditioned = r.boolean(*c, "curvature", "preconditioned", false);
     d.analysis.curvature.update = r.boolean(*c, "curvature", "update", false);
-    // The spectrum is not in this version: asking for it is an error rather
-    // than a silently missing output.
-    if (r.integer(*c, "curvature", "lanczos_steps", 0, 0, 1 << 20) > 0)
+    CurvatureSettings& cv = d.analysis.curvature;
+    cv.lanczos_steps = r.integer(*c, "curvature", "lanczos_steps", 0, 0, 1 << 20);
+    cv.lanczos_chains = r.integer(*c, "curvature", "lanczos_chains", 4, 1, 4096);
+    cv.top_eigenvalues = r.integer(*c, "curvature", "top_eigenvalues", 5, 1, 1 << 20);
+    cv.lanczos_php = r.str(*c, "curvature", "lanczos_operator", "H", false, {"H", "PHP"}) == "PHP";
+    cv.lanczos_tolerance = r.real(*c, "curvature", "lanczos_tolerance", 0.0, 0.0, 1.0);
+    // Lanczos needs the epoch's H v, which only forward-over-reverse forms.
+    if (cv.lanczos_steps > 0 && d.analysis.curvature_method != CurvatureMethod::forward_over_reverse)
       fail(r.where(*c->get("lanczos_steps"), "curvature.lanczos_steps"),
-           ": curvature.lanczos_steps > 0 (the spectrum) is not implemented in this version of gnh (issue #14); "
-           "set it to 0");
-    r.integer(*c, "curvature", "lanczos_chains", 4, 1, 1 << 20);
-    r.integer(*c, "curvature", "top_eigenvalues", 5, 1, 1 << 20);
-    r.str(*c, "curvature", "lanczos_operator", "H", false, {"H", "PHP"});
+           ": curvature.lanczos_steps > 0 (the spectrum) needs the epoch's Hessian-vector products: set "
+           "analysis.curvature_method = \"forward-over-reverse\" (it is \"",
+           to_string(d.analysis.curvature_method), "\")");
   }
   if (const toml::table* p = r.section(root, "parallel", false)) {
     r.check_keys(*p, "parallel", {"ranks_per_checkpoint"});

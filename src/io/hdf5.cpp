@@ -205,6 +205,11 @@ void write_dataset(hid_t loc, const std::string& name, const std::vector<double>
   write_raw(loc, name, H5T_NATIVE_DOUBLE, v.data(), {static_cast<std::int64_t>(v.size())});
 }
 
+void write_dataset(hid_t loc, const std::string& name, const std::vector<double>& v,
+                   const std::vector<std::int64_t>& shape) {
+  write_raw(loc, name, H5T_NATIVE_DOUBLE, v.data(), shape);
+}
+
 void write_dataset(hid_t loc, const std::string& name, const std::vector<float>& v) {
   write_raw(loc, name, H5T_NATIVE_FLOAT, v.data(), {static_cast<std::int64_t>(v.size())});
 }

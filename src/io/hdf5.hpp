@@ -66,6 +66,8 @@ void write_attr(hid_t obj, const std::string& name, const std::vector<std::strin
 // Datasets.
 std::vector<std::int64_t> dataset_shape(hid_t dset);
 void write_dataset(hid_t loc, const std::string& name, const std::vector<double>& v);
+void write_dataset(hid_t loc, const std::string& name, const std::vector<double>& v,
+                   const std::vector<std::int64_t>& shape);
 void write_dataset(hid_t loc, const std::string& name, const std::vector<float>& v);
 void write_dataset(hid_t loc, const std::string& name, const std::vector<std::string>& v);
 void write_dataset(hid_t loc, const std::string& name, const std::vector<std::int64_t>& v,

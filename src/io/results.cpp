@@ -57,6 +57,33 @@ void write_root_attrs(hid_t root, const RunInfo& info, const std::string& format
     h5::write_attr(root, "accepted_failed_identities", info.accepted_failed_identities);
 }
 
+// SPEC §10's spectrum group; doc/outputs.md describes every name.
+void write_spectrum(hid_t parent, const SpectrumStatistics& sp, const std::string& where) {
+  h5::Handle g = h5::create_group(parent, "spectrum", where);
+  const hid_t id = g.id();
+  h5::write_attr(id, "operator", sp.op);
+  h5::write_attr(id, "steps", std::int64_t(sp.steps));
+  h5::write_attr(id, "chains", std::int64_t(sp.chains));
+  h5::write_attr(id, "tolerance", sp.tolerance);
+  h5::write_attr(id, "dot_chunk", sp.chunk);
+  h5::write_attr(id, "broadening", sp.broadening);
+  h5::write_attr(id, "broadening_rule", std::string("sigma = 0.01 (max - min Ritz value over all chains); "
+                                                    "grid of 1024 points over [min - 8 sigma, max + 8 sigma]"));
+  const std::vector<std::int64_t> shape = {std::int64_t(sp.chains), std::int64_t(sp.steps)};
+  h5::write_dataset(id, "alpha", sp.alpha, shape);
+  h5::write_dataset(id, "beta", sp.beta, shape);
+  h5::write_dataset(id, "ritz_values", sp.ritz_values, shape);
+  h5::write_dataset(id, "ritz_weights", sp.ritz_weights, shape);
+  h5::write_dataset(id, "chain_steps", sp.chain_steps, {std::int64_t(sp.chain_steps.size())});
+  h5::write_dataset(id, "chain_stop", sp.chain_stop);
+  h5::write_dataset(id, "start_vHv", sp.start_vHv);
+  h5::write_dataset(id, "start_Hv_sqnorm", sp.start_Hv_sqnorm);
+  h5::write_dataset(id, "top_eigenvalues", sp.top_eigenvalues);
+  h5::write_dataset(id, "top_residuals", sp.top_residuals);
+  h5::write_dataset(id, "density_grid", sp.density_grid);
+  h5::write_dataset(id, "density", sp.density);
+}
+
 void write_case(hid_t parent, const CaseRecord& c, const std::string& where) {
   const CaseStatistics& s = c.stats;
   h5::Handle g = h5::create_group(parent, c.name, where);
@@ -123,6 +150,7 @@ void write_case(hid_t parent, const CaseRecord& c, const std::string& where) {
           h5::write_dataset(pg.id(), name, values);
     }
   }
+  if (s.spectrum.present) write_spectrum(id, s.spectrum, where);
   std::vector<double> t;
   std::vector<std::string> stages;
   for (const auto& [stage, sec] : s.timings) {

@@ -82,6 +82,18 @@ void MpiTeam::broadcast(void* data, std::size_t bytes, int root) {
   }
 }
 
+void MpiTeam::combine(View1<double> v) {
+  if (size_ == 1) return;
+  Kokkos::fence();
+  auto h = Kokkos::create_mirror_view_and_copy(HostSpace(), v);
+  const index_t n = v.extent(0);
+  for (index_t off = 0; off < n; off += INT_MAX / 2) {
+    const int count = int(std::min<index_t>(INT_MAX / 2, n - off));
+    MPI_Allreduce(MPI_IN_PLACE, h.data() + off, count, MPI_DOUBLE, MPI_SUM, comm_);
+  }
+  Kokkos::deep_copy(v, h);
+}
+
 bool MpiTeam::any(bool flag) {
   int f = flag ? 1 : 0, r = 0;
   MPI_Allreduce(&f, &r, 1, MPI_INT, MPI_LOR, comm_);

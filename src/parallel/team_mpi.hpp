@@ -18,6 +18,7 @@ class MpiTeam final : public Team {
   void sum(ExactSum& acc) override;
   void share(std::vector<BatchScalars>& table) override;
   void broadcast(void* data, std::size_t bytes, int root) override;
+  void combine(View1<double> v) override;
   bool any(bool flag) override;
 
  private:

@@ -206,7 +206,7 @@ TEST_CASE("one dealing rule: item i to part i mod parts, every item once", "[dea
     }
 }
 
-TEST_CASE("[curvature]: its keys are read and typed; the spectrum, not implemented, is refused by line", "[deck]") {
+TEST_CASE("[curvature]: its keys are read and typed; the spectrum needs forward-over-reverse", "[deck]") {
   const Deck none = parse_deck(kDeck, "deck.toml", "/runs");
   REQUIRE_FALSE(none.analysis.curvature.any());
   const Deck d = parse_deck(std::string(kDeck) + "[curvature]\nblocks = true\nupdate = false\nlanczos_steps = 0\n",
@@ -226,8 +226,25 @@ TEST_CASE("[curvature]: its keys are read and typed; the spectrum, not implement
                Contains("deck.toml:13:") && Contains("curvature.blocks must be true or false"));
   REQUIRE(parse_deck(std::string(kDeck) + "[curvature]\nupdate = true\n", "deck.toml", "/runs")
               .analysis.curvature.update);
+  // The spectrum (SPEC §10): its keys typed and ranged, and refused by line
+  // under second-order forward, which forms no H v.
   REQUIRE_THAT(error_of(std::string(kDeck) + "[curvature]\nlanczos_steps = 20\n"),
-               Contains("deck.toml:13:") && Contains("issue #14"));
+               Contains("deck.toml:13:") && Contains("curvature_method = \"forward-over-reverse\""));
+  const Deck l = parse_deck(std::string(kDeck) + "[curvature]\nlanczos_steps = 20\nlanczos_chains = 3\n"
+                            "lanczos_operator = \"PHP\"\nlanczos_tolerance = 1e-8\ntop_eigenvalues = 4\n",
+                            "deck.toml", "/runs", {"analysis.curvature_method=forward-over-reverse"});
+  REQUIRE(l.analysis.curvature.lanczos_steps == 20);
+  REQUIRE(l.analysis.curvature.lanczos_chains == 3);
+  REQUIRE(l.analysis.curvature.lanczos_php);
+  REQUIRE(l.analysis.curvature.lanczos_tolerance == 1e-8);
+  REQUIRE(l.analysis.curvature.top_eigenvalues == 4);
+  REQUIRE(l.analysis.curvature.any());
+  REQUIRE_THAT(error_of(std::string(kDeck) + "[curvature]\nlanczos_tolerance = -1.0\n"),
+               Contains("deck.toml:13:") && Contains("out of range"));
+  REQUIRE_THAT(error_of(std::string(kDeck) + "[curvature]\nlanczos_tolerance = \"small\"\n"),
+               Contains("deck.toml:13:") && Contains("must be a number"));
+  REQUIRE_THAT(error_of(std::string(kDeck) + "[curvature]\nlanczos_operator = \"Hv\"\n"),
+               Contains("deck.toml:13:") && Contains("lanczos_operator"));
   REQUIRE_THAT(error_of(std::string(kDeck) + "[curvature]\nblock = true\n"),
                Contains("unknown key 'curvature.block'"));
 }

@@ -1,0 +1,535 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "analysis/spectrum.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <sstream>
+
+#include "analysis/sampling.hpp"
+#include "core/compat.hpp"
+#include "core/error.hpp"
+#include "core/random.hpp"
+
+namespace gnh {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// sum_i a_i b_i over one chunk in a fixed order: four interleaved partial
+// sums (so that it pipelines), combined pairwise.
+KOKKOS_INLINE_FUNCTION double chunk_dot(const double* a, const double* b, index_t n) {
+  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  index_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    s0 += a[i] * b[i];
+    s1 += a[i + 1] * b[i + 1];
+    s2 += a[i + 2] * b[i + 2];
+    s3 += a[i + 3] * b[i + 3];
+  }
+  for (; i < n; ++i) s0 += a[i] * b[i];
+  return (s0 + s1) + (s2 + s3);
+}
+
+// A pair of a dot product: rows of the basis Q (>= 0) or of the work vectors
+// W (-1 - row).
+struct DotPair {
+  int a, b;
+};
+
+template <class T>
+struct LanczosChains {
+  LanczosChains(const ExecSpace& space, Team& team, Engines<T>& engines, BatchStager& stager, Span1<const T> params,
+                View1<double> precond, const std::int32_t* ids, index_t n_blocks, std::int64_t tokens,
+                const AnalysisSettings& s, const CaseHooks& hooks)
+      : space_(space), team_(team), engines_(engines), stager_(stager), params_(params), ids_(ids), s_(s),
+        hooks_(hooks), P_(engines.gradient.layout().size()), C_(s.curvature.lanczos_chains),
+        m_(s.curvature.lanczos_steps), rows_(std::min(m_, P_) + 1), tokens_(tokens),
+        batches_(make_batches(all_blocks(n_blocks), s.hvp_batch)) {
+    n_chunks_ = (P_ + kLanczosChunk - 1) / kLanczosChunk;
+    local_chunks_ = index_t(dealt_share(n_chunks_, team.size(), team.rank()).size());
+    L_ = 0;
+    for (index_t k : dealt_share(n_chunks_, team.size(), team.rank())) L_ += std::min(kLanczosChunk, P_ - k * kLanczosChunk);
+    Q_ = View2<double>("gnh::lanczos::basis", C_ * rows_, L_);
+    W_ = View2<double>("gnh::lanczos::work", C_, L_);
+    q_ = View2<double>("gnh::lanczos::current", C_, P_);
+    whole_ = View1<double>("gnh::lanczos::whole", P_);
+    Hv_ = View1<double>("gnh::lanczos::Hv", P_);
+    if (s.curvature.lanczos_php) scale_sqrt(precond);
+    state_.chains.resize(std::size_t(C_));
+    std::ostringstream key;
+    key << "lanczos v1 op=" << (s.curvature.lanczos_php ? "PHP" : "H") << " P=" << P_ << " chains=" << C_
+        << " m=" << m_ << " chunk=" << kLanczosChunk << " tol=" << s.curvature.lanczos_tolerance
+        << " top=" << s.curvature.top_eigenvalues << " seed=" << s.seed;
+    state_.key = key.str();
+  }
+
+  // sqrt(P) of the preconditioner: the operator is diag(s) H diag(s).
+  void scale_sqrt(View1<double> precond) {
+    sqrt_p_ = View1<double>("gnh::lanczos::sqrt_p", P_);
+    auto out = sqrt_p_;
+    Kokkos::parallel_for("gnh::lanczos::sqrt_p", range(space_, P_),
+                         KOKKOS_LAMBDA(const index_t i) { out(i) = kmath::sqrt(precond(i)); });
+  }
+
+  index_t row(index_t chain, index_t step) const { return chain * rows_ + step; }
+
+  // The global index of local element l: local chunk l / chunk is the
+  // member's (l / chunk)-th chunk, global chunk (l / chunk) * size + rank.
+  KOKKOS_INLINE_FUNCTION static index_t global_of(index_t l, index_t size, index_t rank) {
+    return (l / kLanczosChunk * size + rank) * kLanczosChunk + l % kLanczosChunk;
+  }
+
+  // Local elements of a whole vector into row r of W.
+  void gather(View1<double> whole, index_t r) {
+    auto w = Kokkos::subview(W_, r, Kokkos::ALL);
+    const index_t size = team_.size(), rank = team_.rank();
+    Kokkos::parallel_for("gnh::lanczos::gather", range(space_, L_),
+                         KOKKOS_LAMBDA(const index_t l) { w(l) = whole(global_of(l, size, rank)); });
+  }
+
+  // Row r of the basis, assembled whole into row `chain` of q_.
+  void assemble(index_t r, index_t chain) {
+    auto out = Kokkos::subview(q_, chain, Kokkos::ALL);
+    auto w = whole_;
+    Kokkos::deep_copy(space_, w, 0.0);
+    auto q = Kokkos::subview(Q_, r, Kokkos::ALL);
+    const index_t size = team_.size(), rank = team_.rank();
+    Kokkos::parallel_for("gnh::lanczos::scatter", range(space_, L_),
+                         KOKKOS_LAMBDA(const index_t l) { w(global_of(l, size, rank)) = q(l); });
+    space_.fence();
+    team_.combine(whole_);
+    Kokkos::deep_copy(space_, out, whole_);
+  }
+
+  // Every pair's dot product over the whole vector: per-chunk partial sums
+  // by their owners, combined over the team, summed in chunk order.
+  std::vector<double> dots(const std::vector<DotPair>& pairs) {
+    const index_t n = index_t(pairs.size());
+    if (n == 0) return {};
+    Kokkos::View<int**, Kokkos::LayoutRight, HostSpace> hp("gnh::lanczos::pairs", n, 2);
+    for (index_t p = 0; p < n; ++p) {
+      hp(p, 0) = pairs[std::size_t(p)].a;
+      hp(p, 1) = pairs[std::size_t(p)].b;
+    }
+    auto dp = Kokkos::create_mirror_view_and_copy(MemSpace(), hp);
+    View1<double> partial("gnh::lanczos::partial", n * n_chunks_);
+    auto Q = Q_;
+    auto W = W_;
+    const index_t nc = n_chunks_, lc = local_chunks_, L = L_, size = team_.size(), rank = team_.rank();
+    Kokkos::parallel_for("gnh::lanczos::dots", range(space_, n * lc), KOKKOS_LAMBDA(const index_t j) {
+      const index_t p = j / lc, c = j % lc;
+      const int ia = dp(p, 0), ib = dp(p, 1);
+      const double* a = ia >= 0 ? &Q(ia, 0) : &W(-1 - ia, 0);
+      const double* b = ib >= 0 ? &Q(ib, 0) : &W(-1 - ib, 0);
+      const index_t start = c * kLanczosChunk, len = L - start < kLanczosChunk ? L - start : kLanczosChunk;
+      partial(p * nc + c * size + rank) = chunk_dot(a + start, b + start, len) + 0.0;
+    });
+    space_.fence();
+    team_.combine(partial);
+    auto h = Kokkos::create_mirror_view_and_copy(HostSpace(), partial);
+    std::vector<double> out(std::size_t(n), 0.0);
+    for (index_t p = 0; p < n; ++p)
+      for (index_t k = 0; k < nc; ++k) out[std::size_t(p)] += h(p * nc + k);
+    return out;
+  }
+
+  // W(w) -= sum_i coef_i Q(rows_i) for each listed work row, subtracting in
+  // the listed order per element (the same order on any backend).
+  void subtract(const std::vector<index_t>& work, const std::vector<std::vector<index_t>>& rows,
+                const std::vector<std::vector<double>>& coef) {
+    const index_t n = index_t(work.size());
+    index_t width = 0;
+    for (const auto& r : rows) width = std::max(width, index_t(r.size()));
+    if (n == 0 || width == 0) return;
+    Kokkos::View<index_t**, Kokkos::LayoutRight, HostSpace> hr("gnh::lanczos::rows", n, width + 1);
+    Kokkos::View<double**, Kokkos::LayoutRight, HostSpace> hc("gnh::lanczos::coef", n, width);
+    for (index_t a = 0; a < n; ++a) {
+      hr(a, width) = work[std::size_t(a)];
+      for (index_t i = 0; i < width; ++i) {
+        const bool in = i < index_t(rows[std::size_t(a)].size());
+        hr(a, i) = in ? rows[std::size_t(a)][std::size_t(i)] : -1;
+        hc(a, i) = in ? coef[std::size_t(a)][std::size_t(i)] : 0.0;
+      }
+    }
+    auto dr = Kokkos::create_mirror_view_and_copy(MemSpace(), hr);
+    auto dc = Kokkos::create_mirror_view_and_copy(MemSpace(), hc);
+    constexpr index_t tile = 2048;
+    const index_t tiles = (L_ + tile - 1) / tile, L = L_;
+    auto Q = Q_;
+    auto W = W_;
+    Kokkos::parallel_for("gnh::lanczos::subtract", range(space_, n * tiles), KOKKOS_LAMBDA(const index_t j) {
+      const index_t a = j / tiles, t0 = (j % tiles) * tile, t1 = t0 + tile < L ? t0 + tile : L;
+      const index_t w = dr(a, width);
+      for (index_t i = 0; i < width; ++i) {
+        const index_t r = dr(a, i);
+        if (r < 0) continue;
+        const double c = dc(a, i);
+        for (index_t l = t0; l < t1; ++l) W(w, l) -= c * Q(r, l);
+      }
+    });
+  }
+
+  // The epoch's operator applied to the current vectors of `chains`, into
+  // their rows of W (local elements): H q, or s * H (s * q).
+  void apply(const std::vector<index_t>& chains) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const index_t K = index_t(chains.size());
+    View2<T> dirs("gnh::lanczos::directions", K, P_);
+    std::vector<ExactSum> sums;
+    for (index_t k = 0; k < K; ++k) {
+      sums.emplace_back(P_);
+      sums.back().clear(space_);
+      auto q = Kokkos::subview(q_, chains[std::size_t(k)], Kokkos::ALL);
+      auto d = Kokkos::subview(dirs, k, Kokkos::ALL);
+      auto sp = sqrt_p_;
+      const bool php = sp.extent(0) > 0;
+      Kokkos::parallel_for("gnh::lanczos::direction", range(space_, P_),
+                           KOKKOS_LAMBDA(const index_t i) { d(i) = T(php ? sp(i) * q(i) : q(i)); });
+    }
+    space_.fence();
+    std::vector<BatchScalars> table;
+    const ProgressFn progress =
+        hooks_.progress ? ProgressFn([this](index_t done, index_t total) { hooks_.progress(stage_, done, total); })
+                        : ProgressFn();
+    const bool ok = curvature_pass<T>(space_, engines_.curvature(K), stager_, params_,
+                                      Span2<const T>(dirs.data(), K, P_), ids_, batches_,
+                                      team_.share_of(index_t(batches_.size())), CurvatureMethod::forward_over_reverse,
+                                      table, hooks_.stop, progress, &sums);
+    if (team_.any(!ok)) throw Interrupted{};
+    for (index_t k = 0; k < K; ++k) {
+      team_.sum(sums[std::size_t(k)]);
+      sums[std::size_t(k)].to_double(space_, Hv_.data(), 1.0 / double(tokens_));
+      if (sqrt_p_.extent(0) > 0) {
+        auto h = Hv_;
+        auto sp = sqrt_p_;
+        Kokkos::parallel_for("gnh::lanczos::scale", range(space_, P_), KOKKOS_LAMBDA(const index_t i) { h(i) *= sp(i); });
+      }
+      gather(Hv_, chains[std::size_t(k)]);
+    }
+    space_.fence();
+    pass_seconds_ += seconds_since(t0);
+  }
+
+  // Row 0 of every chain: the SPEC §4 direction v_c, normalised.
+  void start() {
+    View2<double> v("gnh::lanczos::start", C_, P_);
+    fill_rademacher<double>(space_, Span2<double>(v.data(), C_, P_), s_.seed, 0);
+    const double scale = 1.0 / std::sqrt(double(P_));
+    auto q = q_;
+    Kokkos::parallel_for("gnh::lanczos::normalise", range(space_, C_ * P_), KOKKOS_LAMBDA(const index_t j) {
+      q(j / P_, j % P_) = v(j / P_, j % P_) * scale;
+    });
+    for (index_t c = 0; c < C_; ++c) {
+      gather(Kokkos::subview(q_, c, Kokkos::ALL), c);
+      Kokkos::deep_copy(space_, Kokkos::subview(Q_, row(c, 0), Kokkos::ALL), Kokkos::subview(W_, c, Kokkos::ALL));
+      store_row(c, 0);
+    }
+  }
+
+  void store_row(index_t c, index_t step) {
+    if (!hooks_.lanczos) return;
+    space_.fence();
+    auto h = Kokkos::create_mirror_view_and_copy(HostSpace(), Kokkos::subview(Q_, row(c, step), Kokkos::ALL));
+    const std::int64_t base = (std::int64_t(c) * std::int64_t(rows_) + step) * std::int64_t(P_);
+    for (index_t lc = 0; lc < local_chunks_; ++lc) {
+      const index_t start = lc * kLanczosChunk, len = std::min(kLanczosChunk, L_ - start);
+      hooks_.lanczos->write(base + global_of(start, team_.size(), team_.rank()), h.data() + start, len);
+    }
+  }
+
+  void load_row(index_t c, index_t step) {
+    auto h = Kokkos::create_mirror_view(HostSpace(), Kokkos::subview(Q_, row(c, step), Kokkos::ALL));
+    const std::int64_t base = (std::int64_t(c) * std::int64_t(rows_) + step) * std::int64_t(P_);
+    for (index_t lc = 0; lc < local_chunks_; ++lc) {
+      const index_t start = lc * kLanczosChunk, len = std::min(kLanczosChunk, L_ - start);
+      hooks_.lanczos->read(base + global_of(start, team_.size(), team_.rank()), h.data() + start, len);
+    }
+    Kokkos::deep_copy(Kokkos::subview(Q_, row(c, step), Kokkos::ALL), h);
+  }
+
+  // The team leader's saved state, shared: true if the chains resume from it.
+  bool resume() {
+    if (!hooks_.lanczos) return false;
+    std::vector<double> flat;
+    std::string error;
+    if (team_.rank() == 0) {
+      try {
+        LanczosState saved;
+        saved.key = state_.key;
+        if (hooks_.lanczos->load(saved) && index_t(saved.chains.size()) == C_) {
+          for (const LanczosChainState& c : saved.chains) {
+            flat.insert(flat.end(), {double(c.steps), double(int(c.stop)), c.start_vHv, c.start_Hv_sqnorm});
+            flat.insert(flat.end(), c.alpha.begin(), c.alpha.end());
+            flat.insert(flat.end(), c.beta.begin(), c.beta.end());
+          }
+        }
+      } catch (const Error& e) {
+        error = e.what();
+      }
+    }
+    if (team_.any(!error.empty())) throw Error(error);
+    std::int64_t n = std::int64_t(flat.size());
+    team_.broadcast_value(n, 0);
+    if (n == 0) return false;
+    flat.resize(std::size_t(n));
+    team_.broadcast(flat.data(), sizeof(double) * flat.size(), 0);
+    std::size_t at = 0;
+    for (LanczosChainState& c : state_.chains) {
+      c.steps = std::int64_t(flat[at]);
+      c.stop = ChainStop(int(flat[at + 1]));
+      c.start_vHv = flat[at + 2];
+      c.start_Hv_sqnorm = flat[at + 3];
+      at += 4;
+      c.alpha.assign(flat.begin() + std::ptrdiff_t(at), flat.begin() + std::ptrdiff_t(at + std::size_t(c.steps)));
+      at += std::size_t(c.steps);
+      c.beta.assign(flat.begin() + std::ptrdiff_t(at), flat.begin() + std::ptrdiff_t(at + std::size_t(c.steps)));
+      at += std::size_t(c.steps);
+    }
+    // Every row a running chain still needs: all of them, the last the current vector.
+    for (index_t c = 0; c < C_; ++c) {
+      const LanczosChainState& st = state_.chains[std::size_t(c)];
+      if (st.stop != ChainStop::running) continue;
+      for (index_t j = 0; j <= index_t(st.steps); ++j) load_row(c, j);
+      assemble(row(c, index_t(st.steps)), c);
+    }
+    resumed_at_ = 0;
+    for (const LanczosChainState& c : state_.chains) resumed_at_ = std::max<std::int64_t>(resumed_at_, c.steps);
+    return true;
+  }
+
+  void save() {
+    if (!hooks_.lanczos) return;
+    std::string error;
+    try {
+      hooks_.lanczos->sync();
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    if (team_.any(!error.empty())) throw Error(error);
+    if (team_.rank() == 0) hooks_.lanczos->save(state_);
+  }
+
+  // One Lanczos step of every running chain.
+  void step(const std::vector<index_t>& active) {
+    const index_t n = index_t(active.size());
+    // The operator on every active chain's current vector, in the fewest
+    // passes of at most directions_per_pass.
+    index_t first = 0;
+    for (const index_t K : balanced_passes(n, s_.directions_per_pass)) {
+      apply(std::vector<index_t>(active.begin() + first, active.begin() + first + K));
+      first += K;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto wrow = [](index_t c) { return int(-1 - c); };
+    // alpha_j = q_j . w (and, at the first step, |w|^2 = |H q_1|^2).
+    std::vector<DotPair> pairs;
+    for (index_t c : active) {
+      const auto j = index_t(state_.chains[std::size_t(c)].steps);
+      pairs.push_back({int(row(c, j)), wrow(c)});
+      if (j == 0) pairs.push_back({wrow(c), wrow(c)});
+    }
+    std::vector<double> d = dots(pairs);
+    std::vector<std::vector<index_t>> rows(static_cast<std::size_t>(n));
+    std::vector<std::vector<double>> coef(static_cast<std::size_t>(n));
+    std::size_t at = 0;
+    for (index_t a = 0; a < n; ++a) {
+      LanczosChainState& st = state_.chains[std::size_t(active[std::size_t(a)])];
+      const index_t c = active[std::size_t(a)], j = index_t(st.steps);
+      const double alpha = d[at++];
+      if (j == 0) {
+        st.start_vHv = alpha;
+        st.start_Hv_sqnorm = d[at++];
+      }
+      st.alpha.push_back(alpha);
+      // The three-term recurrence: w -= alpha q_j + beta_{j-1} q_{j-1}.
+      rows[std::size_t(a)] = {row(c, j)};
+      coef[std::size_t(a)] = {alpha};
+      if (j > 0) {
+        rows[std::size_t(a)].push_back(row(c, j - 1));
+        coef[std::size_t(a)].push_back(st.beta.back());
+      }
+    }
+    subtract(active, rows, coef);
+    // Full reorthogonalisation against q_1..q_j by classical Gram-Schmidt,
+    // repeated once where it removed more than 1 - 1/sqrt(2) of the norm
+    // (Daniel, Gragg, Kaufman and Stewart's criterion: twice is enough).
+    std::vector<double> norm(static_cast<std::size_t>(n)), before(static_cast<std::size_t>(n));
+    std::vector<index_t> todo = active;
+    for (int pass = 0; pass < 2 && !todo.empty(); ++pass) {
+      pairs.clear();
+      for (index_t c : todo) {
+        const auto j = index_t(state_.chains[std::size_t(c)].steps);
+        pairs.push_back({wrow(c), wrow(c)});
+        for (index_t i = 0; i <= j; ++i) pairs.push_back({int(row(c, i)), wrow(c)});
+      }
+      d = dots(pairs);
+      rows.assign(todo.size(), {});
+      coef.assign(todo.size(), {});
+      at = 0;
+      for (std::size_t a = 0; a < todo.size(); ++a) {
+        const index_t c = todo[a], j = index_t(state_.chains[std::size_t(c)].steps);
+        before[a] = d[at++];
+        for (index_t i = 0; i <= j; ++i) {
+          rows[a].push_back(row(c, i));
+          coef[a].push_back(d[at++]);
+        }
+      }
+      subtract(todo, rows, coef);
+      pairs.clear();
+      for (index_t c : todo) pairs.push_back({wrow(c), wrow(c)});
+      d = dots(pairs);
+      std::vector<index_t> again;
+      for (std::size_t a = 0; a < todo.size(); ++a) {
+        const auto k = std::size_t(std::find(active.begin(), active.end(), todo[a]) - active.begin());
+        norm[k] = std::sqrt(d[a]);
+        if (d[a] < 0.5 * before[a]) again.push_back(todo[a]);
+      }
+      todo = again;
+    }
+    // beta_j = |w|; q_{j+1} = w / beta_j where the chain goes on.
+    for (index_t a = 0; a < n; ++a) {
+      const index_t c = active[std::size_t(a)];
+      LanczosChainState& st = state_.chains[std::size_t(c)];
+      const double beta = norm[std::size_t(a)];
+      st.beta.push_back(beta);
+      ++st.steps;
+      const index_t j = index_t(st.steps);
+      const RitzPairs r = ritz_pairs(st.alpha, st.beta);
+      st.stop = chain_stop(r, beta, s_.curvature.top_eigenvalues, s_.curvature.lanczos_tolerance, j,
+                           std::min(m_, rows_ - 1));
+      if (st.stop != ChainStop::running) continue;
+      auto next = Kokkos::subview(Q_, row(c, j), Kokkos::ALL);
+      auto w = Kokkos::subview(W_, c, Kokkos::ALL);
+      const double inv = 1.0 / beta;
+      Kokkos::parallel_for("gnh::lanczos::next", range(space_, L_),
+                           KOKKOS_LAMBDA(const index_t l) { next(l) = w(l) * inv + 0.0; });
+    }
+    space_.fence();
+    arithmetic_seconds_ += seconds_since(t0);
+    for (index_t c : active) {
+      const LanczosChainState& st = state_.chains[std::size_t(c)];
+      if (st.stop != ChainStop::running) continue;
+      store_row(c, index_t(st.steps));
+      assemble(row(c, index_t(st.steps)), c);
+    }
+  }
+
+  SpectrumRun run() {
+    SpectrumRun out;
+    if (!resume()) {
+      start();
+      save();
+    }
+    out.resumed_at = resumed_at_;
+    for (;;) {
+      std::vector<index_t> active;
+      index_t done = 0;
+      for (index_t c = 0; c < C_; ++c) {
+        const LanczosChainState& st = state_.chains[std::size_t(c)];
+        if (st.stop == ChainStop::running) active.push_back(c);
+        done = std::max(done, index_t(st.steps));
+      }
+      if (active.empty()) break;
+      stage_ = "spectrum " + std::to_string(done + 1) + "/" + std::to_string(m_);
+      step(active);
+      save();
+      if (hooks_.progress) hooks_.progress("spectrum", done + 1, m_);
+    }
+    out.pass_seconds = pass_seconds_;
+    out.arithmetic_seconds = arithmetic_seconds_;
+    finish(out);
+    return out;
+  }
+
+  // The outputs of SPEC §10 from the chains' tridiagonals.
+  void finish(SpectrumRun& out) {
+    SpectrumStatistics& sp = out.stats;
+    sp.present = true;
+    sp.op = s_.curvature.lanczos_php ? "PHP" : "H";
+    sp.steps = m_;
+    sp.chains = C_;
+    sp.tolerance = s_.curvature.lanczos_tolerance;
+    sp.chunk = kLanczosChunk;
+    const std::size_t width = std::size_t(m_) * std::size_t(C_);
+    sp.alpha.assign(width, 0.0);
+    sp.beta.assign(width, 0.0);
+    sp.ritz_values.assign(width, 0.0);
+    sp.ritz_weights.assign(width, 0.0);
+    std::vector<RitzPairs> ritz;
+    out.quadrature = IdentityCheck{"spectrum_quadrature", 0, 1e-10, true};
+    for (index_t c = 0; c < C_; ++c) {
+      const LanczosChainState& st = state_.chains[std::size_t(c)];
+      sp.chain_steps.push_back(st.steps);
+      sp.chain_stop.push_back(to_string(st.stop));
+      sp.start_vHv.push_back(st.start_vHv);
+      sp.start_Hv_sqnorm.push_back(st.start_Hv_sqnorm);
+      ritz.push_back(ritz_pairs(st.alpha, st.beta));
+      const RitzPairs& r = ritz.back();
+      const std::size_t at = std::size_t(c) * std::size_t(m_);
+      std::copy(st.alpha.begin(), st.alpha.end(), sp.alpha.begin() + std::ptrdiff_t(at));
+      std::copy(st.beta.begin(), st.beta.end(), sp.beta.begin() + std::ptrdiff_t(at));
+      std::copy(r.values.begin(), r.values.end(), sp.ritz_values.begin() + std::ptrdiff_t(at));
+      std::copy(r.weights.begin(), r.weights.end(), sp.ritz_weights.begin() + std::ptrdiff_t(at));
+      // Gauss quadrature with the chain's nodes and weights is exact for the
+      // first moments: sum w theta = q^T H q and sum w theta^2 = |H q|^2.
+      // Double arithmetic on m x m matrices: 1e-10 relative.
+      double m1 = 0, m1abs = 0, m2 = 0;
+      for (std::size_t i = 0; i < r.values.size(); ++i) {
+        m1 += r.weights[i] * r.values[i];
+        m1abs += r.weights[i] * std::abs(r.values[i]);
+        m2 += r.weights[i] * r.values[i] * r.values[i];
+      }
+      out.quadrature.deviation =
+          std::max({out.quadrature.deviation, std::abs(m1 - st.start_vHv) / std::max(m1abs, 1e-300),
+                    std::abs(m2 - st.start_Hv_sqnorm) / std::max(st.start_Hv_sqnorm, 1e-300)});
+    }
+    const TopRitz top = top_ritz(ritz.front(), state_.chains.front().beta.empty() ? 0 : state_.chains.front().beta.back(),
+                                 s_.curvature.top_eigenvalues);
+    sp.top_eigenvalues = top.values;
+    sp.top_residuals = top.residuals;
+    const SpectralDensity dens = slq_density(ritz, 1024, 0.01);
+    sp.broadening = dens.broadening;
+    sp.density_grid = dens.grid;
+    sp.density = dens.density;
+  }
+
+  const ExecSpace& space_;
+  Team& team_;
+  Engines<T>& engines_;
+  BatchStager& stager_;
+  Span1<const T> params_;
+  const std::int32_t* ids_;
+  const AnalysisSettings& s_;
+  const CaseHooks& hooks_;
+  const index_t P_, C_, m_, rows_;
+  const std::int64_t tokens_;
+  const std::vector<Batch> batches_;
+  index_t n_chunks_ = 0, local_chunks_ = 0, L_ = 0;
+  View2<double> Q_, W_, q_;  // basis shard (chains x rows, L); work rows (chains, L); current vectors (chains, P)
+  View1<double> whole_, Hv_, sqrt_p_;
+  LanczosState state_;
+  std::string stage_;
+  double pass_seconds_ = 0, arithmetic_seconds_ = 0;
+  std::int64_t resumed_at_ = -1;
+};
+
+}  // namespace
+
+template <class T>
+SpectrumRun lanczos_spectrum(const ExecSpace& space, Team& team, Engines<T>& engines, BatchStager& stager,
+                             Span1<const T> params, View1<double> precond, const std::int32_t* ids, index_t n_blocks,
+                             std::int64_t tokens, const AnalysisSettings& s, const CaseHooks& hooks) {
+  return LanczosChains<T>(space, team, engines, stager, params, precond, ids, n_blocks, tokens, s, hooks).run();
+}
+
+template SpectrumRun lanczos_spectrum<float>(const ExecSpace&, Team&, Engines<float>&, BatchStager&, Span1<const float>,
+                                             View1<double>, const std::int32_t*, index_t, std::int64_t,
+                                             const AnalysisSettings&, const CaseHooks&);
+template SpectrumRun lanczos_spectrum<double>(const ExecSpace&, Team&, Engines<double>&, BatchStager&,
+                                              Span1<const double>, View1<double>, const std::int32_t*, index_t,
+                                              std::int64_t, const AnalysisSettings&, const CaseHooks&);
+
+}  // namespace gnh

@@ -1,0 +1,32 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// SPEC §10's spectrum of one case: Lanczos chains on the full-epoch H (or on
+// P^1/2 H P^1/2), all chains' Hessian-vector products in shared
+// forward-over-reverse epoch passes, full reorthogonalisation in double.
+//
+// The basis is sharded over the team: the flat parameter vector is cut into
+// fixed chunks of kLanczosChunk elements, dealt round-robin to the members,
+// and each member keeps its chunks of every basis vector. A dot product is a
+// sum of per-chunk partial sums, each computed in one fixed order by its
+// owner and combined in chunk order by every member, so every number is the
+// same bit for bit at any team size. Each step's new basis rows and the
+// chains' scalars go to a LanczosStore, from which a killed run resumes.
+#pragma once
+#include "analysis/case_analysis.hpp"
+#include "analysis/lanczos.hpp"
+#include "analysis/passes.hpp"
+
+namespace gnh {
+
+struct SpectrumRun {
+  SpectrumStatistics stats;
+  IdentityCheck quadrature;
+  double pass_seconds = 0, arithmetic_seconds = 0;
+  std::int64_t resumed_at = -1;  // the steps a saved state had done (-1: none)
+};
+
+template <class T>
+SpectrumRun lanczos_spectrum(const ExecSpace& space, Team& team, Engines<T>& engines, BatchStager& stager,
+                             Span1<const T> params, View1<double> precond, const std::int32_t* ids, index_t n_blocks,
+                             std::int64_t tokens, const AnalysisSettings& s, const CaseHooks& hooks);
+
+}  // namespace gnh

@@ -22,6 +22,8 @@ Bars, all in the fp64 policy:
   and 3 ranks give bitwise-identical files, and a run SIGKILLed between
   Lanczos steps, rerun, resumes after its last saved step and writes the
   same file as an uninterrupted run."""
+import csv
+import json
 import os
 import shutil
 import signal
@@ -47,8 +49,10 @@ ANALYSIS = dict(grad_microbatch=4, hvp_batch=3, noise_samples=2, noise_batch=3, 
 CONTEXT = 8
 
 
-def spectrum_deck(path, output, checkpoints, steps, chains, operator="H", tolerance=1e-10, analysis=None):
-    gnhtest.write_deck(path, output, checkpoints, CONTEXT, "train.bin", analysis=dict(ANALYSIS, **(analysis or {})))
+def spectrum_deck(path, output, checkpoints, steps, chains, operator="H", tolerance=1e-10, analysis=None,
+                  unseen=None):
+    gnhtest.write_deck(path, output, checkpoints, CONTEXT, "train.bin", unseen,
+                       analysis=dict(ANALYSIS, **(analysis or {})))
     with open(path, "a") as f:
         f.write(f'\n[curvature]\nlanczos_steps = {steps}\nlanczos_chains = {chains}\n'
                 f'lanczos_operator = "{operator}"\nlanczos_tolerance = {tolerance}\ntop_eigenvalues = 5\n')
@@ -89,6 +93,8 @@ class SpectrumOracle(unittest.TestCase):
                                 iter_num=1)
         cls.big_params = sum(p.numel() for p in gnhtest.make_model(big, seed=4).parameters())
         gnhtest.write_tokens(os.path.join(cls.tmp, "train.bin"), CONTEXT * 10 + 1, 13, 1)
+        gnhtest.write_tokens(os.path.join(cls.tmp, "val.bin"), CONTEXT * 6 + 1, 13, 2)
+        gnhtest.save_checkpoint(gnhtest.make_model(cfg, seed=5, scale=0.5), ck, "other", iter_num=9)
 
         ref = stats_reference.load_reference(cls.small, os.path.join(cls.tmp, "train.bin"), CONTEXT)
         cls.P = ref.P
@@ -183,6 +189,30 @@ class SpectrumOracle(unittest.TestCase):
         sp = self.small_run("php", "PHP")
         self.assertEqual(gnhtest.text(sp["operator"]), "PHP")
         self.check_against_dense(sp, s[:, None] * self.H * s[None, :])
+
+    def test_report_draws_the_density_and_the_top_eigenvalues(self):
+        deck = os.path.join(self.tmp, "report.toml")
+        spectrum_deck(deck, "out/report.h5", ["ckpt/small.h5", "ckpt/other.h5"], 12, 2, unseen="val.bin")
+        self.run_ok(deck)
+        rep = os.path.join(self.tmp, "report")
+        r = subprocess.run([gnhtest.GNH, "report", os.path.join(self.tmp, "out/report.h5"), "--out", rep],
+                           capture_output=True, text=True, env=gnhtest.mpi_env())
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(os.path.join(rep, "manifest.json")) as f:
+            manifest = json.load(f)
+        self.assertEqual(manifest["figures"]["spectrum"]["panels"], ["density", "top_eigenvalues"])
+        for p in manifest["figures"]["spectrum"]["files"]:
+            self.assertGreater(os.path.getsize(p), 1000)
+        with open(os.path.join(rep, "spectrum.csv")) as f:
+            rows = list(csv.DictReader(f))
+        # 2 states x 2 cases x 5 top eigenvalues, each the file's value.
+        self.assertEqual(len(rows), 2 * 2 * 5)
+        with h5py.File(os.path.join(self.tmp, "out/report.h5"), "r") as f:
+            for h, g in f["groups"].items():
+                for case in ("seen", "unseen"):
+                    want = g[case]["spectrum/top_eigenvalues"][()].tolist()
+                    got = [float(r["eigenvalue"]) for r in rows if r["group"] == h and r["case"] == case]
+                    self.assertEqual(got, want)
 
     def big_deck(self, name, steps, tolerance=0.0):
         deck = os.path.join(self.tmp, name + ".toml")

@@ -7,6 +7,8 @@
 #include <numeric>
 #include <stdexcept>
 
+#include "core/error.hpp"
+
 namespace gnh {
 
 std::size_t lanczos_bytes(index_t n_params, const CurvatureSettings& c, index_t directions_per_pass, int members) {
@@ -28,6 +30,9 @@ RitzPairs ritz_pairs(const std::vector<double>& alpha, const std::vector<double>
   const std::size_t n = alpha.size();
   RitzPairs out;
   if (n == 0) return out;
+  for (std::size_t i = 0; i < n; ++i)
+    if (!std::isfinite(alpha[i]) || (i + 1 < n && !std::isfinite(beta[i])))
+      fail("spectrum: the Lanczos tridiagonal has a non-finite entry at step ", i + 1);
   if (beta.size() + 1 < n) throw std::logic_error("gnh::ritz_pairs: fewer than n - 1 off-diagonal values");
   std::vector<double> d(alpha), e(n, 0.0);
   for (std::size_t i = 0; i + 1 < n; ++i) e[i] = beta[i];
@@ -42,7 +47,7 @@ RitzPairs ritz_pairs(const std::vector<double>& alpha, const std::vector<double>
       for (; m + 1 < n; ++m)
         if (std::abs(e[m]) <= DBL_EPSILON * (std::abs(d[m]) + std::abs(d[m + 1]))) break;
       if (m == l) break;
-      if (iteration == 100) throw std::runtime_error("gnh::ritz_pairs: the QL iteration did not converge");
+      if (iteration == 100) fail("spectrum: the Ritz values of a ", n, "-step tridiagonal did not converge");
       // Wilkinson shift from the leading 2x2 block, chased up from m to l.
       double g = (d[l + 1] - d[l]) / (2.0 * e[l]);
       double r = std::hypot(g, 1.0);

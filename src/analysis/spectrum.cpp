@@ -219,8 +219,9 @@ struct LanczosChains {
     fill_rademacher<double>(space_, Span2<double>(v.data(), C_, P_), s_.seed, 0);
     const double scale = 1.0 / std::sqrt(double(P_));
     auto q = q_;
-    Kokkos::parallel_for("gnh::lanczos::normalise", range(space_, C_ * P_), KOKKOS_LAMBDA(const index_t j) {
-      q(j / P_, j % P_) = v(j / P_, j % P_) * scale;
+    const index_t P = P_;
+    Kokkos::parallel_for("gnh::lanczos::normalise", range(space_, C_ * P), KOKKOS_LAMBDA(const index_t j) {
+      q(j / P, j % P) = v(j / P, j % P) * scale;
     });
     for (index_t c = 0; c < C_; ++c) {
       gather(Kokkos::subview(q_, c, Kokkos::ALL), c);
@@ -343,6 +344,9 @@ struct LanczosChains {
         st.start_vHv = alpha;
         st.start_Hv_sqnorm = d[at++];
       }
+      if (!std::isfinite(alpha))
+        fail("spectrum: chain ", c, ", step ", j + 1, ": the Hessian-vector product is not finite (q^T H q = ", alpha,
+             ")");
       st.alpha.push_back(alpha);
       // The three-term recurrence: w -= alpha q_j + beta_{j-1} q_{j-1}.
       rows[std::size_t(a)] = {row(c, j)};

@@ -150,7 +150,9 @@ int plan_command(const Comm& comm, const PlanOptions& opt) {
     // Passes are balanced and carry no padding: D directions cost D per-direction
     // units (measured at the full K; a narrower pass shares its primal among
     // fewer directions, which the wall-time margin covers).
-    const index_t D = p.directions();
+    // The spectrum: one direction per chain and Lanczos step (an upper bound:
+    // chains that converge early drop out).
+    const index_t D = p.directions() + (p.spectrum ? a.curvature.lanczos_steps * a.curvature.lanczos_chains : 0);
     const index_t hvp_batches = (n + a.hvp_batch - 1) / a.hvp_batch;
     per_group += double(grad_batches + noise_batches) * t_grad +
                  double(D * hvp_batches) * t_hvp / double(d.ranks_per_checkpoint);

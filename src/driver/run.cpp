@@ -166,6 +166,11 @@ Outcome compute_groups(const Comm& world, const Comm& team_comm, const Campaign&
     team.broadcast_value(complete, 0);
     if (complete) {
       ++out.skipped;
+      // A run killed between writing the group file and removing the
+      // spectrum's state leaves it behind: the result is in the group file.
+      if (leader && c.deck.analysis.curvature.lanczos_steps > 0)
+        for (const auto& cs : c.cases)
+          FileLanczosStore::remove(groups_directory(output) + "/" + g.hash + "." + cs.name + ".lanczos");
       if (leader && !quiet) {
         std::printf("gnh: [rank %d] %s complete in %s, skipped\n", world.rank(), g.hash.c_str(), path.c_str());
         std::fflush(stdout);

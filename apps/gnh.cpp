@@ -18,6 +18,7 @@
 #include "driver/merge.hpp"
 #include "driver/plan.hpp"
 #include "driver/report.hpp"
+#include "driver/watch.hpp"
 #include "driver/run.hpp"
 #include "parallel/comm.hpp"
 
@@ -102,6 +103,19 @@ int dispatch(int argc, char** argv, const gnh::Comm& comm) {
   rep_cmd->add_option("results", report_in, "Results file (gnh run or gnh merge)")->required();
   rep_cmd->add_option("--out", report_out, "Directory for the tables and figures")->required();
 
+  gnh::WatchOptions wch;
+  CLI::App* wch_cmd = app.add_subcommand(
+      "watch", "Follow a planned campaign from its receipt (OUTPUT.plan/receipt.json): every shard's Slurm state, "
+               "groups done and attempts; --resubmit resubmits failed, cancelled or timed-out shards; once every "
+               "shard is complete, merges and draws the report. One look by default; actions go to watch.log "
+               "beside the receipt");
+  wch_cmd->add_option("receipt", wch.receipt, "The plan's receipt.json")->required();
+  wch_cmd->add_flag("--resubmit", wch.resubmit, "Resubmit shards that failed, were cancelled or timed out");
+  wch_cmd->add_option("--max-attempts", wch.max_attempts, "Submissions per shard, the first included")
+      ->capture_default_str();
+  wch_cmd->add_flag("--follow", wch.follow, "Keep watching until the campaign is merged or a shard is stuck");
+  wch_cmd->add_option("--interval", wch.interval, "Seconds between looks with --follow")->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -128,6 +142,7 @@ int dispatch(int argc, char** argv, const gnh::Comm& comm) {
   if (mrg_cmd->parsed()) return gnh::merge_command(comm, mrg);
   if (rep_cmd->parsed()) return gnh::report_command(comm, report_in, report_out);
   if (pln_cmd->parsed()) return gnh::plan_command(comm, pln);
+  if (wch_cmd->parsed()) return gnh::watch_command(comm, wch);
   if (cmp_cmd->parsed()) {
     cmp.policies.clear();
     std::stringstream ss(policies);

@@ -16,6 +16,7 @@
 #include "core/deal.hpp"
 #include "core/build_info.hpp"
 #include "driver/campaign.hpp"
+#include "driver/shell.hpp"
 #include "io/results.hpp"
 
 namespace gnh {
@@ -96,23 +97,6 @@ double parse_time(const std::string& t) {
   if (std::sscanf(t.c_str(), "%d:%d:%d", &h, &m, &s) != 3 || h < 0 || m < 0 || m > 59 || s < 0 || s > 59)
     fail("--time ", t, ": expected HH:MM:SS");
   return h * 3600.0 + m * 60.0 + s;
-}
-
-std::string shell_quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-std::string run_capture(const std::string& cmd, int& status) {
-  std::string out;
-  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
-  if (!p) fail("cannot run: ", cmd);
-  char buf[512];
-  while (std::fgets(buf, sizeof(buf), p.get())) out += buf;
-  status = pclose(p.release());
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  return out;
 }
 
 }  // namespace

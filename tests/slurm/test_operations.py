@@ -10,7 +10,11 @@ munge; started by this test, no mocks):
 - the report has every figure, non-empty, one panel per statistic;
 - a shard cancelled with scancel and resubmitted resumes, and the merge succeeds;
 - a merge with a missing or mismatched shard fails naming it;
+- `gnh watch` follows `gnh plan --submit` through a shard that fails once (its
+  output held by another process) and, with --resubmit, to a resubmission,
+  the merge and the report: the merged file equals a single run;
 - a recipe without a profile is refused unless --time is given."""
+import fcntl
 import json
 import os
 import re
@@ -171,6 +175,54 @@ class Operations(unittest.TestCase):
         self.assertIn("no measured timing profile", r.stderr)
         r = self.sh(cmd + " --time 02:00:00 --out $WORK/plan-by-hand")
         self.assertIn("request 02:00:00", r.stdout)
+
+        # 7. gnh watch: shard 1 fails on its first submission (another process
+        # holds its output's lock, as a second run would), then is resubmitted.
+        watched = os.path.join(self.work, "watched.h5")
+        wplan = os.path.join(self.work, "watched.plan")
+        lock = open(os.path.join(self.work, "watched.shard-1-of-2.h5.lock"), "w")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        self.sh(f'GNH_PROFILE_DIR="$WORK/profiles" {GNH} plan "$WORK/demo.toml" --jobs 2 --submit '
+                f'--set run.output={watched} --out {wplan}')
+        receipt_path = os.path.join(wplan, "receipt.json")
+        with open(receipt_path) as f:
+            first = json.load(f)
+        shard_jobs = [s["job_id"] for s in first["shards"]]
+        deadline = time.time() + 600
+        while time.time() < deadline and any(self.job_seconds(j)[1] in ("PENDING", "RUNNING", "COMPLETING")
+                                             for j in shard_jobs):
+            time.sleep(1)
+        self.assertEqual(self.job_seconds(shard_jobs[1])[1], "FAILED")
+        self.assertEqual(self.job_seconds(shard_jobs[0])[1], "COMPLETED")
+        # One look, no resubmission: it says what failed and exits 1.
+        r = self.sh(f"{GNH} watch {receipt_path}", check=False)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn(f"shard 1: job {shard_jobs[1]} FAILED, groups 0/", r.stdout)
+        self.assertIn("--resubmit", r.stdout)
+        self.assertRegex(r.stdout, r"shard 0: job \d+ COMPLETED, groups (\d+)/\1, attempts 1, complete")
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        lock.close()
+        r = self.sh(f"{GNH} watch {receipt_path} --resubmit --follow --interval 1", timeout=900)
+        self.assertIn("resubmitted as job", r.stdout)
+        self.assertIn("cancelled, gnh watch merges instead", r.stdout)
+        self.assertIn("merged", r.stdout)
+        with open(receipt_path) as f:
+            after = json.load(f)
+        (attempt,) = after["shards"][1]["attempts"]
+        self.assertEqual(attempt["replaces"], shard_jobs[1])
+        self.assertEqual(attempt["reason"], "FAILED")
+        self.assertEqual(self.job_seconds(attempt["job_id"])[1], "COMPLETED")
+        self.assertEqual(self.job_seconds(first["merge"]["job_id"])[1], "CANCELLED")
+        self.assertIn("merged_by_watch", after["merge"])
+        with open(os.path.join(wplan, "watch.log")) as f:
+            logged = f.read()
+        for what in ("resubmitted as job", "cancelled", "merged"):
+            self.assertIn(what, logged)
+        self.assertEqual(snapshot(watched), snapshot(single))
+        self.assertTrue(os.path.exists(os.path.join(self.work, "watched.report", "manifest.json")))
+        # Done: another look changes nothing and says so.
+        r = self.sh(f"{GNH} watch {receipt_path} --resubmit")
+        self.assertIn("merge: complete", r.stdout)
 
 
 if __name__ == "__main__":

@@ -128,6 +128,18 @@ def run_gnh(deck, np_=1, sets=(), timeout=300):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=mpi_env())
 
 
+def report(results, out):
+    """`gnh report RESULTS --out OUT`: (the finished process, its manifest, or
+    None when it wrote none)."""
+    import json
+    r = subprocess.run([GNH, "report", results, "--out", out], capture_output=True, text=True, env=mpi_env())
+    path = os.path.join(out, "manifest.json")
+    if r.returncode != 0 or not os.path.exists(path):
+        return r, None
+    with open(path) as f:
+        return r, json.load(f)
+
+
 def text(v):
     """An HDF5 string attribute element as str."""
     return v.decode() if isinstance(v, bytes) else str(v)

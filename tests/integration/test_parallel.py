@@ -10,7 +10,6 @@
 - a group whose loss is not finite fails alone: the other groups are written;
 - --dry-run validates and plans without computing."""
 import csv
-import json
 import os
 import shutil
 import signal
@@ -113,11 +112,8 @@ class Parallel(unittest.TestCase):
                 self.assertTrue(any(k.endswith(name) for k in base), name)
             # The report's block table and per-layer figure (SPEC §10, issue #13 item 5).
             rep = os.path.join(self.tmp, "report-curv")
-            r = subprocess.run([gnhtest.GNH, "report", os.path.join(self.tmp, "out/layout_curv_1_1.h5"), "--out", rep],
-                               capture_output=True, text=True, env=gnhtest.mpi_env())
+            r, manifest = gnhtest.report(os.path.join(self.tmp, "out/layout_curv_1_1.h5"), rep)
             self.assertEqual(r.returncode, 0, r.stderr)
-            with open(os.path.join(rep, "manifest.json")) as f:
-                manifest = json.load(f)
             self.assertEqual(manifest["figures"]["layers"]["panels"], ["B_simple", "trace_H"])
             self.assertIn("effective_rank", manifest["figures"])
             self.assertEqual(manifest["figures"]["update"]["panels"], ["curvature_along", "change"])

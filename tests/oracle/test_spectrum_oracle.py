@@ -23,7 +23,6 @@ Bars, all in the fp64 policy:
   Lanczos steps, rerun, resumes after its last saved step and writes the
   same file as an uninterrupted run."""
 import csv
-import json
 import os
 import shutil
 import signal
@@ -195,11 +194,8 @@ class SpectrumOracle(unittest.TestCase):
         spectrum_deck(deck, "out/report.h5", ["ckpt/small.h5", "ckpt/other.h5"], 12, 2, unseen="val.bin")
         self.run_ok(deck)
         rep = os.path.join(self.tmp, "report")
-        r = subprocess.run([gnhtest.GNH, "report", os.path.join(self.tmp, "out/report.h5"), "--out", rep],
-                           capture_output=True, text=True, env=gnhtest.mpi_env())
+        r, manifest = gnhtest.report(os.path.join(self.tmp, "out/report.h5"), rep)
         self.assertEqual(r.returncode, 0, r.stderr)
-        with open(os.path.join(rep, "manifest.json")) as f:
-            manifest = json.load(f)
         self.assertEqual(manifest["figures"]["spectrum"]["panels"], ["density", "top_eigenvalues"])
         for p in manifest["figures"]["spectrum"]["files"]:
             self.assertGreater(os.path.getsize(p), 1000)

@@ -7,6 +7,16 @@
 #   then requeued (--requeue) and the rerun reuses the finished groups.
 # TARGET: cpu (one rank per task) or gh200 (one GPU per rank, closest binding).
 
+# gnh_binary BUILD_DIR: the gnh of GNH_HOME, an installed tree (bin/gnh) or a
+# checkout (BUILD_DIR/bin/gnh).
+gnh_binary() {
+  if [ -x "$GNH_HOME/bin/gnh" ]; then
+    echo "$GNH_HOME/bin/gnh"
+  else
+    echo "$GNH_HOME/$1/bin/gnh"
+  fi
+}
+
 gnh_shard_run() {
   local target=$1
   shift

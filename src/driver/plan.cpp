@@ -16,6 +16,7 @@
 #include "core/deal.hpp"
 #include "core/build_info.hpp"
 #include "driver/campaign.hpp"
+#include "driver/install.hpp"
 #include "driver/shell.hpp"
 #include "io/results.hpp"
 
@@ -46,7 +47,7 @@ json recipe_of(const Campaign& c) {
 std::vector<fs::path> profile_dirs() {
   std::vector<fs::path> dirs;
   if (const char* env = std::getenv("GNH_PROFILE_DIR")) dirs.emplace_back(env);
-  dirs.emplace_back(fs::path(GNH_SOURCE_DIR) / "jobscripts" / "profiles");
+  dirs.emplace_back(share_directory() / "jobscripts" / "profiles");
   return dirs;
 }
 
@@ -190,7 +191,7 @@ int plan_command(const Comm& comm, const PlanOptions& opt) {
     if (opt.target == "gh200") f << "#SBATCH --gpus-per-task=1\n#SBATCH --cpus-per-task=72\n";
     if (!opt.partition.empty()) f << "#SBATCH --partition=" << opt.partition << "\n";
     if (!opt.account.empty()) f << "#SBATCH --account=" << opt.account << "\n";
-    f << "source " << GNH_SOURCE_DIR << "/jobscripts/gnh-shard-body.sh\n"
+    f << "source " << shell_quote((share_directory() / "jobscripts" / "gnh-shard-body.sh").string()) << "\n"
       << "gnh_shard_run " << shell_quote(opt.target) << " " << shell_quote(gnh_bin) << " run " << shell_quote(deck_abs)
       << " --shard " << s << "/" << opt.jobs << sets << "\n";
     shard["script"] = script;

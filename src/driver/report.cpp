@@ -8,18 +8,21 @@
 #include <filesystem>
 #include <vector>
 
+#include "driver/install.hpp"
+
 extern char** environ;
 
 namespace gnh {
 namespace {
 
+// Beside the executable (bin/ of a build or an installed tree), else in the
+// source tree of a build.
 std::string report_tool() {
   namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec && fs::exists(exe.parent_path() / "gnh-report")) return (exe.parent_path() / "gnh-report").string();
+  const fs::path beside = executable_directory() / "gnh-report";
+  if (fs::exists(beside)) return beside.string();
   if (fs::exists(GNH_REPORT_TOOL)) return GNH_REPORT_TOOL;
-  fail("cannot find the report tool gnh-report beside ", exe.string(), " or at ", GNH_REPORT_TOOL);
+  fail("cannot find the report tool gnh-report beside ", executable_directory().string(), " or at ", GNH_REPORT_TOOL);
 }
 
 }  // namespace

@@ -45,6 +45,14 @@ int dispatch(int argc, char** argv, const gnh::Comm& comm) {
   run_cmd->add_flag("--dry-run", run.dry_run,
                     "Validate the deck, every checkpoint and data file, print the work plan, compute nothing");
 
+  run_cmd->add_option("--memory-budget", run.memory_budget,
+                      "Memory the plan may use, e.g. 64GiB or 500MB (default: the GPU's memory, or the host's "
+                      "shared by the node's ranks); a plan over 90% of it is refused")
+      ->type_name("SIZE");
+  run_cmd->add_flag("--fit-memory", run.fit_memory,
+                    "Use the largest analysis.directions_per_pass and analysis.hvp_batch whose plan fits in 90% of "
+                    "the memory budget (they change the settings fingerprint)");
+
   // Overrides accumulate: let --set be repeated.
   run_cmd->get_option("--set")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
 

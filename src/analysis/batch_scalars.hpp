@@ -18,6 +18,10 @@ struct BatchScalars {
   std::vector<double> first;   // per direction: d/de of the summed loss
   std::vector<double> second;  // per direction: v^T H_sum v
   bool done = false;
+  // Measured on the member that computed it (not part of any result): the
+  // batch's wall time, and on a GPU the device memory in use at its end.
+  double seconds = 0;
+  double device_bytes = -1;
 };
 
 // Between batches: return true to stop the pass (a termination signal).

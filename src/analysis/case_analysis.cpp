@@ -10,6 +10,7 @@
 #include "analysis/passes.hpp"
 #include "analysis/sampling.hpp"
 #include "analysis/spectrum.hpp"
+#include "analysis/usage.hpp"
 #include "core/error.hpp"
 #include "core/random.hpp"
 
@@ -52,6 +53,7 @@ struct NoiseSample {
   bool stopped = false;  // a termination signal stopped its gradient pass
   bool finite = false;   // |g_j|^2 is finite
   double xiPxi = 0;      // xi_j^T P xi_j, with the AdamW preconditioner
+  double seconds = 0;    // its gradient pass's batches (measured, not a result)
 };
 
 // The stages of one case, in order; each fills its part of `out_`. (Every
@@ -128,10 +130,14 @@ struct CaseAnalysis {
     curvature_passes();
     out_.timings.emplace_back("curvature", clock_.lap());
     if (plan_.spectrum) {
+      meter_.begin();
       SpectrumRun sp = lanczos_spectrum<T>(space_, team_, engines_, stager_, params_, precond_, ids_, plan_.n_blocks,
                                            tokens_, s_, hooks_);
       out_.spectrum = std::move(sp.stats);
       spectrum_check_ = sp.quadrature;
+      for (std::size_t i = 0; i < sp.batch_seconds.size(); ++i)
+        meter_.add_seconds(sp.batch_seconds[i], sp.direction_seconds[i]);
+      meter_.end("spectrum", out_.measured);
       out_.spectrum_resumed_at = sp.resumed_at;
       out_.timings.emplace_back("spectrum", clock_.lap());
       spectrum_parts_ = {{"spectrum_passes", sp.pass_seconds}, {"spectrum_arithmetic", sp.arithmetic_seconds}};
@@ -164,6 +170,7 @@ struct CaseAnalysis {
   // Stage 1: the epoch's loss and mean gradient G, each member its share of
   // the batches, summed exactly over the team.
   void loss_and_gradient() {
+    meter_.begin();
     const auto batches = make_batches(all_blocks(plan_.n_blocks), s_.grad_microbatch);
     ExactSum acc(P_);
     acc.clear(space_);
@@ -174,6 +181,8 @@ struct CaseAnalysis {
     if (team_.any(!ok)) throw Interrupted{};
     team_.sum(acc);
     team_.share(table);
+    meter_.add(table);
+    meter_.end("gradient", out_.measured);
     const BatchScalars gs = sum_in_order(table);
     tokens_ = gs.count;
     out_.tokens = gs.count;
@@ -188,6 +197,7 @@ struct CaseAnalysis {
   // Stage 2: noise batches, each computed whole by one member and shared:
   // its scalars as a NoiseSample, its xi_j as a row of xi_.
   void noise_samples() {
+    meter_.begin();
     out_.noise_blocks = noise_batches(plan_.n_blocks, s_.noise_batch, s_.noise_samples, s_.seed);
     const index_t m = plan_.n_noise;
     if (index_t(out_.noise_blocks.size()) != m) throw std::logic_error("gnh::case: noise batches differ from the plan");
@@ -214,6 +224,7 @@ struct CaseAnalysis {
           r.stopped = true;
         } else {
           const BatchScalars ns = sum_in_order(t);
+          for (const BatchScalars& b : t) r.seconds += b.seconds;
           a.to_double(space_, gj_.data(), 1.0 / double(ns.count));
           auto g = gj_;
           auto x = xij;
@@ -243,9 +254,11 @@ struct CaseAnalysis {
       out_.m.xi_sqnorm.push_back(r.xi_sqnorm);
       out_.m.G_dot_xi.push_back(r.G_dot_xi);
       if (plan_.preconditioned) out_.m.xiPxi.push_back(r.xiPxi);
+      meter_.add_seconds(r.seconds);
       if (hooks_.progress) hooks_.progress("noise", j + 1, m);
     }
     if (team_.any(stopped)) throw Interrupted{};
+    meter_.end("noise", out_.measured);
     if (hooks_.keep) {
       auto hG = Kokkos::create_mirror_view_and_copy(HostSpace(), G_);
       auto hxi = Kokkos::create_mirror_view_and_copy(HostSpace(), xi_);
@@ -290,6 +303,7 @@ struct CaseAnalysis {
   // Stage 3: every direction of the case in the planned epoch passes, each
   // exactly as wide as it needs; first and second derivatives per direction.
   void curvature_passes() {
+    meter_.begin();
     const index_t D = plan_.directions(), m = plan_.n_noise;
     const std::vector<index_t>& sizes = plan_.pass_widths;
     const index_t passes = index_t(sizes.size());
@@ -330,12 +344,14 @@ struct CaseAnalysis {
         kept_hv(dirs.data() + r * P_, Hv, d0 + r);
       }
       team_.share(ct);
+      meter_.add(ct, K);
       const BatchScalars cs = sum_in_order(ct);
       for (index_t r = 0; r < K; ++r) {
         quad[d0 + r] = cs.second[r] / double(tokens_);
         first_[d0 + r] = cs.first[r] / double(tokens_);
       }
     }
+    meter_.end("curvature", out_.measured);
     out_.m.GHG = quad[0];
     out_.m.xiHxi.assign(quad.begin() + 1, quad.begin() + 1 + m);
     const index_t K = plan_.directions_asked;
@@ -359,6 +375,7 @@ struct CaseAnalysis {
   // forward-only pass split over the team like the gradient pass (summed in
   // batch order, so the same at any rank count).
   void update_step() {
+    meter_.begin();
     UpdateStatistics& u = out_.update;
     u.present = true;
     u.delta_sqnorm = dot(space_, delta_.data(), delta_.data(), P_);
@@ -368,17 +385,22 @@ struct CaseAnalysis {
     const Span1<const T> theta_b(target_.data(), P_);
     for (index_t b : team_.share_of(index_t(batches.size()))) {
       if (hooks_.stop && hooks_.stop()) break;
+      const auto t0 = std::chrono::steady_clock::now();
       stager_.stage(ids_, batches[std::size_t(b)], engines_.gradient.batch());
       const LossSum l = engines_.gradient.forward_loss(space_, theta_b, stager_.tokens(), stager_.targets());
       BatchScalars& r = table[std::size_t(b)];
       r.loss_sum = l.sum;
       r.count = l.count;
       r.done = true;
+      space_.fence();
+      r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
     bool stopped = false;
     for (index_t b : team_.share_of(index_t(batches.size()))) stopped = stopped || !table[std::size_t(b)].done;
     if (team_.any(stopped)) throw Interrupted{};
     team_.share(table);
+    meter_.add(table);
+    meter_.end("update", out_.measured);
     const BatchScalars ls = sum_in_order(table);
     const double loss_b = ls.loss_sum / double(ls.count);
     if (!std::isfinite(loss_b)) fail("the epoch loss at the update's target state is not finite (", loss_b, ")");
@@ -515,6 +537,7 @@ struct CaseAnalysis {
   index_t n_block_values_ = 0;             // blocks of all partitions together
   View1<double> diagonal_;                 // [curvature] diagonal: sum_k v_k * (H v_k)
   IdentityCheck spectrum_check_;           // the spectrum's quadrature identities
+  StageMeter meter_;                       // the measured time and memory of the stage under way
   std::vector<std::pair<std::string, double>> spectrum_parts_;
 };
 

@@ -1,11 +1,32 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "analysis/passes.hpp"
 
+#include <chrono>
+
 #include "analysis/dot.hpp"
 #include "analysis/epoch.hpp"
+#include "analysis/usage.hpp"
 #include "core/error.hpp"
 
 namespace gnh {
+namespace {
+
+// The wall time of one batch (its kernels fenced) and the device memory in
+// use at its end, into its row.
+class BatchClock {
+ public:
+  void finish(const ExecSpace& space, BatchScalars& r) const {
+    space.fence();
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    r.device_bytes = double(device_memory_in_use());
+  }
+
+ private:
+  std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace
+
 BatchStager::BatchStager(index_t max_batch, index_t context)
     : context_(context), tokens_("gnh::batch::tokens", max_batch, context),
       targets_("gnh::batch::targets", max_batch, context), h_tokens_(Kokkos::create_mirror_view(tokens_)),
@@ -35,6 +56,7 @@ bool gradient_pass(const ExecSpace& space, Gpt<T>& model, BatchStager& stager, S
       Kokkos::Profiling::popRegion();
       return false;
     }
+    const BatchClock clock;
     stager.stage(ids, batches[static_cast<std::size_t>(b)], model.batch());
     Kokkos::deep_copy(space, grad, T(0));
     const LossSum s = model.gradient(space, params, stager.tokens(), stager.targets(), grad);
@@ -43,6 +65,7 @@ bool gradient_pass(const ExecSpace& space, Gpt<T>& model, BatchStager& stager, S
     r.loss_sum = s.sum;
     r.count = s.count;
     r.done = true;
+    clock.finish(space, r);
     if (progress) progress(++done, index_t(mine.size()));
   }
   space.fence();
@@ -72,6 +95,7 @@ bool curvature_pass(const ExecSpace& space, Gpt<T>& model, BatchStager& stager, 
       Kokkos::Profiling::popRegion();
       return false;
     }
+    const BatchClock clock;
     stager.stage(ids, batches[static_cast<std::size_t>(b)], model.batch());
     BatchScalars& r = table[static_cast<std::size_t>(b)];
     LossSum s;
@@ -92,6 +116,7 @@ bool curvature_pass(const ExecSpace& space, Gpt<T>& model, BatchStager& stager, 
     r.loss_sum = s.sum;
     r.count = s.count;
     r.done = true;
+    clock.finish(space, r);
     if (progress) progress(++done, index_t(mine.size()));
   }
   space.fence();

@@ -199,6 +199,11 @@ struct LanczosChains {
                                       team_.share_of(index_t(batches_.size())), CurvatureMethod::forward_over_reverse,
                                       table, hooks_.stop, progress, &sums);
     if (team_.any(!ok)) throw Interrupted{};
+    team_.share(table);
+    for (const BatchScalars& r : table) {
+      batch_seconds_.push_back(r.seconds);
+      direction_seconds_.push_back(r.seconds / double(K));
+    }
     for (index_t k = 0; k < K; ++k) {
       team_.sum(sums[std::size_t(k)]);
       sums[std::size_t(k)].to_double(space_, Hv_.data(), 1.0 / double(tokens_));
@@ -444,6 +449,8 @@ struct LanczosChains {
     }
     out.pass_seconds = pass_seconds_;
     out.arithmetic_seconds = arithmetic_seconds_;
+    out.batch_seconds = batch_seconds_;
+    out.direction_seconds = direction_seconds_;
     finish(out);
     return out;
   }
@@ -517,6 +524,7 @@ struct LanczosChains {
   LanczosState state_;
   std::string stage_;
   double pass_seconds_ = 0, arithmetic_seconds_ = 0;
+  std::vector<double> batch_seconds_, direction_seconds_;
   std::int64_t resumed_at_ = -1;
 };
 

@@ -124,6 +124,9 @@ struct CaseStatistics {
   std::vector<std::vector<index_t>> noise_blocks;
   std::vector<IdentityCheck> identities;
   std::vector<std::pair<std::string, double>> timings;  // stage, seconds
+  // Measured per stage (analysis/usage.hpp: StageMeter): batch and direction
+  // time spreads, host high-water mark, device memory; attributes of `timings`.
+  std::vector<std::pair<std::string, double>> measured;
   std::int64_t peak_memory_bytes = 0;  // planned memory of the engines and vectors (analysis/memory.hpp)
   std::vector<BlockTable> blocks;        // [curvature] blocks: one table per partition
   std::vector<float> hessian_diagonal;   // [curvature] diagonal: mean_k v_k * (H v_k), (P)

@@ -12,6 +12,7 @@
 #include "analysis/analyser.hpp"
 #include "analysis/memory.hpp"
 #include "analysis/sampling.hpp"
+#include "analysis/usage.hpp"
 #include "core/build_info.hpp"
 #include "core/deal.hpp"
 #include "driver/campaign.hpp"
@@ -353,11 +354,149 @@ void print_summary(const std::vector<GroupSummary>& groups, const std::string& o
   std::fflush(stdout);
 }
 
+// "64GiB", "1.5TB", "500MB", "123456" (bytes): decimal and binary units.
+std::int64_t parse_size(const std::string& text) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    fail("--memory-budget ", text, ": expected a size such as 64GiB, 500MB or a byte count");
+  }
+  std::string unit = text.substr(used);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(0, 1);
+  const std::map<std::string, double> units = {{"", 1},       {"B", 1},        {"kB", 1e3},     {"KB", 1e3},
+                                                {"MB", 1e6},    {"GB", 1e9},     {"TB", 1e12},    {"KiB", 1024.0},
+                                                {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+  const auto it = units.find(unit);
+  if (it == units.end() || !(v > 0))
+    fail("--memory-budget ", text, ": expected a size such as 64GiB, 500MB or a byte count");
+  return std::int64_t(v * it->second);
+}
+
+// The memory one rank may plan for, and what it is: a GPU's memory (one per
+// rank) on device builds, else the host's shared by the node's ranks; or
+// --memory-budget in their place. Collective (counts the node's ranks).
+struct MemoryBudget {
+  std::int64_t per_rank = -1;  // -1: unknown (no check)
+  std::string what;
+};
+
+MemoryBudget memory_budget(const Comm& comm, const RunOptions& opt) {
+  const int on_node = comm.ranks_on_node();
+  const std::int64_t device = device_memory_total();
+  MemoryBudget b;
+  const std::int64_t given = opt.memory_budget.empty() ? -1 : parse_size(opt.memory_budget);
+  const std::int64_t whole = given >= 0 ? given : device >= 0 ? device : host_memory_total();
+  if (whole < 0) return b;
+  const std::string source = given >= 0 ? "--memory-budget " + opt.memory_budget + " (" + gib(std::size_t(whole)) + ")"
+                             : device >= 0 ? "the GPU's " + gib(std::size_t(whole))
+                                           : "the host's " + gib(std::size_t(whole));
+  if (device >= 0) {
+    b.per_rank = whole;
+    b.what = source + " per rank";
+  } else {
+    b.per_rank = whole / on_node;
+    b.what = source + " shared by " + std::to_string(on_node) + " rank(s) on this node";
+  }
+  return b;
+}
+
+// The largest plan of any case, per rank.
+std::size_t planned_per_rank(const Campaign& c, const AnalysisSettings& s, int rpc, std::string* which = nullptr) {
+  std::size_t most = 0;
+  for (const auto& cs : c.cases) {
+    const std::size_t t = plan_memory(c.cfg, s, plan_case(s, cs.blocks, true, true), rpc).total();
+    if (t > most) {
+      most = t;
+      if (which) *which = cs.name;
+    }
+  }
+  return most;
+}
+
+// Refuses a plan over 90% of the budget, naming what to lower.
+void check_memory(const Campaign& c, const MemoryBudget& b) {
+  if (b.per_rank < 0) return;
+  const AnalysisSettings& s = c.deck.analysis;
+  const int rpc = int(c.deck.ranks_per_checkpoint);
+  std::string which;
+  const std::size_t need = planned_per_rank(c, s, rpc, &which);
+  const double limit = 0.9 * double(b.per_rank);
+  if (double(need) <= limit) return;
+  std::string spectrum;
+  if (s.curvature.lanczos_steps > 0)
+    spectrum = ", curvature.lanczos_chains (now " + std::to_string(s.curvature.lanczos_chains) +
+               ") or curvature.lanczos_steps (now " + std::to_string(s.curvature.lanczos_steps) +
+               "), raise parallel.ranks_per_checkpoint (now " + std::to_string(rpc) +
+               ": the Lanczos basis is sharded over the team)";
+  fail(c.deck.file, ": the plan needs ", gib(need), " per rank (case ", which, ") but 90% of ", b.what, " is ",
+       gib(std::size_t(limit)), ": lower analysis.hvp_batch (now ", s.hvp_batch, "), analysis.directions_per_pass (now ",
+       s.directions_per_pass, ") or analysis.grad_microbatch (now ", s.grad_microbatch, ")", spectrum,
+       ", run fewer ranks per node, or pass --fit-memory to choose directions_per_pass and hvp_batch");
+}
+
+// --fit-memory: the largest directions_per_pass (up to a case's directions),
+// then the largest hvp_batch (up to a case's blocks), whose plan fits in 90%
+// of the budget; as --set overrides.
+std::vector<std::string> fit_memory(const Campaign& c, const MemoryBudget& b) {
+  if (b.per_rank < 0) fail("--fit-memory: the machine's memory is unknown here; give --memory-budget");
+  AnalysisSettings s = c.deck.analysis;
+  const int rpc = int(c.deck.ranks_per_checkpoint);
+  const double limit = 0.9 * double(b.per_rank);
+  index_t most_dirs = 1, most_blocks = 1;
+  for (const auto& cs : c.cases) {
+    most_dirs = std::max(most_dirs, plan_case(s, cs.blocks, true, true).directions());
+    most_blocks = std::max(most_blocks, cs.blocks);
+  }
+  auto fits = [&](index_t K, index_t B) {
+    s.directions_per_pass = K;
+    s.hvp_batch = B;
+    return double(planned_per_rank(c, s, rpc)) <= limit;
+  };
+  index_t K = std::min<index_t>(most_dirs, 4096);
+  while (K > 1 && !fits(K, 1)) --K;
+  if (!fits(K, 1))
+    fail(c.deck.file, ": --fit-memory: even one direction per pass and one block per HVP batch need more than 90% of ",
+         b.what, ": lower analysis.grad_microbatch (now ", c.deck.analysis.grad_microbatch,
+         ") or run fewer ranks per node");
+  index_t lo = 1, hi = most_blocks;  // the largest B in [lo, hi] that fits
+  while (lo < hi) {
+    const index_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(K, mid)) lo = mid;
+    else hi = mid - 1;
+  }
+  return {"analysis.directions_per_pass=" + std::to_string(K), "analysis.hvp_batch=" + std::to_string(lo)};
+}
+
 }  // namespace
 
 int run_command(const Comm& comm, const RunOptions& opt) {
   const bool root = comm.rank() == 0;
   Campaign c = prepare_campaign(comm, opt.deck, opt.overrides, opt.quiet, opt.dry_run);
+  MemoryBudget budget;
+  comm.collective([&] { budget = memory_budget(comm, opt); });
+  if (opt.fit_memory) {
+    // Rank 0's budget decides for every rank (one campaign, one set of settings).
+    std::vector<std::string> fitted;
+    comm.collective([&] {
+      if (root) fitted = fit_memory(c, budget);
+    });
+    std::vector<long long> kb = {0, 0};
+    if (root) {
+      kb[0] = std::stoll(fitted[0].substr(fitted[0].find('=') + 1));
+      kb[1] = std::stoll(fitted[1].substr(fitted[1].find('=') + 1));
+    }
+    comm.sum(kb);
+    std::vector<std::string> overrides = opt.overrides;
+    overrides.push_back("analysis.directions_per_pass=" + std::to_string(kb[0]));
+    overrides.push_back("analysis.hvp_batch=" + std::to_string(kb[1]));
+    if (root)
+      std::printf("gnh: --fit-memory: analysis.directions_per_pass = %lld, analysis.hvp_batch = %lld (90%% of %s)\n",
+                  kb[0], kb[1], budget.what.c_str());
+    c = prepare_campaign(comm, opt.deck, overrides, true, opt.dry_run);
+  }
+  comm.collective([&] { check_memory(c, budget); });
   if (opt.shard_count > 1) {
     // A shard of a planned campaign (gnh plan): its share of the groups, dealt
     // as the planner deals them, into a file of its own.
@@ -390,7 +529,13 @@ int run_command(const Comm& comm, const RunOptions& opt) {
       lock = OutputLock(output, "gnh run " + opt.deck + (opt.shard_count > 1 ? " --shard " + ri.shard : ""));
   });
   if (!opt.dry_run) choose_host_gemm(comm, c, opt.quiet, !deck.analysis.fp64());
-  if (root && (opt.dry_run || !opt.quiet)) print_plan(c, team_of_group, teams, rpc, output);
+  if (root && (opt.dry_run || !opt.quiet)) {
+    print_plan(c, team_of_group, teams, rpc, output);
+    if (budget.per_rank >= 0)
+      std::printf("  memory: the plan needs %s per rank, within 90%% of %s (%s)\n",
+                  gib(planned_per_rank(c, c.deck.analysis, rpc)).c_str(), budget.what.c_str(),
+                  gib(std::size_t(0.9 * double(budget.per_rank))).c_str());
+  }
   const AnalysisSettings& as = c.deck.analysis;
   if (root && (as.curvature.blocks || as.curvature.diagonal) && !as.keeps_hv())
     std::printf("gnh: note: [curvature] with curvature_method = \"%s\": the epoch's H v is not formed, so only the "

@@ -15,6 +15,13 @@ struct RunOptions {
   bool quiet = false;                  // no deck echo and no per-group progress
   bool dry_run = false;                // validate everything, print the plan, compute nothing
   int shard_index = 0, shard_count = 1;  // --shard I/N: groups g with g % N == I, own output file
+  // Memory: a plan needing more than 90% of the budget per rank is refused
+  // (a device's memory on GPU builds, else the host's shared by the node's
+  // ranks); --memory-budget replaces the detected memory (per node on hosts,
+  // per device on GPUs); --fit-memory picks the largest directions_per_pass
+  // and hvp_batch that fit instead of refusing.
+  std::string memory_budget;
+  bool fit_memory = false;
 };
 
 // Returns the process exit status: 0 when every group succeeded, 1 when some

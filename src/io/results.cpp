@@ -161,6 +161,8 @@ void write_case(hid_t parent, const CaseRecord& c, const std::string& where) {
   h5::Handle d(H5Dopen2(id, "timings", H5P_DEFAULT));
   h5::write_attr(d.id(), "stages", stages);
   h5::write_attr(d.id(), "units", std::string("seconds"));
+  for (const auto& [name, value] : s.measured)
+    if (std::isfinite(value)) h5::write_attr(d.id(), name, value);
 }
 
 }  // namespace

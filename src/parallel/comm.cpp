@@ -11,6 +11,15 @@ Comm::Comm(MPI_Comm c) : comm_(c) {
 }
 
 
+int Comm::ranks_on_node() const {
+  MPI_Comm node;
+  MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+  int n = 1;
+  MPI_Comm_size(node, &n);
+  MPI_Comm_free(&node);
+  return n;
+}
+
 Comm Comm::split(int color) const {
   MPI_Comm sub;
   MPI_Comm_split(comm_, color, rank_, &sub);

@@ -29,6 +29,8 @@ class Comm {
 
   // The ranks of equal `color`, ordered as here; freed with the last copy. Collective.
   Comm split(int color) const;
+  // How many ranks of this communicator share this rank's node (memory). Collective.
+  int ranks_on_node() const;
   // Element-wise sum of every rank's values, left in every rank's. Collective.
   void sum(std::vector<long long>& values) const;
   // Root's value on every rank. Collective.

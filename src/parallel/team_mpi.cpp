@@ -42,7 +42,7 @@ void MpiTeam::sum(ExactSum& acc) {
 
 void MpiTeam::share(std::vector<BatchScalars>& table) {
   if (size_ == 1) return;
-  // Rows this member computed: [b, loss_sum, count, K1, first..., K2, second...].
+  // Rows this member computed: [b, loss_sum, count, seconds, device_bytes, K1, first..., K2, second...].
   std::vector<double> mine;
   for (std::size_t b = 0; b < table.size(); ++b) {
     const BatchScalars& r = table[b];
@@ -50,6 +50,8 @@ void MpiTeam::share(std::vector<BatchScalars>& table) {
     mine.push_back(double(b));
     mine.push_back(r.loss_sum);
     mine.push_back(double(r.count));
+    mine.push_back(r.seconds);
+    mine.push_back(r.device_bytes);
     mine.push_back(double(r.first.size()));
     mine.insert(mine.end(), r.first.begin(), r.first.end());
     mine.push_back(double(r.second.size()));
@@ -63,12 +65,15 @@ void MpiTeam::share(std::vector<BatchScalars>& table) {
     BatchScalars& r = table[static_cast<std::size_t>(all[i])];
     r.loss_sum = all[i + 1];
     r.count = std::int64_t(all[i + 2]);
-    const auto k1 = std::size_t(all[i + 3]);
-    r.first.assign(all.begin() + std::ptrdiff_t(i + 4), all.begin() + std::ptrdiff_t(i + 4 + k1));
-    const auto k2 = std::size_t(all[i + 4 + k1]);
-    r.second.assign(all.begin() + std::ptrdiff_t(i + 5 + k1), all.begin() + std::ptrdiff_t(i + 5 + k1 + k2));
+    r.seconds = all[i + 3];
+    r.device_bytes = all[i + 4];
+    const std::size_t f = i + 5;
+    const auto k1 = std::size_t(all[f]);
+    r.first.assign(all.begin() + std::ptrdiff_t(f + 1), all.begin() + std::ptrdiff_t(f + 1 + k1));
+    const auto k2 = std::size_t(all[f + 1 + k1]);
+    r.second.assign(all.begin() + std::ptrdiff_t(f + 2 + k1), all.begin() + std::ptrdiff_t(f + 2 + k1 + k2));
     r.done = true;
-    i += 5 + k1 + k2;
+    i = f + 2 + k1 + k2;
   }
 }
 

@@ -1,0 +1,108 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
+"""Measured time and memory in every output, and memory-fit planning (issue
+#15 item 3):
+- every stage's batch-time spread (median, p10, p90), per-direction times
+  for the passes with directions, and the host high-water mark per stage are
+  attributes of each case's `timings`; the high-water mark covers the planned
+  buffers, which the run allocates and touches;
+- a plan over 90% of the memory budget is refused before anything is
+  computed, naming the deck keys to lower;
+- --fit-memory picks the largest directions_per_pass, then hvp_batch, that
+  fit: one block more per HVP batch is refused under the same budget."""
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import unittest
+
+import gnhtest
+import h5py
+
+STAGES = ("gradient", "noise", "curvature", "update", "spectrum")
+
+
+class Memory(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="gnh-memory-")
+        cfg = gnhtest.gnh_model.GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=101, bias=False,
+                                          tie_embeddings=True, gelu="erf")
+        ck = os.path.join(cls.tmp, "ckpt")
+        os.makedirs(ck)
+        for i in (1, 2):
+            gnhtest.save_checkpoint(gnhtest.make_model(cfg, seed=i), ck, f"c{i}", iter_num=i)
+        gnhtest.write_tokens(os.path.join(cls.tmp, "train.bin"), 16 * 30 + 1, 101, 1)
+        cls.deck = os.path.join(cls.tmp, "deck.toml")
+        gnhtest.write_deck(cls.deck, "out/m.h5", ["ckpt/*.h5"], 16, "train.bin",
+                           analysis=dict(curvature_method="forward-over-reverse", directions=3, noise_samples=3,
+                                         noise_batch=4, hvp_batch=4, directions_per_pass=3),
+                           extra="[curvature]\nupdate = true\nlanczos_steps = 3\nlanczos_chains = 2\n")
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def gnh(self, *args, np_=1):
+        return subprocess.run([gnhtest.MPIEXEC, "-np", str(np_), gnhtest.GNH, "run", self.deck, "--quiet", *args],
+                              capture_output=True, text=True, env=gnhtest.mpi_env(), timeout=300)
+
+    def test_every_stage_is_measured(self):
+        r = self.gnh(np_=2)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with h5py.File(os.path.join(self.tmp, "out", "m.h5"), "r") as f:
+            g = f["groups"][sorted(f["groups"], key=lambda h: int(f["groups"][h].attrs["iter_num"]))[0]]
+            c = g["seen"]
+            t = c["timings"].attrs
+            blocks = int(c.attrs["n_blocks"])
+            for stage in STAGES:
+                with self.subTest(stage=stage):
+                    self.assertGreater(t[f"{stage}_batches"], 0)
+                    med, p10, p90 = (t[f"{stage}_batch_seconds_{q}"] for q in ("median", "p10", "p90"))
+                    self.assertTrue(0 < p10 <= med <= p90, (p10, med, p90))
+                    # The resident high-water mark over the stage holds at
+                    # least the planned engines and vectors, all touched.
+                    self.assertGreaterEqual(t[f"{stage}_peak_host_bytes"], c.attrs["peak_memory_bytes"])
+            # Batches counted over the whole team: the epoch's microbatches.
+            self.assertEqual(t["gradient_batches"], -(-blocks // 4))
+            self.assertEqual(t["noise_batches"], 3)
+            # One pass of G, 3 noise vectors, 3 directions and Delta: 8 directions in 3 passes of <= 3.
+            self.assertEqual(t["curvature_batches"], 3 * -(-blocks // 4))
+            self.assertIn("curvature_direction_seconds_median", t)
+            self.assertIn("spectrum_direction_seconds_median", t)
+            self.assertEqual(t["spectrum_batches"], 3 * -(-blocks // 4))
+
+    def test_a_plan_over_the_budget_is_refused_naming_the_keys(self):
+        r = self.gnh("--dry-run", "--set", "analysis.hvp_batch=100000000")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertNotIn("Traceback", r.stderr)
+        for key in ("analysis.hvp_batch (now 100000000)", "analysis.directions_per_pass (now 3)",
+                    "analysis.grad_microbatch", "--fit-memory", "90% of the host's"):
+            self.assertIn(key, r.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "out", "m.groups", "x")))
+
+    def test_fit_memory_picks_the_largest_that_fits(self):
+        budget = "12MB"
+        r = self.gnh("--dry-run", "--memory-budget", budget, "--fit-memory")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        m = re.search(r"directions_per_pass = (\d+), analysis.hvp_batch = (\d+)", r.stdout)
+        self.assertIsNotNone(m, r.stdout)
+        K, B = int(m.group(1)), int(m.group(2))
+        self.assertGreaterEqual(K, 1)
+        self.assertLess(B, 30, "the budget should bind the batch")
+        # The fitted plan passes the check; one block more per batch does not.
+        r = self.gnh("--dry-run", "--memory-budget", budget, "--set", f"analysis.directions_per_pass={K}",
+                     "--set", f"analysis.hvp_batch={B}")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = self.gnh("--dry-run", "--memory-budget", budget, "--set", f"analysis.directions_per_pass={K}",
+                     "--set", f"analysis.hvp_batch={B + 1}")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn(f"analysis.hvp_batch (now {B + 1})", r.stderr)
+        r = self.gnh("--memory-budget", "1kB", "--fit-memory")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("lower analysis.grad_microbatch", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -18,6 +18,7 @@
 #include "driver/merge.hpp"
 #include "driver/plan.hpp"
 #include "driver/report.hpp"
+#include "driver/selfcheck.hpp"
 #include "driver/watch.hpp"
 #include "driver/run.hpp"
 #include "parallel/comm.hpp"
@@ -52,6 +53,10 @@ int dispatch(int argc, char** argv, const gnh::Comm& comm) {
   run_cmd->add_flag("--fit-memory", run.fit_memory,
                     "Use the largest analysis.directions_per_pass and analysis.hvp_batch whose plan fits in 90% of "
                     "the memory budget (they change the settings fingerprint)");
+
+  run_cmd->add_flag("--self-check", run.self_check,
+                    "Before computing, check every rank's device on a shipped tiny model against stored float64 "
+                    "values in the deck's precision and method (gnh plan's shard scripts do)");
 
   // Overrides accumulate: let --set be repeated.
   run_cmd->get_option("--set")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
@@ -111,6 +116,14 @@ int dispatch(int argc, char** argv, const gnh::Comm& comm) {
   rep_cmd->add_option("results", report_in, "Results file (gnh run or gnh merge)")->required();
   rep_cmd->add_option("--out", report_out, "Directory for the tables and figures")->required();
 
+  std::string sc_precision = "fp32", sc_method = "second-order-forward";
+  CLI::App* sc_cmd = app.add_subcommand(
+      "self-check", "Check this build and every rank's device on a shipped tiny model against stored float64 "
+                    "PyTorch values (seconds); under srun, one rank per device");
+  sc_cmd->add_option("--precision", sc_precision, "fp32, tf32, bf16-amp or fp64")->capture_default_str();
+  sc_cmd->add_option("--curvature-method", sc_method, "second-order-forward or forward-over-reverse")
+      ->capture_default_str();
+
   gnh::WatchOptions wch;
   CLI::App* wch_cmd = app.add_subcommand(
       "watch", "Follow a planned campaign from its receipt (OUTPUT.plan/receipt.json): every shard's Slurm state, "
@@ -151,6 +164,7 @@ int dispatch(int argc, char** argv, const gnh::Comm& comm) {
   if (rep_cmd->parsed()) return gnh::report_command(comm, report_in, report_out);
   if (pln_cmd->parsed()) return gnh::plan_command(comm, pln);
   if (wch_cmd->parsed()) return gnh::watch_command(comm, wch);
+  if (sc_cmd->parsed()) return gnh::self_check_command(comm, sc_precision, sc_method);
   if (cmp_cmd->parsed()) {
     cmp.policies.clear();
     std::stringstream ss(policies);

@@ -61,7 +61,13 @@ json load_json(const fs::path& p) {
   }
 }
 
-// The profile to use: the one named, or the one whose recipe matches.
+// The target a profile was measured on; profiles from before targets were
+// recorded were all measured on CPUs.
+std::string target_of(const json& profile) { return profile.value("target", std::string("cpu")); }
+
+// The profile to use: the one named, or the one measured on the plan's
+// target for this recipe. A profile of another target is refused: a CPU's
+// timings say nothing about a GH200 shard's.
 std::pair<std::string, json> find_profile(const PlanOptions& opt, const json& recipe) {
   if (!opt.profile.empty()) {
     fs::path p(opt.profile);
@@ -73,16 +79,25 @@ std::pair<std::string, json> find_profile(const PlanOptions& opt, const json& re
     if (j.at("recipe") != recipe)
       fail(p.string(), ": measured for a different recipe (", j.at("recipe").dump(), "), not this deck's (",
            recipe.dump(), "); measure one with perf/make_profile.py or pass --time");
+    if (target_of(j) != opt.target)
+      fail(p.string(), ": measured on target ", target_of(j), ", not --target ", opt.target,
+           "; measure one there with perf/make_profile.py or pass --time");
     return {p.string(), j};
   }
+  std::string elsewhere;
   for (const auto& d : profile_dirs()) {
     if (!fs::is_directory(d)) continue;
     for (const auto& e : fs::directory_iterator(d))
       if (e.path().extension() == ".json") {
         json j = load_json(e.path());
-        if (j.contains("recipe") && j.at("recipe") == recipe) return {e.path().string(), j};
+        if (!j.contains("recipe") || j.at("recipe") != recipe) continue;
+        if (target_of(j) == opt.target) return {e.path().string(), j};
+        elsewhere += (elsewhere.empty() ? "" : ", ") + e.path().string() + " (" + target_of(j) + ")";
       }
   }
+  if (!elsewhere.empty() && opt.time.empty())
+    fail("no timing profile of this recipe for --target ", opt.target, "; only for other targets: ", elsewhere,
+         "; measure one on a ", opt.target, " node with perf/make_profile.py or give --time HH:MM:SS");
   return {"", json()};
 }
 
@@ -176,6 +191,12 @@ int plan_command(const Comm& comm, const PlanOptions& opt) {
     }
     if (!opt.time.empty()) request = parse_time(opt.time);
     shard["time_request"] = hhmmss(request);
+    // Nodes a shard holds: one CPU node, or one GH200 node per 4 ranks (one GPU each).
+    const int nodes = opt.target == "gh200" ? (rpc + 3) / 4 : 1;
+    shard["nodes"] = nodes;
+    shard["node_hours_requested"] = request * nodes / 3600.0;
+    if (shard.contains("estimate_seconds"))
+      shard["node_hours_estimated"] = shard["estimate_seconds"].get<double>() * nodes / 3600.0;
     const std::string output = shard_output(c.output, s, opt.jobs);
     shard_outputs.push_back(output);
     shard["output"] = output;
@@ -193,10 +214,17 @@ int plan_command(const Comm& comm, const PlanOptions& opt) {
     if (!opt.account.empty()) f << "#SBATCH --account=" << opt.account << "\n";
     f << "source " << shell_quote((share_directory() / "jobscripts" / "gnh-shard-body.sh").string()) << "\n"
       << "gnh_shard_run " << shell_quote(opt.target) << " " << shell_quote(gnh_bin) << " run " << shell_quote(deck_abs)
-      << " --shard " << s << "/" << opt.jobs << sets << "\n";
+      << " --shard " << s << "/" << opt.jobs << " --self-check" << sets << "\n";
     shard["script"] = script;
     receipt["shards"].push_back(shard);
   }
+  double requested = 0, estimated = 0;
+  for (const auto& shard : receipt["shards"]) {
+    requested += shard["node_hours_requested"].get<double>();
+    estimated += shard.value("node_hours_estimated", 0.0);
+  }
+  receipt["node_hours_requested"] = requested;
+  if (!profile_path.empty()) receipt["node_hours_estimated"] = estimated;
   const std::string merged = c.output, report = with_suffix(c.output, ".report");
   const std::string merge_script = out_dir + "/merge.sbatch";
   {
@@ -240,10 +268,14 @@ int plan_command(const Comm& comm, const PlanOptions& opt) {
                 shard["checkpoints"].size());
     if (shard.contains("estimate_seconds"))
       std::printf(", estimate %.1f s", shard["estimate_seconds"].get<double>());
-    std::printf(", request %s%s%s\n", shard["time_request"].get<std::string>().c_str(),
+    std::printf(", request %s on %d node(s) = %.2f node-hours%s%s\n", shard["time_request"].get<std::string>().c_str(),
+                shard["nodes"].get<int>(), shard["node_hours_requested"].get<double>(),
                 shard.contains("job_id") ? ", job " : "",
                 shard.contains("job_id") ? shard["job_id"].get<std::string>().c_str() : "");
   }
+  std::printf("  campaign: %.2f node-hours requested", requested);
+  if (!profile_path.empty()) std::printf(" (%.3f estimated)", estimated);
+  std::printf(" on %s\n", opt.target.c_str());
   if (receipt["merge"].contains("job_id"))
     std::printf("  merge: job %s after all shards (afterok)\n", receipt["merge"]["job_id"].get<std::string>().c_str());
   std::printf("  scripts and receipt in %s\n", out_dir.c_str());

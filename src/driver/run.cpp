@@ -16,6 +16,7 @@
 #include "core/build_info.hpp"
 #include "core/deal.hpp"
 #include "driver/campaign.hpp"
+#include "driver/selfcheck.hpp"
 #include "io/checkpoint.hpp"
 #include "io/files.hpp"
 #include "io/lanczos_store.hpp"
@@ -497,6 +498,8 @@ int run_command(const Comm& comm, const RunOptions& opt) {
     c = prepare_campaign(comm, opt.deck, overrides, true, opt.dry_run);
   }
   comm.collective([&] { check_memory(c, budget); });
+  if (opt.self_check && !opt.dry_run)
+    self_check(comm, c.deck.analysis.precision, c.deck.analysis.curvature_method, opt.quiet);
   if (opt.shard_count > 1) {
     // A shard of a planned campaign (gnh plan): its share of the groups, dealt
     // as the planner deals them, into a file of its own.

@@ -22,6 +22,7 @@ struct RunOptions {
   // and hvp_batch that fit instead of refusing.
   std::string memory_budget;
   bool fit_memory = false;
+  bool self_check = false;  // the device self-check (driver/selfcheck.hpp) on every rank before computing
 };
 
 // Returns the process exit status: 0 when every group succeeded, 1 when some

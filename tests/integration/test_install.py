@@ -4,7 +4,10 @@
 after installing, works on its own files: gnh-convert with its Python helpers,
 gnh run, gnh report, gnh plan finding a timing profile that exists only in the
 tree and writing shard scripts that source the tree's jobscripts, and the
-hand-written jobscripts finding the tree's gnh from GNH_HOME."""
+hand-written jobscripts finding the tree's gnh from GNH_HOME. And with the
+source tree hidden (an empty tmpfs mounted over it in a private mount
+namespace, so that no file of it can be read), the tree makes the demo
+campaign and runs the demo deck on 2 ranks and its report."""
 import json
 import os
 import shutil
@@ -47,6 +50,28 @@ class Install(unittest.TestCase):
             self.assertTrue(os.path.exists(self.path(rel)), rel)
         for rel in ("bin/gnh", "bin/gnh-report", "bin/gnh-convert"):
             self.assertTrue(os.access(self.path(rel), os.X_OK), rel)
+
+    def test_the_demo_deck_with_the_source_tree_hidden(self):
+        work = os.path.join(self.tmp, "demo")
+        os.makedirs(work)
+        campaign = os.path.join(work, "campaign")
+        with open(os.path.join(gnhtest.ROOT, "inputs", "demo.toml")) as f:
+            deck = f.read().replace("../build/demo", campaign)
+        with open(os.path.join(work, "demo.toml"), "w") as f:
+            f.write(deck)
+        bin_ = self.path("bin")
+        script = (f"mount -t tmpfs tmpfs {gnhtest.ROOT} && test -z \"$(ls -A {gnhtest.ROOT})\" && "
+                  f"{bin_}/gnh-demo-campaign {campaign} && "
+                  f"{gnhtest.MPIEXEC} -np 2 {bin_}/gnh run {work}/demo.toml --quiet --set data.max_blocks=32 && "
+                  f"{bin_}/gnh report {campaign}/results/demo.h5 --out {work}/report")
+        r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                           capture_output=True, text=True, env=gnhtest.mpi_env(), timeout=900)
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
+        self.assertTrue(os.listdir(gnhtest.ROOT), "the source tree is back outside the namespace")
+        results = gnhtest.read_results(os.path.join(campaign, "results", "demo.h5"))
+        self.assertEqual(set(results), {"ckpt_epoch1.h5", "ckpt_epoch2.h5", "ckpt_epoch3.h5", "final.h5",
+                                        "latest.h5"})
+        self.assertTrue(os.path.exists(os.path.join(work, "report", "summary.pdf")))
 
     def test_the_moved_tree_runs_on_its_own_files(self):
         work = os.path.join(self.tmp, "work")

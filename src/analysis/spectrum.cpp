@@ -366,37 +366,37 @@ struct LanczosChains {
     // repeated once where it removed more than 1 - 1/sqrt(2) of the norm
     // (Daniel, Gragg, Kaufman and Stewart's criterion: twice is enough).
     std::vector<double> norm(static_cast<std::size_t>(n)), before(static_cast<std::size_t>(n));
-    std::vector<index_t> todo = active;
-    for (int pass = 0; pass < 2 && !todo.empty(); ++pass) {
+    std::vector<index_t> pending = active;
+    for (int pass = 0; pass < 2 && !pending.empty(); ++pass) {
       pairs.clear();
-      for (index_t c : todo) {
+      for (index_t c : pending) {
         const auto j = index_t(state_.chains[std::size_t(c)].steps);
         pairs.push_back({wrow(c), wrow(c)});
         for (index_t i = 0; i <= j; ++i) pairs.push_back({int(row(c, i)), wrow(c)});
       }
       d = dots(pairs);
-      rows.assign(todo.size(), {});
-      coef.assign(todo.size(), {});
+      rows.assign(pending.size(), {});
+      coef.assign(pending.size(), {});
       at = 0;
-      for (std::size_t a = 0; a < todo.size(); ++a) {
-        const index_t c = todo[a], j = index_t(state_.chains[std::size_t(c)].steps);
+      for (std::size_t a = 0; a < pending.size(); ++a) {
+        const index_t c = pending[a], j = index_t(state_.chains[std::size_t(c)].steps);
         before[a] = d[at++];
         for (index_t i = 0; i <= j; ++i) {
           rows[a].push_back(row(c, i));
           coef[a].push_back(d[at++]);
         }
       }
-      subtract(todo, rows, coef);
+      subtract(pending, rows, coef);
       pairs.clear();
-      for (index_t c : todo) pairs.push_back({wrow(c), wrow(c)});
+      for (index_t c : pending) pairs.push_back({wrow(c), wrow(c)});
       d = dots(pairs);
       std::vector<index_t> again;
-      for (std::size_t a = 0; a < todo.size(); ++a) {
-        const auto k = std::size_t(std::find(active.begin(), active.end(), todo[a]) - active.begin());
+      for (std::size_t a = 0; a < pending.size(); ++a) {
+        const auto k = std::size_t(std::find(active.begin(), active.end(), pending[a]) - active.begin());
         norm[k] = std::sqrt(d[a]);
-        if (d[a] < 0.5 * before[a]) again.push_back(todo[a]);
+        if (d[a] < 0.5 * before[a]) again.push_back(pending[a]);
       }
-      todo = again;
+      pending = again;
     }
     // beta_j = |w|; q_{j+1} = w / beta_j where the chain goes on.
     for (index_t a = 0; a < n; ++a) {

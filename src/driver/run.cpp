@@ -74,6 +74,11 @@ class ProgressLog {
   std::chrono::steady_clock::time_point start_, last_;
 };
 
+// The files of a case's spectrum between Lanczos steps (io/lanczos_store.hpp).
+std::string lanczos_prefix(const std::string& output, const std::string& hash, const std::string& cas) {
+  return groups_directory(output) + "/" + hash + "." + cas + ".lanczos";
+}
+
 struct Outcome {
   int done = 0, failed = 0, interrupted = 0, skipped = 0;
 };
@@ -172,7 +177,7 @@ Outcome compute_groups(const Comm& world, const Comm& team_comm, const Campaign&
       // spectrum's state leaves it behind: the result is in the group file.
       if (leader && c.deck.analysis.curvature.lanczos_steps > 0)
         for (const auto& cs : c.cases)
-          FileLanczosStore::remove(groups_directory(output) + "/" + g.hash + "." + cs.name + ".lanczos");
+          FileLanczosStore::remove(lanczos_prefix(output, g.hash, cs.name));
       if (leader && !quiet) {
         std::printf("gnh: [rank %d] %s complete in %s, skipped\n", world.rank(), g.hash.c_str(), path.c_str());
         std::fflush(stdout);
@@ -218,10 +223,9 @@ Outcome compute_groups(const Comm& world, const Comm& team_comm, const Campaign&
           hooks.progress = [&log](const std::string& stage, index_t done, index_t total) { log(stage, done, total); };
         }
         // The spectrum's state between steps, beside the group file.
-        const std::string lanczos_prefix = groups_directory(output) + "/" + g.hash + "." + cs.name + ".lanczos";
         std::unique_ptr<FileLanczosStore> store;
         if (c.deck.analysis.curvature.lanczos_steps > 0) {
-          store = std::make_unique<FileLanczosStore>(lanczos_prefix,
+          store = std::make_unique<FileLanczosStore>(lanczos_prefix(output, g.hash, cs.name),
                                                      info.settings_fingerprint + " " + g.hash + " " + cs.name);
           hooks.lanczos = store.get();
         }
@@ -255,7 +259,7 @@ Outcome compute_groups(const Comm& world, const Comm& team_comm, const Campaign&
       if (leader) {
         write_group_file(path, info, g);
         for (const auto& cs : c.cases)
-          FileLanczosStore::remove(groups_directory(output) + "/" + g.hash + "." + cs.name + ".lanczos");
+          FileLanczosStore::remove(lanczos_prefix(output, g.hash, cs.name));
       }
       ++out.done;
     } catch (const Interrupted&) {
@@ -439,8 +443,8 @@ void check_memory(const Campaign& c, const MemoryBudget& b) {
 
 // --fit-memory: the largest directions_per_pass (up to a case's directions),
 // then the largest hvp_batch (up to a case's blocks), whose plan fits in 90%
-// of the budget; as --set overrides.
-std::vector<std::string> fit_memory(const Campaign& c, const MemoryBudget& b) {
+// of the budget: {directions_per_pass, hvp_batch}.
+std::vector<long long> fit_memory(const Campaign& c, const MemoryBudget& b) {
   if (b.per_rank < 0) fail("--fit-memory: the machine's memory is unknown here; give --memory-budget");
   AnalysisSettings s = c.deck.analysis;
   const int rpc = int(c.deck.ranks_per_checkpoint);
@@ -467,7 +471,7 @@ std::vector<std::string> fit_memory(const Campaign& c, const MemoryBudget& b) {
     if (fits(K, mid)) lo = mid;
     else hi = mid - 1;
   }
-  return {"analysis.directions_per_pass=" + std::to_string(K), "analysis.hvp_batch=" + std::to_string(lo)};
+  return {static_cast<long long>(K), static_cast<long long>(lo)};
 }
 
 }  // namespace
@@ -479,15 +483,10 @@ int run_command(const Comm& comm, const RunOptions& opt) {
   comm.collective([&] { budget = memory_budget(comm, opt); });
   if (opt.fit_memory) {
     // Rank 0's budget decides for every rank (one campaign, one set of settings).
-    std::vector<std::string> fitted;
+    std::vector<long long> kb = {0, 0};  // rank 0's choice, summed with zeros: on every rank
     comm.collective([&] {
-      if (root) fitted = fit_memory(c, budget);
+      if (root) kb = fit_memory(c, budget);
     });
-    std::vector<long long> kb = {0, 0};
-    if (root) {
-      kb[0] = std::stoll(fitted[0].substr(fitted[0].find('=') + 1));
-      kb[1] = std::stoll(fitted[1].substr(fitted[1].find('=') + 1));
-    }
     comm.sum(kb);
     std::vector<std::string> overrides = opt.overrides;
     overrides.push_back("analysis.directions_per_pass=" + std::to_string(kb[0]));

@@ -288,8 +288,8 @@ void choose_host_gemm(const Comm& comm, Campaign& c, bool quiet, bool float_gemm
     c.info.host_gemm = "device BLAS";
     (void)comm, (void)quiet, (void)float_gemms;
   } else {
-    if (!float_gemms || ExecSpace().concurrency() != 1) {
-      // gnh's kernel is single precision and single threaded.
+    if (!float_gemms) {
+      // gnh's kernel is single precision.
       c.info.host_gemm = "vendor";
       return;
     }

@@ -17,6 +17,7 @@
 #include "core/bf16.hpp"
 #include "core/planes.hpp"
 #include "kernels/attention_host.hpp"
+#include "kernels/host_parallel.hpp"
 #include "kernels/check.hpp"
 #include "kernels/op.hpp"
 
@@ -31,13 +32,13 @@ KOKKOS_INLINE_FUNCTION S operand(const S& x, bool bf16) {
 }
 
 // Whether the tiled host kernels (attention_host.hpp) take this call: FP32 on a
-// one-thread host space with a host sgemm, outside bf16-amp (whose operand
-// rounding lives in the portable kernels).
+// host space with a host sgemm, outside bf16-amp (whose operand rounding lives
+// in the portable kernels). Its threads take disjoint (sequence, head) pairs.
 template <class S>
 bool use_host_attention(const ExecSpace& space, bool bf16) {
   if constexpr (std::is_same_v<base_t<S>, float> && std::is_same_v<ExecSpace, Kokkos::DefaultHostExecutionSpace> &&
                 Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible)
-    return !bf16 && space.concurrency() == 1 && host::attention_available();
+    return !bf16 && host::attention_available();
   (void)space, (void)bf16;
   return false;
 }
@@ -53,17 +54,20 @@ void attention_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>
   require_extent("gnh::attention::forward", "qkv cols", qkv.cols(), 3 * C);
   require_extent("gnh::attention::forward", "lse", lse.v.extent(0), B * H * Tc);
   require_extent("gnh::attention::forward", "n_head * head_size", H * hs, C);
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<ExecSpace, Kokkos::DefaultHostExecutionSpace>) {
     if (use_host_attention<S>(space, bf16)) {
       space.fence();
-      if constexpr (std::is_same_v<S, T>)
-        host::attention_forward(y.v.data(), lse.v.data(), qkv.v.data(), B, Tc, H, hs);
-      else if constexpr (std::is_same_v<S, Dual<T>>)
-        host::attention_forward_dual(y.v.data(), y.d.data(), lse.v.data(), lse.d.data(), qkv.v.data(), qkv.d.data(), K,
-                                     B, Tc, H, hs);
-      else
-        host::attention_forward_jet2(y.v.data(), y.d.data(), y.dd.data(), lse.v.data(), lse.d.data(), lse.dd.data(),
-                                     qkv.v.data(), qkv.d.data(), qkv.dd.data(), K, B, Tc, H, hs);
+      host::for_ranges(space, "gnh::attention::forward::host", B * H, [=](std::int64_t bh0, std::int64_t bh1) {
+        if constexpr (std::is_same_v<S, T>)
+          host::attention_forward(y.v.data(), lse.v.data(), qkv.v.data(), B, Tc, H, hs, bh0, bh1);
+        else if constexpr (std::is_same_v<S, Dual<T>>)
+          host::attention_forward_dual(y.v.data(), y.d.data(), lse.v.data(), lse.d.data(), qkv.v.data(),
+                                       qkv.d.data(), K, B, Tc, H, hs, bh0, bh1);
+        else
+          host::attention_forward_jet2(y.v.data(), y.d.data(), y.dd.data(), lse.v.data(), lse.d.data(),
+                                       lse.dd.data(), qkv.v.data(), qkv.d.data(), qkv.dd.data(), K, B, Tc, H, hs,
+                                       bh0, bh1);
+      });
       return;
     }
   }
@@ -139,16 +143,18 @@ void attention_reverse(const ExecSpace& space, Act2<base_t<S>> dqkv, Act1<base_t
   require_extent("gnh::attention::reverse", "dqkv rows", dqkv.rows(), B * Tc);
   require_extent("gnh::attention::reverse", "dy rows", dy.rows(), B * Tc);
   require_extent("gnh::attention::reverse", "D", D.v.extent(0), B * H * Tc);
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<ExecSpace, Kokkos::DefaultHostExecutionSpace>) {
     if (use_host_attention<S>(space, bf16)) {
       space.fence();
-      if constexpr (std::is_same_v<S, T>)
-        host::attention_reverse(dqkv.v.data(), D.v.data(), dy.v.data(), qkv.v.data(), y.v.data(), lse.v.data(), B,
-                                Tc, H, hs);
-      else
-        host::attention_reverse_dual(dqkv.v.data(), dqkv.d.data(), D.v.data(), D.d.data(), dy.v.data(), dy.d.data(),
-                                     qkv.v.data(), qkv.d.data(), y.v.data(), y.d.data(), lse.v.data(), lse.d.data(),
-                                     K, B, Tc, H, hs);
+      host::for_ranges(space, "gnh::attention::reverse::host", B * H, [=](std::int64_t bh0, std::int64_t bh1) {
+        if constexpr (std::is_same_v<S, T>)
+          host::attention_reverse(dqkv.v.data(), D.v.data(), dy.v.data(), qkv.v.data(), y.v.data(), lse.v.data(),
+                                  B, Tc, H, hs, bh0, bh1);
+        else
+          host::attention_reverse_dual(dqkv.v.data(), dqkv.d.data(), D.v.data(), D.d.data(), dy.v.data(),
+                                       dy.d.data(), qkv.v.data(), qkv.d.data(), y.v.data(), y.d.data(),
+                                       lse.v.data(), lse.d.data(), K, B, Tc, H, hs, bh0, bh1);
+      });
       return;
     }
   }

@@ -114,12 +114,13 @@ void reverse_tile(const Geometry& g, float* dqkv, float* D, const float* dy, con
 bool attention_available() { return native_kernel() != GemmKernel::none; }
 
 void attention_forward(float* y, float* lse, const float* qkv, std::int64_t B, std::int64_t T, std::int64_t H,
-                       std::int64_t hs) {
+                       std::int64_t hs, std::int64_t bh0, std::int64_t bh1) {
   const Geometry g(B, T, H, hs);
   std::vector<float> S(std::size_t(std::min(TQ, T) * T));
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t h = 0; h < H; ++h)
-      for (std::int64_t t0 = 0; t0 < T; t0 += TQ) forward_tile(g, qkv, y, lse, b, h, t0, std::min(t0 + TQ, T), S.data());
+  for (std::int64_t bh = bh0; bh < bh1; ++bh) {
+    const std::int64_t b = bh / H, h = bh % H;
+    for (std::int64_t t0 = 0; t0 < T; t0 += TQ) forward_tile(g, qkv, y, lse, b, h, t0, std::min(t0 + TQ, T), S.data());
+  }
 }
 
 namespace {
@@ -127,14 +128,14 @@ namespace {
 // Tangent (second == false: ydd, lsedd, qkvdd unused) or second-order forward.
 void forward_derivatives(float* y, float* yd, float* ydd, float* lse, float* lsed, float* lsedd, const float* qkv,
                          const float* qkvd, const float* qkvdd, std::int64_t K, std::int64_t B, std::int64_t T,
-                         std::int64_t H, std::int64_t hs, bool second) {
+                         std::int64_t H, std::int64_t hs, std::int64_t bh0, std::int64_t bh1, bool second) {
   const Geometry g(B, T, H, hs);
   const std::int64_t N = B * T, R = B * H * T, tile = std::min(TQ, T) * T;
   std::vector<float> buf(std::size_t(3 * tile));
   float *P = buf.data(), *Pd = P + tile, *Pdd = Pd + tile;
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t h = 0; h < H; ++h)
+  for (std::int64_t bh = bh0; bh < bh1; ++bh)
       for (std::int64_t t0 = 0; t0 < T; t0 += TQ) {
+        const std::int64_t b = bh / H, h = bh % H;
         const std::int64_t t1 = std::min(t0 + TQ, T), tq = t1 - t0;
         const std::int64_t oq = g.q(b, h, t0), ok = g.k(b, h), ov = g.v(b, h), oy = g.y(b, h, t0);
         const std::int64_t orow = g.row(b, h, t0);
@@ -194,23 +195,26 @@ void forward_derivatives(float* y, float* yd, float* ydd, float* lse, float* lse
 
 void attention_forward_jet2(float* y, float* yd, float* ydd, float* lse, float* lsed, float* lsedd,
                             const float* qkv, const float* qkvd, const float* qkvdd, std::int64_t K,
-                            std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs) {
-  forward_derivatives(y, yd, ydd, lse, lsed, lsedd, qkv, qkvd, qkvdd, K, B, T, H, hs, true);
+                            std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs, std::int64_t bh0,
+                            std::int64_t bh1) {
+  forward_derivatives(y, yd, ydd, lse, lsed, lsedd, qkv, qkvd, qkvdd, K, B, T, H, hs, bh0, bh1, true);
 }
 
 void attention_forward_dual(float* y, float* yd, float* lse, float* lsed, const float* qkv, const float* qkvd,
-                            std::int64_t K, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs) {
-  forward_derivatives(y, yd, nullptr, lse, lsed, nullptr, qkv, qkvd, nullptr, K, B, T, H, hs, false);
+                            std::int64_t K, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs,
+                            std::int64_t bh0, std::int64_t bh1) {
+  forward_derivatives(y, yd, nullptr, lse, lsed, nullptr, qkv, qkvd, nullptr, K, B, T, H, hs, bh0, bh1, false);
 }
 
 void attention_reverse(float* dqkv, float* D, const float* dy, const float* qkv, const float* y,
-                       const float* lse, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs) {
+                       const float* lse, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs,
+                       std::int64_t bh0, std::int64_t bh1) {
   const Geometry g(B, T, H, hs);
   const std::int64_t tile = std::min(TQ, T) * T;
   std::vector<float> buf(std::size_t(3 * tile));
   float *P = buf.data(), *A = P + tile, *dS = A + tile;
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t h = 0; h < H; ++h) {
+  for (std::int64_t bh = bh0; bh < bh1; ++bh) {
+      const std::int64_t b = bh / H, h = bh % H;
       zero_kv(g, dqkv, b, h);
       for (std::int64_t t0 = 0; t0 < T; t0 += TQ)
         reverse_tile(g, dqkv, D, dy, qkv, y, lse, b, h, t0, std::min(t0 + TQ, T), P, A, dS);
@@ -222,13 +226,13 @@ void attention_reverse(float* dqkv, float* D, const float* dy, const float* qkv,
 void attention_reverse_dual(float* dqkv, float* dqkvd, float* D, float* Dd, const float* dy, const float* dyd,
                             const float* qkv, const float* qkvd, const float* y, const float* yd, const float* lse,
                             const float* lsed, std::int64_t K, std::int64_t B, std::int64_t T, std::int64_t H,
-                            std::int64_t hs) {
+                            std::int64_t hs, std::int64_t bh0, std::int64_t bh1) {
   const Geometry g(B, T, H, hs);
   const std::int64_t N = B * T, R = B * H * T, tile = std::min(TQ, T) * T;
   std::vector<float> buf(std::size_t(5 * tile));
   float *P = buf.data(), *A = P + tile, *Pd = A + tile, *dS = Pd + tile, *dSd = dS + tile;
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t h = 0; h < H; ++h) {
+  for (std::int64_t bh = bh0; bh < bh1; ++bh) {
+      const std::int64_t b = bh / H, h = bh % H;
       const std::int64_t ok = g.k(b, h), ov = g.v(b, h);
       zero_kv(g, dqkv, b, h);
       for (std::int64_t k = 0; k < K; ++k) zero_kv(g, dqkvd + k * N * g.ld, b, h);

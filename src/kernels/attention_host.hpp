@@ -6,6 +6,10 @@
 // outputs come from GEMMs again. The same quantities as attention.hpp's
 // portable kernels (which it replaces when available), to rounding.
 //
+// Each call covers the (sequence, head) pairs bh0 <= b*H + h < bh1, which
+// share nothing: threads on one rank take disjoint ranges (for_ranges in
+// host_parallel.hpp), and the result has the same bits at any thread count.
+//
 // Layouts as in attention.hpp: qkv rows (ld 3C) = [q | k | v], head h owns
 // columns h*hs..; y, dy rows (ld C); lse, D indexed (b*H + h)*T + t. Tangent
 // planes are (K, N, cols) blocks, direction k at offset k*N*cols.
@@ -19,27 +23,27 @@ bool attention_available();
 
 // Primal forward: y, lse from qkv.
 void attention_forward(float* y, float* lse, const float* qkv, std::int64_t B, std::int64_t T, std::int64_t H,
-                       std::int64_t hs);
+                       std::int64_t hs, std::int64_t bh0, std::int64_t bh1);
 
 // Second-order forward for K directions: planes v, d (K blocks), dd (K blocks)
 // of y and lse from those of qkv.
 void attention_forward_jet2(float* y, float* yd, float* ydd, float* lse, float* lsed, float* lsedd,
                             const float* qkv, const float* qkvd, const float* qkvdd, std::int64_t K,
-                            std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs);
+                            std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs, std::int64_t bh0, std::int64_t bh1);
 
 // Tangent forward for K directions: planes v, d of y and lse.
 void attention_forward_dual(float* y, float* yd, float* lse, float* lsed, const float* qkv, const float* qkvd,
-                            std::int64_t K, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs);
+                            std::int64_t K, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs, std::int64_t bh0, std::int64_t bh1);
 
 // Tangent of the reverse for K directions: planes v, d of dqkv (overwritten)
 // and D from those of dy, qkv, y and lse.
 void attention_reverse_dual(float* dqkv, float* dqkvd, float* D, float* Dd, const float* dy, const float* dyd,
                             const float* qkv, const float* qkvd, const float* y, const float* yd, const float* lse,
                             const float* lsed, std::int64_t K, std::int64_t B, std::int64_t T, std::int64_t H,
-                            std::int64_t hs);
+                            std::int64_t hs, std::int64_t bh0, std::int64_t bh1);
 
 // Primal reverse: dqkv (overwritten) and D = rowwise dy.y from dy, qkv, y, lse.
 void attention_reverse(float* dqkv, float* D, const float* dy, const float* qkv, const float* y,
-                       const float* lse, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs);
+                       const float* lse, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs, std::int64_t bh0, std::int64_t bh1);
 
 }  // namespace gnh::kernels::host

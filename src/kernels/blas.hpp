@@ -11,6 +11,7 @@
 #include "core/bf16.hpp"
 #include "core/types.hpp"
 #include "kernels/host_gemm.hpp"
+#include "kernels/host_parallel.hpp"
 #include "kernels/check.hpp"
 
 #if defined(KOKKOS_ENABLE_CUDA) && defined(KOKKOSKERNELS_ENABLE_TPL_CUBLAS)
@@ -81,7 +82,6 @@ void gemm(const ExecSpace& space, const char* ta, const char* tb, T alpha, Span2
   require_extent("gnh::gemm", "C rows", C.extent(0), m);
   require_extent("gnh::gemm", "C cols", C.extent(1), n);
   if (m == 0 || n == 0) return;
-  space.fence();
   if (ka == 0) {
     if (beta != T(1)) {
       Kokkos::parallel_for("gnh::gemm::scale", range(space, m * n),
@@ -92,13 +92,24 @@ void gemm(const ExecSpace& space, const char* ta, const char* tb, T alpha, Span2
   if constexpr (std::is_same_v<T, float> &&
                 std::is_same_v<ExecSpace, Kokkos::DefaultHostExecutionSpace> &&
                 Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible) {
-    // A host space with one thread (Serial; MPI ranks give the parallelism):
-    // gnh's own sgemm where the CPU has one (host_gemm.hpp), else the vendor's.
-    if (space.concurrency() == 1 && host::sgemm(at, bt, m, n, ka, alpha, A.data(), A.stride(0), B.data(),
-                                                  B.stride(0), beta, C.data(), C.stride(0)))
+    // A host space: gnh's own sgemm where the CPU has one and the start-up
+    // probe chose it (host_gemm.hpp), else the vendor's; on several threads,
+    // each thread takes a panel of C (host_parallel.hpp).
+    // (A product on one panel runs at once in this thread: what earlier
+    // kernels on the host instance wrote must be there. Host fences are cheap.)
+    space.fence();
+    if (host::sgemm_on(space, host::selected_kernel(), at, bt, m, n, ka, alpha, A.data(), A.stride(0), B.data(),
+                       B.stride(0), beta, C.data(), C.stride(0)))
       return;
   }
+#if defined(KOKKOSKERNELS_VERSION) && KOKKOSKERNELS_VERSION >= 40000
+  // Queued on the caller's instance (a CUDA stream: cuBLAS on that stream),
+  // after the kernels before it, with no fence.
+  KokkosBlas::gemm(space, ta, tb, alpha, A, B, beta, C);
+#else
+  space.fence();  // Kokkos Kernels 3 runs the BLAS on the default instance
   KokkosBlas::gemm(ta, tb, alpha, A, B, beta, C);
+#endif
 }
 
 // The precision of matrix-multiply operands. With bf16 (the bf16-amp policy)

@@ -35,6 +35,7 @@ struct GemmProbe {
   host::GemmKernel native = host::GemmKernel::none;  // gnh's kernel for this CPU
   host::GemmKernel chosen = host::GemmKernel::none;  // none: the vendor BLAS
   bool probed = false;                               // false: nothing to compare, or pinned by GNH_HOST_GEMM
+  int threads = 1;                                   // host threads gnh's kernel ran on
   std::string reason;                                // one line for the log
   std::vector<GemmProbeEntry> entries;
   double native_total() const;
@@ -47,7 +48,8 @@ struct GemmProbe {
 // orientation the engine uses (forward N,T; input adjoint N,N; weight adjoint T,N).
 std::vector<GemmShape> model_gemm_shapes(const ModelConfig& cfg, index_t rows);
 
-// Times gnh's kernel and the vendor BLAS on each shape (warm-up, then the best
+// Times gnh's kernel (on every thread of the default host space) and the
+// vendor BLAS on each shape (warm-up, then the best
 // of `repeats`) and picks the one with the smaller total time. Does not select.
 GemmProbe probe_host_gemm(const std::vector<GemmShape>& shapes, int repeats = 3);
 

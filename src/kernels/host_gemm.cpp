@@ -23,6 +23,16 @@
 #include <immintrin.h>
 #endif
 
+// The Fortran BLAS entry point and OpenBLAS's thread control, declared weak:
+// present when the link has a host BLAS (Kokkos Kernels' BLAS TPL), null
+// otherwise (a CUDA build with cuBLAS only).
+extern "C" {
+void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k, const float* alpha,
+            const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c,
+            const int* ldc) __attribute__((weak));
+void openblas_set_num_threads(int threads) __attribute__((weak));
+}
+
 namespace gnh::kernels::host {
 
 namespace {
@@ -381,6 +391,59 @@ bool sgemm_using(GemmKernel kernel, bool ta, bool tb, std::int64_t m, std::int64
 bool sgemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* A,
            std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
   return sgemm_using(selected_kernel(), ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+bool vendor_panels_available() { return sgemm_ != nullptr; }
+
+void vendor_single_threaded() {
+  static const bool done = [] {
+    if (openblas_set_num_threads) openblas_set_num_threads(1);
+    return true;
+  }();
+  (void)done;
+}
+
+bool sgemm_vendor(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* A,
+                  std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
+  constexpr std::int64_t big = std::int64_t(1) << 31;
+  if (!sgemm_ || m >= big || n >= big || k >= big || lda >= big || ldb >= big || ldc >= big) return false;
+  if (m <= 0 || n <= 0) return true;
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: the
+  // operands swap, each keeping its transposition flag.
+  const int mi = int(n), ni = int(m), ki = int(k), la = int(std::max<std::int64_t>(1, ldb)),
+            lb = int(std::max<std::int64_t>(1, lda)), lc = int(std::max<std::int64_t>(1, ldc));
+  const char oa = tb ? 'T' : 'N', ob = ta ? 'T' : 'N';
+  sgemm_(&oa, &ob, &mi, &ni, &ki, &alpha, B, &la, A, &lb, &beta, C, &lc);
+  return true;
+}
+
+std::int64_t panel_count(std::int64_t m, std::int64_t n, std::int64_t threads) {
+  const std::int64_t longest = std::max(m, n);
+  return std::max<std::int64_t>(1, std::min(threads, longest / kMinPanel));
+}
+
+Panel panel_of(std::int64_t m, std::int64_t n, std::int64_t count, std::int64_t index) {
+  // Panels of whole register tiles (16 rows or columns: a multiple of every
+  // MR and NR), the remainder spread one tile at a time.
+  constexpr std::int64_t tile = 16;
+  const bool by_rows = m >= n;
+  const std::int64_t extent = by_rows ? m : n, tiles = (extent + tile - 1) / tile;
+  const std::int64_t base = tiles / count, extra = tiles % count;
+  const std::int64_t t0 = index * base + std::min(index, extra), t1 = t0 + base + (index < extra ? 1 : 0);
+  const std::int64_t a = std::min(extent, t0 * tile), b = std::min(extent, t1 * tile);
+  return by_rows ? Panel{a, b - a, 0, n} : Panel{0, m, a, b - a};
+}
+
+bool sgemm_panel(GemmKernel kernel, const Panel& p, bool ta, bool tb, std::int64_t k, float alpha, const float* A,
+                 std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
+  // Rows i0.. of op(A): rows of A, or columns where A is stored transposed;
+  // columns j0.. of op(B) likewise.
+  const float* Ap = A + (ta ? p.i0 : p.i0 * lda);
+  const float* Bp = B + (tb ? p.j0 * ldb : p.j0);
+  if (kernel == GemmKernel::none)
+    return sgemm_vendor(ta, tb, p.m, p.n, k, alpha, Ap, lda, Bp, ldb, beta, C + p.i0 * ldc + p.j0, ldc);
+  if (p.m <= 0 || p.n <= 0) return supported(kernel);
+  return sgemm_using(kernel, ta, tb, p.m, p.n, k, alpha, Ap, lda, Bp, ldb, beta, C + p.i0 * ldc + p.j0, ldc);
 }
 
 }  // namespace gnh::kernels::host

@@ -39,6 +39,38 @@ bool sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int6
            const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
            std::int64_t ldc);
 
+// Threads on one rank: C cut into panels of whole rows (or, when C is wider
+// than tall, whole columns), one per thread. Each C(i,j) is accumulated in the
+// same order whatever the panel around it, so any panel count gives the same
+// bits as one call. A panel is at least kMinPanel rows or columns wide, so
+// small products stay on one thread.
+constexpr std::int64_t kMinPanel = 48;
+struct Panel {
+  std::int64_t i0 = 0, m = 0, j0 = 0, n = 0;  // rows i0..i0+m-1, columns j0..j0+n-1 of C
+};
+// How many panels a product of m x n gets from `threads` threads (at least 1).
+std::int64_t panel_count(std::int64_t m, std::int64_t n, std::int64_t threads);
+// Panel `index` of `count` (count from panel_count).
+Panel panel_of(std::int64_t m, std::int64_t n, std::int64_t count, std::int64_t index);
+// The panel's part of C = alpha op(A) op(B) + beta C (the arguments of the
+// whole product), with a given kernel, or the vendor BLAS for none; false
+// when that kernel cannot run here.
+bool sgemm_panel(GemmKernel kernel, const Panel& panel, bool trans_a, bool trans_b, std::int64_t k, float alpha,
+                 const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+                 std::int64_t ldc);
+
+// The vendor BLAS on threads of gnh's: its Fortran sgemm_ called per panel
+// from each thread, with the BLAS's own threads off (openblas_set_num_threads
+// where it is OpenBLAS), so two thread pools never share the cores. Available
+// when the link holds a host BLAS.
+bool vendor_panels_available();
+void vendor_single_threaded();  // once per process; no-op for other BLAS
+// Row-major product through the Fortran BLAS; false when there is none (or a
+// dimension exceeds its 32-bit integers).
+bool sgemm_vendor(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                  const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+                  std::int64_t ldc);
+
 // With a given kernel (tests); false when this CPU does not support it.
 bool sgemm_using(GemmKernel kernel, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
                  std::int64_t k, float alpha, const float* A, std::int64_t lda, const float* B,

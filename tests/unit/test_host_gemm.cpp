@@ -2,6 +2,7 @@
 // gnh's host sgemm (kernels/host_gemm.cpp) against a double reference, for
 // every kernel this CPU supports, at sizes that hit every edge of its blocking.
 #include <algorithm>
+#include <array>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include "kernels/blas.hpp"
 #include "kernels/gemm_probe.hpp"
 #include "kernels/host_gemm.hpp"
+#include "kernels/host_parallel.hpp"
 
 using namespace gnh;
 using namespace gnh::kernels;
@@ -141,6 +143,69 @@ TEST_CASE("host sgemm: a row's result does not depend on the rows around it", "[
       }
     }
   }
+}
+
+TEST_CASE("host sgemm: panels of C on any number of threads give the bits of one call", "[host_gemm][threads]") {
+  // Threads on one rank each own a panel of whole rows (or columns, when C is
+  // wider than tall): together the panels cover C exactly once, and every
+  // element is accumulated as in one call, so the bits do not depend on the
+  // thread count. Run one panel after another here, and through sgemm_on on the
+  // host space's threads (OpenMP: several; Serial: one).
+  const Kokkos::DefaultHostExecutionSpace host_space;
+  for (auto kernel : kernels_here()) {
+    for (int t = 0; t < 4; ++t)
+      for (const auto& d : {std::array<std::int64_t, 3>{300, 77, 130}, std::array<std::int64_t, 3>{41, 500, 257},
+                            std::array<std::int64_t, 3>{96, 96, 64}}) {
+        const Problem p = make(t & 1, t & 2, d[0], d[1], d[2], 0.75f, t == 3 ? 0.0f : 0.5f, 2, 500 + t);
+        const std::vector<float> whole = run(kernel, p);
+        for (std::int64_t threads = 1; threads <= 7; ++threads) {
+          const std::int64_t count = host::panel_count(p.m, p.n, threads);
+          INFO("m " << p.m << " n " << p.n << " threads " << threads << " panels " << count);
+          REQUIRE(count >= 1);
+          REQUIRE(count <= threads);
+          std::vector<int> owners(std::size_t(p.m * p.n), 0);
+          std::vector<float> C = p.C0;
+          for (std::int64_t i = 0; i < count; ++i) {
+            const host::Panel q = host::panel_of(p.m, p.n, count, i);
+            REQUIRE((q.m == p.m || q.n == p.n));
+            REQUIRE(std::min(q.m, q.n) >= (count > 1 ? 1 : 0));
+            for (std::int64_t r = q.i0; r < q.i0 + q.m; ++r)
+              for (std::int64_t c = q.j0; c < q.j0 + q.n; ++c) ++owners[std::size_t(r * p.n + c)];
+            REQUIRE(host::sgemm_panel(kernel, q, p.ta, p.tb, p.k, p.alpha, p.A.data(), p.lda, p.B.data(), p.ldb,
+                                      p.beta, C.data(), p.ldc));
+          }
+          REQUIRE(std::all_of(owners.begin(), owners.end(), [](int o) { return o == 1; }));
+          REQUIRE(std::memcmp(C.data(), whole.data(), sizeof(float) * C.size()) == 0);
+        }
+        std::vector<float> C = p.C0;
+        REQUIRE(host::sgemm_on(host_space, kernel, p.ta, p.tb, p.m, p.n, p.k, p.alpha, p.A.data(), p.lda,
+                               p.B.data(), p.ldb, p.beta, C.data(), p.ldc));
+        host_space.fence();
+        REQUIRE(std::memcmp(C.data(), whole.data(), sizeof(float) * C.size()) == 0);
+      }
+  }
+  // The vendor BLAS per panel (what several threads of gnh's run when the
+  // probe picks it) is a correct product; its bits may depend on the panel,
+  // as the BLAS blocks by size.
+#ifdef KOKKOSKERNELS_ENABLE_TPL_BLAS
+  REQUIRE(host::vendor_panels_available());  // the link holds the host BLAS Kokkos Kernels uses
+#endif
+  if (host::vendor_panels_available()) {
+    for (int t = 0; t < 4; ++t) {
+      const Problem p = make(t & 1, t & 2, 150, 61, 97, 0.5f, 1.0f, 3, 900 + t);
+      std::vector<float> C = p.C0;
+      const std::int64_t count = host::panel_count(p.m, p.n, 3);
+      REQUIRE(count == 3);
+      for (std::int64_t i = 0; i < count; ++i)
+        REQUIRE(host::sgemm_panel(host::GemmKernel::none, host::panel_of(p.m, p.n, count, i), p.ta, p.tb, p.k,
+                                  p.alpha, p.A.data(), p.lda, p.B.data(), p.ldb, p.beta, C.data(), p.ldc));
+      check(p, C);
+    }
+  }
+  // Small products stay whole: a panel is at least kMinPanel wide.
+  CHECK(host::panel_count(40, 40, 8) == 1);
+  CHECK(host::panel_count(4 * host::kMinPanel, 8, 8) == 4);
+  CHECK(host::panel_count(512, 512, 2) == 2);
 }
 
 TEST_CASE("host sgemm: the AVX2 and AVX-512 kernels agree bit for bit", "[host_gemm]") {

@@ -11,6 +11,7 @@
 #include "core/fastmath.hpp"
 #include "core/planes.hpp"
 #include "kernels/check.hpp"
+#include "kernels/colsum.hpp"
 #include "kernels/op.hpp"
 
 namespace gnh::kernels {
@@ -83,7 +84,8 @@ void layernorm_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>
 template <class S>
 void layernorm_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Grads<base_t<S>> g,
                        Act2<base_t<S>> dy, Act2<base_t<S>> x, Act1<base_t<S>> mean,
-                       Act1<base_t<S>> rstd, Params<base_t<S>> p, index_t w, index_t b) {
+                       Act1<base_t<S>> rstd, Params<base_t<S>> p, index_t w, index_t b,
+                       ColumnShape shape = default_column_shape()) {
   using T = base_t<S>;
   using io = Io<S>;
   const index_t N = x.rows(), C = x.cols(), K = directions_of<S>(x);
@@ -111,30 +113,19 @@ void layernorm_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Grads<base_t<
           }
         }
       });
-  // Weight and bias: rows summed in order for each channel (deterministic).
-  // One thread per CB adjacent channels: 16 on a host (rows outer, channels
-  // inner, so the loop vectorises and reads rows contiguously), 1 on a GPU.
-  constexpr index_t CB = std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value ? 16 : 1;
-  Kokkos::parallel_for(
-      "gnh::layernorm::reverse::params", range(space, (C + CB - 1) / CB), KOKKOS_LAMBDA(const index_t blk) {
-        const index_t c0 = blk * CB, nc = C - c0 < CB ? C - c0 : CB;
-        for (int k = 0; k < K; ++k) {
-          S dw[CB], db[CB];
-          for (index_t j = 0; j < CB; ++j) dw[j] = db[j] = S(0);
-          for (index_t n = 0; n < N; ++n) {
-            const S mu = io::get(mean, k, n), r = io::get(rstd, k, n);
-            for (index_t j = 0; j < nc; ++j) {
-              const S d = io::get(dy, k, n, c0 + j);
-              dw[j] += d * ((io::get(x, k, n, c0 + j) - mu) * r);
-              db[j] += d;
-            }
-          }
-          for (index_t j = 0; j < nc; ++j) {
-            io::accumulate(g, k, w + c0 + j, dw[j]);
-            if (b >= 0) io::accumulate(g, k, b + c0 + j, db[j]);
-          }
-        }
-      });
+  // Weight and bias: column sums over the rows, deterministic (colsum.hpp).
+  column_sums<S>(
+      space, "gnh::layernorm::reverse::params", K, N, C,
+      KOKKOS_LAMBDA(const index_t k, const index_t n, const index_t c, S& dw, S& db) {
+        const S d = io::get(dy, k, n, c);
+        dw += d * ((io::get(x, k, n, c) - io::get(mean, k, n)) * io::get(rstd, k, n));
+        db += d;
+      },
+      KOKKOS_LAMBDA(const index_t k, const index_t c, const S& dw, const S& db) {
+        io::accumulate(g, k, w + c, dw);
+        if (b >= 0) io::accumulate(g, k, b + c, db);
+      },
+      shape);
 }
 
 // The op contract (kernels/op.hpp): theta = [w | b] (C each); saves the row

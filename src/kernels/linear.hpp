@@ -13,6 +13,7 @@
 #pragma once
 #include "core/planes.hpp"
 #include "kernels/blas.hpp"
+#include "kernels/colsum.hpp"
 #include "kernels/op.hpp"
 
 namespace gnh::kernels {
@@ -30,15 +31,14 @@ void add_bias(const ExecSpace& space, T* y, const T* b, index_t N, index_t out) 
       "gnh::linear::bias", Policy(space, {0, 0}, {N, out}),
       KOKKOS_LAMBDA(const index_t n, const index_t o) { y[n * out + o] += b[o]; });
 }
-// g (out) += column sums of dy (N, out), one thread per column, rows in order.
+// g (out) += column sums of dy (N, out), deterministic (colsum.hpp).
 template <class T>
-void add_colsum(const ExecSpace& space, T* g, const T* dy, index_t N, index_t out) {
-  Kokkos::parallel_for(
-      "gnh::linear::reverse::bias", range(space, out), KOKKOS_LAMBDA(const index_t o) {
-        T s = 0;
-        for (index_t n = 0; n < N; ++n) s += dy[n * out + o];
-        g[o] += s;
-      });
+void add_colsum(const ExecSpace& space, T* g, const T* dy, index_t N, index_t out,
+                ColumnShape shape = default_column_shape()) {
+  column_sums<T>(
+      space, "gnh::linear::reverse::bias", 1, N, out,
+      KOKKOS_LAMBDA(const index_t, const index_t n, const index_t o, T& s, T&) { s += dy[n * out + o]; },
+      KOKKOS_LAMBDA(const index_t, const index_t o, const T& s, const T&) { g[o] += s; }, shape);
 }
 }  // namespace detail
 

@@ -60,11 +60,13 @@ struct TeamColumnSums {
   using Policy = Kokkos::TeamPolicy<ExecSpace, Kokkos::IndexType<index_t>>;
   using Member = typename Policy::member_type;
   using Scratch = Kokkos::View<S*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
-  static constexpr int L = kTeamColumns, R = kTeamPartials;
   Term term;
   Sink sink;
   index_t N, cols, blocks;
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
+    // Locals: the ranges take their bounds by reference, and nvcc has no
+    // device definition of a static member.
+    const int L = kTeamColumns, R = kTeamPartials;
     const index_t k = team.league_rank() / blocks, c0 = (team.league_rank() % blocks) * L;
     const index_t nc = cols - c0 < L ? cols - c0 : L;
     Scratch part(team.team_scratch(0), 2 * R * L);
@@ -108,12 +110,13 @@ void column_sums(const ExecSpace& space, const char* label, index_t K, index_t N
   }
   using F = detail::TeamColumnSums<S, Term, Sink>;
   constexpr bool host = std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value;
-  const index_t blocks = (cols + F::L - 1) / F::L;
+  constexpr int L = kTeamColumns, R = kTeamPartials;
+  const index_t blocks = (cols + L - 1) / L;
   // A team of R threads with L vector lanes on a GPU; one thread on a host
   // backend, which then walks the R partials itself.
   const typename F::Policy policy =
-      typename F::Policy(space, K * blocks, host ? 1 : F::R, host ? 1 : F::L)
-          .set_scratch_size(0, Kokkos::PerTeam(F::Scratch::shmem_size(2 * F::R * F::L)));
+      typename F::Policy(space, K * blocks, host ? 1 : R, host ? 1 : L)
+          .set_scratch_size(0, Kokkos::PerTeam(F::Scratch::shmem_size(2 * R * L)));
   Kokkos::parallel_for(label, policy, F{term, sink, N, cols, blocks});
 }
 

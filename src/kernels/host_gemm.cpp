@@ -423,8 +423,9 @@ std::int64_t panel_count(std::int64_t m, std::int64_t n, std::int64_t threads) {
 }
 
 Panel panel_of(std::int64_t m, std::int64_t n, std::int64_t count, std::int64_t index) {
-  // Panels of whole register tiles (16 rows or columns: a multiple of every
-  // MR and NR), the remainder spread one tile at a time.
+  // Panels in units of 16 rows or columns (whole AVX2 column tiles; the bits
+  // do not depend on where a panel starts), the remainder spread one unit at
+  // a time.
   constexpr std::int64_t tile = 16;
   const bool by_rows = m >= n;
   const std::int64_t extent = by_rows ? m : n, tiles = (extent + tile - 1) / tile;

@@ -131,15 +131,19 @@ void reset_peak_rss() {
   if (f) f << "5";
 }
 
-// Forward FLOPs of one batch, split into the dense layers + head and the
-// causal attention (QK^T and PV over the s <= t pairs).
+// Forward FLOPs of one batch, split into the dense layers, the LM head and
+// the causal attention (QK^T and PV over the s <= t pairs).
 struct Flops {
-  double linear = 0, attention = 0;
-  double forward() const { return linear + attention; }
+  double dense = 0, head = 0, attention = 0;
+  double forward() const { return dense + head + attention; }
   // Second-order forward with K directions: each dense product gains two
   // per direction for the tangent (x'W + xW') and two for the second order
-  // (x''W + 2x'W'; W'' = 0); each attention product two and three.
-  double second_order(int K) const { return linear * (1 + 4.0 * K) + attention * (1 + 5.0 * K); }
+  // (x''W + 2x'W'; W'' = 0); the head two for the tangent logits and one
+  // (q V_k) for the second order, plus q W once (kernels/lm_head_xent.hpp);
+  // each attention product two and three.
+  double second_order(int K) const {
+    return dense * (1 + 4.0 * K) + head * (2 + 3.0 * K) + attention * (1 + 5.0 * K);
+  }
   // Gradient: 3x the forward (a GEMM and its two transposes). Forward-over-
   // reverse: the gradient, and per direction twice its products again.
   double gradient() const { return 3 * forward(); }
@@ -149,7 +153,8 @@ struct Flops {
 Flops flops_of(const ModelConfig& c, index_t B, index_t T) {
   const double C = c.n_embd, N = double(B * T);
   Flops f;
-  f.linear = 2.0 * N * (c.n_layer * 12.0 * C * C + double(c.vocab_size) * C);
+  f.dense = 2.0 * N * c.n_layer * 12.0 * C * C;
+  f.head = 2.0 * N * double(c.vocab_size) * C;
   f.attention = c.n_layer * 2.0 * 2.0 * C * double(T) * double(T + 1) / 2.0 * B;
   return f;
 }

@@ -5,11 +5,15 @@
 //   lse' = sum p s',  lse'' = sum p (s'' + s'^2) - lse'^2
 //   p'   = p (s' - lse'),  p'' = p ((s' - lse')^2 + s'' - lse'')
 //   y'   = P' V + P V',  y'' = P'' V + 2 P' V' + P V''
+// (the products of a direction concatenated along their inner dimension:
+// forward_derivatives below)
 // Masked entries (key after query) have p = 0, and so p' = p'' = 0.
 #include "kernels/attention_host.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
+#include <utility>
 #include <vector>
 
 #include "core/fastmath.hpp"
@@ -40,12 +44,13 @@ struct Geometry {
   std::int64_t row(std::int64_t b, std::int64_t h, std::int64_t t) const { return (b * H + h) * T + t; }
 };
 
-// Scores of a tile into S (tq x t1), then p = exp(s - lse) in place with the
-// masked entries zeroed. With lse == nullptr, the row's lse is computed and
-// returned in lse_out; otherwise it is read from lse.
-void softmax_rows(float* S, std::int64_t tq, std::int64_t t0, std::int64_t t1, const float* lse_in, float* lse_out) {
+// Scores of a tile into S (tq x t1, rows ld apart), then p = exp(s - lse) in
+// place with the masked entries zeroed. With lse == nullptr, the row's lse is
+// computed and returned in lse_out; otherwise it is read from lse.
+void softmax_rows(float* S, std::int64_t tq, std::int64_t t0, std::int64_t t1, const float* lse_in, float* lse_out,
+                  std::int64_t ld) {
   for (std::int64_t r = 0; r < tq; ++r) {
-    float* row = S + r * t1;
+    float* row = S + r * ld;
     const std::int64_t n = t0 + r + 1;  // keys 0..t
     float L;
     if (lse_in) {
@@ -62,13 +67,38 @@ void softmax_rows(float* S, std::int64_t tq, std::int64_t t0, std::int64_t t1, c
 }
 
 // The primal forward of one tile (rows t0..t1-1 of head h in sequence b): p
-// into P (tq x t1, masked entries 0), lse of its rows, y = P V.
+// into P (tq x t1 with rows ldp apart, masked entries 0), lse of its rows, y = P V.
 void forward_tile(const Geometry& g, const float* qkv, float* y, float* lse, std::int64_t b, std::int64_t h,
-                  std::int64_t t0, std::int64_t t1, float* P) {
+                  std::int64_t t0, std::int64_t t1, float* P, std::int64_t ldp) {
   const std::int64_t tq = t1 - t0;
-  mm(false, true, tq, t1, g.hs, g.scale, qkv + g.q(b, h, t0), g.ld, qkv + g.k(b, h), g.ld, 0.0f, P, t1);
-  softmax_rows(P, tq, t0, t1, nullptr, lse + g.row(b, h, t0));
-  mm(false, false, tq, g.hs, t1, 1.0f, P, t1, qkv + g.v(b, h), g.ld, 0.0f, y + g.y(b, h, t0), g.C);
+  mm(false, true, tq, t1, g.hs, g.scale, qkv + g.q(b, h, t0), g.ld, qkv + g.k(b, h), g.ld, 0.0f, P, ldp);
+  softmax_rows(P, tq, t0, t1, nullptr, lse + g.row(b, h, t0), ldp);
+  mm(false, false, tq, g.hs, t1, 1.0f, P, ldp, qkv + g.v(b, h), g.ld, 0.0f, y + g.y(b, h, t0), g.C);
+}
+
+// Copies n rows of the column blocks (each w wide, rows ld_src apart, scaled
+// by f) side by side into dst (rows ld_dst apart): [f0 X0 | f1 X1 | ...].
+void side_by_side(float* dst, std::int64_t ld_dst, std::int64_t n, std::int64_t w,
+                  std::initializer_list<std::pair<const float*, float>> blocks, std::int64_t ld_src) {
+  for (std::int64_t r = 0; r < n; ++r) {
+    float* out = dst + r * ld_dst;
+    for (const auto& [x, f] : blocks) {
+      const float* in = x + r * ld_src;
+      for (std::int64_t c = 0; c < w; ++c) out[c] = f * in[c];
+      out += w;
+    }
+  }
+}
+
+// Stacks n rows of each block (w wide, rows ld_src apart, scaled by f) one
+// block under the other into dst (w wide, contiguous): [f0 X0; f1 X1; ...].
+void stacked(float* dst, std::int64_t n, std::int64_t w, std::initializer_list<std::pair<const float*, float>> blocks,
+             std::int64_t ld_src) {
+  for (const auto& [x, f] : blocks)
+    for (std::int64_t r = 0; r < n; ++r, dst += w) {
+      const float* in = x + r * ld_src;
+      for (std::int64_t c = 0; c < w; ++c) dst[c] = f * in[c];
+    }
 }
 
 // Zeroes the k and v columns of head h, sequence b, in a dqkv plane (the
@@ -88,7 +118,7 @@ void reverse_tile(const Geometry& g, float* dqkv, float* D, const float* dy, con
   const std::int64_t tq = t1 - t0, hs = g.hs;
   const std::int64_t oq = g.q(b, h, t0), ok = g.k(b, h), ov = g.v(b, h), oy = g.y(b, h, t0), orow = g.row(b, h, t0);
   mm(false, true, tq, t1, hs, g.scale, qkv + oq, g.ld, qkv + ok, g.ld, 0.0f, P, t1);
-  softmax_rows(P, tq, t0, t1, lse + orow, nullptr);
+  softmax_rows(P, tq, t0, t1, lse + orow, nullptr, t1);
   mm(false, true, tq, t1, hs, 1.0f, dy + oy, g.C, qkv + ov, g.ld, 0.0f, A, t1);
   for (std::int64_t r = 0; r < tq; ++r) {
     const float* dyr = dy + oy + r * g.C;
@@ -119,48 +149,67 @@ void attention_forward(float* y, float* lse, const float* qkv, std::int64_t B, s
   std::vector<float> S(std::size_t(std::min(TQ, T) * T));
   for (std::int64_t bh = bh0; bh < bh1; ++bh) {
     const std::int64_t b = bh / H, h = bh % H;
-    for (std::int64_t t0 = 0; t0 < T; t0 += TQ) forward_tile(g, qkv, y, lse, b, h, t0, std::min(t0 + TQ, T), S.data());
+    for (std::int64_t t0 = 0; t0 < T; t0 += TQ) forward_tile(g, qkv, y, lse, b, h, t0, std::min(t0 + TQ, T), S.data(), std::min(t0 + TQ, T));
   }
 }
 
 namespace {
 
 // Tangent (second == false: ydd, lsedd, qkvdd unused) or second-order forward.
+// A direction's products are concatenated along their inner dimension, so
+// that a tile costs two GEMMs of k = 2 hs and 3 hs for the scores and two of
+// k = 2 t1 and 3 t1 for the outputs instead of ten of k = hs or t1:
+//   s'  = scale [Q' | Q] [K | K']^T,   s'' = scale [Q'' | Q' | Q] [K | 2K' | K'']^T,
+//   y'  = [P | P'] [V'; V],             y'' = [P | P' | P''] [V''; 2V'; V].
+// P, P', P'' of a tile sit side by side in one buffer (rows 3 t1 apart).
 void forward_derivatives(float* y, float* yd, float* ydd, float* lse, float* lsed, float* lsedd, const float* qkv,
                          const float* qkvd, const float* qkvdd, std::int64_t K, std::int64_t B, std::int64_t T,
                          std::int64_t H, std::int64_t hs, std::int64_t bh0, std::int64_t bh1, bool second) {
   const Geometry g(B, T, H, hs);
-  const std::int64_t N = B * T, R = B * H * T, tile = std::min(TQ, T) * T;
-  std::vector<float> buf(std::size_t(3 * tile));
-  float *P = buf.data(), *Pd = P + tile, *Pdd = Pd + tile;
+  const std::int64_t N = B * T, R = B * H * T, tqm = std::min(TQ, T), w = second ? 3 : 2;
+  std::vector<float> buf(std::size_t(w * tqm * T + tqm * 3 * hs + T * 5 * hs + T * 5 * hs));
+  float* Pc = buf.data();                // tq x (w t1): [P | P' | P'']
+  float* Aq = Pc + w * tqm * T;          // tq x 3hs: [Q'' | Q' | Q]
+  float* Bk1 = Aq + tqm * 3 * hs;        // t1 x 2hs: [K | K']
+  float* Bk2 = Bk1 + T * 2 * hs;         // t1 x 3hs: [K | 2K' | K'']
+  float* Bv1 = Bk2 + T * 3 * hs;         // 2t1 x hs: [V'; V]
+  float* Bv2 = Bv1 + T * 2 * hs;         // 3t1 x hs: [V''; 2V'; V]
   for (std::int64_t bh = bh0; bh < bh1; ++bh)
       for (std::int64_t t0 = 0; t0 < T; t0 += TQ) {
         const std::int64_t b = bh / H, h = bh % H;
-        const std::int64_t t1 = std::min(t0 + TQ, T), tq = t1 - t0;
+        const std::int64_t t1 = std::min(t0 + TQ, T), tq = t1 - t0, ldp = w * t1;
         const std::int64_t oq = g.q(b, h, t0), ok = g.k(b, h), ov = g.v(b, h), oy = g.y(b, h, t0);
         const std::int64_t orow = g.row(b, h, t0);
-        forward_tile(g, qkv, y, lse, b, h, t0, t1, P);
+        float *P = Pc, *Pd = Pc + t1, *Pdd = Pc + 2 * t1;
+        forward_tile(g, qkv, y, lse, b, h, t0, t1, P, ldp);
         for (std::int64_t k = 0; k < K; ++k) {
           const float* d = qkvd + k * N * g.ld;
-          const float* dd = second ? qkvdd + k * N * g.ld : nullptr;
           // s' and s''.
-          mm(false, true, tq, t1, hs, g.scale, d + oq, g.ld, qkv + ok, g.ld, 0.0f, Pd, t1);
-          mm(false, true, tq, t1, hs, g.scale, qkv + oq, g.ld, d + ok, g.ld, 1.0f, Pd, t1);
           if (second) {
-            mm(false, true, tq, t1, hs, g.scale, dd + oq, g.ld, qkv + ok, g.ld, 0.0f, Pdd, t1);
-            mm(false, true, tq, t1, hs, 2.0f * g.scale, d + oq, g.ld, d + ok, g.ld, 1.0f, Pdd, t1);
-            mm(false, true, tq, t1, hs, g.scale, qkv + oq, g.ld, dd + ok, g.ld, 1.0f, Pdd, t1);
+            const float* dd = qkvdd + k * N * g.ld;
+            side_by_side(Aq, 3 * hs, tq, hs, {{dd + oq, 1.0f}, {d + oq, 1.0f}, {qkv + oq, 1.0f}}, g.ld);
+            side_by_side(Bk1, 2 * hs, t1, hs, {{qkv + ok, 1.0f}, {d + ok, 1.0f}}, g.ld);
+            side_by_side(Bk2, 3 * hs, t1, hs, {{qkv + ok, 1.0f}, {d + ok, 2.0f}, {dd + ok, 1.0f}}, g.ld);
+            stacked(Bv1, t1, hs, {{d + ov, 1.0f}, {qkv + ov, 1.0f}}, g.ld);
+            stacked(Bv2, t1, hs, {{dd + ov, 1.0f}, {d + ov, 2.0f}, {qkv + ov, 1.0f}}, g.ld);
+            mm(false, true, tq, t1, 2 * hs, g.scale, Aq + hs, 3 * hs, Bk1, 2 * hs, 0.0f, Pd, ldp);
+            mm(false, true, tq, t1, 3 * hs, g.scale, Aq, 3 * hs, Bk2, 3 * hs, 0.0f, Pdd, ldp);
+          } else {
+            side_by_side(Aq, 2 * hs, tq, hs, {{d + oq, 1.0f}, {qkv + oq, 1.0f}}, g.ld);
+            side_by_side(Bk1, 2 * hs, t1, hs, {{qkv + ok, 1.0f}, {d + ok, 1.0f}}, g.ld);
+            stacked(Bv1, t1, hs, {{d + ov, 1.0f}, {qkv + ov, 1.0f}}, g.ld);
+            mm(false, true, tq, t1, 2 * hs, g.scale, Aq, 2 * hs, Bk1, 2 * hs, 0.0f, Pd, ldp);
           }
           for (std::int64_t r = 0; r < tq; ++r) {
-            const float* p = P + r * t1;
-            float* sd = Pd + r * t1;
+            const float* p = P + r * ldp;
+            float* sd = Pd + r * ldp;
             if (!second) {
               const float l1 = lane_sum<float>(t1, [&](std::int64_t s) { return p[s] * sd[s]; });
               for (std::int64_t s = 0; s < t1; ++s) sd[s] = p[s] * (sd[s] - l1);
               lsed[k * R + orow + r] = l1;
               continue;
             }
-            float* sdd = Pdd + r * t1;
+            float* sdd = Pdd + r * ldp;
             float l1, l2;
             lane_sum2<float>(
                 t1,
@@ -178,15 +227,8 @@ void forward_derivatives(float* y, float* yd, float* ydd, float* lse, float* lse
             lsed[k * R + orow + r] = l1;
             lsedd[k * R + orow + r] = l2;
           }
-          float* yk = yd + k * N * g.C;
-          mm(false, false, tq, hs, t1, 1.0f, Pd, t1, qkv + ov, g.ld, 0.0f, yk + oy, g.C);
-          mm(false, false, tq, hs, t1, 1.0f, P, t1, d + ov, g.ld, 1.0f, yk + oy, g.C);
-          if (second) {
-            float* ykk = ydd + k * N * g.C;
-            mm(false, false, tq, hs, t1, 1.0f, Pdd, t1, qkv + ov, g.ld, 0.0f, ykk + oy, g.C);
-            mm(false, false, tq, hs, t1, 2.0f, Pd, t1, d + ov, g.ld, 1.0f, ykk + oy, g.C);
-            mm(false, false, tq, hs, t1, 1.0f, P, t1, dd + ov, g.ld, 1.0f, ykk + oy, g.C);
-          }
+          mm(false, false, tq, hs, 2 * t1, 1.0f, P, ldp, Bv1, hs, 0.0f, yd + k * N * g.C + oy, g.C);
+          if (second) mm(false, false, tq, hs, 3 * t1, 1.0f, P, ldp, Bv2, hs, 0.0f, ydd + k * N * g.C + oy, g.C);
         }
       }
 }

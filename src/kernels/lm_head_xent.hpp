@@ -6,6 +6,11 @@
 //   reverse:  dz = softmax(z) - onehot(target),  dh = dz W,  dW += dz^T h
 //   tangent:  z.d[k] = h.d[k] W^T + h V_k^T;  second: z.dd[k] = h.dd[k] W^T + 2 h.d[k] V_k^T;
 //             lse' = sum softmax(z) z', lse'' = sum softmax(z) (z'' + z'^2) - lse'^2
+//   The second-order logits are never formed: with q = softmax(z),
+//             sum_v q_v z''_v = h.dd[k] . (q W) + 2 h.d[k] . (q V_k),
+//   so a tile costs one GEMM q W shared by all directions and one q V_k per
+//   direction (rows x C moments), where z'' took two per direction; and the
+//   target's z''_y is a dot product of C.
 //   tangent of reverse: dz' = softmax(z) (z' - lse'), then the bilinear rules of linear.hpp
 // The logits are computed in tiles of (rows, vocabulary) chunks, the shape of
 // the workspace z (its planes hold one tile), so that neither the full
@@ -14,7 +19,9 @@
 // running maximum m and e_v = exp(z_v - m) it keeps s = sum e_v and, per
 // direction, A1 = sum e_v z'_v and A2 = sum e_v (z''_v + z'_v^2), all rescaled
 // by exp(m_old - m_new) when m grows; then lse = log s + m, lse' = A1 / s,
-// lse'' = A2 / s - lse'^2. Saves lse per row (with tangents); the reverse
+// lse'' = A2 / s - lse'^2, where A2 = B + h.dd . M_W + 2 h.d . M_k from
+// B = sum e_v z'_v^2 and the moments M_W = sum e_v W_v, M_k = sum e_v V_kv
+// (rescaled with s). Saves lse per row (with tangents); the reverse
 // recomputes each tile's logits from h and W (unless one tile holds the whole
 // batch and the forward just computed it). Under bf16-amp the GEMM operands
 // are rounded to bfloat16; lse, softmax and the loss stay FP32.
@@ -34,7 +41,7 @@ namespace detail {
 // into z (plane k of the tile at k*nr*vc).
 template <class T>
 void chunk_logits(const ExecSpace& space, Act2<T> z, Act2<T> h, Params<T> p, index_t w, index_t r0, index_t nr,
-                  index_t v0, index_t vc, bool tangents, bool second, const GemmPolicy<T>& pol) {
+                  index_t v0, index_t vc, bool tangents, const GemmPolicy<T>& pol) {
   const index_t N = h.rows(), C = h.cols(), K = h.d.extent(0), P = p.v.extent(0);
   const T* W = p.v.data() + w + v0 * C;
   gemm<T>(space, pol, "N", "T", T(1), block(h.v.data(), r0 * C, nr, C), block(W, 0, vc, C), T(0),
@@ -47,13 +54,22 @@ void chunk_logits(const ExecSpace& space, Act2<T> z, Act2<T> h, Params<T> p, ind
             block(zk, 0, nr, vc));
     gemm<T>(space, pol, "N", "T", T(1), block(h.v.data(), r0 * C, nr, C), block(Vk, 0, vc, C), T(1),
             block(zk, 0, nr, vc));
-    if (!second) continue;
-    T* zkk = z.dd.data() + k * nr * vc;
-    gemm<T>(space, pol, "N", "T", T(1), block(h.dd.data(), (k * N + r0) * C, nr, C), block(W, 0, vc, C), T(0),
-            block(zkk, 0, nr, vc));
-    gemm<T>(space, pol, "N", "T", T(2), block(h.d.data(), (k * N + r0) * C, nr, C), block(Vk, 0, vc, C), T(1),
-            block(zkk, 0, nr, vc));
   }
+}
+
+// The second-order moments of a tile: M_W += q W and M_k += q V_k over the
+// chunk's vocabulary, q (nr, vc) the exponentials the forward left in plane 0
+// of z.dd (M rescaled by the forward's kernel before, beta 1 after the first chunk).
+template <class T>
+void chunk_moments(const ExecSpace& space, Act2<T> m, const T* q, Params<T> p, index_t w, index_t nr, index_t v0,
+                   index_t vc, bool first, const GemmPolicy<T>& pol) {
+  const index_t C = m.cols(), K = m.d.extent(0), P = p.v.extent(0);
+  const T beta = first ? T(0) : T(1);
+  gemm<T>(space, pol, "N", "N", T(1), block(q, 0, nr, vc), block(p.v.data() + w + v0 * C, 0, vc, C), beta,
+          block(m.v.data(), 0, nr, C));
+  for (index_t k = 0; k < K; ++k)
+    gemm<T>(space, pol, "N", "N", T(1), block(q, 0, nr, vc), block(p.d.data() + k * P + w + v0 * C, 0, vc, C), beta,
+            block(m.d.data() + k * nr * C, 0, nr, C));
 }
 
 template <class T>
@@ -61,35 +77,50 @@ Act2<T> chunk_view(const Act2<T>& z, index_t K, index_t nr, index_t vc) {
   Act2<T> c;
   c.v = Span2<T>(z.v.data(), nr, vc);
   if (z.d.extent(0) > 0) c.d = Span3<T>(z.d.data(), K, nr, vc);
-  if (z.dd.extent(0) > 0) c.dd = Span3<T>(z.dd.data(), K, nr, vc);
+  if (z.dd.extent(0) > 0) c.dd = Span3<T>(z.dd.data(), 1, nr, vc);  // q of the second-order moments
   return c;
 }
 }  // namespace detail
 
 // V: rows of the head weight at offset w (V, C). stats: (N, 2) scratch (the
-// running maximum and the target's logit per row).
+// running maximum and the target's logit per row). Second order (S = Jet2):
+// moments (rows, C) with K tangent planes holds M_W and M_k of a row block,
+// and z needs one second-order plane (the exponentials q of a tile).
 template <class S>
 void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t<S>> lse,
                           Act2<base_t<S>> h, Params<base_t<S>> p, index_t w, index_t V,
                           Span1<const std::int32_t> targets, Act2<base_t<S>> z, Span2<base_t<S>> stats,
-                          const GemmPolicy<base_t<S>>& pol = GemmPolicy<base_t<S>>()) {
+                          Act2<base_t<S>> moments, const GemmPolicy<base_t<S>>& pol = GemmPolicy<base_t<S>>()) {
   using T = base_t<S>;
-  const index_t N = h.rows(), K = directions_of<S>(h), rows = z.rows(), vchunk = z.cols();
+  const index_t N = h.rows(), C = h.cols(), K = directions_of<S>(h), rows = z.rows(), vchunk = z.cols();
+  const index_t P = p.v.extent(0);
   require_extent("gnh::lm_head_xent::forward", "loss", loss.v.extent(0), N);
   require_extent("gnh::lm_head_xent::forward", "targets", targets.extent(0), N);
   require_extent("gnh::lm_head_xent::forward", "stats rows", stats.extent(0), N);
   if ((rows == 0 || vchunk == 0) && N > 0) throw std::logic_error("gnh::lm_head_xent::forward: empty workspace");
   constexpr bool tangents = !std::is_same<S, T>::value, second = std::is_same<S, Jet2<T>>::value;
+  if (second) {
+    require_extent("gnh::lm_head_xent::forward", "moments rows", moments.rows(), rows);
+    require_extent("gnh::lm_head_xent::forward", "moments cols", moments.cols(), C);
+    require_extent("gnh::lm_head_xent::forward", "moments planes", moments.d.extent(0), K);
+    if (z.dd.extent(0) < 1) throw std::logic_error("gnh::lm_head_xent::forward: no second-order logits plane");
+  }
   for (index_t r0 = 0; r0 < N; r0 += rows) {
     const index_t nr = N - r0 < rows ? N - r0 : rows;
+    // The moments of this row block, planes of nr rows.
+    Act2<T> mc;
+    if (second) {
+      mc.v = Span2<T>(moments.v.data(), nr, C);
+      mc.d = Span3<T>(moments.d.data(), K, nr, C);
+    }
     for (index_t v0 = 0; v0 < V; v0 += vchunk) {
       const index_t vc = V - v0 < vchunk ? V - v0 : vchunk;
       const Act2<T> zc = detail::chunk_view(z, K, nr, vc);
-      detail::chunk_logits(space, zc, h, p, w, r0, nr, v0, vc, tangents, second, pol);
+      detail::chunk_logits(space, zc, h, p, w, r0, nr, v0, vc, tangents, pol);
       const bool first = v0 == 0;
       Kokkos::parallel_for(
           "gnh::lm_head_xent::forward", range(space, nr), KOKKOS_LAMBDA(const index_t r) {
-            (void)K, (void)lse;  // captured here: nvcc allows no first capture inside the constexpr-if
+            (void)K, (void)lse, (void)mc, (void)C;  // captured here: nvcc allows no first capture inside the constexpr-if
             const index_t n = r0 + r;
             const std::int32_t tgt = targets(n);
             const bool has_tgt = tgt >= v0 && tgt < v0 + vc;
@@ -98,41 +129,57 @@ void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t
             if (!first) m = stats(n, 0) > m ? stats(n, 0) : m;
             // Rescale what earlier chunks accumulated to the new maximum.
             const T corr = first ? T(0) : fast_exp(stats(n, 0) - m);
-            const T e = lane_sum<T>(vc, [&](index_t v) { return fast_exp(zr[v] - m); });
+            T e;
+            if constexpr (has_second_v<S>) {
+              // q kept for the moments' GEMMs; the same terms, the same sum.
+              T* qr = &zc.dd(0, r, 0);
+              for (index_t v = 0; v < vc; ++v) qr[v] = fast_exp(zr[v] - m);
+              e = lane_sum<T>(vc, [&](index_t v) { return qr[v]; });
+            } else {
+              e = lane_sum<T>(vc, [&](index_t v) { return fast_exp(zr[v] - m); });
+            }
             loss.v(n) = (first ? 0.0 : loss.v(n) * double(corr)) + double(e);
             stats(n, 0) = m;
             if (has_tgt) stats(n, 1) = zr[tgt - v0];
             if constexpr (has_tangents_v<S>) {
               for (index_t k = 0; k < K; ++k) {
                 const T* dr = &zc.d(k, r, 0);
-                T a1, a2;
+                T a1;
                 if constexpr (has_second_v<S>) {
-                  const T* ddr = &zc.dd(k, r, 0);
+                  const T* qr = &zc.dd(0, r, 0);
+                  T b;
                   lane_sum2<T>(
                       vc,
                       [&](index_t v, T& s1, T& s2) {
-                        const T q = fast_exp(zr[v] - m);
-                        s1 += q * dr[v];
-                        s2 += q * (ddr[v] + dr[v] * dr[v]);
+                        const T q = qr[v] * dr[v];
+                        s1 += q;
+                        s2 += q * dr[v];
                       },
-                      a1, a2);
-                  lse.dd(k, n) = first ? a2 : lse.dd(k, n) * corr + a2;
-                  if (has_tgt) loss.dd(k, n) = -double(ddr[tgt - v0]);
+                      a1, b);
+                  lse.dd(k, n) = first ? b : lse.dd(k, n) * corr + b;
+                  if (!first)
+                    for (index_t c = 0; c < C; ++c) mc.d(k, r, c) *= corr;
                 } else {
                   a1 = lane_sum<T>(vc, [&](index_t v) { return fast_exp(zr[v] - m) * dr[v]; });
                 }
                 lse.d(k, n) = first ? a1 : lse.d(k, n) * corr + a1;
                 if (has_tgt) loss.d(k, n) = -double(dr[tgt - v0]);
               }
+              if constexpr (has_second_v<S>) {
+                if (!first)
+                  for (index_t c = 0; c < C; ++c) mc.v(r, c) *= corr;
+              }
             }
           });
+      if (second) detail::chunk_moments(space, mc, zc.dd.data(), p, w, nr, v0, vc, first, pol);
     }
     // The rows of this block are complete: lse and the losses.
     Kokkos::parallel_for(
         "gnh::lm_head_xent::forward::finish", range(space, nr), KOKKOS_LAMBDA(const index_t r) {
-          (void)K;  // captured here: nvcc allows no first capture inside the constexpr-if
+          (void)K, (void)mc, (void)C, (void)P;  // captured here: nvcc allows no first capture inside the constexpr-if
           const index_t n = r0 + r;
-          const bool valid = targets(n) >= 0;
+          const std::int32_t tgt = targets(n);
+          const bool valid = tgt >= 0;
           const double s = loss.v(n);
           const T l = T(kmath::log(s)) + stats(n, 0);
           lse.v(n) = l;
@@ -143,9 +190,21 @@ void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t
               lse.d(k, n) = l1;
               loss.d(k, n) = valid ? double(l1) + loss.d(k, n) : 0.0;
               if constexpr (has_second_v<S>) {
-                const T l2 = T(double(lse.dd(k, n)) / s) - l1 * l1;
+                // sum_v e_v z''_v = h'' . M_W + 2 h' . M_k; z''_y likewise from row y.
+                const T* hd = &h.d(k, n, 0);
+                const T* hdd = &h.dd(k, n, 0);
+                const T* mw = &mc.v(r, 0);
+                const T* mk = &mc.d(k, r, 0);
+                const T a2 = lse.dd(k, n) + lane_sum<T>(C, [&](index_t c) { return hdd[c] * mw[c] + T(2) * hd[c] * mk[c]; });
+                const T l2 = T(double(a2) / s) - l1 * l1;
                 lse.dd(k, n) = l2;
-                loss.dd(k, n) = valid ? double(l2) + loss.dd(k, n) : 0.0;
+                T zy = T(0);
+                if (valid) {
+                  const T* wy = p.v.data() + w + index_t(tgt) * C;
+                  const T* vy = p.d.data() + k * P + w + index_t(tgt) * C;
+                  zy = lane_sum<T>(C, [&](index_t c) { return hdd[c] * wy[c] + T(2) * hd[c] * vy[c]; });
+                }
+                loss.dd(k, n) = valid ? double(l2) - double(zy) : 0.0;
               }
             }
           }
@@ -174,7 +233,7 @@ void lm_head_xent_reverse(const ExecSpace& space, Act2<base_t<S>> dh, Grads<base
       // When one tile holds the whole batch, the forward just left exactly
       // these logits (value and tangent planes) in z.
       if (!(logits_current && nr == N && vc == V))
-        detail::chunk_logits(space, zc, h, p, w, r0, nr, v0, vc, tangents, false, pol);
+        detail::chunk_logits(space, zc, h, p, w, r0, nr, v0, vc, tangents, pol);
       // dz = softmax - onehot, in place; the value plane is written after
       // every tangent plane has read it.
       Kokkos::parallel_for(
@@ -225,7 +284,8 @@ void lm_head_xent_reverse(const ExecSpace& space, Act2<base_t<S>> dh, Grads<base
 // The op contract (kernels/op.hpp): h (N, C) -> y (N, 1), the per-row loss,
 // theta = W (V, C); the reverse seeds every row with 1 (dy is not read). Targets
 // (n * 5 + 1 mod V, every fourth ignored) are the op's own. Saves lse (N, 1);
-// the logits tile z (rows, vchunk) is scratch (vchunk 0: the whole vocabulary).
+// the logits tile z (rows, vchunk) and the second-order moments (rows, C) are
+// scratch (vchunk 0: the whole vocabulary).
 template <class T>
 struct LmHeadXentOp {
   static constexpr const char* name = "lm_head_xent";
@@ -249,10 +309,12 @@ struct LmHeadXentOp {
     return LmHeadXentOp(N, d.C, d.V, r, vc);
   }
   OpSizes sizes() const { return {N, C, 1, V * C}; }
-  std::vector<OpExtent> saved() const { return {{N, 1}, {rows, vchunk}}; }
-  // The reverse recomputes its tile's logits (a third GEMM).
+  std::vector<OpExtent> saved() const { return {{N, 1}, {rows, vchunk}, {rows, C}}; }
+  // The reverse recomputes its tile's logits (a third GEMM); the second order
+  // forms no z'' but the moments: 1 + 2K GEMMs for z and z', 1 + K for q W, q V_k.
   double flops(OpMode m, index_t K) const {
     const double f1 = 2.0 * double(N) * double(C) * double(V);
+    if (m == OpMode::second_order) return f1 * (2.0 + 3.0 * double(K));
     return (m == OpMode::reverse || m == OpMode::tangent_reverse ? 3.0 : 1.0) * f1 * gemm_multiplier(m, K);
   }
   template <class S>
@@ -263,7 +325,7 @@ struct LmHeadXentOp {
     l.v = Span1<double>(loss.data(), N);
     if (!std::is_same<S, T>::value) l.d = Span2<double>(loss.data() + N, K, N);
     if (std::is_same<S, Jet2<T>>::value) l.dd = Span2<double>(loss.data() + (1 + K) * N, K, N);
-    lm_head_xent_forward<S>(space, l, s.flat(0), h, p, 0, V, targets, s[1], stats);
+    lm_head_xent_forward<S>(space, l, s.flat(0), h, p, 0, V, targets, s[1], stats, s[2]);
     Kokkos::parallel_for(  // the lambda reads locals only, never this
         "gnh::lm_head_xent::op_loss", range(space, N), KOKKOS_LAMBDA(const index_t n) {
           y.v(n, 0) = T(l.v(n));

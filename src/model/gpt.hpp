@@ -83,6 +83,7 @@ class Gpt {
   Act2<T> x_in(int layer) const;
   Act2<T> x_final() const;
   Act2<T> act2(const char* name, index_t rows, index_t cols, bool tangents, bool second);
+  Act2<T> act2_planes(const char* name, index_t rows, index_t cols, index_t K, index_t KK);
   Act1<T> act1(const char* name, index_t n, bool tangents, bool second);
   void check_batch(Span2<const std::int32_t> tokens, Span2<const std::int32_t> targets) const;
 

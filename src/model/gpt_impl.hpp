@@ -50,7 +50,8 @@ struct GptBuffers {
   Act2<T> lnf;                 // (N, C)
   Act1<T> lnf_mean, lnf_rstd;  // (N)
   Act1<T> head_lse;            // (N)
-  Act2<T> logits;              // (rows, vocabulary chunk) per plane: one tile of the head
+  Act2<T> logits;              // (rows, vocabulary chunk) per plane: one tile of the head (one second-order plane)
+  Act2<T> head_moments;        // (rows, C), K planes: the head's second-order moments
   View2<T> head_stats;         // (N, 2) the head's running maximum and target logit
   Adjoints<T> adj;
 };
@@ -80,7 +81,12 @@ Params<T> planes_for(Params<T> p) {
 
 template <class T>
 Act2<T> Gpt<T>::act2(const char* name, index_t rows, index_t cols, bool tangents, bool second) {
-  const index_t K = tangents ? shape_.directions : 0, KK = second ? shape_.directions : 0;
+  return act2_planes(name, rows, cols, tangents ? shape_.directions : 0, second ? shape_.directions : 0);
+}
+
+// K tangent and KK second-order planes of (rows, cols).
+template <class T>
+Act2<T> Gpt<T>::act2_planes(const char* name, index_t rows, index_t cols, index_t K, index_t KK) {
   const index_t plane = rows * cols, total = plane * (1 + K + KK);
   workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(total);
   if (!allocate_) return Act2<T>();
@@ -159,7 +165,10 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate)
   buf_->lnf_mean = act1("lnf_mean", N, tan, sec);
   buf_->lnf_rstd = act1("lnf_rstd", N, tan, sec);
   buf_->head_lse = act1("head_lse", N, tan, sec);
-  buf_->logits = act2("logits", plan.logits_rows, plan.logits_vocab, tan, sec);
+  // The head forms no second-order logits: one plane of exponentials and the
+  // moments M_W, M_k (kernels/lm_head_xent.hpp).
+  buf_->logits = act2_planes("logits", plan.logits_rows, plan.logits_vocab, tan ? shape.directions : 0, sec ? 1 : 0);
+  if (sec) buf_->head_moments = act2_planes("head_moments", plan.logits_rows, C, shape.directions, 0);
   if (allocate_) buf_->head_stats = View2<T>(Kokkos::view_alloc("gnh::gpt::head_stats", Kokkos::WithoutInitializing), N, 2);
   workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(2 * N);
   if (shape.reverse) {
@@ -255,7 +264,8 @@ LossSum Gpt<T>::forward(const ExecSpace& space, Params<T> p, Span2<const std::in
   loss.dd = row_loss_dd_;
   Span1<const std::int32_t> flat_targets(targets.data(), N_);
   lm_head_xent_forward<S>(space, planes_for<S>(loss), planes_for<S>(buf_->head_lse), planes_for<S>(buf_->lnf), p,
-                          L.lm_head, cfg_.vocab_size, flat_targets, planes_for<S>(buf_->logits), buf_->head_stats, gemm_);
+                          L.lm_head, cfg_.vocab_size, flat_targets, planes_for<S>(buf_->logits), buf_->head_stats,
+                          buf_->head_moments, gemm_);
   space.fence();
   // Fixed-order host sums in double: deterministic on every backend.
   auto h_loss = Kokkos::create_mirror_view_and_copy(HostSpace(), row_loss_v_);

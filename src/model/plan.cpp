@@ -16,7 +16,9 @@ GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape) {
   // whole (N, V) block when it fits (the reverse then reuses the forward's
   // logits); otherwise vocabulary chunks of up to 4096 entries and as many
   // rows as fit, so that the head GEMMs keep large shapes for any K.
-  const index_t planes = 1 + K * (sec ? 2 : 1), budget = index_t(1) << 24;
+  // Second order: one plane of exponentials, and (K + 1) moment planes of
+  // (rows, C) counted as up to K + 1 more logit planes.
+  const index_t planes = 1 + K + (sec ? 2 + K : 0), budget = index_t(1) << 24;
   index_t vchunk = shape.head_chunk_vocab > 0 ? std::min<index_t>(shape.head_chunk_vocab, V) : V;
   if (shape.head_chunk_vocab <= 0 && N * V * planes > budget) vchunk = std::min<index_t>(V, 4096);
   const index_t rows =

@@ -129,11 +129,13 @@ TEST_CASE("linear and lm head in bf16-amp equal FP32 on rounded operands", "[bf1
   for (index_t i = 0; i < V * in; ++i) w.v(i) = float(wv[i]);
   View1<double> l1("l1", N), l2("l2", N);
   kernels::lm_head_xent_forward<float>(ExecSpace(), Act1<double>{l1, {}, {}}, op.saved[0].act1<float>(), h.act<float>(),
-                                       w.params<float>(), 0, V, op.kernel.targets, op.saved[1].act<float>(), op.kernel.stats, pol);
+                                       w.params<float>(), 0, V, op.kernel.targets, op.saved[1].act<float>(), op.kernel.stats,
+                                       op.saved[2].act<float>(), pol);
   round_in_place(h.v);
   round_in_place(w.v);
   kernels::lm_head_xent_forward<float>(ExecSpace(), Act1<double>{l2, {}, {}}, op.saved[0].act1<float>(), h.act<float>(),
-                                       w.params<float>(), 0, V, op.kernel.targets, op.saved[1].act<float>(), op.kernel.stats);
+                                       w.params<float>(), 0, V, op.kernel.targets, op.saved[1].act<float>(), op.kernel.stats,
+                                       op.saved[2].act<float>());
   for (index_t n = 0; n < N; ++n) REQUIRE(l1(n) == l2(n));
 }
 

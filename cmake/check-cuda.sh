@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # The CUDA variant, compiled here (no GPU needed): Kokkos and Kokkos Kernels
 # from the vendored archives (cmake/build-kokkos.sh, cached), then every target
-# of gnh for sm_90 with nvcc into build-gh200/ (the gh200 preset). Then:
+# of gnh for sm_90 with nvcc into build-gh200/ (the gh200 preset, unity
+# batches of 8 sources: nvcc parses Kokkos' headers once per batch). Then:
 #   - bench_engine and gnh hold sm_90 device code (cuobjdump --list-elf, or
 #     perf/device/fatbin_archs.py where the toolkit has no cuobjdump);
 #   - a kernel calling a host-only function (tests/cuda/host_call_in_kernel.cpp)

@@ -53,7 +53,8 @@ EOF
 fi
 
 cmake -S . -B "$build" -DCMAKE_TOOLCHAIN_FILE=cmake/toolchain-aarch64.cmake -DCMAKE_BUILD_TYPE=Release \
-  -DGNH_ENABLE_MPI=OFF -DGNH_HOST_ARCH="$arch" -DCatch2_DIR="$catch2/lib/cmake/Catch2" >/dev/null
+  -DGNH_ENABLE_MPI=OFF -DGNH_HOST_ARCH="$arch" -DCatch2_DIR="$catch2/lib/cmake/Catch2" \
+  -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=8 >/dev/null
 echo "gnh: aarch64 installed and configured (${SECONDS}s)"
 cmake --build "$build" -j "${GNH_BUILD_JOBS:-2}"
 echo "gnh: aarch64 built (${SECONDS}s)"

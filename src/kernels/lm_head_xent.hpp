@@ -176,7 +176,7 @@ void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t
     // The rows of this block are complete: lse and the losses.
     Kokkos::parallel_for(
         "gnh::lm_head_xent::forward::finish", range(space, nr), KOKKOS_LAMBDA(const index_t r) {
-          (void)K, (void)mc, (void)C, (void)P;  // captured here: nvcc allows no first capture inside the constexpr-if
+          (void)K, (void)mc, (void)C, (void)P, (void)h, (void)p, (void)w;  // captured here: nvcc allows no first capture inside the constexpr-if
           const index_t n = r0 + r;
           const std::int32_t tgt = targets(n);
           const bool valid = tgt >= 0;

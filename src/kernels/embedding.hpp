@@ -4,9 +4,19 @@
 //   forward:  x[b,t,:] = wte[idx[b,t],:] + wpe[t,:]
 //   tangent:  x.d[k] = v_k[wte][idx] + v_k[wpe][t];  second: x.dd = 0 (theta'' = 0)
 //   reverse:  g[wte][idx[b,t],:] += dx[b,t,:],  g[wpe][t,:] += dx[b,t,:]
-// Saves nothing. The reverse runs one thread per channel over all rows in
-// order, so repeated tokens accumulate deterministically without atomics.
+// Saves nothing. The reverse is a two-stage scatter without atomics: the rows
+// of the batch are grouped by token (a stable counting sort of the token ids
+// on the host), then one team per token (and one per position) adds its rows
+// in increasing row order, lanes over the channels. Every g element receives
+// its terms in the order of the rows, whatever the backend: the same bits as a
+// serial loop over the rows.
 #pragma once
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
 #include "core/planes.hpp"
 #include "kernels/check.hpp"
 #include "kernels/op.hpp"
@@ -32,22 +42,82 @@ void embedding_forward(const ExecSpace& space, Act2<T> x, Span2<const std::int32
       });
 }
 
+namespace detail {
+// The rows of a batch grouped by token id: group u holds token(u) and the rows
+// rows(start(u)) .. rows(start(u + 1) - 1), in increasing order.
+struct TokenGroups {
+  View1<index_t> start, rows, token;
+  index_t count = 0;
+};
+inline TokenGroups group_rows_by_token(Span2<const std::int32_t> tokens) {
+  const index_t N = tokens.extent(0) * tokens.extent(1);
+  const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), tokens);
+  const std::int32_t* tok = h.data();
+  index_t V = 0;
+  for (index_t n = 0; n < N; ++n) {
+    if (tok[n] < 0) throw std::invalid_argument("gnh::embedding::reverse: negative token id at row " + std::to_string(n));
+    V = std::max<index_t>(V, index_t(tok[n]) + 1);
+  }
+  std::vector<index_t> first(std::size_t(V) + 1, 0);
+  for (index_t n = 0; n < N; ++n) ++first[std::size_t(tok[n]) + 1];
+  for (index_t v = 0; v < V; ++v) first[std::size_t(v) + 1] += first[std::size_t(v)];
+  TokenGroups g;
+  for (index_t v = 0; v < V; ++v) g.count += first[std::size_t(v) + 1] > first[std::size_t(v)] ? 1 : 0;
+  g.start = View1<index_t>("gnh::embedding::group_start", g.count + 1);
+  g.rows = View1<index_t>("gnh::embedding::group_rows", N);
+  g.token = View1<index_t>("gnh::embedding::group_token", g.count);
+  auto hs = Kokkos::create_mirror_view(g.start);
+  auto hr = Kokkos::create_mirror_view(g.rows);
+  auto ht = Kokkos::create_mirror_view(g.token);
+  std::vector<index_t> next(first.begin(), first.end() - 1);
+  for (index_t n = 0; n < N; ++n) hr(next[std::size_t(tok[n])]++) = n;  // stable: rows ascend within a token
+  index_t u = 0;
+  for (index_t v = 0; v < V; ++v)
+    if (first[std::size_t(v) + 1] > first[std::size_t(v)]) {
+      hs(u) = first[std::size_t(v)];
+      ht(u) = v;
+      ++u;
+    }
+  hs(g.count) = N;
+  Kokkos::deep_copy(g.start, hs);
+  Kokkos::deep_copy(g.rows, hr);
+  Kokkos::deep_copy(g.token, ht);
+  return g;
+}
+}  // namespace detail
+
 template <class T>
 void embedding_reverse(const ExecSpace& space, Grads<T> g, Act2<T> dx, Span2<const std::int32_t> tokens,
                        index_t wte, index_t wpe) {
   const index_t B = tokens.extent(0), Tc = tokens.extent(1), C = dx.cols();
   const index_t K = dx.d.extent(0);
+  require_extent("gnh::embedding::reverse", "dx rows", dx.rows(), B * Tc);
+  using Policy = Kokkos::TeamPolicy<ExecSpace, Kokkos::IndexType<index_t>>;
+  using Member = typename Policy::member_type;
+  // Positions: team t adds rows b * Tc + t for b = 0, 1, ...
   Kokkos::parallel_for(
-      "gnh::embedding::reverse", range(space, C), KOKKOS_LAMBDA(const index_t c) {
-        for (index_t n = 0; n < B * Tc; ++n) {
-          const index_t t = n % Tc;
-          const index_t iw = wte + index_t(tokens(n / Tc, t)) * C + c, ip = wpe + t * C + c;
-          g.v(iw) += dx.v(n, c);
-          g.v(ip) += dx.v(n, c);
-          for (index_t k = 0; k < K; ++k) {
-            g.d(k, iw) += dx.d(k, n, c);
-            g.d(k, ip) += dx.d(k, n, c);
-          }
+      "gnh::embedding::reverse::wpe", Policy(space, Tc, Kokkos::AUTO), KOKKOS_LAMBDA(const Member& team) {
+        const index_t t = team.league_rank(), base = wpe + t * C;
+        for (index_t b = 0; b < B; ++b) {
+          const index_t n = b * Tc + t;
+          Kokkos::parallel_for(Kokkos::TeamVectorRange(team, C), [&](const index_t c) {
+            g.v(base + c) += dx.v(n, c);
+            for (index_t k = 0; k < K; ++k) g.d(k, base + c) += dx.d(k, n, c);
+          });
+        }
+      });
+  // Tokens: team u adds the rows of its token in increasing order.
+  const detail::TokenGroups groups = detail::group_rows_by_token(tokens);
+  const View1<index_t> start = groups.start, rows = groups.rows, token = groups.token;
+  Kokkos::parallel_for(
+      "gnh::embedding::reverse::wte", Policy(space, groups.count, Kokkos::AUTO), KOKKOS_LAMBDA(const Member& team) {
+        const index_t u = team.league_rank(), base = wte + token(u) * C;
+        for (index_t j = start(u); j < start(u + 1); ++j) {
+          const index_t n = rows(j);
+          Kokkos::parallel_for(Kokkos::TeamVectorRange(team, C), [&](const index_t c) {
+            g.v(base + c) += dx.v(n, c);
+            for (index_t k = 0; k < K; ++k) g.d(k, base + c) += dx.d(k, n, c);
+          });
         }
       });
 }

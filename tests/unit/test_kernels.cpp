@@ -9,9 +9,11 @@
 // op. Each check below states K and the magnitude it multiplies.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "kernels/colsum.hpp"
+#include "kernels/embedding.hpp"
 #include "kernels/layernorm.hpp"
 #include "kernels/linear.hpp"
 #include "kernels/residual.hpp"
@@ -355,4 +357,37 @@ TEST_CASE("linear and LayerNorm reverse: GPU-shaped column sums give the host sh
   }
   // The shapes did differ in order somewhere (else this test proves nothing).
   REQUIRE(grads[0] != grads[1]);
+}
+
+// The two-stage embedding scatter (rows grouped by token, one team per token
+// and per position) adds every row in increasing row order: the bits of a
+// serial loop over the rows, for the value and the tangent planes. Tokens
+// repeat out of order (some ids never appear, one appears in most rows).
+TEST_CASE("embedding reverse: the grouped scatter gives the bits of a serial loop over the rows", "[kernels][embedding]") {
+  const index_t B = 3, Tc = 7, C = 19, V = 13, N = B * Tc, P = (V + Tc) * C;
+  View2<std::int32_t> tokens("tokens", B, Tc);
+  for (index_t n = 0; n < N; ++n) tokens.data()[n] = std::int32_t(n % 3 == 0 ? 5 : (n * 7 + 3) % V);
+  Buf<float> dx(N, C);
+  Flat<float> g(P);
+  load<float>(dx.v, ref::random_vec(N * C, 21));
+  load<float>(dx.d, ref::random_vec(N * C, 22));
+  load<float>(g.v, ref::random_vec(P, 23));
+  load<float>(g.d, ref::random_vec(P, 24));
+  std::vector<float> want_v(g.v.data(), g.v.data() + P), want_d(g.d.data(), g.d.data() + P);
+  for (index_t n = 0; n < N; ++n)
+    for (index_t c = 0; c < C; ++c) {
+      const index_t iw = index_t(tokens.data()[n]) * C + c, ip = V * C + (n % Tc) * C + c;
+      want_v[iw] += dx.v(n * C + c);
+      want_v[ip] += dx.v(n * C + c);
+      want_d[iw] += dx.d(n * C + c);
+      want_d[ip] += dx.d(n * C + c);
+    }
+  kernels::embedding_reverse<float>(ExecSpace(), g.grads<Dual<float>>(), dx.act<Dual<float>>(), tokens, 0, V * C);
+  Kokkos::fence();
+  REQUIRE(std::memcmp(want_v.data(), g.v.data(), sizeof(float) * P) == 0);
+  REQUIRE(std::memcmp(want_d.data(), g.d.data(), sizeof(float) * P) == 0);
+
+  tokens.data()[4] = -2;
+  REQUIRE_THROWS_WITH(kernels::embedding_reverse<float>(ExecSpace(), g.grads<float>(), dx.act<float>(), tokens, 0, V * C),
+                      Catch::Contains("negative token id at row 4"));
 }

@@ -149,7 +149,10 @@ void attention_forward(float* y, float* lse, const float* qkv, std::int64_t B, s
   std::vector<float> S(std::size_t(std::min(TQ, T) * T));
   for (std::int64_t bh = bh0; bh < bh1; ++bh) {
     const std::int64_t b = bh / H, h = bh % H;
-    for (std::int64_t t0 = 0; t0 < T; t0 += TQ) forward_tile(g, qkv, y, lse, b, h, t0, std::min(t0 + TQ, T), S.data(), std::min(t0 + TQ, T));
+    for (std::int64_t t0 = 0; t0 < T; t0 += TQ) {
+      const std::int64_t t1 = std::min(t0 + TQ, T);
+      forward_tile(g, qkv, y, lse, b, h, t0, t1, S.data(), t1);
+    }
   }
 }
 
@@ -184,21 +187,17 @@ void forward_derivatives(float* y, float* yd, float* ydd, float* lse, float* lse
         forward_tile(g, qkv, y, lse, b, h, t0, t1, P, ldp);
         for (std::int64_t k = 0; k < K; ++k) {
           const float* d = qkvd + k * N * g.ld;
-          // s' and s''.
+          // s' (and s''): Aq holds [Q' | Q] from column hs, Q'' in front of it.
+          side_by_side(Aq + hs, 3 * hs, tq, hs, {{d + oq, 1.0f}, {qkv + oq, 1.0f}}, g.ld);
+          side_by_side(Bk1, 2 * hs, t1, hs, {{qkv + ok, 1.0f}, {d + ok, 1.0f}}, g.ld);
+          stacked(Bv1, t1, hs, {{d + ov, 1.0f}, {qkv + ov, 1.0f}}, g.ld);
+          mm(false, true, tq, t1, 2 * hs, g.scale, Aq + hs, 3 * hs, Bk1, 2 * hs, 0.0f, Pd, ldp);
           if (second) {
             const float* dd = qkvdd + k * N * g.ld;
-            side_by_side(Aq, 3 * hs, tq, hs, {{dd + oq, 1.0f}, {d + oq, 1.0f}, {qkv + oq, 1.0f}}, g.ld);
-            side_by_side(Bk1, 2 * hs, t1, hs, {{qkv + ok, 1.0f}, {d + ok, 1.0f}}, g.ld);
+            side_by_side(Aq, 3 * hs, tq, hs, {{dd + oq, 1.0f}}, g.ld);
             side_by_side(Bk2, 3 * hs, t1, hs, {{qkv + ok, 1.0f}, {d + ok, 2.0f}, {dd + ok, 1.0f}}, g.ld);
-            stacked(Bv1, t1, hs, {{d + ov, 1.0f}, {qkv + ov, 1.0f}}, g.ld);
             stacked(Bv2, t1, hs, {{dd + ov, 1.0f}, {d + ov, 2.0f}, {qkv + ov, 1.0f}}, g.ld);
-            mm(false, true, tq, t1, 2 * hs, g.scale, Aq + hs, 3 * hs, Bk1, 2 * hs, 0.0f, Pd, ldp);
             mm(false, true, tq, t1, 3 * hs, g.scale, Aq, 3 * hs, Bk2, 3 * hs, 0.0f, Pdd, ldp);
-          } else {
-            side_by_side(Aq, 2 * hs, tq, hs, {{d + oq, 1.0f}, {qkv + oq, 1.0f}}, g.ld);
-            side_by_side(Bk1, 2 * hs, t1, hs, {{qkv + ok, 1.0f}, {d + ok, 1.0f}}, g.ld);
-            stacked(Bv1, t1, hs, {{d + ov, 1.0f}, {qkv + ov, 1.0f}}, g.ld);
-            mm(false, true, tq, t1, 2 * hs, g.scale, Aq, 2 * hs, Bk1, 2 * hs, 0.0f, Pd, ldp);
           }
           for (std::int64_t r = 0; r < tq; ++r) {
             const float* p = P + r * ldp;

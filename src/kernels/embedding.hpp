@@ -84,6 +84,16 @@ inline TokenGroups group_rows_by_token(Span2<const std::int32_t> tokens) {
   Kokkos::deep_copy(g.token, ht);
   return g;
 }
+
+// Row n of dx (all planes) added to the gradient at base, lanes over the channels.
+template <class Member, class T>
+KOKKOS_INLINE_FUNCTION void add_row(const Member& team, const Grads<T>& g, const Act2<T>& dx, index_t base, index_t n,
+                                    index_t C, index_t K) {
+  Kokkos::parallel_for(Kokkos::TeamVectorRange(team, C), [&](const index_t c) {
+    g.v(base + c) += dx.v(n, c);
+    for (index_t k = 0; k < K; ++k) g.d(k, base + c) += dx.d(k, n, c);
+  });
+}
 }  // namespace detail
 
 template <class T>
@@ -98,13 +108,7 @@ void embedding_reverse(const ExecSpace& space, Grads<T> g, Act2<T> dx, Span2<con
   Kokkos::parallel_for(
       "gnh::embedding::reverse::wpe", Policy(space, Tc, Kokkos::AUTO), KOKKOS_LAMBDA(const Member& team) {
         const index_t t = team.league_rank(), base = wpe + t * C;
-        for (index_t b = 0; b < B; ++b) {
-          const index_t n = b * Tc + t;
-          Kokkos::parallel_for(Kokkos::TeamVectorRange(team, C), [&](const index_t c) {
-            g.v(base + c) += dx.v(n, c);
-            for (index_t k = 0; k < K; ++k) g.d(k, base + c) += dx.d(k, n, c);
-          });
-        }
+        for (index_t b = 0; b < B; ++b) detail::add_row(team, g, dx, base, b * Tc + t, C, K);
       });
   // Tokens: team u adds the rows of its token in increasing order.
   const detail::TokenGroups groups = detail::group_rows_by_token(tokens);
@@ -112,13 +116,7 @@ void embedding_reverse(const ExecSpace& space, Grads<T> g, Act2<T> dx, Span2<con
   Kokkos::parallel_for(
       "gnh::embedding::reverse::wte", Policy(space, groups.count, Kokkos::AUTO), KOKKOS_LAMBDA(const Member& team) {
         const index_t u = team.league_rank(), base = wte + token(u) * C;
-        for (index_t j = start(u); j < start(u + 1); ++j) {
-          const index_t n = rows(j);
-          Kokkos::parallel_for(Kokkos::TeamVectorRange(team, C), [&](const index_t c) {
-            g.v(base + c) += dx.v(n, c);
-            for (index_t k = 0; k < K; ++k) g.d(k, base + c) += dx.d(k, n, c);
-          });
-        }
+        for (index_t j = start(u); j < start(u + 1); ++j) detail::add_row(team, g, dx, base, rows(j), C, K);
       });
 }
 

@@ -64,7 +64,7 @@ bool sgemm_panel(GemmKernel kernel, const Panel& panel, bool trans_a, bool trans
 // where it is OpenBLAS), so two thread pools never share the cores. Available
 // when the link holds a host BLAS.
 bool vendor_panels_available();
-void vendor_single_threaded();  // once per process; no-op for other BLAS
+void vendor_single_threaded();  // before each vendor call from gnh; no-op for other BLAS
 // Row-major product through the Fortran BLAS; false when there is none (or a
 // dimension exceeds its 32-bit integers).
 bool sgemm_vendor(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,

@@ -37,9 +37,12 @@ template <class Space>
 bool sgemm_on(const Space& space, GemmKernel kernel, bool ta, bool tb, std::int64_t m, std::int64_t n,
               std::int64_t k, float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
               float beta, float* C, std::int64_t ldc) {
-  // Two thread pools on the same cores (a threaded BLAS under a threaded
-  // host space) slow both several-fold: the BLAS runs on gnh's threads.
-  if (space.concurrency() > 1) vendor_single_threaded();
+  // The BLAS runs on gnh's threads only. Two thread pools on the same cores
+  // (a threaded BLAS under a threaded host space) slow both several-fold; and
+  // on a one-thread space OpenBLAS would otherwise start a thread per core,
+  // under every MPI rank of the node, and win the start-up probe against
+  // gnh's one thread with all of them.
+  vendor_single_threaded();
   const std::int64_t parts = panel_count(m, n, space.concurrency());
   if (kernel == GemmKernel::none ? parts == 1 || !vendor_panels_available() : !supported(kernel))
     return false;

@@ -15,6 +15,12 @@
 #include "kernels/host_gemm.hpp"
 #include "kernels/host_parallel.hpp"
 
+// OpenBLAS's thread control, where the BLAS linked is OpenBLAS.
+extern "C" {
+void openblas_set_num_threads(int threads) __attribute__((weak));
+int openblas_get_num_threads(void) __attribute__((weak));
+}
+
 using namespace gnh;
 using namespace gnh::kernels;
 
@@ -273,6 +279,19 @@ TEST_CASE("the start-up probe never picks the slower of gnh's kernel and the ven
   INFO("native " << native << " s, vendor " << vendor << " s, chosen " << host::name(p.chosen));
   if (p.chosen == host::GemmKernel::none) CHECK(vendor <= 1.15 * native);
   else CHECK(native <= 1.15 * vendor);
+}
+
+TEST_CASE("the vendor BLAS runs on gnh's threads only, one on a one-thread space", "[gemm][probe]") {
+  // OpenBLAS left to itself starts a thread per core: the probe then timed
+  // gnh's kernel on one thread against the vendor's on all cores, and every
+  // rank of a node ran that many threads.
+  if (!openblas_set_num_threads || !openblas_get_num_threads) return;  // another BLAS: nothing to check
+  openblas_set_num_threads(2);
+  const Kokkos::DefaultHostExecutionSpace host_space;
+  float a = 2, b = 3, c = 0;
+  REQUIRE_FALSE(host::sgemm_on(host_space, host::GemmKernel::none, false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f,
+                               &c, 1));  // one panel: the caller's vendor BLAS, set to one thread first
+  CHECK(openblas_get_num_threads() == 1);
 }
 
 TEST_CASE("select_kernel switches the dense GEMM and back", "[gemm][probe]") {

@@ -5,7 +5,7 @@
 // elements per second, and for the matrix-multiply ops achieved GFLOP/s
 // against an analytic count and against this run's sgemm rate.
 //
-//   bench_kernels [--shape tiny|small|reference] [--directions K] [--repeats R]
+//   bench_kernels [--shape tiny|small|reference] [--directions K] [--repeats R] [--op NAME]
 //   bench_kernels --list          the registered ops, one per line
 //
 // Every op of the registry (kernels/ops.hpp) is timed through its contract
@@ -167,8 +167,10 @@ struct BenchOp {
   Report& rep;
   OpDims dims;
   index_t K;
+  std::string only;  // one op's name, or empty for all
   template <class O>
   void operator()() const {
+    if (!only.empty() && only != O::name) return;
     O op = O::at(dims, K);
     const OpSizes sz = op.sizes();
     OpBuffers<O> b(op, K);
@@ -201,16 +203,18 @@ int main(int argc, char** argv) {
   std::string shape_name = "small";
   index_t K = 4;
   int repeats = 5;
+  std::string only;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (i + 1 < argc && a == "--shape") shape_name = argv[++i];
     else if (i + 1 < argc && a == "--directions") K = std::stol(argv[++i]);
     else if (i + 1 < argc && a == "--repeats") repeats = std::stoi(argv[++i]);
+    else if (i + 1 < argc && a == "--op") only = argv[++i];
     else if (a == "--list") {
       Ops::for_each<T>(ListOps{});
       return 0;
     } else {
-      std::fprintf(stderr, "usage: bench_kernels [--shape tiny|small|reference] [--directions K] [--repeats R] | --list\n");
+      std::fprintf(stderr, "usage: bench_kernels [--shape tiny|small|reference] [--directions K] [--repeats R] [--op NAME] | --list\n");
       return 2;
     }
   }
@@ -248,7 +252,7 @@ int main(int argc, char** argv) {
          << ", \"T\": " << Tc << ", \"n_head\": " << H << ", \"n_embd\": " << C << ", \"vocab\": " << V
          << ", \"directions\": " << K << "},\n  \"sgemm_gflops\": " << rep.sgemm_rate << ",\n  \"kernels\": [";
 
-  Ops::for_each<T>(BenchOp{rep, OpDims{B, Tc, H, C, V}, K});
+  Ops::for_each<T>(BenchOp{rep, OpDims{B, Tc, H, C, V}, K, only});
   rep.js << "\n  ]\n}\n";
   std::fputs(rep.js.str().c_str(), stdout);
   return 0;

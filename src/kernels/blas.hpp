@@ -170,4 +170,56 @@ void gemm(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, cons
   }
 }
 
+// A batch of products with one shape: C_i = alpha op(A_i) op(B_i) + beta C_i
+// for i < count, where X_i starts stride_x elements after X_{i-1} (stride 0:
+// one operand shared by the batch; A, B, C are the first of each). The K
+// directions of a GEMM are such a batch. On CUDA with cuBLAS, outside
+// bf16-amp, it is one strided-batched call on the caller's stream (under the
+// TF32 policy in TF32 math); elsewhere the products in turn, with the bits of
+// `count` calls of gemm.
+template <class T>
+void gemm_batched(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, const char* tb, T alpha,
+                  Span2<const T> A, index_t stride_a, Span2<const T> B, index_t stride_b, T beta, Span2<T> C,
+                  index_t stride_c, index_t count) {
+  if (count <= 0) return;
+#ifdef GNH_CUBLAS_MATH_MODE
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    const bool at = ta[0] == 'T', bt = tb[0] == 'T';
+    const index_t m = at ? A.extent(1) : A.extent(0), ka = at ? A.extent(0) : A.extent(1);
+    const index_t kb = bt ? B.extent(1) : B.extent(0), n = bt ? B.extent(0) : B.extent(1);
+    require_extent("gnh::gemm_batched", "inner dimension", kb, ka);
+    require_extent("gnh::gemm_batched", "C rows", C.extent(0), m);
+    require_extent("gnh::gemm_batched", "C cols", C.extent(1), n);
+    if (!pol.bf16 && m > 0 && n > 0 && ka > 0 && count > 1) {
+      const Tf32Scope tf32(pol.tf32 && std::is_same<T, float>::value);
+      cublasHandle_t handle = KokkosBlas::Impl::CudaBlasSingleton::singleton().handle;
+      if (cublasSetStream(handle, space.cuda_stream()) != CUBLAS_STATUS_SUCCESS)
+        throw std::runtime_error("gnh::gemm_batched: cublasSetStream failed");
+      // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
+      const cublasOperation_t oa = bt ? CUBLAS_OP_T : CUBLAS_OP_N, ob = at ? CUBLAS_OP_T : CUBLAS_OP_N;
+      const int mi = int(n), ni = int(m), ki = int(ka), lda = int(B.stride(0)), ldb = int(A.stride(0)),
+                ldc = int(C.stride(0));
+      cublasStatus_t st;
+      if constexpr (std::is_same_v<T, float>)
+        st = cublasSgemmStridedBatched(handle, oa, ob, mi, ni, ki, &alpha, B.data(), lda, stride_b, A.data(), ldb,
+                                       stride_a, &beta, C.data(), ldc, stride_c, int(count));
+      else
+        st = cublasDgemmStridedBatched(handle, oa, ob, mi, ni, ki, &alpha, B.data(), lda, stride_b, A.data(), ldb,
+                                       stride_a, &beta, C.data(), ldc, stride_c, int(count));
+      if (st != CUBLAS_STATUS_SUCCESS) {
+        std::ostringstream msg;
+        msg << "gnh::gemm_batched: cuBLAS status " << int(st) << " for " << count << " products of " << m << " x "
+            << n << " x " << ka;
+        throw std::runtime_error(msg.str());
+      }
+      return;
+    }
+  }
+#endif
+  for (index_t i = 0; i < count; ++i)
+    gemm<T>(space, pol, ta, tb, alpha, Span2<const T>(A.data() + i * stride_a, A.extent(0), A.extent(1)),
+            Span2<const T>(B.data() + i * stride_b, B.extent(0), B.extent(1)), beta,
+            Span2<T>(C.data() + i * stride_c, C.extent(0), C.extent(1)));
+}
+
 }  // namespace gnh::kernels

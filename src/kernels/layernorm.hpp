@@ -13,106 +13,137 @@
 #include "kernels/check.hpp"
 #include "kernels/colsum.hpp"
 #include "kernels/op.hpp"
+#include "kernels/rows.hpp"
 
 namespace gnh::kernels {
 
+namespace detail {
+
+// One row of the forward (rows.hpp): the row statistics once (two passes,
+// mean then centred squares, for accuracy in float); each direction then by
+// the chain rule in T, with delta = x - mu, v = mean(delta^2), r = (v + eps)^-1/2:
+//   mu' = mean(x'), v' = 2 mean(delta delta'), r' = -r^3 v' / 2,
+//   xh' = delta' r + delta r',  y' = xh' w + xh w' + b'
+//   mu'' = mean(x''), v'' = 2 mean(delta'^2 + delta delta''),
+//   r'' = 3 r^5 v'^2 / 4 - r^3 v'' / 2,
+//   xh'' = delta'' r + 2 delta' r' + delta r'',  y'' = xh'' w + 2 xh' w'
+template <class S>
+struct LayerNormForwardRow {
+  using T = base_t<S>;
+  Act2<T> y;
+  Act1<T> mean, rstd;
+  Act2<T> x;
+  Params<T> p;
+  index_t w, b, C, K, P;
+  T eps;
+  template <class Lanes>
+  KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t n) const {
+    const T* xr = &x.v(n, 0);
+    const T* pv = p.v.data();
+    const T mu = lanes.template sum<T>(C, [&](index_t c) { return xr[c]; }) / T(C);
+    const T var = lanes.template sum<T>(C, [&](index_t c) { return (xr[c] - mu) * (xr[c] - mu); });
+    const T r = T(1) / kmath::sqrt(var / T(C) + eps);
+    mean.v(n) = mu;
+    rstd.v(n) = r;
+    lanes.each(C, [&](index_t c) { y.v(n, c) = (xr[c] - mu) * r * pv[w + c] + (b >= 0 ? pv[b + c] : T(0)); });
+    if constexpr (has_tangents_v<S>) {
+      for (index_t k = 0; k < K; ++k) {
+        const T* xd = &x.d(k, n, 0);
+        const T* pd = p.d.data() + k * P;
+        const T mu1 = lanes.template sum<T>(C, [&](index_t c) { return xd[c]; }) / T(C);
+        const T v1 =
+            lanes.template sum<T>(C, [&](index_t c) { return (xr[c] - mu) * (xd[c] - mu1); }) * (T(2) / T(C));
+        const T r3 = r * r * r, r1 = T(-0.5) * r3 * v1;
+        mean.d(k, n) = mu1;
+        rstd.d(k, n) = r1;
+        lanes.each(C, [&](index_t c) {
+          const T xh = (xr[c] - mu) * r, xh1 = (xd[c] - mu1) * r + (xr[c] - mu) * r1;
+          y.d(k, n, c) = xh1 * pv[w + c] + xh * pd[w + c] + (b >= 0 ? pd[b + c] : T(0));
+        });
+        if constexpr (has_second_v<S>) {
+          const T* xdd = &x.dd(k, n, 0);
+          const T mu2 = lanes.template sum<T>(C, [&](index_t c) { return xdd[c]; }) / T(C);
+          const T v2 = lanes.template sum<T>(C, [&](index_t c) {
+                         const T d1 = xd[c] - mu1;
+                         return d1 * d1 + (xr[c] - mu) * (xdd[c] - mu2);
+                       }) *
+                       (T(2) / T(C));
+          const T r2 = T(0.75) * r3 * r * r * v1 * v1 - T(0.5) * r3 * v2;
+          mean.dd(k, n) = mu2;
+          rstd.dd(k, n) = r2;
+          lanes.each(C, [&](index_t c) {
+            const T d0 = xr[c] - mu, d1 = xd[c] - mu1;
+            const T xh1 = d1 * r + d0 * r1, xh2 = (xdd[c] - mu2) * r + T(2) * d1 * r1 + d0 * r2;
+            y.dd(k, n, c) = xh2 * pv[w + c] + T(2) * xh1 * pd[w + c];
+          });
+        }
+      }
+    }
+  }
+};
+
+// One row of the reverse's input adjoint, in S arithmetic (Dual: the tangent
+// of the reverse), plane by plane.
+template <class S>
+struct LayerNormReverseRow {
+  using T = base_t<S>;
+  using io = Io<S>;
+  Act2<T> dx, dy, x;
+  Act1<T> mean, rstd;
+  Params<T> p;
+  index_t w, C, K;
+  template <class Lanes>
+  KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t n) const {
+    for (int k = 0; k < K; ++k) {
+      const S mu = io::get(mean, k, n), r = io::get(rstd, k, n);
+      S mg, mgx;
+      lanes.template sum2<S>(
+          C,
+          [&](index_t c, S& a, S& bx) {
+            const S gc = io::get(dy, k, n, c) * io::param(p, k, w + c);
+            a += gc;
+            bx += gc * ((io::get(x, k, n, c) - mu) * r);
+          },
+          mg, mgx);
+      mg = mg / T(C);
+      mgx = mgx / T(C);
+      lanes.each(C, [&](index_t c) {
+        const S xh = (io::get(x, k, n, c) - mu) * r;
+        const S gc = io::get(dy, k, n, c) * io::param(p, k, w + c);
+        io::put(dx, k, n, c, r * (gc - mg - xh * mgx));
+      });
+    }
+  }
+};
+
+}  // namespace detail
+
+// rows: the shape of the row kernels (rows.hpp); the default suits the
+// execution space, and both give the same bits.
 template <class S>
 void layernorm_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>> mean,
                        Act1<base_t<S>> rstd, Act2<base_t<S>> x, Params<base_t<S>> p, index_t w,
-                       index_t b, double eps) {
+                       index_t b, double eps, RowShape rows = default_row_shape()) {
   using T = base_t<S>;
-  constexpr bool tangents = has_tangents_v<S>;
-  const index_t N = x.rows(), C = x.cols(), K = tangents ? x.d.extent(0) : 0, P = p.v.extent(0);
+  const index_t N = x.rows(), C = x.cols(), K = has_tangents_v<S> ? x.d.extent(0) : 0, P = p.v.extent(0);
   require_extent("gnh::layernorm::forward", "y rows", y.rows(), N);
   require_extent("gnh::layernorm::forward", "y cols", y.cols(), C);
   require_extent("gnh::layernorm::forward", "mean", mean.v.extent(0), N);
-  const T teps = static_cast<T>(eps);
-  const T* pv = p.v.data();
-  // The row statistics once (two passes, mean then centred squares, for
-  // accuracy in float); each direction then by the chain rule in T, with
-  // delta = x - mu, v = mean(delta^2), r = (v + eps)^-1/2:
-  //   mu' = mean(x'), v' = 2 mean(delta delta'), r' = -r^3 v' / 2,
-  //   xh' = delta' r + delta r',  y' = xh' w + xh w' + b'
-  //   mu'' = mean(x''), v'' = 2 mean(delta'^2 + delta delta''),
-  //   r'' = 3 r^5 v'^2 / 4 - r^3 v'' / 2,
-  //   xh'' = delta'' r + 2 delta' r' + delta r'',  y'' = xh'' w + 2 xh' w'
-  Kokkos::parallel_for(
-      "gnh::layernorm::forward", range(space, N), KOKKOS_LAMBDA(const index_t n) {
-        (void)K, (void)P, (void)p;  // captured here: nvcc allows no first capture inside the constexpr-if
-        const T* xr = &x.v(n, 0);
-        const T mu = lane_sum<T>(C, [&](index_t c) { return xr[c]; }) / T(C);
-        const T var = lane_sum<T>(C, [&](index_t c) { return (xr[c] - mu) * (xr[c] - mu); });
-        const T r = T(1) / kmath::sqrt(var / T(C) + teps);
-        mean.v(n) = mu;
-        rstd.v(n) = r;
-        for (index_t c = 0; c < C; ++c) y.v(n, c) = (xr[c] - mu) * r * pv[w + c] + (b >= 0 ? pv[b + c] : T(0));
-        if constexpr (has_tangents_v<S>) {
-          for (index_t k = 0; k < K; ++k) {
-            const T* xd = &x.d(k, n, 0);
-            const T* pd = p.d.data() + k * P;
-            const T mu1 = lane_sum<T>(C, [&](index_t c) { return xd[c]; }) / T(C);
-            const T v1 = lane_sum<T>(C, [&](index_t c) { return (xr[c] - mu) * (xd[c] - mu1); }) * (T(2) / T(C));
-            const T r3 = r * r * r, r1 = T(-0.5) * r3 * v1;
-            mean.d(k, n) = mu1;
-            rstd.d(k, n) = r1;
-            for (index_t c = 0; c < C; ++c) {
-              const T xh = (xr[c] - mu) * r, xh1 = (xd[c] - mu1) * r + (xr[c] - mu) * r1;
-              y.d(k, n, c) = xh1 * pv[w + c] + xh * pd[w + c] + (b >= 0 ? pd[b + c] : T(0));
-            }
-            if constexpr (has_second_v<S>) {
-              const T* xdd = &x.dd(k, n, 0);
-              const T mu2 = lane_sum<T>(C, [&](index_t c) { return xdd[c]; }) / T(C);
-              const T v2 = lane_sum<T>(C, [&](index_t c) {
-                             const T d1 = xd[c] - mu1;
-                             return d1 * d1 + (xr[c] - mu) * (xdd[c] - mu2);
-                           }) *
-                           (T(2) / T(C));
-              const T r2 = T(0.75) * r3 * r * r * v1 * v1 - T(0.5) * r3 * v2;
-              mean.dd(k, n) = mu2;
-              rstd.dd(k, n) = r2;
-              for (index_t c = 0; c < C; ++c) {
-                const T d0 = xr[c] - mu, d1 = xd[c] - mu1;
-                const T xh1 = d1 * r + d0 * r1, xh2 = (xdd[c] - mu2) * r + T(2) * d1 * r1 + d0 * r2;
-                y.dd(k, n, c) = xh2 * pv[w + c] + T(2) * xh1 * pd[w + c];
-              }
-            }
-          }
-        }
-      });
+  for_rows<T>(space, "gnh::layernorm::forward", N,
+              detail::LayerNormForwardRow<S>{y, mean, rstd, x, p, w, b, C, K, P, static_cast<T>(eps)}, rows);
 }
 
 template <class S>
 void layernorm_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Grads<base_t<S>> g,
                        Act2<base_t<S>> dy, Act2<base_t<S>> x, Act1<base_t<S>> mean,
                        Act1<base_t<S>> rstd, Params<base_t<S>> p, index_t w, index_t b,
-                       ColumnShape shape = default_column_shape()) {
-  using T = base_t<S>;
+                       ColumnShape shape = default_column_shape(), RowShape rows = default_row_shape()) {
   using io = Io<S>;
   const index_t N = x.rows(), C = x.cols(), K = directions_of<S>(x);
   require_extent("gnh::layernorm::reverse", "dy rows", dy.rows(), N);
   require_extent("gnh::layernorm::reverse", "dx rows", dx.rows(), N);
-  Kokkos::parallel_for(
-      "gnh::layernorm::reverse::input", range(space, N), KOKKOS_LAMBDA(const index_t n) {
-        for (int k = 0; k < K; ++k) {
-          const S mu = io::get(mean, k, n), r = io::get(rstd, k, n);
-          S mg, mgx;
-          lane_sum2<S>(
-              C,
-              [&](index_t c, S& a, S& bx) {
-                const S gc = io::get(dy, k, n, c) * io::param(p, k, w + c);
-                a += gc;
-                bx += gc * ((io::get(x, k, n, c) - mu) * r);
-              },
-              mg, mgx);
-          mg = mg / T(C);
-          mgx = mgx / T(C);
-          for (index_t c = 0; c < C; ++c) {
-            const S xh = (io::get(x, k, n, c) - mu) * r;
-            const S gc = io::get(dy, k, n, c) * io::param(p, k, w + c);
-            io::put(dx, k, n, c, r * (gc - mg - xh * mgx));
-          }
-        }
-      });
+  for_rows<S>(space, "gnh::layernorm::reverse::input", N,
+              detail::LayerNormReverseRow<S>{dx, dy, x, mean, rstd, p, w, C, K}, rows);
   // Weight and bias: column sums over the rows, deterministic (colsum.hpp).
   column_sums<S>(
       space, "gnh::layernorm::reverse::params", K, N, C,
@@ -135,19 +166,22 @@ struct LayerNormOp {
   static constexpr const char* name = "layernorm";
   index_t N, C;
   bool bias;
-  LayerNormOp(index_t N_, index_t C_, bool bias_) : N(N_), C(C_), bias(bias_) {}
+  RowShape rows;
+  LayerNormOp(index_t N_, index_t C_, bool bias_, RowShape rows_ = default_row_shape())
+      : N(N_), C(C_), bias(bias_), rows(rows_) {}
   static LayerNormOp at(const OpDims& d, index_t) { return LayerNormOp(d.B * d.T, d.C, true); }
   OpSizes sizes() const { return {N, C, C, C * (bias ? 2 : 1)}; }
   std::vector<OpExtent> saved() const { return {{N, 1}, {N, 1}}; }
   double flops(OpMode, index_t) const { return 0.0; }
   template <class S>
   void forward(const ExecSpace& space, Act2<T> y, Act2<T> x, Params<T> p, const OpSaved<T>& s) const {
-    layernorm_forward<S>(space, y, s.flat(0), s.flat(1), x, p, 0, bias ? C : -1, 1e-5);
+    layernorm_forward<S>(space, y, s.flat(0), s.flat(1), x, p, 0, bias ? C : -1, 1e-5, rows);
   }
   template <class S>
   void reverse(const ExecSpace& space, Act2<T> dx, Grads<T> g, Act2<T> dy, Act2<T> x, Act2<T>, Params<T> p,
                const OpSaved<T>& s) const {
-    layernorm_reverse<S>(space, dx, g, dy, x, s.flat(0), s.flat(1), p, 0, bias ? C : -1);
+    layernorm_reverse<S>(space, dx, g, dy, x, s.flat(0), s.flat(1), p, 0, bias ? C : -1, default_column_shape(),
+                         rows);
   }
 };
 

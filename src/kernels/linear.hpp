@@ -55,19 +55,17 @@ void linear_forward(const ExecSpace& space, Act2<T> y, Act2<T> x, Params<T> p, i
   // Stacked over directions: (K*N, in) x (in, out).
   gemm<T>(space, pol, "N", "T", T(1), block(x.d.data(), 0, K * N, in), block(W, 0, out, in), T(0),
           block(y.d.data(), 0, K * N, out));
-  for (index_t k = 0; k < K; ++k) {
-    const T* Vk = p.d.data() + k * p.d.extent(1);
-    gemm<T>(space, pol, "N", "T", T(1), x.v, block(Vk, w, out, in), T(1), block(y.d.data(), k * N * out, N, out));
-    if (b >= 0) detail::add_bias(space, y.d.data() + k * N * out, Vk + b, N, out);
-  }
+  // Per direction, one batch: x V_k^T (x shared by the batch).
+  const index_t P = p.d.extent(1);
+  gemm_batched<T>(space, pol, "N", "T", T(1), x.v, 0, block(p.d.data(), w, out, in), P, T(1),
+                  block(y.d.data(), 0, N, out), N * out, K);
+  if (b >= 0)
+    for (index_t k = 0; k < K; ++k) detail::add_bias(space, y.d.data() + k * N * out, p.d.data() + k * P + b, N, out);
   if (y.dd.extent(0) == 0) return;
   gemm<T>(space, pol, "N", "T", T(1), block(x.dd.data(), 0, K * N, in), block(W, 0, out, in), T(0),
           block(y.dd.data(), 0, K * N, out));
-  for (index_t k = 0; k < K; ++k) {
-    const T* Vk = p.d.data() + k * p.d.extent(1);
-    gemm<T>(space, pol, "N", "T", T(2), block(x.d.data(), k * N * in, N, in), block(Vk, w, out, in), T(1),
-            block(y.dd.data(), k * N * out, N, out));
-  }
+  gemm_batched<T>(space, pol, "N", "T", T(2), block(x.d.data(), 0, N, in), N * in, block(p.d.data(), w, out, in), P,
+                  T(1), block(y.dd.data(), 0, N, out), N * out, K);
 }
 
 // dx is overwritten (skipped when it has no rows); g accumulates.
@@ -84,16 +82,19 @@ void linear_reverse(const ExecSpace& space, Act2<T> dx, Grads<T> g, Act2<T> dy, 
   if (dx.rows() > 0)
     gemm<T>(space, pol, "N", "N", T(1), block(dy.d.data(), 0, K * N, out), block(W, 0, out, in), T(0),
             block(dx.d.data(), 0, K * N, in));
+  // Per direction, batches over k: dy V_k, dy'_k^T x and dy^T x'_k (the
+  // shared operand at stride 0). The two gradient batches add into G_k in
+  // this order, as the per-direction loop did.
   const index_t P = g.d.extent(1);
-  for (index_t k = 0; k < K; ++k) {
-    const T* Vk = p.d.data() + k * P;
-    T* Gk = g.d.data() + k * P;
-    if (dx.rows() > 0)
-      gemm<T>(space, pol, "N", "N", T(1), dy.v, block(Vk, w, out, in), T(1), block(dx.d.data(), k * N * in, N, in));
-    gemm<T>(space, pol, "T", "N", T(1), block(dy.d.data(), k * N * out, N, out), x.v, T(1), block(Gk, w, out, in));
-    gemm<T>(space, pol, "T", "N", T(1), dy.v, block(x.d.data(), k * N * in, N, in), T(1), block(Gk, w, out, in));
-    if (b >= 0) detail::add_colsum(space, Gk + b, dy.d.data() + k * N * out, N, out);
-  }
+  if (dx.rows() > 0)
+    gemm_batched<T>(space, pol, "N", "N", T(1), dy.v, 0, block(p.d.data(), w, out, in), P, T(1),
+                    block(dx.d.data(), 0, N, in), N * in, K);
+  gemm_batched<T>(space, pol, "T", "N", T(1), block(dy.d.data(), 0, N, out), N * out, x.v, 0, T(1),
+                  block(g.d.data(), w, out, in), P, K);
+  gemm_batched<T>(space, pol, "T", "N", T(1), dy.v, 0, block(x.d.data(), 0, N, in), N * in, T(1),
+                  block(g.d.data(), w, out, in), P, K);
+  if (b >= 0)
+    for (index_t k = 0; k < K; ++k) detail::add_colsum(space, g.d.data() + k * P + b, dy.d.data() + k * N * out, N, out);
 }
 
 // The op contract (kernels/op.hpp): y (N, out) = x (N, in) W^T [+ b], theta =

@@ -47,14 +47,12 @@ void chunk_logits(const ExecSpace& space, Act2<T> z, Act2<T> h, Params<T> p, ind
   gemm<T>(space, pol, "N", "T", T(1), block(h.v.data(), r0 * C, nr, C), block(W, 0, vc, C), T(0),
           block(z.v.data(), 0, nr, vc));
   if (!tangents) return;
-  for (index_t k = 0; k < K; ++k) {
-    const T* Vk = p.d.data() + k * P + w + v0 * C;
-    T* zk = z.d.data() + k * nr * vc;
-    gemm<T>(space, pol, "N", "T", T(1), block(h.d.data(), (k * N + r0) * C, nr, C), block(W, 0, vc, C), T(0),
-            block(zk, 0, nr, vc));
-    gemm<T>(space, pol, "N", "T", T(1), block(h.v.data(), r0 * C, nr, C), block(Vk, 0, vc, C), T(1),
-            block(zk, 0, nr, vc));
-  }
+  // Batches over the directions (the shared operand at stride 0): z'_k =
+  // h'_k W^T, then z'_k += h V_k^T.
+  gemm_batched<T>(space, pol, "N", "T", T(1), block(h.d.data(), r0 * C, nr, C), N * C, block(W, 0, vc, C), 0, T(0),
+                  block(z.d.data(), 0, nr, vc), nr * vc, K);
+  gemm_batched<T>(space, pol, "N", "T", T(1), block(h.v.data(), r0 * C, nr, C), 0,
+                  block(p.d.data(), w + v0 * C, vc, C), P, T(1), block(z.d.data(), 0, nr, vc), nr * vc, K);
 }
 
 // The second-order moments of a tile: M_W += q W and M_k += q V_k over the
@@ -67,9 +65,8 @@ void chunk_moments(const ExecSpace& space, Act2<T> m, const T* q, Params<T> p, i
   const T beta = first ? T(0) : T(1);
   gemm<T>(space, pol, "N", "N", T(1), block(q, 0, nr, vc), block(p.v.data() + w + v0 * C, 0, vc, C), beta,
           block(m.v.data(), 0, nr, C));
-  for (index_t k = 0; k < K; ++k)
-    gemm<T>(space, pol, "N", "N", T(1), block(q, 0, nr, vc), block(p.d.data() + k * P + w + v0 * C, 0, vc, C), beta,
-            block(m.d.data() + k * nr * C, 0, nr, C));
+  gemm_batched<T>(space, pol, "N", "N", T(1), block(q, 0, nr, vc), 0, block(p.d.data(), w + v0 * C, vc, C), P, beta,
+                  block(m.d.data(), 0, nr, C), nr * C, K);
 }
 
 template <class T>
@@ -264,18 +261,18 @@ void lm_head_xent_reverse(const ExecSpace& space, Act2<base_t<S>> dh, Grads<base
               block(dh.v.data(), r0 * C, nr, C));
       gemm<T>(space, pol, "T", "N", T(1), block(zc.v.data(), 0, nr, vc), block(h.v.data(), r0 * C, nr, C), T(1),
               block(g.v.data(), w + v0 * C, vc, C));
-      for (index_t k = 0; k < K; ++k) {
-        const T* Vk = p.d.data() + k * P + w + v0 * C;
-        T* Gk = g.d.data() + k * P + w + v0 * C;
-        const T* dzk = zc.d.data() + k * nr * vc;
-        T* dhk = dh.d.data() + (k * N + r0) * C;
-        gemm<T>(space, pol, "N", "N", T(1), block(dzk, 0, nr, vc), block(W, 0, vc, C), beta, block(dhk, 0, nr, C));
-        gemm<T>(space, pol, "N", "N", T(1), block(zc.v.data(), 0, nr, vc), block(Vk, 0, vc, C), T(1),
-                block(dhk, 0, nr, C));
-        gemm<T>(space, pol, "T", "N", T(1), block(dzk, 0, nr, vc), block(h.v.data(), r0 * C, nr, C), T(1),
-                block(Gk, 0, vc, C));
-        gemm<T>(space, pol, "T", "N", T(1), block(zc.v.data(), 0, nr, vc),
-                block(h.d.data(), (k * N + r0) * C, nr, C), T(1), block(Gk, 0, vc, C));
+      // Per direction, four batches over k (the shared operand at stride 0),
+      // each output taking its terms in the order of the per-direction loop:
+      // dh'_k = dz'_k W (+ the chunks before), += dz V_k; G_k += dz'_k^T h, += dz^T h'_k.
+      if (K > 0) {
+        const Span2<const T> dz0 = block(zc.d.data(), 0, nr, vc), dz = block(zc.v.data(), 0, nr, vc);
+        const Span2<const T> h0 = block(h.v.data(), r0 * C, nr, C), hd0 = block(h.d.data(), r0 * C, nr, C);
+        const Span2<T> dh0 = block(dh.d.data(), r0 * C, nr, C), G0 = block(g.d.data(), w + v0 * C, vc, C);
+        gemm_batched<T>(space, pol, "N", "N", T(1), dz0, nr * vc, block(W, 0, vc, C), 0, beta, dh0, N * C, K);
+        gemm_batched<T>(space, pol, "N", "N", T(1), dz, 0, block(p.d.data(), w + v0 * C, vc, C), P, T(1), dh0, N * C,
+                        K);
+        gemm_batched<T>(space, pol, "T", "N", T(1), dz0, nr * vc, h0, 0, T(1), G0, P, K);
+        gemm_batched<T>(space, pol, "T", "N", T(1), dz, 0, hd0, N * C, T(1), G0, P, K);
       }
     }
   }

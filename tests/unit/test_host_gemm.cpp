@@ -304,3 +304,45 @@ TEST_CASE("select_kernel switches the dense GEMM and back", "[gemm][probe]") {
   host::select_kernel(before);
   CHECK(host::selected_kernel() == before);
 }
+
+TEST_CASE("gemm_batched: each product of a strided batch, a shared operand at stride 0", "[gemm]") {
+  // The K directions of a GEMM as one batch (linear layers, LM head). On a
+  // host space it is the products in turn, so the bits are those of one gemm
+  // per product; the check is that operand i starts stride_i * i after the
+  // first, and that stride 0 shares it.
+  using gnh::index_t;
+  const index_t m = 13, n = 21, k = 17, count = 3, sb = k * n + 5, sc = m * n + 7;
+  std::mt19937 gen(3);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> A(m * k), B(count * sb), C(count * sc), C1;
+  for (auto* v : {&A, &B, &C})
+    for (float& x : *v) x = u(gen);
+  C1 = C;
+  const std::vector<float> C0 = C;
+  const ExecSpace space;
+  const kernels::GemmPolicy<float> pol;
+  kernels::gemm_batched<float>(space, pol, "N", "N", 2.0f, Span2<const float>(A.data(), m, k), 0,
+                               Span2<const float>(B.data(), k, n), sb, 0.5f, Span2<float>(C.data(), m, n), sc, count);
+  for (index_t i = 0; i < count; ++i)
+    kernels::gemm<float>(space, pol, "N", "N", 2.0f, Span2<const float>(A.data(), m, k),
+                         Span2<const float>(B.data() + i * sb, k, n), 0.5f, Span2<float>(C1.data() + i * sc, m, n));
+  Kokkos::fence();
+  REQUIRE(std::memcmp(C.data(), C1.data(), C.size() * sizeof(float)) == 0);
+  // Each product is the double-precision one to rounding ((k + 2) eps of
+  // its magnitude: k products summed, alpha and beta applied), and the gaps
+  // between the products are left alone.
+  const double e = std::numeric_limits<float>::epsilon();
+  for (index_t i = 0; i < count; ++i) {
+    for (index_t r = 0; r < m; ++r)
+      for (index_t c = 0; c < n; ++c) {
+        double want = 0.5 * double(C0[i * sc + r * n + c]), mag = std::fabs(want);
+        for (index_t p = 0; p < k; ++p) {
+          const double t = 2.0 * double(A[r * k + p]) * double(B[i * sb + p * n + c]);
+          want += t;
+          mag += std::fabs(t);
+        }
+        REQUIRE(std::fabs(double(C[i * sc + r * n + c]) - want) <= double(k + 2) * e * mag);
+      }
+    for (index_t g = m * n; g < sc; ++g) REQUIRE(C[i * sc + g] == C0[i * sc + g]);
+  }
+}

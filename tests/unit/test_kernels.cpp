@@ -10,7 +10,10 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "kernels/colsum.hpp"
 #include "kernels/embedding.hpp"
@@ -390,4 +393,113 @@ TEST_CASE("embedding reverse: the grouped scatter gives the bits of a serial loo
   tokens.data()[4] = -2;
   REQUIRE_THROWS_WITH(kernels::embedding_reverse<float>(ExecSpace(), g.grads<float>(), dx.act<float>(), tokens, 0, V * C),
                       Catch::Contains("negative token id at row 4"));
+}
+
+namespace rows_test {  // named: nvcc wants extended lambdas in functions with external linkage
+// LayerNorm in one row shape, float, K directions: every output of the five
+// modes (forward, tangent, second order; reverse and its tangent: dx and the
+// parameter gradients), concatenated.
+std::vector<float> layernorm_all_modes(kernels::RowShape rows, gnh::index_t N, gnh::index_t C, gnh::index_t K) {
+  using T = float;
+  const gnh::index_t P = 2 * C;
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  auto filled = [&](const char* name, gnh::index_t n) {
+    View1<T> v(std::string(name), n);
+    for (gnh::index_t i = 0; i < n; ++i) v(i) = u(gen);
+    return v;
+  };
+  const View1<T> x = filled("x", (1 + 2 * K) * N * C), dy = filled("dy", (1 + K) * N * C), th = filled("th", P),
+                 dth = filled("dth", K * P);
+  for (gnh::index_t c = 0; c < C; ++c) th(c) += 1.5f;
+  auto act = [&](const View1<T>& v, bool second) {
+    Act2<T> a;
+    a.v = Span2<T>(v.data(), N, C);
+    a.d = Span3<T>(v.data() + N * C, K, N, C);
+    if (second) a.dd = Span3<T>(v.data() + (1 + K) * N * C, K, N, C);
+    return a;
+  };
+  auto stats = [&](const View1<T>& v, gnh::index_t at, bool second) {
+    Act1<T> a;
+    a.v = Span1<T>(v.data() + at * N, N);
+    a.d = Span2<T>(v.data() + (at + 1) * N, K, N);
+    if (second) a.dd = Span2<T>(v.data() + (at + 1 + K) * N, K, N);
+    return a;
+  };
+  Params<T> p;
+  p.v = Span1<const T>(th.data(), P);
+  p.d = Span2<const T>(dth.data(), K, P);
+  const ExecSpace space;
+  std::vector<float> out;
+  // The first `planes` planes of an activation (n = N C) or of both statistics
+  // (n = N): what the mode writes.
+  auto keep = [&](const View1<T>& v, gnh::index_t planes, gnh::index_t n) {
+    Kokkos::fence();
+    const gnh::index_t half = v.extent(0) == std::size_t(2 * (1 + 2 * K) * N) ? (1 + 2 * K) * N : 0;
+    for (const gnh::index_t at : half ? std::vector<gnh::index_t>{0, half} : std::vector<gnh::index_t>{0})
+      out.insert(out.end(), v.data() + at, v.data() + at + planes * n);
+  };
+  const gnh::index_t S = 1 + 2 * K;  // planes of a Jet2 activation or statistic
+  View1<T> y("y", S * N * C), ms("ms", 2 * S * N), dx("dx", (1 + K) * N * C);
+  // Outputs start as NaN before each call: one left unwritten shows.
+  auto unset = [&] {
+    for (const View1<T>* v : {&y, &ms, &dx}) Kokkos::deep_copy(*v, std::numeric_limits<T>::quiet_NaN());
+  };
+  unset();
+  kernels::layernorm_forward<T>(space, act(y, false), stats(ms, 0, false), stats(ms, S, false), act(x, false), p, 0,
+                                C, 1e-5, rows);
+  keep(y, 1, N * C), keep(ms, 1, N);
+  unset();
+  kernels::layernorm_forward<Dual<T>>(space, act(y, false), stats(ms, 0, false), stats(ms, S, false), act(x, false),
+                                      p, 0, C, 1e-5, rows);
+  keep(y, 1 + K, N * C), keep(ms, 1 + K, N);
+  unset();
+  kernels::layernorm_forward<Jet2<T>>(space, act(y, true), stats(ms, 0, true), stats(ms, S, true), act(x, true), p, 0,
+                                      C, 1e-5, rows);
+  keep(y, S, N * C), keep(ms, S, N);
+  // The reverses at the Dual forward's statistics.
+  unset();
+  kernels::layernorm_forward<Dual<T>>(space, act(y, false), stats(ms, 0, false), stats(ms, S, false), act(x, false),
+                                      p, 0, C, 1e-5, rows);
+  View1<T> gv("gv", (1 + K) * P);  // accumulated into: starts at zero
+  Grads<T> g;
+  g.v = Span1<T>(gv.data(), P);
+  g.d = Span2<T>(gv.data() + P, K, P);
+  kernels::layernorm_reverse<T>(space, act(dx, false), g, act(dy, false), act(x, false), stats(ms, 0, false),
+                                stats(ms, S, false), p, 0, C, kernels::default_column_shape(), rows);
+  keep(dx, 1, N * C), keep(gv, 1, P);
+  Kokkos::deep_copy(dx, std::numeric_limits<T>::quiet_NaN());
+  kernels::layernorm_reverse<Dual<T>>(space, act(dx, false), g, act(dy, false), act(x, false), stats(ms, 0, false),
+                                      stats(ms, S, false), p, 0, C, kernels::default_column_shape(), rows);
+  keep(dx, 1 + K, N * C), keep(gv, 1 + K, P);
+  return out;
+}
+}  // namespace rows_test
+
+TEST_CASE("LayerNorm: the GPU-shaped row kernels agree with the host shape in every mode", "[kernels][rows]") {
+  // The teams shape adds a row's terms in lane_sum's order (16 strided
+  // partials, then the partials in order), but the compiler fuses
+  // multiply-adds differently in the host's vectorised lane loop and the
+  // teams' strided one, so the shapes agree to rounding, not bit for bit
+  // (measured: 0.23 (C+8) eps at C = 37). Each output is within the forward
+  // test's (C+8) eps (|y| + 1) of the exact value, the derivative planes
+  // within a few times that (their chain rule multiplies a handful of such
+  // values): 4 (C+8) eps (|y| + 1) between the shapes. A wrong row, lane or
+  // plane is O(1) off. C = 5 (fewer columns than lanes), 37 (two rounds of
+  // lanes and a tail), 320. And the teams shape repeats its bits.
+  for (const gnh::index_t C : {5, 37, 320}) {
+    CAPTURE(C);
+    const auto host = rows_test::layernorm_all_modes(kernels::RowShape::host, 19, C, 3);
+    const auto teams = rows_test::layernorm_all_modes(kernels::RowShape::teams, 19, C, 3);
+    const auto again = rows_test::layernorm_all_modes(kernels::RowShape::teams, 19, C, 3);
+    REQUIRE(host.size() == teams.size());
+    const double tol = 4.0 * double(C + 8) * std::numeric_limits<float>::epsilon();
+    for (std::size_t i = 0; i < host.size(); ++i) {
+      INFO("output " << i << ": host " << host[i] << ", teams " << teams[i]);
+      REQUIRE(std::isfinite(host[i]));  // every output written (they start as NaN)
+      REQUIRE(std::isfinite(teams[i]));
+      REQUIRE(std::fabs(double(host[i]) - double(teams[i])) <= tol * (std::fabs(double(host[i])) + 1.0));
+      REQUIRE(std::memcmp(&teams[i], &again[i], sizeof(float)) == 0);
+    }
+  }
 }

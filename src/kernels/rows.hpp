@@ -1,0 +1,158 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Row operations (a reduction over the columns of each row, then an update of
+// the row) in two shapes with one row body, the way colsum.hpp does columns:
+//
+//  - host: one task per row; sums by lane_sum (16 interleaved partials, so
+//    the loop vectorises), the update as a plain loop over the columns.
+//  - teams (GPU-shaped): kTeamRows rows per team, one team thread a row and
+//    kRowLanes vector lanes over its columns (reads of a row coalesced). Lane
+//    j sums the columns c = j mod kRowLanes in order into team scratch; one
+//    lane then adds the kRowLanes partials in order of j and broadcasts the
+//    sum. That is lane_sum's order of additions; the shapes still differ in
+//    the last bit where a compiler fuses multiply-adds differently in the two
+//    loops, so they agree to rounding (CTest checks it on the host backends,
+//    with the teams shape's bits repeating run to run).
+//
+// A row body is a functor with
+//   template <class Lanes> KOKKOS_INLINE_FUNCTION void operator()(const Lanes&, index_t row) const
+// that takes its sums through lanes.sum / lanes.sum2 and runs its per-column
+// work through lanes.each.
+//
+// The default is host on host execution spaces and teams elsewhere.
+#pragma once
+#include <type_traits>
+
+#include "core/fastmath.hpp"
+#include "core/types.hpp"
+
+namespace gnh::kernels {
+
+enum class RowShape { host, teams };
+
+constexpr int kRowLanes = 16;  // lane_sum's partials: the same order of additions
+constexpr int kTeamRows = 8;   // rows (team threads) per team on a GPU: 8 x 16 = 128 threads a block
+
+constexpr RowShape default_row_shape() {
+  return std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value ? RowShape::host : RowShape::teams;
+}
+
+namespace detail {
+
+struct HostLanes {
+  template <class T, class F>
+  KOKKOS_INLINE_FUNCTION T sum(index_t n, const F& f) const {
+    return lane_sum<T>(n, f);
+  }
+  template <class T, class F>
+  KOKKOS_INLINE_FUNCTION void sum2(index_t n, const F& f, T& a, T& b) const {
+    lane_sum2<T>(n, f, a, b);
+  }
+  template <class F>
+  KOKKOS_INLINE_FUNCTION void each(index_t n, const F& f) const {
+    for (index_t c = 0; c < n; ++c) f(c);
+  }
+};
+
+// One team thread's lanes; part points at its 2 * kRowLanes scratch values
+// (as bytes: a row body sums in its own scalar type).
+template <class Member>
+struct TeamLanes {
+  const Member& team;
+  void* part;
+  template <class T, class F>
+  KOKKOS_INLINE_FUNCTION T sum(index_t n, const F& f) const {
+    T* p = static_cast<T*>(part);
+    const index_t L = kRowLanes;
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, L), [&](const index_t j) {
+      T s = T(0);
+      for (index_t c = j; c < n; c += L) s += f(c);
+      p[j] = s;
+    });
+    T total = T(0);
+    Kokkos::single(
+        Kokkos::PerThread(team),
+        [&](T& v) {
+          v = T(0);
+          for (index_t j = 0; j < L; ++j) v += p[j];
+        },
+        total);
+    return total;
+  }
+  template <class T, class F>
+  KOKKOS_INLINE_FUNCTION void sum2(index_t n, const F& f, T& a, T& b) const {
+    T* p = static_cast<T*>(part);
+    const index_t L = kRowLanes;
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, L), [&](const index_t j) {
+      T sa = T(0), sb = T(0);
+      for (index_t c = j; c < n; c += L) f(c, sa, sb);
+      p[j] = sa;
+      p[L + j] = sb;
+    });
+    Kokkos::single(
+        Kokkos::PerThread(team),
+        [&](T& v) {
+          v = T(0);
+          for (index_t j = 0; j < L; ++j) v += p[j];
+        },
+        a);
+    Kokkos::single(
+        Kokkos::PerThread(team),
+        [&](T& v) {
+          v = T(0);
+          for (index_t j = 0; j < L; ++j) v += p[L + j];
+        },
+        b);
+  }
+  template <class F>
+  KOKKOS_INLINE_FUNCTION void each(index_t n, const F& f) const {
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n), f);
+  }
+};
+
+template <class Body>
+struct HostRows {
+  Body body;
+  KOKKOS_INLINE_FUNCTION void operator()(const index_t n) const { body(HostLanes{}, n); }
+};
+
+template <class Body, class T>
+struct TeamRows {
+  using Policy = Kokkos::TeamPolicy<ExecSpace, Kokkos::IndexType<index_t>>;
+  using Member = typename Policy::member_type;
+  using Scratch = Kokkos::View<T*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  Body body;
+  index_t N;
+  int R;
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
+    const int L = kRowLanes;
+    Scratch part(team.team_scratch(0), 2 * R * L);
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, R), [&](const int t) {
+      const index_t n = team.league_rank() * index_t(R) + t;
+      if (n < N) body(TeamLanes<Member>{team, part.data() + 2 * t * L}, n);
+    });
+  }
+};
+
+}  // namespace detail
+
+// body(lanes, n) for every row n < N, in the given shape; T is the scalar
+// type of the body's sums (it sizes the teams' scratch).
+template <class T, class Body>
+void for_rows(const ExecSpace& space, const char* label, index_t N, const Body& body,
+              RowShape shape = default_row_shape()) {
+  if (N <= 0) return;
+  if (shape == RowShape::host) {
+    Kokkos::parallel_for(label, range(space, N), detail::HostRows<Body>{body});
+    return;
+  }
+  using F = detail::TeamRows<Body, T>;
+  constexpr bool host = std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value;
+  // R threads of L lanes on a GPU; one thread on a host backend, which then
+  // runs the lanes in turn.
+  const int R = host ? 1 : kTeamRows, L = kRowLanes;
+  const typename F::Policy policy = typename F::Policy(space, (N + R - 1) / R, R, host ? 1 : L)
+                                        .set_scratch_size(0, Kokkos::PerTeam(F::Scratch::shmem_size(2 * R * L)));
+  Kokkos::parallel_for(label, policy, F{body, N, R});
+}
+
+}  // namespace gnh::kernels

@@ -38,4 +38,9 @@ using Range = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>;
 
 inline Range range(const ExecSpace& space, index_t n) { return Range(space, 0, n); }
 
+// Team kernels: the policy, and a team's scratch memory seen as values of T.
+using TeamRange = Kokkos::TeamPolicy<ExecSpace, Kokkos::IndexType<index_t>>;
+template <class T>
+using TeamScratch = Kokkos::View<T*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+
 }  // namespace gnh

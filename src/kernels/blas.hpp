@@ -71,16 +71,32 @@ Span2<T> block(T* base, index_t offset, index_t rows, index_t cols) {
   return Span2<T>(base + offset, rows, cols);
 }
 
+namespace detail {
+struct ProductShape {
+  bool at, bt;
+  index_t m, n, k;
+};
+// The m x n x k of C = op(A) op(B), the operands' extents checked against it.
+template <class T>
+ProductShape product_shape(const char* who, const char* ta, const char* tb, const Span2<const T>& A,
+                           const Span2<const T>& B, const Span2<T>& C) {
+  const bool at = ta[0] == 'T', bt = tb[0] == 'T';
+  const index_t m = at ? A.extent(1) : A.extent(0), ka = at ? A.extent(0) : A.extent(1);
+  const index_t kb = bt ? B.extent(1) : B.extent(0), n = bt ? B.extent(0) : B.extent(1);
+  require_extent(who, "inner dimension", kb, ka);
+  require_extent(who, "C rows", C.extent(0), m);
+  require_extent(who, "C cols", C.extent(1), n);
+  return {at, bt, m, n, ka};
+}
+}  // namespace detail
+
 // op(A): "N" or "T". Empty products (a zero extent) only scale C.
 template <class T>
 void gemm(const ExecSpace& space, const char* ta, const char* tb, T alpha, Span2<const T> A,
           Span2<const T> B, T beta, Span2<T> C) {
-  const bool at = ta[0] == 'T', bt = tb[0] == 'T';
-  const index_t m = at ? A.extent(1) : A.extent(0), ka = at ? A.extent(0) : A.extent(1);
-  const index_t kb = bt ? B.extent(1) : B.extent(0), n = bt ? B.extent(0) : B.extent(1);
-  require_extent("gnh::gemm", "inner dimension", kb, ka);
-  require_extent("gnh::gemm", "C rows", C.extent(0), m);
-  require_extent("gnh::gemm", "C cols", C.extent(1), n);
+  const detail::ProductShape sh = detail::product_shape("gnh::gemm", ta, tb, A, B, C);
+  const bool at = sh.at, bt = sh.bt;
+  const index_t m = sh.m, n = sh.n, ka = sh.k;
   if (m == 0 || n == 0) return;
   if (ka == 0) {
     if (beta != T(1)) {
@@ -184,12 +200,9 @@ void gemm_batched(const ExecSpace& space, const GemmPolicy<T>& pol, const char* 
   if (count <= 0) return;
 #ifdef GNH_CUBLAS_MATH_MODE
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    const bool at = ta[0] == 'T', bt = tb[0] == 'T';
-    const index_t m = at ? A.extent(1) : A.extent(0), ka = at ? A.extent(0) : A.extent(1);
-    const index_t kb = bt ? B.extent(1) : B.extent(0), n = bt ? B.extent(0) : B.extent(1);
-    require_extent("gnh::gemm_batched", "inner dimension", kb, ka);
-    require_extent("gnh::gemm_batched", "C rows", C.extent(0), m);
-    require_extent("gnh::gemm_batched", "C cols", C.extent(1), n);
+    const detail::ProductShape sh = detail::product_shape("gnh::gemm_batched", ta, tb, A, B, C);
+    const bool at = sh.at, bt = sh.bt;
+    const index_t m = sh.m, n = sh.n, ka = sh.k;
     if (!pol.bf16 && m > 0 && n > 0 && ka > 0 && count > 1) {
       const Tf32Scope tf32(pol.tf32 && std::is_same<T, float>::value);
       cublasHandle_t handle = KokkosBlas::Impl::CudaBlasSingleton::singleton().handle;

@@ -57,9 +57,9 @@ struct HostColumnSums {
 
 template <class S, class Term, class Sink>
 struct TeamColumnSums {
-  using Policy = Kokkos::TeamPolicy<ExecSpace, Kokkos::IndexType<index_t>>;
+  using Policy = TeamRange;
   using Member = typename Policy::member_type;
-  using Scratch = Kokkos::View<S*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  using Scratch = TeamScratch<S>;
   Term term;
   Sink sink;
   index_t N, cols, blocks;

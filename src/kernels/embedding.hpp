@@ -102,7 +102,7 @@ void embedding_reverse(const ExecSpace& space, Grads<T> g, Act2<T> dx, Span2<con
   const index_t B = tokens.extent(0), Tc = tokens.extent(1), C = dx.cols();
   const index_t K = dx.d.extent(0);
   require_extent("gnh::embedding::reverse", "dx rows", dx.rows(), B * Tc);
-  using Policy = Kokkos::TeamPolicy<ExecSpace, Kokkos::IndexType<index_t>>;
+  using Policy = TeamRange;
   using Member = typename Policy::member_type;
   // Positions: team t adds rows b * Tc + t for b = 0, 1, ...
   Kokkos::parallel_for(

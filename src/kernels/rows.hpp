@@ -59,6 +59,20 @@ template <class Member>
 struct TeamLanes {
   const Member& team;
   void* part;
+  // The partials p[0..kRowLanes) added in order by one lane, the sum
+  // broadcast to every lane of the thread.
+  template <class T>
+  KOKKOS_INLINE_FUNCTION T in_order(const T* p) const {
+    T total = T(0);
+    Kokkos::single(
+        Kokkos::PerThread(team),
+        [&](T& v) {
+          v = T(0);
+          for (int j = 0; j < kRowLanes; ++j) v += p[j];
+        },
+        total);
+    return total;
+  }
   template <class T, class F>
   KOKKOS_INLINE_FUNCTION T sum(index_t n, const F& f) const {
     T* p = static_cast<T*>(part);
@@ -68,15 +82,7 @@ struct TeamLanes {
       for (index_t c = j; c < n; c += L) s += f(c);
       p[j] = s;
     });
-    T total = T(0);
-    Kokkos::single(
-        Kokkos::PerThread(team),
-        [&](T& v) {
-          v = T(0);
-          for (index_t j = 0; j < L; ++j) v += p[j];
-        },
-        total);
-    return total;
+    return in_order(p);
   }
   template <class T, class F>
   KOKKOS_INLINE_FUNCTION void sum2(index_t n, const F& f, T& a, T& b) const {
@@ -88,20 +94,8 @@ struct TeamLanes {
       p[j] = sa;
       p[L + j] = sb;
     });
-    Kokkos::single(
-        Kokkos::PerThread(team),
-        [&](T& v) {
-          v = T(0);
-          for (index_t j = 0; j < L; ++j) v += p[j];
-        },
-        a);
-    Kokkos::single(
-        Kokkos::PerThread(team),
-        [&](T& v) {
-          v = T(0);
-          for (index_t j = 0; j < L; ++j) v += p[L + j];
-        },
-        b);
+    a = in_order(p);
+    b = in_order(p + L);
   }
   template <class F>
   KOKKOS_INLINE_FUNCTION void each(index_t n, const F& f) const {
@@ -117,9 +111,9 @@ struct HostRows {
 
 template <class Body, class T>
 struct TeamRows {
-  using Policy = Kokkos::TeamPolicy<ExecSpace, Kokkos::IndexType<index_t>>;
+  using Policy = TeamRange;
   using Member = typename Policy::member_type;
-  using Scratch = Kokkos::View<T*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  using Scratch = TeamScratch<T>;
   Body body;
   index_t N;
   int R;

@@ -13,6 +13,10 @@
 // lse_t = log sum_s exp(s_ts) (with tangents), from which the reverse recomputes
 // p_ts = exp(s_ts - lse_t). The reverse runs one pass over queries (dq and D)
 // and one over keys (dk, dv), so no two threads write the same element.
+// The portable kernels are row kernels (rows.hpp): a row is a query (forward,
+// the reverse's first pass) or a key (the second pass), its head channels on
+// the lanes: the products q.k and dy.v are lane sums, the row updates of y,
+// dq, dk and dv run on the lanes that own their channels.
 #pragma once
 #include "core/bf16.hpp"
 #include "core/planes.hpp"
@@ -20,6 +24,8 @@
 #include "kernels/host_parallel.hpp"
 #include "kernels/check.hpp"
 #include "kernels/op.hpp"
+#include "kernels/instances.hpp"
+#include "kernels/rows.hpp"
 
 #include <type_traits>
 
@@ -43,11 +49,170 @@ bool use_host_attention(const ExecSpace& space, bool bf16) {
   return false;
 }
 
+namespace detail {
+// One query row i = (b, h, t) of the forward, in S arithmetic, plane by plane.
 template <class S>
-void attention_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>> lse,
-                       Act2<base_t<S>> qkv, index_t B, index_t Tc, int n_head, bool bf16 = false) {
+struct AttentionForwardRow {
   using T = base_t<S>;
   using io = Io<S>;
+  Act2<T> y;
+  Act1<T> lse;
+  Act2<T> qkv;
+  index_t Tc, H, C, hs, K;
+  T scale;
+  bool bf16;
+  template <class Lanes>
+  KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t i) const {
+    const index_t t = i % Tc, h = (i / Tc) % H, b = i / (Tc * H);
+    const index_t nq = b * Tc + t, qo = h * hs, ko = C + h * hs, vo = 2 * C + h * hs;
+    for (int k = 0; k < K; ++k) {
+      T m = 0;
+      S l(0);
+      lanes.each(hs, [&](index_t d) { io::put(y, k, nq, qo + d, S(0)); });
+      auto score_of = [&](index_t ns) {
+        return lanes.template sum<S>(hs, [&](index_t d) {
+          return operand(io::get(qkv, k, nq, qo + d), bf16) * operand(io::get(qkv, k, ns, ko + d), bf16);
+        }) * scale;
+      };
+      if (bf16) {
+        // Two passes, so that the P V operand is the normalised p_ts
+        // rounded to bfloat16: first the log-sum-exp, then the output.
+        for (index_t s = 0; s <= t; ++s) {
+          const T sv = primal_value(score_of(b * Tc + s));
+          m = s == 0 || sv > m ? sv : m;
+        }
+        for (index_t s = 0; s <= t; ++s) l += jexp(score_of(b * Tc + s) - m);
+        const S lse_t = jlog(l) + m;
+        for (index_t s = 0; s <= t; ++s) {
+          const index_t ns = b * Tc + s;
+          const S p = operand(jexp(score_of(ns) - lse_t), bf16);
+          lanes.each(hs, [&](index_t d) {
+            io::put(y, k, nq, qo + d, io::get(y, k, nq, qo + d) + p * operand(io::get(qkv, k, ns, vo + d), bf16));
+          });
+        }
+        lanes.single([&] { io::put(lse, k, i, lse_t); });
+        continue;
+      }
+      for (index_t s = 0; s <= t; ++s) {
+        const index_t ns = b * Tc + s;
+        const S score = score_of(ns);
+        const T sv = primal_value(score);
+        if (s == 0 || sv > m) {
+          // New running maximum: rescale what was accumulated so far.
+          const T corr = s == 0 ? T(0) : kmath::exp(m - sv);
+          l *= corr;
+          lanes.each(hs, [&](index_t d) {
+            S acc = io::get(y, k, nq, qo + d);
+            acc *= corr;
+            io::put(y, k, nq, qo + d, acc);
+          });
+          m = sv;
+        }
+        const S pe = jexp(score - m);
+        l += pe;
+        lanes.each(hs, [&](index_t d) {
+          io::put(y, k, nq, qo + d, io::get(y, k, nq, qo + d) + pe * io::get(qkv, k, ns, vo + d));
+        });
+      }
+      const S inv = T(1) / l;
+      lanes.each(hs, [&](index_t d) { io::put(y, k, nq, qo + d, io::get(y, k, nq, qo + d) * inv); });
+      lanes.single([&] { io::put(lse, k, i, jlog(l) + m); });
+    }
+  }
+};
+
+// The reverse's first pass: one query row i = (b, h, t), its dq and D_t.
+template <class S>
+struct AttentionQueryRow {
+  using T = base_t<S>;
+  using io = Io<S>;
+  Act2<T> dqkv;
+  Act1<T> D;
+  Act2<T> dy, qkv, y;
+  Act1<T> lse;
+  index_t Tc, H, C, hs, K;
+  T scale;
+  bool bf16;
+  template <class Lanes>
+  KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t i) const {
+    const index_t t = i % Tc, h = (i / Tc) % H, b = i / (Tc * H);
+    const index_t nq = b * Tc + t, qo = h * hs, ko = C + h * hs, vo = 2 * C + h * hs;
+    for (int k = 0; k < K; ++k) {
+      const S Dt =
+          lanes.template sum<S>(hs, [&](index_t d) { return io::get(dy, k, nq, qo + d) * io::get(y, k, nq, qo + d); });
+      lanes.single([&] { io::put(D, k, i, Dt); });
+      const S L = io::get(lse, k, i);
+      lanes.each(hs, [&](index_t d) { io::put(dqkv, k, nq, qo + d, S(0)); });
+      for (index_t s = 0; s <= t; ++s) {
+        const index_t ns = b * Tc + s;
+        S score, dp;
+        lanes.template sum2<S>(
+            hs,
+            [&](index_t d, S& sc, S& dd) {
+              sc += operand(io::get(qkv, k, nq, qo + d), bf16) * operand(io::get(qkv, k, ns, ko + d), bf16);
+              dd += operand(io::get(dy, k, nq, qo + d), bf16) * operand(io::get(qkv, k, ns, vo + d), bf16);
+            },
+            score, dp);
+        const S ds = operand(jexp(score * scale - L) * (dp - Dt) * scale, bf16);
+        lanes.each(hs, [&](index_t d) {
+          io::put(dqkv, k, nq, qo + d, io::get(dqkv, k, nq, qo + d) + ds * operand(io::get(qkv, k, ns, ko + d), bf16));
+        });
+      }
+    }
+  }
+};
+
+// The reverse's second pass: one key row i = (b, h, s), its dk and dv.
+template <class S>
+struct AttentionKeyRow {
+  using T = base_t<S>;
+  using io = Io<S>;
+  Act2<T> dqkv;
+  Act1<T> D;
+  Act2<T> dy, qkv;
+  Act1<T> lse;
+  index_t Tc, H, C, hs, K;
+  T scale;
+  bool bf16;
+  template <class Lanes>
+  KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t i) const {
+    const index_t s = i % Tc, h = (i / Tc) % H, b = i / (Tc * H);
+    const index_t ns = b * Tc + s, qo = h * hs, ko = C + h * hs, vo = 2 * C + h * hs;
+    for (int k = 0; k < K; ++k) {
+      lanes.each(hs, [&](index_t d) {
+        io::put(dqkv, k, ns, ko + d, S(0));
+        io::put(dqkv, k, ns, vo + d, S(0));
+      });
+      for (index_t t = s; t < Tc; ++t) {
+        const index_t nq = b * Tc + t, iq = (b * H + h) * Tc + t;
+        S score, dp;
+        lanes.template sum2<S>(
+            hs,
+            [&](index_t d, S& sc, S& dd) {
+              sc += operand(io::get(qkv, k, nq, qo + d), bf16) * operand(io::get(qkv, k, ns, ko + d), bf16);
+              dd += operand(io::get(dy, k, nq, qo + d), bf16) * operand(io::get(qkv, k, ns, vo + d), bf16);
+            },
+            score, dp);
+        const S p = jexp(score * scale - io::get(lse, k, iq));
+        const S ds = operand(p * (dp - io::get(D, k, iq)) * scale, bf16);
+        const S pm = operand(p, bf16);
+        lanes.each(hs, [&](index_t d) {
+          io::put(dqkv, k, ns, ko + d, io::get(dqkv, k, ns, ko + d) + ds * operand(io::get(qkv, k, nq, qo + d), bf16));
+          io::put(dqkv, k, ns, vo + d, io::get(dqkv, k, ns, vo + d) + pm * operand(io::get(dy, k, nq, qo + d), bf16));
+        });
+      }
+    }
+  }
+};
+}  // namespace detail
+
+// shape: the portable kernels' row shape (rows.hpp); the default suits the
+// execution space.
+template <class S>
+void attention_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>> lse,
+                       Act2<base_t<S>> qkv, index_t B, index_t Tc, int n_head, bool bf16 = false,
+                       RowShape shape = default_row_shape()) {
+  using T = base_t<S>;
   const index_t C = y.cols(), H = n_head, hs = C / H, K = directions_of<S>(qkv);
   require_extent("gnh::attention::forward", "y rows", y.rows(), B * Tc);
   require_extent("gnh::attention::forward", "qkv rows", qkv.rows(), B * Tc);
@@ -74,71 +239,17 @@ void attention_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>
   const T scale = T(1) / kmath::sqrt(T(hs));
   // The matrix-multiply operands (q, k for the scores; p, v for the output)
   // are rounded to bfloat16 under bf16-amp; scores and softmax stay FP32.
-  Kokkos::parallel_for(
-      "gnh::attention::forward", range(space, B * H * Tc), KOKKOS_LAMBDA(const index_t i) {
-        const index_t t = i % Tc, h = (i / Tc) % H, b = i / (Tc * H);
-        const index_t nq = b * Tc + t, qo = h * hs, ko = C + h * hs, vo = 2 * C + h * hs;
-        for (int k = 0; k < K; ++k) {
-          T m = 0;
-          S l(0);
-          for (index_t d = 0; d < hs; ++d) io::put(y, k, nq, qo + d, S(0));
-          auto score_of = [&](index_t ns) {
-            S score(0);
-            for (index_t d = 0; d < hs; ++d) score += operand(io::get(qkv, k, nq, qo + d), bf16) * operand(io::get(qkv, k, ns, ko + d), bf16);
-            return score * scale;
-          };
-          if (bf16) {
-            // Two passes, so that the P V operand is the normalised p_ts
-            // rounded to bfloat16: first the log-sum-exp, then the output.
-            for (index_t s = 0; s <= t; ++s) {
-              const T sv = primal_value(score_of(b * Tc + s));
-              m = s == 0 || sv > m ? sv : m;
-            }
-            for (index_t s = 0; s <= t; ++s) l += jexp(score_of(b * Tc + s) - m);
-            const S lse_t = jlog(l) + m;
-            for (index_t s = 0; s <= t; ++s) {
-              const index_t ns = b * Tc + s;
-              const S p = operand(jexp(score_of(ns) - lse_t), bf16);
-              for (index_t d = 0; d < hs; ++d)
-                io::put(y, k, nq, qo + d, io::get(y, k, nq, qo + d) + p * operand(io::get(qkv, k, ns, vo + d), bf16));
-            }
-            io::put(lse, k, i, lse_t);
-            continue;
-          }
-          for (index_t s = 0; s <= t; ++s) {
-            const index_t ns = b * Tc + s;
-            const S score = score_of(ns);
-            const T sv = primal_value(score);
-            if (s == 0 || sv > m) {
-              // New running maximum: rescale what was accumulated so far.
-              const T corr = s == 0 ? T(0) : kmath::exp(m - sv);
-              l *= corr;
-              for (index_t d = 0; d < hs; ++d) {
-                S acc = io::get(y, k, nq, qo + d);
-                acc *= corr;
-                io::put(y, k, nq, qo + d, acc);
-              }
-              m = sv;
-            }
-            const S pe = jexp(score - m);
-            l += pe;
-            for (index_t d = 0; d < hs; ++d)
-              io::put(y, k, nq, qo + d, io::get(y, k, nq, qo + d) + pe * io::get(qkv, k, ns, vo + d));
-          }
-          const S inv = T(1) / l;
-          for (index_t d = 0; d < hs; ++d) io::put(y, k, nq, qo + d, io::get(y, k, nq, qo + d) * inv);
-          io::put(lse, k, i, jlog(l) + m);
-        }
-      });
+  for_rows<S>(space, "gnh::attention::forward", B * H * Tc,
+              detail::AttentionForwardRow<S>{y, lse, qkv, Tc, H, C, hs, K, scale, bf16}, shape);
 }
 
 // dqkv is overwritten; D is a (B*H*T) scratch of the same mode.
 template <class S>
 void attention_reverse(const ExecSpace& space, Act2<base_t<S>> dqkv, Act1<base_t<S>> D,
                        Act2<base_t<S>> dy, Act2<base_t<S>> qkv, Act2<base_t<S>> y,
-                       Act1<base_t<S>> lse, index_t B, index_t Tc, int n_head, bool bf16 = false) {
+                       Act1<base_t<S>> lse, index_t B, index_t Tc, int n_head, bool bf16 = false,
+                       RowShape shape = default_row_shape()) {
   using T = base_t<S>;
-  using io = Io<S>;
   const index_t C = y.cols(), H = n_head, hs = C / H, K = directions_of<S>(qkv);
   require_extent("gnh::attention::reverse", "dqkv rows", dqkv.rows(), B * Tc);
   require_extent("gnh::attention::reverse", "dy rows", dy.rows(), B * Tc);
@@ -159,56 +270,10 @@ void attention_reverse(const ExecSpace& space, Act2<base_t<S>> dqkv, Act1<base_t
     }
   }
   const T scale = T(1) / kmath::sqrt(T(hs));
-  // p_ts and ds_ts for query row nq (index iq into lse/D) and key row ns.
-  Kokkos::parallel_for(
-      "gnh::attention::reverse::queries", range(space, B * H * Tc), KOKKOS_LAMBDA(const index_t i) {
-        const index_t t = i % Tc, h = (i / Tc) % H, b = i / (Tc * H);
-        const index_t nq = b * Tc + t, qo = h * hs, ko = C + h * hs, vo = 2 * C + h * hs;
-        for (int k = 0; k < K; ++k) {
-          S Dt(0);
-          for (index_t d = 0; d < hs; ++d) Dt += io::get(dy, k, nq, qo + d) * io::get(y, k, nq, qo + d);
-          io::put(D, k, i, Dt);
-          const S L = io::get(lse, k, i);
-          for (index_t d = 0; d < hs; ++d) io::put(dqkv, k, nq, qo + d, S(0));
-          for (index_t s = 0; s <= t; ++s) {
-            const index_t ns = b * Tc + s;
-            S score(0), dp(0);
-            for (index_t d = 0; d < hs; ++d) {
-              score += operand(io::get(qkv, k, nq, qo + d), bf16) * operand(io::get(qkv, k, ns, ko + d), bf16);
-              dp += operand(io::get(dy, k, nq, qo + d), bf16) * operand(io::get(qkv, k, ns, vo + d), bf16);
-            }
-            const S ds = operand(jexp(score * scale - L) * (dp - Dt) * scale, bf16);
-            for (index_t d = 0; d < hs; ++d)
-              io::put(dqkv, k, nq, qo + d, io::get(dqkv, k, nq, qo + d) + ds * operand(io::get(qkv, k, ns, ko + d), bf16));
-          }
-        }
-      });
-  Kokkos::parallel_for(
-      "gnh::attention::reverse::keys", range(space, B * H * Tc), KOKKOS_LAMBDA(const index_t i) {
-        const index_t s = i % Tc, h = (i / Tc) % H, b = i / (Tc * H);
-        const index_t ns = b * Tc + s, qo = h * hs, ko = C + h * hs, vo = 2 * C + h * hs;
-        for (int k = 0; k < K; ++k) {
-          for (index_t d = 0; d < hs; ++d) {
-            io::put(dqkv, k, ns, ko + d, S(0));
-            io::put(dqkv, k, ns, vo + d, S(0));
-          }
-          for (index_t t = s; t < Tc; ++t) {
-            const index_t nq = b * Tc + t, iq = (b * H + h) * Tc + t;
-            S score(0), dp(0);
-            for (index_t d = 0; d < hs; ++d) {
-              score += operand(io::get(qkv, k, nq, qo + d), bf16) * operand(io::get(qkv, k, ns, ko + d), bf16);
-              dp += operand(io::get(dy, k, nq, qo + d), bf16) * operand(io::get(qkv, k, ns, vo + d), bf16);
-            }
-            const S p = jexp(score * scale - io::get(lse, k, iq));
-            const S ds = operand(p * (dp - io::get(D, k, iq)) * scale, bf16);
-            const S pm = operand(p, bf16);
-            for (index_t d = 0; d < hs; ++d) {
-              io::put(dqkv, k, ns, ko + d, io::get(dqkv, k, ns, ko + d) + ds * operand(io::get(qkv, k, nq, qo + d), bf16));
-              io::put(dqkv, k, ns, vo + d, io::get(dqkv, k, ns, vo + d) + pm * operand(io::get(dy, k, nq, qo + d), bf16));
-            }
-          }
-        }
-      });
+  for_rows<S>(space, "gnh::attention::reverse::queries", B * H * Tc,
+              detail::AttentionQueryRow<S>{dqkv, D, dy, qkv, y, lse, Tc, H, C, hs, K, scale, bf16}, shape);
+  for_rows<S>(space, "gnh::attention::reverse::keys", B * H * Tc,
+              detail::AttentionKeyRow<S>{dqkv, D, dy, qkv, lse, Tc, H, C, hs, K, scale, bf16}, shape);
 }
 
 // The op contract (kernels/op.hpp): qkv (B*T, 3C) -> y (B*T, C) over H heads,
@@ -217,7 +282,9 @@ template <class T>
 struct AttentionOp {
   static constexpr const char* name = "attention";
   index_t B, Tc, H, hs;
-  AttentionOp(index_t B_, index_t T_, index_t H_, index_t hs_) : B(B_), Tc(T_), H(H_), hs(hs_) {}
+  RowShape shape;
+  AttentionOp(index_t B_, index_t T_, index_t H_, index_t hs_, RowShape shape_ = default_row_shape())
+      : B(B_), Tc(T_), H(H_), hs(hs_), shape(shape_) {}
   static AttentionOp at(const OpDims& d, index_t) { return AttentionOp(d.B, d.T, d.H, d.C / d.H); }
   OpSizes sizes() const { return {B * Tc, 3 * H * hs, H * hs, 0}; }
   std::vector<OpExtent> saved() const { return {{B * H * Tc, 1}, {B * H * Tc, 1}}; }
@@ -237,13 +304,25 @@ struct AttentionOp {
   }
   template <class S>
   void forward(const ExecSpace& space, Act2<T> y, Act2<T> x, Params<T>, const OpSaved<T>& s) const {
-    attention_forward<S>(space, y, s.flat(0), x, B, Tc, int(H));
+    attention_forward<S>(space, y, s.flat(0), x, B, Tc, int(H), false, shape);
   }
   template <class S>
   void reverse(const ExecSpace& space, Act2<T> dx, Grads<T>, Act2<T> dy, Act2<T> x, Act2<T> y, Params<T>,
                const OpSaved<T>& s) const {
-    attention_reverse<S>(space, dx, s.flat(1), dy, x, y, s.flat(0), B, Tc, int(H));
+    attention_reverse<S>(space, dx, s.flat(1), dy, x, y, s.flat(0), B, Tc, int(H), false, shape);
   }
 };
+
+// Compiled once, in gnh_core (kernels/instances.hpp).
+#define GNH_ATTENTION_FORWARD(EXT, S)                                                                           \
+  EXT template void attention_forward<S>(const ExecSpace&, Act2<base_t<S>>, Act1<base_t<S>>, Act2<base_t<S>>, \
+                                         index_t, index_t, int, bool, RowShape);
+#define GNH_ATTENTION_REVERSE(EXT, S)                                                                           \
+  EXT template void attention_reverse<S>(const ExecSpace&, Act2<base_t<S>>, Act1<base_t<S>>, Act2<base_t<S>>, \
+                                         Act2<base_t<S>>, Act2<base_t<S>>, Act1<base_t<S>>, index_t, index_t,   \
+                                         int, bool, RowShape);
+#define GNH_ATTENTION(EXT, T) GNH_FORWARD_SCALARS(GNH_ATTENTION_FORWARD, EXT, T) GNH_REVERSE_SCALARS(GNH_ATTENTION_REVERSE, EXT, T)
+GNH_ATTENTION(extern, float)
+GNH_ATTENTION(extern, double)
 
 }  // namespace gnh::kernels

@@ -13,6 +13,7 @@
 #include "kernels/host_gemm.hpp"
 #include "kernels/host_parallel.hpp"
 #include "kernels/check.hpp"
+#include "kernels/instances.hpp"
 
 #if defined(KOKKOS_ENABLE_CUDA) && defined(KOKKOSKERNELS_ENABLE_TPL_CUBLAS)
 #include <memory>
@@ -234,5 +235,17 @@ void gemm_batched(const ExecSpace& space, const GemmPolicy<T>& pol, const char* 
             Span2<const T>(B.data() + i * stride_b, B.extent(0), B.extent(1)), beta,
             Span2<T>(C.data() + i * stride_c, C.extent(0), C.extent(1)));
 }
+
+// Compiled once, in gnh_core (kernels/instances.hpp).
+#define GNH_GEMM(EXT, T)                                                                                         \
+  EXT template void gemm<T>(const ExecSpace&, const char*, const char*, T, Span2<const T>, Span2<const T>, T,    \
+                            Span2<T>);                                                                          \
+  EXT template void gemm<T>(const ExecSpace&, const GemmPolicy<T>&, const char*, const char*, T, Span2<const T>, \
+                            Span2<const T>, T, Span2<T>);                                                       \
+  EXT template void gemm_batched<T>(const ExecSpace&, const GemmPolicy<T>&, const char*, const char*, T,        \
+                                    Span2<const T>, index_t, Span2<const T>, index_t, T, Span2<T>, index_t,     \
+                                    index_t);
+GNH_GEMM(extern, float)
+GNH_GEMM(extern, double)
 
 }  // namespace gnh::kernels

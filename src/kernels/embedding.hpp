@@ -20,6 +20,7 @@
 #include "core/planes.hpp"
 #include "kernels/check.hpp"
 #include "kernels/op.hpp"
+#include "kernels/instances.hpp"
 
 namespace gnh::kernels {
 
@@ -147,5 +148,14 @@ struct EmbeddingOp {
     embedding_reverse<T>(space, g, dy, tokens, 0, V * C);
   }
 };
+
+// Compiled once, in gnh_core (kernels/instances.hpp).
+#define GNH_EMBEDDING(EXT, T)                                                                              \
+  EXT template void embedding_forward<T>(const ExecSpace&, Act2<T>, Span2<const std::int32_t>, Params<T>, \
+                                         index_t, index_t);                                               \
+  EXT template void embedding_reverse<T>(const ExecSpace&, Grads<T>, Act2<T>, Span2<const std::int32_t>,  \
+                                         index_t, index_t);
+GNH_EMBEDDING(extern, float)
+GNH_EMBEDDING(extern, double)
 
 }  // namespace gnh::kernels

@@ -13,6 +13,7 @@
 #include "core/planes.hpp"
 #include "kernels/check.hpp"
 #include "kernels/op.hpp"
+#include "kernels/instances.hpp"
 #include "model/config.hpp"
 
 namespace gnh::kernels {
@@ -162,5 +163,15 @@ struct GeluOp {
     gelu_reverse<S>(space, dx, dy, x, kind);
   }
 };
+
+// Compiled once, in gnh_core (kernels/instances.hpp).
+#define GNH_GELU_FORWARD(EXT, S) \
+  EXT template void gelu_forward<S>(const ExecSpace&, Act2<base_t<S>>, Act2<base_t<S>>, Gelu);
+#define GNH_GELU_REVERSE(EXT, S)                                                                         \
+  EXT template void gelu_reverse<S>(const ExecSpace&, Act2<base_t<S>>, Act2<base_t<S>>, Act2<base_t<S>>, \
+                                    Gelu);
+#define GNH_GELU(EXT, T) GNH_FORWARD_SCALARS(GNH_GELU_FORWARD, EXT, T) GNH_REVERSE_SCALARS(GNH_GELU_REVERSE, EXT, T)
+GNH_GELU(extern, float)
+GNH_GELU(extern, double)
 
 }  // namespace gnh::kernels

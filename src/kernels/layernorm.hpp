@@ -14,6 +14,7 @@
 #include "kernels/colsum.hpp"
 #include "kernels/op.hpp"
 #include "kernels/rows.hpp"
+#include "kernels/instances.hpp"
 
 namespace gnh::kernels {
 
@@ -184,5 +185,17 @@ struct LayerNormOp {
                          rows);
   }
 };
+
+// Compiled once, in gnh_core (kernels/instances.hpp).
+#define GNH_LAYERNORM_FORWARD(EXT, S)                                                                           \
+  EXT template void layernorm_forward<S>(const ExecSpace&, Act2<base_t<S>>, Act1<base_t<S>>, Act1<base_t<S>>, \
+                                         Act2<base_t<S>>, Params<base_t<S>>, index_t, index_t, double, RowShape);
+#define GNH_LAYERNORM_REVERSE(EXT, S)                                                                              \
+  EXT template void layernorm_reverse<S>(const ExecSpace&, Act2<base_t<S>>, Grads<base_t<S>>, Act2<base_t<S>>,   \
+                                         Act2<base_t<S>>, Act1<base_t<S>>, Act1<base_t<S>>, Params<base_t<S>>,   \
+                                         index_t, index_t, ColumnShape, RowShape);
+#define GNH_LAYERNORM(EXT, T) GNH_FORWARD_SCALARS(GNH_LAYERNORM_FORWARD, EXT, T) GNH_REVERSE_SCALARS(GNH_LAYERNORM_REVERSE, EXT, T)
+GNH_LAYERNORM(extern, float)
+GNH_LAYERNORM(extern, double)
 
 }  // namespace gnh::kernels

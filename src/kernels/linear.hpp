@@ -15,6 +15,7 @@
 #include "kernels/blas.hpp"
 #include "kernels/colsum.hpp"
 #include "kernels/op.hpp"
+#include "kernels/instances.hpp"
 
 namespace gnh::kernels {
 
@@ -122,5 +123,14 @@ struct LinearOp {
     linear_reverse<T>(space, dx, g, dy, x, p, 0, bias ? out * in : -1);
   }
 };
+
+// Compiled once, in gnh_core (kernels/instances.hpp).
+#define GNH_LINEAR(EXT, T)                                                                                       \
+  EXT template void linear_forward<T>(const ExecSpace&, Act2<T>, Act2<T>, Params<T>, index_t, index_t,         \
+                                      const GemmPolicy<T>&);                                                    \
+  EXT template void linear_reverse<T>(const ExecSpace&, Act2<T>, Grads<T>, Act2<T>, Act2<T>, Params<T>, index_t, \
+                                      index_t, const GemmPolicy<T>&);
+GNH_LINEAR(extern, float)
+GNH_LINEAR(extern, double)
 
 }  // namespace gnh::kernels

@@ -33,6 +33,8 @@
 #include "core/planes.hpp"
 #include "kernels/blas.hpp"
 #include "kernels/op.hpp"
+#include "kernels/instances.hpp"
+#include "kernels/rows.hpp"
 
 namespace gnh::kernels {
 
@@ -77,17 +79,192 @@ Act2<T> chunk_view(const Act2<T>& z, index_t K, index_t nr, index_t vc) {
   if (z.dd.extent(0) > 0) c.dd = Span3<T>(z.dd.data(), 1, nr, vc);  // q of the second-order moments
   return c;
 }
+
+// The forward's row kernels (rows.hpp): a row's running statistics (loss.v
+// holds the running sum s until the row is finished) are read through
+// lanes.one and written by one lane.
+//
+// One row of a vocabulary chunk of the online log-sum-exp.
+template <class S>
+struct HeadChunkRow {
+  using T = base_t<S>;
+  Act1<double> loss;
+  Act1<T> lse;
+  Act2<T> zc, mc;  // the tile (nr, vc); the row block's moments (nr, C)
+  Span2<T> stats;
+  Span1<const std::int32_t> targets;
+  index_t r0, v0, vc, K, C;
+  bool first;
+  template <class Lanes>
+  KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t r) const {
+    const index_t n = r0 + r;
+    const std::int32_t tgt = targets(n);
+    const bool has_tgt = tgt >= v0 && tgt < v0 + vc;
+    const T* zr = &zc.v(r, 0);
+    const T m_old = first ? T(0) : lanes.template one<T>([&] { return stats(n, 0); });
+    const double s_old = first ? 0.0 : lanes.template one<double>([&] { return loss.v(n); });
+    T m = lanes.template max<T>(vc, zr);
+    if (!first) m = m_old > m ? m_old : m;
+    // Rescale what earlier chunks accumulated to the new maximum.
+    const T corr = first ? T(0) : fast_exp(m_old - m);
+    T e;
+    if constexpr (has_second_v<S>) {
+      // q kept for the moments' GEMMs; the same terms, the same sum.
+      T* qr = &zc.dd(0, r, 0);
+      e = lanes.template sum<T>(vc, [&](index_t v) {
+        const T q = fast_exp(zr[v] - m);
+        qr[v] = q;
+        return q;
+      });
+    } else {
+      e = lanes.template sum<T>(vc, [&](index_t v) { return fast_exp(zr[v] - m); });
+    }
+    lanes.single([&] {
+      loss.v(n) = (first ? 0.0 : s_old * double(corr)) + double(e);
+      stats(n, 0) = m;
+      if (has_tgt) stats(n, 1) = zr[tgt - v0];
+    });
+    if constexpr (has_tangents_v<S>) {
+      for (index_t k = 0; k < K; ++k) {
+        const T* dr = &zc.d(k, r, 0);
+        T a1;
+        if constexpr (has_second_v<S>) {
+          const T* qr = &zc.dd(0, r, 0);
+          T b;
+          lanes.template sum2<T>(
+              vc,
+              [&](index_t v, T& s1, T& s2) {
+                const T q = qr[v] * dr[v];
+                s1 += q;
+                s2 += q * dr[v];
+              },
+              a1, b);
+          const T b_old = first ? T(0) : lanes.template one<T>([&] { return lse.dd(k, n); });
+          lanes.single([&] { lse.dd(k, n) = first ? b : b_old * corr + b; });
+          if (!first) lanes.each(C, [&](index_t c) { mc.d(k, r, c) *= corr; });
+        } else {
+          a1 = lanes.template sum<T>(vc, [&](index_t v) { return fast_exp(zr[v] - m) * dr[v]; });
+        }
+        const T a_old = first ? T(0) : lanes.template one<T>([&] { return lse.d(k, n); });
+        lanes.single([&] {
+          lse.d(k, n) = first ? a1 : a_old * corr + a1;
+          if (has_tgt) loss.d(k, n) = -double(dr[tgt - v0]);
+        });
+      }
+      if constexpr (has_second_v<S>) {
+        if (!first) lanes.each(C, [&](index_t c) { mc.v(r, c) *= corr; });
+      }
+    }
+  }
+};
+
+// One finished row: lse and the losses.
+template <class S>
+struct HeadFinishRow {
+  using T = base_t<S>;
+  Act1<double> loss;
+  Act1<T> lse;
+  Act2<T> h, mc;
+  Params<T> p;
+  Span2<T> stats;
+  Span1<const std::int32_t> targets;
+  index_t r0, K, C, P, w;
+  template <class Lanes>
+  KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t r) const {
+    const index_t n = r0 + r;
+    const std::int32_t tgt = targets(n);
+    const bool valid = tgt >= 0;
+    const double s = lanes.template one<double>([&] { return loss.v(n); });
+    const T l = T(kmath::log(s)) + stats(n, 0);
+    lanes.single([&] {
+      lse.v(n) = l;
+      loss.v(n) = valid ? double(l) - double(stats(n, 1)) : 0.0;
+    });
+    if constexpr (has_tangents_v<S>) {
+      for (index_t k = 0; k < K; ++k) {
+        const T l1 = T(double(lanes.template one<T>([&] { return lse.d(k, n); })) / s);
+        const double d_old = lanes.template one<double>([&] { return loss.d(k, n); });
+        lanes.single([&] {
+          lse.d(k, n) = l1;
+          loss.d(k, n) = valid ? double(l1) + d_old : 0.0;
+        });
+        if constexpr (has_second_v<S>) {
+          // sum_v e_v z''_v = h'' . M_W + 2 h' . M_k; z''_y likewise from row y.
+          const T* hd = &h.d(k, n, 0);
+          const T* hdd = &h.dd(k, n, 0);
+          const T* mw = &mc.v(r, 0);
+          const T* mk = &mc.d(k, r, 0);
+          const T a2 = lanes.template one<T>([&] { return lse.dd(k, n); }) +
+                       lanes.template sum<T>(C, [&](index_t c) { return hdd[c] * mw[c] + T(2) * hd[c] * mk[c]; });
+          const T l2 = T(double(a2) / s) - l1 * l1;
+          T zy = T(0);
+          if (valid) {
+            const T* wy = p.v.data() + w + index_t(tgt) * C;
+            const T* vy = p.d.data() + k * P + w + index_t(tgt) * C;
+            zy = lanes.template sum<T>(C, [&](index_t c) { return hdd[c] * wy[c] + T(2) * hd[c] * vy[c]; });
+          }
+          lanes.single([&] {
+            lse.dd(k, n) = l2;
+            loss.dd(k, n) = valid ? double(l2) - double(zy) : 0.0;
+          });
+        }
+      }
+    }
+  }
+};
+
+// The reverse's dz = softmax(z) - onehot(target) of one row of a tile, in
+// place, and its tangents (softmax z)' = q (z' - lse'). Column v stays on one
+// lane (rows.hpp), so the value plane, read by every tangent plane, is
+// written after them by the lane that read it.
+template <class S>
+struct HeadSoftmaxRow {
+  using T = base_t<S>;
+  Act2<T> zc;
+  Act1<T> lse;
+  Span1<const std::int32_t> targets;
+  index_t r0, v0, vc, K;
+  template <class Lanes>
+  KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t r) const {
+    const index_t n = r0 + r;
+    const std::int32_t tgt = targets(n);
+    T* zr = &zc.v(r, 0);
+    if (tgt < 0) {
+      for (index_t k = 0; k < K; ++k) {
+        T* dr = &zc.d(k, r, 0);
+        lanes.each(vc, [&](index_t v) { dr[v] = T(0); });
+      }
+      lanes.each(vc, [&](index_t v) { zr[v] = T(0); });
+      return;
+    }
+    const T L = lse.v(n);
+    if constexpr (has_tangents_v<S>) {
+      for (index_t k = 0; k < K; ++k) {
+        T* dr = &zc.d(k, r, 0);
+        const T l1 = lse.d(k, n);
+        lanes.each(vc, [&](index_t v) { dr[v] = fast_exp(zr[v] - L) * (dr[v] - l1); });
+      }
+    }
+    const index_t t = tgt >= v0 && tgt < v0 + vc ? index_t(tgt) - v0 : index_t(-1);
+    lanes.each(vc, [&](index_t v) {
+      const T q = fast_exp(zr[v] - L);
+      zr[v] = v == t ? q - T(1) : q;
+    });
+  }
+};
 }  // namespace detail
 
 // V: rows of the head weight at offset w (V, C). stats: (N, 2) scratch (the
 // running maximum and the target's logit per row). Second order (S = Jet2):
 // moments (rows, C) with K tangent planes holds M_W and M_k of a row block,
-// and z needs one second-order plane (the exponentials q of a tile).
+// and z needs one second-order plane (the exponentials q of a tile). shape:
+// the row kernels' (rows.hpp); the default suits the execution space.
 template <class S>
 void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t<S>> lse,
                           Act2<base_t<S>> h, Params<base_t<S>> p, index_t w, index_t V,
                           Span1<const std::int32_t> targets, Act2<base_t<S>> z, Span2<base_t<S>> stats,
-                          Act2<base_t<S>> moments, const GemmPolicy<base_t<S>>& pol = GemmPolicy<base_t<S>>()) {
+                          Act2<base_t<S>> moments, const GemmPolicy<base_t<S>>& pol = GemmPolicy<base_t<S>>(),
+                          RowShape shape = default_row_shape()) {
   using T = base_t<S>;
   const index_t N = h.rows(), C = h.cols(), K = directions_of<S>(h), rows = z.rows(), vchunk = z.cols();
   const index_t P = p.v.extent(0);
@@ -115,97 +292,13 @@ void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t
       const Act2<T> zc = detail::chunk_view(z, K, nr, vc);
       detail::chunk_logits(space, zc, h, p, w, r0, nr, v0, vc, tangents, pol);
       const bool first = v0 == 0;
-      Kokkos::parallel_for(
-          "gnh::lm_head_xent::forward", range(space, nr), KOKKOS_LAMBDA(const index_t r) {
-            (void)K, (void)lse, (void)mc, (void)C;  // captured here: nvcc allows no first capture inside the constexpr-if
-            const index_t n = r0 + r;
-            const std::int32_t tgt = targets(n);
-            const bool has_tgt = tgt >= v0 && tgt < v0 + vc;
-            const T* zr = &zc.v(r, 0);
-            T m = lane_max(vc, zr);
-            if (!first) m = stats(n, 0) > m ? stats(n, 0) : m;
-            // Rescale what earlier chunks accumulated to the new maximum.
-            const T corr = first ? T(0) : fast_exp(stats(n, 0) - m);
-            T e;
-            if constexpr (has_second_v<S>) {
-              // q kept for the moments' GEMMs; the same terms, the same sum.
-              T* qr = &zc.dd(0, r, 0);
-              for (index_t v = 0; v < vc; ++v) qr[v] = fast_exp(zr[v] - m);
-              e = lane_sum<T>(vc, [&](index_t v) { return qr[v]; });
-            } else {
-              e = lane_sum<T>(vc, [&](index_t v) { return fast_exp(zr[v] - m); });
-            }
-            loss.v(n) = (first ? 0.0 : loss.v(n) * double(corr)) + double(e);
-            stats(n, 0) = m;
-            if (has_tgt) stats(n, 1) = zr[tgt - v0];
-            if constexpr (has_tangents_v<S>) {
-              for (index_t k = 0; k < K; ++k) {
-                const T* dr = &zc.d(k, r, 0);
-                T a1;
-                if constexpr (has_second_v<S>) {
-                  const T* qr = &zc.dd(0, r, 0);
-                  T b;
-                  lane_sum2<T>(
-                      vc,
-                      [&](index_t v, T& s1, T& s2) {
-                        const T q = qr[v] * dr[v];
-                        s1 += q;
-                        s2 += q * dr[v];
-                      },
-                      a1, b);
-                  lse.dd(k, n) = first ? b : lse.dd(k, n) * corr + b;
-                  if (!first)
-                    for (index_t c = 0; c < C; ++c) mc.d(k, r, c) *= corr;
-                } else {
-                  a1 = lane_sum<T>(vc, [&](index_t v) { return fast_exp(zr[v] - m) * dr[v]; });
-                }
-                lse.d(k, n) = first ? a1 : lse.d(k, n) * corr + a1;
-                if (has_tgt) loss.d(k, n) = -double(dr[tgt - v0]);
-              }
-              if constexpr (has_second_v<S>) {
-                if (!first)
-                  for (index_t c = 0; c < C; ++c) mc.v(r, c) *= corr;
-              }
-            }
-          });
+      for_rows<T>(space, "gnh::lm_head_xent::forward", nr,
+                  detail::HeadChunkRow<S>{loss, lse, zc, mc, stats, targets, r0, v0, vc, K, C, first}, shape);
       if (second) detail::chunk_moments(space, mc, zc.dd.data(), p, w, nr, v0, vc, first, pol);
     }
     // The rows of this block are complete: lse and the losses.
-    Kokkos::parallel_for(
-        "gnh::lm_head_xent::forward::finish", range(space, nr), KOKKOS_LAMBDA(const index_t r) {
-          (void)K, (void)mc, (void)C, (void)P, (void)h, (void)p, (void)w;  // captured here: nvcc allows no first capture inside the constexpr-if
-          const index_t n = r0 + r;
-          const std::int32_t tgt = targets(n);
-          const bool valid = tgt >= 0;
-          const double s = loss.v(n);
-          const T l = T(kmath::log(s)) + stats(n, 0);
-          lse.v(n) = l;
-          loss.v(n) = valid ? double(l) - double(stats(n, 1)) : 0.0;
-          if constexpr (has_tangents_v<S>) {
-            for (index_t k = 0; k < K; ++k) {
-              const T l1 = T(double(lse.d(k, n)) / s);
-              lse.d(k, n) = l1;
-              loss.d(k, n) = valid ? double(l1) + loss.d(k, n) : 0.0;
-              if constexpr (has_second_v<S>) {
-                // sum_v e_v z''_v = h'' . M_W + 2 h' . M_k; z''_y likewise from row y.
-                const T* hd = &h.d(k, n, 0);
-                const T* hdd = &h.dd(k, n, 0);
-                const T* mw = &mc.v(r, 0);
-                const T* mk = &mc.d(k, r, 0);
-                const T a2 = lse.dd(k, n) + lane_sum<T>(C, [&](index_t c) { return hdd[c] * mw[c] + T(2) * hd[c] * mk[c]; });
-                const T l2 = T(double(a2) / s) - l1 * l1;
-                lse.dd(k, n) = l2;
-                T zy = T(0);
-                if (valid) {
-                  const T* wy = p.v.data() + w + index_t(tgt) * C;
-                  const T* vy = p.d.data() + k * P + w + index_t(tgt) * C;
-                  zy = lane_sum<T>(C, [&](index_t c) { return hdd[c] * wy[c] + T(2) * hd[c] * vy[c]; });
-                }
-                loss.dd(k, n) = valid ? double(l2) - double(zy) : 0.0;
-              }
-            }
-          }
-        });
+    for_rows<T>(space, "gnh::lm_head_xent::forward::finish", nr,
+                detail::HeadFinishRow<S>{loss, lse, h, mc, p, stats, targets, r0, K, C, P, w}, shape);
   }
 }
 
@@ -216,7 +309,7 @@ void lm_head_xent_reverse(const ExecSpace& space, Act2<base_t<S>> dh, Grads<base
                           Act1<base_t<S>> lse, Act2<base_t<S>> h, Params<base_t<S>> p, index_t w, index_t V,
                           Span1<const std::int32_t> targets, Act2<base_t<S>> z,
                           const GemmPolicy<base_t<S>>& pol = GemmPolicy<base_t<S>>(),
-                          bool logits_current = false) {
+                          bool logits_current = false, RowShape shape = default_row_shape()) {
   using T = base_t<S>;
   constexpr bool tangents = !std::is_same<S, T>::value;
   const index_t N = h.rows(), C = h.cols(), K = tangents ? h.d.extent(0) : 0;
@@ -231,31 +324,9 @@ void lm_head_xent_reverse(const ExecSpace& space, Act2<base_t<S>> dh, Grads<base
       // these logits (value and tangent planes) in z.
       if (!(logits_current && nr == N && vc == V))
         detail::chunk_logits(space, zc, h, p, w, r0, nr, v0, vc, tangents, pol);
-      // dz = softmax - onehot, in place; the value plane is written after
-      // every tangent plane has read it.
-      Kokkos::parallel_for(
-          "gnh::lm_head_xent::reverse::softmax", range(space, nr), KOKKOS_LAMBDA(const index_t r) {
-            const index_t n = r0 + r;
-            const std::int32_t tgt = targets(n);
-            T* zr = &zc.v(r, 0);
-            if (tgt < 0) {
-              for (index_t k = 0; k < K; ++k)
-                for (index_t v = 0; v < vc; ++v) zc.d(k, r, v) = 0;
-              for (index_t v = 0; v < vc; ++v) zr[v] = 0;
-              return;
-            }
-            const T L = lse.v(n);
-            if constexpr (has_tangents_v<S>) {
-              // (softmax z)' = q (z' - lse')
-              for (index_t k = 0; k < K; ++k) {
-                T* dr = &zc.d(k, r, 0);
-                const T l1 = lse.d(k, n);
-                for (index_t v = 0; v < vc; ++v) dr[v] = fast_exp(zr[v] - L) * (dr[v] - l1);
-              }
-            }
-            for (index_t v = 0; v < vc; ++v) zr[v] = fast_exp(zr[v] - L);
-            if (tgt >= v0 && tgt < v0 + vc) zr[tgt - v0] -= T(1);
-          });
+      // dz = softmax - onehot, in place.
+      for_rows<T>(space, "gnh::lm_head_xent::reverse::softmax", nr,
+                  detail::HeadSoftmaxRow<S>{zc, lse, targets, r0, v0, vc, K}, shape);
       const T beta = v0 == 0 ? T(0) : T(1);  // dh sums over the vocabulary chunks
       gemm<T>(space, pol, "N", "N", T(1), block(zc.v.data(), 0, nr, vc), block(W, 0, vc, C), beta,
               block(dh.v.data(), r0 * C, nr, C));
@@ -288,11 +359,13 @@ struct LmHeadXentOp {
   static constexpr const char* name = "lm_head_xent";
   static constexpr bool is_loss = true;
   index_t N, C, V, rows, vchunk;
+  RowShape shape;
   View1<std::int32_t> targets;
   View2<T> stats;
   View1<double> loss;  // (1 + 2K) N: the forward's double loss planes before y
-  LmHeadXentOp(index_t N_, index_t C_, index_t V_, index_t rows_, index_t vchunk_ = 0)
-      : N(N_), C(C_), V(V_), rows(rows_), vchunk(vchunk_ > 0 ? vchunk_ : V_), targets("targets", N_),
+  LmHeadXentOp(index_t N_, index_t C_, index_t V_, index_t rows_, index_t vchunk_ = 0,
+               RowShape shape_ = default_row_shape())
+      : N(N_), C(C_), V(V_), rows(rows_), vchunk(vchunk_ > 0 ? vchunk_ : V_), shape(shape_), targets("targets", N_),
         stats("stats", N_, 2) {
     auto h = Kokkos::create_mirror_view(targets);
     for (index_t n = 0; n < N; ++n) h(n) = n % 4 == 3 ? -1 : std::int32_t((n * 5 + 1) % V);
@@ -322,7 +395,7 @@ struct LmHeadXentOp {
     l.v = Span1<double>(loss.data(), N);
     if (!std::is_same<S, T>::value) l.d = Span2<double>(loss.data() + N, K, N);
     if (std::is_same<S, Jet2<T>>::value) l.dd = Span2<double>(loss.data() + (1 + K) * N, K, N);
-    lm_head_xent_forward<S>(space, l, s.flat(0), h, p, 0, V, targets, s[1], stats, s[2]);
+    lm_head_xent_forward<S>(space, l, s.flat(0), h, p, 0, V, targets, s[1], stats, s[2], GemmPolicy<T>(), shape);
     Kokkos::parallel_for(  // the lambda reads locals only, never this
         "gnh::lm_head_xent::op_loss", range(space, N), KOKKOS_LAMBDA(const index_t n) {
           y.v(n, 0) = T(l.v(n));
@@ -335,8 +408,23 @@ struct LmHeadXentOp {
   template <class S>
   void reverse(const ExecSpace& space, Act2<T> dx, Grads<T> g, Act2<T>, Act2<T> h, Act2<T>, Params<T> p,
                const OpSaved<T>& s) const {
-    lm_head_xent_reverse<S>(space, dx, g, s.flat(0), h, p, 0, V, targets, s[1]);
+    lm_head_xent_reverse<S>(space, dx, g, s.flat(0), h, p, 0, V, targets, s[1], GemmPolicy<T>(), false, shape);
   }
 };
+
+// Compiled once, in gnh_core (kernels/instances.hpp).
+#define GNH_LM_HEAD_FORWARD(EXT, S)                                                                              \
+  EXT template void lm_head_xent_forward<S>(const ExecSpace&, Act1<double>, Act1<base_t<S>>, Act2<base_t<S>>,   \
+                                            Params<base_t<S>>, index_t, index_t, Span1<const std::int32_t>,     \
+                                            Act2<base_t<S>>, Span2<base_t<S>>, Act2<base_t<S>>,                 \
+                                            const GemmPolicy<base_t<S>>&, RowShape);
+#define GNH_LM_HEAD_REVERSE(EXT, S)                                                                              \
+  EXT template void lm_head_xent_reverse<S>(const ExecSpace&, Act2<base_t<S>>, Grads<base_t<S>>, Act1<base_t<S>>, \
+                                            Act2<base_t<S>>, Params<base_t<S>>, index_t, index_t,               \
+                                            Span1<const std::int32_t>, Act2<base_t<S>>,                          \
+                                            const GemmPolicy<base_t<S>>&, bool, RowShape);
+#define GNH_LM_HEAD(EXT, T) GNH_FORWARD_SCALARS(GNH_LM_HEAD_FORWARD, EXT, T) GNH_REVERSE_SCALARS(GNH_LM_HEAD_REVERSE, EXT, T)
+GNH_LM_HEAD(extern, float)
+GNH_LM_HEAD(extern, double)
 
 }  // namespace gnh::kernels

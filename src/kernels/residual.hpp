@@ -6,6 +6,7 @@
 #pragma once
 #include "core/planes.hpp"
 #include "kernels/check.hpp"
+#include "kernels/instances.hpp"
 
 namespace gnh::kernels {
 
@@ -41,5 +42,13 @@ void copy(const ExecSpace& space, Act2<T> y, Act2<T> a) {
   Kokkos::deep_copy(space, y.v, a.v);
   if (y.d.size() > 0) Kokkos::deep_copy(space, y.d, a.d);
 }
+
+// Compiled once, in gnh_core (kernels/instances.hpp).
+#define GNH_RESIDUAL(EXT, T)                                                    \
+  EXT template void residual_forward<T>(const ExecSpace&, Act2<T>, Act2<T>, Act2<T>); \
+  EXT template void accumulate<T>(const ExecSpace&, Act2<T>, Act2<T>);                \
+  EXT template void copy<T>(const ExecSpace&, Act2<T>, Act2<T>);
+GNH_RESIDUAL(extern, float)
+GNH_RESIDUAL(extern, double)
 
 }  // namespace gnh::kernels

@@ -15,8 +15,13 @@
 //
 // A row body is a functor with
 //   template <class Lanes> KOKKOS_INLINE_FUNCTION void operator()(const Lanes&, index_t row) const
-// that takes its sums through lanes.sum / lanes.sum2 and runs its per-column
-// work through lanes.each.
+// that takes its sums through lanes.sum / lanes.sum2 and its maxima through
+// lanes.max, and runs its per-column work through lanes.each. Column c is
+// lane c mod kRowLanes's in every call (each, and the terms of sum and max),
+// so a column written in one call is read back by the lane that wrote it. A
+// value of the row that the body updates (a running sum) is read through
+// lanes.one, which every lane leaves only once the value is read, and written
+// through lanes.single (one lane): no lane reads it after another wrote it.
 //
 // The default is host on host execution spaces and teams elsewhere.
 #pragma once
@@ -47,9 +52,21 @@ struct HostLanes {
   KOKKOS_INLINE_FUNCTION void sum2(index_t n, const F& f, T& a, T& b) const {
     lane_sum2<T>(n, f, a, b);
   }
+  template <class T>
+  KOKKOS_INLINE_FUNCTION T max(index_t n, const T* x) const {
+    return lane_max(n, x);
+  }
   template <class F>
   KOKKOS_INLINE_FUNCTION void each(index_t n, const F& f) const {
     for (index_t c = 0; c < n; ++c) f(c);
+  }
+  template <class T, class F>
+  KOKKOS_INLINE_FUNCTION T one(const F& f) const {
+    return f();
+  }
+  template <class F>
+  KOKKOS_INLINE_FUNCTION void single(const F& f) const {
+    f();
   }
 };
 
@@ -97,9 +114,44 @@ struct TeamLanes {
     a = in_order(p);
     b = in_order(p + L);
   }
+  // The maximum of x[0, n), n >= 1 (exact in any order: the bits of lane_max).
+  template <class T>
+  KOKKOS_INLINE_FUNCTION T max(index_t n, const T* x) const {
+    T* p = static_cast<T*>(part);
+    const index_t L = kRowLanes;
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, L), [&](const index_t j) {
+      T m = x[0];
+      for (index_t c = j; c < n; c += L) m = x[c] > m ? x[c] : m;
+      p[j] = m;
+    });
+    T total = T(0);
+    Kokkos::single(
+        Kokkos::PerThread(team),
+        [&](T& v) {
+          v = p[0];
+          for (int j = 1; j < kRowLanes; ++j) v = p[j] > v ? p[j] : v;
+        },
+        total);
+    return total;
+  }
+  // Column c on lane c mod kRowLanes, as in sum.
   template <class F>
   KOKKOS_INLINE_FUNCTION void each(index_t n, const F& f) const {
-    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n), f);
+    const index_t L = kRowLanes;
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, L), [&](const index_t j) {
+      for (index_t c = j; c < n; c += L) f(c);
+    });
+  }
+  // f() on one lane, its value broadcast to all (each waits for it).
+  template <class T, class F>
+  KOKKOS_INLINE_FUNCTION T one(const F& f) const {
+    T value = T(0);
+    Kokkos::single(Kokkos::PerThread(team), [&](T& v) { v = f(); }, value);
+    return value;
+  }
+  template <class F>
+  KOKKOS_INLINE_FUNCTION void single(const F& f) const {
+    Kokkos::single(Kokkos::PerThread(team), f);
   }
 };
 

@@ -8,6 +8,7 @@
 // to first order); elementwise maths (exp, erf, tanh, sqrt) adds a few eps per
 // op. Each check below states K and the magnitude it multiplies.
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -15,10 +16,12 @@
 #include <string>
 #include <vector>
 
+#include "kernels/attention.hpp"
 #include "kernels/colsum.hpp"
 #include "kernels/embedding.hpp"
 #include "kernels/layernorm.hpp"
 #include "kernels/linear.hpp"
+#include "kernels/lm_head_xent.hpp"
 #include "kernels/residual.hpp"
 #include "support/ops.hpp"
 #include "support/reference.hpp"
@@ -501,5 +504,170 @@ TEST_CASE("LayerNorm: the GPU-shaped row kernels agree with the host shape in ev
       REQUIRE(std::fabs(double(host[i]) - double(teams[i])) <= tol * (std::fabs(double(host[i])) + 1.0));
       REQUIRE(std::memcmp(&teams[i], &again[i], sizeof(float)) == 0);
     }
+  }
+}
+
+namespace rows_test {
+// Owned planes of a (rows, cols) buffer with K directions: v, then K tangent
+// planes, then K second-order planes.
+template <class T>
+struct Planes {
+  View1<T> all;
+  gnh::index_t r = 0, c = 0, K = 0;
+  Planes(gnh::index_t r_, gnh::index_t c_, gnh::index_t K_) : all("planes", (1 + 2 * K_) * r_ * c_), r(r_), c(c_), K(K_) {}
+  template <class S>
+  Act2<T> act() const {
+    Act2<T> a;
+    a.v = Span2<T>(all.data(), r, c);
+    if (!std::is_same<S, T>::value) a.d = Span3<T>(all.data() + r * c, K, r, c);
+    if (std::is_same<S, Jet2<T>>::value) a.dd = Span3<T>(all.data() + (1 + K) * r * c, K, r, c);
+    return a;
+  }
+};
+
+// Every output of an op O<T>'s five modes with K directions (forward,
+// tangent, second order: y; reverse and its tangent: dx and the gradient),
+// concatenated; outputs start as NaN before each call.
+template <template <class> class O, class T>
+std::vector<T> op_all_modes(O<T>& op, gnh::index_t K) {
+  const kernels::OpSizes sz = op.sizes();
+  const gnh::index_t N = sz.rows, P = sz.params;
+  std::mt19937 gen(17);
+  std::uniform_real_distribution<T> u(-1, 1);
+  Planes<T> x(N, sz.in, K), y(N, sz.out, K), dy(N, sz.out, K), dx(N, sz.in, K);
+  for (const Planes<T>* b : {&x, &dy})
+    for (std::size_t i = 0; i < b->all.extent(0); ++i) b->all(i) = u(gen);
+  View1<T> th("th", (1 + K) * P), gv("gv", (1 + K) * P);
+  for (std::size_t i = 0; i < th.extent(0); ++i) th(i) = u(gen);
+  std::vector<Planes<T>> saved;
+  for (const kernels::OpExtent& e : op.saved()) saved.emplace_back(e.rows, e.cols, K);
+  auto saved_planes = [&](auto s) {
+    using S = decltype(s);
+    kernels::OpSaved<T> r;
+    for (const Planes<T>& b : saved) r.buf[r.count++] = b.template act<S>();
+    return r;
+  };
+  auto params = [&](bool tangents) {
+    Params<T> p{Span1<const T>(th.data(), P), {}};
+    if (tangents) p.d = Span2<const T>(th.data() + P, K, P);
+    return p;
+  };
+  auto grads = [&](bool tangents) {
+    Grads<T> g{Span1<T>(gv.data(), P), {}};
+    if (tangents) g.d = Span2<T>(gv.data() + P, K, P);
+    return g;
+  };
+  const T nan = std::numeric_limits<T>::quiet_NaN();
+  std::vector<T> out;
+  auto keep = [&](const View1<T>& v, gnh::index_t n) {
+    Kokkos::fence();
+    out.insert(out.end(), v.data(), v.data() + n);
+  };
+  const ExecSpace space;
+  auto forward = [&](auto s) {
+    using S = decltype(s);
+    Kokkos::deep_copy(y.all, nan);
+    op.template forward<S>(space, y.template act<S>(), x.template act<S>(), params(!std::is_same<S, T>::value),
+                           saved_planes(s));
+  };
+  const gnh::index_t ny = N * sz.out, nx = N * sz.in;
+  forward(T());
+  keep(y.all, ny);
+  forward(Dual<T>());
+  keep(y.all, (1 + K) * ny);
+  forward(Jet2<T>());
+  keep(y.all, (1 + 2 * K) * ny);
+  auto reverse = [&](auto s, gnh::index_t planes) {
+    using S = decltype(s);
+    const bool tangents = !std::is_same<S, T>::value;
+    forward(s);
+    Kokkos::deep_copy(dx.all, nan);
+    Kokkos::deep_copy(gv, T(0));  // accumulated into
+    op.template reverse<S>(space, dx.template act<S>(), grads(tangents), dy.template act<S>(), x.template act<S>(),
+                           y.template act<S>(), params(tangents), saved_planes(s));
+    keep(dx.all, planes * nx);
+    keep(gv, planes * P);
+  };
+  reverse(T(), 1);
+  reverse(Dual<T>(), 1 + K);
+  return out;
+}
+}  // namespace rows_test
+
+TEST_CASE("LM head and cross-entropy: the GPU-shaped row kernels agree with the host shape in every mode",
+          "[kernels][rows]") {
+  // Tiles of rows and vocabulary chunks (the online log-sum-exp's running
+  // sums carried from chunk to chunk), K = 3 directions: a chunk narrower
+  // than the lanes (vc 4, C 5); chunks of 17 and C = 37 (two rounds of lanes
+  // and a tail); one tile of the whole batch (V = 50). Both shapes take each
+  // sum in lane_sum's order, and maxima are exact, so they differ only where
+  // the compiler fuses multiply-adds differently (as for LayerNorm). A loss or
+  // lse is a sum over up to max(V, C) terms: within (n + 8) eps (|y| + 1) of
+  // exact, the derivative planes a few times that: 4 (n + 8) eps (|y| + 1)
+  // between the shapes (measured: 0, 0 and 0.002 of it). A wrong row, lane,
+  // chunk or plane is O(1) off; a 0.1% error in a running sum fails it. And
+  // the teams shape repeats its bits.
+  struct Tiling {
+    gnh::index_t N, C, V, rows, vchunk;
+  };
+  for (const Tiling t : {Tiling{7, 5, 11, 3, 4}, Tiling{9, 37, 40, 4, 17}, Tiling{6, 20, 50, 6, 0}}) {
+    CAPTURE(t.N, t.C, t.V, t.rows, t.vchunk);
+    auto run = [&](kernels::RowShape shape) {
+      kernels::LmHeadXentOp<float> op(t.N, t.C, t.V, t.rows, t.vchunk, shape);
+      return rows_test::op_all_modes(op, 3);
+    };
+    const auto host = run(kernels::RowShape::host);
+    const auto teams = run(kernels::RowShape::teams);
+    const auto again = run(kernels::RowShape::teams);
+    REQUIRE(host.size() == teams.size());
+    const double tol = 4.0 * double(std::max(t.V, t.C) + 8) * std::numeric_limits<float>::epsilon();
+    for (std::size_t i = 0; i < host.size(); ++i) {
+      INFO("output " << i << ": host " << host[i] << ", teams " << teams[i]);
+      REQUIRE(std::isfinite(host[i]));  // every output written (they start as NaN)
+      REQUIRE(std::isfinite(teams[i]));
+      const double err = std::fabs(double(host[i]) - double(teams[i])) / (std::fabs(double(host[i])) + 1.0);
+      REQUIRE(err <= tol);
+      REQUIRE(std::memcmp(&teams[i], &again[i], sizeof(float)) == 0);
+    }
+  }
+}
+
+TEST_CASE("attention: the GPU-shaped row kernels agree with the host's kernels in every mode", "[kernels][rows]") {
+  // A query or key per row, its head channels on the lanes, K = 3
+  // directions: fewer channels than lanes (hs 3), a round of lanes and a
+  // tail (hs 20). In double both shapes run the portable kernels (the same
+  // sums in lane_sum's order); in float the host shape is the tiled host
+  // kernels (attention_host.hpp), another order of the same sums. An output
+  // is a softmax-weighted mean over up to T keys of values, each score a sum
+  // of hs products: within (T + hs + 8) eps (|y| + 1) of exact, the
+  // derivative planes a few times that, so 4 (T + hs + 8) eps (|y| + 1)
+  // between the shapes. A wrong query, key, head, lane or plane is O(1) off.
+  // And the teams shape repeats its bits.
+  struct Shape {
+    gnh::index_t B, T, H, hs;
+  };
+  for (const Shape a : {Shape{2, 5, 2, 3}, Shape{1, 7, 2, 20}}) {
+    CAPTURE(a.B, a.T, a.H, a.hs);
+    auto compare = [&](auto zero) {
+      using T = decltype(zero);
+      auto run = [&](kernels::RowShape shape) {
+        kernels::AttentionOp<T> op(a.B, a.T, a.H, a.hs, shape);
+        return rows_test::op_all_modes(op, 3);
+      };
+      const auto host = run(kernels::RowShape::host);
+      const auto teams = run(kernels::RowShape::teams);
+      const auto again = run(kernels::RowShape::teams);
+      REQUIRE(host.size() == teams.size());
+      const double tol = 4.0 * double(a.T + a.hs + 8) * std::numeric_limits<T>::epsilon();
+      for (std::size_t i = 0; i < host.size(); ++i) {
+        INFO("output " << i << ": host " << host[i] << ", teams " << teams[i]);
+        REQUIRE(std::isfinite(host[i]));  // every output written (they start as NaN)
+        REQUIRE(std::isfinite(teams[i]));
+        REQUIRE(std::fabs(double(host[i]) - double(teams[i])) / (std::fabs(double(host[i])) + 1.0) <= tol);
+        REQUIRE(std::memcmp(&teams[i], &again[i], sizeof(T)) == 0);
+      }
+    };
+    compare(double(0));
+    compare(float(0));
   }
 }

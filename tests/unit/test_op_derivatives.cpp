@@ -202,6 +202,12 @@ TEST_CASE("attention: every derivative mode", "[derivatives]") {
   check_op(a, 40, 1.0);
   check_op(b, 41, 1.0);
   check_op(c, 42, 1.0);
+  // The GPU-shaped row kernels (rows.hpp) on this host backend: fewer head
+  // channels than lanes, and a round of lanes with a tail.
+  test::OpAdapter<kernels::AttentionOp<double>> d(2, 5, 3, 2, kernels::RowShape::teams),
+      e(1, 4, 2, 18, kernels::RowShape::teams);
+  check_op(d, 43, 1.0);
+  check_op(e, 44, 1.0);
 }
 
 TEST_CASE("fused lm head and cross-entropy: every derivative mode", "[derivatives]") {
@@ -212,6 +218,12 @@ TEST_CASE("fused lm head and cross-entropy: every derivative mode", "[derivative
   check_op(b, 51, 1.0);
   check_op(c, 52, 1.0);
   check_op(d, 53, 1.0);
+  // The GPU-shaped row kernels (rows.hpp) on this host backend: chunks
+  // narrower than the lanes, and C and chunks past two rounds of lanes.
+  test::OpAdapter<kernels::LmHeadXentOp<double>> e(7, 5, 11, 3, 4, kernels::RowShape::teams),
+      f(5, 37, 40, 2, 17, kernels::RowShape::teams);
+  check_op(e, 54, 1.0);
+  check_op(f, 55, 1.0);
 }
 
 TEST_CASE("embedding: every derivative mode", "[derivatives]") {

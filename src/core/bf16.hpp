@@ -26,6 +26,15 @@ KOKKOS_INLINE_FUNCTION float round_bf16(float x) {
   return r;
 }
 
+// The bfloat16 storage of x (its 16 bits), rounded as round_bf16: what a
+// bfloat16 GEMM (cuBLAS on tensor cores) reads.
+KOKKOS_INLINE_FUNCTION std::uint16_t bf16_bits(float x) {
+  const float r = round_bf16(x);
+  std::uint32_t bits;
+  std::memcpy(&bits, &r, sizeof(bits));
+  return static_cast<std::uint16_t>(bits >> 16);
+}
+
 // Double is never rounded (the fp64 policy), and jets round every component
 // (primal and tangents are matrix-multiply operands alike).
 KOKKOS_INLINE_FUNCTION double round_bf16(double x) { return x; }

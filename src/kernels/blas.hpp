@@ -151,6 +151,46 @@ Span2<const T> rounded_copy(const ExecSpace& space, Span2<const T> src, index_t 
 }
 }  // namespace detail
 
+#ifdef GNH_CUBLAS_MATH_MODE
+namespace detail {
+// Rows r0 .. r0 + rows - 1 of src as bfloat16 storage (round_bf16's bits) in
+// dst, which holds as many floats: half its bytes are used.
+template <class T>
+Span2<const std::uint16_t> bf16_copy(const ExecSpace& space, Span2<const T> src, index_t r0, index_t rows, T* dst) {
+  static_assert(std::is_same_v<T, float>, "bfloat16 operands come from float");
+  const index_t cols = src.extent(1);
+  const T* s = src.data() + r0 * cols;
+  std::uint16_t* d = reinterpret_cast<std::uint16_t*>(dst);
+  Kokkos::parallel_for("gnh::gemm::to_bf16", range(space, rows * cols),
+                       KOKKOS_LAMBDA(const index_t i) { d[i] = bf16_bits(s[i]); });
+  return Span2<const std::uint16_t>(d, rows, cols);
+}
+
+// Row-major C = alpha op(A) op(B) + beta C on contiguous bfloat16 operands
+// with FP32 accumulation and output (cublasGemmEx: tensor cores), queued on
+// the caller's stream.
+inline void cublas_gemm_bf16(const ExecSpace& space, bool at, bool bt, float alpha, Span2<const std::uint16_t> A,
+                             Span2<const std::uint16_t> B, float beta, Span2<float> C) {
+  const index_t m = C.extent(0), n = C.extent(1), k = at ? A.extent(0) : A.extent(1);
+  if (m == 0 || n == 0) return;
+  cublasHandle_t handle = KokkosBlas::Impl::CudaBlasSingleton::singleton().handle;
+  if (cublasSetStream(handle, space.cuda_stream()) != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error("gnh::gemm: cublasSetStream failed");
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
+  const cublasOperation_t oa = bt ? CUBLAS_OP_T : CUBLAS_OP_N, ob = at ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasStatus_t st =
+      cublasGemmEx(handle, oa, ob, int(n), int(m), int(k), &alpha, B.data(), CUDA_R_16BF, int(B.extent(1)), A.data(),
+                   CUDA_R_16BF, int(A.extent(1)), &beta, C.data(), CUDA_R_32F, int(C.stride(0)), CUBLAS_COMPUTE_32F,
+                   CUBLAS_GEMM_DEFAULT);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    std::ostringstream msg;
+    msg << "gnh::gemm: cuBLAS status " << int(st) << " for a bfloat16 product of " << m << " x " << n << " x " << k;
+    throw std::runtime_error(msg.str());
+  }
+}
+}  // namespace detail
+#endif
+
 // gemm under a precision policy: plain, or with bfloat16-rounded operands.
 template <class T>
 void gemm(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, const char* tb, T alpha,
@@ -159,19 +199,39 @@ void gemm(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, cons
     const Tf32Scope tf32(pol.tf32 && std::is_same<T, float>::value);
     return gemm<T>(space, ta, tb, alpha, A, B, beta, C);
   }
+  // One product of rounded row blocks: on CUDA the operands as bfloat16
+  // storage into cuBLAS (tensor cores, FP32 accumulation); elsewhere as float
+  // values into the FP32 GEMM, the exact emulation. Both multiply the same
+  // bfloat16 values and accumulate in FP32; their order of additions differs.
+  auto product = [&](bool trans_a, index_t a0, index_t na, bool round_b, index_t b0, index_t nb, T beta_,
+                     Span2<T> Cc) {
+#ifdef GNH_CUBLAS_MATH_MODE
+    if constexpr (std::is_same_v<T, float>) {
+      const Span2<const std::uint16_t> As = detail::bf16_copy(space, A, a0, na, pol.scratch_a.data());
+      const Span2<const std::uint16_t> Bs =
+          round_b ? detail::bf16_copy(space, B, b0, nb, pol.scratch_b.data())
+                  : Span2<const std::uint16_t>(reinterpret_cast<const std::uint16_t*>(pol.scratch_b.data()), nb,
+                                               B.extent(1));
+      return detail::cublas_gemm_bf16(space, trans_a, tb[0] == 'T', alpha, As, Bs, beta_, Cc);
+    }
+#endif
+    (void)trans_a;  // op(A) is ta
+    const Span2<const T> As = detail::rounded_copy(space, A, a0, na, pol.scratch_a.data());
+    const Span2<const T> Bs = round_b ? detail::rounded_copy(space, B, b0, nb, pol.scratch_b.data())
+                                      : Span2<const T>(pol.scratch_b.data(), nb, B.extent(1));
+    gemm<T>(space, ta, tb, alpha, As, Bs, beta_, Cc);
+  };
   const bool at = ta[0] == 'T';
   const index_t rows = A.extent(0), cols = A.extent(1);
   const index_t chunk = std::max<index_t>(1, pol.chunk_elements / std::max<index_t>(1, std::max<index_t>(cols, B.extent(1))));
   if (pol.scratch_a.extent(0) < std::size_t(std::min(rows, chunk) * cols))
     throw std::logic_error("gnh::gemm: bf16 scratch too small");
   if (!at) {
-    // C rows follow A rows; B is rounded once.
+    // C rows follow A rows; B is rounded once, with the first chunk.
     if (pol.scratch_b.extent(0) < B.size()) throw std::logic_error("gnh::gemm: bf16 scratch too small for B");
-    const Span2<const T> Bs = detail::rounded_copy(space, B, 0, B.extent(0), pol.scratch_b.data());
     for (index_t r0 = 0; r0 < rows; r0 += chunk) {
       const index_t n = std::min(chunk, rows - r0);
-      const Span2<const T> As = detail::rounded_copy(space, A, r0, n, pol.scratch_a.data());
-      gemm<T>(space, ta, tb, alpha, As, Bs, beta, Span2<T>(C.data() + r0 * C.extent(1), n, C.extent(1)));
+      product(false, r0, n, r0 == 0, 0, B.extent(0), beta, Span2<T>(C.data() + r0 * C.extent(1), n, C.extent(1)));
     }
     return;
   }
@@ -181,9 +241,7 @@ void gemm(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, cons
   for (index_t r0 = 0; r0 < rows; r0 += chunk) {
     const index_t n = std::min(chunk, rows - r0);
     if (pol.scratch_b.extent(0) < std::size_t(n * B.extent(1))) throw std::logic_error("gnh::gemm: bf16 scratch too small");
-    const Span2<const T> As = detail::rounded_copy(space, A, r0, n, pol.scratch_a.data());
-    const Span2<const T> Bs = detail::rounded_copy(space, B, r0, n, pol.scratch_b.data());
-    gemm<T>(space, ta, tb, alpha, As, Bs, r0 == 0 ? beta : T(1), C);
+    product(true, r0, n, true, r0, n, r0 == 0 ? beta : T(1), C);
   }
 }
 

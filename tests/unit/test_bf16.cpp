@@ -65,6 +65,19 @@ TEST_CASE("bfloat16 rounding: nearest, ties to even, specials", "[bf16]") {
   }
 }
 
+TEST_CASE("bfloat16 storage: the upper half of the rounded float", "[bf16]") {
+  // What cuBLAS reads on tensor cores (kernels/blas.hpp): bf16_bits(x) is
+  // round_bf16(x) without its 16 zero bits, so both paths multiply the same values.
+  REQUIRE(bf16_bits(1.0f) == 0x3F80u);
+  REQUIRE(bf16_bits(-2.5f) == 0xC020u);
+  REQUIRE(bf16_bits(1.0f + 3 * 0x1p-8f) == 0x3F82u);  // a tie, to even
+  REQUIRE(bf16_bits(from_bits(0x3F808001u)) == 0x3F81u);
+  REQUIRE(bf16_bits(std::numeric_limits<float>::max()) == 0x7F80u);  // overflow: +Inf
+  REQUIRE((bf16_bits(from_bits(0x7F800001u)) & 0x7FC0u) == 0x7FC0u);  // NaN stays a quiet NaN
+  for (std::uint32_t b = 0x00000001u; b < 0xFF000000u; b += 0x000F1357u)
+    REQUIRE(std::uint32_t(bf16_bits(from_bits(b))) << 16 == bits(round_bf16(from_bits(b))));
+}
+
 namespace {
 template <class V>
 void round_in_place(const V& v) {

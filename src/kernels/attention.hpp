@@ -50,22 +50,53 @@ bool use_host_attention(const ExecSpace& space, bool bf16) {
 }
 
 namespace detail {
+// What the row kernels share: the sizes, and a row i = (b, h, t) of lse and
+// D as its sequence, position, qkv row and the head's column offsets.
+template <class S>
+struct AttentionRows {
+  using T = base_t<S>;
+  index_t Tc, H, C, hs, K;
+  T scale;
+  bool bf16;
+  struct Row {
+    index_t b, t, n, qo, ko, vo;
+  };
+  KOKKOS_INLINE_FUNCTION Row row(const index_t i) const {
+    const index_t t = i % Tc, h = (i / Tc) % H, b = i / (Tc * H);
+    return {b, t, b * Tc + t, h * hs, C + h * hs, 2 * C + h * hs};
+  }
+  // The reverse's two products for query row nq and key row ns: q.k and dy.v
+  // over the head's channels (bf16-rounded operands under bf16-amp).
+  template <class Lanes>
+  KOKKOS_INLINE_FUNCTION void products(const Lanes& lanes, const Act2<T>& qkv, const Act2<T>& dy, int k,
+                                       const Row& r, index_t nq, index_t ns, S& score, S& dp) const {
+    using io = Io<S>;
+    lanes.template sum2<S>(
+        hs,
+        [&](index_t d, S& sc, S& dd) {
+          sc += operand(io::get(qkv, k, nq, r.qo + d), bf16) * operand(io::get(qkv, k, ns, r.ko + d), bf16);
+          dd += operand(io::get(dy, k, nq, r.qo + d), bf16) * operand(io::get(qkv, k, ns, r.vo + d), bf16);
+        },
+        score, dp);
+  }
+};
+
 // One query row i = (b, h, t) of the forward, in S arithmetic, plane by plane.
 template <class S>
 struct AttentionForwardRow {
   using T = base_t<S>;
   using io = Io<S>;
+  AttentionRows<S> g;
   Act2<T> y;
   Act1<T> lse;
   Act2<T> qkv;
-  index_t Tc, H, C, hs, K;
-  T scale;
-  bool bf16;
   template <class Lanes>
   KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t i) const {
-    const index_t t = i % Tc, h = (i / Tc) % H, b = i / (Tc * H);
-    const index_t nq = b * Tc + t, qo = h * hs, ko = C + h * hs, vo = 2 * C + h * hs;
-    for (int k = 0; k < K; ++k) {
+    const auto r = g.row(i);
+    const index_t b = r.b, t = r.t, nq = r.n, qo = r.qo, ko = r.ko, vo = r.vo, Tc = g.Tc, hs = g.hs;
+    const T scale = g.scale;
+    const bool bf16 = g.bf16;
+    for (int k = 0; k < g.K; ++k) {
       T m = 0;
       S l(0);
       lanes.each(hs, [&](index_t d) { io::put(y, k, nq, qo + d, S(0)); });
@@ -126,18 +157,18 @@ template <class S>
 struct AttentionQueryRow {
   using T = base_t<S>;
   using io = Io<S>;
+  AttentionRows<S> g;
   Act2<T> dqkv;
   Act1<T> D;
   Act2<T> dy, qkv, y;
   Act1<T> lse;
-  index_t Tc, H, C, hs, K;
-  T scale;
-  bool bf16;
   template <class Lanes>
   KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t i) const {
-    const index_t t = i % Tc, h = (i / Tc) % H, b = i / (Tc * H);
-    const index_t nq = b * Tc + t, qo = h * hs, ko = C + h * hs, vo = 2 * C + h * hs;
-    for (int k = 0; k < K; ++k) {
+    const auto r = g.row(i);
+    const index_t b = r.b, t = r.t, nq = r.n, qo = r.qo, ko = r.ko, Tc = g.Tc, hs = g.hs;
+    const T scale = g.scale;
+    const bool bf16 = g.bf16;
+    for (int k = 0; k < g.K; ++k) {
       const S Dt =
           lanes.template sum<S>(hs, [&](index_t d) { return io::get(dy, k, nq, qo + d) * io::get(y, k, nq, qo + d); });
       lanes.single([&] { io::put(D, k, i, Dt); });
@@ -146,13 +177,7 @@ struct AttentionQueryRow {
       for (index_t s = 0; s <= t; ++s) {
         const index_t ns = b * Tc + s;
         S score, dp;
-        lanes.template sum2<S>(
-            hs,
-            [&](index_t d, S& sc, S& dd) {
-              sc += operand(io::get(qkv, k, nq, qo + d), bf16) * operand(io::get(qkv, k, ns, ko + d), bf16);
-              dd += operand(io::get(dy, k, nq, qo + d), bf16) * operand(io::get(qkv, k, ns, vo + d), bf16);
-            },
-            score, dp);
+        g.products(lanes, qkv, dy, k, r, nq, ns, score, dp);
         const S ds = operand(jexp(score * scale - L) * (dp - Dt) * scale, bf16);
         lanes.each(hs, [&](index_t d) {
           io::put(dqkv, k, nq, qo + d, io::get(dqkv, k, nq, qo + d) + ds * operand(io::get(qkv, k, ns, ko + d), bf16));
@@ -167,18 +192,19 @@ template <class S>
 struct AttentionKeyRow {
   using T = base_t<S>;
   using io = Io<S>;
+  AttentionRows<S> g;
   Act2<T> dqkv;
   Act1<T> D;
   Act2<T> dy, qkv;
   Act1<T> lse;
-  index_t Tc, H, C, hs, K;
-  T scale;
-  bool bf16;
   template <class Lanes>
   KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t i) const {
-    const index_t s = i % Tc, h = (i / Tc) % H, b = i / (Tc * H);
-    const index_t ns = b * Tc + s, qo = h * hs, ko = C + h * hs, vo = 2 * C + h * hs;
-    for (int k = 0; k < K; ++k) {
+    const auto r = g.row(i);  // its position t is the key's, s
+    const index_t b = r.b, s = r.t, ns = r.n, qo = r.qo, ko = r.ko, vo = r.vo, Tc = g.Tc, H = g.H, hs = g.hs;
+    const index_t h = (i / Tc) % H;
+    const T scale = g.scale;
+    const bool bf16 = g.bf16;
+    for (int k = 0; k < g.K; ++k) {
       lanes.each(hs, [&](index_t d) {
         io::put(dqkv, k, ns, ko + d, S(0));
         io::put(dqkv, k, ns, vo + d, S(0));
@@ -186,13 +212,7 @@ struct AttentionKeyRow {
       for (index_t t = s; t < Tc; ++t) {
         const index_t nq = b * Tc + t, iq = (b * H + h) * Tc + t;
         S score, dp;
-        lanes.template sum2<S>(
-            hs,
-            [&](index_t d, S& sc, S& dd) {
-              sc += operand(io::get(qkv, k, nq, qo + d), bf16) * operand(io::get(qkv, k, ns, ko + d), bf16);
-              dd += operand(io::get(dy, k, nq, qo + d), bf16) * operand(io::get(qkv, k, ns, vo + d), bf16);
-            },
-            score, dp);
+        g.products(lanes, qkv, dy, k, r, nq, ns, score, dp);
         const S p = jexp(score * scale - io::get(lse, k, iq));
         const S ds = operand(p * (dp - io::get(D, k, iq)) * scale, bf16);
         const S pm = operand(p, bf16);
@@ -236,11 +256,11 @@ void attention_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>
       return;
     }
   }
-  const T scale = T(1) / kmath::sqrt(T(hs));
   // The matrix-multiply operands (q, k for the scores; p, v for the output)
   // are rounded to bfloat16 under bf16-amp; scores and softmax stay FP32.
+  const detail::AttentionRows<S> rows{Tc, H, C, hs, K, T(1) / kmath::sqrt(T(hs)), bf16};
   for_rows<S>(space, "gnh::attention::forward", B * H * Tc,
-              detail::AttentionForwardRow<S>{y, lse, qkv, Tc, H, C, hs, K, scale, bf16}, shape);
+              detail::AttentionForwardRow<S>{rows, y, lse, qkv}, shape);
 }
 
 // dqkv is overwritten; D is a (B*H*T) scratch of the same mode.
@@ -269,11 +289,11 @@ void attention_reverse(const ExecSpace& space, Act2<base_t<S>> dqkv, Act1<base_t
       return;
     }
   }
-  const T scale = T(1) / kmath::sqrt(T(hs));
+  const detail::AttentionRows<S> rows{Tc, H, C, hs, K, T(1) / kmath::sqrt(T(hs)), bf16};
   for_rows<S>(space, "gnh::attention::reverse::queries", B * H * Tc,
-              detail::AttentionQueryRow<S>{dqkv, D, dy, qkv, y, lse, Tc, H, C, hs, K, scale, bf16}, shape);
+              detail::AttentionQueryRow<S>{rows, dqkv, D, dy, qkv, y, lse}, shape);
   for_rows<S>(space, "gnh::attention::reverse::keys", B * H * Tc,
-              detail::AttentionKeyRow<S>{dqkv, D, dy, qkv, lse, Tc, H, C, hs, K, scale, bf16}, shape);
+              detail::AttentionKeyRow<S>{rows, dqkv, D, dy, qkv, lse}, shape);
 }
 
 // The op contract (kernels/op.hpp): qkv (B*T, 3C) -> y (B*T, C) over H heads,

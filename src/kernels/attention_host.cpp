@@ -27,8 +27,15 @@ constexpr std::int64_t TQ = 64;  // query rows per tile: scratch is TQ x T per b
 
 void mm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* A,
         std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
-  // Tiles of 64 queries: gnh's kernel, whatever the dense GEMMs use.
-  sgemm_using(native_kernel(), ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+  // Tiles of 64 queries: gnh's kernel whatever the dense GEMMs use, or the
+  // vendor BLAS where gnh has none for this CPU (Arm) or GNH_HOST_GEMM=vendor
+  // pins it; one thread of it per caller, the callers being gnh's threads.
+  if (native_kernel() != GemmKernel::none) {
+    sgemm_using(native_kernel(), ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  vendor_single_threaded();
+  sgemm_vendor(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 struct Geometry {
@@ -141,7 +148,7 @@ void reverse_tile(const Geometry& g, float* dqkv, float* D, const float* dy, con
 
 }  // namespace
 
-bool attention_available() { return native_kernel() != GemmKernel::none; }
+bool attention_available() { return native_kernel() != GemmKernel::none || vendor_panels_available(); }
 
 void attention_forward(float* y, float* lse, const float* qkv, std::int64_t B, std::int64_t T, std::int64_t H,
                        std::int64_t hs, std::int64_t bh0, std::int64_t bh1) {

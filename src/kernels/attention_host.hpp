@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Tiled causal attention for one-thread host execution on FP32 data, built on
-// the host sgemm (host_gemm.hpp): per (batch, head) and per tile of TQ query
+// a host sgemm (host_gemm.hpp): per (batch, head) and per tile of TQ query
 // rows, the scores of the tile against its keys go through GEMMs into a TQ x T
 // scratch block (never T x T), the softmax is applied row by row, and the
 // outputs come from GEMMs again. The same quantities as attention.hpp's
@@ -18,7 +18,8 @@
 
 namespace gnh::kernels::host {
 
-// Whether the tiled kernels can run (a host sgemm kernel is selected).
+// Whether the tiled kernels can run: on gnh's sgemm for this CPU, or else on
+// the vendor BLAS linked in (Arm; GNH_HOST_GEMM=vendor).
 bool attention_available();
 
 // Primal forward: y, lse from qkv.

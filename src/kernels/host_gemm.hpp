@@ -27,7 +27,8 @@ bool kernel_forced();
 // The kernel of the dense GEMMs (kernels::gemm: linear layers, LM head):
 // native_kernel() until select_kernel() sets it (the start-up probe of
 // gemm_probe.hpp picks whichever of it and the vendor BLAS is faster).
-// Attention's small tiles always use native_kernel().
+// Attention's small tiles use native_kernel(), or the vendor BLAS where that
+// is none.
 GemmKernel selected_kernel();
 void select_kernel(GemmKernel k);
 bool supported(GemmKernel k);

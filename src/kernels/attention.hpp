@@ -16,7 +16,10 @@
 // The portable kernels are row kernels (rows.hpp): a row is a query (forward,
 // the reverse's first pass) or a key (the second pass), its head channels on
 // the lanes: the products q.k and dy.v are lane sums, the row updates of y,
-// dq, dk and dv run on the lanes that own their channels.
+// dq, dk and dv run on the lanes that own their channels. In the teams shape
+// (the default on a GPU) they run as flash-style tiles: a team of rows walks
+// the other side's rows in tiles copied into team scratch, causal tiles
+// skipped, accumulators in scratch (detail::AttentionTiles).
 #pragma once
 #include "core/bf16.hpp"
 #include "core/planes.hpp"
@@ -27,6 +30,8 @@
 #include "kernels/instances.hpp"
 #include "kernels/rows.hpp"
 
+#include <algorithm>
+#include <cstddef>
 #include <type_traits>
 
 namespace gnh::kernels {
@@ -51,7 +56,8 @@ bool use_host_attention(const ExecSpace& space, bool bf16) {
 
 namespace detail {
 // What the row kernels share: the sizes, and a row i = (b, h, t) of lse and
-// D as its sequence, position, qkv row and the head's column offsets.
+// D as its sequence, position, qkv row, the head's column offsets, the
+// sequence's first qkv row and its head's first lse/D row.
 template <class S>
 struct AttentionRows {
   using T = base_t<S>;
@@ -59,96 +65,154 @@ struct AttentionRows {
   T scale;
   bool bf16;
   struct Row {
-    index_t b, t, n, qo, ko, vo;
+    index_t b, t, n, qo, ko, vo, base, lbase;
   };
   KOKKOS_INLINE_FUNCTION Row row(const index_t i) const {
     const index_t t = i % Tc, h = (i / Tc) % H, b = i / (Tc * H);
-    return {b, t, b * Tc + t, h * hs, C + h * hs, 2 * C + h * hs};
-  }
-  // The reverse's two products for query row nq and key row ns: q.k and dy.v
-  // over the head's channels (bf16-rounded operands under bf16-amp).
-  template <class Lanes>
-  KOKKOS_INLINE_FUNCTION void products(const Lanes& lanes, const Act2<T>& qkv, const Act2<T>& dy, int k,
-                                       const Row& r, index_t nq, index_t ns, S& score, S& dp) const {
-    using io = Io<S>;
-    lanes.template sum2<S>(
-        hs,
-        [&](index_t d, S& sc, S& dd) {
-          sc += operand(io::get(qkv, k, nq, r.qo + d), bf16) * operand(io::get(qkv, k, ns, r.ko + d), bf16);
-          dd += operand(io::get(dy, k, nq, r.qo + d), bf16) * operand(io::get(qkv, k, ns, r.vo + d), bf16);
-        },
-        score, dp);
+    return {b, t, b * Tc + t, h * hs, C + h * hs, 2 * C + h * hs, b * Tc, i - t};
   }
 };
 
-// One query row i = (b, h, t) of the forward, in S arithmetic, plane by plane.
+// The other side of a row's loop, plane k, in global memory. For a query
+// row: the keys and values of its sequence and head (a = k_s, b = v_s).
+template <class S>
+struct KeysOf {
+  using T = base_t<S>;
+  using io = Io<S>;
+  static constexpr bool scalars = false;
+  Act2<T> qkv;
+  int k;
+  index_t base, ko, vo;
+  KOKKOS_INLINE_FUNCTION S a(index_t s, index_t d) const { return io::get(qkv, k, base + s, ko + d); }
+  KOKKOS_INLINE_FUNCTION S b(index_t s, index_t d) const { return io::get(qkv, k, base + s, vo + d); }
+  KOKKOS_INLINE_FUNCTION S x(index_t) const { return S(0); }
+  KOKKOS_INLINE_FUNCTION S y(index_t) const { return S(0); }
+};
+// For a key row: its sequence's queries (a = q_t, b = dy_t, x = lse_t, y = D_t).
+template <class S>
+struct QueriesOf {
+  using T = base_t<S>;
+  using io = Io<S>;
+  static constexpr bool scalars = true;
+  Act2<T> qkv, dy;
+  Act1<T> lse, D;
+  int k;
+  index_t base, lbase, qo;
+  KOKKOS_INLINE_FUNCTION S a(index_t t, index_t d) const { return io::get(qkv, k, base + t, qo + d); }
+  KOKKOS_INLINE_FUNCTION S b(index_t t, index_t d) const { return io::get(dy, k, base + t, qo + d); }
+  KOKKOS_INLINE_FUNCTION S x(index_t t) const { return io::get(lse, k, lbase + t); }
+  KOKKOS_INLINE_FUNCTION S y(index_t t) const { return io::get(D, k, lbase + t); }
+};
+// The same rows s0 .. s0 + n - 1, copied into team scratch (the tiles shape).
+template <class S>
+struct TileOf {
+  const S *A, *B, *X, *Y;
+  index_t s0, hs;
+  KOKKOS_INLINE_FUNCTION S a(index_t s, index_t d) const { return A[(s - s0) * hs + d]; }
+  KOKKOS_INLINE_FUNCTION S b(index_t s, index_t d) const { return B[(s - s0) * hs + d]; }
+  KOKKOS_INLINE_FUNCTION S x(index_t s) const { return X[s - s0]; }
+  KOKKOS_INLINE_FUNCTION S y(index_t s) const { return Y[s - s0]; }
+};
+
+// A row's accumulators (one or two vectors of hs): its outputs in global
+// memory (host shape), or team scratch copied out at the end (tiles shape).
+template <class S>
+struct OutRow {
+  using T = base_t<S>;
+  using io = Io<S>;
+  Act2<T> a;
+  int k;
+  index_t n, o0, o1;
+  KOKKOS_INLINE_FUNCTION S get(int j, index_t d) const { return io::get(a, k, n, (j ? o1 : o0) + d); }
+  KOKKOS_INLINE_FUNCTION void put(int j, index_t d, const S& x) const { io::put(a, k, n, (j ? o1 : o0) + d, x); }
+};
+template <class S>
+struct OutTile {
+  S* p;
+  index_t hs;
+  KOKKOS_INLINE_FUNCTION S get(int j, index_t d) const { return p[j * hs + d]; }
+  KOKKOS_INLINE_FUNCTION void put(int j, index_t d, const S& x) const { p[j * hs + d] = x; }
+};
+
+// The row bodies below run as a loop: per plane k, begin(row); per pass, visit
+// every row s of the other side in [first(t), last(t)) in increasing order,
+// then between(pass); end(row). What they read of the other side comes
+// through a source (KeysOf/QueriesOf, or a TileOf copy of it), what they
+// accumulate through an OutRow/OutTile, and what they carry from one visit to
+// the next in a State. Both shapes run the same visits in the same order.
+
+// The forward: one query row i = (b, h, t), in S arithmetic, plane by plane.
 template <class S>
 struct AttentionForwardRow {
   using T = base_t<S>;
   using io = Io<S>;
+  using Scalar = S;
+  using Row = typename AttentionRows<S>::Row;
+  static constexpr int outs = 1;
+  struct State {
+    T m = T(0);  // running maximum (a value-only shift)
+    S l = S(0), lse = S(0);
+  };
   AttentionRows<S> g;
   Act2<T> y;
   Act1<T> lse;
   Act2<T> qkv;
-  template <class Lanes>
-  KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t i) const {
-    const auto r = g.row(i);
-    const index_t b = r.b, t = r.t, nq = r.n, qo = r.qo, ko = r.ko, vo = r.vo, Tc = g.Tc, hs = g.hs;
-    const T scale = g.scale;
+  // bf16-amp takes three passes, so that the P V operand is the normalised
+  // p_ts rounded to bfloat16: the maximum, the log-sum-exp, then the output.
+  KOKKOS_INLINE_FUNCTION int passes() const { return g.bf16 ? 3 : 1; }
+  KOKKOS_INLINE_FUNCTION index_t first(index_t) const { return 0; }
+  KOKKOS_INLINE_FUNCTION index_t last(index_t t) const { return t + 1; }
+  KOKKOS_INLINE_FUNCTION KeysOf<S> other(const Row& r, int k) const { return {qkv, k, r.base, r.ko, r.vo}; }
+  KOKKOS_INLINE_FUNCTION OutRow<S> out(const Row& r, int k) const { return {y, k, r.n, r.qo, r.qo}; }
+  template <class Lanes, class Out>
+  KOKKOS_INLINE_FUNCTION void begin(const Lanes& lanes, index_t, const Row&, int, State&, const Out& out) const {
+    lanes.each(g.hs, [&](index_t d) { out.put(0, d, S(0)); });
+  }
+  template <class Lanes, class Src, class Out>
+  KOKKOS_INLINE_FUNCTION void visit(const Lanes& lanes, const Row& r, int k, State& st, int pass, index_t s,
+                                    const Src& src, const Out& out) const {
     const bool bf16 = g.bf16;
-    for (int k = 0; k < g.K; ++k) {
-      T m = 0;
-      S l(0);
-      lanes.each(hs, [&](index_t d) { io::put(y, k, nq, qo + d, S(0)); });
-      auto score_of = [&](index_t ns) {
-        return lanes.template sum<S>(hs, [&](index_t d) {
-          return operand(io::get(qkv, k, nq, qo + d), bf16) * operand(io::get(qkv, k, ns, ko + d), bf16);
-        }) * scale;
-      };
-      if (bf16) {
-        // Two passes, so that the P V operand is the normalised p_ts
-        // rounded to bfloat16: first the log-sum-exp, then the output.
-        for (index_t s = 0; s <= t; ++s) {
-          const T sv = primal_value(score_of(b * Tc + s));
-          m = s == 0 || sv > m ? sv : m;
-        }
-        for (index_t s = 0; s <= t; ++s) l += jexp(score_of(b * Tc + s) - m);
-        const S lse_t = jlog(l) + m;
-        for (index_t s = 0; s <= t; ++s) {
-          const index_t ns = b * Tc + s;
-          const S p = operand(jexp(score_of(ns) - lse_t), bf16);
-          lanes.each(hs, [&](index_t d) {
-            io::put(y, k, nq, qo + d, io::get(y, k, nq, qo + d) + p * operand(io::get(qkv, k, ns, vo + d), bf16));
-          });
-        }
-        lanes.single([&] { io::put(lse, k, i, lse_t); });
-        continue;
-      }
-      for (index_t s = 0; s <= t; ++s) {
-        const index_t ns = b * Tc + s;
-        const S score = score_of(ns);
-        const T sv = primal_value(score);
-        if (s == 0 || sv > m) {
-          // New running maximum: rescale what was accumulated so far.
-          const T corr = s == 0 ? T(0) : kmath::exp(m - sv);
-          l *= corr;
-          lanes.each(hs, [&](index_t d) {
-            S acc = io::get(y, k, nq, qo + d);
-            acc *= corr;
-            io::put(y, k, nq, qo + d, acc);
-          });
-          m = sv;
-        }
-        const S pe = jexp(score - m);
-        l += pe;
-        lanes.each(hs, [&](index_t d) {
-          io::put(y, k, nq, qo + d, io::get(y, k, nq, qo + d) + pe * io::get(qkv, k, ns, vo + d));
+    const S score = lanes.template sum<S>(g.hs, [&](index_t d) {
+      return operand(io::get(qkv, k, r.n, r.qo + d), bf16) * operand(src.a(s, d), bf16);
+    }) * g.scale;
+    if (!bf16) {
+      const T sv = primal_value(score);
+      if (s == 0 || sv > st.m) {
+        // New running maximum: rescale what was accumulated so far.
+        const T corr = s == 0 ? T(0) : kmath::exp(st.m - sv);
+        st.l *= corr;
+        lanes.each(g.hs, [&](index_t d) {
+          S acc = out.get(0, d);
+          acc *= corr;
+          out.put(0, d, acc);
         });
+        st.m = sv;
       }
-      const S inv = T(1) / l;
-      lanes.each(hs, [&](index_t d) { io::put(y, k, nq, qo + d, io::get(y, k, nq, qo + d) * inv); });
-      lanes.single([&] { io::put(lse, k, i, jlog(l) + m); });
+      const S pe = jexp(score - st.m);
+      st.l += pe;
+      lanes.each(g.hs, [&](index_t d) { out.put(0, d, out.get(0, d) + pe * src.b(s, d)); });
+    } else if (pass == 0) {
+      const T sv = primal_value(score);
+      st.m = s == 0 || sv > st.m ? sv : st.m;
+    } else if (pass == 1) {
+      st.l += jexp(score - st.m);
+    } else {
+      const S p = operand(jexp(score - st.lse), bf16);
+      lanes.each(g.hs, [&](index_t d) { out.put(0, d, out.get(0, d) + p * operand(src.b(s, d), bf16)); });
     }
+  }
+  KOKKOS_INLINE_FUNCTION void between(int pass, State& st) const {
+    if (g.bf16 && pass == 1) st.lse = jlog(st.l) + st.m;
+  }
+  template <class Lanes, class Out>
+  KOKKOS_INLINE_FUNCTION void end(const Lanes& lanes, index_t i, const Row&, int k, State& st, const Out& out) const {
+    if (g.bf16) {
+      lanes.single([&] { io::put(lse, k, i, st.lse); });
+      return;
+    }
+    const S inv = T(1) / st.l;
+    lanes.each(g.hs, [&](index_t d) { out.put(0, d, out.get(0, d) * inv); });
+    lanes.single([&] { io::put(lse, k, i, jlog(st.l) + st.m); });
   }
 };
 
@@ -157,34 +221,50 @@ template <class S>
 struct AttentionQueryRow {
   using T = base_t<S>;
   using io = Io<S>;
+  using Scalar = S;
+  using Row = typename AttentionRows<S>::Row;
+  static constexpr int outs = 1;
+  struct State {
+    S Dt = S(0), L = S(0);
+  };
   AttentionRows<S> g;
   Act2<T> dqkv;
   Act1<T> D;
   Act2<T> dy, qkv, y;
   Act1<T> lse;
-  template <class Lanes>
-  KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t i) const {
-    const auto r = g.row(i);
-    const index_t b = r.b, t = r.t, nq = r.n, qo = r.qo, ko = r.ko, Tc = g.Tc, hs = g.hs;
-    const T scale = g.scale;
-    const bool bf16 = g.bf16;
-    for (int k = 0; k < g.K; ++k) {
-      const S Dt =
-          lanes.template sum<S>(hs, [&](index_t d) { return io::get(dy, k, nq, qo + d) * io::get(y, k, nq, qo + d); });
-      lanes.single([&] { io::put(D, k, i, Dt); });
-      const S L = io::get(lse, k, i);
-      lanes.each(hs, [&](index_t d) { io::put(dqkv, k, nq, qo + d, S(0)); });
-      for (index_t s = 0; s <= t; ++s) {
-        const index_t ns = b * Tc + s;
-        S score, dp;
-        g.products(lanes, qkv, dy, k, r, nq, ns, score, dp);
-        const S ds = operand(jexp(score * scale - L) * (dp - Dt) * scale, bf16);
-        lanes.each(hs, [&](index_t d) {
-          io::put(dqkv, k, nq, qo + d, io::get(dqkv, k, nq, qo + d) + ds * operand(io::get(qkv, k, ns, ko + d), bf16));
-        });
-      }
-    }
+  KOKKOS_INLINE_FUNCTION int passes() const { return 1; }
+  KOKKOS_INLINE_FUNCTION index_t first(index_t) const { return 0; }
+  KOKKOS_INLINE_FUNCTION index_t last(index_t t) const { return t + 1; }
+  KOKKOS_INLINE_FUNCTION KeysOf<S> other(const Row& r, int k) const { return {qkv, k, r.base, r.ko, r.vo}; }
+  KOKKOS_INLINE_FUNCTION OutRow<S> out(const Row& r, int k) const { return {dqkv, k, r.n, r.qo, r.qo}; }
+  template <class Lanes, class Out>
+  KOKKOS_INLINE_FUNCTION void begin(const Lanes& lanes, index_t i, const Row& r, int k, State& st,
+                                    const Out& out) const {
+    st.Dt = lanes.template sum<S>(
+        g.hs, [&](index_t d) { return io::get(dy, k, r.n, r.qo + d) * io::get(y, k, r.n, r.qo + d); });
+    const S Dt = st.Dt;
+    lanes.single([&] { io::put(D, k, i, Dt); });
+    st.L = io::get(lse, k, i);
+    lanes.each(g.hs, [&](index_t d) { out.put(0, d, S(0)); });
   }
+  template <class Lanes, class Src, class Out>
+  KOKKOS_INLINE_FUNCTION void visit(const Lanes& lanes, const Row& r, int k, State& st, int, index_t s,
+                                    const Src& src, const Out& out) const {
+    const bool bf16 = g.bf16;
+    S score, dp;
+    lanes.template sum2<S>(
+        g.hs,
+        [&](index_t d, S& sc, S& dd) {
+          sc += operand(io::get(qkv, k, r.n, r.qo + d), bf16) * operand(src.a(s, d), bf16);
+          dd += operand(io::get(dy, k, r.n, r.qo + d), bf16) * operand(src.b(s, d), bf16);
+        },
+        score, dp);
+    const S ds = operand(jexp(score * g.scale - st.L) * (dp - st.Dt) * g.scale, bf16);
+    lanes.each(g.hs, [&](index_t d) { out.put(0, d, out.get(0, d) + ds * operand(src.a(s, d), bf16)); });
+  }
+  KOKKOS_INLINE_FUNCTION void between(int, State&) const {}
+  template <class Lanes, class Out>
+  KOKKOS_INLINE_FUNCTION void end(const Lanes&, index_t, const Row&, int, State&, const Out&) const {}
 };
 
 // The reverse's second pass: one key row i = (b, h, s), its dk and dv.
@@ -192,38 +272,205 @@ template <class S>
 struct AttentionKeyRow {
   using T = base_t<S>;
   using io = Io<S>;
+  using Scalar = S;
+  using Row = typename AttentionRows<S>::Row;
+  static constexpr int outs = 2;
+  struct State {};
   AttentionRows<S> g;
   Act2<T> dqkv;
   Act1<T> D;
   Act2<T> dy, qkv;
   Act1<T> lse;
+  KOKKOS_INLINE_FUNCTION int passes() const { return 1; }
+  KOKKOS_INLINE_FUNCTION index_t first(index_t s) const { return s; }
+  KOKKOS_INLINE_FUNCTION index_t last(index_t) const { return g.Tc; }
+  KOKKOS_INLINE_FUNCTION QueriesOf<S> other(const Row& r, int k) const {
+    return {qkv, dy, lse, D, k, r.base, r.lbase, r.qo};
+  }
+  KOKKOS_INLINE_FUNCTION OutRow<S> out(const Row& r, int k) const { return {dqkv, k, r.n, r.ko, r.vo}; }
+  template <class Lanes, class Out>
+  KOKKOS_INLINE_FUNCTION void begin(const Lanes& lanes, index_t, const Row&, int, State&, const Out& out) const {
+    lanes.each(g.hs, [&](index_t d) {
+      out.put(0, d, S(0));
+      out.put(1, d, S(0));
+    });
+  }
+  // Query t of the key's sequence (r.t is the key's position s).
+  template <class Lanes, class Src, class Out>
+  KOKKOS_INLINE_FUNCTION void visit(const Lanes& lanes, const Row& r, int k, State&, int, index_t t, const Src& src,
+                                    const Out& out) const {
+    const bool bf16 = g.bf16;
+    S score, dp;
+    lanes.template sum2<S>(
+        g.hs,
+        [&](index_t d, S& sc, S& dd) {
+          sc += operand(src.a(t, d), bf16) * operand(io::get(qkv, k, r.n, r.ko + d), bf16);
+          dd += operand(src.b(t, d), bf16) * operand(io::get(qkv, k, r.n, r.vo + d), bf16);
+        },
+        score, dp);
+    const S p = jexp(score * g.scale - src.x(t));
+    const S ds = operand(p * (dp - src.y(t)) * g.scale, bf16);
+    const S pm = operand(p, bf16);
+    lanes.each(g.hs, [&](index_t d) {
+      out.put(0, d, out.get(0, d) + ds * operand(src.a(t, d), bf16));
+      out.put(1, d, out.get(1, d) + pm * operand(src.b(t, d), bf16));
+    });
+  }
+  KOKKOS_INLINE_FUNCTION void between(int, State&) const {}
+  template <class Lanes, class Out>
+  KOKKOS_INLINE_FUNCTION void end(const Lanes&, index_t, const Row&, int, State&, const Out&) const {}
+};
+
+// The host shape (rows.hpp's for_rows): one row, the other side read in place.
+template <class Body>
+struct AttentionRowLoop {
+  Body body;
   template <class Lanes>
   KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t i) const {
-    const auto r = g.row(i);  // its position t is the key's, s
-    const index_t b = r.b, s = r.t, ns = r.n, qo = r.qo, ko = r.ko, vo = r.vo, Tc = g.Tc, H = g.H, hs = g.hs;
-    const index_t h = (i / Tc) % H;
-    const T scale = g.scale;
-    const bool bf16 = g.bf16;
-    for (int k = 0; k < g.K; ++k) {
-      lanes.each(hs, [&](index_t d) {
-        io::put(dqkv, k, ns, ko + d, S(0));
-        io::put(dqkv, k, ns, vo + d, S(0));
-      });
-      for (index_t t = s; t < Tc; ++t) {
-        const index_t nq = b * Tc + t, iq = (b * H + h) * Tc + t;
-        S score, dp;
-        g.products(lanes, qkv, dy, k, r, nq, ns, score, dp);
-        const S p = jexp(score * scale - io::get(lse, k, iq));
-        const S ds = operand(p * (dp - io::get(D, k, iq)) * scale, bf16);
-        const S pm = operand(p, bf16);
-        lanes.each(hs, [&](index_t d) {
-          io::put(dqkv, k, ns, ko + d, io::get(dqkv, k, ns, ko + d) + ds * operand(io::get(qkv, k, nq, qo + d), bf16));
-          io::put(dqkv, k, ns, vo + d, io::get(dqkv, k, ns, vo + d) + pm * operand(io::get(dy, k, nq, qo + d), bf16));
-        });
+    const auto r = body.g.row(i);
+    for (int k = 0; k < body.g.K; ++k) {
+      typename Body::State st;
+      const auto out = body.out(r, k);
+      const auto src = body.other(r, k);
+      body.begin(lanes, i, r, k, st, out);
+      for (int p = 0; p < body.passes(); ++p) {
+        for (index_t s = body.first(r.t); s < body.last(r.t); ++s) body.visit(lanes, r, k, st, p, s, src, out);
+        body.between(p, st);
       }
+      body.end(lanes, i, r, k, st, out);
     }
   }
 };
+
+// The tiles shape, in the manner of flash attention: a team takes kTeamRows
+// consecutive rows of one (sequence, head) (a thread each, kRowLanes lanes
+// over the head's channels) and walks the other side in tiles of up to
+// kAttentionTile rows, copied once into team scratch by the whole team
+// (coalesced along the channels) and read from there by every row; tiles
+// outside every row's causal range are never loaded. Accumulators and the
+// carried state live in scratch until the row's end, when they are written
+// out once. Never a T x T matrix anywhere; each row visits the same rows in
+// the same order as the host shape, so the two agree to rounding.
+constexpr int kAttentionTile = 16;
+constexpr std::size_t kAttentionScratch = 48 * 1024;  // a GPU block's shared memory without opt-in
+
+template <class Body>
+struct AttentionTiles {
+  using S = typename Body::Scalar;
+  using State = typename Body::State;
+  using Policy = TeamRange;
+  using Member = typename Policy::member_type;
+  Body body;
+  index_t seq_teams;  // teams per (sequence, head)
+  int R, TK;          // rows per team, other-side rows per tile
+
+  // Scratch: lane partials, accumulators, the tile (A, B, X, Y), the states.
+  static std::size_t bytes(int R, int TK, index_t hs) {
+    return sizeof(S) * std::size_t(2 * R * kRowLanes + R * Body::outs * hs + 2 * TK * hs + 2 * TK) +
+           sizeof(State) * std::size_t(R) + 64;
+  }
+  // The widest tile that fits the budget with R rows (0: none does).
+  static int tile_rows(int R, index_t hs) {
+    const std::size_t fixed = bytes(R, 0, hs), per = sizeof(S) * std::size_t(2 * hs + 2);
+    if (fixed >= kAttentionScratch) return 0;
+    return int(std::min<std::size_t>(kAttentionTile, (kAttentionScratch - fixed) / per));
+  }
+
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
+    const auto& g = body.g;
+    const index_t hs = g.hs, L = kRowLanes;
+    const index_t bh = team.league_rank() / seq_teams, t0 = (team.league_rank() % seq_teams) * R;
+    const index_t rows = g.Tc - t0 < R ? g.Tc - t0 : R, i0 = bh * g.Tc + t0;
+    S* part = static_cast<S*>(team.team_scratch(0).get_shmem_aligned(bytes(R, TK, hs), 64));
+    S* acc = part + 2 * R * L;
+    S* A = acc + R * Body::outs * hs;
+    S* B = A + TK * hs;
+    S* X = B + TK * hs;
+    S* Y = X + TK;
+    State* state = reinterpret_cast<State*>(Y + TK);
+    auto lanes = [&](const index_t t) { return TeamLanes<Member>{team, part + 2 * t * L}; };
+    auto out = [&](const index_t t) { return OutTile<S>{acc + t * Body::outs * hs, hs}; };
+    const auto r0 = g.row(i0);
+    const index_t lo = body.first(t0), hi = body.last(t0 + rows - 1);
+    for (int k = 0; k < g.K; ++k) {
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows), [&](const index_t t) {
+        State st;
+        body.begin(lanes(t), i0 + t, g.row(i0 + t), k, st, out(t));
+        Kokkos::single(Kokkos::PerThread(team), [&] { state[t] = st; });
+      });
+      const auto src = body.other(r0, k);
+      for (int p = 0; p < body.passes(); ++p) {
+        for (index_t s0 = lo; s0 < hi; s0 += TK) {
+          const index_t n = hi - s0 < TK ? hi - s0 : TK;
+          team.team_barrier();  // every row is done with the previous tile
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n), [&](const index_t j) {
+            Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, hs), [&](const index_t d) {
+              A[j * hs + d] = src.a(s0 + j, d);
+              B[j * hs + d] = src.b(s0 + j, d);
+            });
+            if constexpr (std::decay_t<decltype(src)>::scalars)
+              Kokkos::single(Kokkos::PerThread(team), [&] {
+                X[j] = src.x(s0 + j);
+                Y[j] = src.y(s0 + j);
+              });
+          });
+          team.team_barrier();  // the tile is in
+          const TileOf<S> tile{A, B, X, Y, s0, hs};
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows), [&](const index_t t) {
+            const auto r = g.row(i0 + t);
+            const index_t a = body.first(r.t) > s0 ? body.first(r.t) : s0;
+            const index_t b = body.last(r.t) < s0 + n ? body.last(r.t) : s0 + n;
+            if (a >= b) return;
+            State st = state[t];
+            for (index_t s = a; s < b; ++s) body.visit(lanes(t), r, k, st, p, s, tile, out(t));
+            Kokkos::single(Kokkos::PerThread(team), [&] { state[t] = st; });
+          });
+        }
+        team.team_barrier();  // the states are stored
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows), [&](const index_t t) {
+          State st = state[t];
+          body.between(p, st);
+          Kokkos::single(Kokkos::PerThread(team), [&] { state[t] = st; });
+        });
+      }
+      team.team_barrier();
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows), [&](const index_t t) {
+        const auto r = g.row(i0 + t);
+        State st = state[t];
+        body.end(lanes(t), i0 + t, r, k, st, out(t));
+        const auto o = body.out(r, k);
+        const auto a = out(t);
+        lanes(t).each(hs, [&](const index_t d) {
+          for (int j = 0; j < Body::outs; ++j) o.put(j, d, a.get(j, d));
+        });
+      });
+      team.team_barrier();  // before the next plane reuses the scratch
+    }
+  }
+};
+
+// The row kernels of a body over the B*H*Tc rows, in the given shape; the
+// tiles shape where its scratch fits the budget, the teams rows otherwise.
+template <class Body>
+void attention_rows(const ExecSpace& space, const char* label, index_t N, const Body& body, RowShape shape) {
+  using S = typename Body::Scalar;
+  if (N <= 0) return;
+  if (shape == RowShape::teams) {
+    using F = AttentionTiles<Body>;
+    constexpr bool host = std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value;
+    // kTeamRows rows a team in both cases; on a host backend one thread runs
+    // them (and their lanes) in turn, through the same tiles.
+    const int R = kTeamRows, TK = F::tile_rows(R, body.g.hs);
+    if (TK > 0) {
+      const index_t seq_teams = (body.g.Tc + R - 1) / R, teams = N / body.g.Tc * seq_teams;
+      const typename F::Policy policy = typename F::Policy(space, teams, host ? 1 : R, host ? 1 : kRowLanes)
+                                            .set_scratch_size(0, Kokkos::PerTeam(F::bytes(R, TK, body.g.hs)));
+      Kokkos::parallel_for(label, policy, F{body, seq_teams, R, TK});
+      return;
+    }
+  }
+  for_rows<S>(space, label, N, AttentionRowLoop<Body>{body}, shape);
+}
 }  // namespace detail
 
 // shape: the portable kernels' row shape (rows.hpp); the default suits the
@@ -259,8 +506,8 @@ void attention_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>
   // The matrix-multiply operands (q, k for the scores; p, v for the output)
   // are rounded to bfloat16 under bf16-amp; scores and softmax stay FP32.
   const detail::AttentionRows<S> rows{Tc, H, C, hs, K, T(1) / kmath::sqrt(T(hs)), bf16};
-  for_rows<S>(space, "gnh::attention::forward", B * H * Tc,
-              detail::AttentionForwardRow<S>{rows, y, lse, qkv}, shape);
+  detail::attention_rows(space, "gnh::attention::forward", B * H * Tc,
+                         detail::AttentionForwardRow<S>{rows, y, lse, qkv}, shape);
 }
 
 // dqkv is overwritten; D is a (B*H*T) scratch of the same mode.
@@ -290,10 +537,10 @@ void attention_reverse(const ExecSpace& space, Act2<base_t<S>> dqkv, Act1<base_t
     }
   }
   const detail::AttentionRows<S> rows{Tc, H, C, hs, K, T(1) / kmath::sqrt(T(hs)), bf16};
-  for_rows<S>(space, "gnh::attention::reverse::queries", B * H * Tc,
-              detail::AttentionQueryRow<S>{rows, dqkv, D, dy, qkv, y, lse}, shape);
-  for_rows<S>(space, "gnh::attention::reverse::keys", B * H * Tc,
-              detail::AttentionKeyRow<S>{rows, dqkv, D, dy, qkv, lse}, shape);
+  detail::attention_rows(space, "gnh::attention::reverse::queries", B * H * Tc,
+                         detail::AttentionQueryRow<S>{rows, dqkv, D, dy, qkv, y, lse}, shape);
+  detail::attention_rows(space, "gnh::attention::reverse::keys", B * H * Tc,
+                         detail::AttentionKeyRow<S>{rows, dqkv, D, dy, qkv, lse}, shape);
 }
 
 // The op contract (kernels/op.hpp): qkv (B*T, 3C) -> y (B*T, C) over H heads,

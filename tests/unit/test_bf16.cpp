@@ -153,13 +153,18 @@ TEST_CASE("linear and lm head in bf16-amp equal FP32 on rounded operands", "[bf1
 }
 
 TEST_CASE("attention in bf16-amp rounds q, k, v and p, keeping scores and softmax in FP32", "[bf16]") {
-  const index_t B = 2, Tc = 7, H = 3, hs = 4, C = H * hs, N = B * Tc;
+  // In both shapes of the portable kernels: the host rows, and the GPU's
+  // flash-style tiles (Tc = 19 crosses their teams of 8 rows and tiles of 16
+  // keys), whose bf16 forward walks the keys' tiles three times.
+  for (const kernels::RowShape shape : {kernels::RowShape::host, kernels::RowShape::teams}) {
+  CAPTURE(int(shape));
+  const index_t B = 2, Tc = 19, H = 3, hs = 4, C = H * hs, N = B * Tc;
   test::OpAdapter<kernels::AttentionOp<float>> op(B, Tc, int(H), hs);
   test::Buf<float> x(N, 3 * C), y(N, C);
   const auto q = ref::random_vec(N * 3 * C, 8, 1.3);
   for (index_t i = 0; i < N * 3 * C; ++i) x.v(i) = float(q[i]);
   kernels::attention_forward<float>(ExecSpace(), y.act<float>(), op.saved[0].act1<float>(), x.act<float>(), B, Tc, int(H),
-                                    /*bf16=*/true);
+                                    /*bf16=*/true, shape);
   // Reference in double on the rounded operands, with p rounded after normalisation.
   auto r = [&](index_t n, index_t c) { return double(round_bf16(x.v(n * 3 * C + c))); };
   double worst = 0;
@@ -188,7 +193,9 @@ TEST_CASE("attention in bf16-amp rounds q, k, v and p, keeping scores and softma
   REQUIRE(worst <= 0.02);
   double mean_dev = 0;
   test::Buf<float> y32(N, C);
-  kernels::attention_forward<float>(ExecSpace(), y32.act<float>(), op.saved[0].act1<float>(), x.act<float>(), B, Tc, int(H));
+  kernels::attention_forward<float>(ExecSpace(), y32.act<float>(), op.saved[0].act1<float>(), x.act<float>(), B, Tc, int(H),
+                                    false, shape);
   for (index_t i = 0; i < N * C; ++i) mean_dev += std::abs(double(y32.v(i)) - double(y.v(i)));
   REQUIRE(mean_dev / double(N * C) > 1e-4);  // the bf16 mode is not the FP32 mode
+  }
 }

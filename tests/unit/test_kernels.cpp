@@ -635,7 +635,10 @@ TEST_CASE("LM head and cross-entropy: the GPU-shaped row kernels agree with the 
 TEST_CASE("attention: the GPU-shaped row kernels agree with the host's kernels in every mode", "[kernels][rows]") {
   // A query or key per row, its head channels on the lanes, K = 3
   // directions: fewer channels than lanes (hs 3), a round of lanes and a
-  // tail (hs 20). In double both shapes run the portable kernels (the same
+  // tail (hs 20). The teams shape runs as flash-style tiles (teams of
+  // kTeamRows = 8 rows, kAttentionTile = 16 keys or queries a tile): T = 5
+  // is a part of one team and one tile, T = 37 is four teams and a tail of 5
+  // rows, two tiles and a tail of 5, with causal tiles skipped. In double both shapes run the portable kernels (the same
   // sums in lane_sum's order); in float the host shape is the tiled host
   // kernels (attention_host.hpp), another order of the same sums. An output
   // is a softmax-weighted mean over up to T keys of values, each score a sum
@@ -646,7 +649,7 @@ TEST_CASE("attention: the GPU-shaped row kernels agree with the host's kernels i
   struct Shape {
     gnh::index_t B, T, H, hs;
   };
-  for (const Shape a : {Shape{2, 5, 2, 3}, Shape{1, 7, 2, 20}}) {
+  for (const Shape a : {Shape{2, 5, 2, 3}, Shape{1, 7, 2, 20}, Shape{2, 37, 2, 5}}) {
     CAPTURE(a.B, a.T, a.H, a.hs);
     auto compare = [&](auto zero) {
       using T = decltype(zero);

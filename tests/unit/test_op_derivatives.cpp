@@ -202,12 +202,15 @@ TEST_CASE("attention: every derivative mode", "[derivatives]") {
   check_op(a, 40, 1.0);
   check_op(b, 41, 1.0);
   check_op(c, 42, 1.0);
-  // The GPU-shaped row kernels (rows.hpp) on this host backend: fewer head
-  // channels than lanes, and a round of lanes with a tail.
+  // The GPU-shaped kernels (flash-style tiles of 8 rows and 16 keys or
+  // queries in team scratch) on this host backend: fewer head channels than
+  // lanes, a round of lanes with a tail, and T = 19: three teams of rows, two
+  // tiles, causal tiles skipped.
   test::OpAdapter<kernels::AttentionOp<double>> d(2, 5, 3, 2, kernels::RowShape::teams),
-      e(1, 4, 2, 18, kernels::RowShape::teams);
+      e(1, 4, 2, 18, kernels::RowShape::teams), f(1, 19, 2, 3, kernels::RowShape::teams);
   check_op(d, 43, 1.0);
   check_op(e, 44, 1.0);
+  check_op(f, 45, 1.0);
 }
 
 TEST_CASE("fused lm head and cross-entropy: every derivative mode", "[derivatives]") {

@@ -365,7 +365,7 @@ struct AttentionTiles {
   int R, TK;          // rows per team, other-side rows per tile
 
   // Scratch: lane partials, accumulators, the tile (A, B, X, Y), the states.
-  static std::size_t bytes(int R, int TK, index_t hs) {
+  KOKKOS_INLINE_FUNCTION static std::size_t bytes(int R, int TK, index_t hs) {
     return sizeof(S) * std::size_t(2 * R * kRowLanes + R * Body::outs * hs + 2 * TK * hs + 2 * TK) +
            sizeof(State) * std::size_t(R) + 64;
   }

@@ -12,6 +12,8 @@
 // row k of the (K, P) direction buffer, so the tangent of a weight matrix is a
 // contiguous block of it, laid out exactly like the weight.
 #pragma once
+#include <type_traits>
+
 #include "core/jet.hpp"
 #include "core/types.hpp"
 
@@ -44,6 +46,37 @@ struct Grads {
   Span1<T> v;  // (P)
   Span2<T> d;  // (K, P) or empty
 };
+
+// The planes of a scalar type's mode: the primal drops the tangents, Dual<T>
+// drops the second order, Jet2<T> keeps all. Every kernel entry point applies
+// it to the planes it is given, so the derivative mode follows from S alone: a
+// caller may pass buffers allocated for a higher mode (the model passes its
+// activations with every plane they have), and planes beyond S's are neither
+// read nor written.
+template <class S>
+inline constexpr bool keeps_second_v = std::is_same<S, Jet2<base_t<S>>>::value;
+template <class S, class T>
+Act2<T> planes_of(Act2<T> a) {
+  if constexpr (!has_tangents_v<S>) a.d = Span3<T>();
+  if constexpr (!keeps_second_v<S>) a.dd = Span3<T>();
+  return a;
+}
+template <class S, class T>
+Act1<T> planes_of(Act1<T> a) {
+  if constexpr (!has_tangents_v<S>) a.d = Span2<T>();
+  if constexpr (!keeps_second_v<S>) a.dd = Span2<T>();
+  return a;
+}
+template <class S, class T>
+Params<T> planes_of(Params<T> p) {
+  if constexpr (!has_tangents_v<S>) p.d = Span2<const T>();
+  return p;
+}
+template <class S, class T>
+Grads<T> planes_of(Grads<T> g) {
+  if constexpr (!has_tangents_v<S>) g.d = Span2<T>();
+  return g;
+}
 
 template <class S>
 struct Io {  // primal: S == T

@@ -364,11 +364,14 @@ struct AttentionTiles {
   index_t seq_teams;  // teams per (sequence, head)
   int R, TK;          // rows per team, other-side rows per tile
 
-  // Scratch: lane partials, accumulators, the tile (A, B, X, Y), the states.
-  KOKKOS_INLINE_FUNCTION static std::size_t bytes(int R, int TK, index_t hs) {
+  // Scratch: lane partials, accumulators, the tile (A, B, X, Y), the states;
+  // bytes() is what a team asks for: that and room to align its start.
+  static constexpr std::size_t kAlign = 64;
+  KOKKOS_INLINE_FUNCTION static std::size_t payload(int R, int TK, index_t hs) {
     return sizeof(S) * std::size_t(2 * R * kRowLanes + R * Body::outs * hs + 2 * TK * hs + 2 * TK) +
-           sizeof(State) * std::size_t(R) + 64;
+           sizeof(State) * std::size_t(R);
   }
+  static std::size_t bytes(int R, int TK, index_t hs) { return payload(R, TK, hs) + kAlign; }
   // The widest tile that fits the budget with R rows (0: none does).
   static int tile_rows(int R, index_t hs) {
     const std::size_t fixed = bytes(R, 0, hs), per = sizeof(S) * std::size_t(2 * hs + 2);
@@ -381,7 +384,7 @@ struct AttentionTiles {
     const index_t hs = g.hs, L = kRowLanes;
     const index_t bh = team.league_rank() / seq_teams, t0 = (team.league_rank() % seq_teams) * R;
     const index_t rows = g.Tc - t0 < R ? g.Tc - t0 : R, i0 = bh * g.Tc + t0;
-    S* part = static_cast<S*>(team.team_scratch(0).get_shmem_aligned(bytes(R, TK, hs), 64));
+    S* part = static_cast<S*>(team.team_scratch(0).get_shmem_aligned(payload(R, TK, hs), kAlign));
     S* acc = part + 2 * R * L;
     S* A = acc + R * Body::outs * hs;
     S* B = A + TK * hs;
@@ -479,6 +482,9 @@ template <class S>
 void attention_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>> lse,
                        Act2<base_t<S>> qkv, index_t B, index_t Tc, int n_head, bool bf16 = false,
                        RowShape shape = default_row_shape()) {
+  y = planes_of<S>(y);
+  lse = planes_of<S>(lse);
+  qkv = planes_of<S>(qkv);
   using T = base_t<S>;
   const index_t C = y.cols(), H = n_head, hs = C / H, K = directions_of<S>(qkv);
   require_extent("gnh::attention::forward", "y rows", y.rows(), B * Tc);
@@ -516,6 +522,12 @@ void attention_reverse(const ExecSpace& space, Act2<base_t<S>> dqkv, Act1<base_t
                        Act2<base_t<S>> dy, Act2<base_t<S>> qkv, Act2<base_t<S>> y,
                        Act1<base_t<S>> lse, index_t B, index_t Tc, int n_head, bool bf16 = false,
                        RowShape shape = default_row_shape()) {
+  dqkv = planes_of<S>(dqkv);
+  D = planes_of<S>(D);
+  dy = planes_of<S>(dy);
+  qkv = planes_of<S>(qkv);
+  y = planes_of<S>(y);
+  lse = planes_of<S>(lse);
   using T = base_t<S>;
   const index_t C = y.cols(), H = n_head, hs = C / H, K = directions_of<S>(qkv);
   require_extent("gnh::attention::reverse", "dqkv rows", dqkv.rows(), B * Tc);

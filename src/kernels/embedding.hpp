@@ -24,9 +24,12 @@
 
 namespace gnh::kernels {
 
-template <class T>
-void embedding_forward(const ExecSpace& space, Act2<T> x, Span2<const std::int32_t> tokens,
-                       Params<T> p, index_t wte, index_t wpe) {
+// The mode follows from S (planes_of).
+template <class S>
+void embedding_forward(const ExecSpace& space, Act2<base_t<S>> x, Span2<const std::int32_t> tokens,
+                       Params<base_t<S>> p, index_t wte, index_t wpe) {
+  x = planes_of<S>(x);
+  p = planes_of<S>(p);
   const index_t B = tokens.extent(0), Tc = tokens.extent(1), C = x.cols();
   const index_t K = x.d.extent(0);
   require_extent("gnh::embedding::forward", "x rows", x.rows(), B * Tc);
@@ -97,9 +100,11 @@ KOKKOS_INLINE_FUNCTION void add_row(const Member& team, const Grads<T>& g, const
 }
 }  // namespace detail
 
-template <class T>
-void embedding_reverse(const ExecSpace& space, Grads<T> g, Act2<T> dx, Span2<const std::int32_t> tokens,
-                       index_t wte, index_t wpe) {
+template <class S>
+void embedding_reverse(const ExecSpace& space, Grads<base_t<S>> g, Act2<base_t<S>> dx,
+                       Span2<const std::int32_t> tokens, index_t wte, index_t wpe) {
+  g = planes_of<S>(g);
+  dx = planes_of<S>(dx);
   const index_t B = tokens.extent(0), Tc = tokens.extent(1), C = dx.cols();
   const index_t K = dx.d.extent(0);
   require_extent("gnh::embedding::reverse", "dx rows", dx.rows(), B * Tc);
@@ -140,21 +145,24 @@ struct EmbeddingOp {
   double flops(OpMode, index_t) const { return 0.0; }
   template <class S>
   void forward(const ExecSpace& space, Act2<T> y, Act2<T>, Params<T> p, const OpSaved<T>&) const {
-    embedding_forward<T>(space, y, tokens, p, 0, V * C);
+    embedding_forward<S>(space, y, tokens, p, 0, V * C);
   }
   template <class S>
   void reverse(const ExecSpace& space, Act2<T>, Grads<T> g, Act2<T> dy, Act2<T>, Act2<T>, Params<T>,
                const OpSaved<T>&) const {
-    embedding_reverse<T>(space, g, dy, tokens, 0, V * C);
+    embedding_reverse<S>(space, g, dy, tokens, 0, V * C);
   }
 };
 
 // Compiled once, in gnh_core (kernels/instances.hpp).
-#define GNH_EMBEDDING(EXT, T)                                                                              \
-  EXT template void embedding_forward<T>(const ExecSpace&, Act2<T>, Span2<const std::int32_t>, Params<T>, \
-                                         index_t, index_t);                                               \
-  EXT template void embedding_reverse<T>(const ExecSpace&, Grads<T>, Act2<T>, Span2<const std::int32_t>,  \
-                                         index_t, index_t);
+#define GNH_EMBEDDING_FORWARD(EXT, S)                                                                     \
+  EXT template void embedding_forward<S>(const ExecSpace&, Act2<base_t<S>>, Span2<const std::int32_t>, \
+                                         Params<base_t<S>>, index_t, index_t);
+#define GNH_EMBEDDING_REVERSE(EXT, S)                                                                    \
+  EXT template void embedding_reverse<S>(const ExecSpace&, Grads<base_t<S>>, Act2<base_t<S>>,          \
+                                         Span2<const std::int32_t>, index_t, index_t);
+#define GNH_EMBEDDING(EXT, T) \
+  GNH_FORWARD_SCALARS(GNH_EMBEDDING_FORWARD, EXT, T) GNH_REVERSE_SCALARS(GNH_EMBEDDING_REVERSE, EXT, T)
 GNH_EMBEDDING(extern, float)
 GNH_EMBEDDING(extern, double)
 

@@ -43,10 +43,15 @@ void add_colsum(const ExecSpace& space, T* g, const T* dy, index_t N, index_t ou
 }
 }  // namespace detail
 
-// b < 0: no bias.
-template <class T>
-void linear_forward(const ExecSpace& space, Act2<T> y, Act2<T> x, Params<T> p, index_t w, index_t b,
-                    const GemmPolicy<T>& pol = GemmPolicy<T>()) {
+// b < 0: no bias. The mode follows from S (planes_of): the tangent planes
+// with Dual<T> and Jet2<T>, the second-order planes with Jet2<T>.
+template <class S>
+void linear_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x, Params<base_t<S>> p, index_t w,
+                    index_t b, const GemmPolicy<base_t<S>>& pol = GemmPolicy<base_t<S>>()) {
+  using T = base_t<S>;
+  y = planes_of<S>(y);
+  x = planes_of<S>(x);
+  p = planes_of<S>(p);
   const index_t N = x.rows(), in = x.cols(), out = y.cols(), K = y.d.extent(0);
   require_extent("gnh::linear::forward", "y rows", y.rows(), N);
   const T* W = p.v.data() + w;
@@ -69,10 +74,18 @@ void linear_forward(const ExecSpace& space, Act2<T> y, Act2<T> x, Params<T> p, i
                   T(1), block(y.dd.data(), 0, N, out), N * out, K);
 }
 
-// dx is overwritten (skipped when it has no rows); g accumulates.
-template <class T>
-void linear_reverse(const ExecSpace& space, Act2<T> dx, Grads<T> g, Act2<T> dy, Act2<T> x, Params<T> p,
-                    index_t w, index_t b, const GemmPolicy<T>& pol = GemmPolicy<T>()) {
+// dx is overwritten (skipped when it has no rows); g accumulates. S = T or
+// Dual<T> (the tangent of the reverse).
+template <class S>
+void linear_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Grads<base_t<S>> g, Act2<base_t<S>> dy,
+                    Act2<base_t<S>> x, Params<base_t<S>> p, index_t w, index_t b,
+                    const GemmPolicy<base_t<S>>& pol = GemmPolicy<base_t<S>>()) {
+  using T = base_t<S>;
+  dx = planes_of<S>(dx);
+  g = planes_of<S>(g);
+  dy = planes_of<S>(dy);
+  x = planes_of<S>(x);
+  p = planes_of<S>(p);
   const index_t N = x.rows(), in = x.cols(), out = dy.cols(), K = dy.d.extent(0);
   require_extent("gnh::linear::reverse", "dy rows", dy.rows(), N);
   const T* W = p.v.data() + w;
@@ -115,21 +128,25 @@ struct LinearOp {
   }
   template <class S>
   void forward(const ExecSpace& space, Act2<T> y, Act2<T> x, Params<T> p, const OpSaved<T>&) const {
-    linear_forward<T>(space, y, x, p, 0, bias ? out * in : -1);
+    linear_forward<S>(space, y, x, p, 0, bias ? out * in : -1);
   }
   template <class S>
   void reverse(const ExecSpace& space, Act2<T> dx, Grads<T> g, Act2<T> dy, Act2<T> x, Act2<T>, Params<T> p,
                const OpSaved<T>&) const {
-    linear_reverse<T>(space, dx, g, dy, x, p, 0, bias ? out * in : -1);
+    linear_reverse<S>(space, dx, g, dy, x, p, 0, bias ? out * in : -1);
   }
 };
 
 // Compiled once, in gnh_core (kernels/instances.hpp).
-#define GNH_LINEAR(EXT, T)                                                                                       \
-  EXT template void linear_forward<T>(const ExecSpace&, Act2<T>, Act2<T>, Params<T>, index_t, index_t,         \
-                                      const GemmPolicy<T>&);                                                    \
-  EXT template void linear_reverse<T>(const ExecSpace&, Act2<T>, Grads<T>, Act2<T>, Act2<T>, Params<T>, index_t, \
-                                      index_t, const GemmPolicy<T>&);
+#define GNH_LINEAR_FORWARD(EXT, S)                                                                       \
+  EXT template void linear_forward<S>(const ExecSpace&, Act2<base_t<S>>, Act2<base_t<S>>, Params<base_t<S>>, \
+                                      index_t, index_t, const GemmPolicy<base_t<S>>&);
+#define GNH_LINEAR_REVERSE(EXT, S)                                                                         \
+  EXT template void linear_reverse<S>(const ExecSpace&, Act2<base_t<S>>, Grads<base_t<S>>, Act2<base_t<S>>, \
+                                      Act2<base_t<S>>, Params<base_t<S>>, index_t, index_t,                 \
+                                      const GemmPolicy<base_t<S>>&);
+#define GNH_LINEAR(EXT, T) \
+  GNH_FORWARD_SCALARS(GNH_LINEAR_FORWARD, EXT, T) GNH_REVERSE_SCALARS(GNH_LINEAR_REVERSE, EXT, T)
 GNH_LINEAR(extern, float)
 GNH_LINEAR(extern, double)
 

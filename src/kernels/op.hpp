@@ -8,7 +8,9 @@
 //   x (rows, in) and theta (params)  ->  y (rows, out)
 // in every mode. The mode follows from the scalar type S (core/jet.hpp): T is
 // the primal, Dual<T> the tangent (forward) or tangent of the reverse, Jet2<T>
-// the second-order forward; the planes the caller passes match S.
+// the second-order forward. Each kernel takes the planes of S from what it is
+// given (planes_of, core/planes.hpp) and neither reads nor writes the others,
+// so a caller may pass buffers allocated for a higher mode.
 //
 //   static constexpr const char* name;       "gelu": its name in benchmarks
 //   OpSizes sizes() const;                    rows, in, out, params

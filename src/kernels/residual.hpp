@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Residual connection and adjoint accumulation; linear, so plane by plane.
-//   forward:  y = a + b (every plane)        reverse: da = db = dy
-// accumulate: y += a (every plane), used to sum adjoints of the residual stream.
+//   forward:  y = a + b (each plane of S)    reverse: da = db = dy
+// accumulate: y += a (each plane of S), used to sum adjoints of the residual stream.
 // Saves nothing.
 #pragma once
 #include "core/planes.hpp"
@@ -20,8 +20,12 @@ template <class A>
 index_t plane_size(const A& v) { return static_cast<index_t>(v.size()); }
 }  // namespace detail
 
-template <class T>
-void residual_forward(const ExecSpace& space, Act2<T> y, Act2<T> a, Act2<T> b) {
+// The mode follows from S (planes_of): the planes of S, on each.
+template <class S>
+void residual_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> a, Act2<base_t<S>> b) {
+  y = planes_of<S>(y);
+  a = planes_of<S>(a);
+  b = planes_of<S>(b);
   require_extent("gnh::residual::forward", "b size", detail::plane_size(b.v), detail::plane_size(a.v));
   require_extent("gnh::residual::forward", "y size", detail::plane_size(y.v), detail::plane_size(a.v));
   detail::add_plane(space, "gnh::residual::forward", y.v.data(), a.v.data(), b.v.data(), detail::plane_size(a.v));
@@ -29,25 +33,22 @@ void residual_forward(const ExecSpace& space, Act2<T> y, Act2<T> a, Act2<T> b) {
   detail::add_plane(space, "gnh::residual::forward", y.dd.data(), a.dd.data(), b.dd.data(), detail::plane_size(y.dd));
 }
 
-// y += a on every plane.
-template <class T>
-void accumulate(const ExecSpace& space, Act2<T> y, Act2<T> a) {
+// y += a on the value and tangent planes of S (adjoints: T or Dual<T>).
+template <class S>
+void accumulate(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> a) {
+  y = planes_of<S>(y);
+  a = planes_of<S>(a);
   detail::add_plane(space, "gnh::residual::accumulate", y.v.data(), y.v.data(), a.v.data(), detail::plane_size(y.v));
   detail::add_plane(space, "gnh::residual::accumulate", y.d.data(), y.d.data(), a.d.data(), detail::plane_size(y.d));
 }
 
-// y = a on every plane.
-template <class T>
-void copy(const ExecSpace& space, Act2<T> y, Act2<T> a) {
-  Kokkos::deep_copy(space, y.v, a.v);
-  if (y.d.size() > 0) Kokkos::deep_copy(space, y.d, a.d);
-}
-
 // Compiled once, in gnh_core (kernels/instances.hpp).
-#define GNH_RESIDUAL(EXT, T)                                                    \
-  EXT template void residual_forward<T>(const ExecSpace&, Act2<T>, Act2<T>, Act2<T>); \
-  EXT template void accumulate<T>(const ExecSpace&, Act2<T>, Act2<T>);                \
-  EXT template void copy<T>(const ExecSpace&, Act2<T>, Act2<T>);
+#define GNH_RESIDUAL_FORWARD(EXT, S) \
+  EXT template void residual_forward<S>(const ExecSpace&, Act2<base_t<S>>, Act2<base_t<S>>, Act2<base_t<S>>);
+#define GNH_RESIDUAL_REVERSE(EXT, S) \
+  EXT template void accumulate<S>(const ExecSpace&, Act2<base_t<S>>, Act2<base_t<S>>);
+#define GNH_RESIDUAL(EXT, T) \
+  GNH_FORWARD_SCALARS(GNH_RESIDUAL_FORWARD, EXT, T) GNH_REVERSE_SCALARS(GNH_RESIDUAL_REVERSE, EXT, T)
 GNH_RESIDUAL(extern, float)
 GNH_RESIDUAL(extern, double)
 

@@ -59,26 +59,6 @@ struct GptBuffers {
 template <class T>
 Gpt<T>::~Gpt() = default;
 
-namespace model_detail {
-// The planes a scalar type uses: primal drops tangents, Dual drops second order.
-template <class S, class A>
-A planes_for(A a) {
-  using T = base_t<S>;
-  if constexpr (std::is_same<S, T>::value) {
-    a.d = decltype(a.d)();
-    a.dd = decltype(a.dd)();
-  } else if constexpr (std::is_same<S, Dual<T>>::value) {
-    a.dd = decltype(a.dd)();
-  }
-  return a;
-}
-template <class S, class T>
-Params<T> planes_for(Params<T> p) {
-  if constexpr (std::is_same<S, T>::value) p.d = Span2<const T>();
-  return p;
-}
-}  // namespace model_detail
-
 template <class T>
 Act2<T> Gpt<T>::act2(const char* name, index_t rows, index_t cols, bool tangents, bool second) {
   return act2_planes(name, rows, cols, tangents ? shape_.directions : 0, second ? shape_.directions : 0);
@@ -228,43 +208,38 @@ template <class S>
 LossSum Gpt<T>::forward(const ExecSpace& space, Params<T> p, Span2<const std::int32_t> tokens,
                         Span2<const std::int32_t> targets) {
   using namespace kernels;
-  using model_detail::planes_for;
   Kokkos::Profiling::pushRegion("gnh::gpt::forward");
   check_batch(tokens, targets);
   const ParamLayout& L = layout_;
   const index_t B = shape_.batch, Tc = shape_.context;
-  p = planes_for<S>(p);
-  embedding_forward<T>(space, planes_for<S>(x_in(0)), tokens, p, L.wte, L.wpe);
-  const Act2<T> proj = planes_for<S>(buf_->proj);
+  embedding_forward<S>(space, x_in(0), tokens, p, L.wte, L.wpe);
+  const Act2<T> proj = buf_->proj;
   for (int l = 0; l < cfg_.n_layer; ++l) {
     const BlockOffsets& o = L.blocks[l];
     const LayerActivations<T>& a0 = buf_->acts[shape_.reverse ? l : 0];
-    const Act2<T> x = planes_for<S>(x_in(l));
-    const Act2<T> ln1 = planes_for<S>(a0.ln1), qkv = planes_for<S>(a0.qkv), att = planes_for<S>(a0.att);
-    const Act2<T> x_mid = planes_for<S>(a0.x_mid), ln2 = planes_for<S>(a0.ln2);
-    const Act2<T> fc = planes_for<S>(a0.fc), fc_gelu = planes_for<S>(a0.fc_gelu), x_out = planes_for<S>(a0.x_out);
-    layernorm_forward<S>(space, ln1, planes_for<S>(a0.ln1_mean), planes_for<S>(a0.ln1_rstd), x, p, o.ln1_w,
-                         o.ln1_b, cfg_.ln_eps);
-    linear_forward<T>(space, qkv, ln1, p, o.attn_w, o.attn_b, gemm_);
-    attention_forward<S>(space, att, planes_for<S>(a0.att_lse), qkv, B, Tc, cfg_.n_head, gemm_.bf16);
-    linear_forward<T>(space, proj, att, p, o.attn_proj_w, o.attn_proj_b, gemm_);
-    residual_forward<T>(space, x_mid, x, proj);
-    layernorm_forward<S>(space, ln2, planes_for<S>(a0.ln2_mean), planes_for<S>(a0.ln2_rstd), x_mid, p, o.ln2_w,
-                         o.ln2_b, cfg_.ln_eps);
-    linear_forward<T>(space, fc, ln2, p, o.fc_w, o.fc_b, gemm_);
+    const Act2<T> x = x_in(l);
+    const Act2<T> ln1 = a0.ln1, qkv = a0.qkv, att = a0.att;
+    const Act2<T> x_mid = a0.x_mid, ln2 = a0.ln2;
+    const Act2<T> fc = a0.fc, fc_gelu = a0.fc_gelu, x_out = a0.x_out;
+    layernorm_forward<S>(space, ln1, a0.ln1_mean, a0.ln1_rstd, x, p, o.ln1_w, o.ln1_b, cfg_.ln_eps);
+    linear_forward<S>(space, qkv, ln1, p, o.attn_w, o.attn_b, gemm_);
+    attention_forward<S>(space, att, a0.att_lse, qkv, B, Tc, cfg_.n_head, gemm_.bf16);
+    linear_forward<S>(space, proj, att, p, o.attn_proj_w, o.attn_proj_b, gemm_);
+    residual_forward<S>(space, x_mid, x, proj);
+    layernorm_forward<S>(space, ln2, a0.ln2_mean, a0.ln2_rstd, x_mid, p, o.ln2_w, o.ln2_b, cfg_.ln_eps);
+    linear_forward<S>(space, fc, ln2, p, o.fc_w, o.fc_b, gemm_);
     gelu_forward<S>(space, fc_gelu, fc, cfg_.gelu);
-    linear_forward<T>(space, proj, fc_gelu, p, o.fc_proj_w, o.fc_proj_b, gemm_);
-    residual_forward<T>(space, x_out, x_mid, proj);
+    linear_forward<S>(space, proj, fc_gelu, p, o.fc_proj_w, o.fc_proj_b, gemm_);
+    residual_forward<S>(space, x_out, x_mid, proj);
   }
-  layernorm_forward<S>(space, planes_for<S>(buf_->lnf), planes_for<S>(buf_->lnf_mean), planes_for<S>(buf_->lnf_rstd),
-                       planes_for<S>(x_final()), p, L.lnf_w, L.lnf_b, cfg_.ln_eps);
+  layernorm_forward<S>(space, buf_->lnf, buf_->lnf_mean, buf_->lnf_rstd, x_final(), p, L.lnf_w, L.lnf_b, cfg_.ln_eps);
   Act1<double> loss;
   loss.v = row_loss_v_;
   loss.d = row_loss_d_;
   loss.dd = row_loss_dd_;
   Span1<const std::int32_t> flat_targets(targets.data(), N_);
-  lm_head_xent_forward<S>(space, planes_for<S>(loss), planes_for<S>(buf_->head_lse), planes_for<S>(buf_->lnf), p,
-                          L.lm_head, cfg_.vocab_size, flat_targets, planes_for<S>(buf_->logits), buf_->head_stats,
+  lm_head_xent_forward<S>(space, loss, buf_->head_lse, buf_->lnf, p,
+                          L.lm_head, cfg_.vocab_size, flat_targets, buf_->logits, buf_->head_stats,
                           buf_->head_moments, gemm_);
   space.fence();
   // Fixed-order host sums in double: deterministic on every backend.
@@ -300,49 +275,40 @@ template <class S>
 void Gpt<T>::reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<const std::int32_t> tokens,
                      Span2<const std::int32_t> targets) {
   using namespace kernels;
-  using model_detail::planes_for;
   Kokkos::Profiling::pushRegion("gnh::gpt::reverse");
   const ParamLayout& L = layout_;
   const index_t B = shape_.batch, Tc = shape_.context;
-  p = planes_for<S>(p);
-  if constexpr (std::is_same<S, T>::value) g.d = Span2<T>();
-  const Act2<T> res = planes_for<S>(buf_->adj.res), c1 = planes_for<S>(buf_->adj.c1), c2 = planes_for<S>(buf_->adj.c2);
-  const Act2<T> d_att = planes_for<S>(buf_->adj.att), d_qkv = planes_for<S>(buf_->adj.qkv);
-  const Act2<T> d_fcg = planes_for<S>(buf_->adj.fc_gelu), d_fc = planes_for<S>(buf_->adj.fc);
-  const Act1<T> D = planes_for<S>(buf_->adj.D);
+  const Act2<T> res = buf_->adj.res, c1 = buf_->adj.c1, c2 = buf_->adj.c2;
+  const Act2<T> d_att = buf_->adj.att, d_qkv = buf_->adj.qkv;
+  const Act2<T> d_fcg = buf_->adj.fc_gelu, d_fc = buf_->adj.fc;
+  const Act1<T> D = buf_->adj.D;
   Span1<const std::int32_t> flat_targets(targets.data(), N_);
   // reverse<S> always follows forward<S> of the same batch (gradient, hvp).
-  lm_head_xent_reverse<S>(space, c1, g, planes_for<S>(buf_->head_lse), planes_for<S>(buf_->lnf), p, L.lm_head,
-                          cfg_.vocab_size, flat_targets, planes_for<S>(buf_->logits), gemm_, /*logits_current=*/true);
-  layernorm_reverse<S>(space, res, g, c1, planes_for<S>(x_final()), planes_for<S>(buf_->lnf_mean),
-                       planes_for<S>(buf_->lnf_rstd), p, L.lnf_w, L.lnf_b);
+  lm_head_xent_reverse<S>(space, c1, g, buf_->head_lse, buf_->lnf, p, L.lm_head,
+                          cfg_.vocab_size, flat_targets, buf_->logits, gemm_, /*logits_current=*/true);
+  layernorm_reverse<S>(space, res, g, c1, x_final(), buf_->lnf_mean, buf_->lnf_rstd, p, L.lnf_w, L.lnf_b);
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
     const BlockOffsets& o = L.blocks[l];
     const LayerActivations<T>& a = buf_->acts[l];
     // x_out = x_mid + c_proj(gelu(c_fc(ln_2(x_mid)))); res holds d x_out.
     // gelu(fc) and ln_2(x_mid) are recomputed (shared buffers, see the planner).
-    gelu_forward<S>(space, planes_for<S>(a.fc_gelu), planes_for<S>(a.fc), cfg_.gelu);
-    linear_reverse<T>(space, d_fcg, g, res, planes_for<S>(a.fc_gelu), p, o.fc_proj_w, o.fc_proj_b, gemm_);
-    gelu_reverse<S>(space, d_fc, d_fcg, planes_for<S>(a.fc), cfg_.gelu);
-    layernorm_forward<S>(space, planes_for<S>(a.ln2), planes_for<S>(a.ln2_mean), planes_for<S>(a.ln2_rstd),
-                         planes_for<S>(a.x_mid), p, o.ln2_w, o.ln2_b, cfg_.ln_eps);
-    linear_reverse<T>(space, c1, g, d_fc, planes_for<S>(a.ln2), p, o.fc_w, o.fc_b, gemm_);
-    layernorm_reverse<S>(space, c2, g, c1, planes_for<S>(a.x_mid), planes_for<S>(a.ln2_mean),
-                         planes_for<S>(a.ln2_rstd), p, o.ln2_w, o.ln2_b);
-    accumulate<T>(space, res, c2);  // d x_mid
+    gelu_forward<S>(space, a.fc_gelu, a.fc, cfg_.gelu);
+    linear_reverse<S>(space, d_fcg, g, res, a.fc_gelu, p, o.fc_proj_w, o.fc_proj_b, gemm_);
+    gelu_reverse<S>(space, d_fc, d_fcg, a.fc, cfg_.gelu);
+    layernorm_forward<S>(space, a.ln2, a.ln2_mean, a.ln2_rstd, a.x_mid, p, o.ln2_w, o.ln2_b, cfg_.ln_eps);
+    linear_reverse<S>(space, c1, g, d_fc, a.ln2, p, o.fc_w, o.fc_b, gemm_);
+    layernorm_reverse<S>(space, c2, g, c1, a.x_mid, a.ln2_mean, a.ln2_rstd, p, o.ln2_w, o.ln2_b);
+    accumulate<S>(space, res, c2);  // d x_mid
     // x_mid = x_in + c_proj(attn(c_attn(ln_1(x_in)))).
-    linear_reverse<T>(space, d_att, g, res, planes_for<S>(a.att), p, o.attn_proj_w, o.attn_proj_b, gemm_);
-    attention_reverse<S>(space, d_qkv, D, d_att, planes_for<S>(a.qkv), planes_for<S>(a.att),
-                         planes_for<S>(a.att_lse), B, Tc, cfg_.n_head, gemm_.bf16);
-    layernorm_forward<S>(space, planes_for<S>(a.ln1), planes_for<S>(a.ln1_mean), planes_for<S>(a.ln1_rstd),
-                         planes_for<S>(x_in(l)), p, o.ln1_w, o.ln1_b, cfg_.ln_eps);
-    linear_reverse<T>(space, c1, g, d_qkv, planes_for<S>(a.ln1), p, o.attn_w, o.attn_b, gemm_);
-    layernorm_reverse<S>(space, c2, g, c1, planes_for<S>(x_in(l)), planes_for<S>(a.ln1_mean),
-                         planes_for<S>(a.ln1_rstd), p, o.ln1_w, o.ln1_b);
-    accumulate<T>(space, res, c2);  // d x_in
+    linear_reverse<S>(space, d_att, g, res, a.att, p, o.attn_proj_w, o.attn_proj_b, gemm_);
+    attention_reverse<S>(space, d_qkv, D, d_att, a.qkv, a.att, a.att_lse, B, Tc, cfg_.n_head, gemm_.bf16);
+    layernorm_forward<S>(space, a.ln1, a.ln1_mean, a.ln1_rstd, x_in(l), p, o.ln1_w, o.ln1_b, cfg_.ln_eps);
+    linear_reverse<S>(space, c1, g, d_qkv, a.ln1, p, o.attn_w, o.attn_b, gemm_);
+    layernorm_reverse<S>(space, c2, g, c1, x_in(l), a.ln1_mean, a.ln1_rstd, p, o.ln1_w, o.ln1_b);
+    accumulate<S>(space, res, c2);  // d x_in
   }
   // The tied head's contribution is already in g[wte]; the embedding adds its own.
-  embedding_reverse<T>(space, g, res, tokens, L.wte, L.wpe);
+  embedding_reverse<S>(space, g, res, tokens, L.wte, L.wpe);
   space.fence();
   Kokkos::Profiling::popRegion();
 }

@@ -108,8 +108,8 @@ TEST_CASE("linear and lm head in bf16-amp equal FP32 on rounded operands", "[bf1
                    const kernels::GemmPolicy<float>& pl) {
       const std::string m = mode;
       if (m == "primal") kernels::linear_forward<float>(ExecSpace(), yy.act<float>(), xx.act<float>(), pp.params<float>(), 0, out * in, pl);
-      else if (m == "tangent") kernels::linear_forward<float>(ExecSpace(), yy.act<Dual<float>>(), xx.act<Dual<float>>(), pp.params<Dual<float>>(), 0, out * in, pl);
-      else kernels::linear_forward<float>(ExecSpace(), yy.act<Jet2<float>>(), xx.act<Jet2<float>>(), pp.params<Jet2<float>>(), 0, out * in, pl);
+      else if (m == "tangent") kernels::linear_forward<Dual<float>>(ExecSpace(), yy.act<Dual<float>>(), xx.act<Dual<float>>(), pp.params<Dual<float>>(), 0, out * in, pl);
+      else kernels::linear_forward<Jet2<float>>(ExecSpace(), yy.act<Jet2<float>>(), xx.act<Jet2<float>>(), pp.params<Jet2<float>>(), 0, out * in, pl);
     };
     run(y, x, p, pol);
     // FP32 on rounded operands: the bias is not a multiply operand and stays.

@@ -14,6 +14,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/attention.hpp"
@@ -22,6 +23,7 @@
 #include "kernels/layernorm.hpp"
 #include "kernels/linear.hpp"
 #include "kernels/lm_head_xent.hpp"
+#include "kernels/ops.hpp"
 #include "kernels/residual.hpp"
 #include "support/ops.hpp"
 #include "support/reference.hpp"
@@ -388,7 +390,7 @@ TEST_CASE("embedding reverse: the grouped scatter gives the bits of a serial loo
       want_d[iw] += dx.d(n * C + c);
       want_d[ip] += dx.d(n * C + c);
     }
-  kernels::embedding_reverse<float>(ExecSpace(), g.grads<Dual<float>>(), dx.act<Dual<float>>(), tokens, 0, V * C);
+  kernels::embedding_reverse<Dual<float>>(ExecSpace(), g.grads<Dual<float>>(), dx.act<Dual<float>>(), tokens, 0, V * C);
   Kokkos::fence();
   REQUIRE(std::memcmp(want_v.data(), g.v.data(), sizeof(float) * P) == 0);
   REQUIRE(std::memcmp(want_d.data(), g.d.data(), sizeof(float) * P) == 0);
@@ -593,6 +595,150 @@ std::vector<T> op_all_modes(O<T>& op, gnh::index_t K) {
   return out;
 }
 }  // namespace rows_test
+
+namespace contract_test {
+// The planes of S among a buffer's 1 + 2K (value, K tangent, K second-order),
+// and among the parameters' 1 + K.
+template <class S>
+gnh::index_t planes_kept(gnh::index_t K) {
+  return has_tangents_v<S> ? (keeps_second_v<S> ? 1 + 2 * K : 1 + K) : 1;
+}
+
+// The op's forward<S>, then (for T and Dual<T>) its reverse<S>, run twice on
+// the same inputs: once given the planes of S only, once given every plane,
+// with the planes beyond S's NaN in the inputs (a read of one poisons the
+// outputs) and a marker in the outputs (a write to one overwrites it). The
+// outputs of S's planes must agree bit for bit and every marker survive.
+template <class S, class Op>
+void mode_from_scalar(Op& op, gnh::index_t K) {
+  using T = base_t<S>;
+  const kernels::OpSizes sz = op.sizes();
+  const gnh::index_t N = sz.rows, P = sz.params, keep = planes_kept<S>(K), pkeep = has_tangents_v<S> ? 1 + K : 1;
+  const T nan = std::numeric_limits<T>::quiet_NaN(), mark = T(7.25);
+  const ExecSpace space;
+  auto run = [&](bool all) {
+    std::mt19937 gen(29);
+    std::uniform_real_distribution<T> u(-1, 1);
+    using rows_test::Planes;
+    Planes<T> x(N, sz.in, K), y(N, sz.out, K), dy(N, sz.out, K), dx(N, sz.in, K);
+    std::vector<Planes<T>> saved;
+    for (const kernels::OpExtent& e : op.saved()) saved.emplace_back(e.rows, e.cols, K);
+    View1<T> th("th", (1 + K) * P), gv("gv", (1 + K) * P);
+    // Inputs random in S's planes, NaN beyond; outputs NaN in S's planes (so
+    // every one must be written), the marker beyond.
+    auto fill = [&](const View1<T>& b, gnh::index_t plane, gnh::index_t kept, bool input) {
+      for (std::size_t i = 0; i < b.extent(0); ++i) {
+        const bool mine = gnh::index_t(i) < kept * plane;
+        const T r = u(gen);
+        b(i) = input ? (mine || !all ? r : nan) : (mine || !all ? nan : mark);
+      }
+    };
+    fill(x.all, N * sz.in, keep, true);
+    fill(dy.all, N * sz.out, keep, true);
+    fill(th, P, pkeep, true);
+    fill(y.all, N * sz.out, keep, false);
+    fill(dx.all, N * sz.in, keep, false);
+    for (Planes<T>& b : saved) fill(b.all, b.r * b.c, keep, false);
+    Kokkos::deep_copy(gv, T(0));
+    if (all)
+      for (gnh::index_t i = pkeep * P; i < (1 + K) * P; ++i) gv(i) = mark;
+    auto planes = [&](const Planes<T>& b) { return all ? b.template act<Jet2<T>>() : b.template act<S>(); };
+    kernels::OpSaved<T> sv;
+    for (const Planes<T>& b : saved) sv.buf[sv.count++] = planes(b);
+    Params<T> p{Span1<const T>(th.data(), P), {}};
+    Grads<T> g{Span1<T>(gv.data(), P), {}};
+    if (all || has_tangents_v<S>) {
+      p.d = Span2<const T>(th.data() + P, K, P);
+      g.d = Span2<T>(gv.data() + P, K, P);
+    }
+    op.template forward<S>(space, planes(y), planes(x), p, sv);
+    if constexpr (!keeps_second_v<S>)
+      op.template reverse<S>(space, planes(dx), g, planes(dy), planes(x), planes(y), p, sv);
+    Kokkos::fence();
+    // S's planes of every output, then whether every marker survived.
+    std::vector<T> out;
+    bool marks = true;
+    auto keep_planes = [&](const View1<T>& b, gnh::index_t plane, gnh::index_t kept) {
+      out.insert(out.end(), b.data(), b.data() + kept * plane);
+      for (std::size_t i = std::size_t(kept * plane); all && i < b.extent(0); ++i) marks = marks && b(i) == mark;
+    };
+    keep_planes(y.all, N * sz.out, keep);
+    for (const Planes<T>& b : saved) keep_planes(b.all, b.r * b.c, keep);
+    if constexpr (!keeps_second_v<S>) {
+      keep_planes(dx.all, N * sz.in, keep);
+      keep_planes(gv, P, pkeep);
+    }
+    return std::make_pair(out, marks);
+  };
+  const auto [mine, unused] = run(false);
+  const auto [given_all, marks_kept] = run(true);
+  (void)unused;
+  INFO(Op::name << ", " << (keeps_second_v<S> ? "Jet2" : has_tangents_v<S> ? "Dual" : "primal"));
+  REQUIRE(marks_kept);
+  REQUIRE(mine.size() == given_all.size());
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < mine.size(); ++i)
+    differ += std::memcmp(&mine[i], &given_all[i], sizeof(T)) != 0 ? 1 : 0;
+  REQUIRE(differ == 0);
+}
+
+// The residual kernels (free functions, not ops) the same way: y = a + b and
+// y += a on S's planes, given every plane.
+template <class S>
+void residual_from_scalar(gnh::index_t K) {
+  using T = base_t<S>;
+  const gnh::index_t N = 4, C = 5, plane = N * C, kept = planes_kept<S>(K) * plane;
+  const T nan = std::numeric_limits<T>::quiet_NaN(), mark = T(7.25);
+  rows_test::Planes<T> a(N, C, K), b(N, C, K), y(N, C, K);
+  std::mt19937 gen(31);
+  std::uniform_real_distribution<T> u(-1, 1);
+  const gnh::index_t total = gnh::index_t(y.all.extent(0));
+  for (gnh::index_t i = 0; i < total; ++i) {
+    a.all(i) = i < kept ? u(gen) : nan;
+    b.all(i) = i < kept ? u(gen) : nan;
+    y.all(i) = i < kept ? nan : mark;
+  }
+  const ExecSpace space;
+  const auto all = [](const rows_test::Planes<T>& p) { return p.template act<Jet2<T>>(); };
+  kernels::residual_forward<S>(space, all(y), all(a), all(b));
+  Kokkos::fence();
+  INFO((keeps_second_v<S> ? "Jet2" : has_tangents_v<S> ? "Dual" : "primal"));
+  for (gnh::index_t i = 0; i < total; ++i) {
+    const T want = i < kept ? T(a.all(i) + b.all(i)) : mark;
+    REQUIRE(std::memcmp(&y.all(i), &want, sizeof(T)) == 0);
+  }
+  if constexpr (!keeps_second_v<S>) {
+    kernels::accumulate<S>(space, all(y), all(a));
+    Kokkos::fence();
+    for (gnh::index_t i = 0; i < total; ++i) {
+      const T want = i < kept ? T(T(a.all(i) + b.all(i)) + a.all(i)) : mark;
+      REQUIRE(std::memcmp(&y.all(i), &want, sizeof(T)) == 0);
+    }
+  }
+}
+
+struct EveryOp {
+  gnh::index_t K;
+  template <class Op>
+  void operator()() const {
+    const kernels::OpDims dims{2, 5, 2, 8, 11};
+    Op op = Op::at(dims, K);
+    mode_from_scalar<float>(op, K);
+    mode_from_scalar<Dual<float>>(op, K);
+    mode_from_scalar<Jet2<float>>(op, K);
+  }
+};
+}  // namespace contract_test
+
+TEST_CASE("every op takes its derivative mode from the scalar type, whatever planes it is given", "[kernels][contract]") {
+  // The model passes its activations with every plane they have (the planes
+  // of the highest mode it runs); each kernel keeps the planes of S
+  // (planes_of) and must neither read nor write the others.
+  kernels::Ops::for_each<float>(contract_test::EveryOp{3});
+  contract_test::residual_from_scalar<float>(3);
+  contract_test::residual_from_scalar<Dual<float>>(3);
+  contract_test::residual_from_scalar<Jet2<float>>(3);
+}
 
 TEST_CASE("LM head and cross-entropy: the GPU-shaped row kernels agree with the host shape in every mode",
           "[kernels][rows]") {

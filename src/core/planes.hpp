@@ -77,6 +77,11 @@ Grads<T> planes_of(Grads<T> g) {
   if constexpr (!has_tangents_v<S>) g.d = Span2<T>();
   return g;
 }
+// planes_of<S> on each argument, in place (a kernel's first line).
+template <class S, class... A>
+void keep_planes(A&... a) {
+  ((a = planes_of<S>(a)), ...);
+}
 
 template <class S>
 struct Io {  // primal: S == T

@@ -482,9 +482,7 @@ template <class S>
 void attention_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>> lse,
                        Act2<base_t<S>> qkv, index_t B, index_t Tc, int n_head, bool bf16 = false,
                        RowShape shape = default_row_shape()) {
-  y = planes_of<S>(y);
-  lse = planes_of<S>(lse);
-  qkv = planes_of<S>(qkv);
+  keep_planes<S>(y, lse, qkv);
   using T = base_t<S>;
   const index_t C = y.cols(), H = n_head, hs = C / H, K = directions_of<S>(qkv);
   require_extent("gnh::attention::forward", "y rows", y.rows(), B * Tc);
@@ -522,12 +520,7 @@ void attention_reverse(const ExecSpace& space, Act2<base_t<S>> dqkv, Act1<base_t
                        Act2<base_t<S>> dy, Act2<base_t<S>> qkv, Act2<base_t<S>> y,
                        Act1<base_t<S>> lse, index_t B, index_t Tc, int n_head, bool bf16 = false,
                        RowShape shape = default_row_shape()) {
-  dqkv = planes_of<S>(dqkv);
-  D = planes_of<S>(D);
-  dy = planes_of<S>(dy);
-  qkv = planes_of<S>(qkv);
-  y = planes_of<S>(y);
-  lse = planes_of<S>(lse);
+  keep_planes<S>(dqkv, D, dy, qkv, y, lse);
   using T = base_t<S>;
   const index_t C = y.cols(), H = n_head, hs = C / H, K = directions_of<S>(qkv);
   require_extent("gnh::attention::reverse", "dqkv rows", dqkv.rows(), B * Tc);

@@ -28,8 +28,7 @@ namespace gnh::kernels {
 template <class S>
 void embedding_forward(const ExecSpace& space, Act2<base_t<S>> x, Span2<const std::int32_t> tokens,
                        Params<base_t<S>> p, index_t wte, index_t wpe) {
-  x = planes_of<S>(x);
-  p = planes_of<S>(p);
+  keep_planes<S>(x, p);
   const index_t B = tokens.extent(0), Tc = tokens.extent(1), C = x.cols();
   const index_t K = x.d.extent(0);
   require_extent("gnh::embedding::forward", "x rows", x.rows(), B * Tc);
@@ -103,8 +102,7 @@ KOKKOS_INLINE_FUNCTION void add_row(const Member& team, const Grads<T>& g, const
 template <class S>
 void embedding_reverse(const ExecSpace& space, Grads<base_t<S>> g, Act2<base_t<S>> dx,
                        Span2<const std::int32_t> tokens, index_t wte, index_t wpe) {
-  g = planes_of<S>(g);
-  dx = planes_of<S>(dx);
+  keep_planes<S>(g, dx);
   const index_t B = tokens.extent(0), Tc = tokens.extent(1), C = dx.cols();
   const index_t K = dx.d.extent(0);
   require_extent("gnh::embedding::reverse", "dx rows", dx.rows(), B * Tc);

@@ -120,8 +120,7 @@ void gelu_reverse_kind(const ExecSpace& space, Act2<base_t<S>> dx, Act2<base_t<S
 // vectorised, than streaming them through memory).
 template <class S>
 void gelu_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x, Gelu kind) {
-  y = planes_of<S>(y);
-  x = planes_of<S>(x);
+  keep_planes<S>(y, x);
   using T = base_t<S>;
   constexpr bool tangents = !std::is_same<S, T>::value;
   const index_t N = x.rows(), C = x.cols(), K = tangents ? x.d.extent(0) : 0;
@@ -134,9 +133,7 @@ void gelu_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x, 
 template <class S>
 void gelu_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Act2<base_t<S>> dy,
                   Act2<base_t<S>> x, Gelu kind) {
-  dx = planes_of<S>(dx);
-  dy = planes_of<S>(dy);
-  x = planes_of<S>(x);
+  keep_planes<S>(dx, dy, x);
   using T = base_t<S>;
   constexpr bool tangents = !std::is_same<S, T>::value;
   const index_t N = x.rows(), C = x.cols(), K = tangents ? x.d.extent(0) : 0;

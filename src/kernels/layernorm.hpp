@@ -125,11 +125,7 @@ template <class S>
 void layernorm_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>> mean,
                        Act1<base_t<S>> rstd, Act2<base_t<S>> x, Params<base_t<S>> p, index_t w,
                        index_t b, double eps, RowShape rows = default_row_shape()) {
-  y = planes_of<S>(y);
-  mean = planes_of<S>(mean);
-  rstd = planes_of<S>(rstd);
-  x = planes_of<S>(x);
-  p = planes_of<S>(p);
+  keep_planes<S>(y, mean, rstd, x, p);
   using T = base_t<S>;
   const index_t N = x.rows(), C = x.cols(), K = has_tangents_v<S> ? x.d.extent(0) : 0, P = p.v.extent(0);
   require_extent("gnh::layernorm::forward", "y rows", y.rows(), N);
@@ -144,13 +140,7 @@ void layernorm_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Grads<base_t<
                        Act2<base_t<S>> dy, Act2<base_t<S>> x, Act1<base_t<S>> mean,
                        Act1<base_t<S>> rstd, Params<base_t<S>> p, index_t w, index_t b,
                        ColumnShape shape = default_column_shape(), RowShape rows = default_row_shape()) {
-  dx = planes_of<S>(dx);
-  g = planes_of<S>(g);
-  dy = planes_of<S>(dy);
-  x = planes_of<S>(x);
-  mean = planes_of<S>(mean);
-  rstd = planes_of<S>(rstd);
-  p = planes_of<S>(p);
+  keep_planes<S>(dx, g, dy, x, mean, rstd, p);
   using io = Io<S>;
   const index_t N = x.rows(), C = x.cols(), K = directions_of<S>(x);
   require_extent("gnh::layernorm::reverse", "dy rows", dy.rows(), N);

@@ -49,9 +49,7 @@ template <class S>
 void linear_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x, Params<base_t<S>> p, index_t w,
                     index_t b, const GemmPolicy<base_t<S>>& pol = GemmPolicy<base_t<S>>()) {
   using T = base_t<S>;
-  y = planes_of<S>(y);
-  x = planes_of<S>(x);
-  p = planes_of<S>(p);
+  keep_planes<S>(y, x, p);
   const index_t N = x.rows(), in = x.cols(), out = y.cols(), K = y.d.extent(0);
   require_extent("gnh::linear::forward", "y rows", y.rows(), N);
   const T* W = p.v.data() + w;
@@ -81,11 +79,7 @@ void linear_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Grads<base_t<S>>
                     Act2<base_t<S>> x, Params<base_t<S>> p, index_t w, index_t b,
                     const GemmPolicy<base_t<S>>& pol = GemmPolicy<base_t<S>>()) {
   using T = base_t<S>;
-  dx = planes_of<S>(dx);
-  g = planes_of<S>(g);
-  dy = planes_of<S>(dy);
-  x = planes_of<S>(x);
-  p = planes_of<S>(p);
+  keep_planes<S>(dx, g, dy, x, p);
   const index_t N = x.rows(), in = x.cols(), out = dy.cols(), K = dy.d.extent(0);
   require_extent("gnh::linear::reverse", "dy rows", dy.rows(), N);
   const T* W = p.v.data() + w;

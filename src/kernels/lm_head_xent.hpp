@@ -265,12 +265,7 @@ void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t
                           Span1<const std::int32_t> targets, Act2<base_t<S>> z, Span2<base_t<S>> stats,
                           Act2<base_t<S>> moments, const GemmPolicy<base_t<S>>& pol = GemmPolicy<base_t<S>>(),
                           RowShape shape = default_row_shape()) {
-  loss = planes_of<S>(loss);
-  lse = planes_of<S>(lse);
-  h = planes_of<S>(h);
-  p = planes_of<S>(p);
-  z = planes_of<S>(z);
-  moments = planes_of<S>(moments);
+  keep_planes<S>(loss, lse, h, p, z, moments);
   using T = base_t<S>;
   const index_t N = h.rows(), C = h.cols(), K = directions_of<S>(h), rows = z.rows(), vchunk = z.cols();
   const index_t P = p.v.extent(0);
@@ -316,12 +311,7 @@ void lm_head_xent_reverse(const ExecSpace& space, Act2<base_t<S>> dh, Grads<base
                           Span1<const std::int32_t> targets, Act2<base_t<S>> z,
                           const GemmPolicy<base_t<S>>& pol = GemmPolicy<base_t<S>>(),
                           bool logits_current = false, RowShape shape = default_row_shape()) {
-  dh = planes_of<S>(dh);
-  g = planes_of<S>(g);
-  lse = planes_of<S>(lse);
-  h = planes_of<S>(h);
-  p = planes_of<S>(p);
-  z = planes_of<S>(z);
+  keep_planes<S>(dh, g, lse, h, p, z);
   using T = base_t<S>;
   constexpr bool tangents = !std::is_same<S, T>::value;
   const index_t N = h.rows(), C = h.cols(), K = tangents ? h.d.extent(0) : 0;

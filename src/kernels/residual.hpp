@@ -23,9 +23,7 @@ index_t plane_size(const A& v) { return static_cast<index_t>(v.size()); }
 // The mode follows from S (planes_of): the planes of S, on each.
 template <class S>
 void residual_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> a, Act2<base_t<S>> b) {
-  y = planes_of<S>(y);
-  a = planes_of<S>(a);
-  b = planes_of<S>(b);
+  keep_planes<S>(y, a, b);
   require_extent("gnh::residual::forward", "b size", detail::plane_size(b.v), detail::plane_size(a.v));
   require_extent("gnh::residual::forward", "y size", detail::plane_size(y.v), detail::plane_size(a.v));
   detail::add_plane(space, "gnh::residual::forward", y.v.data(), a.v.data(), b.v.data(), detail::plane_size(a.v));
@@ -36,8 +34,7 @@ void residual_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>>
 // y += a on the value and tangent planes of S (adjoints: T or Dual<T>).
 template <class S>
 void accumulate(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> a) {
-  y = planes_of<S>(y);
-  a = planes_of<S>(a);
+  keep_planes<S>(y, a);
   detail::add_plane(space, "gnh::residual::accumulate", y.v.data(), y.v.data(), a.v.data(), detail::plane_size(y.v));
   detail::add_plane(space, "gnh::residual::accumulate", y.d.data(), y.d.data(), a.d.data(), detail::plane_size(y.d));
 }

@@ -7,12 +7,16 @@ one process tree. Prints a table and writes JSON with the ratios.
 
 gnh multiplies with its own host sgemm where the CPU has AVX2 or AVX-512
 (kernels/host_gemm.hpp); the sgemm rate of both that and the vendor BLAS torch
-uses are measured in the same run and printed. The environment applies to both
-sides: GNH_HOST_GEMM=vendor puts gnh on torch's BLAS too, and
-OPENBLAS_CORETYPE=... picks OpenBLAS's kernels for both.
+uses are measured in the same run and printed. PyTorch runs at its fastest
+setting on this CPU, chosen by measurement before the run
+(perf/torch_setting.py: OpenBLAS's kernels, glibc's allocator, ATen's
+kernels; --torch-setting as-is keeps the environment as it is). The
+environment applies to both sides: GNH_HOST_GEMM=vendor puts gnh on torch's
+BLAS too, and OPENBLAS_CORETYPE picks OpenBLAS's kernels for both.
 
   perf/side_by_side.py [--preset small|medium|reference] [--directions 1,16]
                        [--repeats 3] [--json OUT.json] [--bench build/bin/bench_engine]
+                       [--torch-setting fastest|as-is]
 """
 import argparse
 import json
@@ -33,6 +37,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import bench_torch  # noqa: E402
+import torch_setting  # noqa: E402
 import gnh_convert  # noqa: E402
 import gnh_model  # noqa: E402
 
@@ -53,7 +58,21 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--bench", default=os.path.join(ROOT, "build", "bin", "bench_engine"))
     ap.add_argument("--no-functorch", action="store_true")
+    ap.add_argument("--torch-setting", default="fastest", choices=("fastest", "as-is"),
+                    help="fastest: choose PyTorch's BLAS kernels, allocator and ATen kernels by measurement "
+                         "(perf/torch_setting.py) and rerun under them; as-is: the environment as it is")
     args = ap.parse_args()
+    chosen = os.environ.get("GNH_TORCH_SETTING")
+    if args.torch_setting == "fastest" and chosen is None:
+        # The settings act when torch is loaded: choose, then start again under them.
+        setting, table = torch_setting.choose(args.preset)
+        torch_setting.apply(setting)
+        os.environ["GNH_TORCH_SETTING"] = json.dumps({"chosen_by": "measurement", "setting": setting, "table": table})
+        sys.stdout.flush()
+        os.execv(sys.executable, [sys.executable, os.path.realpath(__file__)] + sys.argv[1:])
+    setting = json.loads(chosen) if chosen else {
+        "chosen_by": "environment", "setting": {k: os.environ.get(k) for k in torch_setting.KEYS}}
+    setting["cpu_capability"] = torch.__config__.show().split("CPU capability usage: ")[-1].split("\n")[0]
     nl, nh, ne, vocab, T, B = PRESETS[args.preset]
     Ks = [int(k) for k in args.directions.split(",")]
     cfg = gnh_model.GPTConfig(n_layer=nl, n_head=nh, n_embd=ne, block_size=T, vocab_size=vocab,
@@ -87,6 +106,9 @@ def main():
     ratios = {"gradient_throughput_vs_eager": ours["gradient"]["tokens_per_s"] / theirs["gradient"]["tokens_per_s"],
               "forward_throughput_vs_eager": ours["forward"]["tokens_per_s"] / theirs["forward"]["tokens_per_s"]}
     print(f"preset {args.preset}: {ours['context']['n_params']} parameters, batch {B} x {T} tokens, one thread")
+    print("torch setting (" + setting["chosen_by"] + "): " + ", ".join(
+        f"{k}={v if v is not None else '(unset)'}" for k, v in setting["setting"].items()) +
+        f"; ATen {setting['cpu_capability']}")
     sg = ours.get("sgemm_gflops", {})
     print(f"sgemm 512^3 in this run: gnh's GEMM ({ours['context'].get('host_gemm', '?')}) {sg.get('gnh', 0):.1f} GFLOP/s, "
           f"the vendor BLAS torch also uses {sg.get('vendor', 0):.1f} GFLOP/s")
@@ -106,7 +128,7 @@ def main():
                 continue
             ratios[f"{m}_K{K}_vs_best"] = t / best
             print(f"{'torch ' + m + f' K={K} s/dir':38s} {'':12s} {t:12.4f} {t / best:8.2f}")
-    out = {"preset": args.preset, "gnh": ours, "torch": theirs, "ratios": ratios}
+    out = {"preset": args.preset, "gnh": ours, "torch": theirs, "torch_setting": setting, "ratios": ratios}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)

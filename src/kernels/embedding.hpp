@@ -32,17 +32,23 @@ void embedding_forward(const ExecSpace& space, Act2<base_t<S>> x, Span2<const st
   const index_t B = tokens.extent(0), Tc = tokens.extent(1), C = x.cols();
   const index_t K = x.d.extent(0);
   require_extent("gnh::embedding::forward", "x rows", x.rows(), B * Tc);
-  const bool second = x.dd.extent(0) > 0;
+  // Plane q = 0 is the value, q = 1 + k the tangent k; each plane's rows are
+  // written along the channels (contiguous on the host, coalesced on a GPU).
+  // One element at a time over all planes wrote K + 1 rows N x C apart per
+  // element: 5% of the second-order forward at K = 16 (Zen 5, preset small).
+  using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3, Kokkos::Iterate::Right, Kokkos::Iterate::Right>,
+                                       Kokkos::IndexType<index_t>>;
   Kokkos::parallel_for(
-      "gnh::embedding::forward", range(space, B * Tc * C), KOKKOS_LAMBDA(const index_t i) {
-        const index_t n = i / C, c = i % C, t = n % Tc;
+      "gnh::embedding::forward", Policy(space, {0, 0, 0}, {K + 1, B * Tc, C}),
+      KOKKOS_LAMBDA(const index_t q, const index_t n, const index_t c) {
+        const index_t t = n % Tc;
         const index_t iw = wte + index_t(tokens(n / Tc, t)) * C + c, ip = wpe + t * C + c;
-        x.v(n, c) = p.v(iw) + p.v(ip);
-        for (index_t k = 0; k < K; ++k) {
-          x.d(k, n, c) = p.d(k, iw) + p.d(k, ip);
-          if (second) x.dd(k, n, c) = 0;
-        }
+        if (q == 0)
+          x.v(n, c) = p.v(iw) + p.v(ip);
+        else
+          x.d(q - 1, n, c) = p.d(q - 1, iw) + p.d(q - 1, ip);
       });
+  if (x.dd.extent(0) > 0) Kokkos::deep_copy(space, x.dd, base_t<S>(0));
 }
 
 namespace detail {

@@ -140,6 +140,13 @@ constexpr int MR512 = 12, NR512 = 32;
 __attribute__((target("avx512f"))) void micro_avx512(std::int64_t kc, const float* __restrict Ap,
                                                      const float* __restrict Bp, float* C, std::int64_t ldc,
                                                      float alpha, float beta, int mr, int nr) {
+  // The C tile's 24 cache lines are fetched while the k loop runs (as in
+  // micro_avx2): bench_kernels --directions 16 pinned to avx512 on Zen 5,
+  // linear second order 28.4-29.2 -> 25.6-26.9 ms, LM head 52-53 -> 50-52.
+  for (int i = 0; i < MR512; ++i) {
+    _mm_prefetch(reinterpret_cast<const char*>(C + i * ldc), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(C + i * ldc + NR512 - 1), _MM_HINT_T0);
+  }
   __m512 c0[MR512], c1[MR512];
 #pragma GCC unroll 12
   for (int i = 0; i < MR512; ++i) c0[i] = c1[i] = _mm512_setzero_ps();
@@ -174,32 +181,6 @@ __attribute__((target("avx512f"))) void micro_avx512(std::int64_t kc, const floa
     _mm512_store_ps(t + i * NR512 + 16, c1[i]);
   }
   update_partial<NR512>(t, C, ldc, alpha, beta, mr, nr);
-}
-
-// Packing by gathers for the AVX-512 path: a full sliver of a transposed B
-// (NR columns stored as rows of B) or of a row-major A (MR rows), one p at a
-// time: 16 (or 12) strided loads in one instruction instead of one each.
-__attribute__((target("avx512f"))) void pack_b_t_gather(const float* B, std::int64_t ldb, std::int64_t p0,
-                                                        std::int64_t kc, std::int64_t j0, float* dst) {
-  const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                         _mm512_set1_epi32(std::int32_t(ldb)));
-  const float* base0 = B + j0 * ldb + p0;
-  const float* base1 = base0 + 16 * ldb;
-  for (std::int64_t p = 0; p < kc; ++p) {
-    _mm512_store_ps(dst + p * NR512, _mm512_i32gather_ps(idx, base0 + p, 4));
-    _mm512_store_ps(dst + p * NR512 + 16, _mm512_i32gather_ps(idx, base1 + p, 4));
-  }
-}
-
-__attribute__((target("avx512f"))) void pack_a_n_gather(const float* A, std::int64_t lda, std::int64_t i0,
-                                                        std::int64_t p0, std::int64_t kc, float* dst) {
-  const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0, 0, 0, 0),
-                                         _mm512_set1_epi32(std::int32_t(lda)));
-  const __mmask16 rows = (1u << MR512) - 1;
-  const float* base = A + i0 * lda + p0;
-  for (std::int64_t p = 0; p < kc; ++p)
-    _mm512_mask_storeu_ps(dst + p * MR512, rows,
-                          _mm512_mask_i32gather_ps(_mm512_setzero_ps(), rows, idx, base + p, 4));
 }
 
 constexpr int MR256 = 6, NR256 = 16;
@@ -322,6 +303,47 @@ __attribute__((target("avx2,fma"))) void pack_a_n_avx2(const float* A, std::int6
     for (int i = 0; i < MR256; ++i) dst[p * MR256 + i] = A[(i0 + i) * lda + p0 + p];
 }
 
+// The AVX-512 tile's slivers (MR512 = 12 rows of a row-major A, NR512 = 32
+// columns of a transposed B) by the same 8 x 8 transposes. They replaced
+// AVX-512 gathers (one strided load of 12 or 16 floats per k): on an AMD EPYC
+// Zen 5, attention's second-order forward at K = 16 (bench_kernels, preset
+// small, its products 64 x t1 x 96 and 64 x 32 x 3 t1) took 30-31 ms with
+// gathers, 22 ms with transposes, and gnh's kernel on the model's 15 dense
+// shapes rose from 162 to 176 GFLOP/s. Not measured on an Intel AVX-512 CPU.
+__attribute__((target("avx512f,avx2,fma"))) void pack_b_t_avx512(const float* B, std::int64_t ldb, std::int64_t p0,
+                                                                std::int64_t kc, std::int64_t j0, float* dst) {
+  std::int64_t p = 0;
+  for (; p + 8 <= kc; p += 8)
+    for (int quarter = 0; quarter < 4; ++quarter) {
+      __m256 r[8];
+      for (int j = 0; j < 8; ++j) r[j] = _mm256_loadu_ps(B + (j0 + 8 * quarter + j) * ldb + p0 + p);
+      transpose8(r);
+      for (int q = 0; q < 8; ++q) _mm256_storeu_ps(dst + (p + q) * NR512 + 8 * quarter, r[q]);
+    }
+  for (; p < kc; ++p)
+    for (int j = 0; j < NR512; ++j) dst[p * NR512 + j] = B[(j0 + j) * ldb + p0 + p];
+}
+
+__attribute__((target("avx512f,avx2,fma"))) void pack_a_n_avx512(const float* A, std::int64_t lda, std::int64_t i0,
+                                                                std::int64_t p0, std::int64_t kc, float* dst) {
+  std::int64_t p = 0;
+  for (; p + 8 <= kc; p += 8) {
+    __m256 r[8], s[8];
+    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(A + (i0 + i) * lda + p0 + p);
+    for (int i = 0; i < 4; ++i) s[i] = _mm256_loadu_ps(A + (i0 + 8 + i) * lda + p0 + p);
+    s[4] = s[5] = s[6] = s[7] = _mm256_setzero_ps();
+    transpose8(r);
+    transpose8(s);
+    for (int q = 0; q < 8; ++q) {  // the 12 rows of column q: 8 + 4 floats
+      float* d = dst + (p + q) * MR512;
+      _mm256_storeu_ps(d, r[q]);
+      _mm_storeu_ps(d + 8, _mm256_castps256_ps128(s[q]));
+    }
+  }
+  for (; p < kc; ++p)
+    for (int i = 0; i < MR512; ++i) dst[p * MR512 + i] = A[(i0 + i) * lda + p0 + p];
+}
+
 #endif
 
 using Micro = void (*)(std::int64_t, const float*, const float*, float*, std::int64_t, float, float, int, int);
@@ -441,11 +463,8 @@ bool sgemm_using(GemmKernel kernel, bool ta, bool tb, std::int64_t m, std::int64
   }
 #ifdef GNH_HOST_GEMM_X86
   if (kernel == GemmKernel::avx512) {
-    // Gathers take 32-bit offsets: up to 16 rows of the operand apart.
-    Packers packers;
-    if (ldb < (std::int64_t(1) << 26)) packers.b_t = pack_b_t_gather;
-    if (lda < (std::int64_t(1) << 26)) packers.a_n = pack_a_n_gather;
-    blocked<MR512, NR512>(micro_avx512, packers, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+    blocked<MR512, NR512>(micro_avx512, Packers{pack_b_t_avx512, pack_a_n_avx512}, ta, tb, m, n, k, alpha, A, lda,
+                          B, ldb, beta, C, ldc);
   } else {
     blocked<MR256, NR256>(micro_avx2, Packers{pack_b_t_avx2, pack_a_n_avx2}, ta, tb, m, n, k, alpha, A, lda, B,
                           ldb, beta, C, ldc);

@@ -156,14 +156,18 @@ namespace detail {
 // Rows r0 .. r0 + rows - 1 of src as bfloat16 storage (round_bf16's bits) in
 // dst, which holds as many floats: half its bytes are used.
 template <class T>
-Span2<const std::uint16_t> bf16_copy(const ExecSpace& space, Span2<const T> src, index_t r0, index_t rows, T* dst) {
+Span2<const std::uint16_t> bf16_copy(const ExecSpace& space, Span2<const T> src, index_t r0, index_t rows,
+                                     std::uint16_t* d) {
   static_assert(std::is_same_v<T, float>, "bfloat16 operands come from float");
   const index_t cols = src.extent(1);
   const T* s = src.data() + r0 * cols;
-  std::uint16_t* d = reinterpret_cast<std::uint16_t*>(dst);
   Kokkos::parallel_for("gnh::gemm::to_bf16", range(space, rows * cols),
                        KOKKOS_LAMBDA(const index_t i) { d[i] = bf16_bits(s[i]); });
   return Span2<const std::uint16_t>(d, rows, cols);
+}
+template <class T>
+Span2<const std::uint16_t> bf16_copy(const ExecSpace& space, Span2<const T> src, index_t r0, index_t rows, T* dst) {
+  return bf16_copy(space, src, r0, rows, reinterpret_cast<std::uint16_t*>(dst));
 }
 
 // Row-major C = alpha op(A) op(B) + beta C on contiguous bfloat16 operands
@@ -185,6 +189,31 @@ inline void cublas_gemm_bf16(const ExecSpace& space, bool at, bool bt, float alp
   if (st != CUBLAS_STATUS_SUCCESS) {
     std::ostringstream msg;
     msg << "gnh::gemm: cuBLAS status " << int(st) << " for a bfloat16 product of " << m << " x " << n << " x " << k;
+    throw std::runtime_error(msg.str());
+  }
+}
+
+// count row-major products C_i = alpha A_i op(B_i) + beta C_i of bfloat16
+// operands (X_i = X + i stride_x; stride 0 shares one), FP32 accumulation and
+// output, in one strided-batched call on the caller's stream.
+inline void cublas_gemm_bf16_batched(const ExecSpace& space, bool bt, index_t m, index_t n, index_t k, float alpha,
+                                     const std::uint16_t* A, index_t lda, index_t stride_a, const std::uint16_t* B,
+                                     index_t ldb, index_t stride_b, float beta, float* C, index_t ldc,
+                                     index_t stride_c, index_t count) {
+  if (m == 0 || n == 0 || count == 0) return;
+  cublasHandle_t handle = KokkosBlas::Impl::CudaBlasSingleton::singleton().handle;
+  if (cublasSetStream(handle, space.cuda_stream()) != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error("gnh::gemm_batched: cublasSetStream failed");
+  // Row-major C = A op(B) is column-major C^T = op(B)^T A^T.
+  const cublasOperation_t oa = bt ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasStatus_t st = cublasGemmStridedBatchedEx(
+      handle, oa, CUBLAS_OP_N, int(n), int(m), int(k), &alpha, B, CUDA_R_16BF, int(ldb), stride_b, A, CUDA_R_16BF,
+      int(lda), stride_a, &beta, C, CUDA_R_32F, int(ldc), stride_c, int(count), CUBLAS_COMPUTE_32F,
+      CUBLAS_GEMM_DEFAULT);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    std::ostringstream msg;
+    msg << "gnh::gemm_batched: cuBLAS status " << int(st) << " for " << count << " bfloat16 products of " << m
+        << " x " << n << " x " << k;
     throw std::runtime_error(msg.str());
   }
 }
@@ -245,12 +274,69 @@ void gemm(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, cons
   }
 }
 
+namespace detail {
+// gemm_batched under bf16-amp with A = op(A) shared by the batch (stride_a 0:
+// x V_k^T and dy V_k in the linear layers): each chunk of A's rows is rounded
+// once for a group of products instead of once per product, and the group's
+// B are rounded side by side into scratch_b (as many as it holds). On CUDA a
+// chunk of a group is one strided-batched cuBLAS call (bfloat16 operands,
+// FP32 accumulation); on the host the group's products in turn on the
+// rounded copies: the bits of one gemm per product (a row of C depends only
+// on its row of A). Returns false where it does not apply.
+template <class T>
+bool bf16_batched_shared_a(const ExecSpace& space, const GemmPolicy<T>& pol, const char* tb, T alpha,
+                           Span2<const T> A, Span2<const T> B, index_t stride_b, T beta, Span2<T> C,
+                           index_t stride_c, index_t count) {
+  const index_t rows = A.extent(0), cols = A.extent(1), bsize = B.size(), ncols = C.extent(1);
+  if (rows == 0 || bsize == 0 || ncols == 0 || C.stride(0) != ncols) return false;
+  const index_t per_group =
+      stride_b == 0 ? count : std::min<index_t>(count, index_t(pol.scratch_b.extent(0)) / bsize);
+  if (per_group < 1) return false;
+  const index_t chunk =
+      std::max<index_t>(1, pol.chunk_elements / std::max<index_t>(1, std::max<index_t>(cols, B.extent(1))));
+  if (pol.scratch_a.extent(0) < std::size_t(std::min(rows, chunk) * cols))
+    throw std::logic_error("gnh::gemm_batched: bf16 scratch too small");
+  const bool bt = tb[0] == 'T';
+  for (index_t g0 = 0; g0 < count; g0 += per_group) {
+    const index_t gn = std::min(per_group, count - g0), nb = stride_b == 0 ? 1 : gn;
+    for (index_t r0 = 0; r0 < rows; r0 += chunk) {
+      const index_t n = std::min(chunk, rows - r0);
+      T* c0 = C.data() + g0 * stride_c + r0 * ncols;
+#ifdef GNH_CUBLAS_MATH_MODE
+      if constexpr (std::is_same_v<T, float>) {
+        std::uint16_t* bs = reinterpret_cast<std::uint16_t*>(pol.scratch_b.data());
+        if (r0 == 0)
+          for (index_t i = 0; i < nb; ++i)
+            bf16_copy(space, Span2<const T>(B.data() + (g0 + i) * stride_b, B.extent(0), B.extent(1)), 0,
+                      B.extent(0), bs + i * bsize);
+        const Span2<const std::uint16_t> As = bf16_copy(space, A, r0, n, pol.scratch_a.data());
+        cublas_gemm_bf16_batched(space, bt, n, ncols, cols, alpha, As.data(), cols, 0, bs, B.extent(1),
+                                 stride_b == 0 ? 0 : bsize, beta, c0, ncols, stride_c, gn);
+        continue;
+      }
+#endif
+      if (r0 == 0)
+        for (index_t i = 0; i < nb; ++i)
+          rounded_copy(space, Span2<const T>(B.data() + (g0 + i) * stride_b, B.extent(0), B.extent(1)), 0,
+                       B.extent(0), pol.scratch_b.data() + i * bsize);
+      const Span2<const T> As = rounded_copy(space, A, r0, n, pol.scratch_a.data());
+      for (index_t i = 0; i < gn; ++i)
+        gemm<T>(space, "N", tb, alpha, As,
+                Span2<const T>(pol.scratch_b.data() + (stride_b == 0 ? 0 : i * bsize), B.extent(0), B.extent(1)),
+                beta, Span2<T>(c0 + i * stride_c, n, ncols));
+    }
+  }
+  return true;
+}
+}  // namespace detail
+
 // A batch of products with one shape: C_i = alpha op(A_i) op(B_i) + beta C_i
 // for i < count, where X_i starts stride_x elements after X_{i-1} (stride 0:
 // one operand shared by the batch; A, B, C are the first of each). The K
-// directions of a GEMM are such a batch. On CUDA with cuBLAS, outside
-// bf16-amp, it is one strided-batched call on the caller's stream (under the
-// TF32 policy in TF32 math); elsewhere the products in turn, with the bits of
+// directions of a GEMM are such a batch. On CUDA with cuBLAS it is one
+// strided-batched call on the caller's stream (under the TF32 policy in TF32
+// math; under bf16-amp with a shared A, bfloat16 operands in groups, see
+// bf16_batched_shared_a); elsewhere the products in turn, with the bits of
 // `count` calls of gemm.
 template <class T>
 void gemm_batched(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, const char* tb, T alpha,
@@ -288,6 +374,10 @@ void gemm_batched(const ExecSpace& space, const GemmPolicy<T>& pol, const char* 
     }
   }
 #endif
+  if (pol.bf16 && stride_a == 0 && ta[0] != 'T' && count > 1) {
+    detail::product_shape("gnh::gemm_batched", ta, tb, A, B, C);
+    if (detail::bf16_batched_shared_a<T>(space, pol, tb, alpha, A, B, stride_b, beta, C, stride_c, count)) return;
+  }
   for (index_t i = 0; i < count; ++i)
     gemm<T>(space, pol, ta, tb, alpha, Span2<const T>(A.data() + i * stride_a, A.extent(0), A.extent(1)),
             Span2<const T>(B.data() + i * stride_b, B.extent(0), B.extent(1)), beta,

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "core/bf16.hpp"
 #include "support/ops.hpp"
@@ -150,6 +151,40 @@ TEST_CASE("linear and lm head in bf16-amp equal FP32 on rounded operands", "[bf1
                                        w.params<float>(), 0, V, op.kernel.targets, op.saved[1].act<float>(), op.kernel.stats,
                                        op.saved[2].act<float>());
   for (index_t n = 0; n < N; ++n) REQUIRE(l1(n) == l2(n));
+}
+
+TEST_CASE("bf16-amp batches with a shared A: the bits of one product at a time", "[bf16]") {
+  // gemm_batched rounds a shared A once per group of products (as many B as
+  // scratch_b holds) and per chunk of rows (chunk_elements), instead of once
+  // per product. The scratch here forces 5 row chunks and groups of 2, 2
+  // and 1; every product must equal the per-product bf16 gemm bit for bit,
+  // and the gaps between the products stay as they were.
+  const index_t m = 13, k = 11, n = 7, count = 5, sc = m * n + 4;
+  std::vector<float> A(m * k), B(count * (k * n + 3)), C(count * sc);
+  const auto ra = ref::random_vec(A.size(), 11), rb = ref::random_vec(B.size(), 12), rc = ref::random_vec(C.size(), 13);
+  for (std::size_t i = 0; i < A.size(); ++i) A[i] = float(ra[i]);
+  for (std::size_t i = 0; i < B.size(); ++i) B[i] = float(rb[i]);
+  for (std::size_t i = 0; i < C.size(); ++i) C[i] = float(rc[i]);
+  kernels::GemmPolicy<float> pol = bf16_policy(3 * k);  // 3 rows of A a chunk
+  pol.scratch_b = View1<float>("b", 2 * k * n + 3);     // two B a group
+  const kernels::GemmPolicy<float> one = bf16_policy(1 << 16);
+  for (const char* tb : {"N", "T"})
+    for (const index_t sb : {index_t(0), k * n + 3}) {
+      CAPTURE(tb, sb);
+      const bool bt = tb[0] == 'T';
+      const Span2<const float> Bs(B.data(), bt ? n : k, bt ? k : n);
+      std::vector<float> got = C, want = C;
+      kernels::gemm_batched<float>(ExecSpace(), pol, "N", tb, 1.5f, Span2<const float>(A.data(), m, k), 0, Bs, sb,
+                                   0.5f, Span2<float>(got.data(), m, n), sc, count);
+      for (index_t i = 0; i < count; ++i)
+        kernels::gemm<float>(ExecSpace(), one, "N", tb, 1.5f, Span2<const float>(A.data(), m, k),
+                             Span2<const float>(B.data() + i * sb, Bs.extent(0), Bs.extent(1)), 0.5f,
+                             Span2<float>(want.data() + i * sc, m, n));
+      Kokkos::fence();
+      REQUIRE(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+      for (index_t i = 0; i < count; ++i)
+        for (index_t g = m * n; g < sc; ++g) REQUIRE(got[i * sc + g] == C[i * sc + g]);
+    }
 }
 
 TEST_CASE("attention in bf16-amp rounds q, k, v and p, keeping scores and softmax in FP32", "[bf16]") {

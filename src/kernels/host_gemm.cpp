@@ -271,18 +271,23 @@ __attribute__((target("avx2,fma"))) inline void transpose8(__m256 r[8]) {
   r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
 }
 
-__attribute__((target("avx2,fma"))) void pack_b_t_avx2(const float* B, std::int64_t ldb, std::int64_t p0,
-                                                     std::int64_t kc, std::int64_t j0, float* dst) {
+// A full sliver of a transposed B (NR columns stored as rows of B), NR / 8
+// blocks of 8 columns, each 8 values of k at a time by one transpose: the
+// AVX2 tile's (NR256) and the AVX-512 tile's (NR512).
+template <int NR>
+__attribute__((target("avx2,fma"))) void pack_b_t_t8(const float* B, std::int64_t ldb, std::int64_t p0,
+                                                   std::int64_t kc, std::int64_t j0, float* dst) {
+  static_assert(NR % 8 == 0, "whole blocks of 8 columns");
   std::int64_t p = 0;
   for (; p + 8 <= kc; p += 8)
-    for (int half = 0; half < 2; ++half) {
+    for (int blk = 0; blk < NR / 8; ++blk) {
       __m256 r[8];
-      for (int j = 0; j < 8; ++j) r[j] = _mm256_loadu_ps(B + (j0 + 8 * half + j) * ldb + p0 + p);
+      for (int j = 0; j < 8; ++j) r[j] = _mm256_loadu_ps(B + (j0 + 8 * blk + j) * ldb + p0 + p);
       transpose8(r);
-      for (int q = 0; q < 8; ++q) _mm256_storeu_ps(dst + (p + q) * NR256 + 8 * half, r[q]);
+      for (int q = 0; q < 8; ++q) _mm256_storeu_ps(dst + (p + q) * NR + 8 * blk, r[q]);
     }
   for (; p < kc; ++p)
-    for (int j = 0; j < NR256; ++j) dst[p * NR256 + j] = B[(j0 + j) * ldb + p0 + p];
+    for (int j = 0; j < NR; ++j) dst[p * NR + j] = B[(j0 + j) * ldb + p0 + p];
 }
 
 __attribute__((target("avx2,fma"))) void pack_a_n_avx2(const float* A, std::int64_t lda, std::int64_t i0,
@@ -303,27 +308,13 @@ __attribute__((target("avx2,fma"))) void pack_a_n_avx2(const float* A, std::int6
     for (int i = 0; i < MR256; ++i) dst[p * MR256 + i] = A[(i0 + i) * lda + p0 + p];
 }
 
-// The AVX-512 tile's slivers (MR512 = 12 rows of a row-major A, NR512 = 32
-// columns of a transposed B) by the same 8 x 8 transposes. They replaced
+// The AVX-512 tile's A sliver (MR512 = 12 rows of a row-major A) by the
+// same 8 x 8 transposes (its B sliver: pack_b_t_t8<NR512>). They replaced
 // AVX-512 gathers (one strided load of 12 or 16 floats per k): on an AMD EPYC
 // Zen 5, attention's second-order forward at K = 16 (bench_kernels, preset
 // small, its products 64 x t1 x 96 and 64 x 32 x 3 t1) took 30-31 ms with
 // gathers, 22 ms with transposes, and gnh's kernel on the model's 15 dense
 // shapes rose from 162 to 176 GFLOP/s. Not measured on an Intel AVX-512 CPU.
-__attribute__((target("avx512f,avx2,fma"))) void pack_b_t_avx512(const float* B, std::int64_t ldb, std::int64_t p0,
-                                                                std::int64_t kc, std::int64_t j0, float* dst) {
-  std::int64_t p = 0;
-  for (; p + 8 <= kc; p += 8)
-    for (int quarter = 0; quarter < 4; ++quarter) {
-      __m256 r[8];
-      for (int j = 0; j < 8; ++j) r[j] = _mm256_loadu_ps(B + (j0 + 8 * quarter + j) * ldb + p0 + p);
-      transpose8(r);
-      for (int q = 0; q < 8; ++q) _mm256_storeu_ps(dst + (p + q) * NR512 + 8 * quarter, r[q]);
-    }
-  for (; p < kc; ++p)
-    for (int j = 0; j < NR512; ++j) dst[p * NR512 + j] = B[(j0 + j) * ldb + p0 + p];
-}
-
 __attribute__((target("avx512f,avx2,fma"))) void pack_a_n_avx512(const float* A, std::int64_t lda, std::int64_t i0,
                                                                 std::int64_t p0, std::int64_t kc, float* dst) {
   std::int64_t p = 0;
@@ -463,10 +454,10 @@ bool sgemm_using(GemmKernel kernel, bool ta, bool tb, std::int64_t m, std::int64
   }
 #ifdef GNH_HOST_GEMM_X86
   if (kernel == GemmKernel::avx512) {
-    blocked<MR512, NR512>(micro_avx512, Packers{pack_b_t_avx512, pack_a_n_avx512}, ta, tb, m, n, k, alpha, A, lda,
+    blocked<MR512, NR512>(micro_avx512, Packers{pack_b_t_t8<NR512>, pack_a_n_avx512}, ta, tb, m, n, k, alpha, A, lda,
                           B, ldb, beta, C, ldc);
   } else {
-    blocked<MR256, NR256>(micro_avx2, Packers{pack_b_t_avx2, pack_a_n_avx2}, ta, tb, m, n, k, alpha, A, lda, B,
+    blocked<MR256, NR256>(micro_avx2, Packers{pack_b_t_t8<NR256>, pack_a_n_avx2}, ta, tb, m, n, k, alpha, A, lda, B,
                           ldb, beta, C, ldc);
   }
   return true;

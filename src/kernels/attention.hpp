@@ -85,8 +85,6 @@ struct KeysOf {
   index_t base, ko, vo;
   KOKKOS_INLINE_FUNCTION S a(index_t s, index_t d) const { return io::get(qkv, k, base + s, ko + d); }
   KOKKOS_INLINE_FUNCTION S b(index_t s, index_t d) const { return io::get(qkv, k, base + s, vo + d); }
-  KOKKOS_INLINE_FUNCTION S x(index_t) const { return S(0); }
-  KOKKOS_INLINE_FUNCTION S y(index_t) const { return S(0); }
 };
 // For a key row: its sequence's queries (a = q_t, b = dy_t, x = lse_t, y = D_t).
 template <class S>

@@ -72,7 +72,7 @@ def main():
         os.execv(sys.executable, [sys.executable, os.path.realpath(__file__)] + sys.argv[1:])
     setting = json.loads(chosen) if chosen else {
         "chosen_by": "environment", "setting": {k: os.environ.get(k) for k in torch_setting.KEYS}}
-    setting["cpu_capability"] = torch.__config__.show().split("CPU capability usage: ")[-1].split("\n")[0]
+    setting["cpu_capability"] = torch_setting.cpu_capability(torch)
     nl, nh, ne, vocab, T, B = PRESETS[args.preset]
     Ks = [int(k) for k in args.directions.split(",")]
     cfg = gnh_model.GPTConfig(n_layer=nl, n_head=nh, n_embd=ne, block_size=T, vocab_size=vocab,

@@ -82,6 +82,11 @@ def _env_for(setting):
     return env
 
 
+def cpu_capability(torch):
+    """The ATen kernels the loaded torch uses ("AVX2", "AVX512", ...)."""
+    return torch.__config__.show().split("CPU capability usage: ")[-1].split("\n")[0]
+
+
 def probe_here(preset, repeats):
     """In this interpreter (the environment already set): seconds of the
     reference's forward and gradient on the preset's model, and sgemm 512^3."""
@@ -114,8 +119,7 @@ def probe_here(preset, repeats):
         a @ b
         best = min(best, time.perf_counter() - t0)
     return {"forward_s": r["forward"]["seconds"], "gradient_s": r["gradient"]["seconds"],
-            "sgemm_gflops": 2 * 512**3 / best / 1e9, "cpu_capability": torch.__config__.show().split(
-                "CPU capability usage: ")[-1].split("\n")[0]}
+            "sgemm_gflops": 2 * 512**3 / best / 1e9, "cpu_capability": cpu_capability(torch)}
 
 
 def choose(preset="small", repeats=7, log=sys.stderr):

@@ -46,10 +46,17 @@ KOKKOS_FORCEINLINE_FUNCTION void gelu_derivatives(T x, T& f, T& f1, T& f2) {
 }
 
 
-// Each loop is flat over one contiguous (N, C) plane: the value plane first,
-// then one loop per direction, which re-evaluates f', f'' (cheaper, once
-// vectorised, than streaming them through memory).
+// The value plane is one flat loop. The derivative modes evaluate f, f', f''
+// once per element and apply them to all K directions: a work item is a
+// chunk of GeluChunk elements, whose f' and f'' stay in registers or L1 while
+// the directions' planes stream past. On a host space a chunk is 256
+// elements, so each plane's loop over it vectorises; on a GPU it is one
+// element per thread, its directions in a loop, coalesced across threads.
+// (Re-evaluating f', f'' per direction, as before, cost 0.55 ms per
+// direction and layer in the second order at preset small on AVX2.)
 namespace detail {
+constexpr index_t GeluChunk = Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible ? 256 : 1;
+
 // The loops of one GELU kind E (a template parameter, so that they have no
 // branch on it and vectorise; a named function rather than a generic lambda,
 // which nvcc does not allow around device lambdas).
@@ -57,67 +64,79 @@ template <bool E, class S>
 void gelu_forward_kind(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x, index_t NC, index_t K) {
   using T = base_t<S>;
   constexpr bool second = std::is_same<S, Jet2<T>>::value;
+  constexpr index_t L = GeluChunk;
   const T* xv = x.v.data();
   T* yv = y.v.data();
-  Kokkos::parallel_for(
-      "gnh::gelu::forward", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
-        T f, f1, f2;
-        gelu_derivatives<E, 0>(xv[i], f, f1, f2);
-        yv[i] = f;
-      });
-  for (index_t k = 0; k < K; ++k) {
-    const T* xd = x.d.data() + k * NC;
-    T* yd = y.d.data() + k * NC;
-    const T* xdd = second ? x.dd.data() + k * NC : nullptr;
-    T* ydd = second ? y.dd.data() + k * NC : nullptr;
-    if constexpr (second) {
-      Kokkos::parallel_for(
-          "gnh::gelu::forward::second", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
-            T f, f1, f2;
-            gelu_derivatives<E, 1>(xv[i], f, f1, f2);
-            yd[i] = f1 * xd[i];
-            ydd[i] = f2 * xd[i] * xd[i] + f1 * xdd[i];
-          });
-    } else {
-      Kokkos::parallel_for(
-          "gnh::gelu::forward::tangent", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
-            T f, f1, f2;
-            gelu_derivatives<E, 1>(xv[i], f, f1, f2);
-            yd[i] = f1 * xd[i];
-          });
-    }
+  if (K == 0) {
+    Kokkos::parallel_for(
+        "gnh::gelu::forward", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
+          T f, f1, f2;
+          gelu_derivatives<E, 0>(xv[i], f, f1, f2);
+          yv[i] = f;
+        });
+    return;
   }
+  const T* xd = x.d.data();
+  T* yd = y.d.data();
+  const T* xdd = second ? x.dd.data() : nullptr;
+  T* ydd = second ? y.dd.data() : nullptr;
+  Kokkos::parallel_for(
+      "gnh::gelu::forward::directions", range(space, (NC + L - 1) / L), KOKKOS_LAMBDA(const index_t c) {
+        const index_t i0 = c * L, n = NC - i0 < L ? NC - i0 : L;
+        T f1[L], f2[L];
+        for (index_t j = 0; j < n; ++j) gelu_derivatives<E, 1>(xv[i0 + j], yv[i0 + j], f1[j], f2[j]);
+        for (index_t k = 0; k < K; ++k) {
+          const index_t o = k * NC + i0;
+          if constexpr (second) {
+            for (index_t j = 0; j < n; ++j) {
+              const T a = xd[o + j];
+              yd[o + j] = f1[j] * a;
+              ydd[o + j] = f2[j] * a * a + f1[j] * xdd[o + j];
+            }
+          } else {
+            for (index_t j = 0; j < n; ++j) yd[o + j] = f1[j] * xd[o + j];
+          }
+        }
+      });
 }
 
 template <bool E, class S>
 void gelu_reverse_kind(const ExecSpace& space, Act2<base_t<S>> dx, Act2<base_t<S>> dy, Act2<base_t<S>> x, index_t NC,
                        index_t K) {
   using T = base_t<S>;
+  constexpr index_t L = GeluChunk;
   const T *xv = x.v.data(), *dyv = dy.v.data();
   T* dxv = dx.v.data();
-  // The tangent planes first: they read dy's value plane, which may be dx's.
-  for (index_t k = 0; k < K; ++k) {
-    const T *xd = x.d.data() + k * NC, *dyd = dy.d.data() + k * NC;
-    T* dxd = dx.d.data() + k * NC;
+  if (K == 0) {
     Kokkos::parallel_for(
-        "gnh::gelu::reverse::tangent", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
+        "gnh::gelu::reverse", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
           T f, f1, f2;
           gelu_derivatives<E, 1>(xv[i], f, f1, f2);
-          dxd[i] = dyd[i] * f1 + dyv[i] * f2 * xd[i];
+          dxv[i] = dyv[i] * f1;
         });
+    return;
   }
+  const T *xd = x.d.data(), *dyd = dy.d.data();
+  T* dxd = dx.d.data();
+  // Within a chunk the tangent planes first: they read dy's value plane,
+  // which may be dx's.
   Kokkos::parallel_for(
-      "gnh::gelu::reverse", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
-        T f, f1, f2;
-        gelu_derivatives<E, 1>(xv[i], f, f1, f2);
-        dxv[i] = dyv[i] * f1;
+      "gnh::gelu::reverse::directions", range(space, (NC + L - 1) / L), KOKKOS_LAMBDA(const index_t c) {
+        const index_t i0 = c * L, n = NC - i0 < L ? NC - i0 : L;
+        T f1[L], f2[L];
+        for (index_t j = 0; j < n; ++j) {
+          T f;
+          gelu_derivatives<E, 1>(xv[i0 + j], f, f1[j], f2[j]);
+        }
+        for (index_t k = 0; k < K; ++k) {
+          const index_t o = k * NC + i0;
+          for (index_t j = 0; j < n; ++j) dxd[o + j] = dyd[o + j] * f1[j] + dyv[i0 + j] * f2[j] * xd[o + j];
+        }
+        for (index_t j = 0; j < n; ++j) dxv[i0 + j] = dyv[i0 + j] * f1[j];
       });
 }
 }  // namespace detail
 
-// Each loop is flat over one contiguous (N, C) plane: the value plane first,
-// then one loop per direction, which re-evaluates f', f'' (cheaper, once
-// vectorised, than streaming them through memory).
 template <class S>
 void gelu_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x, Gelu kind) {
   keep_planes<S>(y, x);

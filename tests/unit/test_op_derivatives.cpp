@@ -193,6 +193,10 @@ TEST_CASE("gelu: every derivative mode", "[derivatives]") {
   for (Gelu kind : {Gelu::erf, Gelu::tanh}) {
     test::OpAdapter<kernels::GeluOp<double>> op(6, 7, kind);
     check_op(op, 30, 2.0);
+    // 9 x 61 = 549 elements: on a host space two whole chunks of the
+    // derivative loops (256 elements) and a tail of 37.
+    test::OpAdapter<kernels::GeluOp<double>> chunks(9, 61, kind);
+    check_op(chunks, 31, 2.0);
   }
 }
 

@@ -5,7 +5,7 @@
 // elements per second, and for the matrix-multiply ops achieved GFLOP/s
 // against an analytic count and against this run's sgemm rate.
 //
-//   bench_kernels [--shape tiny|small|reference] [--directions K] [--repeats R] [--op NAME]
+//   bench_kernels [--shape tiny|small|reference] [--directions K] [--repeats R] [--op NAME] [--mode MODE]
 //   bench_kernels --list          the registered ops, one per line
 //
 // Every op of the registry (kernels/ops.hpp) is timed through its contract
@@ -168,6 +168,7 @@ struct BenchOp {
   OpDims dims;
   index_t K;
   std::string only;  // one op's name, or empty for all
+  std::string mode;  // one mode's name (op_mode_name), or empty for all
   template <class O>
   void operator()() const {
     if (!only.empty() && only != O::name) return;
@@ -177,6 +178,7 @@ struct BenchOp {
     // Elements: the op's outputs, or for the loss head the logits it forms.
     const double elements = double(sz.rows) * double(is_loss_op<O>::value ? sz.params / sz.in : sz.out);
     for (OpMode m : kOpModes) {
+      if (!mode.empty() && mode != op_mode_name(m)) continue;
       std::function<void()> run;
       switch (m) {
         case OpMode::forward: run = [&] { b.template forward<T>(op); }; break;
@@ -204,17 +206,19 @@ int main(int argc, char** argv) {
   index_t K = 4;
   int repeats = 5;
   std::string only;
+  std::string mode;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (i + 1 < argc && a == "--shape") shape_name = argv[++i];
     else if (i + 1 < argc && a == "--directions") K = std::stol(argv[++i]);
     else if (i + 1 < argc && a == "--repeats") repeats = std::stoi(argv[++i]);
     else if (i + 1 < argc && a == "--op") only = argv[++i];
+    else if (i + 1 < argc && a == "--mode") mode = argv[++i];
     else if (a == "--list") {
       Ops::for_each<T>(ListOps{});
       return 0;
     } else {
-      std::fprintf(stderr, "usage: bench_kernels [--shape tiny|small|reference] [--directions K] [--repeats R] [--op NAME] | --list\n");
+      std::fprintf(stderr, "usage: bench_kernels [--shape tiny|small|reference] [--directions K] [--repeats R] [--op NAME] [--mode MODE] | --list\n");
       return 2;
     }
   }
@@ -252,7 +256,7 @@ int main(int argc, char** argv) {
          << ", \"T\": " << Tc << ", \"n_head\": " << H << ", \"n_embd\": " << C << ", \"vocab\": " << V
          << ", \"directions\": " << K << "},\n  \"sgemm_gflops\": " << rep.sgemm_rate << ",\n  \"kernels\": [";
 
-  Ops::for_each<T>(BenchOp{rep, OpDims{B, Tc, H, C, V}, K, only});
+  Ops::for_each<T>(BenchOp{rep, OpDims{B, Tc, H, C, V}, K, only, mode});
   rep.js << "\n  ]\n}\n";
   std::fputs(rep.js.str().c_str(), stdout);
   return 0;

@@ -290,31 +290,11 @@ __attribute__((target("avx2,fma"))) void pack_b_t_t8(const float* B, std::int64_
     for (int j = 0; j < NR; ++j) dst[p * NR + j] = B[(j0 + j) * ldb + p0 + p];
 }
 
-// A hint to fetch A[offset] into L1. The address is formed in integers: it
-// may lie past the end of A (the sliver after the last), where the hint does
-// nothing (a prefetch never faults).
-__attribute__((target("avx2"))) inline void prefetch_row(const float* A, std::int64_t offset) {
-  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(A) + std::uintptr_t(offset) * sizeof(float)),
-               _MM_HINT_T0);
-}
-
-// Both A packers prefetch the next sliver's rows (the MR rows after theirs,
-// same columns) while they transpose their own: a sliver's rows are short
-// streams (kc floats each, up to 1 KiB), too short for the hardware
-// prefetcher to learn, and the stacked directions' A (8192 x 512 floats) is
-// in neither L1 nor L2, so the packers had stalled on their loads (perf).
-// bench_kernels --shape small --directions 16 --op linear, second order, on
-// an AMD EPYC Zen 5: AVX2 kernel 44.2-44.5 -> 42.6-43.0 ms, AVX-512 kernel
-// 24.4-26.1 -> 23.9-24.3 ms (interleaved runs). Prefetching two slivers
-// ahead was no better.
 __attribute__((target("avx2,fma"))) void pack_a_n_avx2(const float* A, std::int64_t lda, std::int64_t i0,
                                                      std::int64_t p0, std::int64_t kc, float* dst) {
   std::int64_t p = 0;
   for (; p + 8 <= kc; p += 8) {
     __m256 r[8];
-    if (p % 16 == 0)  // the next sliver's rows, a line at a time
-      for (int i = 0; i < MR256; ++i)
-        prefetch_row(A, (i0 + MR256 + i) * lda + p0 + p);
     for (int i = 0; i < MR256; ++i) r[i] = _mm256_loadu_ps(A + (i0 + i) * lda + p0 + p);
     r[6] = r[7] = _mm256_setzero_ps();
     transpose8(r);
@@ -340,9 +320,6 @@ __attribute__((target("avx512f,avx2,fma"))) void pack_a_n_avx512(const float* A,
   std::int64_t p = 0;
   for (; p + 8 <= kc; p += 8) {
     __m256 r[8], s[8];
-    if (p % 16 == 0)
-      for (int i = 0; i < MR512; ++i)
-        prefetch_row(A, (i0 + MR512 + i) * lda + p0 + p);
     for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(A + (i0 + i) * lda + p0 + p);
     for (int i = 0; i < 4; ++i) s[i] = _mm256_loadu_ps(A + (i0 + 8 + i) * lda + p0 + p);
     s[4] = s[5] = s[6] = s[7] = _mm256_setzero_ps();

@@ -47,7 +47,9 @@ KOKKOS_FORCEINLINE_FUNCTION float fexp(float x) {
   return x < lo ? 0.0f : (x > hi ? __builtin_huge_valf() : y);
 }
 
-KOKKOS_FORCEINLINE_FUNCTION float ferf(float x) {
+// erf(x), and in e the exp(-x^2) it evaluates on the way (GELU's derivative
+// needs both: Phi and phi at the same point share that exponential).
+KOKKOS_FORCEINLINE_FUNCTION float ferf_exp(float x, float& e) {
   const float a = x < 0 ? -x : x;
   // |x| < 1: x P(x^2).
   const float z = x * x;
@@ -69,9 +71,15 @@ KOKKOS_FORCEINLINE_FUNCTION float ferf(float x) {
   q = q * t + 0.537166247400621f;
   q = q * t + 0.5669866265385325f;
   q = q * t - 0.00011891982670121591f;
-  const float big = 1.0f - fexp(-z) * q;
+  e = fexp(-z);
+  const float big = 1.0f - e * q;
   const float r = a < 1.0f ? small : (x < 0 ? -big : big);
   return x != x ? x : r;  // NaN stays NaN
+}
+
+KOKKOS_FORCEINLINE_FUNCTION float ferf(float x) {
+  float e;
+  return ferf_exp(x, e);
 }
 
 // The scalar functions the kernels use: float gets the inline versions,
@@ -80,6 +88,11 @@ KOKKOS_FORCEINLINE_FUNCTION float fast_exp(float x) { return fexp(x); }
 KOKKOS_FORCEINLINE_FUNCTION double fast_exp(double x) { return kmath::exp(x); }
 KOKKOS_FORCEINLINE_FUNCTION float fast_erf(float x) { return ferf(x); }
 KOKKOS_FORCEINLINE_FUNCTION double fast_erf(double x) { return kmath::erf(x); }
+KOKKOS_FORCEINLINE_FUNCTION float fast_erf_exp(float x, float& e) { return ferf_exp(x, e); }
+KOKKOS_FORCEINLINE_FUNCTION double fast_erf_exp(double x, double& e) {
+  e = kmath::exp(-x * x);
+  return kmath::erf(x);
+}
 
 }  // namespace gnh
 

@@ -26,10 +26,16 @@ namespace gnh::kernels {
 template <bool Exact, int Order, class T>
 KOKKOS_FORCEINLINE_FUNCTION void gelu_derivatives(T x, T& f, T& f1, T& f2) {
   if constexpr (Exact) {
-    const T Phi = T(0.5) * (fast_erf(x * T(0.70710678118654752440)) + T(1));
+    if constexpr (Order == 0) {
+      f = x * (T(0.5) * (fast_erf(x * T(0.70710678118654752440)) + T(1)));
+      return;
+    }
+    // phi from the exponential erf evaluates anyway: exp(-(x/sqrt2)^2).
+    T e;
+    const T Phi = T(0.5) * (fast_erf_exp(x * T(0.70710678118654752440), e) + T(1));
     f = x * Phi;
     if constexpr (Order >= 1) {
-      const T phi = fast_exp(T(-0.5) * x * x) * T(0.39894228040143267794);  // 1/sqrt(2 pi)
+      const T phi = e * T(0.39894228040143267794);  // 1/sqrt(2 pi)
       f1 = Phi + x * phi;
       f2 = phi * (T(2) - x * x);
     }

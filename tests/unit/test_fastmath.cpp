@@ -64,6 +64,11 @@ TEST_CASE("ferf is within 4 ulp of erf", "[fastmath]") {
     worst_abs = std::max(worst_abs, abs_ulp);
     if (std::fabs(x) < 1) worst_rel = std::max(worst_rel, std::fabs(got - ref) / ulp(ref));
     if (abs_ulp > 4) FAIL("ferf(" << x << ") = " << got << ", erf = " << ref);
+    // The exponential ferf_exp hands back (GELU's phi) is fexp(-x^2), bit for bit.
+    float e = 0.0f;
+    const float both = gnh::ferf_exp(x, e);
+    if (!(both == float(got) && (e == gnh::fexp(-x * x) || (std::isnan(e) && std::isnan(x)))))
+      FAIL("ferf_exp(" << x << ") = " << both << ", e = " << e << "; ferf " << got << ", fexp(-x^2) " << gnh::fexp(-x * x));
   }
   INFO("worst " << worst_abs << " ulp of 1, " << worst_rel << " ulp relative below 1");
   REQUIRE(worst_abs <= 4);

@@ -192,18 +192,28 @@ void forward_derivatives(float* y, float* yd, float* ydd, float* lse, float* lse
         const std::int64_t orow = g.row(b, h, t0);
         float *P = Pc, *Pd = Pc + t1, *Pdd = Pc + 2 * t1;
         forward_tile(g, qkv, y, lse, b, h, t0, t1, P, ldp);
+        // The primal blocks of the operands, once per tile (Q, K and V are
+        // the same for every direction): Aq's Q, Bk1's and Bk2's K, the V
+        // under Bv1's and Bv2's direction blocks.
+        side_by_side(Aq + 2 * hs, 3 * hs, tq, hs, {{qkv + oq, 1.0f}}, g.ld);
+        side_by_side(Bk1, 2 * hs, t1, hs, {{qkv + ok, 1.0f}}, g.ld);
+        stacked(Bv1 + t1 * hs, t1, hs, {{qkv + ov, 1.0f}}, g.ld);
+        if (second) {
+          side_by_side(Bk2, 3 * hs, t1, hs, {{qkv + ok, 1.0f}}, g.ld);
+          stacked(Bv2 + 2 * t1 * hs, t1, hs, {{qkv + ov, 1.0f}}, g.ld);
+        }
         for (std::int64_t k = 0; k < K; ++k) {
           const float* d = qkvd + k * N * g.ld;
           // s' (and s''): Aq holds [Q' | Q] from column hs, Q'' in front of it.
-          side_by_side(Aq + hs, 3 * hs, tq, hs, {{d + oq, 1.0f}, {qkv + oq, 1.0f}}, g.ld);
-          side_by_side(Bk1, 2 * hs, t1, hs, {{qkv + ok, 1.0f}, {d + ok, 1.0f}}, g.ld);
-          stacked(Bv1, t1, hs, {{d + ov, 1.0f}, {qkv + ov, 1.0f}}, g.ld);
+          side_by_side(Aq + hs, 3 * hs, tq, hs, {{d + oq, 1.0f}}, g.ld);
+          side_by_side(Bk1 + hs, 2 * hs, t1, hs, {{d + ok, 1.0f}}, g.ld);
+          stacked(Bv1, t1, hs, {{d + ov, 1.0f}}, g.ld);
           mm(false, true, tq, t1, 2 * hs, g.scale, Aq + hs, 3 * hs, Bk1, 2 * hs, 0.0f, Pd, ldp);
           if (second) {
             const float* dd = qkvdd + k * N * g.ld;
             side_by_side(Aq, 3 * hs, tq, hs, {{dd + oq, 1.0f}}, g.ld);
-            side_by_side(Bk2, 3 * hs, t1, hs, {{qkv + ok, 1.0f}, {d + ok, 2.0f}, {dd + ok, 1.0f}}, g.ld);
-            stacked(Bv2, t1, hs, {{dd + ov, 1.0f}, {d + ov, 2.0f}, {qkv + ov, 1.0f}}, g.ld);
+            side_by_side(Bk2 + hs, 3 * hs, t1, hs, {{d + ok, 2.0f}, {dd + ok, 1.0f}}, g.ld);
+            stacked(Bv2, t1, hs, {{dd + ov, 1.0f}, {d + ov, 2.0f}}, g.ld);
             mm(false, true, tq, t1, 3 * hs, g.scale, Aq, 3 * hs, Bk2, 3 * hs, 0.0f, Pdd, ldp);
           }
           for (std::int64_t r = 0; r < tq; ++r) {

@@ -14,13 +14,21 @@ kernels; --torch-setting as-is keeps the environment as it is). The
 environment applies to both sides: GNH_HOST_GEMM=vendor puts gnh on torch's
 BLAS too, and OPENBLAS_CORETYPE picks OpenBLAS's kernels for both.
 
+Both sides run in interleaved rounds (--rounds, default 3): each round runs
+gnh's passes, then PyTorch's, and gives its own ratios; the table and the
+JSON's "ratios" are the medians over the rounds, "ratio_ranges" their least
+and greatest, and "rounds" every round's results. A slow stretch of a shared
+machine then falls on both sides of a round instead of on one side's whole
+run.
+
   perf/side_by_side.py [--preset small|medium|reference] [--directions 1,16]
-                       [--repeats 3] [--json OUT.json] [--bench build/bin/bench_engine]
-                       [--torch-setting fastest|as-is]
+                       [--repeats 3] [--rounds 3] [--json OUT.json]
+                       [--bench build/bin/bench_engine] [--torch-setting fastest|as-is]
 """
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -50,11 +58,30 @@ PRESETS = {
 }
 
 
+def per_dir(results, method, K):
+    return next(c["seconds_per_direction"] for c in results["curvature"] if c["method"] == method and c["K"] == K)
+
+
+def ratios_of(ours, theirs, Ks):
+    """One round's ratios: throughput gnh / torch, and per direction torch / gnh's faster method."""
+    ratios = {"gradient_throughput_vs_eager": ours["gradient"]["tokens_per_s"] / theirs["gradient"]["tokens_per_s"],
+              "forward_throughput_vs_eager": ours["forward"]["tokens_per_s"] / theirs["forward"]["tokens_per_s"]}
+    for K in Ks:
+        best = min(per_dir(ours, "forward-over-reverse", K), per_dir(ours, "second-order-forward", K))
+        for m in ("eager-double-backward", "functorch-forward-over-reverse"):
+            try:
+                ratios[f"{m}_K{K}_vs_best"] = per_dir(theirs, m, K) / best
+            except StopIteration:
+                continue
+    return ratios
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="small", choices=sorted(PRESETS))
     ap.add_argument("--directions", default="1,16")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of both sides (ratios: their median)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--bench", default=os.path.join(ROOT, "build", "bin", "bench_engine"))
     ap.add_argument("--no-functorch", action="store_true")
@@ -87,48 +114,57 @@ def main():
         ids = np.random.default_rng(0).integers(0, vocab, size=B * T + 1).astype(np.uint16)
         tok = os.path.join(d, "tokens.bin")
         ids.tofile(tok)
-        r = subprocess.run([args.bench, h5, tok, "--context", str(T), "--batch", str(B), "--directions",
-                            args.directions, "--repeats", str(args.repeats)], capture_output=True, text=True)
-        if r.returncode != 0:
-            sys.exit(f"side_by_side: bench_engine failed: {r.stderr}")
-        ours = json.loads(r.stdout)
         _, state = gnh_model.load_gnh_h5(h5)
         names = gnh_model.canonical_names(cfg)
         idx = torch.from_numpy(ids[:B * T].astype(np.int64)).view(B, T)
         tgt = torch.from_numpy(ids[1:B * T + 1].astype(np.int64)).view(B, T)
         if args.no_functorch:
             bench_torch.functorch = None
-        theirs = bench_torch.bench(cfg, state, names, idx, tgt, Ks, args.repeats)
+        rounds = []
+        for _ in range(max(1, args.rounds)):
+            r = subprocess.run([args.bench, h5, tok, "--context", str(T), "--batch", str(B), "--directions",
+                                args.directions, "--repeats", str(args.repeats)], capture_output=True, text=True)
+            if r.returncode != 0:
+                sys.exit(f"side_by_side: bench_engine failed: {r.stderr}")
+            ours = json.loads(r.stdout)
+            theirs = bench_torch.bench(cfg, state, names, idx, tgt, Ks, args.repeats)
+            rounds.append({"gnh": ours, "torch": theirs, "ratios": ratios_of(ours, theirs, Ks)})
 
-    def per_dir(results, method, K):
-        return next(c["seconds_per_direction"] for c in results["curvature"] if c["method"] == method and c["K"] == K)
+    ratios = {k: statistics.median(r["ratios"][k] for r in rounds) for k in rounds[0]["ratios"]}
+    ranges = {k: [min(r["ratios"][k] for r in rounds), max(r["ratios"][k] for r in rounds)] for k in ratios}
 
-    ratios = {"gradient_throughput_vs_eager": ours["gradient"]["tokens_per_s"] / theirs["gradient"]["tokens_per_s"],
-              "forward_throughput_vs_eager": ours["forward"]["tokens_per_s"] / theirs["forward"]["tokens_per_s"]}
-    print(f"preset {args.preset}: {ours['context']['n_params']} parameters, batch {B} x {T} tokens, one thread")
+    def med(side, get):
+        return statistics.median(get(r[side]) for r in rounds)
+
+    def shown(k):
+        lo, hi = ranges[k]
+        return f"{ratios[k]:8.2f}  ({lo:.2f}-{hi:.2f})" if len(rounds) > 1 else f"{ratios[k]:8.2f}"
+
+    ours = rounds[0]["gnh"]
+    print(f"preset {args.preset}: {ours['context']['n_params']} parameters, batch {B} x {T} tokens, one thread; "
+          f"{len(rounds)} interleaved round(s), medians (ratio range over rounds)")
     print("torch setting (" + setting["chosen_by"] + "): " + ", ".join(
         f"{k}={v if v is not None else '(unset)'}" for k, v in setting["setting"].items()) +
         f"; ATen {setting['cpu_capability']}")
-    sg = ours.get("sgemm_gflops", {})
-    print(f"sgemm 512^3 in this run: gnh's GEMM ({ours['context'].get('host_gemm', '?')}) {sg.get('gnh', 0):.1f} GFLOP/s, "
-          f"the vendor BLAS torch also uses {sg.get('vendor', 0):.1f} GFLOP/s")
+    sgs = [r["gnh"].get("sgemm_gflops", {}) for r in rounds]
+    print(f"sgemm 512^3 in this run: gnh's GEMM ({ours['context'].get('host_gemm', '?')}) "
+          f"{statistics.median(g.get('gnh', 0) for g in sgs):.1f} GFLOP/s, the vendor BLAS torch also uses "
+          f"{statistics.median(g.get('vendor', 0) for g in sgs):.1f} GFLOP/s")
     print(f"{'pass':38s} {'gnh':>12s} {'torch':>12s} {'ratio':>8s}")
-    print(f"{'forward tokens/s':38s} {ours['forward']['tokens_per_s']:12.0f} {theirs['forward']['tokens_per_s']:12.0f} "
-          f"{ratios['forward_throughput_vs_eager']:8.2f}")
-    print(f"{'gradient tokens/s':38s} {ours['gradient']['tokens_per_s']:12.0f} {theirs['gradient']['tokens_per_s']:12.0f} "
-          f"{ratios['gradient_throughput_vs_eager']:8.2f}")
+    for pas in ("forward", "gradient"):
+        print(f"{pas + ' tokens/s':38s} {med('gnh', lambda x: x[pas]['tokens_per_s']):12.0f} "
+              f"{med('torch', lambda x: x[pas]['tokens_per_s']):12.0f} {shown(pas + '_throughput_vs_eager')}")
     for K in Ks:
-        best = min(per_dir(ours, "forward-over-reverse", K), per_dir(ours, "second-order-forward", K))
         for m in ("forward-over-reverse", "second-order-forward"):
-            print(f"{'gnh ' + m + f' K={K} s/dir':38s} {per_dir(ours, m, K):12.4f}")
+            print(f"{'gnh ' + m + f' K={K} s/dir':38s} {med('gnh', lambda x: per_dir(x, m, K)):12.4f}")
         for m in ("eager-double-backward", "functorch-forward-over-reverse"):
-            try:
-                t = per_dir(theirs, m, K)
-            except StopIteration:
+            key = f"{m}_K{K}_vs_best"
+            if key not in ratios:
                 continue
-            ratios[f"{m}_K{K}_vs_best"] = t / best
-            print(f"{'torch ' + m + f' K={K} s/dir':38s} {'':12s} {t:12.4f} {t / best:8.2f}")
-    out = {"preset": args.preset, "gnh": ours, "torch": theirs, "torch_setting": setting, "ratios": ratios}
+            print(f"{'torch ' + m + f' K={K} s/dir':38s} {'':12s} {med('torch', lambda x: per_dir(x, m, K)):12.4f} "
+                  f"{shown(key)}")
+    out = {"preset": args.preset, "gnh": rounds[0]["gnh"], "torch": rounds[0]["torch"], "torch_setting": setting,
+           "ratios": ratios, "ratio_ranges": ranges, "rounds": rounds}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)

@@ -1,0 +1,53 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
+"""perf/side_by_side.py on the tiny preset, two interleaved rounds: every
+round holds both sides' results and its own ratios, each reported ratio is the
+median of the rounds' and lies within the reported range, and a round's ratio
+is its sides' times divided as the table says (torch / gnh per direction,
+gnh / torch in tokens per second). The benchmark cannot rot, and a ratio
+taken from one side of one round and the other side of another would fail."""
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import gnhtest
+
+
+class SideBySide(unittest.TestCase):
+    def test_rounds_and_their_median(self):
+        bench = os.environ["GNH_BENCH"]
+        with tempfile.TemporaryDirectory(prefix="gnh-sbs-") as d:
+            out = os.path.join(d, "tiny.json")
+            r = subprocess.run([sys.executable, os.path.join(gnhtest.ROOT, "perf", "side_by_side.py"), "--preset",
+                                "tiny", "--repeats", "1", "--rounds", "2", "--torch-setting", "as-is", "--bench", bench,
+                                "--json", out], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("2 interleaved round(s)", r.stdout)
+            with open(out) as f:
+                res = json.load(f)
+        rounds = res["rounds"]
+        self.assertEqual(len(rounds), 2)
+        keys = set(res["ratios"])
+        self.assertIn("gradient_throughput_vs_eager", keys)
+        self.assertIn("functorch-forward-over-reverse_K16_vs_best", keys)
+        for k in keys:
+            per_round = [rd["ratios"][k] for rd in rounds]
+            self.assertEqual(res["ratios"][k], statistics.median(per_round), k)
+            self.assertEqual(res["ratio_ranges"][k], [min(per_round), max(per_round)], k)
+        for rd in rounds:
+            g, t = rd["gnh"], rd["torch"]
+            self.assertAlmostEqual(rd["ratios"]["gradient_throughput_vs_eager"],
+                                   g["gradient"]["tokens_per_s"] / t["gradient"]["tokens_per_s"], places=12)
+            best = min(c["seconds_per_direction"] for c in g["curvature"] if c["K"] == 16)
+            fr = next(c for c in t["curvature"] if c["K"] == 16 and c["method"] == "functorch-forward-over-reverse")
+            self.assertAlmostEqual(rd["ratios"]["functorch-forward-over-reverse_K16_vs_best"],
+                                   fr["seconds_per_direction"] / best, places=12)
+        self.assertEqual(res["gnh"], rounds[0]["gnh"])  # perf/compare.py reads the engine's results here
+
+
+if __name__ == "__main__":
+    unittest.main()

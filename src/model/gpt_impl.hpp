@@ -292,9 +292,17 @@ void Gpt<T>::reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<cons
     const LayerActivations<T>& a = buf_->acts[l];
     // x_out = x_mid + c_proj(gelu(c_fc(ln_2(x_mid)))); res holds d x_out.
     // gelu(fc) and ln_2(x_mid) are recomputed (shared buffers, see the planner).
-    gelu_forward<S>(space, a.fc_gelu, a.fc, cfg_.gelu);
-    linear_reverse<S>(space, d_fcg, g, res, a.fc_gelu, p, o.fc_proj_w, o.fc_proj_b, gemm_);
-    gelu_reverse<S>(space, d_fc, d_fcg, a.fc, cfg_.gelu);
+    // Without directions the recomputation leaves gelu'(fc) in d_fc, which
+    // the GELU's reverse then scales by d fc_gelu in place.
+    if constexpr (std::is_same<S, T>::value) {
+      gelu_forward_slope<T>(space, a.fc_gelu.v, d_fc.v, a.fc.v, cfg_.gelu);
+      linear_reverse<S>(space, d_fcg, g, res, a.fc_gelu, p, o.fc_proj_w, o.fc_proj_b, gemm_);
+      gelu_reverse_slope<T>(space, d_fc.v, d_fcg.v, d_fc.v);
+    } else {
+      gelu_forward<S>(space, a.fc_gelu, a.fc, cfg_.gelu);
+      linear_reverse<S>(space, d_fcg, g, res, a.fc_gelu, p, o.fc_proj_w, o.fc_proj_b, gemm_);
+      gelu_reverse<S>(space, d_fc, d_fcg, a.fc, cfg_.gelu);
+    }
     layernorm_forward<S>(space, a.ln2, a.ln2_mean, a.ln2_rstd, a.x_mid, p, o.ln2_w, o.ln2_b, cfg_.ln_eps);
     linear_reverse<S>(space, c1, g, d_fc, a.ln2, p, o.fc_w, o.fc_b, gemm_);
     layernorm_reverse<S>(space, c2, g, c1, a.x_mid, a.ln2_mean, a.ln2_rstd, p, o.ln2_w, o.ln2_b);

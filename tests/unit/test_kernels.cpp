@@ -138,6 +138,34 @@ TEMPLATE_TEST_CASE("gelu forward matches the reference", "[kernels]", float, dou
   check_close(host(y.v), want, tol);
 }
 
+TEMPLATE_TEST_CASE("gelu's fused pair of the plain reverse equals forward then reverse", "[kernels]", float, double) {
+  // gelu_forward_slope + gelu_reverse_slope (the gradient's reverse) against
+  // gelu_forward + gelu_reverse, with dx on the slope's own plane as the
+  // model runs it. y is the same expression: the same bits. The slope
+  // f' = Phi + x phi is the same arithmetic, but the compiler may contract
+  // it into FMAs differently in the two loops (2 ulp seen): a few eps of
+  // |dy| (|Phi| + |x phi|) <= |dy| (1 + |x|).
+  using T = TestType;
+  const auto kind = GENERATE(Gelu::erf, Gelu::tanh);
+  const index_t N = 9, C = 61;
+  Buf<T> x(N, C), dy(N, C), y1(N, C), dx1(N, C), y2(N, C), dx2(N, C);
+  const auto xr = load<T>(x.v, ref::random_vec(N * C, 17, 4.0));
+  const auto dyr = load<T>(dy.v, ref::random_vec(N * C, 18));
+  const ExecSpace space;
+  kernels::gelu_forward<T>(space, y1.template act<T>(), x.template act<T>(), kind);
+  kernels::gelu_reverse<T>(space, dx1.template act<T>(), dy.template act<T>(), x.template act<T>(), kind);
+  const Span2<T> xs(x.v.data(), N, C), ys(y2.v.data(), N, C), dxs(dx2.v.data(), N, C), dys(dy.v.data(), N, C);
+  fill_nan(y2.v);
+  fill_nan(dx2.v);
+  kernels::gelu_forward_slope<T>(space, ys, dxs, xs, kind);
+  kernels::gelu_reverse_slope<T>(space, dxs, dys, dxs);
+  const auto a = host(y1.v), b = host(y2.v);
+  for (index_t i = 0; i < N * C; ++i) REQUIRE(a[i] == b[i]);
+  std::vector<double> tol(N * C);
+  for (index_t i = 0; i < N * C; ++i) tol[i] = 4 * eps<T>() * std::abs(dyr[i]) * (1.0 + std::abs(xr[i]));
+  check_close(host(dx2.v), host(dx1.v), tol);
+}
+
 TEMPLATE_TEST_CASE("embedding and residual forward match the reference", "[kernels]", float, double) {
   using T = TestType;
   const index_t B = 2, Tc = 5, C = 3, V = 11;

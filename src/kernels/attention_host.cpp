@@ -23,7 +23,14 @@ namespace gnh::kernels::host {
 
 namespace {
 
-constexpr std::int64_t TQ = 64;  // query rows per tile: scratch is TQ x T per buffer
+// Query rows per tile (scratch is TQ x T per buffer): a multiple of both
+// micro-tiles' rows (6 for AVX2, 12 for AVX-512), so a tile's products have
+// no partial slivers. Against 64, on the Zen 5 (bench_kernels --op attention,
+// minimum of 5 samples): preset small at K = 16, second order AVX-512 20.8 ->
+// 18.3 ms, AVX2 29.7-30.3 -> 29.7-29.8 ms; reverse 0.69-0.75 -> 0.64-0.65 ms
+// (AVX-512), 0.98 -> 0.88-0.93 ms (AVX2); the reference shape (T = 1024) at
+// K = 4, AVX-512: second order 1130 -> 1119 ms, reverse 118 -> 105 ms.
+constexpr std::int64_t TQ = 48;
 
 void mm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* A,
         std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {

@@ -93,7 +93,7 @@ void gelu_forward_kind(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>
         for (index_t j = 0; j < n; ++j) gelu_derivatives<E, 1>(xv[i0 + j], yv[i0 + j], f1[j], f2[j]);
         for (index_t k = 0; k < K; ++k) {
           const index_t o = k * NC + i0;
-          if constexpr (second) {
+          if (second) {  // not if constexpr: nvcc's lambdas cannot first-capture in one
             for (index_t j = 0; j < n; ++j) {
               const T a = xd[o + j];
               yd[o + j] = f1[j] * a;

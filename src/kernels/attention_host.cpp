@@ -66,16 +66,22 @@ void softmax_rows(float* S, std::int64_t tq, std::int64_t t0, std::int64_t t1, c
   for (std::int64_t r = 0; r < tq; ++r) {
     float* row = S + r * ld;
     const std::int64_t n = t0 + r + 1;  // keys 0..t
-    float L;
     if (lse_in) {
-      L = lse_in[r];
+      const float L = lse_in[r];
+      for (std::int64_t s = 0; s < n; ++s) row[s] = fexp(row[s] - L);
     } else {
+      // The exponentials once: kept in place while summed, then scaled by
+      // 1 / l (p = exp(s - m) / l = exp(s - lse)).
       const float m = lane_max(n, row);
-      const float l = lane_sum<float>(n, [&](std::int64_t s) { return fexp(row[s] - m); });
-      L = std::log(l) + m;
-      lse_out[r] = L;
+      const float l = lane_sum<float>(n, [&](std::int64_t s) {
+        const float e = fexp(row[s] - m);
+        row[s] = e;
+        return e;
+      });
+      lse_out[r] = std::log(l) + m;
+      const float inv = 1.0f / l;
+      for (std::int64_t s = 0; s < n; ++s) row[s] *= inv;
     }
-    for (std::int64_t s = 0; s < n; ++s) row[s] = fexp(row[s] - L);
     for (std::int64_t s = n; s < t1; ++s) row[s] = 0.0f;
   }
 }

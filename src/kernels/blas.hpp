@@ -149,6 +149,19 @@ Span2<const T> rounded_copy(const ExecSpace& space, Span2<const T> src, index_t 
                        KOKKOS_LAMBDA(const index_t i) { dst[i] = round_bf16(s[i]); });
   return Span2<const T>(dst, rows, cols);
 }
+
+// Rows of A per chunk under bf16-amp (gemm and gemm_batched): the policy's
+// chunk_elements over the wider of A's and B's rows, at least one; scratch_a
+// must hold one chunk of A's rows, else the owner sized it wrong.
+template <class T>
+index_t bf16_chunk_rows(const GemmPolicy<T>& pol, Span2<const T> A, Span2<const T> B, const char* who) {
+  const index_t rows = A.extent(0), cols = A.extent(1);
+  const index_t chunk =
+      std::max<index_t>(1, pol.chunk_elements / std::max<index_t>(1, std::max<index_t>(cols, B.extent(1))));
+  if (pol.scratch_a.extent(0) < std::size_t(std::min(rows, chunk) * cols))
+    throw std::logic_error(std::string(who) + ": bf16 scratch too small");
+  return chunk;
+}
 }  // namespace detail
 
 #ifdef GNH_CUBLAS_MATH_MODE
@@ -251,10 +264,8 @@ void gemm(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, cons
     gemm<T>(space, ta, tb, alpha, As, Bs, beta_, Cc);
   };
   const bool at = ta[0] == 'T';
-  const index_t rows = A.extent(0), cols = A.extent(1);
-  const index_t chunk = std::max<index_t>(1, pol.chunk_elements / std::max<index_t>(1, std::max<index_t>(cols, B.extent(1))));
-  if (pol.scratch_a.extent(0) < std::size_t(std::min(rows, chunk) * cols))
-    throw std::logic_error("gnh::gemm: bf16 scratch too small");
+  const index_t rows = A.extent(0);
+  const index_t chunk = detail::bf16_chunk_rows(pol, A, B, "gnh::gemm");
   if (!at) {
     // C rows follow A rows; B is rounded once, with the first chunk.
     if (pol.scratch_b.extent(0) < B.size()) throw std::logic_error("gnh::gemm: bf16 scratch too small for B");
@@ -292,10 +303,7 @@ bool bf16_batched_shared_a(const ExecSpace& space, const GemmPolicy<T>& pol, con
   const index_t per_group =
       stride_b == 0 ? count : std::min<index_t>(count, index_t(pol.scratch_b.extent(0)) / bsize);
   if (per_group < 1) return false;
-  const index_t chunk =
-      std::max<index_t>(1, pol.chunk_elements / std::max<index_t>(1, std::max<index_t>(cols, B.extent(1))));
-  if (pol.scratch_a.extent(0) < std::size_t(std::min(rows, chunk) * cols))
-    throw std::logic_error("gnh::gemm_batched: bf16 scratch too small");
+  const index_t chunk = bf16_chunk_rows(pol, A, B, "gnh::gemm_batched");
   const bool bt = tb[0] == 'T';
   for (index_t g0 = 0; g0 < count; g0 += per_group) {
     const index_t gn = std::min(per_group, count - g0), nb = stride_b == 0 ? 1 : gn;

@@ -137,7 +137,7 @@ void update_partial(const float* t, float* C, std::int64_t ldc, float alpha, flo
 
 // Where a micro-kernel reads A(i, p) of its sliver: from the packed copy (p
 // by p, MR values each) or, Direct, from a full sliver of a row-major A where
-// it lies (rows lda apart). The blocked loop reads full slivers of a
+// it lies (rows lda apart). The blocked loop reads every full sliver of a
 // row-major A in place: packing them streamed the whole of A through memory
 // once more, and the stacked directions' A (8192 x 512 floats at preset
 // small) is in neither L1 nor L2; a sliver in place is MR rows of kc floats,
@@ -265,11 +265,13 @@ __attribute__((target("avx2,fma"))) void micro_avx2(std::int64_t kc, const float
   update_partial<NR256>(t, C, ldc, alpha, beta, mr, nr);
 }
 
-// Packing by 8 x 8 transposes in registers for the AVX2 path: a full sliver of
-// a transposed B (NR = 16 columns stored as rows of B) or of a row-major A
-// (MR = 6 rows), 8 values of k at a time. The scalar packers read one float a
-// step from 16 (or 6) strided streams; on the model's k = 128 products that
-// cost 5-10% of the product.
+// Packing by 8 x 8 transposes in registers: a full sliver of a transposed B
+// (NR columns stored as rows of B), 8 values of k at a time. The scalar
+// packer reads one float a step from NR strided streams; on the model's
+// k = 128 products that cost 5-10% of the product (Zen 3). (A row-major A's
+// slivers were packed the same way, by 6 or 12 rows, until the micro-kernels
+// read them in place: a_at. On the AVX-512 path the transposes had replaced
+// gathers: attention's second order at K = 16 30-31 -> 22 ms on the Zen 5.)
 __attribute__((target("avx2,fma"))) inline void transpose8(__m256 r[8]) {
   const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
   const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
@@ -308,67 +310,21 @@ __attribute__((target("avx2,fma"))) void pack_b_t_t8(const float* B, std::int64_
     for (int j = 0; j < NR; ++j) dst[p * NR + j] = B[(j0 + j) * ldb + p0 + p];
 }
 
-__attribute__((target("avx2,fma"))) void pack_a_n_avx2(const float* A, std::int64_t lda, std::int64_t i0,
-                                                     std::int64_t p0, std::int64_t kc, float* dst) {
-  std::int64_t p = 0;
-  for (; p + 8 <= kc; p += 8) {
-    __m256 r[8];
-    for (int i = 0; i < MR256; ++i) r[i] = _mm256_loadu_ps(A + (i0 + i) * lda + p0 + p);
-    r[6] = r[7] = _mm256_setzero_ps();
-    transpose8(r);
-    for (int q = 0; q < 8; ++q) {  // the 6 rows of column q: 4 + 2 floats
-      float* d = dst + (p + q) * MR256;
-      _mm_storeu_ps(d, _mm256_castps256_ps128(r[q]));
-      _mm_storel_pi(reinterpret_cast<__m64*>(d + 4), _mm256_extractf128_ps(r[q], 1));
-    }
-  }
-  for (; p < kc; ++p)
-    for (int i = 0; i < MR256; ++i) dst[p * MR256 + i] = A[(i0 + i) * lda + p0 + p];
-}
-
-// The AVX-512 tile's A sliver (MR512 = 12 rows of a row-major A) by the
-// same 8 x 8 transposes (its B sliver: pack_b_t_t8<NR512>). They replaced
-// AVX-512 gathers (one strided load of 12 or 16 floats per k): on an AMD EPYC
-// Zen 5, attention's second-order forward at K = 16 (bench_kernels, preset
-// small, its products 64 x t1 x 96 and 64 x 32 x 3 t1) took 30-31 ms with
-// gathers, 22 ms with transposes, and gnh's kernel on the model's 15 dense
-// shapes rose from 162 to 176 GFLOP/s. Not measured on an Intel AVX-512 CPU.
-__attribute__((target("avx512f,avx2,fma"))) void pack_a_n_avx512(const float* A, std::int64_t lda, std::int64_t i0,
-                                                                std::int64_t p0, std::int64_t kc, float* dst) {
-  std::int64_t p = 0;
-  for (; p + 8 <= kc; p += 8) {
-    __m256 r[8], s[8];
-    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(A + (i0 + i) * lda + p0 + p);
-    for (int i = 0; i < 4; ++i) s[i] = _mm256_loadu_ps(A + (i0 + 8 + i) * lda + p0 + p);
-    s[4] = s[5] = s[6] = s[7] = _mm256_setzero_ps();
-    transpose8(r);
-    transpose8(s);
-    for (int q = 0; q < 8; ++q) {  // the 12 rows of column q: 8 + 4 floats
-      float* d = dst + (p + q) * MR512;
-      _mm256_storeu_ps(d, r[q]);
-      _mm_storeu_ps(d + 8, _mm256_castps256_ps128(s[q]));
-    }
-  }
-  for (; p < kc; ++p)
-    for (int i = 0; i < MR512; ++i) dst[p * MR512 + i] = A[(i0 + i) * lda + p0 + p];
-}
-
 #endif
 
 // kc, A (packed, or in place with rows lda apart), packed B, C, ldc, alpha,
 // beta, mr, nr.
 using Micro = void (*)(std::int64_t, const float*, std::int64_t, const float*, float*, std::int64_t, float, float, int,
                        int);
-// Optional packers of full slivers (nullptr: the portable ones).
-struct Packers {
-  void (*b_t)(const float*, std::int64_t, std::int64_t, std::int64_t, std::int64_t, float*) = nullptr;
-  void (*a_n)(const float*, std::int64_t, std::int64_t, std::int64_t, std::int64_t, float*) = nullptr;
-};
+// The packer of a full sliver of a transposed B.
+using PackBt = void (*)(const float*, std::int64_t, std::int64_t, std::int64_t, std::int64_t, float*);
 
+// micro reads packed A slivers, micro_direct full slivers of a row-major A in
+// place (a_at); a transposed A and partial slivers are packed.
 template <int MR, int NR>
-void blocked(Micro micro, Micro micro_direct, Packers packers, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-             const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
-             std::int64_t ldc) {
+void blocked(Micro micro, Micro micro_direct, PackBt pack_bt, bool ta, bool tb, std::int64_t m, std::int64_t n,
+             std::int64_t k, float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta,
+             float* C, std::int64_t ldc) {
   static_assert(MC % MR == 0 && NC % NR == 0, "block sizes must be multiples of the register tile");
   float* Bp = buffers.get(buffers.b, buffers.b_size, KC * std::min<std::int64_t>(NC, (n + NR - 1) / NR * NR));
   float* Ap = buffers.get(buffers.a, buffers.a_size, KC * MC);
@@ -379,25 +335,23 @@ void blocked(Micro micro, Micro micro_direct, Packers packers, bool ta, bool tb,
       const float b = pc == 0 ? beta : 1.0f;
       for (std::int64_t jr = 0; jr < nc; jr += NR) {
         const std::int64_t nr = std::min<std::int64_t>(NR, nc - jr);
-        if (tb && nr == NR && packers.b_t) packers.b_t(B, ldb, pc, kc, jc + jr, Bp + jr * kc);
+        if (tb && nr == NR) pack_bt(B, ldb, pc, kc, jc + jr, Bp + jr * kc);
         else pack_b<NR>(tb, B, ldb, pc, kc, jc + jr, nr, Bp + jr * kc);
       }
-      // Full slivers of a row-major A are read in place (a_at), the others packed.
-      const bool direct = !ta && micro_direct;
       for (std::int64_t ic = 0; ic < m; ic += MC) {
         const std::int64_t mc = std::min(MC, m - ic);
         for (std::int64_t ir = 0; ir < mc; ir += MR) {
           const std::int64_t mr = std::min<std::int64_t>(MR, mc - ir);
-          if (direct && mr == MR) continue;
-          if (!ta && mr == MR && packers.a_n) packers.a_n(A, lda, ic + ir, pc, kc, Ap + ir * kc);
-          else pack_a<MR>(ta, A, lda, ic + ir, mr, pc, kc, Ap + ir * kc);
+          if (ta || mr < MR) pack_a<MR>(ta, A, lda, ic + ir, mr, pc, kc, Ap + ir * kc);
         }
         for (std::int64_t jr = 0; jr < nc; jr += NR)
           for (std::int64_t ir = 0; ir < mc; ir += MR) {
             const int mr = int(std::min<std::int64_t>(MR, mc - ir)), nr = int(std::min<std::int64_t>(NR, nc - jr));
             float* Ct = C + (ic + ir) * ldc + jc + jr;
-            if (direct && mr == MR) micro_direct(kc, A + (ic + ir) * lda + pc, lda, Bp + jr * kc, Ct, ldc, alpha, b, mr, nr);
-            else micro(kc, Ap + ir * kc, 0, Bp + jr * kc, Ct, ldc, alpha, b, mr, nr);
+            if (!ta && mr == MR)
+              micro_direct(kc, A + (ic + ir) * lda + pc, lda, Bp + jr * kc, Ct, ldc, alpha, b, mr, nr);
+            else
+              micro(kc, Ap + ir * kc, 0, Bp + jr * kc, Ct, ldc, alpha, b, mr, nr);
           }
       }
     }
@@ -481,11 +435,11 @@ bool sgemm_using(GemmKernel kernel, bool ta, bool tb, std::int64_t m, std::int64
   }
 #ifdef GNH_HOST_GEMM_X86
   if (kernel == GemmKernel::avx512) {
-    blocked<MR512, NR512>(micro_avx512<false>, micro_avx512<true>, Packers{pack_b_t_t8<NR512>, pack_a_n_avx512}, ta, tb,
-                          m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+    blocked<MR512, NR512>(micro_avx512<false>, micro_avx512<true>, pack_b_t_t8<NR512>, ta, tb, m, n, k, alpha, A, lda,
+                          B, ldb, beta, C, ldc);
   } else {
-    blocked<MR256, NR256>(micro_avx2<false>, micro_avx2<true>, Packers{pack_b_t_t8<NR256>, pack_a_n_avx2}, ta, tb, m,
-                          n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+    blocked<MR256, NR256>(micro_avx2<false>, micro_avx2<true>, pack_b_t_t8<NR256>, ta, tb, m, n, k, alpha, A, lda, B,
+                          ldb, beta, C, ldc);
   }
   return true;
 #else

@@ -35,7 +35,7 @@ constexpr std::int64_t TQ = 48;
 
 void mm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* A,
         std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
-  // Tiles of 64 queries: gnh's kernel whatever the dense GEMMs use, or the
+  // Tiles of TQ queries: gnh's kernel whatever the dense GEMMs use, or the
   // vendor BLAS where gnh has none for this CPU (Arm) or GNH_HOST_GEMM=vendor
   // pins it; one thread of it per caller, the callers being gnh's threads.
   if (native_kernel() != GemmKernel::none) {

@@ -206,23 +206,22 @@ inline void cublas_gemm_bf16(const ExecSpace& space, bool at, bool bt, float alp
   }
 }
 
-// count row-major products C_i = alpha A_i op(B_i) + beta C_i of bfloat16
+// count row-major products C_i = alpha op(A_i) op(B_i) + beta C_i of bfloat16
 // operands (X_i = X + i stride_x; stride 0 shares one), FP32 accumulation and
 // output, in one strided-batched call on the caller's stream.
-inline void cublas_gemm_bf16_batched(const ExecSpace& space, bool bt, index_t m, index_t n, index_t k, float alpha,
-                                     const std::uint16_t* A, index_t lda, index_t stride_a, const std::uint16_t* B,
-                                     index_t ldb, index_t stride_b, float beta, float* C, index_t ldc,
-                                     index_t stride_c, index_t count) {
+inline void cublas_gemm_bf16_batched(const ExecSpace& space, bool at, bool bt, index_t m, index_t n, index_t k,
+                                     float alpha, const std::uint16_t* A, index_t lda, index_t stride_a,
+                                     const std::uint16_t* B, index_t ldb, index_t stride_b, float beta, float* C,
+                                     index_t ldc, index_t stride_c, index_t count) {
   if (m == 0 || n == 0 || count == 0) return;
   cublasHandle_t handle = KokkosBlas::Impl::CudaBlasSingleton::singleton().handle;
   if (cublasSetStream(handle, space.cuda_stream()) != CUBLAS_STATUS_SUCCESS)
     throw std::runtime_error("gnh::gemm_batched: cublasSetStream failed");
-  // Row-major C = A op(B) is column-major C^T = op(B)^T A^T.
-  const cublasOperation_t oa = bt ? CUBLAS_OP_T : CUBLAS_OP_N;
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
+  const cublasOperation_t oa = bt ? CUBLAS_OP_T : CUBLAS_OP_N, ob = at ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasStatus_t st = cublasGemmStridedBatchedEx(
-      handle, oa, CUBLAS_OP_N, int(n), int(m), int(k), &alpha, B, CUDA_R_16BF, int(ldb), stride_b, A, CUDA_R_16BF,
-      int(lda), stride_a, &beta, C, CUDA_R_32F, int(ldc), stride_c, int(count), CUBLAS_COMPUTE_32F,
-      CUBLAS_GEMM_DEFAULT);
+      handle, oa, ob, int(n), int(m), int(k), &alpha, B, CUDA_R_16BF, int(ldb), stride_b, A, CUDA_R_16BF, int(lda),
+      stride_a, &beta, C, CUDA_R_32F, int(ldc), stride_c, int(count), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   if (st != CUBLAS_STATUS_SUCCESS) {
     std::ostringstream msg;
     msg << "gnh::gemm_batched: cuBLAS status " << int(st) << " for " << count << " bfloat16 products of " << m
@@ -286,52 +285,79 @@ void gemm(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, cons
 }
 
 namespace detail {
-// gemm_batched under bf16-amp with A = op(A) shared by the batch (stride_a 0:
-// x V_k^T and dy V_k in the linear layers): each chunk of A's rows is rounded
-// once for a group of products instead of once per product, and the group's
-// B are rounded side by side into scratch_b (as many as it holds). On CUDA a
-// chunk of a group is one strided-batched cuBLAS call (bfloat16 operands,
-// FP32 accumulation); on the host the group's products in turn on the
-// rounded copies: the bits of one gemm per product (a row of C depends only
-// on its row of A). Returns false where it does not apply.
+// How gemm_batched groups a batch under bf16-amp. The rows of A are taken in
+// gemm's own chunks (bf16_chunk_rows): the rows of C for op(A) = A, the
+// contracted rows of A and B for op(A) = A^T. Per chunk, each operand is
+// rounded once for a group of products (a shared one once, a strided one
+// per product, side by side in scratch), and the group is as many products
+// as the scratch holds; group 0 where not even one fits.
+struct Bf16Groups {
+  index_t group = 0, chunk = 0;
+};
 template <class T>
-bool bf16_batched_shared_a(const ExecSpace& space, const GemmPolicy<T>& pol, const char* tb, T alpha,
-                           Span2<const T> A, Span2<const T> B, index_t stride_b, T beta, Span2<T> C,
-                           index_t stride_c, index_t count) {
-  const index_t rows = A.extent(0), cols = A.extent(1), bsize = B.size(), ncols = C.extent(1);
-  if (rows == 0 || bsize == 0 || ncols == 0 || C.stride(0) != ncols) return false;
-  const index_t per_group =
-      stride_b == 0 ? count : std::min<index_t>(count, index_t(pol.scratch_b.extent(0)) / bsize);
-  if (per_group < 1) return false;
-  const index_t chunk = bf16_chunk_rows(pol, A, B, "gnh::gemm_batched");
-  const bool bt = tb[0] == 'T';
-  for (index_t g0 = 0; g0 < count; g0 += per_group) {
-    const index_t gn = std::min(per_group, count - g0), nb = stride_b == 0 ? 1 : gn;
-    for (index_t r0 = 0; r0 < rows; r0 += chunk) {
-      const index_t n = std::min(chunk, rows - r0);
-      T* c0 = C.data() + g0 * stride_c + r0 * ncols;
+Bf16Groups bf16_groups(const GemmPolicy<T>& pol, bool at, Span2<const T> A, index_t stride_a, Span2<const T> B,
+                       index_t stride_b, index_t count) {
+  Bf16Groups g;
+  const index_t rows = A.extent(0), acols = A.extent(1), bcols = B.extent(1);
+  if (rows == 0 || acols == 0 || B.size() == 0 || count < 1) return g;
+  g.chunk = std::min(rows, bf16_chunk_rows(pol, A, B, "gnh::gemm_batched"));
+  const index_t sa = index_t(pol.scratch_a.extent(0)), sb = index_t(pol.scratch_b.extent(0));
+  const index_t achunk = g.chunk * acols, bblock = at ? g.chunk * bcols : index_t(B.size());
+  const index_t fa = sa < achunk ? 0 : stride_a == 0 ? count : sa / achunk;
+  const index_t fb = sb < bblock ? 0 : stride_b == 0 ? count : sb / bblock;
+  g.group = std::min(count, std::min(fa, fb));
+  return g;
+}
+
+// gemm_batched under bf16-amp, in the groups of bf16_groups: on CUDA one
+// strided-batched cuBLAS call per chunk of a group (bfloat16 operands, FP32
+// accumulation: tensor cores); on the host the group's products in turn on
+// the rounded copies, with the bits of one bf16 gemm per product (the same
+// chunks, the same calls). Returns false where it does not apply (op(A) and
+// op(B) both transposed, a strided C row, a group of 0): then per product.
+template <class T>
+bool bf16_batched(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, const char* tb, T alpha,
+                  Span2<const T> A, index_t stride_a, Span2<const T> B, index_t stride_b, T beta, Span2<T> C,
+                  index_t stride_c, index_t count) {
+  const bool at = ta[0] == 'T', bt = tb[0] == 'T';
+  const index_t rows = A.extent(0), acols = A.extent(1), bcols = B.extent(1), ncols = C.extent(1);
+  if ((at && bt) || ncols == 0 || C.stride(0) != ncols) return false;
+  const Bf16Groups g = bf16_groups(pol, at, A, stride_a, B, stride_b, count);
+  if (g.group < 1) return false;
+  const index_t bsize = B.size();
+  for (index_t g0 = 0; g0 < count; g0 += g.group) {
+    const index_t gn = std::min(g.group, count - g0);
+    const index_t na = stride_a == 0 ? 1 : gn, nb = stride_b == 0 ? 1 : gn;
+    for (index_t r0 = 0; r0 < rows; r0 += g.chunk) {
+      const index_t n = std::min(g.chunk, rows - r0);
+      // Strides in scratch: A's chunks side by side; B whole per product
+      // (rounded with the first chunk) for op(A) = A, else its chunk of rows.
+      const index_t astep = n * acols, bstep = at ? n * bcols : bsize, brows = at ? n : B.extent(0);
+      const T beta_ = at && r0 > 0 ? T(1) : beta;  // op(A) = A^T: C accumulates over the chunks
+      auto a_i = [&](index_t i) { return Span2<const T>(A.data() + (g0 + i) * stride_a, rows, acols); };
+      auto b_i = [&](index_t i) { return Span2<const T>(B.data() + (g0 + i) * stride_b, B.extent(0), bcols); };
+      T* const c0 = C.data() + g0 * stride_c + (at ? 0 : r0 * ncols);
+      const index_t crows = at ? C.extent(0) : n;
 #ifdef GNH_CUBLAS_MATH_MODE
       if constexpr (std::is_same_v<T, float>) {
-        std::uint16_t* bs = reinterpret_cast<std::uint16_t*>(pol.scratch_b.data());
-        if (r0 == 0)
-          for (index_t i = 0; i < nb; ++i)
-            bf16_copy(space, Span2<const T>(B.data() + (g0 + i) * stride_b, B.extent(0), B.extent(1)), 0,
-                      B.extent(0), bs + i * bsize);
-        const Span2<const std::uint16_t> As = bf16_copy(space, A, r0, n, pol.scratch_a.data());
-        cublas_gemm_bf16_batched(space, bt, n, ncols, cols, alpha, As.data(), cols, 0, bs, B.extent(1),
-                                 stride_b == 0 ? 0 : bsize, beta, c0, ncols, stride_c, gn);
+        std::uint16_t* const as = reinterpret_cast<std::uint16_t*>(pol.scratch_a.data());
+        std::uint16_t* const bs = reinterpret_cast<std::uint16_t*>(pol.scratch_b.data());
+        for (index_t i = 0; i < na; ++i) bf16_copy(space, a_i(i), r0, n, as + i * astep);
+        if (at || r0 == 0)
+          for (index_t i = 0; i < nb; ++i) bf16_copy(space, b_i(i), at ? r0 : 0, brows, bs + i * bstep);
+        cublas_gemm_bf16_batched(space, at, bt, at ? acols : n, ncols, at ? n : acols, alpha, as, acols,
+                                 na == 1 ? 0 : astep, bs, bcols, nb == 1 ? 0 : bstep, beta_, c0, ncols, stride_c, gn);
         continue;
       }
 #endif
-      if (r0 == 0)
+      for (index_t i = 0; i < na; ++i) rounded_copy(space, a_i(i), r0, n, pol.scratch_a.data() + i * astep);
+      if (at || r0 == 0)
         for (index_t i = 0; i < nb; ++i)
-          rounded_copy(space, Span2<const T>(B.data() + (g0 + i) * stride_b, B.extent(0), B.extent(1)), 0,
-                       B.extent(0), pol.scratch_b.data() + i * bsize);
-      const Span2<const T> As = rounded_copy(space, A, r0, n, pol.scratch_a.data());
+          rounded_copy(space, b_i(i), at ? r0 : 0, brows, pol.scratch_b.data() + i * bstep);
       for (index_t i = 0; i < gn; ++i)
-        gemm<T>(space, "N", tb, alpha, As,
-                Span2<const T>(pol.scratch_b.data() + (stride_b == 0 ? 0 : i * bsize), B.extent(0), B.extent(1)),
-                beta, Span2<T>(c0 + i * stride_c, n, ncols));
+        gemm<T>(space, ta, tb, alpha, Span2<const T>(pol.scratch_a.data() + (na == 1 ? 0 : i * astep), n, acols),
+                Span2<const T>(pol.scratch_b.data() + (nb == 1 ? 0 : i * bstep), brows, bcols), beta_,
+                Span2<T>(c0 + i * stride_c, crows, ncols));
     }
   }
   return true;
@@ -343,9 +369,8 @@ bool bf16_batched_shared_a(const ExecSpace& space, const GemmPolicy<T>& pol, con
 // one operand shared by the batch; A, B, C are the first of each). The K
 // directions of a GEMM are such a batch. On CUDA with cuBLAS it is one
 // strided-batched call on the caller's stream (under the TF32 policy in TF32
-// math; under bf16-amp with a shared A, bfloat16 operands in groups, see
-// bf16_batched_shared_a); elsewhere the products in turn, with the bits of
-// `count` calls of gemm.
+// math; under bf16-amp, bfloat16 operands in groups, see bf16_batched);
+// elsewhere the products in turn, with the bits of `count` calls of gemm.
 template <class T>
 void gemm_batched(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, const char* tb, T alpha,
                   Span2<const T> A, index_t stride_a, Span2<const T> B, index_t stride_b, T beta, Span2<T> C,
@@ -382,9 +407,9 @@ void gemm_batched(const ExecSpace& space, const GemmPolicy<T>& pol, const char* 
     }
   }
 #endif
-  if (pol.bf16 && stride_a == 0 && ta[0] != 'T' && count > 1) {
+  if (pol.bf16 && count > 1) {
     detail::product_shape("gnh::gemm_batched", ta, tb, A, B, C);
-    if (detail::bf16_batched_shared_a<T>(space, pol, tb, alpha, A, B, stride_b, beta, C, stride_c, count)) return;
+    if (detail::bf16_batched<T>(space, pol, ta, tb, alpha, A, stride_a, B, stride_b, beta, C, stride_c, count)) return;
   }
   for (index_t i = 0; i < count; ++i)
     gemm<T>(space, pol, ta, tb, alpha, Span2<const T>(A.data() + i * stride_a, A.extent(0), A.extent(1)),

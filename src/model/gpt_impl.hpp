@@ -166,9 +166,9 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate)
     if (!std::is_same<T, float>::value) fail("the bf16-amp policy runs in float");
     gemm_.bf16 = true;
     gemm_.chunk_elements = plan.bf16_chunk;
-    workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(plan.bf16_chunk + plan.bf16_scratch_b);
+    workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(plan.bf16_scratch_a + plan.bf16_scratch_b);
     if (allocate_) {
-      gemm_.scratch_a = View1<T>(Kokkos::view_alloc("gnh::gpt::bf16_a", Kokkos::WithoutInitializing), plan.bf16_chunk);
+      gemm_.scratch_a = View1<T>(Kokkos::view_alloc("gnh::gpt::bf16_a", Kokkos::WithoutInitializing), plan.bf16_scratch_a);
       gemm_.scratch_b =
           View1<T>(Kokkos::view_alloc("gnh::gpt::bf16_b", Kokkos::WithoutInitializing), plan.bf16_scratch_b);
     }

@@ -26,10 +26,19 @@ GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape) {
   t.logits_rows = std::min<index_t>(rows, N);
   t.logits_vocab = vchunk;
   if (shape.bf16) {
-    // Operands are rounded chunk by chunk into two scratch buffers: 2^22
-    // elements of activations, and the largest weight block whole.
-    t.bf16_chunk = index_t(1) << 22;
-    t.bf16_scratch_b = std::max(t.bf16_chunk, std::max<index_t>(V * C, 4 * C * C));
+    // Operands are rounded chunk by chunk into two scratch buffers: chunks of
+    // at most 2^22 elements of activations (no more than the largest
+    // activation operand, N rows of 4C or of the logits tile: a smaller
+    // chunk changes no product, each being one chunk either way), and the
+    // largest weight block whole. gemm_batched rounds the operands of its K
+    // products side by side (kernels/blas.hpp, bf16_batched), so each buffer
+    // holds K of them: K weight blocks of up to 4096 vocabulary rows (a
+    // larger logits tile batches fewer directions per call, not more memory).
+    const index_t G = std::max<index_t>(1, K);
+    t.bf16_chunk = std::min<index_t>(index_t(1) << 22, N * std::max<index_t>(4 * C, t.logits_vocab));
+    t.bf16_scratch_a = G * t.bf16_chunk;
+    const index_t block = std::max<index_t>(4 * C * C, std::min<index_t>(t.logits_vocab, 4096) * C);
+    t.bf16_scratch_b = std::max(G * std::max(t.bf16_chunk, block), V * C);
   }
   return t;
 }

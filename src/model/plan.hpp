@@ -25,7 +25,10 @@ struct Shape {
 // The engine's tiles: the head's logits tile and the bf16-amp operand scratch.
 struct GptTiles {
   index_t logits_rows = 0, logits_vocab = 0;   // the head's logits tile
-  index_t bf16_chunk = 0, bf16_scratch_b = 0;  // bf16-amp operand scratch (elements); 0 without bf16
+  // bf16-amp operand scratch (elements; 0 without bf16): rows of A per chunk
+  // come from bf16_chunk, and the two buffers hold a chunk (or a weight
+  // block) for each of the K directions of a batched product.
+  index_t bf16_chunk = 0, bf16_scratch_a = 0, bf16_scratch_b = 0;
 };
 GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape);
 

@@ -153,38 +153,69 @@ TEST_CASE("linear and lm head in bf16-amp equal FP32 on rounded operands", "[bf1
   for (index_t n = 0; n < N; ++n) REQUIRE(l1(n) == l2(n));
 }
 
-TEST_CASE("bf16-amp batches with a shared A: the bits of one product at a time", "[bf16]") {
-  // gemm_batched rounds a shared A once per group of products (as many B as
-  // scratch_b holds) and per chunk of rows (chunk_elements), instead of once
-  // per product. The scratch here forces 5 row chunks and groups of 2, 2
-  // and 1; every product must equal the per-product bf16 gemm bit for bit,
-  // and the gaps between the products stay as they were.
-  const index_t m = 13, k = 11, n = 7, count = 5, sc = m * n + 4;
-  std::vector<float> A(m * k), B(count * (k * n + 3)), C(count * sc);
-  const auto ra = ref::random_vec(A.size(), 11), rb = ref::random_vec(B.size(), 12), rc = ref::random_vec(C.size(), 13);
+TEST_CASE("bf16-amp batches: each operand rounded once per group, the bits of one product at a time", "[bf16]") {
+  // gemm_batched rounds each operand once per chunk of rows for a group of
+  // products (a shared one once, strided ones side by side in scratch)
+  // instead of once per product. Every combination the model uses, and the
+  // rest: op(A) = A with op(B) = B or B^T, and op(A) = A^T (the weight
+  // tangents' dy'_k^T x and dy^T x'_k), each with A and B shared (stride 0) or
+  // strided. The scratch here forces chunks of 3 rows and groups of 2, 2 and
+  // 1 wherever an operand is strided; every product must equal the
+  // per-product bf16 gemm with the same chunks bit for bit (op(A) = A^T
+  // accumulates over the chunks, so the chunks must be the same), and the
+  // gaps between the products stay as they were.
+  const index_t R = 13, k = 11, n = 7, count = 5;
+  const index_t gap = 4, sa = R * k + 3, sb = k * n + 3;  // strides with gaps
+  std::vector<float> A(count * sa), B(count * std::max(sb, R * n + 3));
+  const auto ra = ref::random_vec(A.size(), 11), rb = ref::random_vec(B.size(), 12);
   for (std::size_t i = 0; i < A.size(); ++i) A[i] = float(ra[i]);
   for (std::size_t i = 0; i < B.size(); ++i) B[i] = float(rb[i]);
-  for (std::size_t i = 0; i < C.size(); ++i) C[i] = float(rc[i]);
-  kernels::GemmPolicy<float> pol = bf16_policy(3 * k);  // 3 rows of A a chunk
-  pol.scratch_b = View1<float>("b", 2 * k * n + 3);     // two B a group
-  const kernels::GemmPolicy<float> one = bf16_policy(1 << 16);
-  for (const char* tb : {"N", "T"})
-    for (const index_t sb : {index_t(0), k * n + 3}) {
-      CAPTURE(tb, sb);
-      const bool bt = tb[0] == 'T';
-      const Span2<const float> Bs(B.data(), bt ? n : k, bt ? k : n);
-      std::vector<float> got = C, want = C;
-      kernels::gemm_batched<float>(ExecSpace(), pol, "N", tb, 1.5f, Span2<const float>(A.data(), m, k), 0, Bs, sb,
-                                   0.5f, Span2<float>(got.data(), m, n), sc, count);
-      for (index_t i = 0; i < count; ++i)
-        kernels::gemm<float>(ExecSpace(), one, "N", tb, 1.5f, Span2<const float>(A.data(), m, k),
-                             Span2<const float>(B.data() + i * sb, Bs.extent(0), Bs.extent(1)), 0.5f,
-                             Span2<float>(want.data() + i * sc, m, n));
-      Kokkos::fence();
-      REQUIRE(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
-      for (index_t i = 0; i < count; ++i)
-        for (index_t g = m * n; g < sc; ++g) REQUIRE(got[i * sc + g] == C[i * sc + g]);
-    }
+  struct Case {
+    const char *ta, *tb;
+  };
+  for (const Case c : {Case{"N", "N"}, Case{"N", "T"}, Case{"T", "N"}})
+    for (const bool a_strided : {false, true})
+      for (const bool b_strided : {false, true}) {
+        CAPTURE(c.ta, c.tb, a_strided, b_strided);
+        const bool at = c.ta[0] == 'T', bt = c.tb[0] == 'T';
+        // op(A) = A: A (R, k), B (k, n) or (n, k), C (R, n). op(A) = A^T: A
+        // (R, k), B (R, n), C (k, n), the contraction over R rows.
+        const index_t brows = at ? R : bt ? n : k, bcols = at ? n : bt ? k : n;
+        const index_t m = at ? k : R, bstride = b_strided ? brows * bcols + 3 : 0;
+        const index_t astride = a_strided ? sa : 0, sc = m * n + gap;
+        const Span2<const float> As(A.data(), R, k), Bs(B.data(), brows, bcols);
+        std::vector<float> C(count * sc);
+        const auto rc = ref::random_vec(C.size(), 13);
+        for (std::size_t i = 0; i < C.size(); ++i) C[i] = float(rc[i]);
+        // Chunks of 3 rows (chunk_elements over the wider of A's and B's
+        // rows); scratch for two products' chunks (and two whole B for op(A) = A).
+        kernels::GemmPolicy<float> pol = bf16_policy(3 * std::max(k, bcols));
+        pol.scratch_a = View1<float>("a", 2 * 3 * k);
+        pol.scratch_b = View1<float>("b", at ? 2 * 3 * bcols : 2 * brows * bcols + 3);
+        const auto groups = kernels::detail::bf16_groups<float>(pol, at, As, astride, Bs, bstride, count);
+        REQUIRE(groups.chunk == 3);
+        REQUIRE(groups.group == (a_strided || b_strided ? 2 : count));
+        kernels::GemmPolicy<float> one = bf16_policy(3 * std::max(k, bcols));
+        one.scratch_a = View1<float>("a", 1 << 12);
+        one.scratch_b = View1<float>("b", 1 << 12);
+        std::vector<float> got = C, want = C;
+        kernels::gemm_batched<float>(ExecSpace(), pol, c.ta, c.tb, 1.5f, As, astride, Bs, bstride, 0.5f,
+                                     Span2<float>(got.data(), m, n), sc, count);
+        for (index_t i = 0; i < count; ++i)
+          kernels::gemm<float>(ExecSpace(), one, c.ta, c.tb, 1.5f, Span2<const float>(A.data() + i * astride, R, k),
+                               Span2<const float>(B.data() + i * bstride, brows, bcols), 0.5f,
+                               Span2<float>(want.data() + i * sc, m, n));
+        Kokkos::fence();
+        REQUIRE(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+        for (index_t i = 0; i < count; ++i)
+          for (index_t g = m * n; g < sc; ++g) REQUIRE(got[i * sc + g] == C[i * sc + g]);
+        // The rounding is real: plain FP32 products differ.
+        std::vector<float> fp = C;
+        kernels::gemm_batched<float>(ExecSpace(), kernels::GemmPolicy<float>(), c.ta, c.tb, 1.5f, As, astride, Bs,
+                                     bstride, 0.5f, Span2<float>(fp.data(), m, n), sc, count);
+        Kokkos::fence();
+        REQUIRE(std::memcmp(got.data(), fp.data(), got.size() * sizeof(float)) != 0);
+      }
 }
 
 TEST_CASE("attention in bf16-amp rounds q, k, v and p, keeping scores and softmax in FP32", "[bf16]") {

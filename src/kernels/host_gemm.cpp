@@ -122,6 +122,37 @@ void pack_b(bool tb, const float* B, std::int64_t ldb, std::int64_t p0, std::int
   }
 }
 
+// A block of a transposed A (stored (k, m)): rows [ic, ic+mc) of op(A) at
+// depth [p0, p0+kc), into MR-row slivers dst + ir kc. The full slivers are
+// filled row of A by row of A, each row read once and in order (one stream
+// the prefetcher follows); a partial last sliver by pack_a.
+template <int MR>
+void pack_a_t_block(const float* A, std::int64_t lda, std::int64_t ic, std::int64_t mc, std::int64_t p0,
+                    std::int64_t kc, float* dst) {
+  const std::int64_t full = mc / MR * MR;
+  for (std::int64_t p = 0; p < kc; ++p) {
+    const float* s = A + (p0 + p) * lda + ic;
+    float* d = dst + p * MR;
+    for (std::int64_t ir = 0; ir < full; ir += MR) std::memcpy(d + ir * kc, s + ir, sizeof(float) * MR);
+  }
+  if (full < mc) pack_a<MR>(true, A, lda, ic + full, mc - full, p0, kc, dst + full * kc);
+}
+
+// A block of B stored (k, n): columns [j0, j0+nc) at depth [p0, p0+kc), into
+// NR-column slivers dst + jr kc, the full ones row of B by row of B (as
+// pack_a_t_block), a partial last one by pack_b.
+template <int NR>
+void pack_b_n_block(const float* B, std::int64_t ldb, std::int64_t p0, std::int64_t kc, std::int64_t j0,
+                    std::int64_t nc, float* dst) {
+  const std::int64_t full = nc / NR * NR;
+  for (std::int64_t p = 0; p < kc; ++p) {
+    const float* s = B + (p0 + p) * ldb + j0;
+    float* d = dst + p * NR;
+    for (std::int64_t jr = 0; jr < full; jr += NR) std::memcpy(d + jr * kc, s + jr, sizeof(float) * NR);
+  }
+  if (full < nc) pack_b<NR>(false, B, ldb, p0, kc, j0 + full, nc - full, dst + full * kc);
+}
+
 // The update of a partial tile from the accumulators in t (row stride NR):
 // the same operations, in the same order, as the vector update of a full tile.
 template <int NR>
@@ -333,17 +364,23 @@ void blocked(Micro micro, Micro micro_direct, PackBt pack_bt, bool ta, bool tb, 
     for (std::int64_t pc = 0; pc < k; pc += KC) {
       const std::int64_t kc = std::min(KC, k - pc);
       const float b = pc == 0 ? beta : 1.0f;
-      for (std::int64_t jr = 0; jr < nc; jr += NR) {
-        const std::int64_t nr = std::min<std::int64_t>(NR, nc - jr);
-        if (tb && nr == NR) pack_bt(B, ldb, pc, kc, jc + jr, Bp + jr * kc);
-        else pack_b<NR>(tb, B, ldb, pc, kc, jc + jr, nr, Bp + jr * kc);
-      }
+      if (!tb)
+        pack_b_n_block<NR>(B, ldb, pc, kc, jc, nc, Bp);
+      else
+        for (std::int64_t jr = 0; jr < nc; jr += NR) {
+          const std::int64_t nr = std::min<std::int64_t>(NR, nc - jr);
+          if (tb && nr == NR) pack_bt(B, ldb, pc, kc, jc + jr, Bp + jr * kc);
+          else pack_b<NR>(tb, B, ldb, pc, kc, jc + jr, nr, Bp + jr * kc);
+        }
       for (std::int64_t ic = 0; ic < m; ic += MC) {
         const std::int64_t mc = std::min(MC, m - ic);
-        for (std::int64_t ir = 0; ir < mc; ir += MR) {
-          const std::int64_t mr = std::min<std::int64_t>(MR, mc - ir);
-          if (ta || mr < MR) pack_a<MR>(ta, A, lda, ic + ir, mr, pc, kc, Ap + ir * kc);
-        }
+        if (ta)
+          pack_a_t_block<MR>(A, lda, ic, mc, pc, kc, Ap);
+        else
+          for (std::int64_t ir = 0; ir < mc; ir += MR) {
+            const std::int64_t mr = std::min<std::int64_t>(MR, mc - ir);
+            if (ta || mr < MR) pack_a<MR>(ta, A, lda, ic + ir, mr, pc, kc, Ap + ir * kc);
+          }
         for (std::int64_t jr = 0; jr < nc; jr += NR)
           for (std::int64_t ir = 0; ir < mc; ir += MR) {
             const int mr = int(std::min<std::int64_t>(MR, mc - ir)), nr = int(std::min<std::int64_t>(NR, nc - jr));

@@ -16,52 +16,73 @@
 #include "kernels/instances.hpp"
 
 #if defined(KOKKOS_ENABLE_CUDA) && defined(KOKKOSKERNELS_ENABLE_TPL_CUBLAS)
-#include <memory>
+#include <cublas_v2.h>
+
 #include <sstream>
 #include <string>
-
-#include <KokkosBlas_tpl_spec.hpp>
 #define GNH_CUBLAS_MATH_MODE 1
 #endif
 
 namespace gnh::kernels {
 
-// While alive, the float GEMMs Kokkos Kernels sends to cuBLAS use TF32 tensor
-// cores (CUBLAS_TF32_TENSOR_OP_MATH: operands rounded to 10-bit mantissas,
-// FP32 accumulation); the mode in force before is restored on exit, so every
-// other policy keeps exact FP32 math. On other backends TF32 is FP32 and this
-// does nothing.
-class Tf32Scope {
- public:
-  explicit Tf32Scope(bool on) {
+// Whether the tf32 policy multiplies in TF32 on tensor cores here (CUDA with
+// cuBLAS); on every other backend TF32 is FP32.
 #ifdef GNH_CUBLAS_MATH_MODE
-    if (!on) return;
-    handle_ = KokkosBlas::Impl::CudaBlasSingleton::singleton().handle;
-    if (cublasGetMathMode(handle_, &previous_) != CUBLAS_STATUS_SUCCESS ||
-        cublasSetMathMode(handle_, CUBLAS_TF32_TENSOR_OP_MATH) != CUBLAS_STATUS_SUCCESS)
-      throw std::runtime_error("gnh::gemm: cannot switch cuBLAS to TF32 math");
-    active_ = true;
+inline constexpr bool tf32_tensor_cores = true;
 #else
-    (void)on;
+inline constexpr bool tf32_tensor_cores = false;
 #endif
-  }
-  ~Tf32Scope() {
-#ifdef GNH_CUBLAS_MATH_MODE
-    if (active_) cublasSetMathMode(handle_, previous_);
-#endif
-  }
-  Tf32Scope(const Tf32Scope&) = delete;
-  Tf32Scope& operator=(const Tf32Scope&) = delete;
-  // Whether this scope switched a GEMM library into TF32 mode.
-  bool active() const { return active_; }
 
- private:
-  bool active_ = false;
 #ifdef GNH_CUBLAS_MATH_MODE
-  cublasHandle_t handle_{};
-  cublasMath_t previous_{};
+namespace detail {
+// gnh's own cuBLAS handle, one per process: created on first use (after
+// Kokkos started the device), destroyed when Kokkos finalizes. Its stream and
+// math mode are set per call (cublas_on), so Kokkos Kernels' handle, and any
+// other library's, is never touched.
+inline cublasHandle_t cublas_handle() {
+  static const cublasHandle_t handle = [] {
+    cublasHandle_t h{};
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("gnh::gemm: cublasCreate failed");
+    Kokkos::push_finalize_hook([h] { cublasDestroy(h); });
+    return h;
+  }();
+  return handle;
+}
+
+// The handle on the caller's stream, in TF32 tensor-core math
+// (CUBLAS_TF32_TENSOR_OP_MATH: float operands rounded to 10-bit mantissas,
+// FP32 accumulation) or in the default math (exact FP32; bfloat16 operands
+// with FP32 compute as the call asks).
+inline cublasHandle_t cublas_on(const ExecSpace& space, bool tf32, const char* who) {
+  const cublasHandle_t h = cublas_handle();
+  if (cublasSetStream(h, space.cuda_stream()) != CUBLAS_STATUS_SUCCESS ||
+      cublasSetMathMode(h, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error(std::string(who) + ": cannot set the cuBLAS stream and math mode");
+  return h;
+}
+
+inline void cublas_check(cublasStatus_t st, const char* who, const char* what, index_t count, index_t m, index_t n,
+                         index_t k) {
+  if (st == CUBLAS_STATUS_SUCCESS) return;
+  std::ostringstream msg;
+  msg << who << ": cuBLAS status " << int(st) << " for " << count << " " << what << " of " << m << " x " << n
+      << " x " << k;
+  throw std::runtime_error(msg.str());
+}
+
+// Row-major C = alpha op(A) op(B) + beta C in float on the caller's stream,
+// in TF32 or exact FP32 math.
+inline void cublas_sgemm(const ExecSpace& space, bool tf32, bool at, bool bt, index_t m, index_t n, index_t k,
+                         float alpha, const float* A, index_t lda, const float* B, index_t ldb, float beta, float* C,
+                         index_t ldc) {
+  const cublasHandle_t h = cublas_on(space, tf32, "gnh::gemm");
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
+  const cublasOperation_t oa = bt ? CUBLAS_OP_T : CUBLAS_OP_N, ob = at ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublas_check(cublasSgemm(h, oa, ob, int(n), int(m), int(k), &alpha, B, int(ldb), A, int(lda), &beta, C, int(ldc)),
+               "gnh::gemm", "float products", 1, m, n, k);
+}
+}  // namespace detail
 #endif
-};
 
 template <class T>
 Span2<const T> block(const T* base, index_t offset, index_t rows, index_t cols) {
@@ -183,51 +204,28 @@ Span2<const std::uint16_t> bf16_copy(const ExecSpace& space, Span2<const T> src,
   return bf16_copy(space, src, r0, rows, reinterpret_cast<std::uint16_t*>(dst));
 }
 
-// Row-major C = alpha op(A) op(B) + beta C on contiguous bfloat16 operands
-// with FP32 accumulation and output (cublasGemmEx: tensor cores), queued on
-// the caller's stream.
-inline void cublas_gemm_bf16(const ExecSpace& space, bool at, bool bt, float alpha, Span2<const std::uint16_t> A,
-                             Span2<const std::uint16_t> B, float beta, Span2<float> C) {
-  const index_t m = C.extent(0), n = C.extent(1), k = at ? A.extent(0) : A.extent(1);
-  if (m == 0 || n == 0) return;
-  cublasHandle_t handle = KokkosBlas::Impl::CudaBlasSingleton::singleton().handle;
-  if (cublasSetStream(handle, space.cuda_stream()) != CUBLAS_STATUS_SUCCESS)
-    throw std::runtime_error("gnh::gemm: cublasSetStream failed");
-  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
-  const cublasOperation_t oa = bt ? CUBLAS_OP_T : CUBLAS_OP_N, ob = at ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasStatus_t st =
-      cublasGemmEx(handle, oa, ob, int(n), int(m), int(k), &alpha, B.data(), CUDA_R_16BF, int(B.extent(1)), A.data(),
-                   CUDA_R_16BF, int(A.extent(1)), &beta, C.data(), CUDA_R_32F, int(C.stride(0)), CUBLAS_COMPUTE_32F,
-                   CUBLAS_GEMM_DEFAULT);
-  if (st != CUBLAS_STATUS_SUCCESS) {
-    std::ostringstream msg;
-    msg << "gnh::gemm: cuBLAS status " << int(st) << " for a bfloat16 product of " << m << " x " << n << " x " << k;
-    throw std::runtime_error(msg.str());
-  }
-}
-
 // count row-major products C_i = alpha op(A_i) op(B_i) + beta C_i of bfloat16
 // operands (X_i = X + i stride_x; stride 0 shares one), FP32 accumulation and
-// output, in one strided-batched call on the caller's stream.
+// output (tensor cores), in one strided-batched call on the caller's stream.
 inline void cublas_gemm_bf16_batched(const ExecSpace& space, bool at, bool bt, index_t m, index_t n, index_t k,
                                      float alpha, const std::uint16_t* A, index_t lda, index_t stride_a,
                                      const std::uint16_t* B, index_t ldb, index_t stride_b, float beta, float* C,
                                      index_t ldc, index_t stride_c, index_t count) {
   if (m == 0 || n == 0 || count == 0) return;
-  cublasHandle_t handle = KokkosBlas::Impl::CudaBlasSingleton::singleton().handle;
-  if (cublasSetStream(handle, space.cuda_stream()) != CUBLAS_STATUS_SUCCESS)
-    throw std::runtime_error("gnh::gemm_batched: cublasSetStream failed");
+  const cublasHandle_t handle = cublas_on(space, false, "gnh::gemm");
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
   const cublasOperation_t oa = bt ? CUBLAS_OP_T : CUBLAS_OP_N, ob = at ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasStatus_t st = cublasGemmStridedBatchedEx(
-      handle, oa, ob, int(n), int(m), int(k), &alpha, B, CUDA_R_16BF, int(ldb), stride_b, A, CUDA_R_16BF, int(lda),
-      stride_a, &beta, C, CUDA_R_32F, int(ldc), stride_c, int(count), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  if (st != CUBLAS_STATUS_SUCCESS) {
-    std::ostringstream msg;
-    msg << "gnh::gemm_batched: cuBLAS status " << int(st) << " for " << count << " bfloat16 products of " << m
-        << " x " << n << " x " << k;
-    throw std::runtime_error(msg.str());
-  }
+  cublas_check(cublasGemmStridedBatchedEx(handle, oa, ob, int(n), int(m), int(k), &alpha, B, CUDA_R_16BF, int(ldb),
+                                          stride_b, A, CUDA_R_16BF, int(lda), stride_a, &beta, C, CUDA_R_32F,
+                                          int(ldc), stride_c, int(count), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "gnh::gemm", "bfloat16 products", count, m, n, k);
+}
+
+// One such product of contiguous operands.
+inline void cublas_gemm_bf16(const ExecSpace& space, bool at, bool bt, float alpha, Span2<const std::uint16_t> A,
+                             Span2<const std::uint16_t> B, float beta, Span2<float> C) {
+  cublas_gemm_bf16_batched(space, at, bt, C.extent(0), C.extent(1), at ? A.extent(0) : A.extent(1), alpha, A.data(),
+                           A.extent(1), 0, B.data(), B.extent(1), 0, beta, C.data(), C.stride(0), 0, 1);
 }
 }  // namespace detail
 #endif
@@ -237,7 +235,16 @@ template <class T>
 void gemm(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, const char* tb, T alpha,
           Span2<const T> A, Span2<const T> B, T beta, Span2<T> C) {
   if (!pol.bf16) {
-    const Tf32Scope tf32(pol.tf32 && std::is_same<T, float>::value);
+#ifdef GNH_CUBLAS_MATH_MODE
+    if constexpr (std::is_same_v<T, float>) {
+      if (pol.tf32) {
+        const detail::ProductShape sh = detail::product_shape("gnh::gemm", ta, tb, A, B, C);
+        if (sh.m > 0 && sh.n > 0 && sh.k > 0)
+          return detail::cublas_sgemm(space, true, sh.at, sh.bt, sh.m, sh.n, sh.k, alpha, A.data(), A.stride(0),
+                                      B.data(), B.stride(0), beta, C.data(), C.stride(0));
+      }
+    }
+#endif
     return gemm<T>(space, ta, tb, alpha, A, B, beta, C);
   }
   // One product of rounded row blocks: on CUDA the operands as bfloat16
@@ -382,10 +389,8 @@ void gemm_batched(const ExecSpace& space, const GemmPolicy<T>& pol, const char* 
     const bool at = sh.at, bt = sh.bt;
     const index_t m = sh.m, n = sh.n, ka = sh.k;
     if (!pol.bf16 && m > 0 && n > 0 && ka > 0 && count > 1) {
-      const Tf32Scope tf32(pol.tf32 && std::is_same<T, float>::value);
-      cublasHandle_t handle = KokkosBlas::Impl::CudaBlasSingleton::singleton().handle;
-      if (cublasSetStream(handle, space.cuda_stream()) != CUBLAS_STATUS_SUCCESS)
-        throw std::runtime_error("gnh::gemm_batched: cublasSetStream failed");
+      const cublasHandle_t handle =
+          detail::cublas_on(space, pol.tf32 && std::is_same_v<T, float>, "gnh::gemm_batched");
       // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
       const cublasOperation_t oa = bt ? CUBLAS_OP_T : CUBLAS_OP_N, ob = at ? CUBLAS_OP_T : CUBLAS_OP_N;
       const int mi = int(n), ni = int(m), ki = int(ka), lda = int(B.stride(0)), ldb = int(A.stride(0)),
@@ -397,12 +402,7 @@ void gemm_batched(const ExecSpace& space, const GemmPolicy<T>& pol, const char* 
       else
         st = cublasDgemmStridedBatched(handle, oa, ob, mi, ni, ki, &alpha, B.data(), lda, stride_b, A.data(), ldb,
                                        stride_a, &beta, C.data(), ldc, stride_c, int(count));
-      if (st != CUBLAS_STATUS_SUCCESS) {
-        std::ostringstream msg;
-        msg << "gnh::gemm_batched: cuBLAS status " << int(st) << " for " << count << " products of " << m << " x "
-            << n << " x " << ka;
-        throw std::runtime_error(msg.str());
-      }
+      detail::cublas_check(st, "gnh::gemm_batched", "products", count, m, n, ka);
       return;
     }
   }

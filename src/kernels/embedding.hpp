@@ -6,7 +6,7 @@
 //   reverse:  g[wte][idx[b,t],:] += dx[b,t,:],  g[wpe][t,:] += dx[b,t,:]
 // Saves nothing. The reverse is a two-stage scatter without atomics: the rows
 // of the batch are grouped by token (a stable counting sort of the token ids
-// on the host), then one team per token (and one per position) adds its rows
+// on the host, the copies on the caller's instance), then one team per token (and one per position) adds its rows
 // in increasing row order, lanes over the channels. Every g element receives
 // its terms in the order of the rows, whatever the backend: the same bits as a
 // serial loop over the rows.
@@ -58,9 +58,15 @@ struct TokenGroups {
   View1<index_t> start, rows, token;
   index_t count = 0;
 };
-inline TokenGroups group_rows_by_token(Span2<const std::int32_t> tokens) {
+// Everything on the given instance: the tokens come to the host after the
+// kernels queued before (a fence of that instance only), and the groups go
+// back on it.
+inline TokenGroups group_rows_by_token(const ExecSpace& space, Span2<const std::int32_t> tokens) {
   const index_t N = tokens.extent(0) * tokens.extent(1);
-  const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), tokens);
+  const Kokkos::View<std::int32_t**, Kokkos::LayoutRight, Kokkos::HostSpace> h(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, "gnh::embedding::tokens"), tokens.extent(0), tokens.extent(1));
+  Kokkos::deep_copy(space, h, tokens);
+  space.fence();
   const std::int32_t* tok = h.data();
   index_t V = 0;
   for (index_t n = 0; n < N; ++n) {
@@ -72,9 +78,10 @@ inline TokenGroups group_rows_by_token(Span2<const std::int32_t> tokens) {
   for (index_t v = 0; v < V; ++v) first[std::size_t(v) + 1] += first[std::size_t(v)];
   TokenGroups g;
   for (index_t v = 0; v < V; ++v) g.count += first[std::size_t(v) + 1] > first[std::size_t(v)] ? 1 : 0;
-  g.start = View1<index_t>("gnh::embedding::group_start", g.count + 1);
-  g.rows = View1<index_t>("gnh::embedding::group_rows", N);
-  g.token = View1<index_t>("gnh::embedding::group_token", g.count);
+  using Kokkos::view_alloc;
+  g.start = View1<index_t>(view_alloc(space, Kokkos::WithoutInitializing, "gnh::embedding::group_start"), g.count + 1);
+  g.rows = View1<index_t>(view_alloc(space, Kokkos::WithoutInitializing, "gnh::embedding::group_rows"), N);
+  g.token = View1<index_t>(view_alloc(space, Kokkos::WithoutInitializing, "gnh::embedding::group_token"), g.count);
   auto hs = Kokkos::create_mirror_view(g.start);
   auto hr = Kokkos::create_mirror_view(g.rows);
   auto ht = Kokkos::create_mirror_view(g.token);
@@ -88,9 +95,11 @@ inline TokenGroups group_rows_by_token(Span2<const std::int32_t> tokens) {
       ++u;
     }
   hs(g.count) = N;
-  Kokkos::deep_copy(g.start, hs);
-  Kokkos::deep_copy(g.rows, hr);
-  Kokkos::deep_copy(g.token, ht);
+  Kokkos::deep_copy(space, g.start, hs);
+  Kokkos::deep_copy(space, g.rows, hr);
+  Kokkos::deep_copy(space, g.token, ht);
+  // The host copies go out of scope here: the copies must have read them.
+  space.fence();
   return g;
 }
 
@@ -121,7 +130,7 @@ void embedding_reverse(const ExecSpace& space, Grads<base_t<S>> g, Act2<base_t<S
         for (index_t b = 0; b < B; ++b) detail::add_row(team, g, dx, base, b * Tc + t, C, K);
       });
   // Tokens: team u adds the rows of its token in increasing order.
-  const detail::TokenGroups groups = detail::group_rows_by_token(tokens);
+  const detail::TokenGroups groups = detail::group_rows_by_token(space, tokens);
   const View1<index_t> start = groups.start, rows = groups.rows, token = groups.token;
   Kokkos::parallel_for(
       "gnh::embedding::reverse::wte", Policy(space, groups.count, Kokkos::AUTO), KOKKOS_LAMBDA(const Member& team) {

@@ -14,14 +14,16 @@
 //    thread r of kTeamPartials sums rows r, r + R, r + 2R, ... into team
 //    scratch. Stage two: the R partials of a column are added in order of r.
 //    The order depends on R alone, not on the hardware, so the shape gives the
-//    same bits on a host backend (one thread walking the R partials) as on a
-//    GPU; CTest checks it there.
+//    same bits on a host backend (on Serial one thread walking the R
+//    partials, on OpenMP the team's threads sharing them) as on a GPU; CTest
+//    checks it there.
 //
 // The default is host on host execution spaces and teams elsewhere.
 #pragma once
 #include <type_traits>
 
 #include "core/types.hpp"
+#include "kernels/rows.hpp"
 
 namespace gnh::kernels {
 
@@ -112,12 +114,13 @@ void column_sums(const ExecSpace& space, const char* label, index_t K, index_t N
   constexpr bool host = std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value;
   constexpr int L = kTeamColumns, R = kTeamPartials;
   const index_t blocks = (cols + L - 1) / L;
-  // A team of R threads with L vector lanes on a GPU; one thread on a host
-  // backend, which then walks the R partials itself.
+  // A team of R threads with L vector lanes on a GPU; on a host backend
+  // team_threads of them (rows.hpp), walking the R partials between them.
+  const F f{term, sink, N, cols, blocks};
   const typename F::Policy policy =
-      typename F::Policy(space, K * blocks, host ? 1 : R, host ? 1 : L)
+      typename F::Policy(space, K * blocks, detail::team_threads<typename F::Policy>(space, f, R), host ? 1 : L)
           .set_scratch_size(0, Kokkos::PerTeam(F::Scratch::shmem_size(2 * R * L)));
-  Kokkos::parallel_for(label, policy, F{term, sink, N, cols, blocks});
+  Kokkos::parallel_for(label, policy, f);
 }
 
 }  // namespace gnh::kernels

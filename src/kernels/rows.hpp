@@ -155,6 +155,21 @@ struct TeamLanes {
   }
 };
 
+// Threads of a team of R running functor f: R on a GPU; on a host backend as
+// many as its teams can have, at most R (one on Serial; on OpenMP the team's
+// threads, barriers and per-thread scratch run in parallel, as on a GPU, and
+// the tests see them). Threads short of R take its work in turn.
+template <class Policy, class F>
+int team_threads(const ExecSpace& space, const F& f, int R) {
+  if constexpr (std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value) {
+    const int most = Policy(space, 1, 1).team_size_max(f, Kokkos::ParallelForTag());
+    return most < 1 ? 1 : most < R ? most : R;
+  } else {
+    (void)space, (void)f;
+    return R;
+  }
+}
+
 template <class Body>
 struct HostRows {
   Body body;
@@ -193,12 +208,14 @@ void for_rows(const ExecSpace& space, const char* label, index_t N, const Body& 
   }
   using F = detail::TeamRows<Body, T>;
   constexpr bool host = std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value;
-  // R threads of L lanes on a GPU; one thread on a host backend, which then
-  // runs the lanes in turn.
-  const int R = host ? 1 : kTeamRows, L = kRowLanes;
-  const typename F::Policy policy = typename F::Policy(space, (N + R - 1) / R, R, host ? 1 : L)
-                                        .set_scratch_size(0, Kokkos::PerTeam(F::Scratch::shmem_size(2 * R * L)));
-  Kokkos::parallel_for(label, policy, F{body, N, R});
+  // R rows a team: R threads of L lanes on a GPU; on a host backend
+  // team_threads of them, each running its lanes in turn.
+  const int R = kTeamRows, L = kRowLanes;
+  const F f{body, N, R};
+  const typename F::Policy policy =
+      typename F::Policy(space, (N + R - 1) / R, detail::team_threads<typename F::Policy>(space, f, R), host ? 1 : L)
+          .set_scratch_size(0, Kokkos::PerTeam(F::Scratch::shmem_size(2 * R * L)));
+  Kokkos::parallel_for(label, policy, f);
 }
 
 }  // namespace gnh::kernels

@@ -297,6 +297,25 @@ std::pair<View1<float>, View1<float>> run_column_sums(const ColumnData& d, kerne
 using colsum_test::ColumnData;
 using colsum_test::run_column_sums;
 
+namespace {
+struct NoTeamWork {
+  KOKKOS_INLINE_FUNCTION void operator()(const gnh::TeamRange::member_type&) const {}
+};
+}  // namespace
+
+TEST_CASE("the GPU-shaped teams run their threads side by side on a host backend that has them", "[kernels][rows]") {
+  // Row, column-sum and attention teams take team_threads threads on a host
+  // backend: one on Serial; on OpenMP with two or more threads at least two,
+  // so that the teams' barriers and per-thread scratch run concurrently in
+  // the tests there (cmake/check-openmp.sh runs them on 2 threads).
+  const int threads =
+      kernels::detail::team_threads<gnh::TeamRange>(gnh::ExecSpace(), NoTeamWork{}, kernels::kTeamRows);
+  const int have = int(gnh::ExecSpace().concurrency());
+  REQUIRE(threads >= 1);
+  REQUIRE(threads <= kernels::kTeamRows);
+  REQUIRE(threads >= std::min(2, have));
+}
+
 TEST_CASE("column sums: both shapes keep their fixed order and match the double sums", "[kernels][colsum]") {
   const ColumnData d;
   const auto host = run_column_sums(d, kernels::ColumnShape::host);

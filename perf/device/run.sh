@@ -1,20 +1,25 @@
 #!/bin/bash
 # SPDX-License-Identifier: BSD-3-Clause
-# The GPU check of issue #7, one script: build the compute core and the model
-# benchmark for the GPU (no MPI, no HDF5), validate a small model's loss,
-# gradient and curvature against CPU results shipped with it, then time the
-# reference configuration (SPEC section 1: 20.4M parameters) per batch of
+# The GPU check (issues #7 and #16), one command on the GPU machine that
+# builds nothing there: validate a small model's loss, gradient and curvature
+# against CPU results shipped with it, in float, tf32 and bf16-amp, then time
+# the reference configuration (SPEC section 1: 20.4M parameters) per batch of
 # 64 x 1024 tokens for the gradient and both curvature paths, in fp32, tf32
-# and bf16-amp, extrapolated to the 9,963-block epoch. Results go to perf/baselines/<machine>/.
+# and bf16-amp, extrapolated to the 9,963-block epoch. Results go to
+# perf/baselines/<machine>/.
 #
-#   perf/device/run.sh [--arch HOPPER90] [--out DIR] [--bench PATH] [--cpu]
-#                      [--config reference] [--batch 64]
+#   perf/device/prepare.sh        # on a build machine: build-device/bin/bench_engine (sm_90)
+#   perf/device/run.sh [--out DIR] [--bench PATH] [--config reference] [--batch 64]
+#   perf/device/run.sh --build [--arch HOPPER90]   # or build here (a cluster with its own Kokkos)
+#   perf/device/run.sh --cpu      # the host build of this checkout (tests this script)
 #
-# Kokkos >= 4 with CUDA and Kokkos Kernels come from Kokkos_ROOT and
-# KokkosKernels_ROOT (as clusters provide them), or are built first from the
+# Without --bench, --build or --cpu it runs build-device/bin/bench_engine,
+# which perf/device/prepare.sh built elsewhere, and stops with a clear error
+# if that is missing or lacks a library it links (the CUDA 13 runtime and
+# cuBLAS). --build: Kokkos >= 4 with CUDA and Kokkos Kernels from Kokkos_ROOT
+# and KokkosKernels_ROOT (as clusters provide them), or built first from the
 # source trees KOKKOS_SRC and KOKKOSKERNELS_SRC into GNH_DEVICE_PREFIX
 # (default /tmp/gnh-device-kokkos), outside the repository.
-#   --cpu    the host build of this checkout instead (tests this script)
 #   --bench  use this bench_engine, build nothing
 #   --config, --batch   time another synthetic preset or batch (tests: tiny, 2)
 set -euo pipefail
@@ -23,6 +28,7 @@ ARCH=HOPPER90
 OUT=""
 BENCH=""
 CPU=0
+BUILD_HERE=0
 CONFIG=reference
 B=64
 while [ $# -gt 0 ]; do
@@ -31,6 +37,7 @@ while [ $# -gt 0 ]; do
     --out) OUT="$2"; shift 2 ;;
     --bench) BENCH="$2"; shift 2 ;;
     --cpu) CPU=1; shift ;;
+    --build) BUILD_HERE=1; shift ;;
     --config) CONFIG="$2"; shift 2 ;;
     --batch) B="$2"; shift 2 ;;
     *) echo "run.sh: unknown argument '$1'" >&2; exit 2 ;;
@@ -40,6 +47,23 @@ JOBS="$(nproc 2>/dev/null || echo 4)"
 PY="$(command -v python3 || true)"
 [ -n "$PY" ] || { echo "run.sh: python3 is needed for the validation" >&2; exit 1; }
 say() { printf '\n== %s\n' "$*"; }
+
+if [ -z "$BENCH" ] && [ "$CPU" = 0 ] && [ "$BUILD_HERE" = 0 ]; then
+  BENCH="$ROOT/build-device/bin/bench_engine"
+  [ -x "$BENCH" ] || {
+    echo "run.sh: $BENCH is missing: build it on a build machine with perf/device/prepare.sh and carry it" \
+         "here, or pass --bench PATH, or --build to build on this machine" >&2
+    exit 1
+  }
+fi
+if [ -n "$BENCH" ]; then
+  [ -x "$BENCH" ] || { echo "run.sh: $BENCH is not an executable" >&2; exit 1; }
+  missing="$(ldd "$BENCH" 2>/dev/null | sed -n 's/^[[:space:]]*\([^ ]*\) => not found$/\1/p' | tr '\n' ' ')"
+  if [ -n "$missing" ]; then
+    echo "run.sh: $BENCH needs libraries this machine lacks: $missing(LD_LIBRARY_PATH, or the CUDA 13 toolkit)" >&2
+    exit 1
+  fi
+fi
 
 if [ -z "$BENCH" ]; then
   if [ "$CPU" = 1 ]; then

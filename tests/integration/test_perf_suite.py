@@ -100,5 +100,27 @@ class PerfSuite(unittest.TestCase):
         self.assertIn("FAIL", r.stdout)
 
 
+    def test_device_script_stops_before_running_a_binary_it_cannot_load(self):
+        # The GPU machine runs a bench_engine built elsewhere (perf/device/prepare.sh):
+        # a missing binary, or one linking a library that machine lacks, stops the
+        # script with the reason before anything is written.
+        out = os.path.join(self.tmp, "device_refused")
+        script = os.path.join(DEVICE, "run.sh")
+        r = subprocess.run(["bash", script, "--bench", os.path.join(self.tmp, "absent"), "--out", out],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("is not an executable", r.stderr)
+        # An executable linking libgnh_gone.so, removed after the link.
+        src, lib, exe = (os.path.join(self.tmp, n) for n in ("gone.c", "libgnh_gone.so", "bench_engine"))
+        open(src, "w").write("int gnh_gone(void) { return 0; }\n")
+        subprocess.run(["cc", "-shared", "-fPIC", "-o", lib, src], check=True)
+        open(src, "w").write("int gnh_gone(void);\nint main(void) { return gnh_gone(); }\n")
+        subprocess.run(["cc", "-o", exe, src, "-L" + self.tmp, "-lgnh_gone"], check=True)
+        os.remove(lib)
+        r = subprocess.run(["bash", script, "--bench", exe, "--out", out], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("needs libraries this machine lacks: libgnh_gone.so", r.stderr)
+        self.assertFalse(os.path.exists(out))
+
 if __name__ == "__main__":
     unittest.main()

@@ -20,26 +20,33 @@
 namespace gnh::kernels {
 
 namespace detail {
-// y (N, out) += broadcast bias b (out), from flat parameter/direction storage.
-// Indexed by (row, column) rather than i % out: an integer division per
-// element kept the flat loop scalar and cost as much as the GEMM before it
-// (0.9 ms on a (512, 512) plane, bench_kernels linear forward, Zen 3).
+// y_k (N, out) += broadcast bias b_k (out) for the planes k < K, y_k = y +
+// k N out and b_k = b + k b_stride (flat parameter/direction storage): one
+// launch for every plane. Indexed by (plane, row, column) rather than
+// i % out: an integer division per element kept the flat loop scalar and cost
+// as much as the GEMM before it (0.9 ms on a (512, 512) plane, bench_kernels
+// linear forward, Zen 3).
 template <class T>
-void add_bias(const ExecSpace& space, T* y, const T* b, index_t N, index_t out) {
-  using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2, Kokkos::Iterate::Right, Kokkos::Iterate::Right>,
+void add_bias(const ExecSpace& space, T* y, const T* b, index_t N, index_t out, index_t K = 1,
+              index_t b_stride = 0) {
+  using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3, Kokkos::Iterate::Right, Kokkos::Iterate::Right>,
                                        Kokkos::IndexType<index_t>>;
   Kokkos::parallel_for(
-      "gnh::linear::bias", Policy(space, {0, 0}, {N, out}),
-      KOKKOS_LAMBDA(const index_t n, const index_t o) { y[n * out + o] += b[o]; });
+      "gnh::linear::bias", Policy(space, {0, 0, 0}, {K, N, out}),
+      KOKKOS_LAMBDA(const index_t k, const index_t n, const index_t o) {
+        y[(k * N + n) * out + o] += b[k * b_stride + o];
+      });
 }
-// g (out) += column sums of dy (N, out), deterministic (colsum.hpp).
+// g_k (out) += column sums of dy_k (N, out) for the planes k < K, g_k = g + k
+// g_stride and dy_k = dy + k N out: deterministic (colsum.hpp), one launch
+// for every plane, each column's rows in the order of one plane alone.
 template <class T>
-void add_colsum(const ExecSpace& space, T* g, const T* dy, index_t N, index_t out,
-                ColumnShape shape = default_column_shape()) {
+void add_colsum(const ExecSpace& space, T* g, const T* dy, index_t N, index_t out, index_t K = 1,
+                index_t g_stride = 0, ColumnShape shape = default_column_shape()) {
   column_sums<T>(
-      space, "gnh::linear::reverse::bias", 1, N, out,
-      KOKKOS_LAMBDA(const index_t, const index_t n, const index_t o, T& s, T&) { s += dy[n * out + o]; },
-      KOKKOS_LAMBDA(const index_t, const index_t o, const T& s, const T&) { g[o] += s; }, shape);
+      space, "gnh::linear::reverse::bias", K, N, out,
+      KOKKOS_LAMBDA(const index_t k, const index_t n, const index_t o, T& s, T&) { s += dy[(k * N + n) * out + o]; },
+      KOKKOS_LAMBDA(const index_t k, const index_t o, const T& s, const T&) { g[k * g_stride + o] += s; }, shape);
 }
 }  // namespace detail
 
@@ -64,7 +71,7 @@ void linear_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x
   gemm_batched<T>(space, pol, "N", "T", T(1), x.v, 0, block(p.d.data(), w, out, in), P, T(1),
                   block(y.d.data(), 0, N, out), N * out, K);
   if (b >= 0)
-    for (index_t k = 0; k < K; ++k) detail::add_bias(space, y.d.data() + k * N * out, p.d.data() + k * P + b, N, out);
+    detail::add_bias(space, y.d.data(), p.d.data() + b, N, out, K, P);
   if (y.dd.extent(0) == 0) return;
   gemm<T>(space, pol, "N", "T", T(1), block(x.dd.data(), 0, K * N, in), block(W, 0, out, in), T(0),
           block(y.dd.data(), 0, K * N, out));
@@ -102,7 +109,7 @@ void linear_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Grads<base_t<S>>
   gemm_batched<T>(space, pol, "T", "N", T(1), dy.v, 0, block(x.d.data(), 0, N, in), N * in, T(1),
                   block(g.d.data(), w, out, in), P, K);
   if (b >= 0)
-    for (index_t k = 0; k < K; ++k) detail::add_colsum(space, g.d.data() + k * P + b, dy.d.data() + k * N * out, N, out);
+    detail::add_colsum(space, g.d.data() + b, dy.d.data(), N, out, K, P);
 }
 
 // The op contract (kernels/op.hpp): y (N, out) = x (N, in) W^T [+ b], theta =

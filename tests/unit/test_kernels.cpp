@@ -395,9 +395,14 @@ TEST_CASE("linear and LayerNorm reverse: GPU-shaped column sums give the host sh
     g.d = Span2<double>(gv.data() + P, K, P);
     kernels::layernorm_reverse<D>(space, act(dx), g, act(dy), act(x), mean, rstd, p, 0, C, shape);
     kernels::layernorm_reverse<double>(space, act(dx), g, act(dy), act(x), mean, rstd, p, 0, C, shape);
-    for (gnh::index_t k = 0; k <= K; ++k)  // the linear bias gradient of each plane of dy
-      kernels::detail::add_colsum<double>(space, lin.data() + k * C, dy.data() + k * N * C, N, C, shape);
+    // The linear bias gradient of each plane of dy: all planes in one launch
+    // (as linear_reverse does), the bits of one launch per plane.
+    kernels::detail::add_colsum<double>(space, lin.data(), dy.data(), N, C, 1 + K, C, shape);
+    View1<double> lin1("lin1", (1 + K) * C);
+    for (gnh::index_t k = 0; k <= K; ++k)
+      kernels::detail::add_colsum<double>(space, lin1.data() + k * C, dy.data() + k * N * C, N, C, 1, 0, shape);
     Kokkos::fence();
+    REQUIRE(std::memcmp(lin.data(), lin1.data(), sizeof(double) * lin.size()) == 0);
     std::vector<double> all(gv.data(), gv.data() + gv.size());
     all.insert(all.end(), lin.data(), lin.data() + lin.size());
     grads.push_back(all);

@@ -183,8 +183,10 @@ struct LayerNormOp {
   template <class S>
   void reverse(const ExecSpace& space, Act2<T> dx, Grads<T> g, Act2<T> dy, Act2<T> x, Act2<T>, Params<T> p,
                const OpSaved<T>& s) const {
-    layernorm_reverse<S>(space, dx, g, dy, x, s.flat(0), s.flat(1), p, 0, bias ? C : -1, default_column_shape(),
-                         rows);
+    // The row shape picks the column sums' shape too: teams rows, teams
+    // column sums (the GPU's shape as a whole, whatever the backend).
+    layernorm_reverse<S>(space, dx, g, dy, x, s.flat(0), s.flat(1), p, 0, bias ? C : -1,
+                         rows == RowShape::teams ? ColumnShape::teams : ColumnShape::host, rows);
   }
 };
 

@@ -181,8 +181,9 @@ TEST_CASE("layernorm: every derivative mode", "[derivatives]") {
   }
   test::OpAdapter<kernels::LayerNormOp<double>> two(3, 2, true);
   check_op(two, 21, 1.0);
-  // The GPU-shaped row kernels (rows.hpp) on this host backend: fewer
-  // columns than lanes, and two rounds of lanes with a tail.
+  // The GPU-shaped row kernels (rows.hpp) and column sums (colsum.hpp) on
+  // this host backend: fewer columns than lanes, and two rounds of lanes with
+  // a tail (two column blocks at C = 37).
   for (const index_t C : {7, 37}) {
     test::OpAdapter<kernels::LayerNormOp<double>> teams(5, C, true, kernels::RowShape::teams);
     check_op(teams, 22, 1.5, 0.3);

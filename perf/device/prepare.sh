@@ -38,7 +38,8 @@ if [ "$bytes" -ge $((64 * 1024 * 1024)) ]; then
   echo "prepare: $exe is $bytes bytes, over the 64 MiB a GPU check may carry" >&2
   exit 1
 fi
-if ldd "$exe" | grep -q -E "libmpi|libhdf5"; then
+libs="$(ldd "$exe")"
+if grep -E "libmpi|libhdf5" <<<"$libs" >/dev/null; then
   echo "prepare: $exe links MPI or HDF5, which the GPU machine may not have" >&2
   exit 1
 fi

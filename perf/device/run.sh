@@ -58,7 +58,8 @@ if [ -z "$BENCH" ] && [ "$CPU" = 0 ] && [ "$BUILD_HERE" = 0 ]; then
 fi
 if [ -n "$BENCH" ]; then
   [ -x "$BENCH" ] || { echo "run.sh: $BENCH is not an executable" >&2; exit 1; }
-  missing="$(ldd "$BENCH" 2>/dev/null | sed -n 's/^[[:space:]]*\([^ ]*\) => not found$/\1/p' | tr '\n' ' ')"
+  # (ldd fails on a static binary, or where it is missing: nothing to check then.)
+  missing="$({ ldd "$BENCH" 2>/dev/null || true; } | sed -n 's/^[[:space:]]*\([^ ]*\) => not found$/\1/p' | tr '\n' ' ')"
   if [ -n "$missing" ]; then
     echo "run.sh: $BENCH needs libraries this machine lacks: $missing(LD_LIBRARY_PATH, or the CUDA 13 toolkit)" >&2
     exit 1

@@ -27,10 +27,12 @@ GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape) {
   t.logits_vocab = vchunk;
   if (shape.bf16) {
     // Operands are rounded chunk by chunk into two scratch buffers: chunks of
-    // at most 2^22 elements of activations (no more than the largest
-    // activation operand, N rows of 4C or of the logits tile: a smaller
-    // chunk changes no product, each being one chunk either way), and the
-    // largest weight block whole. gemm_batched rounds the operands of its K
+    // at most 2^22 elements of activations (no more than N rows of the
+    // widest activation operand, 4C or the logits tile), and the largest
+    // weight block whole. A smaller chunk changes no value: a product
+    // contracted over rows (op(A) = A^T) has at most N rows and stays one
+    // chunk, and in the others (the stacked K N-row products among them) a
+    // row of C depends only on its row of A. gemm_batched rounds the operands of its K
     // products side by side (kernels/blas.hpp, bf16_batched), so each buffer
     // holds K of them: K weight blocks of up to 4096 vocabulary rows (a
     // larger logits tile batches fewer directions per call, not more memory).

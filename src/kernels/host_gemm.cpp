@@ -62,95 +62,41 @@ struct Buffers {
 };
 thread_local Buffers buffers;
 
-// op(A)(i, p) for i in [i0, i0+mr), p in [p0, p0+kc) into dst[p][MR], rows past
-// mr zero.
-template <int MR>
-void pack_a(bool ta, const float* A, std::int64_t lda, std::int64_t i0, std::int64_t mr, std::int64_t p0,
-            std::int64_t kc, float* dst) {
-  if (ta) {  // stored (k, m): a row of the sliver is contiguous
-    for (std::int64_t p = 0; p < kc; ++p) {
-      const float* s = A + (p0 + p) * lda + i0;
-      float* d = dst + p * MR;
-      if (mr == MR) {
-        std::memcpy(d, s, sizeof(float) * MR);
-      } else {
-        std::int64_t i = 0;
-        for (; i < mr; ++i) d[i] = s[i];
-        for (; i < MR; ++i) d[i] = 0.0f;
-      }
-    }
-  } else {  // stored (m, k): MR row streams, written p by p
-    const float* rows[MR];
-    for (std::int64_t i = 0; i < MR; ++i) rows[i] = A + (i0 + (i < mr ? i : 0)) * lda + p0;
-    if (mr == MR) {
-      for (std::int64_t p = 0; p < kc; ++p)
-        for (int i = 0; i < MR; ++i) dst[p * MR + i] = rows[i][p];
-    } else {
-      for (std::int64_t p = 0; p < kc; ++p)
-        for (int i = 0; i < MR; ++i) dst[p * MR + i] = i < mr ? rows[i][p] : 0.0f;
-    }
-  }
-}
-
-// op(B)(p, j) for p in [p0, p0+kc), j in [j0, j0+nr) into dst[p][NR], columns
-// past nr zero.
-template <int NR>
-void pack_b(bool tb, const float* B, std::int64_t ldb, std::int64_t p0, std::int64_t kc, std::int64_t j0,
-            std::int64_t nr, float* dst) {
-  if (!tb) {  // stored (k, n)
-    for (std::int64_t p = 0; p < kc; ++p) {
-      const float* s = B + (p0 + p) * ldb + j0;
-      float* d = dst + p * NR;
-      if (nr == NR) {
-        std::memcpy(d, s, sizeof(float) * NR);
-      } else {
-        std::int64_t j = 0;
-        for (; j < nr; ++j) d[j] = s[j];
-        for (; j < NR; ++j) d[j] = 0.0f;
-      }
-    }
-  } else {  // stored (n, k): NR column streams, written p by p
-    const float* cols[NR];
-    for (std::int64_t j = 0; j < NR; ++j) cols[j] = B + (j0 + (j < nr ? j : 0)) * ldb + p0;
-    if (nr == NR) {
-      for (std::int64_t p = 0; p < kc; ++p)
-        for (int j = 0; j < NR; ++j) dst[p * NR + j] = cols[j][p];
-    } else {
-      for (std::int64_t p = 0; p < kc; ++p)
-        for (int j = 0; j < NR; ++j) dst[p * NR + j] = j < nr ? cols[j][p] : 0.0f;
-    }
-  }
-}
-
-// A block of a transposed A (stored (k, m)): rows [ic, ic+mc) of op(A) at
-// depth [p0, p0+kc), into MR-row slivers dst + ir kc. The full slivers are
-// filled row of A by row of A, each row read once and in order (one stream
-// the prefetcher follows); a partial last sliver by pack_a.
-template <int MR>
-void pack_a_t_block(const float* A, std::int64_t lda, std::int64_t ic, std::int64_t mc, std::int64_t p0,
-                    std::int64_t kc, float* dst) {
-  const std::int64_t full = mc / MR * MR;
+// Rows [p0, p0+kc) of a row-major X (rows ld apart), columns [c0, c0+cn),
+// into W-wide slivers: columns c0 + s .. c0 + s + W - 1 as dst[s kc + p W + j],
+// columns past cn zero. It packs a transposed A's block (W = MR, X = A stored
+// (k, m)) and a row-major B's (W = NR, X = B stored (k, n)). Row of X by row
+// of X: each row is read once and in order (one stream the prefetcher
+// follows), feeding every sliver.
+template <int W>
+void pack_rows(const float* X, std::int64_t ld, std::int64_t p0, std::int64_t kc, std::int64_t c0, std::int64_t cn,
+               float* dst) {
+  const std::int64_t full = cn / W * W, tail = cn - full;
   for (std::int64_t p = 0; p < kc; ++p) {
-    const float* s = A + (p0 + p) * lda + ic;
-    float* d = dst + p * MR;
-    for (std::int64_t ir = 0; ir < full; ir += MR) std::memcpy(d + ir * kc, s + ir, sizeof(float) * MR);
+    const float* s = X + (p0 + p) * ld + c0;
+    float* d = dst + p * W;
+    for (std::int64_t j = 0; j < full; j += W) std::memcpy(d + j * kc, s + j, sizeof(float) * W);
+    if (tail > 0) {
+      float* dt = d + full * kc;
+      std::int64_t j = 0;
+      for (; j < tail; ++j) dt[j] = s[full + j];
+      for (; j < W; ++j) dt[j] = 0.0f;
+    }
   }
-  if (full < mc) pack_a<MR>(true, A, lda, ic + full, mc - full, p0, kc, dst + full * kc);
 }
 
-// A block of B stored (k, n): columns [j0, j0+nc) at depth [p0, p0+kc), into
-// NR-column slivers dst + jr kc, the full ones row of B by row of B (as
-// pack_a_t_block), a partial last one by pack_b.
-template <int NR>
-void pack_b_n_block(const float* B, std::int64_t ldb, std::int64_t p0, std::int64_t kc, std::int64_t j0,
-                    std::int64_t nc, float* dst) {
-  const std::int64_t full = nc / NR * NR;
-  for (std::int64_t p = 0; p < kc; ++p) {
-    const float* s = B + (p0 + p) * ldb + j0;
-    float* d = dst + p * NR;
-    for (std::int64_t jr = 0; jr < full; jr += NR) std::memcpy(d + jr * kc, s + jr, sizeof(float) * NR);
-  }
-  if (full < nc) pack_b<NR>(false, B, ldb, p0, kc, j0 + full, nc - full, dst + full * kc);
+// Rows [r0, r0+rn) of a row-major X (rows ld apart), each read along its
+// columns [p0, p0+kc) as one stream, into one W-wide sliver dst[p][W], rows
+// past rn zero: a partial sliver of a row-major A (W = MR, X = A stored
+// (m, k); full ones are read in place) or of a transposed B (W = NR, X = B
+// stored (n, k); full ones go to the vector transposes, pack_b_t_t8).
+template <int W>
+void pack_streams(const float* X, std::int64_t ld, std::int64_t r0, std::int64_t rn, std::int64_t p0,
+                  std::int64_t kc, float* dst) {
+  const float* rows[W];
+  for (std::int64_t i = 0; i < W; ++i) rows[i] = X + (r0 + (i < rn ? i : 0)) * ld + p0;
+  for (std::int64_t p = 0; p < kc; ++p)
+    for (int i = 0; i < W; ++i) dst[p * W + i] = i < rn ? rows[i][p] : 0.0f;
 }
 
 // The update of a partial tile from the accumulators in t (row stride NR):
@@ -365,21 +311,21 @@ void blocked(Micro micro, Micro micro_direct, PackBt pack_bt, bool ta, bool tb, 
       const std::int64_t kc = std::min(KC, k - pc);
       const float b = pc == 0 ? beta : 1.0f;
       if (!tb)
-        pack_b_n_block<NR>(B, ldb, pc, kc, jc, nc, Bp);
+        pack_rows<NR>(B, ldb, pc, kc, jc, nc, Bp);
       else
         for (std::int64_t jr = 0; jr < nc; jr += NR) {
           const std::int64_t nr = std::min<std::int64_t>(NR, nc - jr);
-          if (tb && nr == NR) pack_bt(B, ldb, pc, kc, jc + jr, Bp + jr * kc);
-          else pack_b<NR>(tb, B, ldb, pc, kc, jc + jr, nr, Bp + jr * kc);
+          if (nr == NR) pack_bt(B, ldb, pc, kc, jc + jr, Bp + jr * kc);
+          else pack_streams<NR>(B, ldb, jc + jr, nr, pc, kc, Bp + jr * kc);
         }
       for (std::int64_t ic = 0; ic < m; ic += MC) {
         const std::int64_t mc = std::min(MC, m - ic);
         if (ta)
-          pack_a_t_block<MR>(A, lda, ic, mc, pc, kc, Ap);
+          pack_rows<MR>(A, lda, pc, kc, ic, mc, Ap);
         else
           for (std::int64_t ir = 0; ir < mc; ir += MR) {
             const std::int64_t mr = std::min<std::int64_t>(MR, mc - ir);
-            if (ta || mr < MR) pack_a<MR>(ta, A, lda, ic + ir, mr, pc, kc, Ap + ir * kc);
+            if (mr < MR) pack_streams<MR>(A, lda, ic + ir, mr, pc, kc, Ap + ir * kc);
           }
         for (std::int64_t jr = 0; jr < nc; jr += NR)
           for (std::int64_t ir = 0; ir < mc; ir += MR) {

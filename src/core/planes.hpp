@@ -12,8 +12,10 @@
 // row k of the (K, P) direction buffer, so the tangent of a weight matrix is a
 // contiguous block of it, laid out exactly like the weight.
 #pragma once
+#include <stdexcept>
 #include <type_traits>
 
+#include "core/error.hpp"
 #include "core/jet.hpp"
 #include "core/types.hpp"
 
@@ -81,6 +83,32 @@ Grads<T> planes_of(Grads<T> g) {
 template <class S, class... A>
 void keep_planes(A&... a) {
   ((a = planes_of<S>(a)), ...);
+}
+
+// The planes S's mode needs on a buffer it is given: K tangent planes (Dual,
+// Jet2) and, for activations, K second-order planes (Jet2). A kernel called
+// in a mode on buffers without that mode's planes fails here, naming itself
+// and the buffer, instead of quietly computing a lower mode.
+template <class S, class T>
+void require_planes(const char* kernel, const char* what, const Act2<T>& a, index_t K) {
+  if constexpr (has_tangents_v<S>)
+    if (index_t(a.d.extent(0)) != K)
+      throw std::logic_error(cat(kernel, ": ", what, " has ", a.d.extent(0), " tangent planes, expected ", K));
+  if constexpr (has_second_v<S>)
+    if (index_t(a.dd.extent(0)) != K)
+      throw std::logic_error(cat(kernel, ": ", what, " has ", a.dd.extent(0), " second-order planes, expected ", K));
+}
+template <class S, class T>
+void require_planes(const char* kernel, const char* what, const Params<T>& p, index_t K) {
+  if constexpr (has_tangents_v<S>)
+    if (index_t(p.d.extent(0)) != K)
+      throw std::logic_error(cat(kernel, ": ", what, " has ", p.d.extent(0), " directions, expected ", K));
+}
+template <class S, class T>
+void require_planes(const char* kernel, const char* what, const Grads<T>& g, index_t K) {
+  if constexpr (has_tangents_v<S>)
+    if (index_t(g.d.extent(0)) != K)
+      throw std::logic_error(cat(kernel, ": ", what, " has ", g.d.extent(0), " directions, expected ", K));
 }
 
 template <class S>

@@ -162,6 +162,8 @@ void gelu_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x, 
   const index_t N = x.rows(), C = x.cols(), K = tangents ? x.d.extent(0) : 0;
   require_extent("gnh::gelu::forward", "y rows", y.rows(), N);
   require_extent("gnh::gelu::forward", "y cols", y.cols(), C);
+  require_planes<S>("gnh::gelu::forward", "x", x, K);
+  require_planes<S>("gnh::gelu::forward", "y", y, K);
   if (kind == Gelu::erf) detail::gelu_forward_kind<true, S>(space, y, x, N * C, K);
   else detail::gelu_forward_kind<false, S>(space, y, x, N * C, K);
 }
@@ -175,6 +177,8 @@ void gelu_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Act2<base_t<S>> dy
   const index_t N = x.rows(), C = x.cols(), K = tangents ? x.d.extent(0) : 0;
   require_extent("gnh::gelu::reverse", "dy rows", dy.rows(), N);
   require_extent("gnh::gelu::reverse", "dx rows", dx.rows(), N);
+  require_planes<S>("gnh::gelu::reverse", "dy", dy, K);
+  require_planes<S>("gnh::gelu::reverse", "dx", dx, K);
   if (kind == Gelu::erf) detail::gelu_reverse_kind<true, S>(space, dx, dy, x, N * C, K);
   else detail::gelu_reverse_kind<false, S>(space, dx, dy, x, N * C, K);
 }

@@ -59,6 +59,9 @@ void linear_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x
   keep_planes<S>(y, x, p);
   const index_t N = x.rows(), in = x.cols(), out = y.cols(), K = y.d.extent(0);
   require_extent("gnh::linear::forward", "y rows", y.rows(), N);
+  require_planes<S>("gnh::linear::forward", "y", y, K);
+  require_planes<S>("gnh::linear::forward", "x", x, K);
+  require_planes<S>("gnh::linear::forward", "theta", p, K);
   const T* W = p.v.data() + w;
   gemm<T>(space, pol, "N", "T", T(1), x.v, block(W, 0, out, in), T(0), y.v);
   if (b >= 0) detail::add_bias(space, y.v.data(), p.v.data() + b, N, out);
@@ -89,6 +92,10 @@ void linear_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Grads<base_t<S>>
   keep_planes<S>(dx, g, dy, x, p);
   const index_t N = x.rows(), in = x.cols(), out = dy.cols(), K = dy.d.extent(0);
   require_extent("gnh::linear::reverse", "dy rows", dy.rows(), N);
+  require_planes<S>("gnh::linear::reverse", "x", x, K);
+  require_planes<S>("gnh::linear::reverse", "theta", p, K);
+  require_planes<S>("gnh::linear::reverse", "gradient", g, K);
+  if (dx.rows() > 0) require_planes<S>("gnh::linear::reverse", "dx", dx, K);
   const T* W = p.v.data() + w;
   if (dx.rows() > 0) gemm<T>(space, pol, "N", "N", T(1), dy.v, block(W, 0, out, in), T(0), dx.v);
   gemm<T>(space, pol, "T", "N", T(1), dy.v, x.v, T(1), block(g.v.data(), w, out, in));

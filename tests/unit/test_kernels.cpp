@@ -792,6 +792,29 @@ TEST_CASE("every op takes its derivative mode from the scalar type, whatever pla
   contract_test::residual_from_scalar<Jet2<float>>(3);
 }
 
+TEST_CASE("a kernel called in a mode on buffers without that mode's planes fails, naming itself and the buffer",
+          "[kernels][contract]") {
+  // Linear and GELU used to compute a lower mode quietly (no second order
+  // when y had no second-order planes, K taken from one buffer alone).
+  const gnh::index_t N = 4, in = 3, out = 2;
+  test::Buf<float> x(N, in), y(N, out), h(N, in);
+  test::Flat<float> p(out * in + out);
+  // Jet2 on an output with tangent planes only.
+  REQUIRE_THROWS_WITH(kernels::linear_forward<Jet2<float>>(ExecSpace(), y.act<Dual<float>>(), x.act<Jet2<float>>(),
+                                                           p.params<Jet2<float>>(), 0, out * in),
+                      Catch::Contains("gnh::linear::forward: y has 0 second-order planes, expected 1"));
+  // Dual with a parameter block of no directions.
+  REQUIRE_THROWS_WITH(kernels::linear_forward<Dual<float>>(ExecSpace(), y.act<Dual<float>>(), x.act<Dual<float>>(),
+                                                           p.params<float>(), 0, out * in),
+                      Catch::Contains("gnh::linear::forward: theta has 0 directions, expected 1"));
+  REQUIRE_THROWS_WITH(kernels::gelu_forward<Jet2<float>>(ExecSpace(), h.act<Jet2<float>>(), x.act<Dual<float>>(),
+                                                         Gelu::erf),
+                      Catch::Contains("gnh::gelu::forward: x has 0 second-order planes, expected 1"));
+  // And the planes of the mode suffice, higher ones being ignored.
+  REQUIRE_NOTHROW(kernels::linear_forward<Dual<float>>(ExecSpace(), y.act<Jet2<float>>(), x.act<Jet2<float>>(),
+                                                       p.params<Dual<float>>(), 0, out * in));
+}
+
 TEST_CASE("LM head and cross-entropy: the GPU-shaped row kernels agree with the host shape in every mode",
           "[kernels][rows]") {
   // Tiles of rows and vocabulary chunks (the online log-sum-exp's running

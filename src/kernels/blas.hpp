@@ -346,7 +346,12 @@ bool bf16_batched(const ExecSpace& space, const GemmPolicy<T>& pol, const char* 
       T* const c0 = C.data() + g0 * stride_c + (at ? 0 : r0 * ncols);
       const index_t crows = at ? C.extent(0) : n;
 #ifdef GNH_CUBLAS_MATH_MODE
-      if constexpr (std::is_same_v<T, float>) {
+      constexpr bool on_cublas = std::is_same_v<T, float>;
+#else
+      constexpr bool on_cublas = false;
+#endif
+      if constexpr (on_cublas) {
+#ifdef GNH_CUBLAS_MATH_MODE
         std::uint16_t* const as = reinterpret_cast<std::uint16_t*>(pol.scratch_a.data());
         std::uint16_t* const bs = reinterpret_cast<std::uint16_t*>(pol.scratch_b.data());
         for (index_t i = 0; i < na; ++i) bf16_copy(space, a_i(i), r0, n, as + i * astep);
@@ -354,17 +359,17 @@ bool bf16_batched(const ExecSpace& space, const GemmPolicy<T>& pol, const char* 
           for (index_t i = 0; i < nb; ++i) bf16_copy(space, b_i(i), at ? r0 : 0, brows, bs + i * bstep);
         cublas_gemm_bf16_batched(space, at, bt, at ? acols : n, ncols, at ? n : acols, alpha, as, acols,
                                  na == 1 ? 0 : astep, bs, bcols, nb == 1 ? 0 : bstep, beta_, c0, ncols, stride_c, gn);
-        continue;
-      }
 #endif
-      for (index_t i = 0; i < na; ++i) rounded_copy(space, a_i(i), r0, n, pol.scratch_a.data() + i * astep);
-      if (at || r0 == 0)
-        for (index_t i = 0; i < nb; ++i)
-          rounded_copy(space, b_i(i), at ? r0 : 0, brows, pol.scratch_b.data() + i * bstep);
-      for (index_t i = 0; i < gn; ++i)
-        gemm<T>(space, ta, tb, alpha, Span2<const T>(pol.scratch_a.data() + (na == 1 ? 0 : i * astep), n, acols),
-                Span2<const T>(pol.scratch_b.data() + (nb == 1 ? 0 : i * bstep), brows, bcols), beta_,
-                Span2<T>(c0 + i * stride_c, crows, ncols));
+      } else {
+        for (index_t i = 0; i < na; ++i) rounded_copy(space, a_i(i), r0, n, pol.scratch_a.data() + i * astep);
+        if (at || r0 == 0)
+          for (index_t i = 0; i < nb; ++i)
+            rounded_copy(space, b_i(i), at ? r0 : 0, brows, pol.scratch_b.data() + i * bstep);
+        for (index_t i = 0; i < gn; ++i)
+          gemm<T>(space, ta, tb, alpha, Span2<const T>(pol.scratch_a.data() + (na == 1 ? 0 : i * astep), n, acols),
+                  Span2<const T>(pol.scratch_b.data() + (nb == 1 ? 0 : i * bstep), brows, bcols), beta_,
+                  Span2<T>(c0 + i * stride_c, crows, ncols));
+      }
     }
   }
   return true;

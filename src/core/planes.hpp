@@ -98,17 +98,12 @@ void require_planes(const char* kernel, const char* what, const Act2<T>& a, inde
     if (index_t(a.dd.extent(0)) != K)
       throw std::logic_error(cat(kernel, ": ", what, " has ", a.dd.extent(0), " second-order planes, expected ", K));
 }
-template <class S, class T>
-void require_planes(const char* kernel, const char* what, const Params<T>& p, index_t K) {
+// The parameter block and the gradient accumulators: K directions.
+template <class S, class B>
+void require_planes(const char* kernel, const char* what, const B& b, index_t K) {
   if constexpr (has_tangents_v<S>)
-    if (index_t(p.d.extent(0)) != K)
-      throw std::logic_error(cat(kernel, ": ", what, " has ", p.d.extent(0), " directions, expected ", K));
-}
-template <class S, class T>
-void require_planes(const char* kernel, const char* what, const Grads<T>& g, index_t K) {
-  if constexpr (has_tangents_v<S>)
-    if (index_t(g.d.extent(0)) != K)
-      throw std::logic_error(cat(kernel, ": ", what, " has ", g.d.extent(0), " directions, expected ", K));
+    if (index_t(b.d.extent(0)) != K)
+      throw std::logic_error(cat(kernel, ": ", what, " has ", b.d.extent(0), " directions, expected ", K));
 }
 
 template <class S>

@@ -458,17 +458,14 @@ void attention_rows(const ExecSpace& space, const char* label, index_t N, const 
   if (N <= 0) return;
   if (shape == RowShape::teams) {
     using F = AttentionTiles<Body>;
-    constexpr bool host = std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value;
-    // kTeamRows rows a team in both cases; on a host backend team_threads
-    // threads (rows.hpp) run them, each its lanes in turn, through the same
-    // tiles.
+    // kTeamRows rows a team in both cases (team_policy, rows.hpp: on a host
+    // backend fewer threads, each its lanes in turn), through the same tiles.
     const int R = kTeamRows, TK = F::tile_rows(R, body.g.hs);
     if (TK > 0) {
       const index_t seq_teams = (body.g.Tc + R - 1) / R, teams = N / body.g.Tc * seq_teams;
       const F f{body, seq_teams, R, TK};
-      const typename F::Policy policy =
-          typename F::Policy(space, teams, team_threads<typename F::Policy>(space, f, R), host ? 1 : kRowLanes)
-              .set_scratch_size(0, Kokkos::PerTeam(F::bytes(R, TK, body.g.hs)));
+      const typename F::Policy policy = team_policy<typename F::Policy>(space, teams, f, R, kRowLanes)
+                                            .set_scratch_size(0, Kokkos::PerTeam(F::bytes(R, TK, body.g.hs)));
       Kokkos::parallel_for(label, policy, f);
       return;
     }

@@ -111,15 +111,13 @@ void column_sums(const ExecSpace& space, const char* label, index_t K, index_t N
     return;
   }
   using F = detail::TeamColumnSums<S, Term, Sink>;
-  constexpr bool host = std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value;
   constexpr int L = kTeamColumns, R = kTeamPartials;
   const index_t blocks = (cols + L - 1) / L;
-  // A team of R threads with L vector lanes on a GPU; on a host backend
-  // team_threads of them (rows.hpp), walking the R partials between them.
+  // A team of R threads with L vector lanes on a GPU (team_policy, rows.hpp),
+  // walking the R partials between them.
   const F f{term, sink, N, cols, blocks};
-  const typename F::Policy policy =
-      typename F::Policy(space, K * blocks, detail::team_threads<typename F::Policy>(space, f, R), host ? 1 : L)
-          .set_scratch_size(0, Kokkos::PerTeam(F::Scratch::shmem_size(2 * R * L)));
+  const typename F::Policy policy = detail::team_policy<typename F::Policy>(space, K * blocks, f, R, L)
+                                        .set_scratch_size(0, Kokkos::PerTeam(F::Scratch::shmem_size(2 * R * L)));
   Kokkos::parallel_for(label, policy, f);
 }
 

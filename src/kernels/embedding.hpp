@@ -6,8 +6,9 @@
 //   reverse:  g[wte][idx[b,t],:] += dx[b,t,:],  g[wpe][t,:] += dx[b,t,:]
 // Saves nothing. The reverse is a two-stage scatter without atomics: the rows
 // of the batch are grouped by token (a stable counting sort of the token ids
-// on the host, the copies on the caller's instance), then one team per token (and one per position) adds its rows
-// in increasing row order, lanes over the channels. Every g element receives
+// on the host, the copies on the caller's instance), then one team per token
+// (and one per position) adds its rows in increasing row order, lanes over
+// the channels. Every g element receives
 // its terms in the order of the rows, whatever the backend: the same bits as a
 // serial loop over the rows.
 #pragma once

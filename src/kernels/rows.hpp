@@ -155,18 +155,20 @@ struct TeamLanes {
   }
 };
 
-// Threads of a team of R running functor f: R on a GPU; on a host backend as
-// many as its teams can have, at most R (one on Serial; on OpenMP the team's
-// threads, barriers and per-thread scratch run in parallel, as on a GPU, and
-// the tests see them). Threads short of R take its work in turn.
+// The policy of `league` teams of R threads with L vector lanes running
+// functor f: so on a GPU; on a host backend as many threads as its teams can
+// have, at most R (one on Serial; on OpenMP the team's threads, barriers and
+// per-thread scratch run in parallel, as on a GPU, and the tests see them),
+// one lane each. Threads short of R take its work in turn.
 template <class Policy, class F>
-int team_threads(const ExecSpace& space, const F& f, int R) {
+Policy team_policy(const ExecSpace& space, index_t league, const F& f, int R, int L) {
   if constexpr (std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value) {
     const int most = Policy(space, 1, 1).team_size_max(f, Kokkos::ParallelForTag());
-    return most < 1 ? 1 : most < R ? most : R;
+    (void)L;
+    return Policy(space, league, most < 1 ? 1 : most < R ? most : R, 1);
   } else {
-    (void)space, (void)f;
-    return R;
+    (void)f;
+    return Policy(space, league, R, L);
   }
 }
 
@@ -207,14 +209,11 @@ void for_rows(const ExecSpace& space, const char* label, index_t N, const Body& 
     return;
   }
   using F = detail::TeamRows<Body, T>;
-  constexpr bool host = std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value;
-  // R rows a team: R threads of L lanes on a GPU; on a host backend
-  // team_threads of them, each running its lanes in turn.
+  // R rows a team (team_policy: R threads of L lanes on a GPU).
   const int R = kTeamRows, L = kRowLanes;
   const F f{body, N, R};
-  const typename F::Policy policy =
-      typename F::Policy(space, (N + R - 1) / R, detail::team_threads<typename F::Policy>(space, f, R), host ? 1 : L)
-          .set_scratch_size(0, Kokkos::PerTeam(F::Scratch::shmem_size(2 * R * L)));
+  const typename F::Policy policy = detail::team_policy<typename F::Policy>(space, (N + R - 1) / R, f, R, L)
+                                        .set_scratch_size(0, Kokkos::PerTeam(F::Scratch::shmem_size(2 * R * L)));
   Kokkos::parallel_for(label, policy, f);
 }
 

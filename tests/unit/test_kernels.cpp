@@ -304,12 +304,13 @@ struct NoTeamWork {
 }  // namespace
 
 TEST_CASE("the GPU-shaped teams run their threads side by side on a host backend that has them", "[kernels][rows]") {
-  // Row, column-sum and attention teams take team_threads threads on a host
+  // Row, column-sum and attention teams take team_policy's threads on a host
   // backend: one on Serial; on OpenMP with two or more threads at least two,
   // so that the teams' barriers and per-thread scratch run concurrently in
   // the tests there (cmake/check-openmp.sh runs them on 2 threads).
-  const int threads =
-      kernels::detail::team_threads<gnh::TeamRange>(gnh::ExecSpace(), NoTeamWork{}, kernels::kTeamRows);
+  const int threads = kernels::detail::team_policy<gnh::TeamRange>(gnh::ExecSpace(), 1, NoTeamWork{},
+                                                                    kernels::kTeamRows, kernels::kRowLanes)
+                          .team_size();
   const int have = int(gnh::ExecSpace().concurrency());
   REQUIRE(threads >= 1);
   REQUIRE(threads <= kernels::kTeamRows);

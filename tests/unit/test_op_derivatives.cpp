@@ -194,9 +194,10 @@ TEST_CASE("gelu: every derivative mode", "[derivatives]") {
   for (Gelu kind : {Gelu::erf, Gelu::tanh}) {
     test::OpAdapter<kernels::GeluOp<double>> op(6, 7, kind);
     check_op(op, 30, 2.0);
-    // 9 x 61 = 549 elements: on a host space two whole chunks of the
-    // derivative loops (256 elements) and a tail of 37.
-    test::OpAdapter<kernels::GeluOp<double>> chunks(9, 61, kind);
+    // 2 x (chunk + 37) elements: on a host space two whole chunks of the
+    // derivative loops (GeluChunk, 8192 elements) and a tail of 74.
+    constexpr index_t L = kernels::detail::GeluChunk;
+    test::OpAdapter<kernels::GeluOp<double>> chunks(2, L + 37, kind);
     check_op(chunks, 31, 2.0);
   }
 }

@@ -67,6 +67,16 @@ KOKKOS_FORCEINLINE_FUNCTION void gelu_derivatives(T x, T& f, T& f1, T& f2) {
 namespace detail {
 constexpr index_t GeluChunk = Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible ? 8192 : 1;
 
+// The chunk of NC elements on this space: GeluChunk, halved (down to 256)
+// while that leaves fewer than 4 chunks a thread, so that many host threads
+// (72 on a Grace) still share a small layer.
+inline index_t gelu_chunk(const ExecSpace& space, index_t NC) {
+  index_t L = GeluChunk;
+  const index_t threads = index_t(space.concurrency());
+  while (L > 256 && (NC + L - 1) / L < 4 * threads) L /= 2;
+  return L;
+}
+
 // The loops of one GELU kind E (a template parameter, so that they have no
 // branch on it and vectorise; a named function rather than a generic lambda,
 // which nvcc does not allow around device lambdas).
@@ -74,7 +84,7 @@ template <bool E, class S>
 void gelu_forward_kind(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x, index_t NC, index_t K) {
   using T = base_t<S>;
   constexpr bool second = std::is_same<S, Jet2<T>>::value;
-  constexpr index_t L = GeluChunk;
+  const index_t L = gelu_chunk(space, NC);
   const T* xv = x.v.data();
   T* yv = y.v.data();
   if (K == 0) {
@@ -93,7 +103,7 @@ void gelu_forward_kind(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>
   Kokkos::parallel_for(
       "gnh::gelu::forward::directions", range(space, (NC + L - 1) / L), KOKKOS_LAMBDA(const index_t c) {
         const index_t i0 = c * L, n = NC - i0 < L ? NC - i0 : L;
-        T f1[L], f2[L];
+        T f1[GeluChunk], f2[GeluChunk];
         for (index_t j = 0; j < n; ++j) gelu_derivatives<E, 1>(xv[i0 + j], yv[i0 + j], f1[j], f2[j]);
         for (index_t k = 0; k < K; ++k) {
           const index_t o = k * NC + i0;
@@ -114,7 +124,7 @@ template <bool E, class S>
 void gelu_reverse_kind(const ExecSpace& space, Act2<base_t<S>> dx, Act2<base_t<S>> dy, Act2<base_t<S>> x, index_t NC,
                        index_t K) {
   using T = base_t<S>;
-  constexpr index_t L = GeluChunk;
+  const index_t L = gelu_chunk(space, NC);
   const T *xv = x.v.data(), *dyv = dy.v.data();
   T* dxv = dx.v.data();
   if (K == 0) {
@@ -133,7 +143,7 @@ void gelu_reverse_kind(const ExecSpace& space, Act2<base_t<S>> dx, Act2<base_t<S
   Kokkos::parallel_for(
       "gnh::gelu::reverse::directions", range(space, (NC + L - 1) / L), KOKKOS_LAMBDA(const index_t c) {
         const index_t i0 = c * L, n = NC - i0 < L ? NC - i0 : L;
-        T f1[L], f2[L];
+        T f1[GeluChunk], f2[GeluChunk];
         for (index_t j = 0; j < n; ++j) {
           T f;
           gelu_derivatives<E, 1>(xv[i0 + j], f, f1[j], f2[j]);

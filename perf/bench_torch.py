@@ -94,7 +94,10 @@ def median_seconds(fn, repeats):
     return statistics.median(times)
 
 
-def bench(cfg, state, names, idx, tgt, directions, repeats, dtype=torch.float32):
+def bench(cfg, state, names, idx, tgt, directions, repeats, dtype=torch.float32,
+          passes=("forward", "gradient", "curvature")):
+    """The passes named (forward, gradient, curvature at each K of directions),
+    each the median of repeats after a warm-up."""
     torch.set_num_threads(1)
     params = [state[n].to(dtype).clone().requires_grad_(True) for n in names]
     ntok = idx.numel()
@@ -106,19 +109,21 @@ def bench(cfg, state, names, idx, tgt, directions, repeats, dtype=torch.float32)
         with torch.no_grad():
             loss_sum(params, names, cfg, idx, tgt)
 
-    t = median_seconds(fwd, repeats)
-    out["forward"] = {"seconds": t, "tokens_per_s": ntok / t}
+    if "forward" in passes:
+        t = median_seconds(fwd, repeats)
+        out["forward"] = {"seconds": t, "tokens_per_s": ntok / t}
 
     def grad():
         g = torch.autograd.grad(loss_sum(params, names, cfg, idx, tgt), params)
         return g
 
-    t = median_seconds(grad, repeats)
-    out["gradient"] = {"seconds": t, "tokens_per_s": ntok / t}
+    if "gradient" in passes:
+        t = median_seconds(grad, repeats)
+        out["gradient"] = {"seconds": t, "tokens_per_s": ntok / t}
 
     curv = []
     gen = torch.Generator().manual_seed(0)
-    for K in directions:
+    for K in (directions if "curvature" in passes else []):
         vs = [[torch.randint(0, 2, t.shape, generator=gen).to(dtype) * 2 - 1 for t in params] for _ in range(K)]
 
         def double_backward():

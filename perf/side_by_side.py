@@ -14,15 +14,19 @@ kernels; --torch-setting as-is keeps the environment as it is). The
 environment applies to both sides: GNH_HOST_GEMM=vendor puts gnh on torch's
 BLAS too, and OPENBLAS_CORETYPE picks OpenBLAS's kernels for both.
 
-Both sides run in interleaved rounds (--rounds, default 3): each round runs
-gnh's passes, then PyTorch's, and gives its own ratios; the table and the
-JSON's "ratios" are the medians over the rounds, "ratio_ranges" their least
-and greatest, and "rounds" every round's results. A slow stretch of a shared
-machine then falls on both sides of a round instead of on one side's whole
-run.
+Both sides run in interleaved rounds (--rounds, default 3), each giving its
+own ratios; the table and the JSON's "ratios" are the medians over the
+rounds, "ratio_ranges" their least and greatest, and "rounds" every round's
+results. Within a round (--pairing pass, the default) each of gnh's passes
+(forward and gradient; the curvature at each K) is followed at once by the
+PyTorch passes it is compared with, so that the two sides of a ratio are
+measured seconds apart, not a minute; each round's "segments" records when
+each side of each pass ran. (--pairing round: all of gnh's passes, then all
+of PyTorch's, as before stop 22.) A slow stretch of a shared machine then
+falls on both sides of a ratio instead of on one side's whole run.
 
   perf/side_by_side.py [--preset small|medium|reference] [--directions 1,16]
-                       [--repeats 3] [--rounds 3] [--json OUT.json]
+                       [--repeats 3] [--rounds 3] [--pairing pass|round] [--json OUT.json]
                        [--bench build/bin/bench_engine] [--torch-setting fastest|as-is]
 """
 import argparse
@@ -32,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 os.environ["OPENBLAS_NUM_THREADS"] = os.environ.get("GNH_BENCH_THREADS", "1")
 os.environ["OMP_NUM_THREADS"] = os.environ["OPENBLAS_NUM_THREADS"]
@@ -82,6 +87,9 @@ def main():
     ap.add_argument("--directions", default="1,16")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of both sides (ratios: their median)")
+    ap.add_argument("--pairing", default="pass", choices=("pass", "round"),
+                    help="pass: each of gnh's passes followed at once by the PyTorch passes it is compared with; "
+                         "round: all of gnh's passes, then all of PyTorch's")
     ap.add_argument("--json", default=None)
     ap.add_argument("--bench", default=os.path.join(ROOT, "build", "bin", "bench_engine"))
     ap.add_argument("--no-functorch", action="store_true")
@@ -120,15 +128,36 @@ def main():
         tgt = torch.from_numpy(ids[1:B * T + 1].astype(np.int64)).view(B, T)
         if args.no_functorch:
             bench_torch.functorch = None
-        rounds = []
-        for _ in range(max(1, args.rounds)):
-            r = subprocess.run([args.bench, h5, tok, "--context", str(T), "--batch", str(B), "--directions",
-                                args.directions, "--repeats", str(args.repeats)], capture_output=True, text=True)
+        def engine(extra):
+            r = subprocess.run([args.bench, h5, tok, "--context", str(T), "--batch", str(B), "--repeats",
+                                str(args.repeats)] + extra, capture_output=True, text=True)
             if r.returncode != 0:
                 sys.exit(f"side_by_side: bench_engine failed: {r.stderr}")
-            ours = json.loads(r.stdout)
-            theirs = bench_torch.bench(cfg, state, names, idx, tgt, Ks, args.repeats)
-            rounds.append({"gnh": ours, "torch": theirs, "ratios": ratios_of(ours, theirs, Ks)})
+            return json.loads(r.stdout)
+
+        # A round's segments: each of gnh's passes and then, at once, the
+        # PyTorch passes it is compared with (--pairing pass), or all of gnh's
+        # passes and then all of PyTorch's (--pairing round).
+        if args.pairing == "pass":
+            segments = [("forward,gradient", "1", ("forward", "gradient"), [])] + [
+                ("curvature", str(K), ("curvature",), [K]) for K in Ks]
+        else:
+            segments = [("forward,gradient,curvature", args.directions, ("forward", "gradient", "curvature"), Ks)]
+        rounds = []
+        for _ in range(max(1, args.rounds)):
+            ours, theirs, times = None, None, []
+            for passes, dirs, torch_passes, torch_Ks in segments:
+                t0 = time.time()
+                o = engine(["--passes", passes, "--directions", dirs])
+                t1 = time.time()
+                t = bench_torch.bench(cfg, state, names, idx, tgt, torch_Ks, args.repeats, passes=torch_passes)
+                times.append({"passes": passes, "directions": dirs, "gnh": [t0, t1], "torch": [t1, time.time()]})
+                if ours is None:
+                    ours, theirs = o, t
+                else:
+                    ours["curvature"] += o["curvature"]
+                    theirs["curvature"] += t["curvature"]
+            rounds.append({"gnh": ours, "torch": theirs, "ratios": ratios_of(ours, theirs, Ks), "segments": times})
 
     ratios = {k: statistics.median(r["ratios"][k] for r in rounds) for k in rounds[0]["ratios"]}
     ranges = {k: [min(r["ratios"][k] for r in rounds), max(r["ratios"][k] for r in rounds)] for k in ratios}

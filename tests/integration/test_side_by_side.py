@@ -4,8 +4,11 @@
 round holds both sides' results and its own ratios, each reported ratio is the
 median of the rounds' and lies within the reported range, and a round's ratio
 is its sides' times divided as the table says (torch / gnh per direction,
-gnh / torch in tokens per second). The benchmark cannot rot, and a ratio
-taken from one side of one round and the other side of another would fail."""
+gnh / torch in tokens per second). Within a round each of gnh's passes is
+followed at once by PyTorch's same pass (forward and gradient, then the
+curvature at each K): the segments' times interleave. The benchmark cannot
+rot, and a ratio taken from one side of one round and the other side of
+another, or a round that ran all of one side first, would fail."""
 import json
 import os
 import statistics
@@ -46,6 +49,17 @@ class SideBySide(unittest.TestCase):
             fr = next(c for c in t["curvature"] if c["K"] == 16 and c["method"] == "functorch-forward-over-reverse")
             self.assertAlmostEqual(rd["ratios"]["functorch-forward-over-reverse_K16_vs_best"],
                                    fr["seconds_per_direction"] / best, places=12)
+            # Pairs by pass, in order: gnh's forward and gradient, torch's; gnh's
+            # K = 1, torch's; gnh's K = 16, torch's.
+            segs = rd["segments"]
+            self.assertEqual([(sg["passes"], sg["directions"]) for sg in segs],
+                             [("forward,gradient", "1"), ("curvature", "1"), ("curvature", "16")])
+            order = [x for sg in segs for x in (sg["gnh"], sg["torch"])]
+            for a, b in zip(order, order[1:]):
+                self.assertLessEqual(a[0], a[1])
+                self.assertLessEqual(a[1], b[0])
+            self.assertEqual(sorted({c["K"] for c in g["curvature"]}), [1, 16])
+            self.assertEqual(sorted({c["K"] for c in t["curvature"]}), [1, 16])
         self.assertEqual(res["gnh"], rounds[0]["gnh"])  # perf/compare.py reads the engine's results here
 
 

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <initializer_list>
 #include <limits>
 #include <utility>
@@ -191,82 +192,117 @@ namespace {
 // k = 2 t1 and 3 t1 for the outputs instead of ten of k = hs or t1:
 //   s'  = scale [Q' | Q] [K | K']^T,   s'' = scale [Q'' | Q' | Q] [K | 2K' | K'']^T,
 //   y'  = [P | P'] [V'; V],             y'' = [P | P' | P''] [V''; 2V'; V].
-// P, P', P'' of a tile sit side by side in one buffer (rows 3 t1 apart).
+// P, P', P'' of a tile sit side by side in one buffer (rows w t1 apart).
+//
+// Per (sequence, head): the primal tiles first, each keeping its P; then
+// direction by direction, the direction's Q', K', V' (and Q'', K'', V'') of
+// every row copied once out of their planes into the operands, and its
+// tiles. The score operands hold all T rows ([Q'' | Q' | Q] and the keys'
+// blocks: a tile takes its rows); the value operands [V'; V] and
+// [V''; 2V'; V] depend on the tile's t1 and are assembled from compact
+// copies. Tile by tile with the directions inside, each direction's rows were
+// read out of the planes (128 B every 3C floats) again for every tile,
+// 2.1 times on average at T = 128: the copies were a fifth of attention's
+// second order (Zen 4, AVX2 build; see perf/NOTES.md, stop 22). The same
+// products on the same operands: the same bits.
 void forward_derivatives(float* y, float* yd, float* ydd, float* lse, float* lsed, float* lsedd, const float* qkv,
                          const float* qkvd, const float* qkvdd, std::int64_t K, std::int64_t B, std::int64_t T,
                          std::int64_t H, std::int64_t hs, std::int64_t bh0, std::int64_t bh1, bool second) {
   const Geometry g(B, T, H, hs);
-  const std::int64_t N = B * T, R = B * H * T, tqm = std::min(TQ, T), w = second ? 3 : 2;
-  std::vector<float> buf(std::size_t(w * tqm * T + tqm * 3 * hs + T * 5 * hs + T * 5 * hs));
-  float* Pc = buf.data();                // tq x (w t1): [P | P' | P'']
-  float* Aq = Pc + w * tqm * T;          // tq x 3hs: [Q'' | Q' | Q]
-  float* Bk1 = Aq + tqm * 3 * hs;        // t1 x 2hs: [K | K']
-  float* Bk2 = Bk1 + T * 2 * hs;         // t1 x 3hs: [K | 2K' | K'']
-  float* Bv1 = Bk2 + T * 3 * hs;         // 2t1 x hs: [V'; V]
-  float* Bv2 = Bv1 + T * 2 * hs;         // 3t1 x hs: [V''; 2V'; V]
-  for (std::int64_t bh = bh0; bh < bh1; ++bh)
-      for (std::int64_t t0 = 0; t0 < T; t0 += TQ) {
-        const std::int64_t b = bh / H, h = bh % H;
+  const std::int64_t N = B * T, R = B * H * T, w = second ? 3 : 2;
+  // Each tile's [P | P' | P''] (tq x w t1), one after the other.
+  std::vector<std::int64_t> tile_at;
+  std::int64_t ptotal = 0;
+  for (std::int64_t t0 = 0; t0 < T; t0 += TQ) {
+    const std::int64_t t1 = std::min(t0 + TQ, T);
+    tile_at.push_back(ptotal);
+    ptotal += (t1 - t0) * w * t1;
+  }
+  std::vector<float> buf(std::size_t(ptotal + T * 3 * hs + T * 2 * hs + T * 3 * hs + 4 * T * hs + 2 * T * hs +
+                                     3 * T * hs));
+  float* Pall = buf.data();
+  float* Aq = Pall + ptotal;   // T x 3hs: [Q'' | Q' | Q]
+  float* Bk1 = Aq + T * 3 * hs;  // T x 2hs: [K | K']
+  float* Bk2 = Bk1 + T * 2 * hs;  // T x 3hs: [K | 2K' | K'']
+  float* V0 = Bk2 + T * 3 * hs;   // T x hs each: V, V', V'', 2V'
+  float* Vd = V0 + T * hs;
+  float* Vdd = Vd + T * hs;
+  float* V2d = Vdd + T * hs;
+  float* Bv1 = V2d + T * hs;      // 2t1 x hs: [V'; V]
+  float* Bv2 = Bv1 + 2 * T * hs;  // 3t1 x hs: [V''; 2V'; V]
+  const std::size_t row_bytes = std::size_t(hs) * sizeof(float);
+  for (std::int64_t bh = bh0; bh < bh1; ++bh) {
+    const std::int64_t b = bh / H, h = bh % H;
+    const std::int64_t oq = g.q(b, h, 0), ok = g.k(b, h), ov = g.v(b, h);
+    for (std::int64_t t0 = 0, i = 0; t0 < T; t0 += TQ, ++i) {
+      const std::int64_t t1 = std::min(t0 + TQ, T);
+      forward_tile(g, qkv, y, lse, b, h, t0, t1, Pall + tile_at[std::size_t(i)], w * t1);
+    }
+    // The primal blocks, once (Q, K and V are the same for every direction).
+    side_by_side(Aq + 2 * hs, 3 * hs, T, hs, {{qkv + oq, 1.0f}}, g.ld);
+    side_by_side(Bk1, 2 * hs, T, hs, {{qkv + ok, 1.0f}}, g.ld);
+    stacked(V0, T, hs, {{qkv + ov, 1.0f}}, g.ld);
+    if (second) side_by_side(Bk2, 3 * hs, T, hs, {{qkv + ok, 1.0f}}, g.ld);
+    for (std::int64_t k = 0; k < K; ++k) {
+      const float* d = qkvd + k * N * g.ld;
+      const float* dd = second ? qkvdd + k * N * g.ld : nullptr;
+      side_by_side(Aq + hs, 3 * hs, T, hs, {{d + oq, 1.0f}}, g.ld);
+      side_by_side(Bk1 + hs, 2 * hs, T, hs, {{d + ok, 1.0f}}, g.ld);
+      stacked(Vd, T, hs, {{d + ov, 1.0f}}, g.ld);
+      if (second) {
+        side_by_side(Aq, 3 * hs, T, hs, {{dd + oq, 1.0f}}, g.ld);
+        side_by_side(Bk2 + hs, 3 * hs, T, hs, {{d + ok, 2.0f}, {dd + ok, 1.0f}}, g.ld);
+        stacked(Vdd, T, hs, {{dd + ov, 1.0f}}, g.ld);
+        stacked(V2d, T, hs, {{d + ov, 2.0f}}, g.ld);
+      }
+      for (std::int64_t t0 = 0, i = 0; t0 < T; t0 += TQ, ++i) {
         const std::int64_t t1 = std::min(t0 + TQ, T), tq = t1 - t0, ldp = w * t1;
-        const std::int64_t oq = g.q(b, h, t0), ok = g.k(b, h), ov = g.v(b, h), oy = g.y(b, h, t0);
-        const std::int64_t orow = g.row(b, h, t0);
-        float *P = Pc, *Pd = Pc + t1, *Pdd = Pc + 2 * t1;
-        forward_tile(g, qkv, y, lse, b, h, t0, t1, P, ldp);
-        // The primal blocks of the operands, once per tile (Q, K and V are
-        // the same for every direction): Aq's Q, Bk1's and Bk2's K, the V
-        // under Bv1's and Bv2's direction blocks.
-        side_by_side(Aq + 2 * hs, 3 * hs, tq, hs, {{qkv + oq, 1.0f}}, g.ld);
-        side_by_side(Bk1, 2 * hs, t1, hs, {{qkv + ok, 1.0f}}, g.ld);
-        stacked(Bv1 + t1 * hs, t1, hs, {{qkv + ov, 1.0f}}, g.ld);
-        if (second) {
-          side_by_side(Bk2, 3 * hs, t1, hs, {{qkv + ok, 1.0f}}, g.ld);
-          stacked(Bv2 + 2 * t1 * hs, t1, hs, {{qkv + ov, 1.0f}}, g.ld);
-        }
-        for (std::int64_t k = 0; k < K; ++k) {
-          const float* d = qkvd + k * N * g.ld;
-          // s' (and s''): Aq holds [Q' | Q] from column hs, Q'' in front of it.
-          side_by_side(Aq + hs, 3 * hs, tq, hs, {{d + oq, 1.0f}}, g.ld);
-          side_by_side(Bk1 + hs, 2 * hs, t1, hs, {{d + ok, 1.0f}}, g.ld);
-          stacked(Bv1, t1, hs, {{d + ov, 1.0f}}, g.ld);
-          mm(false, true, tq, t1, 2 * hs, g.scale, Aq + hs, 3 * hs, Bk1, 2 * hs, 0.0f, Pd, ldp);
-          if (second) {
-            const float* dd = qkvdd + k * N * g.ld;
-            side_by_side(Aq, 3 * hs, tq, hs, {{dd + oq, 1.0f}}, g.ld);
-            side_by_side(Bk2 + hs, 3 * hs, t1, hs, {{d + ok, 2.0f}, {dd + ok, 1.0f}}, g.ld);
-            stacked(Bv2, t1, hs, {{dd + ov, 1.0f}, {d + ov, 2.0f}}, g.ld);
-            mm(false, true, tq, t1, 3 * hs, g.scale, Aq, 3 * hs, Bk2, 3 * hs, 0.0f, Pdd, ldp);
-          }
-          for (std::int64_t r = 0; r < tq; ++r) {
-            const float* p = P + r * ldp;
-            float* sd = Pd + r * ldp;
-            if (!second) {
-              const float l1 = lane_sum<float>(t1, [&](std::int64_t s) { return p[s] * sd[s]; });
-              for (std::int64_t s = 0; s < t1; ++s) sd[s] = p[s] * (sd[s] - l1);
-              lsed[k * R + orow + r] = l1;
-              continue;
-            }
-            float* sdd = Pdd + r * ldp;
-            float l1, l2;
-            lane_sum2<float>(
-                t1,
-                [&](std::int64_t s, float& a, float& b) {
-                  a += p[s] * sd[s];
-                  b += p[s] * (sdd[s] + sd[s] * sd[s]);
-                },
-                l1, l2);
-            l2 -= l1 * l1;
-            for (std::int64_t s = 0; s < t1; ++s) {
-              const float e = sd[s] - l1;
-              sdd[s] = p[s] * (e * e + sdd[s] - l2);
-              sd[s] = p[s] * e;
-            }
+        const std::int64_t oy = g.y(b, h, t0), orow = g.row(b, h, t0);
+        float* P = Pall + tile_at[std::size_t(i)];
+        float *Pd = P + t1, *Pdd = P + 2 * t1;
+        // s' (and s''): the tile's rows of Aq, [Q' | Q] from column hs.
+        mm(false, true, tq, t1, 2 * hs, g.scale, Aq + t0 * 3 * hs + hs, 3 * hs, Bk1, 2 * hs, 0.0f, Pd, ldp);
+        if (second) mm(false, true, tq, t1, 3 * hs, g.scale, Aq + t0 * 3 * hs, 3 * hs, Bk2, 3 * hs, 0.0f, Pdd, ldp);
+        for (std::int64_t r = 0; r < tq; ++r) {
+          const float* p = P + r * ldp;
+          float* sd = Pd + r * ldp;
+          if (!second) {
+            const float l1 = lane_sum<float>(t1, [&](std::int64_t s) { return p[s] * sd[s]; });
+            for (std::int64_t s = 0; s < t1; ++s) sd[s] = p[s] * (sd[s] - l1);
             lsed[k * R + orow + r] = l1;
-            lsedd[k * R + orow + r] = l2;
+            continue;
           }
-          mm(false, false, tq, hs, 2 * t1, 1.0f, P, ldp, Bv1, hs, 0.0f, yd + k * N * g.C + oy, g.C);
-          if (second) mm(false, false, tq, hs, 3 * t1, 1.0f, P, ldp, Bv2, hs, 0.0f, ydd + k * N * g.C + oy, g.C);
+          float* sdd = Pdd + r * ldp;
+          float l1, l2;
+          lane_sum2<float>(
+              t1,
+              [&](std::int64_t s, float& a, float& bb) {
+                a += p[s] * sd[s];
+                bb += p[s] * (sdd[s] + sd[s] * sd[s]);
+              },
+              l1, l2);
+          l2 -= l1 * l1;
+          for (std::int64_t s = 0; s < t1; ++s) {
+            const float e = sd[s] - l1;
+            sdd[s] = p[s] * (e * e + sdd[s] - l2);
+            sd[s] = p[s] * e;
+          }
+          lsed[k * R + orow + r] = l1;
+          lsedd[k * R + orow + r] = l2;
+        }
+        const std::size_t block = std::size_t(t1) * row_bytes;
+        std::memcpy(Bv1, Vd, block);
+        std::memcpy(Bv1 + t1 * hs, V0, block);
+        mm(false, false, tq, hs, 2 * t1, 1.0f, P, ldp, Bv1, hs, 0.0f, yd + k * N * g.C + oy, g.C);
+        if (second) {
+          std::memcpy(Bv2, Vdd, block);
+          std::memcpy(Bv2 + t1 * hs, V2d, block);
+          std::memcpy(Bv2 + 2 * t1 * hs, V0, block);
+          mm(false, false, tq, hs, 3 * t1, 1.0f, P, ldp, Bv2, hs, 0.0f, ydd + k * N * g.C + oy, g.C);
         }
       }
+    }
+  }
 }
 
 }  // namespace

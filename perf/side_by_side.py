@@ -139,18 +139,18 @@ def main():
         # PyTorch passes it is compared with (--pairing pass), or all of gnh's
         # passes and then all of PyTorch's (--pairing round).
         if args.pairing == "pass":
-            segments = [("forward,gradient", "1", ("forward", "gradient"), [])] + [
-                ("curvature", str(K), ("curvature",), [K]) for K in Ks]
+            segments = [(("forward", "gradient"), [])] + [(("curvature",), [K]) for K in Ks]
         else:
-            segments = [("forward,gradient,curvature", args.directions, ("forward", "gradient", "curvature"), Ks)]
+            segments = [(("forward", "gradient", "curvature"), Ks)]
         rounds = []
         for _ in range(max(1, args.rounds)):
             ours, theirs, times = None, None, []
-            for passes, dirs, torch_passes, torch_Ks in segments:
+            for seg_passes, seg_Ks in segments:
+                passes, dirs = ",".join(seg_passes), ",".join(str(K) for K in seg_Ks) or "1"
                 t0 = time.time()
                 o = engine(["--passes", passes, "--directions", dirs])
                 t1 = time.time()
-                t = bench_torch.bench(cfg, state, names, idx, tgt, torch_Ks, args.repeats, passes=torch_passes)
+                t = bench_torch.bench(cfg, state, names, idx, tgt, seg_Ks, args.repeats, passes=seg_passes)
                 times.append({"passes": passes, "directions": dirs, "gnh": [t0, t1], "torch": [t1, time.time()]})
                 if ours is None:
                     ours, theirs = o, t

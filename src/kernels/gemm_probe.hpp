@@ -49,8 +49,9 @@ struct GemmProbe {
 std::vector<GemmShape> model_gemm_shapes(const ModelConfig& cfg, index_t rows);
 
 // Times gnh's kernel (on every thread of the default host space) and the
-// vendor BLAS on each shape (warm-up, then the best
-// of `repeats`) and picks the one with the smaller total time. Does not select.
+// vendor BLAS on each shape (a warm-up of each, then the best of `repeats` runs
+// of each, the two taking turns) and picks the one with the smaller total time.
+// Does not select.
 GemmProbe probe_host_gemm(const std::vector<GemmShape>& shapes, int repeats = 3);
 
 // What `gnh run` does: probe (unless pinned or there is no choice), select the

@@ -264,18 +264,14 @@ TEST_CASE("the start-up probe never picks the slower of gnh's kernel and the ven
   REQUIRE(p.entries.size() == 1);
   // The choice follows its own measurements.
   CHECK((p.chosen == host::GemmKernel::none) == (p.vendor_total() < p.native_total()));
-  // And an independent measurement agrees: the chosen kernel's median time over
-  // 9 runs is not above the other's. A 15% allowance covers the timing noise of
-  // a shared 2-core machine (repeats of one kernel here spread by up to ~10%).
-  const GemmProbe again = probe_host_gemm({probe, probe, probe, probe, probe, probe, probe, probe, probe}, 1);
-  std::vector<double> tn, tv;
-  for (const auto& e : again.entries) {
-    tn.push_back(e.native_seconds);
-    tv.push_back(e.vendor_seconds);
-  }
-  std::sort(tn.begin(), tn.end());
-  std::sort(tv.begin(), tv.end());
-  const double native = tn[4], vendor = tv[4];
+  // And a second measurement agrees: the chosen kernel's best of 15 runs, the
+  // two kernels taking turns so that the load of a shared 2-core machine (ctest
+  // runs other tests beside this one) falls on both alike, is not above the
+  // other's. The 15% allowance covers what remains: best-of-15 times of one
+  // kernel here spread by up to ~10% from one measurement to the next, and two
+  // kernels within that of each other may be picked either way.
+  const GemmProbe again = probe_host_gemm({probe}, 15);
+  const double native = again.entries.at(0).native_seconds, vendor = again.entries.at(0).vendor_seconds;
   INFO("native " << native << " s, vendor " << vendor << " s, chosen " << host::name(p.chosen));
   if (p.chosen == host::GemmKernel::none) CHECK(vendor <= 1.15 * native);
   else CHECK(native <= 1.15 * vendor);

@@ -140,9 +140,11 @@ struct Flops {
   // per direction for the tangent (x'W + xW') and two for the second order
   // (x''W + 2x'W'; W'' = 0); the head two for the tangent logits and one
   // (q V_k) for the second order, plus q W once (kernels/lm_head_xent.hpp);
-  // each attention product two and three.
-  double second_order(int K) const {
-    return dense * (1 + 4.0 * K) + head * (2 + 3.0 * K) + attention * (1 + 5.0 * K);
+  // each attention product two and three. With adjoint cuts (Shape::adjoint_cuts)
+  // each dense product forms no x''W: three per direction, plus the gradient pass.
+  double second_order(int K, bool cuts = false) const {
+    return dense * (1 + (cuts ? 3.0 : 4.0) * K) + head * (2 + 3.0 * K) + attention * (1 + 5.0 * K) +
+           (cuts ? gradient() : 0.0);
   }
   // Gradient: 3x the forward (a GEMM and its two transposes). Forward-over-
   // reverse: the gradient, and per direction twice its products again.
@@ -385,7 +387,8 @@ void run(const Options& o) {
         const long peak = peak_rss_bytes();
         js << (first ? "\n" : ",\n") << "    {\"method\": \"" << method << "\", \"K\": " << K << ", \"seconds\": " << t
            << ", \"samples\": " << tm.samples_json() << ", \"seconds_per_direction\": " << t / K
-           << rates(s.reverse ? fl.hvp(K) : fl.second_order(K), t) << ", \"workspace_bytes\": " << m.workspace_bytes()
+           << rates(s.reverse ? fl.hvp(K) : fl.second_order(K, m.adjoint_cuts()), t)
+           << ", \"adjoint_cuts\": " << (m.adjoint_cuts() ? "true" : "false") << ", \"workspace_bytes\": " << m.workspace_bytes()
            << ", \"peak_rss_bytes\": " << peak << "}";
         first = false;
         if (o.validation && K == o.K.front()) {

@@ -51,10 +51,13 @@ void add_colsum(const ExecSpace& space, T* g, const T* dy, index_t N, index_t ou
 }  // namespace detail
 
 // b < 0: no bias. The mode follows from S (planes_of): the tangent planes
-// with Dual<T> and Jet2<T>, the second-order planes with Jet2<T>.
+// with Dual<T> and Jet2<T>, the second-order planes with Jet2<T>. x_second
+// false (Jet2 only): x'' is taken as zero and not read, so y''_k = 2 x'_k V_k^T
+// alone (the adjoint cuts of model/gpt_impl.hpp, where x'' has been contracted
+// with the layer input's adjoint instead of multiplied through W).
 template <class S>
 void linear_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x, Params<base_t<S>> p, index_t w,
-                    index_t b, const GemmPolicy<base_t<S>>& pol = GemmPolicy<base_t<S>>()) {
+                    index_t b, const GemmPolicy<base_t<S>>& pol = GemmPolicy<base_t<S>>(), bool x_second = true) {
   using T = base_t<S>;
   keep_planes<S>(y, x, p);
   const index_t N = x.rows(), in = x.cols(), out = y.cols(), K = y.d.extent(0);
@@ -76,10 +79,11 @@ void linear_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x
   if (b >= 0)
     detail::add_bias(space, y.d.data(), p.d.data() + b, N, out, K, P);
   if (y.dd.extent(0) == 0) return;
-  gemm<T>(space, pol, "N", "T", T(1), block(x.dd.data(), 0, K * N, in), block(W, 0, out, in), T(0),
-          block(y.dd.data(), 0, K * N, out));
+  if (x_second)
+    gemm<T>(space, pol, "N", "T", T(1), block(x.dd.data(), 0, K * N, in), block(W, 0, out, in), T(0),
+            block(y.dd.data(), 0, K * N, out));
   gemm_batched<T>(space, pol, "N", "T", T(2), block(x.d.data(), 0, N, in), N * in, block(p.d.data(), w, out, in), P,
-                  T(1), block(y.dd.data(), 0, N, out), N * out, K);
+                  T(x_second ? 1 : 0), block(y.dd.data(), 0, N, out), N * out, K);
 }
 
 // dx is overwritten (skipped when it has no rows); g accumulates. S = T or
@@ -148,7 +152,7 @@ struct LinearOp {
 // Compiled once, in gnh_core (kernels/instances.hpp).
 #define GNH_LINEAR_FORWARD(EXT, S)                                                                       \
   EXT template void linear_forward<S>(const ExecSpace&, Act2<base_t<S>>, Act2<base_t<S>>, Params<base_t<S>>, \
-                                      index_t, index_t, const GemmPolicy<base_t<S>>&);
+                                      index_t, index_t, const GemmPolicy<base_t<S>>&, bool);
 #define GNH_LINEAR_REVERSE(EXT, S)                                                                         \
   EXT template void linear_reverse<S>(const ExecSpace&, Act2<base_t<S>>, Grads<base_t<S>>, Act2<base_t<S>>, \
                                       Act2<base_t<S>>, Params<base_t<S>>, index_t, index_t,                 \

@@ -7,6 +7,8 @@
 //                   sharing one primal forward and one primal backward
 //   second_order    second-order forward: d/de and d2/de2 of the summed loss
 //                   along K directions, no backward pass, one layer of storage
+//                   (or, with adjoint cuts, one primal gradient pass first:
+//                   see Gpt<T>::second_order in gpt_impl.hpp)
 // Memory (activations, their tangent planes, adjoints, workspaces) is planned
 // once in the constructor for the modes the Shape asks for.
 #pragma once
@@ -54,6 +56,8 @@ class Gpt {
   index_t context() const { return shape_.context; }
   // Bytes of activations, tangent planes, adjoints and workspaces planned.
   std::size_t workspace_bytes() const { return workspace_bytes_; }
+  // Whether second_order runs with adjoint cuts (Shape::adjoint_cuts).
+  bool adjoint_cuts() const { return adjoint_engine_ != nullptr || (!allocate_ && cuts_); }
 
   // tokens, targets: (B, T) device views; a target < 0 is ignored.
   LossSum forward_loss(const ExecSpace& space, Span1<const T> params, Span2<const std::int32_t> tokens,
@@ -98,6 +102,13 @@ class Gpt {
   View2<double> row_loss_d_, row_loss_dd_;  // (K, N)
   std::size_t workspace_bytes_ = 0;
   bool allocate_ = true;  // false: only count the bytes (planned_bytes)
+  // Adjoint cuts: the engine of the primal gradient pass, its gradient (not
+  // used), and per direction and row the contractions at the cuts.
+  bool cuts_ = false;
+  std::unique_ptr<Gpt<T>> adjoint_engine_;
+  View1<T> cut_grad_;
+  View2<double> cut_dd_;  // (K, N)
+  GptBuffers<T>* keep_into_ = nullptr;  // set on the adjoint engine during its reverse: where the cut adjoints go
 };
 
 extern template class Gpt<float>;

@@ -12,6 +12,7 @@
 #include "kernels/linear.hpp"
 #include "kernels/lm_head_xent.hpp"
 #include "kernels/residual.hpp"
+#include "kernels/rows.hpp"
 #include "model/gpt.hpp"
 
 namespace gnh {
@@ -42,6 +43,33 @@ struct Adjoints {
   Act1<T> D;        // (B*H*T) attention row terms
 };
 
+// Adjoint cuts (Gpt<T>::second_order): the primal adjoints of the four linear
+// layers' inputs of one block, from the batch's gradient pass.
+template <class T>
+struct CutAdjoints {
+  Act2<T> ln1, att, ln2;  // (N, C): inputs of c_attn, attn.c_proj, c_fc
+  Act2<T> fc_gelu;        // (N, 4C): input of mlp.c_proj
+};
+
+namespace gpt_detail {
+// acc(k, n) += sum_c adj(n, c) x''_k(n, c), one row (row r = k N + n) a task:
+// what a cut contributes to d2/de2 of the summed loss.
+template <class T>
+struct CutRow {
+  Act2<T> adj, x;
+  View2<double> acc;
+  index_t N, C;
+  template <class Lanes>
+  KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t r) const {
+    const index_t k = r / N, n = r - k * N;
+    const T* a = &adj.v(n, 0);
+    const T* b = &x.dd(k, n, 0);
+    const T s = lanes.template sum<T>(C, [&](index_t c) { return a[c] * b[c]; });
+    lanes.single([&] { acc(k, n) += double(s); });
+  }
+};
+}  // namespace gpt_detail
+
 template <class T>
 struct GptBuffers {
   std::vector<LayerActivations<T>> acts;  // one per layer (reverse) or one shared (forward modes)
@@ -54,6 +82,7 @@ struct GptBuffers {
   Act2<T> head_moments;        // (rows, C), K planes: the head's second-order moments
   View2<T> head_stats;         // (N, 2) the head's running maximum and target logit
   Adjoints<T> adj;
+  std::vector<CutAdjoints<T>> cuts;  // one per layer, with adjoint cuts
 };
 
 template <class T>
@@ -174,6 +203,27 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate)
     }
   }
   workspace_bytes_ += sizeof(double) * static_cast<std::size_t>(N * (1 + (tan ? shape.directions : 0) * (sec ? 2 : 1)));
+  cuts_ = adjoint_cuts_of(cfg, shape);
+  if (cuts_) {
+    // The gradient pass's engine (reverse, no directions), its gradient, the
+    // four cut adjoints of every layer, and the contractions per direction and row.
+    Shape g = shape;
+    g.directions = 0;
+    g.reverse = true;
+    g.second_order = false;
+    g.adjoint_cuts = 0;
+    for (int l = 0; l < cfg.n_layer; ++l)
+      buf_->cuts.push_back({act2("cut_ln1", N, C, false, false), act2("cut_att", N, C, false, false),
+                            act2("cut_ln2", N, C, false, false), act2("cut_fc_gelu", N, 4 * C, false, false)});
+    const index_t P = layout_.size();
+    workspace_bytes_ += Gpt<T>::planned_bytes(cfg, g) + sizeof(T) * static_cast<std::size_t>(P) +
+                        sizeof(double) * static_cast<std::size_t>(shape.directions * N);
+    if (allocate_) {
+      adjoint_engine_.reset(new Gpt<T>(cfg, g));
+      cut_grad_ = View1<T>("gnh::gpt::cut_gradient", P);
+      cut_dd_ = View2<double>("gnh::gpt::cut_dd", shape.directions, N);
+    }
+  }
   if (!allocate_) return;
   row_loss_v_ = View1<double>("gnh::gpt::row_loss", N);
   if (tan) row_loss_d_ = View2<double>("gnh::gpt::row_loss_d", shape.directions, N);
@@ -212,6 +262,15 @@ LossSum Gpt<T>::forward(const ExecSpace& space, Params<T> p, Span2<const std::in
   check_batch(tokens, targets);
   const ParamLayout& L = layout_;
   const index_t B = shape_.batch, Tc = shape_.context;
+  // Adjoint cuts: before each linear layer, x'' is contracted with the layer
+  // input's primal adjoint (into cut_dd_) and the layer takes it as zero.
+  const bool cut = std::is_same<S, Jet2<T>>::value && cuts_;
+  if (cut) Kokkos::deep_copy(space, cut_dd_, 0.0);
+  auto cut_at = [&](const Act2<T>& adj, const Act2<T>& x) {
+    if (!cut) return;
+    const index_t K = shape_.directions;
+    for_rows<T>(space, "gnh::gpt::cut", K * N_, gpt_detail::CutRow<T>{adj, x, cut_dd_, N_, x.cols()});
+  };
   embedding_forward<S>(space, x_in(0), tokens, p, L.wte, L.wpe);
   const Act2<T> proj = buf_->proj;
   for (int l = 0; l < cfg_.n_layer; ++l) {
@@ -221,15 +280,20 @@ LossSum Gpt<T>::forward(const ExecSpace& space, Params<T> p, Span2<const std::in
     const Act2<T> ln1 = a0.ln1, qkv = a0.qkv, att = a0.att;
     const Act2<T> x_mid = a0.x_mid, ln2 = a0.ln2;
     const Act2<T> fc = a0.fc, fc_gelu = a0.fc_gelu, x_out = a0.x_out;
+    const CutAdjoints<T> cuts = cut ? buf_->cuts[l] : CutAdjoints<T>();
     layernorm_forward<S>(space, ln1, a0.ln1_mean, a0.ln1_rstd, x, p, o.ln1_w, o.ln1_b, cfg_.ln_eps);
-    linear_forward<S>(space, qkv, ln1, p, o.attn_w, o.attn_b, gemm_);
+    cut_at(cuts.ln1, ln1);
+    linear_forward<S>(space, qkv, ln1, p, o.attn_w, o.attn_b, gemm_, !cut);
     attention_forward<S>(space, att, a0.att_lse, qkv, B, Tc, cfg_.n_head, gemm_.bf16);
-    linear_forward<S>(space, proj, att, p, o.attn_proj_w, o.attn_proj_b, gemm_);
+    cut_at(cuts.att, att);
+    linear_forward<S>(space, proj, att, p, o.attn_proj_w, o.attn_proj_b, gemm_, !cut);
     residual_forward<S>(space, x_mid, x, proj);
     layernorm_forward<S>(space, ln2, a0.ln2_mean, a0.ln2_rstd, x_mid, p, o.ln2_w, o.ln2_b, cfg_.ln_eps);
-    linear_forward<S>(space, fc, ln2, p, o.fc_w, o.fc_b, gemm_);
+    cut_at(cuts.ln2, ln2);
+    linear_forward<S>(space, fc, ln2, p, o.fc_w, o.fc_b, gemm_, !cut);
     gelu_forward<S>(space, fc_gelu, fc, cfg_.gelu);
-    linear_forward<S>(space, proj, fc_gelu, p, o.fc_proj_w, o.fc_proj_b, gemm_);
+    cut_at(cuts.fc_gelu, fc_gelu);
+    linear_forward<S>(space, proj, fc_gelu, p, o.fc_proj_w, o.fc_proj_b, gemm_, !cut);
     residual_forward<S>(space, x_out, x_mid, proj);
   }
   layernorm_forward<S>(space, buf_->lnf, buf_->lnf_mean, buf_->lnf_rstd, x_final(), p, L.lnf_w, L.lnf_b, cfg_.ln_eps);
@@ -264,6 +328,12 @@ LossSum Gpt<T>::forward(const ExecSpace& space, Params<T> p, Span2<const std::in
       for (index_t k = 0; k < K; ++k)
         for (index_t n = 0; n < N_; ++n)
           if (h_targets(n) >= 0) out.second[k] += h_dd(k, n);
+      if (cut) {
+        // Every row's contractions: a row's activations reach other rows' losses.
+        auto h_cut = Kokkos::create_mirror_view_and_copy(HostSpace(), cut_dd_);
+        for (index_t k = 0; k < K; ++k)
+          for (index_t n = 0; n < N_; ++n) out.second[k] += h_cut(k, n);
+      }
     }
   }
   Kokkos::Profiling::popRegion();
@@ -283,6 +353,11 @@ void Gpt<T>::reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<cons
   const Act2<T> d_fcg = buf_->adj.fc_gelu, d_fc = buf_->adj.fc;
   const Act1<T> D = buf_->adj.D;
   Span1<const std::int32_t> flat_targets(targets.data(), N_);
+  // With keep_into_ set (the primal reverse of an engine with adjoint cuts),
+  // the adjoint of each linear layer's input is copied out for the cut.
+  auto keep = [&](Act2<T> CutAdjoints<T>::*which, int l, const Act2<T>& adj) {
+    if (std::is_same<S, T>::value && keep_into_) Kokkos::deep_copy(space, (keep_into_->cuts[l].*which).v, adj.v);
+  };
   // reverse<S> always follows forward<S> of the same batch (gradient, hvp).
   lm_head_xent_reverse<S>(space, c1, g, buf_->head_lse, buf_->lnf, p, L.lm_head,
                           cfg_.vocab_size, flat_targets, buf_->logits, gemm_, /*logits_current=*/true);
@@ -297,6 +372,7 @@ void Gpt<T>::reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<cons
     if constexpr (std::is_same<S, T>::value) {
       gelu_forward_slope<T>(space, a.fc_gelu.v, d_fc.v, a.fc.v, cfg_.gelu);
       linear_reverse<S>(space, d_fcg, g, res, a.fc_gelu, p, o.fc_proj_w, o.fc_proj_b, gemm_);
+      keep(&CutAdjoints<T>::fc_gelu, l, d_fcg);
       gelu_reverse_slope<T>(space, d_fc.v, d_fcg.v, d_fc.v);
     } else {
       gelu_forward<S>(space, a.fc_gelu, a.fc, cfg_.gelu);
@@ -305,13 +381,16 @@ void Gpt<T>::reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<cons
     }
     layernorm_forward<S>(space, a.ln2, a.ln2_mean, a.ln2_rstd, a.x_mid, p, o.ln2_w, o.ln2_b, cfg_.ln_eps);
     linear_reverse<S>(space, c1, g, d_fc, a.ln2, p, o.fc_w, o.fc_b, gemm_);
+    keep(&CutAdjoints<T>::ln2, l, c1);
     layernorm_reverse<S>(space, c2, g, c1, a.x_mid, a.ln2_mean, a.ln2_rstd, p, o.ln2_w, o.ln2_b);
     accumulate<S>(space, res, c2);  // d x_mid
     // x_mid = x_in + c_proj(attn(c_attn(ln_1(x_in)))).
     linear_reverse<S>(space, d_att, g, res, a.att, p, o.attn_proj_w, o.attn_proj_b, gemm_);
+    keep(&CutAdjoints<T>::att, l, d_att);
     attention_reverse<S>(space, d_qkv, D, d_att, a.qkv, a.att, a.att_lse, B, Tc, cfg_.n_head, gemm_.bf16);
     layernorm_forward<S>(space, a.ln1, a.ln1_mean, a.ln1_rstd, x_in(l), p, o.ln1_w, o.ln1_b, cfg_.ln_eps);
     linear_reverse<S>(space, c1, g, d_qkv, a.ln1, p, o.attn_w, o.attn_b, gemm_);
+    keep(&CutAdjoints<T>::ln1, l, c1);
     layernorm_reverse<S>(space, c2, g, c1, x_in(l), a.ln1_mean, a.ln1_rstd, p, o.ln1_w, o.ln1_b);
     accumulate<S>(space, res, c2);  // d x_in
   }
@@ -363,6 +442,25 @@ LossSum Gpt<T>::second_order(const ExecSpace& space, Span1<const T> params, Span
     throw std::logic_error("gnh::gpt::second_order: planned without second-order planes");
   kernels::require_extent("gnh::gpt::second_order", "directions", dirs.extent(0), shape_.directions);
   kernels::require_extent("gnh::gpt::second_order", "direction length", dirs.extent(1), layout_.size());
+  if (cuts_) {
+    // Adjoint cuts. d2/de2 of the summed loss L along v is the sum, over the
+    // nodes of the graph, of each node's own second-order term contracted with
+    // the primal adjoint of its output; the forward carries the x'' of a node
+    // on only to account for it downstream. So wherever x'' is replaced by zero
+    // and <xbar, x''> is added instead, the sum is unchanged: at the input x
+    // of a linear layer (its only consumer), <xbar, x''> = <ybar, x'' W^T>.
+    // The layer then forms y''_k = 2 x'_k V_k^T alone and skips the GEMM
+    // x''_k W^T of K N rows; the adjoints xbar come from one primal gradient
+    // pass of the batch (its gradient unused). Tangents and the loss are those
+    // of the plain second-order forward, bit for bit.
+    Kokkos::deep_copy(space, cut_grad_, T(0));
+    struct Reset {
+      Gpt<T>* e;
+      ~Reset() { e->keep_into_ = nullptr; }
+    } reset{adjoint_engine_.get()};
+    adjoint_engine_->keep_into_ = buf_.get();
+    adjoint_engine_->gradient(space, params, tokens, targets, Span1<T>(cut_grad_.data(), cut_grad_.extent(0)));
+  }
   return forward<Jet2<T>>(space, Params<T>{params, dirs}, tokens, targets);
 }
 

@@ -2,10 +2,30 @@
 #include "model/plan.hpp"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
+#include "core/error.hpp"
 #include "model/gpt.hpp"
 
 namespace gnh {
+
+bool adjoint_cuts_of(const ModelConfig& cfg, const Shape& shape) {
+  if (!shape.second_order || shape.directions <= 0) return false;
+  if (shape.adjoint_cuts >= 0) return shape.adjoint_cuts > 0;
+  // GNH_ADJOINT_CUTS=0 keeps the plain second-order forward (no gradient pass,
+  // no stored activations: SPEC §5's memory), 1 cuts at any K.
+  if (const char* env = std::getenv("GNH_ADJOINT_CUTS")) {
+    const std::string v(env);
+    if (v == "0" || v == "1") return v == "1";
+    if (!v.empty()) fail("GNH_ADJOINT_CUTS: expected 0 or 1, got '", v, "'");
+  }
+  // Forward FLOPs per token: dense layers, the head, causal attention.
+  const double C = double(cfg.n_embd), L = double(cfg.n_layer), T = double(shape.context);
+  const double dense = 24.0 * L * C * C, head = 2.0 * double(cfg.vocab_size) * C;
+  const double attention = L * 2.0 * C * (T + 1.0);
+  return double(shape.directions) * dense >= 1.5 * 3.0 * (dense + head + attention);
+}
 
 GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape) {
   GptTiles t;

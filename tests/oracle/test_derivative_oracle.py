@@ -3,7 +3,8 @@
 """The derivative engine against PyTorch (Debian's torch 1.13, double backward)
 on generated checkpoints covering every model option and a context that is not
 a power of two: loss, G, G^T H G, xi^T H xi (xi = g_B - G for one noise batch)
-and v^T H v for Rademacher v from SPEC §4's generator, by both curvature paths.
+and v^T H v for Rademacher v from SPEC §4's generator, by both curvature paths
+(the second-order forward with and without adjoint cuts).
 
 Bars (issue #3): 1e-10 relative in double, 1e-4 in float; relative to the
 quantity, or to the sum of absolute per-batch contributions where the quantity
@@ -123,7 +124,7 @@ class DerivativeOracle(unittest.TestCase):
                     Gn = G.numpy()
                     self.assertLessEqual(np.linalg.norm(got["G"] - Gn), rel * np.linalg.norm(Gn))
                     self.assertLessEqual(np.linalg.norm(got["gB"] - gB.numpy()), rel * np.linalg.norm(gB.numpy()))
-                    for tag in ("for", "sof"):
+                    for tag in ("for", "sof", "sof_cut"):
                         for k, name in enumerate(["GHG", "xiHxi"] + [f"vHv[{j}]" for j in range(K)]):
                             scale = max(abs(quads[k]), abs_sums[k])
                             self.assertLessEqual(abs(got["quad_" + tag][k] - quads[k]), rel * scale,

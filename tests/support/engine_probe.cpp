@@ -61,16 +61,20 @@ void probe(const Args& a) {
   h5::write_attr(f.id(), "tokens", std::int64_t(eg.tokens));
   h5::write_dataset(f.id(), "G", std::vector<double>(G.data(), G.data() + P));
   h5::write_dataset(f.id(), "gB", std::vector<double>(gB.data(), gB.data() + P));
-  for (auto method : {CurvatureMethod::forward_over_reverse, CurvatureMethod::second_order_forward}) {
+  // Forward-over-reverse, the second-order forward, and the second-order
+  // forward with adjoint cuts (model/gpt_impl.hpp), forced on and off.
+  for (int path = 0; path < 3; ++path) {
+    const CurvatureMethod method = path == 0 ? CurvatureMethod::forward_over_reverse : CurvatureMethod::second_order_forward;
     Shape s;
     s.batch = a.hvp_batch;
     s.context = a.context;
     s.directions = int(D);
     s.reverse = method == CurvatureMethod::forward_over_reverse;
     s.second_order = !s.reverse;
+    s.adjoint_cuts = path == 2 ? 1 : 0;
     Gpt<T> m(ck.config, s);
     const EpochCurvature c = epoch_curvature<T>(space, m, params, dirs, tf.ids.data(), all_blocks(n_blocks), method);
-    const std::string tag = method == CurvatureMethod::forward_over_reverse ? "for" : "sof";
+    const std::string tag = path == 0 ? "for" : path == 1 ? "sof" : "sof_cut";
     h5::write_dataset(f.id(), "quad_" + tag, c.vHv);
     h5::write_dataset(f.id(), "first_" + tag, c.Gv);
     h5::write_attr(f.id(), "loss_" + tag, c.loss);

@@ -8,11 +8,13 @@
 // (paths against each other).
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 
 #include "analysis/derivatives.hpp"
 #include "core/random.hpp"
 #include "model/gpt.hpp"
+#include "model/plan.hpp"
 #include "support/reference.hpp"
 
 using namespace gnh;
@@ -178,22 +180,94 @@ TEST_CASE("whole model, double: gradient, H v and quadratic forms against finite
   INFO("u^T H v = " << uHv << ", v^T H u = " << vHu);
   REQUIRE(std::abs(uHv - vHu) <= 1e3 * std::numeric_limits<double>::epsilon() * sym_scale);
 
-  // Second-order forward (HVP batch 3) agrees with forward-over-reverse.
-  Shape ss;
-  ss.batch = 3;
-  ss.context = Tc;
-  ss.directions = int(K);
-  ss.second_order = true;
-  ss.head_chunk_vocab = 3;
-  Gpt<double> smodel(cfg, ss);
-  const EpochCurvature so = epoch_curvature<double>(ExecSpace(), smodel, p, dirs, ids.data(), all_blocks(n_blocks),
-                                                    CurvatureMethod::second_order_forward);
-  for (index_t k = 0; k < K; ++k) {
-    INFO("direction " << k << ": second-order " << so.vHv[k] << ", forward-over-reverse " << fr.vHv[k]);
-    REQUIRE(std::abs(so.vHv[k] - fr.vHv[k]) <= 1e-10 * std::abs(fr.vHv[k]));
-    REQUIRE(std::abs(so.Gv[k] - fr.Gv[k]) <= 1e-10 * std::abs(fr.Gv[k]));
+  // Second-order forward (HVP batch 3) agrees with forward-over-reverse, with
+  // the adjoint cuts and without (at K = 2 the default is without).
+  for (int cuts : {0, 1}) {
+    Shape ss;
+    ss.batch = 3;
+    ss.context = Tc;
+    ss.directions = int(K);
+    ss.second_order = true;
+    ss.head_chunk_vocab = 3;
+    ss.adjoint_cuts = cuts;
+    Gpt<double> smodel(cfg, ss);
+    REQUIRE(smodel.adjoint_cuts() == bool(cuts));
+    const EpochCurvature so = epoch_curvature<double>(ExecSpace(), smodel, p, dirs, ids.data(), all_blocks(n_blocks),
+                                                      CurvatureMethod::second_order_forward);
+    for (index_t k = 0; k < K; ++k) {
+      INFO("cuts " << cuts << ", direction " << k << ": second-order " << so.vHv[k] << ", forward-over-reverse "
+                   << fr.vHv[k]);
+      REQUIRE(std::abs(so.vHv[k] - fr.vHv[k]) <= 1e-10 * std::abs(fr.vHv[k]));
+      REQUIRE(std::abs(so.Gv[k] - fr.Gv[k]) <= 1e-10 * std::abs(fr.Gv[k]));
+    }
+    REQUIRE(std::abs(so.loss - eg.loss) <= 1e-13 * eg.loss);
   }
-  REQUIRE(std::abs(so.loss - eg.loss) <= 1e-13 * eg.loss);
+}
+
+TEST_CASE("adjoint cuts: the same second order, the same tangents bit for bit", "[derivatives][model]") {
+  // Float and double, K = 5, padded batches (targets < 0), the head in
+  // vocabulary chunks.
+  const ModelConfig cfg = config(true, false, Gelu::tanh);
+  const index_t Tc = 6, n_blocks = 5, P = ParamLayout(cfg).size(), K = 5;
+  const auto ids = make_ids(n_blocks * Tc + 1, cfg.vocab_size, 31);
+  auto run = [&](auto zero, int cuts) {
+    using T = decltype(zero);
+    View1<T> p = make_params<T>(cfg, 8);
+    View2<T> dirs("dirs", K, P);
+    fill_rademacher<T>(ExecSpace(), dirs, 7, 0);
+    Shape s;
+    s.batch = 3;
+    s.context = Tc;
+    s.directions = int(K);
+    s.second_order = true;
+    s.head_chunk_vocab = 8;
+    s.adjoint_cuts = cuts;
+    Gpt<T> m(cfg, s);
+    REQUIRE(m.adjoint_cuts() == (cuts != 0));
+    return epoch_curvature<T>(ExecSpace(), m, p, dirs, ids.data(), all_blocks(n_blocks),
+                              CurvatureMethod::second_order_forward);
+  };
+  // The default follows the FLOPs: on this model (dense layers 87% of the
+  // forward's FLOPs at T = 6) from K = 6; the cases below force them.
+  Shape by_default;
+  by_default.context = Tc;
+  by_default.second_order = true;
+  by_default.directions = 5;
+  REQUIRE_FALSE(adjoint_cuts_of(cfg, by_default));
+  by_default.directions = 6;
+  REQUIRE(adjoint_cuts_of(cfg, by_default));
+  // GNH_ADJOINT_CUTS overrides the automatic choice, and a bad value is named.
+  ::setenv("GNH_ADJOINT_CUTS", "0", 1);
+  REQUIRE_FALSE(adjoint_cuts_of(cfg, by_default));
+  by_default.directions = 1;
+  ::setenv("GNH_ADJOINT_CUTS", "1", 1);
+  REQUIRE(adjoint_cuts_of(cfg, by_default));
+  ::setenv("GNH_ADJOINT_CUTS", "yes", 1);
+  REQUIRE_THROWS_WITH(adjoint_cuts_of(cfg, by_default), Catch::Contains("GNH_ADJOINT_CUTS") && Catch::Contains("'yes'"));
+  ::unsetenv("GNH_ADJOINT_CUTS");
+  REQUIRE_FALSE(adjoint_cuts_of(cfg, by_default));
+  const EpochCurvature d0 = run(0.0, 0), d1 = run(0.0, 1), f0 = run(0.0f, 0), f1 = run(0.0f, 1);
+  for (index_t k = 0; k < K; ++k) {
+    CAPTURE(k, d0.vHv[k], d1.vHv[k], f0.vHv[k], f1.vHv[k]);
+    // Tangents (and the loss) take the same arithmetic with and without cuts.
+    REQUIRE(d1.Gv[k] == d0.Gv[k]);
+    REQUIRE(f1.Gv[k] == f0.Gv[k]);
+    // The second order: the same sum regrouped. In double, the terms are
+    // O(1) and the regrouping moves the result by a few ulps of the largest
+    // (1e-12 relative as in the other path comparisons). In float, each path
+    // is within ~1e-5 of the double value here (a few hundred float
+    // roundings through the layers, amplified by the curvature), so they
+    // agree to 1e-4 (the float-against-double bar of the test below).
+    REQUIRE(std::abs(d1.vHv[k] - d0.vHv[k]) <= 1e-12 * std::abs(d0.vHv[k]));
+    REQUIRE(std::abs(f1.vHv[k] - d0.vHv[k]) <= 1e-4 * std::abs(d0.vHv[k]));
+    REQUIRE(std::abs(f0.vHv[k] - d0.vHv[k]) <= 1e-4 * std::abs(d0.vHv[k]));
+  }
+  REQUIRE(d1.loss == d0.loss);
+  // And the cuts did run: the regrouped sums differ from the plain ones in
+  // their last bits (equal bits in all ten would mean the same arithmetic).
+  int differ = 0;
+  for (index_t k = 0; k < K; ++k) differ += (d1.vHv[k] != d0.vHv[k]) + (f1.vHv[k] != f0.vHv[k]);
+  REQUIRE(differ > 0);
 }
 
 TEST_CASE("K directions per pass equal one direction at a time", "[derivatives][model]") {

@@ -476,10 +476,13 @@ void attention_rows(const ExecSpace& space, const char* label, index_t N, const 
 
 // shape: the portable kernels' row shape (rows.hpp); the default suits the
 // execution space.
+// qkv_second false (Jet2): qkv'' is taken as zero (the adjoint cuts of
+// model/gpt_impl.hpp); the host tiles do not read it and skip its products,
+// the portable rows overwrite qkv's second-order planes with zeros first.
 template <class S>
 void attention_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>> lse,
                        Act2<base_t<S>> qkv, index_t B, index_t Tc, int n_head, bool bf16 = false,
-                       RowShape shape = default_row_shape()) {
+                       RowShape shape = default_row_shape(), bool qkv_second = true) {
   keep_planes<S>(y, lse, qkv);
   using T = base_t<S>;
   const index_t C = y.cols(), H = n_head, hs = C / H, K = directions_of<S>(qkv);
@@ -499,12 +502,14 @@ void attention_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>
                                        qkv.d.data(), K, B, Tc, H, hs, bh0, bh1);
         else
           host::attention_forward_jet2(y.v.data(), y.d.data(), y.dd.data(), lse.v.data(), lse.d.data(),
-                                       lse.dd.data(), qkv.v.data(), qkv.d.data(), qkv.dd.data(), K, B, Tc, H, hs,
-                                       bh0, bh1);
+                                       lse.dd.data(), qkv.v.data(), qkv.d.data(),
+                                       qkv_second ? qkv.dd.data() : nullptr, K, B, Tc, H, hs, bh0, bh1);
       });
       return;
     }
   }
+  if constexpr (has_second_v<S>)
+    if (!qkv_second) Kokkos::deep_copy(space, qkv.dd, T(0));
   // The matrix-multiply operands (q, k for the scores; p, v for the output)
   // are rounded to bfloat16 under bf16-amp; scores and softmax stay FP32.
   const detail::AttentionRows<S> rows{Tc, H, C, hs, K, T(1) / kmath::sqrt(T(hs)), bf16};
@@ -586,7 +591,7 @@ struct AttentionOp {
 // Compiled once, in gnh_core (kernels/instances.hpp).
 #define GNH_ATTENTION_FORWARD(EXT, S)                                                                           \
   EXT template void attention_forward<S>(const ExecSpace&, Act2<base_t<S>>, Act1<base_t<S>>, Act2<base_t<S>>, \
-                                         index_t, index_t, int, bool, RowShape);
+                                         index_t, index_t, int, bool, RowShape, bool);
 #define GNH_ATTENTION_REVERSE(EXT, S)                                                                           \
   EXT template void attention_reverse<S>(const ExecSpace&, Act2<base_t<S>>, Act1<base_t<S>>, Act2<base_t<S>>, \
                                          Act2<base_t<S>>, Act2<base_t<S>>, Act1<base_t<S>>, index_t, index_t,   \

@@ -245,16 +245,18 @@ void forward_derivatives(float* y, float* yd, float* ydd, float* lse, float* lse
     if (second) side_by_side(Bk2, 3 * hs, T, hs, {{qkv + ok, 1.0f}}, g.ld);
     for (std::int64_t k = 0; k < K; ++k) {
       const float* d = qkvd + k * N * g.ld;
-      const float* dd = second ? qkvdd + k * N * g.ld : nullptr;
+      const float* dd = second && qkvdd ? qkvdd + k * N * g.ld : nullptr;  // null: qkv'' is zero
       side_by_side(Aq + hs, 3 * hs, T, hs, {{d + oq, 1.0f}}, g.ld);
       side_by_side(Bk1 + hs, 2 * hs, T, hs, {{d + ok, 1.0f}}, g.ld);
       stacked(Vd, T, hs, {{d + ov, 1.0f}}, g.ld);
-      if (second) {
+      if (second && dd) {
         side_by_side(Aq, 3 * hs, T, hs, {{dd + oq, 1.0f}}, g.ld);
         side_by_side(Bk2 + hs, 3 * hs, T, hs, {{d + ok, 2.0f}, {dd + ok, 1.0f}}, g.ld);
         stacked(Vdd, T, hs, {{dd + ov, 1.0f}}, g.ld);
-        stacked(V2d, T, hs, {{d + ov, 2.0f}}, g.ld);
+      } else if (second) {
+        side_by_side(Bk2 + hs, 3 * hs, T, hs, {{d + ok, 2.0f}}, g.ld);
       }
+      if (second) stacked(V2d, T, hs, {{d + ov, 2.0f}}, g.ld);
       for (std::int64_t t0 = 0, i = 0; t0 < T; t0 += TQ, ++i) {
         const std::int64_t t1 = std::min(t0 + TQ, T), tq = t1 - t0, ldp = w * t1;
         const std::int64_t oy = g.y(b, h, t0), orow = g.row(b, h, t0);
@@ -262,7 +264,10 @@ void forward_derivatives(float* y, float* yd, float* ydd, float* lse, float* lse
         float *Pd = P + t1, *Pdd = P + 2 * t1;
         // s' (and s''): the tile's rows of Aq, [Q' | Q] from column hs.
         mm(false, true, tq, t1, 2 * hs, g.scale, Aq + t0 * 3 * hs + hs, 3 * hs, Bk1, 2 * hs, 0.0f, Pd, ldp);
-        if (second) mm(false, true, tq, t1, 3 * hs, g.scale, Aq + t0 * 3 * hs, 3 * hs, Bk2, 3 * hs, 0.0f, Pdd, ldp);
+        // s'' = Q'' K^T + 2 Q' K'^T + Q K''^T; only the middle term where qkv'' is zero.
+        if (second && dd) mm(false, true, tq, t1, 3 * hs, g.scale, Aq + t0 * 3 * hs, 3 * hs, Bk2, 3 * hs, 0.0f, Pdd, ldp);
+        else if (second)
+          mm(false, true, tq, t1, hs, g.scale, Aq + t0 * 3 * hs + hs, 3 * hs, Bk2 + hs, 3 * hs, 0.0f, Pdd, ldp);
         for (std::int64_t r = 0; r < tq; ++r) {
           const float* p = P + r * ldp;
           float* sd = Pd + r * ldp;
@@ -295,10 +300,12 @@ void forward_derivatives(float* y, float* yd, float* ydd, float* lse, float* lse
         std::memcpy(Bv1 + t1 * hs, V0, block);
         mm(false, false, tq, hs, 2 * t1, 1.0f, P, ldp, Bv1, hs, 0.0f, yd + k * N * g.C + oy, g.C);
         if (second) {
-          std::memcpy(Bv2, Vdd, block);
+          // y'' = [P | P' | P''] [V''; 2V'; V], or [P' | P''] [2V'; V] where V'' is zero.
+          if (dd) std::memcpy(Bv2, Vdd, block);
           std::memcpy(Bv2 + t1 * hs, V2d, block);
           std::memcpy(Bv2 + 2 * t1 * hs, V0, block);
-          mm(false, false, tq, hs, 3 * t1, 1.0f, P, ldp, Bv2, hs, 0.0f, ydd + k * N * g.C + oy, g.C);
+          if (dd) mm(false, false, tq, hs, 3 * t1, 1.0f, P, ldp, Bv2, hs, 0.0f, ydd + k * N * g.C + oy, g.C);
+          else mm(false, false, tq, hs, 2 * t1, 1.0f, Pd, ldp, Bv2 + t1 * hs, hs, 0.0f, ydd + k * N * g.C + oy, g.C);
         }
       }
     }

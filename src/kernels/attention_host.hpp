@@ -27,7 +27,7 @@ void attention_forward(float* y, float* lse, const float* qkv, std::int64_t B, s
                        std::int64_t hs, std::int64_t bh0, std::int64_t bh1);
 
 // Second-order forward for K directions: planes v, d (K blocks), dd (K blocks)
-// of y and lse from those of qkv.
+// of y and lse from those of qkv; qkvdd null: qkv'' is zero (its products skipped).
 void attention_forward_jet2(float* y, float* yd, float* ydd, float* lse, float* lsed, float* lsedd,
                             const float* qkv, const float* qkvd, const float* qkvdd, std::int64_t K,
                             std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs, std::int64_t bh0, std::int64_t bh1);

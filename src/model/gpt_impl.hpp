@@ -48,6 +48,7 @@ struct Adjoints {
 template <class T>
 struct CutAdjoints {
   Act2<T> ln1, att, ln2;  // (N, C): inputs of c_attn, attn.c_proj, c_fc
+  Act2<T> qkv;            // (N, 3C): input of the attention
   Act2<T> fc_gelu;        // (N, 4C): input of mlp.c_proj
 };
 
@@ -214,7 +215,8 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate)
     g.adjoint_cuts = 0;
     for (int l = 0; l < cfg.n_layer; ++l)
       buf_->cuts.push_back({act2("cut_ln1", N, C, false, false), act2("cut_att", N, C, false, false),
-                            act2("cut_ln2", N, C, false, false), act2("cut_fc_gelu", N, 4 * C, false, false)});
+                            act2("cut_ln2", N, C, false, false), act2("cut_qkv", N, 3 * C, false, false),
+                            act2("cut_fc_gelu", N, 4 * C, false, false)});
     const index_t P = layout_.size();
     workspace_bytes_ += Gpt<T>::planned_bytes(cfg, g) + sizeof(T) * static_cast<std::size_t>(P) +
                         sizeof(double) * static_cast<std::size_t>(shape.directions * N);
@@ -262,8 +264,9 @@ LossSum Gpt<T>::forward(const ExecSpace& space, Params<T> p, Span2<const std::in
   check_batch(tokens, targets);
   const ParamLayout& L = layout_;
   const index_t B = shape_.batch, Tc = shape_.context;
-  // Adjoint cuts: before each linear layer, x'' is contracted with the layer
-  // input's primal adjoint (into cut_dd_) and the layer takes it as zero.
+  // Adjoint cuts: before each linear layer and the attention, x'' is
+  // contracted with the input's primal adjoint (into cut_dd_) and the layer
+  // takes it as zero.
   const bool cut = std::is_same<S, Jet2<T>>::value && cuts_;
   if (cut) Kokkos::deep_copy(space, cut_dd_, 0.0);
   auto cut_at = [&](const Act2<T>& adj, const Act2<T>& x) {
@@ -284,7 +287,8 @@ LossSum Gpt<T>::forward(const ExecSpace& space, Params<T> p, Span2<const std::in
     layernorm_forward<S>(space, ln1, a0.ln1_mean, a0.ln1_rstd, x, p, o.ln1_w, o.ln1_b, cfg_.ln_eps);
     cut_at(cuts.ln1, ln1);
     linear_forward<S>(space, qkv, ln1, p, o.attn_w, o.attn_b, gemm_, !cut);
-    attention_forward<S>(space, att, a0.att_lse, qkv, B, Tc, cfg_.n_head, gemm_.bf16);
+    cut_at(cuts.qkv, qkv);
+    attention_forward<S>(space, att, a0.att_lse, qkv, B, Tc, cfg_.n_head, gemm_.bf16, default_row_shape(), !cut);
     cut_at(cuts.att, att);
     linear_forward<S>(space, proj, att, p, o.attn_proj_w, o.attn_proj_b, gemm_, !cut);
     residual_forward<S>(space, x_mid, x, proj);
@@ -388,6 +392,7 @@ void Gpt<T>::reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<cons
     linear_reverse<S>(space, d_att, g, res, a.att, p, o.attn_proj_w, o.attn_proj_b, gemm_);
     keep(&CutAdjoints<T>::att, l, d_att);
     attention_reverse<S>(space, d_qkv, D, d_att, a.qkv, a.att, a.att_lse, B, Tc, cfg_.n_head, gemm_.bf16);
+    keep(&CutAdjoints<T>::qkv, l, d_qkv);
     layernorm_forward<S>(space, a.ln1, a.ln1_mean, a.ln1_rstd, x_in(l), p, o.ln1_w, o.ln1_b, cfg_.ln_eps);
     linear_reverse<S>(space, c1, g, d_qkv, a.ln1, p, o.attn_w, o.attn_b, gemm_);
     keep(&CutAdjoints<T>::ln1, l, c1);
@@ -450,7 +455,9 @@ LossSum Gpt<T>::second_order(const ExecSpace& space, Span1<const T> params, Span
     // and <xbar, x''> is added instead, the sum is unchanged: at the input x
     // of a linear layer (its only consumer), <xbar, x''> = <ybar, x'' W^T>.
     // The layer then forms y''_k = 2 x'_k V_k^T alone and skips the GEMM
-    // x''_k W^T of K N rows; the adjoints xbar come from one primal gradient
+    // x''_k W^T of K N rows; the attention, cut at qkv, forms s'' = 2 Q'K'^T
+    // and y'' = P''V + 2P'V' alone (three of its eight products a direction
+    // shrink or go). The adjoints xbar come from one primal gradient
     // pass of the batch (its gradient unused). Tangents and the loss are those
     // of the plain second-order forward, bit for bit.
     Kokkos::deep_copy(space, cut_grad_, T(0));

@@ -122,6 +122,24 @@ TEST_CASE("tiled host attention equals the portable kernels to rounding", "[atte
       compare(y, yr, 1 + 2 * K, N * C, hs, T, "y planes");
       compare(lse, lser, 1 + 2 * K, R, hs, T, "lse planes");
     }
+    SECTION("second-order forward with qkv'' taken as zero (adjoint cuts)") {
+      // Host tiles skip the products of qkv'' and leave its planes alone; the
+      // portable rows zero the planes and run as usual: the same values.
+      View1<float> y("y", (1 + 2 * K) * N * C), lse("lse", (1 + 2 * K) * R);
+      View1<double> yr("yr", (1 + 2 * K) * N * C), lser("lser", (1 + 2 * K) * R);
+      Kokkos::deep_copy(y, std::nanf(""));
+      const float before = qkv.f((1 + K) * N * 3 * C);
+      attention_forward<Jet2<float>>(space, act(y, K, N, C, true, true), act1(lse, K, R, true, true),
+                                     act(qkv.f, K, N, 3 * C, true, true), B, T, int(H), false, default_row_shape(),
+                                     false);
+      attention_forward<Jet2<double>>(space, act(yr, K, N, C, true, true), act1(lser, K, R, true, true),
+                                      act(qkv.d, K, N, 3 * C, true, true), B, T, int(H), false, default_row_shape(),
+                                      false);
+      REQUIRE(qkv.f((1 + K) * N * 3 * C) == before);
+      REQUIRE(qkv.d((1 + K) * N * 3 * C) == 0.0);
+      compare(y, yr, 1 + 2 * K, N * C, hs, T, "y planes");
+      compare(lse, lser, 1 + 2 * K, R, hs, T, "lse planes");
+    }
     SECTION("tangent forward, three directions") {
       View1<float> y("y", (1 + K) * N * C), lse("lse", (1 + K) * R);
       View1<double> yr("yr", (1 + K) * N * C), lser("lser", (1 + K) * R);

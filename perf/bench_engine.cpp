@@ -141,10 +141,12 @@ struct Flops {
   // (x''W + 2x'W'; W'' = 0); the head two for the tangent logits and one
   // (q V_k) for the second order, plus q W once (kernels/lm_head_xent.hpp);
   // each attention product two and three. With adjoint cuts (Shape::adjoint_cuts)
-  // each dense product forms no x''W: three per direction, plus the gradient pass.
+  // each dense product forms no x''W (three per direction), the scores' second
+  // order one product and the values' two, plus a gradient pass without the
+  // parameter gradient (the forward and the adjoints' products: 2 forwards).
   double second_order(int K, bool cuts = false) const {
-    return dense * (1 + (cuts ? 3.0 : 4.0) * K) + head * (2 + 3.0 * K) + attention * (1 + 5.0 * K) +
-           (cuts ? gradient() : 0.0);
+    if (cuts) return dense * (1 + 3.0 * K) + head * (2 + 3.0 * K) + attention * (1 + 3.5 * K) + 2 * forward();
+    return dense * (1 + 4.0 * K) + head * (2 + 3.0 * K) + attention * (1 + 5.0 * K);
   }
   // Gradient: 3x the forward (a GEMM and its two transposes). Forward-over-
   // reverse: the gradient, and per direction twice its products again.

@@ -175,7 +175,9 @@ void layernorm_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Grads<base_t<
   require_extent("gnh::layernorm::reverse", "dx rows", dx.rows(), N);
   for_rows<S>(space, "gnh::layernorm::reverse::input", N,
               detail::LayerNormReverseRow<S>{dx, dy, x, mean, rstd, p, w, C, K}, rows);
-  // Weight and bias: column sums over the rows, deterministic (colsum.hpp).
+  // Weight and bias: column sums over the rows, deterministic (colsum.hpp);
+  // none for an empty g (primal only: the adjoints alone).
+  if (g.v.extent(0) == 0) return;
   column_sums<S>(
       space, "gnh::layernorm::reverse::params", K, N, C,
       KOKKOS_LAMBDA(const index_t k, const index_t n, const index_t c, S& dw, S& db) {

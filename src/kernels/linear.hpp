@@ -86,8 +86,9 @@ void linear_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x
                   T(x_second ? 1 : 0), block(y.dd.data(), 0, N, out), N * out, K);
 }
 
-// dx is overwritten (skipped when it has no rows); g accumulates. S = T or
-// Dual<T> (the tangent of the reverse).
+// dx is overwritten (skipped when it has no rows); g accumulates (skipped
+// when it has no entries, primal only: the adjoint cuts' gradient pass needs
+// the adjoints alone). S = T or Dual<T> (the tangent of the reverse).
 template <class S>
 void linear_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Grads<base_t<S>> g, Act2<base_t<S>> dy,
                     Act2<base_t<S>> x, Params<base_t<S>> p, index_t w, index_t b,
@@ -102,8 +103,10 @@ void linear_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Grads<base_t<S>>
   if (dx.rows() > 0) require_planes<S>("gnh::linear::reverse", "dx", dx, K);
   const T* W = p.v.data() + w;
   if (dx.rows() > 0) gemm<T>(space, pol, "N", "N", T(1), dy.v, block(W, 0, out, in), T(0), dx.v);
-  gemm<T>(space, pol, "T", "N", T(1), dy.v, x.v, T(1), block(g.v.data(), w, out, in));
-  if (b >= 0) detail::add_colsum(space, g.v.data() + b, dy.v.data(), N, out);
+  if (g.v.extent(0) > 0) {  // an empty g (primal only): dx alone
+    gemm<T>(space, pol, "T", "N", T(1), dy.v, x.v, T(1), block(g.v.data(), w, out, in));
+    if (b >= 0) detail::add_colsum(space, g.v.data() + b, dy.v.data(), N, out);
+  }
   if (K == 0) return;
   if (dx.rows() > 0)
     gemm<T>(space, pol, "N", "N", T(1), block(dy.d.data(), 0, K * N, out), block(W, 0, out, in), T(0),

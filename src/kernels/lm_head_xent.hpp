@@ -332,8 +332,9 @@ void lm_head_xent_reverse(const ExecSpace& space, Act2<base_t<S>> dh, Grads<base
       const T beta = v0 == 0 ? T(0) : T(1);  // dh sums over the vocabulary chunks
       gemm<T>(space, pol, "N", "N", T(1), block(zc.v.data(), 0, nr, vc), block(W, 0, vc, C), beta,
               block(dh.v.data(), r0 * C, nr, C));
-      gemm<T>(space, pol, "T", "N", T(1), block(zc.v.data(), 0, nr, vc), block(h.v.data(), r0 * C, nr, C), T(1),
-              block(g.v.data(), w + v0 * C, vc, C));
+      if (g.v.extent(0) > 0)  // an empty g (primal only): dh alone
+        gemm<T>(space, pol, "T", "N", T(1), block(zc.v.data(), 0, nr, vc), block(h.v.data(), r0 * C, nr, C), T(1),
+                block(g.v.data(), w + v0 * C, vc, C));
       // Per direction, four batches over k (the shared operand at stride 0),
       // each output taking its terms in the order of the per-direction loop:
       // dh'_k = dz'_k W (+ the chunks before), += dz V_k; G_k += dz'_k^T h, += dz^T h'_k.

@@ -102,11 +102,10 @@ class Gpt {
   View2<double> row_loss_d_, row_loss_dd_;  // (K, N)
   std::size_t workspace_bytes_ = 0;
   bool allocate_ = true;  // false: only count the bytes (planned_bytes)
-  // Adjoint cuts: the engine of the primal gradient pass, its gradient (not
-  // used), and per direction and row the contractions at the cuts.
+  // Adjoint cuts: the engine of the primal gradient pass, and per direction
+  // and row the contractions at the cuts.
   bool cuts_ = false;
   std::unique_ptr<Gpt<T>> adjoint_engine_;
-  View1<T> cut_grad_;
   View2<double> cut_dd_;  // (K, N)
   GptBuffers<T>* keep_into_ = nullptr;  // set on the adjoint engine during its reverse: where the cut adjoints go
 };

@@ -206,8 +206,8 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate)
   workspace_bytes_ += sizeof(double) * static_cast<std::size_t>(N * (1 + (tan ? shape.directions : 0) * (sec ? 2 : 1)));
   cuts_ = adjoint_cuts_of(cfg, shape);
   if (cuts_) {
-    // The gradient pass's engine (reverse, no directions), its gradient, the
-    // four cut adjoints of every layer, and the contractions per direction and row.
+    // The gradient pass's engine (reverse, no directions), the five cut
+    // adjoints of every layer, and the contractions per direction and row.
     Shape g = shape;
     g.directions = 0;
     g.reverse = true;
@@ -217,12 +217,9 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate)
       buf_->cuts.push_back({act2("cut_ln1", N, C, false, false), act2("cut_att", N, C, false, false),
                             act2("cut_ln2", N, C, false, false), act2("cut_qkv", N, 3 * C, false, false),
                             act2("cut_fc_gelu", N, 4 * C, false, false)});
-    const index_t P = layout_.size();
-    workspace_bytes_ += Gpt<T>::planned_bytes(cfg, g) + sizeof(T) * static_cast<std::size_t>(P) +
-                        sizeof(double) * static_cast<std::size_t>(shape.directions * N);
+    workspace_bytes_ += Gpt<T>::planned_bytes(cfg, g) + sizeof(double) * static_cast<std::size_t>(shape.directions * N);
     if (allocate_) {
       adjoint_engine_.reset(new Gpt<T>(cfg, g));
-      cut_grad_ = View1<T>("gnh::gpt::cut_gradient", P);
       cut_dd_ = View2<double>("gnh::gpt::cut_dd", shape.directions, N);
     }
   }
@@ -400,7 +397,7 @@ void Gpt<T>::reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<cons
     accumulate<S>(space, res, c2);  // d x_in
   }
   // The tied head's contribution is already in g[wte]; the embedding adds its own.
-  embedding_reverse<S>(space, g, res, tokens, L.wte, L.wpe);
+  if (g.v.extent(0) > 0) embedding_reverse<S>(space, g, res, tokens, L.wte, L.wpe);
   space.fence();
   Kokkos::Profiling::popRegion();
 }
@@ -458,15 +455,19 @@ LossSum Gpt<T>::second_order(const ExecSpace& space, Span1<const T> params, Span
     // x''_k W^T of K N rows; the attention, cut at qkv, forms s'' = 2 Q'K'^T
     // and y'' = P''V + 2P'V' alone (three of its eight products a direction
     // shrink or go). The adjoints xbar come from one primal gradient
-    // pass of the batch (its gradient unused). Tangents and the loss are those
+    // pass of the batch (without the parameter gradient). Tangents and the loss are those
     // of the plain second-order forward, bit for bit.
-    Kokkos::deep_copy(space, cut_grad_, T(0));
     struct Reset {
       Gpt<T>* e;
       ~Reset() { e->keep_into_ = nullptr; }
     } reset{adjoint_engine_.get()};
     adjoint_engine_->keep_into_ = buf_.get();
-    adjoint_engine_->gradient(space, params, tokens, targets, Span1<T>(cut_grad_.data(), cut_grad_.extent(0)));
+    // The reverse with an empty gradient: the adjoints without the parameter
+    // gradient's products (a third of the dense GEMMs and the head's dW).
+    const Params<T> p{params, {}};
+    adjoint_engine_->check_batch(tokens, targets);
+    adjoint_engine_->template forward<T>(space, p, tokens, targets);
+    adjoint_engine_->template reverse<T>(space, p, Grads<T>{}, tokens, targets);
   }
   return forward<Jet2<T>>(space, Params<T>{params, dirs}, tokens, targets);
 }

@@ -20,11 +20,13 @@ bool adjoint_cuts_of(const ModelConfig& cfg, const Shape& shape) {
     if (v == "0" || v == "1") return v == "1";
     if (!v.empty()) fail("GNH_ADJOINT_CUTS: expected 0 or 1, got '", v, "'");
   }
-  // Forward FLOPs per token: dense layers, the head, causal attention.
+  // Forward FLOPs per token: dense layers, the head, causal attention. A
+  // direction saves one dense product and 1.5 of attention's two; the pass
+  // costs a forward and the adjoints' products (2 forwards).
   const double C = double(cfg.n_embd), L = double(cfg.n_layer), T = double(shape.context);
   const double dense = 24.0 * L * C * C, head = 2.0 * double(cfg.vocab_size) * C;
   const double attention = L * 2.0 * C * (T + 1.0);
-  return double(shape.directions) * dense >= 1.5 * 3.0 * (dense + head + attention);
+  return double(shape.directions) * (dense + 0.75 * attention) >= 1.5 * 2.0 * (dense + head + attention);
 }
 
 GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape) {

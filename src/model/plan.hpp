@@ -29,12 +29,11 @@ struct Shape {
 
 // Whether an engine of this shape runs the second order with adjoint cuts:
 // Shape::adjoint_cuts 0 or 1, else GNH_ADJOINT_CUTS (0 or 1) where it is set,
-// else when what they save, one dense-layer GEMM per
-// direction (K x the dense layers' forward FLOPs), is at least 1.5 times what
-// they cost, one gradient pass (3 x the forward's FLOPs). Preset small (dense
-// 71% of the forward): from K = 7; the reference model (44%): from K = 11.
-// Measured on the small preset, AVX2 build, Zen 4: the cuts save 5.2 ms a
-// direction against 26 ms for the gradient pass (break-even near K = 5).
+// else when what they save (per direction, one of each dense layer's products
+// and 1.5 of attention's two: K x those forward FLOPs) is at least 1.5 times
+// what they cost (a forward and the adjoints' products: 2 forwards). Preset
+// small: from K = 4; the reference model (dense layers 43% of the forward's
+// FLOPs): from K = 6.
 bool adjoint_cuts_of(const ModelConfig& cfg, const Shape& shape);
 
 // The engine's tiles: the head's logits tile and the bf16-amp operand scratch.

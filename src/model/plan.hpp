@@ -30,10 +30,10 @@ struct Shape {
 // Whether an engine of this shape runs the second order with adjoint cuts:
 // Shape::adjoint_cuts 0 or 1, else GNH_ADJOINT_CUTS (0 or 1) where it is set,
 // else when what they save (per direction, one of each dense layer's products
-// and 1.5 of attention's two: K x those forward FLOPs) is at least 1.5 times
+// and 1.5 of attention's two: K x those forward FLOPs) is at least 3 times
 // what they cost (a forward and the adjoints' products: 2 forwards). Preset
-// small: from K = 4; the reference model (dense layers 43% of the forward's
-// FLOPs): from K = 6.
+// small: from K = 8; the reference model (dense layers 43% of the forward's
+// FLOPs): from K = 12.
 bool adjoint_cuts_of(const ModelConfig& cfg, const Shape& shape);
 
 // The engine's tiles: the head's logits tile and the bf16-amp operand scratch.

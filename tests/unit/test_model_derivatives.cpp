@@ -228,13 +228,13 @@ TEST_CASE("adjoint cuts: the same second order, the same tangents bit for bit", 
                               CurvatureMethod::second_order_forward);
   };
   // The default follows the FLOPs: on this model (dense layers 87% of the
-  // forward's FLOPs at T = 6) from K = 4; the cases below force them.
+  // forward's FLOPs at T = 6) from K = 7; the cases below force them.
   Shape by_default;
   by_default.context = Tc;
   by_default.second_order = true;
-  by_default.directions = 3;
+  by_default.directions = 6;
   REQUIRE_FALSE(adjoint_cuts_of(cfg, by_default));
-  by_default.directions = 4;
+  by_default.directions = 7;
   REQUIRE(adjoint_cuts_of(cfg, by_default));
   // GNH_ADJOINT_CUTS overrides the automatic choice, and a bad value is named.
   ::setenv("GNH_ADJOINT_CUTS", "0", 1);

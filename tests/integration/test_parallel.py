@@ -236,24 +236,52 @@ class Parallel(unittest.TestCase):
         # before, 8 + 1 padded to 8), 3 + 3 + 3, and nine of 1. Each direction's
         # arithmetic is independent of the others in its pass (GEMM rows are
         # computed alike whatever rows surround them; per-plane reductions), so
-        # the forms are equal bit for bit.
-        for method in ("second-order-forward", "forward-over-reverse"):
-            forms = {}
-            for k in (9, 8, 3, 1):
-                deck = self.deck(f"k{k}.toml", f"out/k{k}-{method}.h5",
-                                 analysis=dict(noise_samples=3, directions=5, directions_per_pass=k,
-                                               curvature_method=method))
-                self.run_ok(deck, 1)
-                if k == 8:
-                    dry = subprocess.run([gnhtest.MPIEXEC, "-np", "1", gnhtest.GNH, "run", deck, "--dry-run"],
-                                         capture_output=True, text=True, env=gnhtest.mpi_env(), timeout=120)
-                    self.assertIn("9 curvature directions in 2 epoch pass(es) (1x5 + 1x4 directions)", dry.stdout)
-                with h5py.File(os.path.join(self.tmp, "out", f"k{k}-{method}.h5"), "r") as f:
-                    forms[k] = {(h, c): (f["groups"][h][c].attrs["GHG"], f["groups"][h][c]["xiHxi"][()].tobytes(),
-                                         f["groups"][h][c]["vHv"][()].tobytes())
-                                for h in f["groups"] for c in f["groups"][h]}
+        # the forms are equal bit for bit. The second-order forward's adjoint
+        # cuts (chosen by the pass width unless GNH_ADJOINT_CUTS pins them)
+        # regroup its sums: bitwise within each setting, to rounding across.
+        forms = {}
+        for method, cuts in (("second-order-forward", "0"), ("second-order-forward", "1"),
+                             ("forward-over-reverse", None)):
+            forms[cuts] = {}
+            old = os.environ.pop("GNH_ADJOINT_CUTS", None)
+            if cuts is not None:
+                os.environ["GNH_ADJOINT_CUTS"] = cuts
+            try:
+                for k in (9, 8, 3, 1):
+                    out = f"out/k{k}-{method}-{cuts}.h5"
+                    deck = self.deck(f"k{k}.toml", out,
+                                     analysis=dict(noise_samples=3, directions=5, directions_per_pass=k,
+                                                   curvature_method=method))
+                    self.run_ok(deck, 1)
+                    if k == 8:
+                        dry = subprocess.run([gnhtest.MPIEXEC, "-np", "1", gnhtest.GNH, "run", deck, "--dry-run"],
+                                             capture_output=True, text=True, env=gnhtest.mpi_env(), timeout=120)
+                        self.assertIn("9 curvature directions in 2 epoch pass(es) (1x5 + 1x4 directions)", dry.stdout)
+                    with h5py.File(os.path.join(self.tmp, out), "r") as f:
+                        forms[cuts][k] = {(h, c): (f["groups"][h][c].attrs["GHG"],
+                                                   f["groups"][h][c]["xiHxi"][()].tobytes(),
+                                                   f["groups"][h][c]["vHv"][()].tobytes())
+                                          for h in f["groups"] for c in f["groups"][h]}
+            finally:
+                os.environ.pop("GNH_ADJOINT_CUTS", None)
+                if old is not None:
+                    os.environ["GNH_ADJOINT_CUTS"] = old
             for k in (8, 3, 1):
-                self.assertEqual(forms[k], forms[9], (method, k))
+                self.assertEqual(forms[cuts][k], forms[cuts][9], (method, cuts, k))
+        # With and without cuts: the same forms to float rounding (the
+        # float-against-double bar of the derivative oracle, 1e-4), and not
+        # the same bits (the cuts ran).
+        plain, cut = forms["0"][9], forms["1"][9]
+        self.assertEqual(plain.keys(), cut.keys())
+        differ = 0
+        for key in plain:
+            a = np.frombuffer(plain[key][2], dtype=np.float64)
+            b = np.frombuffer(cut[key][2], dtype=np.float64)
+            # Relative to the largest form of the case: a Rademacher form can nearly cancel.
+            np.testing.assert_allclose(b, a, rtol=0, atol=1e-4 * np.abs(a).max(), err_msg=str(key))
+            self.assertLessEqual(abs(cut[key][0] - plain[key][0]), 1e-4 * abs(plain[key][0]), key)
+            differ += plain[key][2] != cut[key][2]
+        self.assertGreater(differ, 0)
 
     def test_one_sample_has_no_standard_error(self):
         deck = self.deck("single.toml", "out/single.h5", analysis=dict(noise_samples=1, directions=1))

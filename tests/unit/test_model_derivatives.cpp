@@ -107,6 +107,19 @@ std::vector<double> gradient_at(const ModelConfig& cfg, View1<double> p, const d
   return std::vector<double>(G.data(), G.data() + G.size());
 }
 
+// A second-order engine's shape: batch, context, K, the head's vocabulary
+// chunk, adjoint cuts (Shape::adjoint_cuts).
+Shape second_order_shape(index_t batch, index_t Tc, index_t K, index_t vocab_chunk, int cuts) {
+  Shape s;
+  s.batch = batch;
+  s.context = Tc;
+  s.directions = int(K);
+  s.second_order = true;
+  s.head_chunk_vocab = vocab_chunk;
+  s.adjoint_cuts = cuts;
+  return s;
+}
+
 }  // namespace
 
 TEST_CASE("whole model, double: gradient, H v and quadratic forms against finite differences", "[derivatives][model]") {
@@ -183,14 +196,7 @@ TEST_CASE("whole model, double: gradient, H v and quadratic forms against finite
   // Second-order forward (HVP batch 3) agrees with forward-over-reverse, with
   // the adjoint cuts and without (at K = 2 the default is without).
   for (int cuts : {0, 1}) {
-    Shape ss;
-    ss.batch = 3;
-    ss.context = Tc;
-    ss.directions = int(K);
-    ss.second_order = true;
-    ss.head_chunk_vocab = 3;
-    ss.adjoint_cuts = cuts;
-    Gpt<double> smodel(cfg, ss);
+    Gpt<double> smodel(cfg, second_order_shape(3, Tc, K, 3, cuts));
     REQUIRE(smodel.adjoint_cuts() == bool(cuts));
     const EpochCurvature so = epoch_curvature<double>(ExecSpace(), smodel, p, dirs, ids.data(), all_blocks(n_blocks),
                                                       CurvatureMethod::second_order_forward);
@@ -215,14 +221,7 @@ TEST_CASE("adjoint cuts: the same second order, the same tangents bit for bit", 
     View1<T> p = make_params<T>(cfg, 8);
     View2<T> dirs("dirs", K, P);
     fill_rademacher<T>(ExecSpace(), dirs, 7, 0);
-    Shape s;
-    s.batch = 3;
-    s.context = Tc;
-    s.directions = int(K);
-    s.second_order = true;
-    s.head_chunk_vocab = 8;
-    s.adjoint_cuts = cuts;
-    Gpt<T> m(cfg, s);
+    Gpt<T> m(cfg, second_order_shape(3, Tc, K, 8, cuts));
     REQUIRE(m.adjoint_cuts() == (cuts != 0));
     return epoch_curvature<T>(ExecSpace(), m, p, dirs, ids.data(), all_blocks(n_blocks),
                               CurvatureMethod::second_order_forward);

@@ -57,7 +57,7 @@ class Gpt {
   // Bytes of activations, tangent planes, adjoints and workspaces planned.
   std::size_t workspace_bytes() const { return workspace_bytes_; }
   // Whether second_order runs with adjoint cuts (Shape::adjoint_cuts).
-  bool adjoint_cuts() const { return adjoint_engine_ != nullptr || (!allocate_ && cuts_); }
+  bool adjoint_cuts() const { return cuts_; }
 
   // tokens, targets: (B, T) device views; a target < 0 is ignored.
   LossSum forward_loss(const ExecSpace& space, Span1<const T> params, Span2<const std::int32_t> tokens,

@@ -43,8 +43,8 @@ struct Adjoints {
   Act1<T> D;        // (B*H*T) attention row terms
 };
 
-// Adjoint cuts (Gpt<T>::second_order): the primal adjoints of the four linear
-// layers' inputs of one block, from the batch's gradient pass.
+// Adjoint cuts (Gpt<T>::second_order): the primal adjoints of the inputs of
+// one block's four linear layers and its attention, from the batch's adjoint pass.
 template <class T>
 struct CutAdjoints {
   Act2<T> ln1, att, ln2;  // (N, C): inputs of c_attn, attn.c_proj, c_fc
@@ -355,7 +355,8 @@ void Gpt<T>::reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<cons
   const Act1<T> D = buf_->adj.D;
   Span1<const std::int32_t> flat_targets(targets.data(), N_);
   // With keep_into_ set (the primal reverse of an engine with adjoint cuts),
-  // the adjoint of each linear layer's input is copied out for the cut.
+  // the adjoint of each linear layer's and the attention's input is copied
+  // out for the cut.
   auto keep = [&](Act2<T> CutAdjoints<T>::*which, int l, const Act2<T>& adj) {
     if (std::is_same<S, T>::value && keep_into_) Kokkos::deep_copy(space, (keep_into_->cuts[l].*which).v, adj.v);
   };
@@ -454,9 +455,9 @@ LossSum Gpt<T>::second_order(const ExecSpace& space, Span1<const T> params, Span
     // The layer then forms y''_k = 2 x'_k V_k^T alone and skips the GEMM
     // x''_k W^T of K N rows; the attention, cut at qkv, forms s'' = 2 Q'K'^T
     // and y'' = P''V + 2P'V' alone (three of its eight products a direction
-    // shrink or go). The adjoints xbar come from one primal gradient
-    // pass of the batch (without the parameter gradient). Tangents and the loss are those
-    // of the plain second-order forward, bit for bit.
+    // shrink or go). The adjoints xbar come from one primal gradient pass of
+    // the batch (without the parameter gradient). Tangents and the loss are
+    // those of the plain second-order forward, bit for bit.
     struct Reset {
       Gpt<T>* e;
       ~Reset() { e->keep_into_ = nullptr; }
@@ -465,7 +466,6 @@ LossSum Gpt<T>::second_order(const ExecSpace& space, Span1<const T> params, Span
     // The reverse with an empty gradient: the adjoints without the parameter
     // gradient's products (a third of the dense GEMMs and the head's dW).
     const Params<T> p{params, {}};
-    adjoint_engine_->check_batch(tokens, targets);
     adjoint_engine_->template forward<T>(space, p, tokens, targets);
     adjoint_engine_->template reverse<T>(space, p, Grads<T>{}, tokens, targets);
   }

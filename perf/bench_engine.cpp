@@ -155,11 +155,12 @@ struct Flops {
 };
 
 Flops flops_of(const ModelConfig& c, index_t B, index_t T) {
-  const double C = c.n_embd, N = double(B * T);
+  const ForwardFlops t = forward_flops_per_token(c, T);  // model/plan.hpp
+  const double N = double(B * T);
   Flops f;
-  f.dense = 2.0 * N * c.n_layer * 12.0 * C * C;
-  f.head = 2.0 * N * double(c.vocab_size) * C;
-  f.attention = c.n_layer * 2.0 * 2.0 * C * double(T) * double(T + 1) / 2.0 * B;
+  f.dense = N * t.dense;
+  f.head = N * t.head;
+  f.attention = N * t.attention;
   return f;
 }
 

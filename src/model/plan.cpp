@@ -20,17 +20,23 @@ bool adjoint_cuts_of(const ModelConfig& cfg, const Shape& shape) {
     if (v == "0" || v == "1") return v == "1";
     if (!v.empty()) fail("GNH_ADJOINT_CUTS: expected 0 or 1, got '", v, "'");
   }
-  // Forward FLOPs per token: dense layers, the head, causal attention. A
-  // direction saves one dense product and 1.5 of attention's two; the pass
-  // costs a forward and the adjoints' products (2 forwards).
-  const double C = double(cfg.n_embd), L = double(cfg.n_layer), T = double(shape.context);
-  const double dense = 24.0 * L * C * C, head = 2.0 * double(cfg.vocab_size) * C;
-  const double attention = L * 2.0 * C * (T + 1.0);
-  // Twice the break-even by FLOPs: measured, the pass's other costs (its
-  // elementwise work, the contractions) put the break-even at about twice it
-  // (preset small, AVX2, Zen 4: K = 4 gave 27.0-34.3 ms a direction with cuts
-  // against 28.1-30.7 without).
-  return double(shape.directions) * (dense + 0.75 * attention) >= 3.0 * 2.0 * (dense + head + attention);
+  // A direction saves one dense product and 1.5 of attention's two; the pass
+  // costs a forward and the adjoints' products (2 forwards). Cut from 3 times
+  // the break-even by FLOPs: the pass's other costs (its elementwise work, the
+  // contractions) put the measured break-even at about 1.5 times it (preset
+  // small, AVX2, Zen 4: K = 4 gave 27.0-34.3 ms a direction with cuts against
+  // 28.1-30.7 without), so the default cuts from about twice that.
+  const ForwardFlops f = forward_flops_per_token(cfg, shape.context);
+  return double(shape.directions) * (f.dense + 0.75 * f.attention) >= 3.0 * 2.0 * f.total();
+}
+
+ForwardFlops forward_flops_per_token(const ModelConfig& cfg, index_t context) {
+  const double C = double(cfg.n_embd), L = double(cfg.n_layer);
+  ForwardFlops f;
+  f.dense = 2.0 * L * 12.0 * C * C;
+  f.head = 2.0 * double(cfg.vocab_size) * C;
+  f.attention = L * 2.0 * 2.0 * C * (double(context) + 1.0) / 2.0;
+  return f;
 }
 
 GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape) {

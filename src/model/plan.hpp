@@ -16,16 +16,25 @@ struct Shape {
   int directions = 0;          // K, for hvp and second_order
   bool reverse = false;        // gradient / hvp: keep every layer's activations
   bool second_order = false;   // second_order: second-derivative planes
-  // second_order with adjoint cuts (model/gpt_impl.hpp): each linear layer's
-  // x'' is contracted with the batch's primal adjoint of x instead of
-  // multiplied through W, which costs one gradient pass per batch and saves one
-  // of each dense layer's four GEMMs per direction. -1: automatic (adjoint_cuts_of), 0: off, 1: on.
+  // second_order with adjoint cuts (model/gpt_impl.hpp): the x'' of each
+  // linear layer's and the attention's input is contracted with the batch's
+  // primal adjoint instead of multiplied through, which costs one adjoint pass
+  // per batch and saves one of each dense layer's four GEMMs per direction.
+  // -1: automatic (adjoint_cuts_of), 0: off, 1: on.
   int adjoint_cuts = -1;
   index_t head_chunk_rows = 0;   // rows of a logits tile (0: automatic)
   index_t head_chunk_vocab = 0;  // vocabulary entries of a logits tile (0: automatic)
   bool bf16 = false;           // bf16-amp: matrix-multiply operands rounded to bfloat16 (float only)
   bool tf32 = false;           // tf32: TF32 tensor-core GEMMs where the backend has them (cuBLAS)
 };
+
+// Forward FLOPs of one token at context T: the dense layers, the LM head and
+// the causal attention (QK^T and PV over the s <= t pairs, on average (T+1)/2).
+struct ForwardFlops {
+  double dense = 0, head = 0, attention = 0;
+  double total() const { return dense + head + attention; }
+};
+ForwardFlops forward_flops_per_token(const ModelConfig& cfg, index_t context);
 
 // Whether an engine of this shape runs the second order with adjoint cuts:
 // Shape::adjoint_cuts 0 or 1, else GNH_ADJOINT_CUTS (0 or 1) where it is set,

@@ -27,6 +27,7 @@
 // are rounded to bfloat16; lse, softmax and the loss stay FP32.
 #pragma once
 #include <algorithm>
+#include <stdexcept>
 #include <type_traits>
 
 #include "core/fastmath.hpp"
@@ -95,12 +96,13 @@ struct HeadChunkRow {
   Span1<const std::int32_t> targets;
   index_t r0, v0, vc, K, C;
   bool first;
+  bool keep = false;  // primal, one chunk: e_v = exp(z_v - m) over z (lm_head_xent_forward's keep_exponentials)
   template <class Lanes>
   KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t r) const {
     const index_t n = r0 + r;
     const std::int32_t tgt = targets(n);
     const bool has_tgt = tgt >= v0 && tgt < v0 + vc;
-    const T* zr = &zc.v(r, 0);
+    T* zr = &zc.v(r, 0);
     const T m_old = first ? T(0) : lanes.template one<T>([&] { return stats(n, 0); });
     const double s_old = first ? 0.0 : lanes.template one<double>([&] { return loss.v(n); });
     T m = lanes.template max<T>(vc, zr);
@@ -116,6 +118,20 @@ struct HeadChunkRow {
         qr[v] = q;
         return q;
       });
+    } else if (keep) {
+      // The target's logit before the exponentials replace the logits.
+      const T zt = has_tgt ? lanes.template one<T>([&] { return zr[tgt - v0]; }) : T(0);
+      e = lanes.template sum<T>(vc, [&](index_t v) {
+        const T q = fast_exp(zr[v] - m);
+        zr[v] = q;
+        return q;
+      });
+      lanes.single([&] {
+        loss.v(n) = double(e);
+        stats(n, 0) = m;
+        if (has_tgt) stats(n, 1) = zt;
+      });
+      return;
     } else {
       e = lanes.template sum<T>(vc, [&](index_t v) { return fast_exp(zr[v] - m); });
     }
@@ -169,6 +185,7 @@ struct HeadFinishRow {
   Span2<T> stats;
   Span1<const std::int32_t> targets;
   index_t r0, K, C, P, w;
+  bool keep = false;  // then stats(n, 0), the maximum, becomes 1 / s for the reverse
   template <class Lanes>
   KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t r) const {
     const index_t n = r0 + r;
@@ -179,6 +196,7 @@ struct HeadFinishRow {
     lanes.single([&] {
       lse.v(n) = l;
       loss.v(n) = valid ? double(l) - double(stats(n, 1)) : 0.0;
+      if (keep) stats(n, 0) = T(1.0 / s);
     });
     if constexpr (has_tangents_v<S>) {
       for (index_t k = 0; k < K; ++k) {
@@ -224,6 +242,7 @@ struct HeadSoftmaxRow {
   Act1<T> lse;
   Span1<const std::int32_t> targets;
   index_t r0, v0, vc, K;
+  Span2<const T> inv_sum;  // HeadLogits::kept: z holds e_v = exp(z_v - m), inv_sum(n, 0) is 1 / sum_v e_v
   template <class Lanes>
   KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t r) const {
     const index_t n = r0 + r;
@@ -246,6 +265,14 @@ struct HeadSoftmaxRow {
       }
     }
     const index_t t = tgt >= v0 && tgt < v0 + vc ? index_t(tgt) - v0 : index_t(-1);
+    if (inv_sum.extent(0) > 0) {
+      const T inv = inv_sum(n, 0);
+      lanes.each(vc, [&](index_t v) {
+        const T q = zr[v] * inv;
+        zr[v] = v == t ? q - T(1) : q;
+      });
+      return;
+    }
     lanes.each(vc, [&](index_t v) {
       const T q = fast_exp(zr[v] - L);
       zr[v] = v == t ? q - T(1) : q;
@@ -264,7 +291,7 @@ void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t
                           Act2<base_t<S>> h, Params<base_t<S>> p, index_t w, index_t V,
                           Span1<const std::int32_t> targets, Act2<base_t<S>> z, Span2<base_t<S>> stats,
                           Act2<base_t<S>> moments, const GemmPolicy<base_t<S>>& pol = GemmPolicy<base_t<S>>(),
-                          RowShape shape = default_row_shape()) {
+                          RowShape shape = default_row_shape(), bool keep_exponentials = false) {
   keep_planes<S>(loss, lse, h, p, z, moments);
   using T = base_t<S>;
   const index_t N = h.rows(), C = h.cols(), K = directions_of<S>(h), rows = z.rows(), vchunk = z.cols();
@@ -280,6 +307,11 @@ void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t
     require_extent("gnh::lm_head_xent::forward", "moments planes", moments.d.extent(0), K);
     if (z.dd.extent(0) < 1) throw std::logic_error("gnh::lm_head_xent::forward: no second-order logits plane");
   }
+  // keep_exponentials (the primal forward of an engine whose reverse
+  // follows, when one tile holds the batch): z is left holding exp(z - m) of
+  // each row and stats(n, 0) 1 / sum_v exp(z_v - m), from which the reverse
+  // forms the softmax without evaluating its exponentials again.
+  const bool keep = keep_exponentials && !tangents && rows >= N && vchunk >= V;
   for (index_t r0 = 0; r0 < N; r0 += rows) {
     const index_t nr = N - r0 < rows ? N - r0 : rows;
     // The moments of this row block, planes of nr rows.
@@ -294,28 +326,33 @@ void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t
       detail::chunk_logits(space, zc, h, p, w, r0, nr, v0, vc, tangents, pol);
       const bool first = v0 == 0;
       for_rows<T>(space, "gnh::lm_head_xent::forward", nr,
-                  detail::HeadChunkRow<S>{loss, lse, zc, mc, stats, targets, r0, v0, vc, K, C, first}, shape);
+                  detail::HeadChunkRow<S>{loss, lse, zc, mc, stats, targets, r0, v0, vc, K, C, first, keep}, shape);
       if (second) detail::chunk_moments(space, mc, zc.dd.data(), p, w, nr, v0, vc, first, pol);
     }
     // The rows of this block are complete: lse and the losses.
     for_rows<T>(space, "gnh::lm_head_xent::forward::finish", nr,
-                detail::HeadFinishRow<S>{loss, lse, h, mc, p, stats, targets, r0, K, C, P, w}, shape);
+                detail::HeadFinishRow<S>{loss, lse, h, mc, p, stats, targets, r0, K, C, P, w, keep}, shape);
   }
 }
 
 // dh is overwritten; g accumulates the gradient of the summed loss.
 // logits_current: z still holds the forward's logits of this batch (one tile).
+// kept (non-empty): the forward ran with keep_exponentials, and kept is its
+// stats; z then holds the exponentials (the primal reverse, one tile).
 template <class S>
 void lm_head_xent_reverse(const ExecSpace& space, Act2<base_t<S>> dh, Grads<base_t<S>> g,
                           Act1<base_t<S>> lse, Act2<base_t<S>> h, Params<base_t<S>> p, index_t w, index_t V,
                           Span1<const std::int32_t> targets, Act2<base_t<S>> z,
                           const GemmPolicy<base_t<S>>& pol = GemmPolicy<base_t<S>>(),
-                          bool logits_current = false, RowShape shape = default_row_shape()) {
+                          bool logits_current = false, Span2<const base_t<S>> kept = {},
+                          RowShape shape = default_row_shape()) {
   keep_planes<S>(dh, g, lse, h, p, z);
   using T = base_t<S>;
   constexpr bool tangents = !std::is_same<S, T>::value;
   const index_t N = h.rows(), C = h.cols(), K = tangents ? h.d.extent(0) : 0;
   const index_t rows = z.rows(), vchunk = z.cols(), P = p.v.extent(0);
+  if (kept.extent(0) > 0 && (tangents || rows < N || vchunk < V))
+    throw std::logic_error("gnh::lm_head_xent::reverse: kept exponentials need the primal and one tile");
   for (index_t r0 = 0; r0 < N; r0 += rows) {
     const index_t nr = N - r0 < rows ? N - r0 : rows;
     for (index_t v0 = 0; v0 < V; v0 += vchunk) {
@@ -324,11 +361,11 @@ void lm_head_xent_reverse(const ExecSpace& space, Act2<base_t<S>> dh, Grads<base
       const T* W = p.v.data() + w + v0 * C;
       // When one tile holds the whole batch, the forward just left exactly
       // these logits (value and tangent planes) in z.
-      if (!(logits_current && nr == N && vc == V))
+      if (!(logits_current && nr == N && vc == V) && kept.extent(0) == 0)
         detail::chunk_logits(space, zc, h, p, w, r0, nr, v0, vc, tangents, pol);
       // dz = softmax - onehot, in place.
       for_rows<T>(space, "gnh::lm_head_xent::reverse::softmax", nr,
-                  detail::HeadSoftmaxRow<S>{zc, lse, targets, r0, v0, vc, K}, shape);
+                  detail::HeadSoftmaxRow<S>{zc, lse, targets, r0, v0, vc, K, kept}, shape);
       const T beta = v0 == 0 ? T(0) : T(1);  // dh sums over the vocabulary chunks
       gemm<T>(space, pol, "N", "N", T(1), block(zc.v.data(), 0, nr, vc), block(W, 0, vc, C), beta,
               block(dh.v.data(), r0 * C, nr, C));
@@ -411,7 +448,7 @@ struct LmHeadXentOp {
   template <class S>
   void reverse(const ExecSpace& space, Act2<T> dx, Grads<T> g, Act2<T>, Act2<T> h, Act2<T>, Params<T> p,
                const OpSaved<T>& s) const {
-    lm_head_xent_reverse<S>(space, dx, g, s.flat(0), h, p, 0, V, targets, s[1], GemmPolicy<T>(), false, shape);
+    lm_head_xent_reverse<S>(space, dx, g, s.flat(0), h, p, 0, V, targets, s[1], GemmPolicy<T>(), false, {}, shape);
   }
 };
 
@@ -420,12 +457,13 @@ struct LmHeadXentOp {
   EXT template void lm_head_xent_forward<S>(const ExecSpace&, Act1<double>, Act1<base_t<S>>, Act2<base_t<S>>,   \
                                             Params<base_t<S>>, index_t, index_t, Span1<const std::int32_t>,     \
                                             Act2<base_t<S>>, Span2<base_t<S>>, Act2<base_t<S>>,                 \
-                                            const GemmPolicy<base_t<S>>&, RowShape);
+                                            const GemmPolicy<base_t<S>>&, RowShape, bool);
 #define GNH_LM_HEAD_REVERSE(EXT, S)                                                                              \
   EXT template void lm_head_xent_reverse<S>(const ExecSpace&, Act2<base_t<S>>, Grads<base_t<S>>, Act1<base_t<S>>, \
                                             Act2<base_t<S>>, Params<base_t<S>>, index_t, index_t,               \
                                             Span1<const std::int32_t>, Act2<base_t<S>>,                          \
-                                            const GemmPolicy<base_t<S>>&, bool, RowShape);
+                                            const GemmPolicy<base_t<S>>&, bool, Span2<const base_t<S>>,          \
+                                            RowShape);
 #define GNH_LM_HEAD(EXT, T) GNH_FORWARD_SCALARS(GNH_LM_HEAD_FORWARD, EXT, T) GNH_REVERSE_SCALARS(GNH_LM_HEAD_REVERSE, EXT, T)
 GNH_LM_HEAD(extern, float)
 GNH_LM_HEAD(extern, double)

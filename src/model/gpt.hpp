@@ -102,6 +102,10 @@ class Gpt {
   View2<double> row_loss_d_, row_loss_dd_;  // (K, N)
   std::size_t workspace_bytes_ = 0;
   bool allocate_ = true;  // false: only count the bytes (planned_bytes)
+  // The primal reverse engine (reverse, no directions) keeps each layer's GELU
+  // output, and the GELU's slope in place of its pre-activation (gpt_impl.hpp).
+  bool keep_gelu_ = false;
+  bool head_kept_ = false;  // and the head's exponentials over its logits tile
   // Adjoint cuts: the engine of the primal gradient pass, and per direction
   // and row the contractions at the cuts.
   bool cuts_ = false;

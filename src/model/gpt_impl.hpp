@@ -27,8 +27,8 @@ struct LayerActivations {
   Act2<T> x_mid;               // (N, C) residual stream after attention
   Act2<T> ln2;                 // (N, C) the same buffer as ln1
   Act1<T> ln2_mean, ln2_rstd;  // (N)
-  Act2<T> fc;                  // (N, 4C) MLP pre-activation
-  Act2<T> fc_gelu;             // (N, 4C) one buffer for every layer (recomputed in reverse)
+  Act2<T> fc;                  // (N, 4C) MLP pre-activation (keep_gelu_: the GELU's slope after the forward)
+  Act2<T> fc_gelu;             // (N, 4C) one buffer for every layer (recomputed in reverse) but with keep_gelu_
   Act2<T> x_out;               // (N, C) block output
 };
 
@@ -145,13 +145,24 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate)
   const index_t C = cfg.n_embd, H = cfg.n_head, N = N_;
   const bool tan = shape.directions > 0, sec = shape.second_order && tan;
   const int slots = shape.reverse ? cfg.n_layer : 1;
-  // The LayerNorm outputs and the GELU output are not kept per layer: every
-  // layer writes them into one buffer each (ln_1 and ln_2 share one), and the
-  // reverse recomputes them from the block's input, x_mid and fc, which are
-  // kept. That is 6C of the 16C values per token and layer, for two LayerNorm
-  // and one GELU forward per layer in the reverse.
+  // The LayerNorm outputs are not kept per layer: every layer writes them
+  // into one buffer (ln_1 and ln_2 share it), and the reverse recomputes them
+  // from the block's input and x_mid, which are kept: 2C of the 16C values
+  // per token and layer, for two LayerNorm forwards per layer in the reverse.
+  // The GELU output likewise, recomputed from fc, except in the primal
+  // reverse engine (the gradient's): there the forward keeps each layer's
+  // GELU output and writes the GELU's slope over fc, which nothing else
+  // reads, so the reverse evaluates no GELU. That is 4C more values per token
+  // and layer (14C instead of 10C) against one GELU evaluation per layer,
+  // erf and exp of each of the 4C values: 0.5-0.6 ms a layer at preset
+  // small (Zen 4, AVX2 build), about a tenth of the reverse's time besides
+  // its GEMMs.
+  keep_gelu_ = shape.reverse && !tan;
+  // Likewise the head's exponentials, when one tile holds the batch's logits
+  // (kernels/lm_head_xent.hpp, keep_exponentials): one exp per logit, not two.
+  head_kept_ = keep_gelu_ && plan.logits_rows >= N && plan.logits_vocab >= cfg.vocab_size;
   const Act2<T> ln_shared = act2("ln", N, C, tan, sec);
-  const Act2<T> gelu_shared = act2("fc_gelu", N, 4 * C, tan, sec);
+  const Act2<T> gelu_shared = keep_gelu_ ? Act2<T>() : act2("fc_gelu", N, 4 * C, tan, sec);
   for (int l = 0; l < slots; ++l) {
     LayerActivations<T> a;
     a.ln1 = ln_shared;
@@ -165,7 +176,7 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate)
     a.ln2_mean = act1("ln2_mean", N, tan, sec);
     a.ln2_rstd = act1("ln2_rstd", N, tan, sec);
     a.fc = act2("fc", N, 4 * C, tan, sec);
-    a.fc_gelu = gelu_shared;
+    a.fc_gelu = keep_gelu_ ? act2("fc_gelu", N, 4 * C, tan, sec) : gelu_shared;
     a.x_out = act2("x_out", N, C, tan, sec);
     buf_->acts.push_back(a);
   }
@@ -292,7 +303,12 @@ LossSum Gpt<T>::forward(const ExecSpace& space, Params<T> p, Span2<const std::in
     layernorm_forward<S>(space, ln2, a0.ln2_mean, a0.ln2_rstd, x_mid, p, o.ln2_w, o.ln2_b, cfg_.ln_eps);
     cut_at(cuts.ln2, ln2);
     linear_forward<S>(space, fc, ln2, p, o.fc_w, o.fc_b, gemm_, !cut);
-    gelu_forward<S>(space, fc_gelu, fc, cfg_.gelu);
+    if constexpr (std::is_same<S, T>::value) {
+      if (keep_gelu_) gelu_forward_slope_in_place<T>(space, fc_gelu.v, fc.v, cfg_.gelu);  // fc holds the slope now
+      else gelu_forward<S>(space, fc_gelu, fc, cfg_.gelu);
+    } else {
+      gelu_forward<S>(space, fc_gelu, fc, cfg_.gelu);
+    }
     cut_at(cuts.fc_gelu, fc_gelu);
     linear_forward<S>(space, proj, fc_gelu, p, o.fc_proj_w, o.fc_proj_b, gemm_, !cut);
     residual_forward<S>(space, x_out, x_mid, proj);
@@ -305,7 +321,7 @@ LossSum Gpt<T>::forward(const ExecSpace& space, Params<T> p, Span2<const std::in
   Span1<const std::int32_t> flat_targets(targets.data(), N_);
   lm_head_xent_forward<S>(space, loss, buf_->head_lse, buf_->lnf, p,
                           L.lm_head, cfg_.vocab_size, flat_targets, buf_->logits, buf_->head_stats,
-                          buf_->head_moments, gemm_);
+                          buf_->head_moments, gemm_, default_row_shape(), std::is_same<S, T>::value && head_kept_);
   space.fence();
   // Fixed-order host sums in double: deterministic on every backend.
   auto h_loss = Kokkos::create_mirror_view_and_copy(HostSpace(), row_loss_v_);
@@ -361,21 +377,29 @@ void Gpt<T>::reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<cons
     if (std::is_same<S, T>::value && keep_into_) Kokkos::deep_copy(space, (keep_into_->cuts[l].*which).v, adj.v);
   };
   // reverse<S> always follows forward<S> of the same batch (gradient, hvp).
+  const Span2<const T> kept = std::is_same<S, T>::value && head_kept_ ? Span2<const T>(buf_->head_stats) : Span2<const T>();
   lm_head_xent_reverse<S>(space, c1, g, buf_->head_lse, buf_->lnf, p, L.lm_head,
-                          cfg_.vocab_size, flat_targets, buf_->logits, gemm_, /*logits_current=*/true);
+                          cfg_.vocab_size, flat_targets, buf_->logits, gemm_, /*logits_current=*/true, kept);
   layernorm_reverse<S>(space, res, g, c1, x_final(), buf_->lnf_mean, buf_->lnf_rstd, p, L.lnf_w, L.lnf_b);
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
     const BlockOffsets& o = L.blocks[l];
     const LayerActivations<T>& a = buf_->acts[l];
     // x_out = x_mid + c_proj(gelu(c_fc(ln_2(x_mid)))); res holds d x_out.
-    // gelu(fc) and ln_2(x_mid) are recomputed (shared buffers, see the planner).
-    // Without directions the recomputation leaves gelu'(fc) in d_fc, which
-    // the GELU's reverse then scales by d fc_gelu in place.
+    // ln_2(x_mid) is recomputed (a shared buffer, see the planner), and so is
+    // gelu(fc) except where the forward kept it and left gelu'(fc) in fc
+    // (keep_gelu_). Without directions the recomputation leaves gelu'(fc) in
+    // d_fc, which the GELU's reverse then scales by d fc_gelu in place.
     if constexpr (std::is_same<S, T>::value) {
-      gelu_forward_slope<T>(space, a.fc_gelu.v, d_fc.v, a.fc.v, cfg_.gelu);
-      linear_reverse<S>(space, d_fcg, g, res, a.fc_gelu, p, o.fc_proj_w, o.fc_proj_b, gemm_);
-      keep(&CutAdjoints<T>::fc_gelu, l, d_fcg);
-      gelu_reverse_slope<T>(space, d_fc.v, d_fcg.v, d_fc.v);
+      if (keep_gelu_) {
+        linear_reverse<S>(space, d_fcg, g, res, a.fc_gelu, p, o.fc_proj_w, o.fc_proj_b, gemm_);
+        keep(&CutAdjoints<T>::fc_gelu, l, d_fcg);
+        gelu_reverse_slope<T>(space, d_fc.v, d_fcg.v, a.fc.v);
+      } else {
+        gelu_forward_slope<T>(space, a.fc_gelu.v, d_fc.v, a.fc.v, cfg_.gelu);
+        linear_reverse<S>(space, d_fcg, g, res, a.fc_gelu, p, o.fc_proj_w, o.fc_proj_b, gemm_);
+        keep(&CutAdjoints<T>::fc_gelu, l, d_fcg);
+        gelu_reverse_slope<T>(space, d_fc.v, d_fcg.v, d_fc.v);
+      }
     } else {
       gelu_forward<S>(space, a.fc_gelu, a.fc, cfg_.gelu);
       linear_reverse<S>(space, d_fcg, g, res, a.fc_gelu, p, o.fc_proj_w, o.fc_proj_b, gemm_);

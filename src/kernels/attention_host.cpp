@@ -70,7 +70,7 @@ void softmax_rows(float* S, std::int64_t tq, std::int64_t t0, std::int64_t t1, c
     const std::int64_t n = t0 + r + 1;  // keys 0..t
     if (lse_in) {
       const float L = lse_in[r];
-      for (std::int64_t s = 0; s < n; ++s) row[s] = fexp(row[s] - L);
+      for (std::int64_t s = 0; s < n; ++s) row[s] = fexp_bounded(row[s] - L);
     } else {
       // The exponentials once: kept in place while summed, then scaled by
       // 1 / l (p = exp(s - m) / l = exp(s - lse)). A product below the
@@ -79,7 +79,7 @@ void softmax_rows(float* S, std::int64_t tq, std::int64_t t0, std::int64_t t1, c
       // second order by 17% (Zen 5).
       const float m = lane_max(n, row);
       const float l = lane_sum<float>(n, [&](std::int64_t s) {
-        const float e = fexp(row[s] - m);
+        const float e = fexp_bounded(row[s] - m);
         row[s] = e;
         return e;
       });

@@ -114,7 +114,7 @@ struct HeadChunkRow {
       // q kept for the moments' GEMMs; the same terms, the same sum.
       T* qr = &zc.dd(0, r, 0);
       e = lanes.template sum<T>(vc, [&](index_t v) {
-        const T q = fast_exp(zr[v] - m);
+        const T q = fast_exp_bounded(zr[v] - m);
         qr[v] = q;
         return q;
       });
@@ -122,7 +122,7 @@ struct HeadChunkRow {
       // The target's logit before the exponentials replace the logits.
       const T zt = has_tgt ? lanes.template one<T>([&] { return zr[tgt - v0]; }) : T(0);
       e = lanes.template sum<T>(vc, [&](index_t v) {
-        const T q = fast_exp(zr[v] - m);
+        const T q = fast_exp_bounded(zr[v] - m);
         zr[v] = q;
         return q;
       });
@@ -133,7 +133,7 @@ struct HeadChunkRow {
       });
       return;
     } else {
-      e = lanes.template sum<T>(vc, [&](index_t v) { return fast_exp(zr[v] - m); });
+      e = lanes.template sum<T>(vc, [&](index_t v) { return fast_exp_bounded(zr[v] - m); });
     }
     lanes.single([&] {
       loss.v(n) = (first ? 0.0 : s_old * double(corr)) + double(e);
@@ -159,7 +159,7 @@ struct HeadChunkRow {
           lanes.single([&] { lse.dd(k, n) = first ? b : b_old * corr + b; });
           if (!first) lanes.each(C, [&](index_t c) { mc.d(k, r, c) *= corr; });
         } else {
-          a1 = lanes.template sum<T>(vc, [&](index_t v) { return fast_exp(zr[v] - m) * dr[v]; });
+          a1 = lanes.template sum<T>(vc, [&](index_t v) { return fast_exp_bounded(zr[v] - m) * dr[v]; });
         }
         const T a_old = first ? T(0) : lanes.template one<T>([&] { return lse.d(k, n); });
         lanes.single([&] {
@@ -261,7 +261,7 @@ struct HeadSoftmaxRow {
       for (index_t k = 0; k < K; ++k) {
         T* dr = &zc.d(k, r, 0);
         const T l1 = lse.d(k, n);
-        lanes.each(vc, [&](index_t v) { dr[v] = fast_exp(zr[v] - L) * (dr[v] - l1); });
+        lanes.each(vc, [&](index_t v) { dr[v] = fast_exp_bounded(zr[v] - L) * (dr[v] - l1); });
       }
     }
     const index_t t = tgt >= v0 && tgt < v0 + vc ? index_t(tgt) - v0 : index_t(-1);
@@ -274,7 +274,7 @@ struct HeadSoftmaxRow {
       return;
     }
     lanes.each(vc, [&](index_t v) {
-      const T q = fast_exp(zr[v] - L);
+      const T q = fast_exp_bounded(zr[v] - L);
       zr[v] = v == t ? q - T(1) : q;
     });
   }

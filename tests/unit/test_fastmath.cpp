@@ -54,6 +54,26 @@ TEST_CASE("fexp is within 4 ulp of exp over its range", "[fastmath]") {
   CHECK(gnh::fexp(0.0f) == 1.0f);
 }
 
+TEST_CASE("fexp_bounded gives fexp's bits wherever x <= 88", "[fastmath]") {
+  // Every stride-th float: all negative ones (down to -inf) and the positive
+  // ones up to 88, where fexp_bounded drops fexp's two-factor 2^n.
+  std::uint64_t checked = 0;
+  for (std::uint64_t b = 0, step = stride(); b < (std::uint64_t(1) << 32); b += step) {
+    const float x = from_bits(std::uint32_t(b));
+    if (std::isnan(x) || x > 88.0f) continue;
+    const float a = gnh::fexp(x), e = gnh::fexp_bounded(x);
+    if (std::memcmp(&a, &e, sizeof a) != 0) FAIL("x = " << x << ": fexp " << a << ", fexp_bounded " << e);
+    ++checked;
+  }
+  REQUIRE(checked > (std::uint64_t(1) << 31) / stride());
+  for (const float x : {88.0f, -87.33654f, -87.3365f, -126.0f * 0.6931472f, 0.0f, -0.0f}) {
+    const float a = gnh::fexp(x), e = gnh::fexp_bounded(x);
+    CAPTURE(x);
+    REQUIRE(std::memcmp(&a, &e, sizeof a) == 0);
+  }
+  CHECK(std::isnan(gnh::fexp_bounded(std::numeric_limits<float>::quiet_NaN())));
+}
+
 TEST_CASE("ferf is within 4 ulp of erf", "[fastmath]") {
   double worst_abs = 0, worst_rel = 0;
   for (std::uint64_t b = 0, step = stride(); b < (std::uint64_t(1) << 32); b += step) {

@@ -32,6 +32,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <stdexcept>
 #include <type_traits>
 
 namespace gnh::kernels {
@@ -482,7 +483,7 @@ void attention_rows(const ExecSpace& space, const char* label, index_t N, const 
 template <class S>
 void attention_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>> lse,
                        Act2<base_t<S>> qkv, index_t B, index_t Tc, int n_head, bool bf16 = false,
-                       RowShape shape = default_row_shape(), bool qkv_second = true) {
+                       RowShape shape = default_row_shape(), bool qkv_second = true, base_t<S>* keep_p = nullptr) {
   keep_planes<S>(y, lse, qkv);
   using T = base_t<S>;
   const index_t C = y.cols(), H = n_head, hs = C / H, K = directions_of<S>(qkv);
@@ -496,7 +497,7 @@ void attention_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>
       space.fence();
       host::for_ranges(space, "gnh::attention::forward::host", B * H, [=](std::int64_t bh0, std::int64_t bh1) {
         if constexpr (std::is_same_v<S, T>)
-          host::attention_forward(y.v.data(), lse.v.data(), qkv.v.data(), B, Tc, H, hs, bh0, bh1);
+          host::attention_forward(y.v.data(), lse.v.data(), qkv.v.data(), B, Tc, H, hs, bh0, bh1, keep_p);
         else if constexpr (std::is_same_v<S, Dual<T>>)
           host::attention_forward_dual(y.v.data(), y.d.data(), lse.v.data(), lse.d.data(), qkv.v.data(),
                                        qkv.d.data(), K, B, Tc, H, hs, bh0, bh1);
@@ -508,6 +509,7 @@ void attention_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>
       return;
     }
   }
+  if (keep_p) throw std::logic_error("gnh::attention::forward: probabilities are kept by the host tiles only");
   if constexpr (has_second_v<S>)
     if (!qkv_second) Kokkos::deep_copy(space, qkv.dd, T(0));
   // The matrix-multiply operands (q, k for the scores; p, v for the output)
@@ -522,7 +524,7 @@ template <class S>
 void attention_reverse(const ExecSpace& space, Act2<base_t<S>> dqkv, Act1<base_t<S>> D,
                        Act2<base_t<S>> dy, Act2<base_t<S>> qkv, Act2<base_t<S>> y,
                        Act1<base_t<S>> lse, index_t B, index_t Tc, int n_head, bool bf16 = false,
-                       RowShape shape = default_row_shape()) {
+                       RowShape shape = default_row_shape(), const base_t<S>* kept_p = nullptr) {
   keep_planes<S>(dqkv, D, dy, qkv, y, lse);
   using T = base_t<S>;
   const index_t C = y.cols(), H = n_head, hs = C / H, K = directions_of<S>(qkv);
@@ -535,7 +537,7 @@ void attention_reverse(const ExecSpace& space, Act2<base_t<S>> dqkv, Act1<base_t
       host::for_ranges(space, "gnh::attention::reverse::host", B * H, [=](std::int64_t bh0, std::int64_t bh1) {
         if constexpr (std::is_same_v<S, T>)
           host::attention_reverse(dqkv.v.data(), D.v.data(), dy.v.data(), qkv.v.data(), y.v.data(), lse.v.data(),
-                                  B, Tc, H, hs, bh0, bh1);
+                                  B, Tc, H, hs, bh0, bh1, kept_p);
         else
           host::attention_reverse_dual(dqkv.v.data(), dqkv.d.data(), D.v.data(), D.d.data(), dy.v.data(),
                                        dy.d.data(), qkv.v.data(), qkv.d.data(), y.v.data(), y.d.data(),
@@ -544,6 +546,7 @@ void attention_reverse(const ExecSpace& space, Act2<base_t<S>> dqkv, Act1<base_t
       return;
     }
   }
+  if (kept_p) throw std::logic_error("gnh::attention::reverse: probabilities are kept by the host tiles only");
   const detail::AttentionRows<S> rows{Tc, H, C, hs, K, T(1) / kmath::sqrt(T(hs)), bf16};
   detail::attention_rows(space, "gnh::attention::reverse::queries", B * H * Tc,
                          detail::AttentionQueryRow<S>{rows, dqkv, D, dy, qkv, y, lse}, shape);
@@ -591,11 +594,11 @@ struct AttentionOp {
 // Compiled once, in gnh_core (kernels/instances.hpp).
 #define GNH_ATTENTION_FORWARD(EXT, S)                                                                           \
   EXT template void attention_forward<S>(const ExecSpace&, Act2<base_t<S>>, Act1<base_t<S>>, Act2<base_t<S>>, \
-                                         index_t, index_t, int, bool, RowShape, bool);
+                                         index_t, index_t, int, bool, RowShape, bool, base_t<S>*);
 #define GNH_ATTENTION_REVERSE(EXT, S)                                                                           \
   EXT template void attention_reverse<S>(const ExecSpace&, Act2<base_t<S>>, Act1<base_t<S>>, Act2<base_t<S>>, \
                                          Act2<base_t<S>>, Act2<base_t<S>>, Act1<base_t<S>>, index_t, index_t,   \
-                                         int, bool, RowShape);
+                                         int, bool, RowShape, const base_t<S>*);
 #define GNH_ATTENTION(EXT, T) GNH_FORWARD_SCALARS(GNH_ATTENTION_FORWARD, EXT, T) GNH_REVERSE_SCALARS(GNH_ATTENTION_REVERSE, EXT, T)
 GNH_ATTENTION(extern, float)
 GNH_ATTENTION(extern, double)

@@ -140,13 +140,18 @@ void zero_kv(const Geometry& g, float* dqkv, std::int64_t b, std::int64_t h) {
 // The primal reverse of one tile: P = softmax (from the saved lse), A = dp - D
 // with dp = dy V^T and D_t = dy_t.y_t (written to D), dS = P A scale; then
 // dq of the tile, and dk, dv of its keys accumulated.
+// P_ready: P already holds the tile's probabilities (kept by the forward).
 void reverse_tile(const Geometry& g, float* dqkv, float* D, const float* dy, const float* qkv, const float* y,
-                  const float* lse, std::int64_t b, std::int64_t h, std::int64_t t0, std::int64_t t1, float* P,
-                  float* A, float* dS) {
+                  const float* lse, std::int64_t b, std::int64_t h, std::int64_t t0, std::int64_t t1, const float* P_ready,
+                  float* Pbuf, float* A, float* dS) {
   const std::int64_t tq = t1 - t0, hs = g.hs;
   const std::int64_t oq = g.q(b, h, t0), ok = g.k(b, h), ov = g.v(b, h), oy = g.y(b, h, t0), orow = g.row(b, h, t0);
-  mm(false, true, tq, t1, hs, g.scale, qkv + oq, g.ld, qkv + ok, g.ld, 0.0f, P, t1);
-  softmax_rows(P, tq, t0, t1, lse + orow, nullptr, t1);
+  const float* P = P_ready;
+  if (!P) {
+    mm(false, true, tq, t1, hs, g.scale, qkv + oq, g.ld, qkv + ok, g.ld, 0.0f, Pbuf, t1);
+    softmax_rows(Pbuf, tq, t0, t1, lse + orow, nullptr, t1);
+    P = Pbuf;
+  }
   mm(false, true, tq, t1, hs, 1.0f, dy + oy, g.C, qkv + ov, g.ld, 0.0f, A, t1);
   for (std::int64_t r = 0; r < tq; ++r) {
     const float* dyr = dy + oy + r * g.C;
@@ -171,15 +176,24 @@ void reverse_tile(const Geometry& g, float* dqkv, float* D, const float* dy, con
 
 bool attention_available() { return native_kernel() != GemmKernel::none || vendor_panels_available(); }
 
+std::int64_t attention_kept_elements(std::int64_t T) {
+  std::int64_t n = 0;
+  for (std::int64_t t0 = 0; t0 < T; t0 += TQ) n += (std::min(t0 + TQ, T) - t0) * std::min(t0 + TQ, T);
+  return n;
+}
+
 void attention_forward(float* y, float* lse, const float* qkv, std::int64_t B, std::int64_t T, std::int64_t H,
-                       std::int64_t hs, std::int64_t bh0, std::int64_t bh1) {
+                       std::int64_t hs, std::int64_t bh0, std::int64_t bh1, float* keep_p) {
   const Geometry g(B, T, H, hs);
-  std::vector<float> S(std::size_t(std::min(TQ, T) * T));
+  const std::int64_t E = attention_kept_elements(T);
+  std::vector<float> S(keep_p ? 0 : std::size_t(std::min(TQ, T) * T));
   for (std::int64_t bh = bh0; bh < bh1; ++bh) {
     const std::int64_t b = bh / H, h = bh % H;
+    float* P = keep_p ? keep_p + bh * E : S.data();
     for (std::int64_t t0 = 0; t0 < T; t0 += TQ) {
       const std::int64_t t1 = std::min(t0 + TQ, T);
-      forward_tile(g, qkv, y, lse, b, h, t0, t1, S.data(), t1);
+      forward_tile(g, qkv, y, lse, b, h, t0, t1, P, t1);
+      if (keep_p) P += (t1 - t0) * t1;
     }
   }
 }
@@ -329,17 +343,21 @@ void attention_forward_dual(float* y, float* yd, float* lse, float* lsed, const 
 
 void attention_reverse(float* dqkv, float* D, const float* dy, const float* qkv, const float* y,
                        const float* lse, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs,
-                       std::int64_t bh0, std::int64_t bh1) {
+                       std::int64_t bh0, std::int64_t bh1, const float* kept_p) {
   const Geometry g(B, T, H, hs);
-  const std::int64_t tile = std::min(TQ, T) * T;
+  const std::int64_t tile = std::min(TQ, T) * T, E = attention_kept_elements(T);
   std::vector<float> buf(std::size_t(3 * tile));
   float *P = buf.data(), *A = P + tile, *dS = A + tile;
   for (std::int64_t bh = bh0; bh < bh1; ++bh) {
-      const std::int64_t b = bh / H, h = bh % H;
-      zero_kv(g, dqkv, b, h);
-      for (std::int64_t t0 = 0; t0 < T; t0 += TQ)
-        reverse_tile(g, dqkv, D, dy, qkv, y, lse, b, h, t0, std::min(t0 + TQ, T), P, A, dS);
+    const std::int64_t b = bh / H, h = bh % H;
+    const float* kept = kept_p ? kept_p + bh * E : nullptr;
+    zero_kv(g, dqkv, b, h);
+    for (std::int64_t t0 = 0; t0 < T; t0 += TQ) {
+      const std::int64_t t1 = std::min(t0 + TQ, T);
+      reverse_tile(g, dqkv, D, dy, qkv, y, lse, b, h, t0, t1, kept, P, A, dS);
+      if (kept) kept += (t1 - t0) * t1;
     }
+  }
 }
 
 // With a = dp - D (per element) and its tangent a' = dp' - D':
@@ -361,7 +379,7 @@ void attention_reverse_dual(float* dqkv, float* dqkvd, float* D, float* Dd, cons
         const std::int64_t t1 = std::min(t0 + TQ, T), tq = t1 - t0;
         const std::int64_t oq = g.q(b, h, t0), oy = g.y(b, h, t0), orow = g.row(b, h, t0);
         // The primal reverse of the tile; A keeps dp - D for the tangents.
-        reverse_tile(g, dqkv, D, dy, qkv, y, lse, b, h, t0, t1, P, A, dS);
+        reverse_tile(g, dqkv, D, dy, qkv, y, lse, b, h, t0, t1, nullptr, P, A, dS);
         for (std::int64_t k = 0; k < K; ++k) {
           const float* qd = qkvd + k * N * g.ld;
           const float* dyk = dyd + k * N * g.C;

@@ -22,9 +22,15 @@ namespace gnh::kernels::host {
 // the vendor BLAS linked in (Arm; GNH_HOST_GEMM=vendor).
 bool attention_available();
 
-// Primal forward: y, lse from qkv.
+// The probabilities of one (sequence, head) as the primal forward can keep
+// them for the reverse: each tile's TQ x t1 block (masked entries 0), one
+// after the other; this many floats per (sequence, head).
+std::int64_t attention_kept_elements(std::int64_t T);
+
+// Primal forward: y, lse from qkv; with keep_p, the probabilities of pair bh
+// into keep_p + bh * attention_kept_elements(T).
 void attention_forward(float* y, float* lse, const float* qkv, std::int64_t B, std::int64_t T, std::int64_t H,
-                       std::int64_t hs, std::int64_t bh0, std::int64_t bh1);
+                       std::int64_t hs, std::int64_t bh0, std::int64_t bh1, float* keep_p = nullptr);
 
 // Second-order forward for K directions: planes v, d (K blocks), dd (K blocks)
 // of y and lse from those of qkv; qkvdd null: qkv'' is zero (its products skipped).
@@ -43,8 +49,11 @@ void attention_reverse_dual(float* dqkv, float* dqkvd, float* D, float* Dd, cons
                             const float* lsed, std::int64_t K, std::int64_t B, std::int64_t T, std::int64_t H,
                             std::int64_t hs, std::int64_t bh0, std::int64_t bh1);
 
-// Primal reverse: dqkv (overwritten) and D = rowwise dy.y from dy, qkv, y, lse.
+// Primal reverse: dqkv (overwritten) and D = rowwise dy.y from dy, qkv, y, lse;
+// with kept_p (the forward's keep_p), its probabilities rather than the
+// scores and softmax again.
 void attention_reverse(float* dqkv, float* D, const float* dy, const float* qkv, const float* y,
-                       const float* lse, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs, std::int64_t bh0, std::int64_t bh1);
+                       const float* lse, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs, std::int64_t bh0, std::int64_t bh1,
+                       const float* kept_p = nullptr);
 
 }  // namespace gnh::kernels::host

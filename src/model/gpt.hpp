@@ -58,6 +58,9 @@ class Gpt {
   std::size_t workspace_bytes() const { return workspace_bytes_; }
   // Whether second_order runs with adjoint cuts (Shape::adjoint_cuts).
   bool adjoint_cuts() const { return cuts_; }
+  // Whether the gradient's reverse reads the attention's probabilities kept
+  // by its forward (host tiles, short contexts: gpt_impl.hpp).
+  bool keeps_attention() const { return keep_attention_; }
 
   // tokens, targets: (B, T) device views; a target < 0 is ignored.
   LossSum forward_loss(const ExecSpace& space, Span1<const T> params, Span2<const std::int32_t> tokens,
@@ -105,7 +108,8 @@ class Gpt {
   // The primal reverse engine (reverse, no directions) keeps each layer's GELU
   // output, and the GELU's slope in place of its pre-activation (gpt_impl.hpp).
   bool keep_gelu_ = false;
-  bool head_kept_ = false;  // and the head's exponentials over its logits tile
+  bool head_kept_ = false;       // and the head's exponentials over its logits tile
+  bool keep_attention_ = false;  // and the attention's probabilities (short contexts, host tiles)
   // Adjoint cuts: the engine of the primal gradient pass, and per direction
   // and row the contractions at the cuts.
   bool cuts_ = false;

@@ -30,6 +30,7 @@ struct LayerActivations {
   Act2<T> fc;                  // (N, 4C) MLP pre-activation (keep_gelu_: the GELU's slope after the forward)
   Act2<T> fc_gelu;             // (N, 4C) one buffer for every layer (recomputed in reverse) but with keep_gelu_
   Act2<T> x_out;               // (N, C) block output
+  Act1<T> att_p;               // keep_attention_: the attention's probabilities (host tiles), else empty
 };
 
 template <class T>
@@ -161,6 +162,17 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate)
   // Likewise the head's exponentials, when one tile holds the batch's logits
   // (kernels/lm_head_xent.hpp, keep_exponentials): one exp per logit, not two.
   head_kept_ = keep_gelu_ && plan.logits_rows >= N && plan.logits_vocab >= cfg.vocab_size;
+  // And the attention's probabilities (the host tiles' causal blocks), where
+  // they take no more memory than the GELU output kept per layer (H E <= 4 C
+  // T for E floats per sequence and head): short contexts, T <= 256 at
+  // preset small and medium, not the reference's 1024 (where they would add
+  // 60%). The reverse then forms neither the scores nor their softmax again.
+  index_t att_e = 0;
+  if (keep_gelu_ && kernels::use_host_attention<T>(ExecSpace(), shape.bf16)) {
+    att_e = kernels::host::attention_kept_elements(shape.context);
+    if (H * att_e > 4 * C * shape.context) att_e = 0;
+  }
+  keep_attention_ = att_e > 0;
   const Act2<T> ln_shared = act2("ln", N, C, tan, sec);
   const Act2<T> gelu_shared = keep_gelu_ ? Act2<T>() : act2("fc_gelu", N, 4 * C, tan, sec);
   for (int l = 0; l < slots; ++l) {
@@ -178,6 +190,7 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate)
     a.fc = act2("fc", N, 4 * C, tan, sec);
     a.fc_gelu = keep_gelu_ ? act2("fc_gelu", N, 4 * C, tan, sec) : gelu_shared;
     a.x_out = act2("x_out", N, C, tan, sec);
+    if (keep_attention_) a.att_p = act1("att_p", shape.batch * H * att_e, false, false);
     buf_->acts.push_back(a);
   }
   if (shape.reverse) buf_->x0 = act2("x0", N, C, tan, sec);
@@ -296,7 +309,9 @@ LossSum Gpt<T>::forward(const ExecSpace& space, Params<T> p, Span2<const std::in
     cut_at(cuts.ln1, ln1);
     linear_forward<S>(space, qkv, ln1, p, o.attn_w, o.attn_b, gemm_, !cut);
     cut_at(cuts.qkv, qkv);
-    attention_forward<S>(space, att, a0.att_lse, qkv, B, Tc, cfg_.n_head, gemm_.bf16, default_row_shape(), !cut);
+    T* const keep_p = std::is_same<S, T>::value && keep_attention_ ? a0.att_p.v.data() : nullptr;
+    attention_forward<S>(space, att, a0.att_lse, qkv, B, Tc, cfg_.n_head, gemm_.bf16, default_row_shape(), !cut,
+                         keep_p);
     cut_at(cuts.att, att);
     linear_forward<S>(space, proj, att, p, o.attn_proj_w, o.attn_proj_b, gemm_, !cut);
     residual_forward<S>(space, x_mid, x, proj);
@@ -413,7 +428,9 @@ void Gpt<T>::reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<cons
     // x_mid = x_in + c_proj(attn(c_attn(ln_1(x_in)))).
     linear_reverse<S>(space, d_att, g, res, a.att, p, o.attn_proj_w, o.attn_proj_b, gemm_);
     keep(&CutAdjoints<T>::att, l, d_att);
-    attention_reverse<S>(space, d_qkv, D, d_att, a.qkv, a.att, a.att_lse, B, Tc, cfg_.n_head, gemm_.bf16);
+    const T* const kept_p = std::is_same<S, T>::value && keep_attention_ ? a.att_p.v.data() : nullptr;
+    attention_reverse<S>(space, d_qkv, D, d_att, a.qkv, a.att, a.att_lse, B, Tc, cfg_.n_head, gemm_.bf16,
+                         default_row_shape(), kept_p);
     keep(&CutAdjoints<T>::qkv, l, d_qkv);
     layernorm_forward<S>(space, a.ln1, a.ln1_mean, a.ln1_rstd, x_in(l), p, o.ln1_w, o.ln1_b, cfg_.ln_eps);
     linear_reverse<S>(space, c1, g, d_qkv, a.ln1, p, o.attn_w, o.attn_b, gemm_);

@@ -187,6 +187,26 @@ TEST_CASE("tiled host attention equals the portable kernels to rounding", "[atte
                                 act(yr, K, N, C, false, false), act1(lser, K, R, false, false), B, T, int(H));
       compare(dqkv, dqkvr, 1, N * 3 * C, hs, T, "dqkv");
       compare(D, Dr, 1, R, hs, T, "D");
+      if (host::attention_available()) {
+        // The probabilities kept by the forward (the gradient engine's, at short
+        // contexts): the forward's y and lse keep their bits, and the reverse
+        // from them agrees with the double reference as closely.
+        View1<float> yk("yk", N * C), lsek("lsek", R), dqkvk("dqkvk", N * 3 * C), Dk("Dk", R);
+        View1<float> P("P", B * H * host::attention_kept_elements(T));
+        Kokkos::deep_copy(P, std::nanf(""));
+        attention_forward<float>(space, act(yk, K, N, C, false, false), act1(lsek, K, R, false, false),
+                                 act(qkv.f, K, N, 3 * C, false, false), B, T, int(H), false, default_row_shape(),
+                                 true, P.data());
+        REQUIRE(std::memcmp(yk.data(), y.data(), sizeof(float) * N * C) == 0);
+        REQUIRE(std::memcmp(lsek.data(), lse.data(), sizeof(float) * R) == 0);
+        Kokkos::deep_copy(dqkvk, std::nanf(""));
+        attention_reverse<float>(space, act(dqkvk, K, N, 3 * C, false, false), act1(Dk, K, R, false, false),
+                                 act(dy.f, K, N, C, false, false), act(qkv.f, K, N, 3 * C, false, false),
+                                 act(yk, K, N, C, false, false), act1(lsek, K, R, false, false), B, T, int(H), false,
+                                 default_row_shape(), P.data());
+        compare(dqkvk, dqkvr, 1, N * 3 * C, hs, T, "dqkv from the kept probabilities");
+        compare(Dk, Dr, 1, R, hs, T, "D from the kept probabilities");
+      }
     }
   }
 }

@@ -13,6 +13,7 @@
 
 #include "analysis/derivatives.hpp"
 #include "core/random.hpp"
+#include "kernels/attention_host.hpp"
 #include "model/gpt.hpp"
 #include "model/plan.hpp"
 #include "support/reference.hpp"
@@ -362,6 +363,31 @@ TEST_CASE("curvature does not depend on the batch size; float agrees with double
       REQUIRE(std::abs(c.vHv[k] - reference[k]) <= 1e-4 * std::abs(reference[k]));
     }
   }
+  // The float gradient, whose engine keeps each layer's GELU output and slope,
+  // the head's exponentials and (on the host tiles) the attention's
+  // probabilities for its reverse, against the double gradient. Float
+  // parameters and products round at 6e-8; over this model's few hundred
+  // operations per entry 1e-5 of the largest entry is ample, while a wrong
+  // kept quantity moves entries by their own size.
+  Shape gs;
+  gs.batch = 4;
+  gs.context = Tc;
+  gs.reverse = true;
+  Gpt<float> gf(cfg, gs);
+  Gpt<double> gd(cfg, gs);
+  REQUIRE(gf.keeps_attention() == kernels::host::attention_available());
+  REQUIRE_FALSE(gd.keeps_attention());  // the host tiles are float only
+  View1<double> Gf("Gf", P);  // epoch sums are double
+  View1<double> Gd("Gd", P);
+  epoch_gradient<float>(ExecSpace(), gf, pf, ids.data(), all_blocks(n_blocks), Gf);
+  epoch_gradient<double>(ExecSpace(), gd, p, ids.data(), all_blocks(n_blocks), Gd);
+  double diff = 0, largest = 0;
+  for (index_t i = 0; i < P; ++i) {
+    diff = std::max(diff, std::abs(Gf(i) - Gd(i)));
+    largest = std::max(largest, std::abs(Gd(i)));
+  }
+  CAPTURE(diff, largest);
+  REQUIRE(diff <= 1e-5 * largest);
 }
 
 TEST_CASE("Rademacher directions follow SPEC §4", "[random]") {

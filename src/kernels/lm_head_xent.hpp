@@ -185,7 +185,10 @@ struct HeadFinishRow {
   Span2<T> stats;
   Span1<const std::int32_t> targets;
   index_t r0, K, C, P, w;
-  bool keep = false;  // then stats(n, 0), the maximum, becomes 1 / s for the reverse
+  // keep: then stats(n, 1), the target's logit, becomes 1 / s for the reverse,
+  // written by the lane that reads it (the maximum in stats(n, 0) is read by
+  // every lane).
+  bool keep = false;
   template <class Lanes>
   KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t r) const {
     const index_t n = r0 + r;
@@ -196,7 +199,7 @@ struct HeadFinishRow {
     lanes.single([&] {
       lse.v(n) = l;
       loss.v(n) = valid ? double(l) - double(stats(n, 1)) : 0.0;
-      if (keep) stats(n, 0) = T(1.0 / s);
+      if (keep) stats(n, 1) = T(1.0 / s);
     });
     if constexpr (has_tangents_v<S>) {
       for (index_t k = 0; k < K; ++k) {
@@ -242,7 +245,7 @@ struct HeadSoftmaxRow {
   Act1<T> lse;
   Span1<const std::int32_t> targets;
   index_t r0, v0, vc, K;
-  Span2<const T> inv_sum;  // HeadLogits::kept: z holds e_v = exp(z_v - m), inv_sum(n, 0) is 1 / sum_v e_v
+  Span2<const T> inv_sum;  // kept: z holds e_v = exp(z_v - m), inv_sum(n, 1) is 1 / sum_v e_v
   template <class Lanes>
   KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t r) const {
     const index_t n = r0 + r;
@@ -266,7 +269,7 @@ struct HeadSoftmaxRow {
     }
     const index_t t = tgt >= v0 && tgt < v0 + vc ? index_t(tgt) - v0 : index_t(-1);
     if (inv_sum.extent(0) > 0) {
-      const T inv = inv_sum(n, 0);
+      const T inv = inv_sum(n, 1);
       lanes.each(vc, [&](index_t v) {
         const T q = zr[v] * inv;
         zr[v] = v == t ? q - T(1) : q;
@@ -309,7 +312,7 @@ void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t
   }
   // keep_exponentials (the primal forward of an engine whose reverse
   // follows, when one tile holds the batch): z is left holding exp(z - m) of
-  // each row and stats(n, 0) 1 / sum_v exp(z_v - m), from which the reverse
+  // each row and stats(n, 1) 1 / sum_v exp(z_v - m), from which the reverse
   // forms the softmax without evaluating its exponentials again.
   const bool keep = keep_exponentials && !tangents && rows >= N && vchunk >= V;
   for (index_t r0 = 0; r0 < N; r0 += rows) {

@@ -20,13 +20,13 @@
 
 namespace gnh {
 
-KOKKOS_FORCEINLINE_FUNCTION float fexp(float x) {
-  const float hi = 88.72283f, lo = -87.33654f;
-  const float xc = x > hi ? hi : (x < lo ? lo : x);
-  // n = round(x / ln 2) by the 1.5 * 2^23 shifter (round to nearest even).
+// exp(xc) = 2^n exp(r) for xc within fexp's range: returns the polynomial
+// exp(r) and sets n = round(xc / ln 2) (by the 1.5 * 2^23 shifter, round to
+// nearest even).
+KOKKOS_FORCEINLINE_FUNCTION float fexp_reduced(float xc, float& n) {
   const float shifter = 12582912.0f;
   const float t = xc * 1.44269504088896341f + shifter;
-  const float n = t - shifter;
+  n = t - shifter;
   const float r = (xc - n * 0.693145751953125f) - n * 1.428606765330187e-06f;  // ln 2 = hi + lo
   float p = 1.0f / 5040.0f;
   p = p * r + 1.0f / 720.0f;
@@ -35,15 +35,26 @@ KOKKOS_FORCEINLINE_FUNCTION float fexp(float x) {
   p = p * r + 1.0f / 6.0f;
   p = p * r + 0.5f;
   p = p * r + 1.0f;
-  p = p * r + 1.0f;
+  return p * r + 1.0f;
+}
+
+// The float 2^e for -126 <= e <= 127.
+KOKKOS_FORCEINLINE_FUNCTION float fexp_pow2(std::int32_t e) {
+  const std::uint32_t b = static_cast<std::uint32_t>(e + 127) << 23;
+  float s;
+  std::memcpy(&s, &b, 4);
+  return s;
+}
+
+KOKKOS_FORCEINLINE_FUNCTION float fexp(float x) {
+  const float hi = 88.72283f, lo = -87.33654f;
+  const float xc = x > hi ? hi : (x < lo ? lo : x);
+  float n;
+  const float p = fexp_reduced(xc, n);
   // 2^n in two halves, so that n = 128 (x near hi) does not overflow the exponent.
   const std::int32_t ni = static_cast<std::int32_t>(n);
   const std::int32_t n1 = ni / 2, n2 = ni - n1;
-  const std::uint32_t b1 = static_cast<std::uint32_t>(n1 + 127) << 23, b2 = static_cast<std::uint32_t>(n2 + 127) << 23;
-  float s1, s2;
-  std::memcpy(&s1, &b1, 4);
-  std::memcpy(&s2, &b2, 4);
-  const float y = p * s1 * s2;
+  const float y = p * fexp_pow2(n1) * fexp_pow2(n2);
   return x < lo ? 0.0f : (x > hi ? __builtin_huge_valf() : y);
 }
 
@@ -56,22 +67,9 @@ KOKKOS_FORCEINLINE_FUNCTION float fexp(float x) {
 KOKKOS_FORCEINLINE_FUNCTION float fexp_bounded(float x) {
   const float hi = 88.0f, lo = -87.33654f;
   const float xc = x > hi ? hi : (x < lo ? lo : x);
-  const float shifter = 12582912.0f;
-  const float t = xc * 1.44269504088896341f + shifter;
-  const float n = t - shifter;
-  const float r = (xc - n * 0.693145751953125f) - n * 1.428606765330187e-06f;
-  float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const std::uint32_t b = static_cast<std::uint32_t>(static_cast<std::int32_t>(n) + 127) << 23;
-  float s;
-  std::memcpy(&s, &b, 4);
-  return x < lo ? 0.0f : p * s;
+  float n;
+  const float p = fexp_reduced(xc, n);
+  return x < lo ? 0.0f : p * fexp_pow2(static_cast<std::int32_t>(n));
 }
 
 // erf(x), and in e the exp(-x^2) it evaluates on the way (GELU's derivative

@@ -405,16 +405,10 @@ void Gpt<T>::reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<cons
     // (keep_gelu_). Without directions the recomputation leaves gelu'(fc) in
     // d_fc, which the GELU's reverse then scales by d fc_gelu in place.
     if constexpr (std::is_same<S, T>::value) {
-      if (keep_gelu_) {
-        linear_reverse<S>(space, d_fcg, g, res, a.fc_gelu, p, o.fc_proj_w, o.fc_proj_b, gemm_);
-        keep(&CutAdjoints<T>::fc_gelu, l, d_fcg);
-        gelu_reverse_slope<T>(space, d_fc.v, d_fcg.v, a.fc.v);
-      } else {
-        gelu_forward_slope<T>(space, a.fc_gelu.v, d_fc.v, a.fc.v, cfg_.gelu);
-        linear_reverse<S>(space, d_fcg, g, res, a.fc_gelu, p, o.fc_proj_w, o.fc_proj_b, gemm_);
-        keep(&CutAdjoints<T>::fc_gelu, l, d_fcg);
-        gelu_reverse_slope<T>(space, d_fc.v, d_fcg.v, d_fc.v);
-      }
+      if (!keep_gelu_) gelu_forward_slope<T>(space, a.fc_gelu.v, d_fc.v, a.fc.v, cfg_.gelu);
+      linear_reverse<S>(space, d_fcg, g, res, a.fc_gelu, p, o.fc_proj_w, o.fc_proj_b, gemm_);
+      keep(&CutAdjoints<T>::fc_gelu, l, d_fcg);
+      gelu_reverse_slope<T>(space, d_fc.v, d_fcg.v, keep_gelu_ ? a.fc.v : d_fc.v);  // where the slope is
     } else {
       gelu_forward<S>(space, a.fc_gelu, a.fc, cfg_.gelu);
       linear_reverse<S>(space, d_fcg, g, res, a.fc_gelu, p, o.fc_proj_w, o.fc_proj_b, gemm_);

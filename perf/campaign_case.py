@@ -81,10 +81,11 @@ ranks_per_checkpoint = 1
 
 
 def run_gnh(gnh, deck, out):
-    if os.path.exists(out):
-        os.remove(out)  # a rerun would skip the finished group
+    # A new output each round: a rerun of the same output skips finished groups.
+    os.makedirs(os.path.dirname(out), exist_ok=True)
     t0 = time.perf_counter()
-    r = subprocess.run([gnh, "run", deck], capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    r = subprocess.run([gnh, "run", deck, "--set", f"run.output={out}"], capture_output=True, text=True,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
     t = time.perf_counter() - t0
     if r.returncode != 0:
         sys.exit(f"campaign_case: gnh run failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
@@ -96,6 +97,8 @@ def run_gnh(gnh, deck, out):
         timings = c["timings"]
         stages = {(n.decode() if isinstance(n, bytes) else str(n)): float(v)
                   for n, v in zip(timings.attrs["stages"], timings[()])}
+    if "curvature" not in stages:
+        sys.exit(f"campaign_case: {out} has no curvature stage (was the group skipped?): {stages}")
     return t, stats, stages
 
 
@@ -157,7 +160,7 @@ def main():
         _, state = gnh_model.load_gnh_h5(h5)
         names = gnh_model.canonical_names(cfg)
         for _ in range(max(1, args.rounds)):
-            t_gnh, ours, stages = run_gnh(args.gnh, deck, out)
+            t_gnh, ours, stages = run_gnh(args.gnh, deck, os.path.join(d, f"round{len(rounds)}", "out.h5"))
             t_torch, t_torch_grad, theirs = run_torch(cfg, state, names, ids, args.blocks)
             rounds.append({"gnh_seconds": t_gnh, "gnh_stages": stages, "torch_seconds": t_torch,
                            "torch_gradient_seconds": t_torch_grad, "ratio": t_torch / t_gnh,

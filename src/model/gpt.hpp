@@ -41,6 +41,17 @@ template <class T>
 class Gpt {
  public:
   Gpt(const ModelConfig& cfg, const Shape& shape);
+  // The same, its buffers taken where they fit from `storage` (what another
+  // engine's release_storage() gave up): a buffer of the same name and at
+  // least the size needed is reused, contents and all (nothing is read
+  // before it is written); the rest of `storage` is freed before anything new
+  // is allocated for a name it held. A narrower pass then runs in the wider
+  // pass's memory without the page faults of fresh memory, and an engine
+  // planned again for the wider pass finds its buffers still there.
+  Gpt(const ModelConfig& cfg, const Shape& shape, std::vector<View1<T>> storage);
+  // Gives up the engine's large buffers (its own and its adjoint engine's),
+  // leaving it unusable: for Gpt(cfg, shape, storage) of the next plan.
+  std::vector<View1<T>> release_storage();
   // The bytes Gpt(cfg, shape) allocates, counted without allocating them.
   static std::size_t planned_bytes(const ModelConfig& cfg, const Shape& shape);
   // Primal only, keeping one layer of activations (the loss pass).
@@ -86,7 +97,8 @@ class Gpt {
   template <class S>
   void reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<const std::int32_t> tokens,
                Span2<const std::int32_t> targets);
-  Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate);
+  Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate, std::vector<View1<T>> storage = {});
+  View1<T> buffer(const std::string& label, index_t total);
   Act2<T> x_in(int layer) const;
   Act2<T> x_final() const;
   Act2<T> act2(const char* name, index_t rows, index_t cols, bool tangents, bool second);
@@ -99,6 +111,7 @@ class Gpt {
   Shape shape_;
   index_t N_;
   std::vector<View1<T>> owned_;
+  std::vector<View1<T>> reusable_;  // during construction: storage not yet reused
   std::unique_ptr<GptBuffers<T>> buf_;
   kernels::GemmPolicy<T> gemm_;  // operand precision of every matrix multiply
   View1<double> row_loss_v_;

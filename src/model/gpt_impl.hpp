@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Implementation of Gpt<T>; included by one translation unit per scalar type.
 #pragma once
+#include <algorithm>
 #include <string>
 #include <type_traits>
 
@@ -101,13 +102,47 @@ Act2<T> Gpt<T>::act2_planes(const char* name, index_t rows, index_t cols, index_
   const index_t plane = rows * cols, total = plane * (1 + K + KK);
   workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(total);
   if (!allocate_) return Act2<T>();
-  owned_.emplace_back(Kokkos::view_alloc(std::string("gnh::gpt::") + name, Kokkos::WithoutInitializing), total);
+  owned_.push_back(buffer(std::string("gnh::gpt::") + name, total));
   T* base = owned_.back().data();
   Act2<T> a;
   a.v = Span2<T>(base, rows, cols);
   if (K > 0) a.d = Span3<T>(base + plane, K, rows, cols);
   if (KK > 0) a.dd = Span3<T>(base + plane * (1 + K), KK, rows, cols);
   return a;
+}
+
+// The smallest reusable buffer of this label holding `total`, else a new
+// one, after freeing the reusable buffers of this label (too small), so that
+// the old and the new plan's buffers of a name are never held together.
+template <class T>
+View1<T> Gpt<T>::buffer(const std::string& label, index_t total) {
+  std::size_t best = reusable_.size();
+  for (std::size_t i = 0; i < reusable_.size(); ++i)
+    if (reusable_[i].label() == label && reusable_[i].extent(0) >= std::size_t(total) &&
+        (best == reusable_.size() || reusable_[i].extent(0) < reusable_[best].extent(0)))
+      best = i;
+  if (best < reusable_.size()) {
+    View1<T> v = reusable_[best];
+    reusable_.erase(reusable_.begin() + std::ptrdiff_t(best));
+    return v;
+  }
+  reusable_.erase(std::remove_if(reusable_.begin(), reusable_.end(),
+                                 [&](const View1<T>& v) { return v.label() == label; }),
+                  reusable_.end());
+  return View1<T>(Kokkos::view_alloc(label, Kokkos::WithoutInitializing), total);
+}
+
+template <class T>
+std::vector<View1<T>> Gpt<T>::release_storage() {
+  std::vector<View1<T>> s = std::move(owned_);
+  owned_.clear();
+  if (adjoint_engine_) {
+    std::vector<View1<T>> a = adjoint_engine_->release_storage();
+    s.insert(s.end(), a.begin(), a.end());
+    adjoint_engine_.reset();
+  }
+  buf_ = std::make_unique<GptBuffers<T>>();  // no span into the released storage stays
+  return s;
 }
 
 template <class T>
@@ -128,14 +163,23 @@ template <class T>
 Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape) : Gpt(cfg, shape, true) {}
 
 template <class T>
+Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, std::vector<View1<T>> storage)
+    : Gpt(cfg, shape, true, std::move(storage)) {}
+
+template <class T>
 std::size_t Gpt<T>::planned_bytes(const ModelConfig& cfg, const Shape& shape) {
   return Gpt(cfg, shape, false).workspace_bytes_;
 }
 
 // Every buffer of the engine, in one list: with allocate false, only counted.
 template <class T>
-Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate)
-    : cfg_(cfg), layout_(cfg), shape_(shape), buf_(std::make_unique<GptBuffers<T>>()), allocate_(allocate) {
+Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate, std::vector<View1<T>> storage)
+    : cfg_(cfg),
+      layout_(cfg),
+      shape_(shape),
+      reusable_(std::move(storage)),
+      buf_(std::make_unique<GptBuffers<T>>()),
+      allocate_(allocate) {
   cfg_.validate("model");
   if (shape.batch <= 0) fail("batch size ", shape.batch, " must be positive");
   if (shape.context <= 0 || shape.context > cfg.block_size)
@@ -243,10 +287,13 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate)
                             act2("cut_fc_gelu", N, 4 * C, false, false)});
     workspace_bytes_ += Gpt<T>::planned_bytes(cfg, g) + sizeof(double) * static_cast<std::size_t>(shape.directions * N);
     if (allocate_) {
-      adjoint_engine_.reset(new Gpt<T>(cfg, g));
+      adjoint_engine_.reset(new Gpt<T>(cfg, g, true, std::move(reusable_)));
+      reusable_.clear();
       cut_dd_ = View2<double>("gnh::gpt::cut_dd", shape.directions, N);
     }
   }
+  reusable_.clear();  // what this plan did not reuse is freed
+  reusable_.shrink_to_fit();
   if (!allocate_) return;
   row_loss_v_ = View1<double>("gnh::gpt::row_loss", N);
   if (tan) row_loss_d_ = View2<double>("gnh::gpt::row_loss_d", shape.directions, N);

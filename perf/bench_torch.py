@@ -84,6 +84,27 @@ def loss_sum(params, names, cfg, idx, tgt):
     return (lse - picked).sum()
 
 
+def synthetic_case(cfg, directory, n_tokens):
+    """A standard-initialised model of cfg (bias-free, tied) saved as a
+    nanoGPT checkpoint and converted to gnh's HDF5 in directory, and n_tokens
+    random token ids (seed 0) written beside it as uint16: the same inputs
+    for both sides of a comparison. Returns (h5 path, token path, ids, the
+    converted state, the canonical names). Needs apps/python on sys.path."""
+    import numpy as np
+    import gnh_convert
+    import gnh_model
+    model = gnh_model.init_standard(gnh_model.GPT(cfg), 0)
+    pt, h5, tok = (os.path.join(directory, n) for n in ("m.pt", "m.h5", "tokens.bin"))
+    torch.save({"model": model.state_dict(), "model_args": dict(
+        n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, block_size=cfg.block_size, bias=False,
+        vocab_size=cfg.vocab_size, dropout=0)}, pt)
+    gnh_convert.convert(pt, h5, gnh_convert.default_options())
+    ids = np.random.default_rng(0).integers(0, cfg.vocab_size, size=n_tokens).astype(np.uint16)
+    ids.tofile(tok)
+    _, state = gnh_model.load_gnh_h5(h5)
+    return h5, tok, ids, state, gnh_model.canonical_names(cfg)
+
+
 def median_seconds(fn, repeats):
     fn()
     times = []

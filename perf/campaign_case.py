@@ -50,7 +50,6 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import bench_torch  # noqa: E402
-import gnh_convert  # noqa: E402
 import gnh_model  # noqa: E402
 
 SHAPE = dict(n_layer=4, n_head=4, n_embd=128, vocab_size=1024, block_size=128)
@@ -145,21 +144,10 @@ def main():
     cfg = gnh_model.GPTConfig(bias=False, tie_embeddings=True, **SHAPE)
     rounds = []
     with tempfile.TemporaryDirectory(prefix="gnh-case-") as d:
-        model = gnh_model.GPT(cfg)
-        gnh_model.init_standard(model, 0)
-        pt, h5 = os.path.join(d, "m.pt"), os.path.join(d, "m.h5")
-        torch.save({"model": model.state_dict(), "model_args": dict(
-            n_layer=SHAPE["n_layer"], n_head=SHAPE["n_head"], n_embd=SHAPE["n_embd"], block_size=SHAPE["block_size"],
-            bias=False, vocab_size=SHAPE["vocab_size"], dropout=0)}, pt)
-        gnh_convert.convert(pt, h5, gnh_convert.default_options())
-        ids = np.random.default_rng(0).integers(0, SHAPE["vocab_size"], size=args.blocks * SHAPE["block_size"] + 1)
-        ids = ids.astype(np.uint16)
-        tok, out, deck = (os.path.join(d, n) for n in ("tokens.bin", "out.h5", "deck.toml"))
-        ids.tofile(tok)
+        h5, tok, ids, state, names = bench_torch.synthetic_case(cfg, d, args.blocks * SHAPE["block_size"] + 1)
+        out, deck = os.path.join(d, "out.h5"), os.path.join(d, "deck.toml")
         with open(deck, "w") as f:
             f.write(deck_text(h5, tok, out, args.blocks))
-        _, state = gnh_model.load_gnh_h5(h5)
-        names = gnh_model.canonical_names(cfg)
         # PyTorch's first pass in a process grows its heap (tens of seconds
         # more here): one untimed pass first, as a pipeline analysing many
         # cases in one process would have. gnh's side is a fresh process

@@ -51,7 +51,6 @@ import torch  # noqa: E402
 
 import bench_torch  # noqa: E402
 import torch_setting  # noqa: E402
-import gnh_convert  # noqa: E402
 import gnh_model  # noqa: E402
 
 PRESETS = {
@@ -113,17 +112,7 @@ def main():
     cfg = gnh_model.GPTConfig(n_layer=nl, n_head=nh, n_embd=ne, block_size=T, vocab_size=vocab,
                               bias=False, tie_embeddings=True)
     with tempfile.TemporaryDirectory(prefix="gnh-bench-") as d:
-        model = gnh_model.GPT(cfg)
-        gnh_model.init_standard(model, 0)
-        pt, h5 = os.path.join(d, "m.pt"), os.path.join(d, "m.h5")
-        torch.save({"model": model.state_dict(), "model_args": dict(n_layer=nl, n_head=nh, n_embd=ne,
-                    block_size=T, bias=False, vocab_size=vocab, dropout=0)}, pt)
-        gnh_convert.convert(pt, h5, gnh_convert.default_options())
-        ids = np.random.default_rng(0).integers(0, vocab, size=B * T + 1).astype(np.uint16)
-        tok = os.path.join(d, "tokens.bin")
-        ids.tofile(tok)
-        _, state = gnh_model.load_gnh_h5(h5)
-        names = gnh_model.canonical_names(cfg)
+        h5, tok, ids, state, names = bench_torch.synthetic_case(cfg, d, B * T + 1)
         idx = torch.from_numpy(ids[:B * T].astype(np.int64)).view(B, T)
         tgt = torch.from_numpy(ids[1:B * T + 1].astype(np.int64)).view(B, T)
         if args.no_functorch:

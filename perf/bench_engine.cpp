@@ -15,6 +15,15 @@
 //          --plan-only           print the engines' planned workspace bytes per pass, run nothing
 //          --validation          also print loss, G.G and v^T H v (K of the first entry of
 //                                --directions, Rademacher seed 1234) by both methods
+//          --adjoint-cuts auto|0|1   the second-order forward's adjoint cuts (default auto)
+//          --head-tile ROWS,VOCAB    the LM head's logits tile (default: the plan's)
+//          --profile             after the timed repeats, one more run of each pass with
+//                                every kernel and region fenced and timed by label
+//          --no-probe            skip the host GEMM probe and the sgemm rates (always
+//                                skipped where the execution space is not the host's)
+//          --dump DIR            write the model, tokens and validation directions for
+//                                another program (perf/device/torch_seed.py)
+//          --dump-batch B        sequences of tokens to dump (synthetic; default --batch)
 //          --inject-slowdown F   stretch every timed run by F (tests of perf/compare.py)
 //
 // A synthetic model is bias-free, tied, GELU-erf, with N(0, 0.02) weights and
@@ -22,13 +31,20 @@
 // machine), and tokens drawn the same way: what perf/device/run.sh uses, with
 // no checkpoint file and no HDF5. Everything runs on the default execution
 // space; host mirrors feed it.
+//
+// Memory: each pass reports the plan's workspace, the high-water mark of the
+// Kokkos allocations it made in the execution space's memory (measured by
+// allocation callbacks, kernel_profile.hpp) and the process's peak RSS.
 #include <sys/resource.h>
 
 #include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <limits>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -44,6 +60,7 @@
 #include "kernels/host_gemm.hpp"
 #include "model/gpt.hpp"
 #include "model/layout.hpp"
+#include "kernel_profile.hpp"
 #ifdef GNH_BENCH_WITH_IO
 #include "io/checkpoint.hpp"
 #include "io/tokens.hpp"
@@ -61,8 +78,14 @@ struct Options {
   std::vector<std::string> methods = {"second-order-forward", "forward-over-reverse"};
   std::vector<std::string> passes = {"forward", "gradient", "curvature"};
   int repeats = 3;
+  int adjoint_cuts = -1;             // Shape::adjoint_cuts
+  index_t head_rows = 0, head_vocab = 0;  // Shape::head_chunk_rows, head_chunk_vocab
   bool validation = false;
   bool plan_only = false;
+  bool profile = false;
+  bool probe = true;
+  std::string dump;
+  index_t dump_batch = 0;  // sequences of tokens.i32 (0: --batch)
   bool has(const std::string& p) const { return std::find(passes.begin(), passes.end(), p) != passes.end(); }
 };
 
@@ -73,6 +96,15 @@ double g_inject_slowdown = 0.0;
 struct Timing {
   double median = 0;
   std::vector<double> samples;
+  double min() const { return *std::min_element(samples.begin(), samples.end()); }
+  double max() const { return *std::max_element(samples.begin(), samples.end()); }
+  // "seconds" (the median) and the spread of the samples.
+  std::string json() const {
+    std::ostringstream s;
+    s << "\"seconds\": " << median << ", \"min_seconds\": " << min() << ", \"max_seconds\": " << max()
+      << ", \"samples\": " << samples_json();
+    return s.str();
+  }
   std::string samples_json() const {
     std::ostringstream s;
     s << "[";
@@ -191,6 +223,13 @@ struct Model {
 
 std::uint64_t mix(std::uint64_t a, std::uint64_t b) { return splitmix64(a ^ splitmix64(b)); }
 
+// A synthetic model's token ids: the first n of one stream, for any batch.
+std::vector<std::int32_t> synthetic_ids(index_t n, int vocab) {
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = std::int32_t(mix(2, i) % std::uint64_t(vocab));
+  return ids;
+}
+
 Model synthetic(const std::string& spec, index_t B, index_t& T) {
   static const std::map<std::string, std::vector<int>> presets = {
       // n_layer, n_head, n_embd, vocab, context (as perf/side_by_side.py)
@@ -232,8 +271,7 @@ Model synthetic(const std::string& spec, index_t B, index_t& T) {
       }
     }
   }
-  m.ids.resize(std::size_t(B * T + 1));
-  for (std::size_t i = 0; i < m.ids.size(); ++i) m.ids[i] = std::int32_t(mix(2, i) % std::uint64_t(m.config.vocab_size));
+  m.ids = synthetic_ids(B * T + 1, m.config.vocab_size);
   return m;
 }
 
@@ -246,6 +284,9 @@ Shape shape_of(const Options& o, index_t context, bool reverse, int K = 0, bool 
   s.reverse = reverse;
   s.directions = K;
   s.second_order = second;
+  s.adjoint_cuts = o.adjoint_cuts;
+  s.head_chunk_rows = o.head_rows;
+  s.head_chunk_vocab = o.head_vocab;
   s.bf16 = o.policy == Precision::bf16_amp;
   s.tf32 = o.policy == Precision::tf32;
   return s;
@@ -257,6 +298,111 @@ std::string json_doubles(const std::vector<double>& v) {
   s << "[";
   for (std::size_t i = 0; i < v.size(); ++i) s << (i ? ", " : "") << v[i];
   return s.str() + "]";
+}
+
+// The validation's engine: the timed engine's storage, filled with NaN, under
+// a new plan of the same shape, so that a value read before it is written
+// shows in the results (the timed engine is unusable afterwards).
+template <class T>
+Gpt<T> poisoned(Gpt<T>& timed, const ModelConfig& cfg, const Shape& shape) {
+  std::vector<View1<T>> storage = timed.release_storage();
+  for (View1<T>& v : storage) Kokkos::deep_copy(v, std::numeric_limits<T>::quiet_NaN());
+  return Gpt<T>(cfg, shape, std::move(storage));
+}
+
+// One profiled run of a pass: the fenced time and launches of each label,
+// the 15 longest, the rest summed.
+template <class F>
+std::string profile_json(F&& pass) {
+  perf::KernelProfile p;
+  p.start();
+  pass();
+  const std::vector<perf::LabelTime> labels = p.stop();
+  std::ostringstream s;
+  s.precision(6);
+  long launches = 0;
+  for (const perf::LabelTime& l : labels) launches += l.launches;
+  s << "{\"seconds\": " << p.total_seconds() << ", \"launches\": " << launches
+    << ", \"sampled_device_peak_bytes\": " << perf::MemoryWatch::sampled_device_peak_bytes() << ", \"labels\": [";
+  const std::size_t top = std::min<std::size_t>(15, labels.size());
+  double rest = 0;
+  long rest_launches = 0;
+  for (std::size_t i = 0; i < labels.size(); ++i) {
+    if (i >= top) {
+      rest += labels[i].seconds;
+      rest_launches += labels[i].launches;
+      continue;
+    }
+    s << (i ? ", " : "") << "{\"label\": \"" << labels[i].label << "\", \"seconds\": " << labels[i].seconds
+      << ", \"launches\": " << labels[i].launches << "}";
+  }
+  if (labels.size() > top)
+    s << ", {\"label\": \"(" << labels.size() - top << " other labels)\", \"seconds\": " << rest
+      << ", \"launches\": " << rest_launches << "}";
+  s << "]}";
+  return s.str();
+}
+
+// The case of a run for another program: model.json (the configuration and
+// each tensor's name, shape and offset in the flat vector), params.f32 (the
+// flat parameters), tokens.i32 (B*T + 1 ids; sequence b is ids[bT, bT + T),
+// its targets one further; B is --dump-batch, for a synthetic model) and dirs.i8 (the validation's Rademacher
+// directions, K rows of P signs: seed 1234, K the first of --directions).
+void dump_case(const Options& o, const Model& m, index_t T) {
+  const std::string dir = o.dump;
+  auto open = [&](const std::string& name) {
+    std::ofstream f(dir + "/" + name, std::ios::binary);
+    if (!f) throw Error("--dump: cannot write " + dir + "/" + name + ": " + std::strerror(errno));
+    return f;
+  };
+  auto closed = [&](std::ofstream& f, const std::string& name) {
+    f.close();
+    if (!f) throw Error("--dump: writing " + dir + "/" + name + " failed: " + std::strerror(errno));
+  };
+  const ParamLayout layout(m.config);
+  const index_t P = layout.size();
+  const int K = o.K.front();
+  const index_t batch = o.dump_batch > 0 && !o.synthetic.empty() ? o.dump_batch : o.batch;
+  {
+    std::ofstream f = open("model.json");
+    f << "{\"n_layer\": " << m.config.n_layer << ", \"n_head\": " << m.config.n_head << ", \"n_embd\": "
+      << m.config.n_embd << ", \"vocab_size\": " << m.config.vocab_size << ", \"block_size\": " << m.config.block_size
+      << ", \"bias\": " << (m.config.bias ? "true" : "false") << ", \"tie_embeddings\": "
+      << (m.config.tie_embeddings ? "true" : "false") << ", \"gelu\": \"" << to_string(m.config.gelu)
+      << "\", \"ln_eps\": " << m.config.ln_eps << ", \"batch\": " << batch << ", \"seq_len\": " << T
+      << ", \"n_params\": " << P << ", \"directions\": " << K << ", \"direction_seed\": 1234, \"tensors\": [";
+    bool comma = false;
+    for (const TensorInfo& t : layout.tensors()) {
+      f << (comma ? ", " : "") << "{\"name\": \"" << t.name << "\", \"offset\": " << t.offset << ", \"shape\": [";
+      for (std::size_t i = 0; i < t.shape.size(); ++i) f << (i ? ", " : "") << t.shape[i];
+      f << "]}";
+      comma = true;
+    }
+    f << "]}\n";
+    closed(f, "model.json");
+  }
+  {
+    std::vector<float> p(m.params.begin(), m.params.end());
+    std::ofstream f = open("params.f32");
+    f.write(reinterpret_cast<const char*>(p.data()), std::streamsize(p.size() * sizeof(float)));
+    closed(f, "params.f32");
+  }
+  {
+    const std::vector<std::int32_t> ids = batch == o.batch ? m.ids : synthetic_ids(batch * T + 1, m.config.vocab_size);
+    std::ofstream f = open("tokens.i32");
+    f.write(reinterpret_cast<const char*>(ids.data()), std::streamsize(ids.size() * sizeof(std::int32_t)));
+    closed(f, "tokens.i32");
+  }
+  {
+    std::vector<std::int8_t> signs(static_cast<std::size_t>(P));
+    std::ofstream f = open("dirs.i8");
+    for (int k = 0; k < K; ++k) {
+      const std::uint64_t key = direction_key(1234, std::uint64_t(k));
+      for (index_t i = 0; i < P; ++i) signs[std::size_t(i)] = std::int8_t(rademacher(key, std::uint64_t(i)));
+      f.write(reinterpret_cast<const char*>(signs.data()), std::streamsize(signs.size()));
+    }
+    closed(f, "dirs.i8");
+  }
 }
 
 template <class T>
@@ -304,11 +450,16 @@ void run(const Options& o) {
   const double ntok = double(B * Tc);
   const Flops fl = flops_of(cfg, B, Tc);
   const bool float_run = std::is_same<T, float>::value;
+  // The host GEMM probe and the sgemm rates mean nothing where the engine
+  // runs on a device (perf/device/run.sh measures the device's ceilings).
+  const bool host_space = Kokkos::SpaceAccessibility<Kokkos::HostSpace, ExecSpace::memory_space>::accessible;
+  const bool probe = float_run && host_space && o.probe;
   // The dense GEMM as `gnh run` chooses it: probed on this model's shapes.
-  const std::string probe = float_run ? kernels::choose_host_gemm(cfg, B * Tc).json() : "null";
+  const std::string probe_json = probe ? kernels::choose_host_gemm(cfg, B * Tc).json() : "null";
   // Not const: nvcc would fold the fp64 run's 0 into a "division by zero" warning below.
-  double gemm_rate = float_run ? sgemm_gflops(512, false) : 0.0;
-  const double vendor_rate = float_run ? sgemm_gflops(512, true) : 0.0;
+  double gemm_rate = probe ? sgemm_gflops(512, false) : 0.0;
+  const double vendor_rate = probe ? sgemm_gflops(512, true) : 0.0;
+  if (!o.dump.empty()) dump_case(o, model, Tc);
   std::ostringstream js;
   js.precision(6);
   js << "{\n  \"context\": {\"tool\": \"gnh\", \"git_commit\": \"" << git_commit() << "\", \"build\": \""
@@ -317,31 +468,51 @@ void run(const Options& o) {
      << "\", \"model\": \"" << (o.synthetic.empty() ? o.ckpt : "synthetic " + o.synthetic) << "\", \"n_layer\": "
      << cfg.n_layer << ", \"n_head\": " << cfg.n_head << ", \"n_embd\": " << cfg.n_embd << ", \"vocab_size\": "
      << cfg.vocab_size << ", \"n_params\": " << P << ", \"batch\": " << B << ", \"seq_len\": " << Tc
-     << ", \"host_gemm\": \"" << kernels::host::name(kernels::host::selected_kernel())
-     << "\", \"host_gemm_probe\": " << probe << "},\n";
-  js << "  \"sgemm_gflops\": {\"gnh\": " << gemm_rate << ", \"vendor\": " << vendor_rate << ", \"n\": 512},\n";
+     << ", \"host_gemm\": \"" << (host_space ? kernels::host::name(kernels::host::selected_kernel()) : "none")
+     << "\", \"host_gemm_probe\": " << probe_json << "},\n";
+  if (probe) js << "  \"sgemm_gflops\": {\"gnh\": " << gemm_rate << ", \"vendor\": " << vendor_rate << ", \"n\": 512},\n";
   js << "  \"flops_per_batch\": {\"forward\": " << fl.forward() << ", \"attention_share\": "
      << fl.attention / fl.forward() << "},\n";
   auto rates = [&](double flops, double t) {
     std::ostringstream s;
-    s << ", \"gflops\": " << flops / t * 1e-9;
+    s << ", \"flops\": " << flops << ", \"gflops\": " << flops / t * 1e-9;
     if (gemm_rate > 0) s << ", \"fraction_of_sgemm\": " << flops / t * 1e-9 / gemm_rate;
+    return s.str();
+  };
+  // Memory and profile of a pass, after its timed repeats: the high-water
+  // mark of its own allocations (beyond what was held before it), then one
+  // profiled run of it.
+  std::size_t held_before = 0;
+  auto start_pass = [&] {
+    reset_peak_rss();
+    perf::MemoryWatch::reset_peak();
+    held_before = perf::MemoryWatch::current_bytes();
+  };
+  auto finish_pass = [&](auto&& f) {
+    std::ostringstream s;
+    s << ", \"measured_peak_bytes\": " << perf::MemoryWatch::peak_bytes() - held_before
+      << ", \"peak_rss_bytes\": " << peak_rss_bytes();
+    if (o.profile) s << ", \"profile\": " << profile_json(f);
     return s.str();
   };
   std::vector<double> validation;
   if (o.has("forward")) {
-    reset_peak_rss();
+    start_pass();
     Gpt<T> m(cfg, shape_of(o, Tc, false));
     LossSum loss;
-    const Timing tm = time_repeats(o.repeats, [&] { loss = m.forward_loss(space, params, tokens, targets); });
+    auto pass = [&] { loss = m.forward_loss(space, params, tokens, targets); };
+    const Timing tm = time_repeats(o.repeats, pass);
     const double t = tm.median;
-    js << "  \"forward\": {\"seconds\": " << t << ", \"samples\": " << tm.samples_json()
-       << ", \"tokens_per_s\": " << ntok / t << rates(fl.forward(), t) << ", \"workspace_bytes\": "
-       << m.workspace_bytes() << ", \"peak_rss_bytes\": " << peak_rss_bytes() << "},\n";
-    if (o.validation) js << "  \"loss_mean\": " << json_doubles({loss.sum / double(loss.count)}) << ",\n";
+    js << "  \"forward\": {" << tm.json() << ", \"tokens_per_s\": " << ntok / t << rates(fl.forward(), t)
+       << ", \"workspace_bytes\": " << m.workspace_bytes() << finish_pass(pass) << "},\n";
+    if (o.validation) {
+      Gpt<T> mv = poisoned(m, cfg, shape_of(o, Tc, false));
+      loss = mv.forward_loss(space, params, tokens, targets);
+      js << "  \"loss_mean\": " << json_doubles({loss.sum / double(loss.count)}) << ",\n";
+    }
   }
   if (o.has("gradient")) {
-    reset_peak_rss();
+    start_pass();
     const auto t_plan = std::chrono::steady_clock::now();
     Gpt<T> m(cfg, shape_of(o, Tc, true));
     View1<T> grad("grad", P);
@@ -349,14 +520,15 @@ void run(const Options& o) {
     const double setup =
         read_seconds + std::chrono::duration<double>(std::chrono::steady_clock::now() - t_plan).count();
     js << "  \"setup_seconds\": " << setup << ",\n";
-    const Timing tm = time_repeats(o.repeats, [&] { m.gradient(space, params, tokens, targets, grad); });
+    auto pass = [&] { m.gradient(space, params, tokens, targets, grad); };
+    const Timing tm = time_repeats(o.repeats, pass);
     const double t = tm.median;
-    js << "  \"gradient\": {\"seconds\": " << t << ", \"samples\": " << tm.samples_json()
-       << ", \"tokens_per_s\": " << ntok / t << rates(fl.gradient(), t) << ", \"workspace_bytes\": "
-       << m.workspace_bytes() << ", \"peak_rss_bytes\": " << peak_rss_bytes() << "},\n";
+    js << "  \"gradient\": {" << tm.json() << ", \"tokens_per_s\": " << ntok / t << rates(fl.gradient(), t)
+       << ", \"workspace_bytes\": " << m.workspace_bytes() << finish_pass(pass) << "},\n";
     if (o.validation) {
-      Kokkos::deep_copy(grad, T(0));
-      m.gradient(space, params, tokens, targets, grad);
+      Gpt<T> mv = poisoned(m, cfg, shape_of(o, Tc, true));
+      Kokkos::deep_copy(grad, T(0));  // the engine adds the gradient into it
+      mv.gradient(space, params, tokens, targets, grad);
       auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), grad);
       double gg = 0;
       for (index_t i = 0; i < P; ++i) gg += double(h(i)) * double(h(i));
@@ -366,6 +538,7 @@ void run(const Options& o) {
   js << "  \"curvature\": [";
   bool first = true;
   std::map<std::string, std::vector<double>> quad;
+  std::vector<double> hv_norm;
   if (o.has("curvature")) {
     for (int K : o.K) {
       View2<T> dirs("dirs", K, P);
@@ -373,7 +546,7 @@ void run(const Options& o) {
       for (const std::string& method : o.methods) {
         const bool fwd_over_rev = method == "forward-over-reverse";
         const Shape s = shape_of(o, Tc, fwd_over_rev, K, !fwd_over_rev);
-        reset_peak_rss();
+        start_pass();
         Gpt<T> m(cfg, s);
         View1<T> grad;
         View2<T> hv;
@@ -382,29 +555,37 @@ void run(const Options& o) {
           hv = View2<T>("hv", K, P);
         }
         LossSum ls;
-        const Timing tm = time_repeats(o.repeats, [&] {
+        auto pass = [&] {
           if (s.reverse) m.hvp(space, params, dirs, tokens, targets, grad, hv);
           else ls = m.second_order(space, params, dirs, tokens, targets);
-        });
+        };
+        const Timing tm = time_repeats(o.repeats, pass);
         const double t = tm.median;
-        const long peak = peak_rss_bytes();
-        js << (first ? "\n" : ",\n") << "    {\"method\": \"" << method << "\", \"K\": " << K << ", \"seconds\": " << t
-           << ", \"samples\": " << tm.samples_json() << ", \"seconds_per_direction\": " << t / K
+        js << (first ? "\n" : ",\n") << "    {\"method\": \"" << method << "\", \"K\": " << K << ", " << tm.json()
+           << ", \"seconds_per_direction\": " << t / K
            << rates(s.reverse ? fl.hvp(K) : fl.second_order(K, m.adjoint_cuts()), t)
-           << ", \"adjoint_cuts\": " << (m.adjoint_cuts() ? "true" : "false") << ", \"workspace_bytes\": " << m.workspace_bytes()
-           << ", \"peak_rss_bytes\": " << peak << "}";
+           << ", \"adjoint_cuts\": " << (m.adjoint_cuts() ? "true" : "false") << ", \"head_tile\": ["
+           << gpt_tiles(cfg, s).logits_rows << ", " << gpt_tiles(cfg, s).logits_vocab << "], \"workspace_bytes\": "
+           << m.workspace_bytes() << finish_pass(pass) << "}";
         first = false;
         if (o.validation && K == o.K.front()) {
           std::vector<double> q(std::size_t(K), 0.0);
+          Gpt<T> mv = poisoned(m, cfg, s);
           if (s.reverse) {
-            Kokkos::deep_copy(hv, T(0));
-            m.hvp(space, params, dirs, tokens, targets, grad, hv);
+            Kokkos::deep_copy(hv, T(0));  // the engine adds into both
+            Kokkos::deep_copy(grad, T(0));
+            mv.hvp(space, params, dirs, tokens, targets, grad, hv);
             auto hh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), hv);
             auto hd = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), dirs);
+            hv_norm.assign(std::size_t(K), 0.0);
             for (int k = 0; k < K; ++k)
-              for (index_t i = 0; i < P; ++i) q[k] += double(hd(k, i)) * double(hh(k, i));
+              for (index_t i = 0; i < P; ++i) {
+                q[k] += double(hd(k, i)) * double(hh(k, i));
+                hv_norm[k] += double(hh(k, i)) * double(hh(k, i));
+              }
+            for (double& n : hv_norm) n = std::sqrt(n);
           } else {
-            q = ls.second;
+            q = mv.second_order(space, params, dirs, tokens, targets).second;
           }
           quad[method] = q;
         }
@@ -413,6 +594,12 @@ void run(const Options& o) {
   }
   js << "\n  ]";
   for (const auto& [method, q] : quad) js << ",\n  \"vHv_sum " << method << "\": " << json_doubles(q);
+  // |v| of a Rademacher direction is sqrt(P); |Hv| from forward-over-reverse:
+  // the scale that quadratic forms are compared on (|v^T H v| <= |v| |Hv|).
+  if (!hv_norm.empty()) {
+    js << ",\n  \"Hv_norm forward-over-reverse\": " << json_doubles(hv_norm);
+    js << ",\n  \"v_norm\": " << json_doubles({std::sqrt(double(P))});
+  }
   js << ",\n  \"peak_rss_bytes\": " << peak_rss_bytes() << "\n}\n";
   std::fputs(js.str().c_str(), stdout);
 }
@@ -450,6 +637,7 @@ std::vector<std::string> split(const std::string& s) {
 
 int main(int argc, char** argv) {
   Kokkos::ScopeGuard kokkos(argc, argv);
+  perf::MemoryWatch::install();
   Options o;
   std::vector<std::string> pos;
   for (int i = 1; i < argc; ++i) {
@@ -466,6 +654,20 @@ int main(int argc, char** argv) {
       else if (a == "--synthetic") o.synthetic = next();
       else if (a == "--validation") o.validation = true;
       else if (a == "--plan-only") o.plan_only = true;
+      else if (a == "--profile") o.profile = true;
+      else if (a == "--no-probe") o.probe = false;
+      else if (a == "--dump") o.dump = next();
+      else if (a == "--dump-batch") o.dump_batch = std::stol(next());
+      else if (a == "--adjoint-cuts") {
+        const std::string v = next();
+        if (v != "auto" && v != "0" && v != "1") throw std::runtime_error("--adjoint-cuts: expected auto, 0 or 1");
+        o.adjoint_cuts = v == "auto" ? -1 : std::stoi(v);
+      } else if (a == "--head-tile") {
+        const std::vector<std::string> rv = split(next());
+        if (rv.size() != 2) throw std::runtime_error("--head-tile: expected ROWS,VOCAB");
+        o.head_rows = std::stol(rv[0]);
+        o.head_vocab = std::stol(rv[1]);
+      }
       else if (a == "--inject-slowdown") g_inject_slowdown = std::stod(next());
       else if (a == "--methods") o.methods = split(next());
       else if (a == "--passes") o.passes = split(next());

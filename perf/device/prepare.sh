@@ -11,7 +11,8 @@
 #   perf/device/run.sh                          # there: takes build-device/bin/bench_engine
 #
 # The GPU machine needs the CUDA 13 runtime and cuBLAS (libcudart.so.13,
-# libcublas.so.13) and python3; run.sh checks the libraries first.
+# libcublas.so.13: from the system, or from the Python CUDA wheels, where
+# run.sh finds them) and python3 with torch; run.sh checks the libraries first.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 t0=$SECONDS
@@ -43,5 +44,17 @@ if grep -E "libmpi|libhdf5" <<<"$libs" >/dev/null; then
   echo "prepare: $exe links MPI or HDF5, which the GPU machine may not have" >&2
   exit 1
 fi
+# The GPU machine's glibc must be at least the newest version the binary asks
+# for; libstdc++ and libgcc are linked statically (the gh200-device preset),
+# so the C++ runtime of this machine travels inside the binary.
+glibc="$(objdump -T "$exe" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)"
+echo "prepare: $exe needs ${glibc:-no versioned glibc symbols} (this machine: $(ldd --version | head -1))"
+if grep -q "libstdc++" <<<"$libs"; then
+  echo "prepare: $exe still links libstdc++ dynamically: the GPU machine's must be at least this machine's" >&2
+else
+  echo "prepare: libstdc++ and libgcc are linked statically"
+fi
+echo "prepare: shared libraries it needs:"
+sed 's/^/  /' <<<"$libs"
 echo "prepare: $exe: $n sm_90 ELF image(s), $((bytes / 1024 / 1024)) MiB, built in $((SECONDS - t0)) s"
 echo "prepare: carry build-device/bin/bench_engine; on the GPU machine run: perf/device/run.sh"

@@ -230,10 +230,23 @@ inline void cublas_gemm_bf16(const ExecSpace& space, bool at, bool bt, float alp
 }  // namespace detail
 #endif
 
+namespace detail {
+// A Kokkos Tools region around a GEMM entry point, so that profilers see the
+// library's time (cuBLAS, the host BLAS) under a label like the kernels'.
+// Labels of at most 15 characters stay in std::string's inline buffer.
+struct GemmRegion {
+  explicit GemmRegion(const char* label) { Kokkos::Profiling::pushRegion(label); }
+  ~GemmRegion() { Kokkos::Profiling::popRegion(); }
+  GemmRegion(const GemmRegion&) = delete;
+  GemmRegion& operator=(const GemmRegion&) = delete;
+};
+}  // namespace detail
+
 // gemm under a precision policy: plain, or with bfloat16-rounded operands.
 template <class T>
 void gemm(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, const char* tb, T alpha,
           Span2<const T> A, Span2<const T> B, T beta, Span2<T> C) {
+  const detail::GemmRegion region("gnh::gemm");
   if (!pol.bf16) {
 #ifdef GNH_CUBLAS_MATH_MODE
     if constexpr (std::is_same_v<T, float>) {
@@ -388,6 +401,7 @@ void gemm_batched(const ExecSpace& space, const GemmPolicy<T>& pol, const char* 
                   Span2<const T> A, index_t stride_a, Span2<const T> B, index_t stride_b, T beta, Span2<T> C,
                   index_t stride_c, index_t count) {
   if (count <= 0) return;
+  const detail::GemmRegion region("gnh::gemm_batch");
 #ifdef GNH_CUBLAS_MATH_MODE
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     const detail::ProductShape sh = detail::product_shape("gnh::gemm_batched", ta, tb, A, B, C);

@@ -1,21 +1,19 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: BSD-3-Clause
 """The perf suite runs, seconds long, so it cannot rot: bench_kernels covers
-every op in every mode, bench_engine reports what issue #7 asks of it, and
-perf/device/run.sh (host mode) validates and extrapolates, and catches a wrong
-curvature."""
+every op in every mode, and bench_engine reports rates, memory and the
+context that makes runs comparable (the device check's rehearsal is
+tests/integration/test_device_check.py)."""
 import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import unittest
 
 import gnhtest
 
 BIN = os.path.dirname(os.environ.get("GNH_BENCH", os.path.join(gnhtest.ROOT, "build", "bin", "bench_engine")))
-DEVICE = os.path.join(gnhtest.ROOT, "perf", "device")
 
 
 def run_json(cmd):
@@ -75,52 +73,6 @@ class PerfSuite(unittest.TestCase):
         self.assertGreater(w["forward-over-reverse K=1"], w["gradient"])
         self.assertGreater(w["gradient"], w["forward"])
 
-    def test_device_script_validates_and_extrapolates_on_the_host(self):
-        out = os.path.join(self.tmp, "device")
-        r = subprocess.run(["bash", os.path.join(DEVICE, "run.sh"), "--cpu", "--bench", os.path.join(BIN, "bench_engine"),
-                            "--config", "tiny", "--batch", "2", "--out", out], capture_output=True, text=True,
-                           env=gnhtest.mpi_env())
-        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        self.assertIn("validate: PASS", r.stdout)
-        epoch = json.load(open(os.path.join(out, "device_epoch.json")))
-        rows = {(p["pass"], p["K"]): p for p in epoch["passes"]}
-        self.assertEqual(set(rows), {("gradient", 0), ("second-order-forward", 1), ("second-order-forward", 16),
-                                     ("forward-over-reverse", 1), ("forward-over-reverse", 4)})
-        g = rows[("gradient", 0)]
-        self.assertAlmostEqual(g["epoch_seconds"], g["seconds_per_batch"] * 9963 / 2, places=6)
-
-        # A curvature value off by 1e-3 relative must fail the validation.
-        ref = json.load(open(os.path.join(DEVICE, "validation_small.json")))
-        ref["values"]["vHv_sum second-order-forward"][2] *= 1.001
-        bad = os.path.join(self.tmp, "bad_reference.json")
-        json.dump(ref, open(bad, "w"))
-        r = subprocess.run([sys.executable, os.path.join(DEVICE, "summarize.py"), "validate", bad,
-                            os.path.join(out, "device_validation.json")], capture_output=True, text=True)
-        self.assertEqual(r.returncode, 1, r.stdout)
-        self.assertIn("FAIL", r.stdout)
-
-
-    def test_device_script_stops_before_running_a_binary_it_cannot_load(self):
-        # The GPU machine runs a bench_engine built elsewhere (perf/device/prepare.sh):
-        # a missing binary, or one linking a library that machine lacks, stops the
-        # script with the reason before anything is written.
-        out = os.path.join(self.tmp, "device_refused")
-        script = os.path.join(DEVICE, "run.sh")
-        r = subprocess.run(["bash", script, "--bench", os.path.join(self.tmp, "absent"), "--out", out],
-                           capture_output=True, text=True)
-        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
-        self.assertIn("is not an executable", r.stderr)
-        # An executable linking libgnh_gone.so, removed after the link.
-        src, lib, exe = (os.path.join(self.tmp, n) for n in ("gone.c", "libgnh_gone.so", "bench_engine"))
-        open(src, "w").write("int gnh_gone(void) { return 0; }\n")
-        subprocess.run(["cc", "-shared", "-fPIC", "-o", lib, src], check=True)
-        open(src, "w").write("int gnh_gone(void);\nint main(void) { return gnh_gone(); }\n")
-        subprocess.run(["cc", "-o", exe, src, "-L" + self.tmp, "-lgnh_gone"], check=True)
-        os.remove(lib)
-        r = subprocess.run(["bash", script, "--bench", exe, "--out", out], capture_output=True, text=True)
-        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
-        self.assertIn("needs libraries this machine lacks: libgnh_gone.so", r.stderr)
-        self.assertFalse(os.path.exists(out))
 
 if __name__ == "__main__":
     unittest.main()

@@ -1,0 +1,55 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// In-process Kokkos Tools callbacks for the benchmarks (no tool library to
+// load, the same on every backend):
+//   - MemoryWatch: bytes held in Kokkos allocations and their high-water
+//     mark, per memory space, from the allocation callbacks (always on once
+//     installed); on a GPU build the device's high-water mark is also sampled
+//     from cudaMemGetInfo while a profile records, which counts what Kokkos
+//     does not allocate (cuBLAS workspaces);
+//   - KernelProfile: while recording, each kernel (parallel_for, _reduce,
+//     _scan) and each region (the GEMM entry points are regions) is fenced
+//     before and after, and its exclusive time and launch count are summed
+//     by label. Fencing serialises the pass, so a profile is run apart from
+//     the timed repeats and its total is reported beside theirs.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace gnh::perf {
+
+struct MemoryWatch {
+  // Installs the allocation callbacks (idempotent; after Kokkos::initialize).
+  static void install();
+  // Starts a new high-water mark at the bytes held now.
+  static void reset_peak();
+  // High-water mark of the default execution space's memory since reset_peak.
+  static std::size_t peak_bytes();
+  // Bytes held now in the default execution space's memory.
+  static std::size_t current_bytes();
+  // Device bytes in use (total - free, cudaMemGetInfo) at their highest while
+  // a profile recorded since reset_peak; 0 on host builds.
+  static std::size_t sampled_device_peak_bytes();
+};
+
+struct LabelTime {
+  std::string label;
+  double seconds = 0;  // exclusive: minus the time of kernels and regions nested in it
+  long launches = 0;
+};
+
+class KernelProfile {
+ public:
+  // Records until stop(); one profile at a time.
+  void start();
+  // Stops recording. Returns the labels by descending exclusive time.
+  std::vector<LabelTime> stop();
+  // Fenced wall time between start() and stop().
+  double total_seconds() const { return total_; }
+
+ private:
+  double t0_ = 0, total_ = 0;
+};
+
+}  // namespace gnh::perf

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: BSD-3-Clause
-"""`gnh compare`: the precision comparison (issue #6).
+"""`gnh compare`: the precision comparison (doc/precision.md).
 - fp64 against fp32 on a tiny campaign: every requested statistic agrees to
   1e-4 (float's bar), cosines of G and the noise vectors are ~1, the output
   files have their documented content;

@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: BSD-3-Clause
 """The perf suite runs, seconds long, so it cannot rot: bench_kernels covers
-every op in every mode, bench_engine reports what issue #7 asks of it, and
+every op in every mode; bench_engine reports its context (commit, build,
+execution space, host GEMM), both sgemm rates, each pass's rates and memory,
+and each curvature run's peak memory and time per direction; and
 perf/device/run.sh (host mode) validates and extrapolates, and catches a wrong
 curvature."""
 import json

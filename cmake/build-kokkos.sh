@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
-# Builds Kokkos 4.6.01 and Kokkos Kernels 4.6.02 from the vendored release
-# archives (../shared/vendor, or GNH_VENDOR_DIR), with gnh's CUDA 13 patch
-# (cmake/kokkos-4.6.01-cuda13.patch), into a prefix outside the clone:
+# Builds Kokkos 4.6.01 and Kokkos Kernels 4.6.02 from their release archives,
+# with gnh's CUDA 13 patch (cmake/kokkos-4.6.01-cuda13.patch), into a prefix
+# outside the clone. The archives are read from GNH_VENDOR_DIR (default
+# ../shared/vendor beside the clone, where CI keeps them): a directory holding
+# kokkos-4.6.01.tar.gz and kokkos-kernels-4.6.02.tar.gz (the projects' GitHub
+# release archives) and a SHA256SUMS file listing both. With an installed
+# Kokkos >= 4.6 (a cluster module, Spack) none of this is needed: set
+# Kokkos_ROOT to its prefix and configure the preset directly (README,
+# "Building by hand").
 #
 #   cmake/build-kokkos.sh cuda     Serial host space + CUDA (Hopper, sm_90), static,
 #                                  Kokkos Kernels with cuBLAS, no ETI
@@ -19,14 +25,17 @@ root="$(cd "$here/.." && pwd)"
 variant="${1:-}"
 case "$variant" in
   cuda|openmp) ;;
-  *) echo "usage: cmake/build-kokkos.sh cuda|openmp" >&2; exit 2 ;;
+  *) echo "usage: GNH_VENDOR_DIR=DIR cmake/build-kokkos.sh cuda|openmp  (DIR: the Kokkos and Kokkos Kernels" \
+          "release archives and their SHA256SUMS; with an installed Kokkos, set Kokkos_ROOT instead)" >&2; exit 2 ;;
 esac
 vendor="${GNH_VENDOR_DIR:-$root/../shared/vendor}"
 kokkos_tgz="$vendor/kokkos-4.6.01.tar.gz"
 kernels_tgz="$vendor/kokkos-kernels-4.6.02.tar.gz"
 patch_file="$here/kokkos-4.6.01-cuda13.patch"
 for f in "$kokkos_tgz" "$kernels_tgz"; do
-  [ -f "$f" ] || { echo "build-kokkos: $f not found (set GNH_VENDOR_DIR)" >&2; exit 1; }
+  [ -f "$f" ] || { echo "build-kokkos: $f not found: set GNH_VENDOR_DIR to a directory with" \
+                        "kokkos-4.6.01.tar.gz, kokkos-kernels-4.6.02.tar.gz and their SHA256SUMS," \
+                        "or configure against an installed Kokkos with Kokkos_ROOT" >&2; exit 1; }
 done
 (cd "$vendor" && sha256sum -c --quiet SHA256SUMS) || { echo "build-kokkos: $vendor fails its SHA256SUMS" >&2; exit 1; }
 jobs="${GNH_BUILD_JOBS:-2}"

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
 # The CUDA variant, compiled here (no GPU needed): Kokkos and Kokkos Kernels
-# from the vendored archives (cmake/build-kokkos.sh, cached), then every target
+# built from their release archives in GNH_VENDOR_DIR (cmake/build-kokkos.sh,
+# cached; this script always builds them, so it needs the archives: with an
+# installed CUDA Kokkos, run `Kokkos_ROOT=PREFIX cmake --preset gh200` and
+# `cmake --build --preset gh200` instead), then every target
 # of gnh for sm_90 with nvcc into build-gh200/ (the gh200 preset, unity
 # batches of 8 sources: nvcc parses Kokkos' headers once per batch). Then:
 #   - bench_engine and gnh hold sm_90 device code (cuobjdump --list-elf, or

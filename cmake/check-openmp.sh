@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
-# The OpenMP host variant: Kokkos and Kokkos Kernels with OpenMP from the
-# vendored archives (cmake/build-kokkos.sh openmp, cached), gnh built against
+# The OpenMP host variant: Kokkos and Kokkos Kernels with OpenMP built from
+# their release archives in GNH_VENDOR_DIR (cmake/build-kokkos.sh openmp,
+# cached; with an installed OpenMP Kokkos, configure the openmp preset with
+# Kokkos_ROOT instead), gnh built against
 # them into build-openmp/ (the openmp preset), and its unit and oracle tests
 # run with OMP_NUM_THREADS threads (default 2).
 set -euo pipefail

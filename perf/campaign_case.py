@@ -3,7 +3,7 @@
 """One campaign case end to end: `gnh run` against the same statistics in
 PyTorch eager, on one thread each, in interleaved rounds.
 
-The case is issue #17's campaign-shaped workload: a synthetic GPT of 4
+The case is shaped like one group of a campaign: a synthetic GPT of 4
 layers, 4 heads, d 128, vocabulary 1024, context 128 (bias-free, tied), one
 data case ("seen") of 64 blocks, and the statistics L, G = grad L, G^T H G
 and v^T H v for 8 Rademacher directions (no noise samples), the default

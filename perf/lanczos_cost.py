@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: BSD-3-Clause
-"""What a Lanczos step of the spectrum (SPEC §10, issue #14) costs beside a
+"""What a Lanczos step of the spectrum (doc/statistics.md) costs beside a
 plain forward-over-reverse epoch pass of the same K, from `gnh run`'s own
 timings.
 

@@ -18,9 +18,9 @@ and holds the measured costs the planner adds up:
 
 The engine timings come from bench_engine in the deck's precision policy
 (tf32 is timed as tf32: on a GPU it is not fp32) on every distinct checkpoint
-state and every data case of the deck; each cost is the maximum over them, as
-the seed's planner took it (`sources` lists them all). A profile is valid for
-the machine it was measured on.
+state and every data case of the deck; each cost is the maximum over them, so
+that an estimate covers the slowest (`sources` lists them all). A profile is
+valid for the machine it was measured on.
 """
 import argparse
 import datetime

@@ -22,8 +22,9 @@ results. Within a round (--pairing pass, the default) each of gnh's passes
 PyTorch passes it is compared with, so that the two sides of a ratio are
 measured seconds apart, not a minute; each round's "segments" records when
 each side of each pass ran. (--pairing round: all of gnh's passes, then all
-of PyTorch's, as before stop 22.) A slow stretch of a shared machine then
-falls on both sides of a ratio instead of on one side's whole run.
+of PyTorch's, the two sides of a ratio a minute apart.) A slow stretch of a
+shared machine then falls on both sides of a ratio instead of on one side's
+whole run.
 
   perf/side_by_side.py [--preset small|medium|reference] [--directions 1,16]
                        [--repeats 3] [--rounds 3] [--pairing pass|round] [--json OUT.json]

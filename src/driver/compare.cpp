@@ -21,8 +21,8 @@
 namespace gnh {
 namespace {
 
-// The statistics whose relative error decides pass/fail (the seed's criterion
-// was 5% on the requested statistics).
+// The statistics whose relative error decides pass/fail (each within the
+// tolerance, 5% by default: doc/precision.md).
 const std::vector<std::string> kRequested = {"loss",         "G_sqnorm", "GHG",      "trace_sigma",
                                              "trace_HSigma", "trace_H",  "B_simple", "B_noise"};
 const std::vector<std::string> kArrays = {"gB_sqnorm", "xi_sqnorm", "G_dot_xi", "xiHxi", "vHv"};

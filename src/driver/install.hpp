@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// Where gnh finds the files it runs beside itself (README, Installing): in an
+// Where gnh finds the files it runs beside itself (doc/install.md): in an
 // installed tree PREFIX/bin/gnh finds PREFIX/share/gnh (jobscripts, timing
 // profiles, Python helpers); in a build tree, the source tree. Nothing else
 // is compiled in, so an installed tree can be moved (a cluster module).

@@ -217,8 +217,9 @@ namespace {
 // copies. Tile by tile with the directions inside, each direction's rows were
 // read out of the planes (128 B every 3C floats) again for every tile,
 // 2.1 times on average at T = 128: the copies were a fifth of attention's
-// second order (Zen 4, AVX2 build; see perf/NOTES.md, stop 22). The same
-// products on the same operands: the same bits.
+// second order (Zen 4, AVX2 build, perf over `bench_kernels --op attention
+// --mode second-order --directions 16`; perf/NOTES.md). The same products on
+// the same operands: the same bits.
 void forward_derivatives(float* y, float* yd, float* ydd, float* lse, float* lsed, float* lsedd, const float* qkv,
                          const float* qkvd, const float* qkvdd, std::int64_t K, std::int64_t B, std::int64_t T,
                          std::int64_t H, std::int64_t hs, std::int64_t bh0, std::int64_t bh1, bool second) {

@@ -1,12 +1,13 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: BSD-3-Clause
-"""`gnh compare`: the precision comparison (issue #6).
+"""`gnh compare`: the precision comparison (doc/precision.md).
 - fp64 against fp32 on a tiny campaign: every requested statistic agrees to
   1e-4 (float's bar), cosines of G and the noise vectors are ~1, the output
   files have their documented content;
 - a tolerance below the achievable error is reported as FAIL, not hidden;
 - the demo campaign (apps/gnh-demo-campaign): bf16-amp against fp32, every
-  requested statistic within 5% (the seed's criterion) or reported failing."""
+  requested statistic within 5% (the default tolerance, doc/precision.md) or
+  reported failing."""
 import csv
 import os
 import shutil
@@ -106,7 +107,7 @@ class Compare(unittest.TestCase):
                 for c in g.values():
                     worst = max(c.attrs["rel_err_" + s] for s in REQUESTED)
                     self.assertAlmostEqual(c.attrs["max_rel_err_requested"], worst)
-                    # Within the seed's 5%, or honestly reported as failing.
+                    # Within the default 5%, or honestly reported as failing.
                     self.assertEqual(c.attrs["pass"], 1.0 if worst <= 0.05 else 0.0)
                     self.assertGreater(c.attrs["G_cosine"], 0.999)
                     n += 1

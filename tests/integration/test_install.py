@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: BSD-3-Clause
-"""`cmake --install` (issue #15 item 5): the installed tree, moved elsewhere
+"""`cmake --install` (doc/install.md): the installed tree, moved elsewhere
 after installing, works on its own files: gnh-convert with its Python helpers,
 gnh run, gnh report, gnh plan finding a timing profile that exists only in the
 tree and writing shard scripts that source the tree's jobscripts, and the

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: BSD-3-Clause
-"""Measured time and memory in every output, and memory-fit planning (issue
-#15 item 3):
+"""Measured time and memory in every output, and memory-fit planning
+(doc/outputs.md, doc/deck.md "Memory"):
 - every stage's batch-time spread (median, p10, p90), per-direction times
   for the passes with directions, and the host high-water mark per stage are
   attributes of each case's `timings`; the high-water mark covers the planned

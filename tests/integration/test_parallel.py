@@ -110,7 +110,7 @@ class Parallel(unittest.TestCase):
                          "seen/Hv_sqnorm", "seen/update@dHd", "seen/update@measured_change", "seen/xiPxi",
                          "seen@B_noise_P"):
                 self.assertTrue(any(k.endswith(name) for k in base), name)
-            # The report's block table and per-layer figure (SPEC §10, issue #13 item 5).
+            # The report's block table and per-layer figure (doc/outputs.md).
             rep = os.path.join(self.tmp, "report-curv")
             r, manifest = gnhtest.report(os.path.join(self.tmp, "out/layout_curv_1_1.h5"), rep)
             self.assertEqual(r.returncode, 0, r.stderr)

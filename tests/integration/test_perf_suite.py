@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: BSD-3-Clause
 """The perf suite runs, seconds long, so it cannot rot: bench_kernels covers
-every op in every mode, and bench_engine reports rates, memory and the
-context that makes runs comparable (the device check's rehearsal is
-tests/integration/test_device_check.py)."""
+every op in every mode; bench_engine reports its context (commit, build,
+execution space, host GEMM), both sgemm rates, each pass's rates and memory,
+and each curvature run's peak memory and time per direction (the device
+check's rehearsal is tests/integration/test_device_check.py)."""
 import json
 import os
 import shutil

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: BSD-3-Clause
-"""Honest planning (issue #15 item 4), without Slurm:
+"""Planning without Slurm (doc/operations.md, sections 2 and 3):
 - perf/make_profile.py records the target it measured on and, for each cost,
   the maximum over every distinct state and data case (listed as sources);
 - gnh plan takes only a profile of its --target: a profile measured for the

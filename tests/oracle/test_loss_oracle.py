@@ -5,8 +5,12 @@ generated checkpoints covering every model option: bias on/off, tied/untied
 head, GELU erf/tanh, 3 heads, a context that is not a power of two, a padded
 last microbatch, two LayerNorm eps.
 
-Bar (issue #2): relative error <= 1e-5 in float (fp32 policy), <= 1e-12 in
-double (fp64 policy), against PyTorch evaluated in float64."""
+Bars: relative error <= 1e-5 in float (fp32 policy), <= 1e-12 in double
+(fp64 policy), against PyTorch evaluated in float64. They allow about 170
+units of float roundoff (6e-8) and 9000 of double (1.1e-16), for a loss made
+of dot products at most 4C = 48 long, two LayerNorms a layer, a 41-way
+log-sum-exp per token and the epoch's sum, each side in its own order; a
+wrong term moves the loss by far more."""
 import itertools
 import os
 import shutil

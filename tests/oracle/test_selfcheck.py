@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: BSD-3-Clause
-"""The device self-check (issue #15 item 4): the values shipped in
+"""The device self-check (doc/operations.md): the values shipped in
 jobscripts/selfcheck/ are PyTorch's float64 values of the shipped model and
 tokens (recomputed here, 1e-12 relative: the same double-backward sums);
 `gnh self-check` passes in every precision and curvature method, on one rank

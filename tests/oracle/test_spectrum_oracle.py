@@ -1,15 +1,15 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: BSD-3-Clause
-"""SPEC §10's spectrum (issue #14) end to end: `gnh run` with Lanczos chains
-against the float64 PyTorch oracle's dense Hessian of the same checkpoint and
-epoch (formed row by row with double backward), on a model small enough to
-form it.
+"""The Hessian spectrum (doc/statistics.md, "The spectrum") end to end: `gnh
+run` with Lanczos chains against the float64 PyTorch oracle's dense Hessian of
+the same checkpoint and epoch (formed row by row with double backward), on a
+model small enough to form it.
 
 Bars, all in the fp64 policy:
 - the top five eigenvalues match numpy's dense eigenvalues to 1e-6 relative
-  (the issue's bar) once the chains have converged to the deck's tolerance
-  (1e-10 of the operator's norm: a residual r bounds the eigenvalue error by
-  r, so 1e-10 |H| leaves four orders of margin), for H and for P^1/2 H P^1/2;
+  once the chains have converged to the deck's tolerance (1e-10 of the
+  operator's norm: a residual r bounds the eigenvalue error by r, so
+  1e-10 |H| leaves four orders of margin), for H and for P^1/2 H P^1/2;
 - per chain the quadrature identities sum w theta = v^T H v and
   sum w theta^2 = |H v|^2 hold to 1e-10 (double arithmetic on m x m
   matrices), and v^T H v and |H v|^2 of each unit start vector match the dense

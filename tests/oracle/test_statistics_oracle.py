@@ -4,8 +4,11 @@
 computation (stats_reference.py) of every per-sample statistic of SPEC §4, on
 a generated campaign: three epochs plus final/latest aliases of the last.
 
-Bars (issue #4): 1e-10 relative in double (fp64 policy), 1e-4 in float (fp32);
-quadratic forms relative to max(|q|, sum of absolute per-batch contributions)."""
+Bars: 1e-10 relative in double (fp64 policy), 1e-4 in float (fp32), the
+derivative oracle's (test_derivative_oracle.py: rounding of the same sums in
+different orders, amplified in float by the curvature's depth and
+cancellation); quadratic forms relative to max(|q|, sum of absolute
+per-batch contributions), since a Rademacher or noise form can nearly cancel."""
 import os
 import shutil
 import sys

@@ -4,8 +4,12 @@
 // gradient, Hessian symmetry, agreement of the two curvature paths, K
 // directions per pass against one, microbatch independence, and float against
 // double. Tolerances as in test_op_derivatives.cpp: central differences with
-// h = 1e-5 err ~1e-10 relative; the issue's bars are 1e-7 (FD) and 1e-10
-// (paths against each other).
+// h = 1e-5 err ~1e-10 relative (truncation h^2 and rounding eps/h alike), so
+// 1e-7 against finite differences leaves a thousandfold margin while a wrong
+// term is an O(1) error. The two curvature paths evaluate the same double sums
+// in different orders over 4,000-4,700 parameters, so they differ by rounding,
+// at most eps (1.1e-16) times a few thousand terms, ~1e-12 relative: 1e-10
+// bounds that with room and still catches any term either path gets wrong.
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <limits>
@@ -351,7 +355,10 @@ TEST_CASE("curvature does not depend on the batch size; float agrees with double
     for (index_t k = 0; k < K; ++k) REQUIRE(std::abs(c.vHv[k] - reference[k]) <= 1e-12 * std::abs(reference[k]));
   }
   // Float: parameters rounded to float are the same as the double model's only
-  // to 6e-8 relative, and curvature amplifies rounding; 1e-4 is the issue's bar.
+  // to 6e-8 relative (fp32 unit roundoff), and v^T H v, a sum of terms of both
+  // signs through two layers of products, amplifies that rounding by its
+  // cancellation and depth; 1e-4 (some 1700 units of roundoff) covers it,
+  // while a wrong term moves v^T H v by its own size.
   for (auto method : {CurvatureMethod::forward_over_reverse, CurvatureMethod::second_order_forward}) {
     Shape s;
     s.batch = 4;

@@ -4,7 +4,7 @@
 //
 // Tolerances. Central differences with step h err by h^2 |F'''|/6 (truncation)
 // plus eps |F|/h (rounding); with inputs O(1) and h = 1e-5 both are ~1e-10
-// relative, so the bar of 1e-7 relative leaves a wide margin while
+// relative, so a bar of 1e-7 relative leaves a thousandfold margin while
 // still catching any wrong term (a missing term is an O(1) relative error).
 // The adjoint identity <J t, w> = <t, J^T w> holds to rounding: both sides are
 // sums of products each formed by O(100)-long accumulations, so we allow

@@ -5,6 +5,7 @@
 # on two MPI ranks. Leaves build/demo/results/demo.h5.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+bash cmake/install-deps.sh
 bash cmake/build.sh
 source cmake/mpi-env.sh
 apps/gnh-demo-campaign build/demo

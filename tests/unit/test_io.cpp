@@ -86,7 +86,7 @@ TEST_CASE("deck errors name the line and the key", "[deck]") {
   REQUIRE_THAT(error_of(dtype), Contains("deck.toml:7:") && Contains("data.seen.dtype"));
 }
 
-TEST_CASE("--set overrides keys and is named in errors", "[deck]") {
+TEST_CASE("deck: --set overrides keys and is named in errors", "[deck]") {
   const Deck d = parse_deck(kDeck, "deck.toml", "/runs",
                             {"analysis.directions=3", "precision.policy=fp64", "data.seen.path=other.bin",
                              "parallel.ranks_per_checkpoint=2"});

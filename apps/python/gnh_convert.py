@@ -629,6 +629,13 @@ def write_h5(out_path: str, cfg: GPTConfig, params: Dict[str, np.ndarray],
     (0666 less the umask).  ``os.replace`` then puts it in OUT's place (a
     symlink at OUT is replaced, not followed).  On any failure only that
     temporary file is removed.
+
+    The HDF5 file is built in memory (h5py's core driver, no backing store)
+    and its image written with plain ``os.write``: a full disk or a quota
+    then fails as an ``OSError`` naming the reason, where HDF5 writing to
+    the disk itself would keep a file it cannot flush and crash at its
+    release.  The image is about the size of the parameters (and optimizer
+    state), which this function holds already.
     """
     import h5py
 
@@ -641,10 +648,13 @@ def write_h5(out_path: str, cfg: GPTConfig, params: Dict[str, np.ndarray],
             umask = os.umask(0)
             os.umask(umask)
             os.fchmod(fh.fileno(), 0o666 & ~umask)
-            with h5py.File(fh, "w") as f:
+            with h5py.File(os.path.basename(tmp), "w", driver="core", backing_store=False) as f:
                 _write_tree(f, cfg, params, source_file, source_sha256, iter_num,
                             optimizer)
-            fh.flush()
+                f.flush()
+                image = memoryview(f.id.get_file_image())
+            while image:
+                image = image[os.write(fh.fileno(), image):]
             os.fsync(fh.fileno())
         os.replace(tmp, out_path)
     except BaseException:

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <iomanip>
 #include <map>
 #include <memory>
@@ -13,6 +14,7 @@
 #include "core/deal.hpp"
 #include "core/build_info.hpp"
 #include "driver/campaign.hpp"
+#include "io/files.hpp"
 #include "io/checkpoint.hpp"
 #include "io/hdf5.hpp"
 #include "io/results.hpp"
@@ -222,8 +224,8 @@ int compare_command(const Comm& comm, const CompareOptions& opt) {
         }
         f.close();
       });
-      write_atomically(csv, [&](const std::string& tmp) {
-        std::ofstream o(tmp);
+      {
+        std::ostringstream o;
         const std::vector<std::string> cols = {"pass", "max_rel_err_requested", "G_rel_l2", "G_cosine",
                                                "rel_err_max_xiHxi_cand_on_ref_xi", "time_s_ref", "time_s_cand",
                                                "peak_memory_bytes_ref", "peak_memory_bytes_cand"};
@@ -242,7 +244,8 @@ int compare_command(const Comm& comm, const CompareOptions& opt) {
               o << "\n";
             }
         }
-      });
+        write_file_atomically(csv, o.str());
+      }
       std::printf("\n%-22s %-7s %-5s %12s %12s %12s\n", "checkpoint", "case", "pass", "max rel err", "G cosine",
                   "cross xiHxi");
       for (const auto& grp : c.groups) {

@@ -529,6 +529,11 @@ int run_command(const Comm& comm, const RunOptions& opt) {
       other_run = OutputLock::holder(output);
     else
       lock = OutputLock(output, "gnh run " + opt.deck + (opt.shard_count > 1 ? " --shard " + ri.shard : ""));
+    // Under the lock no other run writes these: what is there is a killed run's.
+    if (!opt.dry_run)
+      if (const int n = remove_stale_temporaries(output) + remove_stale_temporaries(csv_path(output)) +
+                        remove_stale_temporaries(groups_directory(output) + "/"))
+        std::printf("gnh: removed %d temporary file(s) left by an earlier run that did not finish\n", n);
   });
   if (!opt.dry_run) choose_host_gemm(comm, c, opt.quiet, !deck.analysis.fp64());
   if (root && (opt.dry_run || !opt.quiet)) {

@@ -14,6 +14,7 @@
 #include "driver/merge.hpp"
 #include "driver/report.hpp"
 #include "driver/shell.hpp"
+#include "io/files.hpp"
 #include "io/hdf5.hpp"
 #include "io/results.hpp"
 
@@ -76,9 +77,7 @@ class Watcher {
   void log(const std::string& line) {
     std::printf("gnh watch: %s\n", line.c_str());
     std::fflush(stdout);
-    std::ofstream f(log_path_, std::ios::app);
-    f << utc_now() << " " << line << "\n";
-    if (!f) fail(log_path_, ": cannot append to the watch log");
+    append_file(log_path_, utc_now() + " " + line + "\n");
   }
 
   json load() {
@@ -95,11 +94,7 @@ class Watcher {
   }
 
   void save(const json& r) {
-    write_atomically(opt_.receipt, [&](const std::string& tmp) {
-      std::ofstream f(tmp);
-      f << r.dump(2) << "\n";
-      if (!f) fail(tmp, ": write failed");
-    });
+    write_file_atomically(opt_.receipt, r.dump(2) + "\n");
   }
 
   // The shard's jobs, oldest first: the plan's submission, then the watcher's.

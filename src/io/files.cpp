@@ -89,6 +89,100 @@ void check_output_writable(const std::string& output, const std::string& groups_
   check_directory(fs::path(groups_dir), key, create);
 }
 
+namespace {
+void write_fd(int flags, const std::string& path, std::string_view bytes) {
+  const int fd = ::open(path.c_str(), flags | O_CLOEXEC, 0644);
+  if (fd < 0) fail(path, ": cannot open for writing: ", errno_text(errno));
+  const char* p = bytes.data();
+  std::size_t left = bytes.size();
+  while (left > 0) {
+    const ssize_t w = ::write(fd, p, left);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      const int e = w < 0 ? errno : EIO;
+      ::close(fd);
+      fail(path, ": cannot write: ", errno_text(e));
+    }
+    p += w;
+    left -= std::size_t(w);
+  }
+  // A network or quota-enforcing file system may report the failure only here.
+  if (::fsync(fd) != 0) {
+    const int e = errno;
+    ::close(fd);
+    fail(path, ": cannot write (sync): ", errno_text(e));
+  }
+  if (::close(fd) != 0) fail(path, ": cannot write (close): ", errno_text(errno));
+}
+}  // namespace
+
+void write_file(const std::string& path, std::string_view bytes) {
+  write_fd(O_WRONLY | O_CREAT | O_TRUNC, path, bytes);
+}
+
+void append_file(const std::string& path, std::string_view bytes) {
+  write_fd(O_WRONLY | O_CREAT | O_APPEND, path, bytes);
+}
+
+void write_atomically(const std::string& path, const std::function<void(const std::string& tmp)>& write) {
+  const fs::path target(path);
+  if (target.has_parent_path()) {
+    std::error_code ec;
+    fs::create_directories(target.parent_path(), ec);
+    if (ec) fail(path, ": cannot create directory ", target.parent_path().string(), ": ", ec.message());
+  }
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  try {
+    write(tmp);
+    const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fail(tmp, ": cannot reopen to sync: ", errno_text(errno));
+    const int rc = ::fsync(fd);
+    const int e = errno;
+    ::close(fd);
+    if (rc != 0) fail(tmp, ": cannot write (sync): ", errno_text(e));
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    std::remove(tmp.c_str());
+    fail(path, ": cannot rename ", tmp, " into place: ", errno_text(e));
+  }
+  // Make the rename itself durable.
+  const std::string dir = target.has_parent_path() ? target.parent_path().string() : ".";
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+void write_file_atomically(const std::string& path, std::string_view bytes) {
+  write_atomically(path, [&](const std::string& tmp) { write_file(tmp, bytes); });
+}
+
+int remove_stale_temporaries(const std::string& path) {
+  const fs::path p(path);
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  const std::string stem = p.filename().string();
+  std::error_code ec;
+  int removed = 0;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const std::size_t at = name.rfind(".tmp.");
+    // NAME.tmp.<pid> for NAME = the prefix's file name, or any NAME in a
+    // directory given as "dir/".
+    if (at == std::string::npos || (stem.empty() ? at == 0 : at != stem.size() || name.compare(0, at, stem) != 0))
+      continue;
+    const std::string pid = name.substr(at + 5);
+    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::error_code rm;
+    if (fs::remove(it->path(), rm)) ++removed;
+  }
+  return removed;
+}
+
 std::string OutputLock::lock_path(const std::string& output) { return output + ".lock"; }
 
 OutputLock::OutputLock(const std::string& output, const std::string& command) : path_(lock_path(output)) {

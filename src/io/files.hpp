@@ -3,7 +3,9 @@
 // that must be writable before anything is computed, and the advisory lock
 // that keeps two runs from writing one output.
 #pragma once
+#include <functional>
 #include <string>
+#include <string_view>
 
 namespace gnh {
 
@@ -19,6 +21,27 @@ void require_not_directory(const std::string& path, const std::string& what);
 // root on a root-squashed share). `key` names the setting in messages.
 void check_output_writable(const std::string& output, const std::string& groups_dir, const std::string& key,
                            bool create);
+
+// Writes `bytes` to path (created or truncated) and syncs it to the disk.
+// Fails with the path and the OS's reason (no space, quota, I/O error) at the
+// first call that fails: open, write, fsync or close.
+void write_file(const std::string& path, std::string_view bytes);
+// Appends `bytes` to path (created if missing) in one write and syncs it;
+// fails like write_file.
+void append_file(const std::string& path, std::string_view bytes);
+
+// Writes path through a temporary beside it (path + ".tmp.<pid>"): `write`
+// fills the temporary, which is synced and renamed over path, so that path
+// is either the old file or the complete new one. On any failure the
+// temporary is removed and the error passed on.
+void write_atomically(const std::string& path, const std::function<void(const std::string& tmp)>& write);
+void write_file_atomically(const std::string& path, std::string_view bytes);
+
+// Removes the temporaries (PATH.tmp.<pid>) that a killed run left behind:
+// those of the file `path`, or of every file in it when path is a directory
+// ending in "/". Call it while holding the output's lock (no other run can
+// be writing them then). Returns how many it removed.
+int remove_stale_temporaries(const std::string& path);
 
 // An exclusive advisory lock (flock) on OUTPUT's lock file (".lock" beside
 // it) held for the object's lifetime. The kernel drops it when the process

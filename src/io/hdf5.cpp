@@ -42,15 +42,35 @@ File File::create(const std::string& path) {
   quiet();
   File f;
   f.path_ = path;
-  f.h_ = Handle(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
+  f.in_memory_ = true;
+  // Built in memory (HDF5's core driver, no backing store) and written by
+  // close() in one write_file, which names the OS's reason when the disk is
+  // full or a quota is reached. HDF5 writing to such a disk itself reports
+  // neither, and keeps a file it cannot flush open until its own shutdown,
+  // where it crashed.
+  const Handle fapl(H5Pcreate(H5P_FILE_ACCESS));
+  if (!fapl || H5Pset_fapl_core(fapl.id(), std::size_t(1) << 20, 0) < 0)
+    fail(path, ": cannot set up an HDF5 file in memory");
+  f.h_ = Handle(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.id()));
   if (!f.h_) fail(path, ": cannot create HDF5 file");
   return f;
 }
 
 void File::close() {
   if (!h_) return;
-  if (H5Fflush(h_.id(), H5F_SCOPE_LOCAL) < 0) fail(path_, ": flush failed");
-  if (H5Fclose(h_.release()) < 0) fail(path_, ": close failed");
+  if (!in_memory_) {
+    if (H5Fflush(h_.id(), H5F_SCOPE_LOCAL) < 0) fail(path_, ": flush failed");
+    if (H5Fclose(h_.release()) < 0) fail(path_, ": close failed");
+    return;
+  }
+  if (H5Fflush(h_.id(), H5F_SCOPE_LOCAL) < 0) fail(path_, ": cannot complete the HDF5 file in memory");
+  const ssize_t n = H5Fget_file_image(h_.id(), nullptr, 0);
+  if (n < 0) fail(path_, ": cannot read the HDF5 file's image from memory");
+  std::string image(std::size_t(n), '\0');
+  if (H5Fget_file_image(h_.id(), image.data(), image.size()) != n)
+    fail(path_, ": cannot read the HDF5 file's image from memory");
+  H5Fclose(h_.release());  // in memory: nothing to write, nothing to fail
+  write_file(path_, image);
 }
 
 bool exists(hid_t loc, const std::string& name) {

@@ -38,15 +38,19 @@ class Handle {
 class File {
  public:
   static File open_read(const std::string& path);
-  static File create(const std::string& path);  // truncates
+  // A new file, built in memory and written to path by close() (truncating
+  // it); dropped without a write if close() is never called.
+  static File create(const std::string& path);
   const std::string& path() const { return path_; }
   hid_t id() const { return h_.id(); }
-  // Flushes and closes; throws on failure (a silent failed close loses data).
+  // Flushes and closes; a created file is written to its path here. Throws on
+  // failure, naming the path and the OS's reason (a silent failed close loses data).
   void close();
 
  private:
   std::string path_;
   Handle h_;
+  bool in_memory_ = false;
 };
 
 bool exists(hid_t loc, const std::string& name);

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 
 #include "core/error.hpp"
 #include "io/results.hpp"
@@ -19,7 +20,7 @@ constexpr char kMagic[] = "gnh-lanczos-state 1\n";
 constexpr std::uint64_t kTrailer = 0x676e686c616e637aull;  // the file was written to its end
 
 template <class V>
-void put(std::ofstream& out, const V& v) {
+void put(std::ostream& out, const V& v) {
   out.write(reinterpret_cast<const char*>(&v), sizeof(V));
 }
 template <class V>
@@ -66,9 +67,8 @@ bool FileLanczosStore::load(LanczosState& state) {
 }
 
 void FileLanczosStore::save(const LanczosState& state) {
-  write_atomically(state_path(), [&](const std::string& tmp) {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail(tmp, ": cannot create the spectrum's state file");
+  std::ostringstream out(std::ios::binary);
+  {
     out.write(kMagic, sizeof(kMagic) - 1);
     const std::string key = key_ + " | " + state.key;
     put(out, std::uint64_t(key.size()));
@@ -83,9 +83,8 @@ void FileLanczosStore::save(const LanczosState& state) {
       for (double b : c.beta) put(out, b);
     }
     put(out, kTrailer);
-    out.close();
-    if (!out) fail(tmp, ": cannot write the spectrum's state (disk full?)");
-  });
+  }
+  write_file_atomically(state_path(), out.str());
 }
 
 int FileLanczosStore::basis() {

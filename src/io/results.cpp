@@ -22,14 +22,6 @@
 namespace gnh {
 namespace {
 
-void fsync_path(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) fail(path, ": cannot reopen to sync");
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) fail(path, ": fsync failed");
-}
-
 std::string replace_suffix(const std::string& path, const std::string& suffix) {
   const std::string stem = path.size() > 3 && path.substr(path.size() - 3) == ".h5" ? path.substr(0, path.size() - 3) : path;
   return stem + suffix;
@@ -174,35 +166,7 @@ std::string group_file(const std::string& output, const std::string& hash) {
   return groups_directory(output) + "/" + hash + ".h5";
 }
 
-void write_atomically(const std::string& path, const std::function<void(const std::string& tmp)>& write) {
-  namespace fs = std::filesystem;
-  const fs::path target(path);
-  if (target.has_parent_path()) {
-    std::error_code ec;
-    fs::create_directories(target.parent_path(), ec);
-    if (ec) fail(path, ": cannot create directory ", target.parent_path().string(), ": ", ec.message());
-  }
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  try {
-    write(tmp);
-    fsync_path(tmp);
-  } catch (...) {
-    std::remove(tmp.c_str());
-    throw;
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    std::remove(tmp.c_str());
-    fail(path, ": cannot rename ", tmp, " into place: ", std::strerror(e));
-  }
-  // Make the rename itself durable.
-  const std::string dir = target.has_parent_path() ? target.parent_path().string() : ".";
-  const int fd = ::open(dir.c_str(), O_RDONLY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-}
+std::string csv_path(const std::string& output) { return replace_suffix(output, ".csv"); }
 
 void write_group_file(const std::string& path, const RunInfo& info, const GroupRecord& g) {
   write_atomically(path, [&](const std::string& tmp) {
@@ -357,9 +321,9 @@ void merge_results(const std::string& output, const RunInfo& info, const std::ve
     f.close();
   });
   // CSV: one row per checkpoint file name and case.
-  const std::string csv = replace_suffix(output, ".csv");
-  write_atomically(csv, [&](const std::string& tmp) {
-    std::ofstream out(tmp);
+  const std::string csv = csv_path(output);
+  {
+    std::ostringstream out;
     std::vector<std::string> columns = {"loss", "tokens", "G_sqnorm", "GHG"};
     for (const auto& [name, value] : DerivedStatistics().named()) columns.push_back(name);
     columns.push_back("noise_batch");
@@ -380,8 +344,8 @@ void merge_results(const std::string& output, const RunInfo& info, const std::ve
           }
           out << "\n";
         }
-    if (!out) fail(csv, ": write failed");
-  });
+    write_file_atomically(csv, out.str());
+  }
 }
 
 }  // namespace gnh

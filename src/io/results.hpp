@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "analysis/statistics.hpp"
+#include "io/files.hpp"
 
 namespace gnh {
 
@@ -84,10 +85,10 @@ RunInfo read_run_info(const std::string& path);
 // (OUTPUT with ".h5" replaced by ".csv"). The root attribute `complete` is 1
 // when every checkpoint file name in `expected` is an alias of a merged group,
 // else 0, with the absent names in `missing_checkpoints`.
+// The CSV summary beside a results file: OUTPUT with ".h5" replaced by ".csv".
+std::string csv_path(const std::string& output);
+
 void merge_results(const std::string& output, const RunInfo& info, const std::vector<std::string>& sources,
                    const std::vector<std::string>& expected);
-
-// Atomic replace: write via `write(tmp)`, fsync, rename over path.
-void write_atomically(const std::string& path, const std::function<void(const std::string& tmp)>& write);
 
 }  // namespace gnh

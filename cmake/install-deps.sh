@@ -10,6 +10,7 @@ packages=(
   libcli11-dev catch2 libtomlplusplus-dev nlohmann-json3-dev
   python3-torch python3-h5py python3-numpy python3-matplotlib
   slurmctld slurmd slurm-client munge
+  qemu-user
 )
 
 source "$(dirname "$0")/apt.sh"

@@ -13,6 +13,7 @@
 
 #include "analysis/sampling.hpp"
 #include "core/build_info.hpp"
+#include "core/isa.hpp"
 #include "core/sha256.hpp"
 #include "io/checkpoint.hpp"
 #include "core/deal.hpp"
@@ -301,7 +302,8 @@ void choose_host_gemm(const Comm& comm, Campaign& c, bool quiet, bool float_gemm
           kernels::choose_host_gemm(c.cfg, c.deck.analysis.hvp_batch * c.deck.analysis.context);
       mine << std::string(kernels::host::name(p.chosen)) << p.json();
       if (!quiet) {
-        std::printf("gnh: host sgemm: %s (%s)\n", kernels::host::name(p.chosen), p.reason.c_str());
+        std::printf("gnh: host sgemm: %s (%s); vector loops: %s\n", kernels::host::name(p.chosen), p.reason.c_str(),
+                    host_isa_level());
         std::fflush(stdout);
       }
     }

@@ -20,6 +20,7 @@
 
 #include "core/fastmath.hpp"
 #include "kernels/host_gemm.hpp"
+#include "core/isa.hpp"
 
 namespace gnh::kernels::host {
 
@@ -63,7 +64,7 @@ struct Geometry {
 // Scores of a tile into S (tq x t1, rows ld apart), then p = exp(s - lse) in
 // place with the masked entries zeroed. With lse == nullptr, the row's lse is
 // computed and returned in lse_out; otherwise it is read from lse.
-void softmax_rows(float* S, std::int64_t tq, std::int64_t t0, std::int64_t t1, const float* lse_in, float* lse_out,
+GNH_HOST_CLONES void softmax_rows(float* S, std::int64_t tq, std::int64_t t0, std::int64_t t1, const float* lse_in, float* lse_out,
                   std::int64_t ld) {
   for (std::int64_t r = 0; r < tq; ++r) {
     float* row = S + r * ld;
@@ -96,7 +97,7 @@ void softmax_rows(float* S, std::int64_t tq, std::int64_t t0, std::int64_t t1, c
 
 // The primal forward of one tile (rows t0..t1-1 of head h in sequence b): p
 // into P (tq x t1 with rows ldp apart, masked entries 0), lse of its rows, y = P V.
-void forward_tile(const Geometry& g, const float* qkv, float* y, float* lse, std::int64_t b, std::int64_t h,
+GNH_HOST_CLONES void forward_tile(const Geometry& g, const float* qkv, float* y, float* lse, std::int64_t b, std::int64_t h,
                   std::int64_t t0, std::int64_t t1, float* P, std::int64_t ldp) {
   const std::int64_t tq = t1 - t0;
   mm(false, true, tq, t1, g.hs, g.scale, qkv + g.q(b, h, t0), g.ld, qkv + g.k(b, h), g.ld, 0.0f, P, ldp);
@@ -141,7 +142,7 @@ void zero_kv(const Geometry& g, float* dqkv, std::int64_t b, std::int64_t h) {
 // with dp = dy V^T and D_t = dy_t.y_t (written to D), dS = P A scale; then
 // dq of the tile, and dk, dv of its keys accumulated.
 // P_ready: P already holds the tile's probabilities (kept by the forward).
-void reverse_tile(const Geometry& g, float* dqkv, float* D, const float* dy, const float* qkv, const float* y,
+GNH_HOST_CLONES void reverse_tile(const Geometry& g, float* dqkv, float* D, const float* dy, const float* qkv, const float* y,
                   const float* lse, std::int64_t b, std::int64_t h, std::int64_t t0, std::int64_t t1, const float* P_ready,
                   float* Pbuf, float* A, float* dS) {
   const std::int64_t tq = t1 - t0, hs = g.hs;
@@ -220,7 +221,7 @@ namespace {
 // second order (Zen 4, AVX2 build, perf over `bench_kernels --op attention
 // --mode second-order --directions 16`; perf/NOTES.md). The same products on
 // the same operands: the same bits.
-void forward_derivatives(float* y, float* yd, float* ydd, float* lse, float* lsed, float* lsedd, const float* qkv,
+GNH_HOST_CLONES void forward_derivatives(float* y, float* yd, float* ydd, float* lse, float* lsed, float* lsedd, const float* qkv,
                          const float* qkvd, const float* qkvdd, std::int64_t K, std::int64_t B, std::int64_t T,
                          std::int64_t H, std::int64_t hs, std::int64_t bh0, std::int64_t bh1, bool second) {
   const Geometry g(B, T, H, hs);

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "kernels/gemm_probe.hpp"
 
+#include "core/isa.hpp"
+
 #include <KokkosBlas3_gemm.hpp>
 #include <algorithm>
 #include <chrono>
@@ -65,7 +67,7 @@ double GemmProbe::vendor_total() const {
 
 std::string GemmProbe::json() const {
   std::ostringstream js;
-  js << "{\"native\": \"" << host::name(native) << "\", \"chosen\": \"" << host::name(chosen)
+  js << "{\"host_isa\": \"" << host_isa_level() << "\", \"native\": \"" << host::name(native) << "\", \"chosen\": \"" << host::name(chosen)
      << "\", \"threads\": " << threads << ", \"probed\": " << (probed ? "true" : "false") << ", \"reason\": \"" << reason << "\", \"shapes\": [";
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const auto& e = entries[i];

@@ -6,6 +6,7 @@
 // instruction sets with target attributes, so the library itself needs no
 // -march flag and runs on any x86-64.
 #include "kernels/host_gemm.hpp"
+#include "core/isa.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -490,3 +491,20 @@ bool sgemm_panel(GemmKernel kernel, const Panel& p, bool ta, bool tb, std::int64
 }
 
 }  // namespace gnh::kernels::host
+
+namespace gnh {
+const char* host_isa_level() {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  if (__builtin_cpu_supports("x86-64-v4")) return "x86-64-v4";
+  if (__builtin_cpu_supports("x86-64-v3")) return "x86-64-v3";
+  if (__builtin_cpu_supports("x86-64-v2")) return "x86-64-v2";
+  return "x86-64";
+#elif defined(__x86_64__)
+  return "x86-64";
+#elif defined(__aarch64__)
+  return "aarch64";
+#else
+  return "host";
+#endif
+}
+}  // namespace gnh

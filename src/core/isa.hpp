@@ -1,0 +1,23 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// One x86-64 binary for every node: the default build targets x86-64-v2
+// (SSE4.2), and the host's vector loops that matter (attention's tiles around
+// the GEMMs; the GEMM micro-kernels choose their own, kernels/host_gemm.cpp)
+// are compiled again for x86-64-v3 (AVX2, FMA) and x86-64-v4 (AVX-512), the
+// processor's best chosen once at load time (GCC's target_clones, an ifunc).
+// Elsewhere (Arm, nvcc, other compilers) the macro is empty and the build's
+// own -march decides.
+#pragma once
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && \
+    !defined(__NVCOMPILER)
+#define GNH_HOST_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define GNH_HOST_CLONES
+#endif
+
+namespace gnh {
+// The x86-64 level whose clones this processor runs ("x86-64-v4",
+// "x86-64-v3", "x86-64-v2" or "x86-64" below it), or the architecture's name
+// elsewhere: printed and recorded with the host GEMM's choice.
+const char* host_isa_level();
+}  // namespace gnh

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
-# Builds Kokkos 4.6.01 and Kokkos Kernels 4.6.02 from their release archives,
-# with gnh's CUDA 13 patch (cmake/kokkos-4.6.01-cuda13.patch), into a prefix
-# outside the clone. The archives are read from GNH_VENDOR_DIR (default
-# ../shared/vendor beside the clone, where CI keeps them): a directory holding
-# kokkos-4.6.01.tar.gz and kokkos-kernels-4.6.02.tar.gz (the projects' GitHub
-# release archives) and a SHA256SUMS file listing both. With an installed
+# Builds Kokkos 4.6.01 and Kokkos Kernels 4.6.02 with gnh's CUDA 13 patch
+# (cmake/kokkos-4.6.01-cuda13.patch) into a prefix outside the clone, from
+#   - source trees: KOKKOS_SRC and KOKKOSKERNELS_SRC (a checkout of the 4.6.01
+#     and 4.6.02 tags, or the unpacked release archives; they are copied, not
+#     patched in place), or
+#   - the release archives in GNH_VENDOR_DIR (default ../shared/vendor beside
+#     the clone, where CI keeps them): kokkos-4.6.01.tar.gz and
+#     kokkos-kernels-4.6.02.tar.gz with a SHA256SUMS file listing both.
+# With an installed
 # Kokkos >= 4.6 (a cluster module, Spack) none of this is needed: set
 # Kokkos_ROOT to its prefix and configure the preset directly (README,
 # "Building by hand").
@@ -25,21 +28,33 @@ root="$(cd "$here/.." && pwd)"
 variant="${1:-}"
 case "$variant" in
   cuda|openmp) ;;
-  *) echo "usage: GNH_VENDOR_DIR=DIR cmake/build-kokkos.sh cuda|openmp  (DIR: the Kokkos and Kokkos Kernels" \
-          "release archives and their SHA256SUMS; with an installed Kokkos, set Kokkos_ROOT instead)" >&2; exit 2 ;;
+  *) echo "usage: [KOKKOS_SRC=DIR KOKKOSKERNELS_SRC=DIR | GNH_VENDOR_DIR=DIR] cmake/build-kokkos.sh cuda|openmp" \
+          "(source trees, or the release archives and their SHA256SUMS; with an installed Kokkos, set Kokkos_ROOT" \
+          "instead)" >&2; exit 2 ;;
 esac
-vendor="${GNH_VENDOR_DIR:-$root/../shared/vendor}"
-kokkos_tgz="$vendor/kokkos-4.6.01.tar.gz"
-kernels_tgz="$vendor/kokkos-kernels-4.6.02.tar.gz"
 patch_file="$here/kokkos-4.6.01-cuda13.patch"
-for f in "$kokkos_tgz" "$kernels_tgz"; do
-  [ -f "$f" ] || { echo "build-kokkos: $f not found: set GNH_VENDOR_DIR to a directory with" \
-                        "kokkos-4.6.01.tar.gz, kokkos-kernels-4.6.02.tar.gz and their SHA256SUMS," \
-                        "or configure against an installed Kokkos with Kokkos_ROOT" >&2; exit 1; }
-done
-(cd "$vendor" && sha256sum -c --quiet SHA256SUMS) || { echo "build-kokkos: $vendor fails its SHA256SUMS" >&2; exit 1; }
+if [ -n "${KOKKOS_SRC:-}" ] || [ -n "${KOKKOSKERNELS_SRC:-}" ]; then
+  for d in "${KOKKOS_SRC:-}" "${KOKKOSKERNELS_SRC:-}"; do
+    [ -n "$d" ] && [ -f "$d/CMakeLists.txt" ] || { echo "build-kokkos: set both KOKKOS_SRC and KOKKOSKERNELS_SRC" \
+      "to source trees (each with its CMakeLists.txt); got '${KOKKOS_SRC:-}' and '${KOKKOSKERNELS_SRC:-}'" >&2; exit 1; }
+  done
+  # The trees' contents (names and bytes) make the cache key.
+  sources="$(tar c --sort=name --mtime=@0 --owner=0 --group=0 --exclude=.git -C "$KOKKOS_SRC" . \
+               -C "$KOKKOSKERNELS_SRC" . | sha256sum | cut -c1-64)"
+else
+  vendor="${GNH_VENDOR_DIR:-$root/../shared/vendor}"
+  kokkos_tgz="$vendor/kokkos-4.6.01.tar.gz"
+  kernels_tgz="$vendor/kokkos-kernels-4.6.02.tar.gz"
+  for f in "$kokkos_tgz" "$kernels_tgz"; do
+    [ -f "$f" ] || { echo "build-kokkos: $f not found: set KOKKOS_SRC and KOKKOSKERNELS_SRC to source trees, or" \
+                          "GNH_VENDOR_DIR to a directory with kokkos-4.6.01.tar.gz, kokkos-kernels-4.6.02.tar.gz and" \
+                          "their SHA256SUMS, or configure against an installed Kokkos with Kokkos_ROOT" >&2; exit 1; }
+  done
+  (cd "$vendor" && sha256sum -c --quiet SHA256SUMS) || { echo "build-kokkos: $vendor fails its SHA256SUMS" >&2; exit 1; }
+  sources="$(cat "$kokkos_tgz" "$kernels_tgz" | sha256sum | cut -c1-64)"
+fi
 jobs="${GNH_BUILD_JOBS:-2}"
-key="$(cat "$kokkos_tgz" "$kernels_tgz" "$patch_file" "$0" <(echo "$variant") | sha256sum | cut -c1-16)"
+key="$(cat <(echo "$sources") "$patch_file" "$0" <(echo "$variant") | sha256sum | cut -c1-16)"
 prefix="${GNH_KOKKOS_CACHE:-$HOME/.cache/gnh}/kokkos-$variant-$key"
 if [ -f "$prefix/.complete" ]; then
   echo "build-kokkos: $variant is cached in $prefix" >&2
@@ -61,9 +76,17 @@ fi
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/gnh-kokkos.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
-tar xzf "$kokkos_tgz" -C "$work"
-tar xzf "$kernels_tgz" -C "$work"
-patch -d "$work/kokkos-4.6.01" -p1 --quiet < "$patch_file"
+if [ -n "${KOKKOS_SRC:-}" ]; then
+  cp -a "$KOKKOS_SRC" "$work/kokkos-4.6.01"
+  cp -a "$KOKKOSKERNELS_SRC" "$work/kokkos-kernels-4.6.02"
+else
+  tar xzf "$kokkos_tgz" -C "$work"
+  tar xzf "$kernels_tgz" -C "$work"
+fi
+# A tree that carries the patch already (a site's own copy) is used as it is.
+if ! patch -d "$work/kokkos-4.6.01" -p1 --dry-run -R --quiet < "$patch_file" >/dev/null 2>&1; then
+  patch -d "$work/kokkos-4.6.01" -p1 --quiet < "$patch_file"
+fi
 rm -rf "$prefix"
 start=$SECONDS
 

@@ -1,14 +1,22 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # Sourced by cmake/check-cuda.sh and cmake/check-openmp.sh.
 # gnh_build_variant VARIANT PRESET: the Debian packages (cmake/install-deps.sh),
-# Kokkos of VARIANT (cmake/build-kokkos.sh, cached; needs its release
-# archives in GNH_VENDOR_DIR), exported as Kokkos_ROOT; PRESET's build directory configured
-# afresh when it was made against another prefix; then built.
+# Kokkos of VARIANT: an installed one where Kokkos_ROOT names it (a cluster's
+# module, Spack; Kokkos >= 4.6 with that backend and Kokkos Kernels beside it
+# or in KokkosKernels_ROOT), else built by cmake/build-kokkos.sh (cached; from
+# KOKKOS_SRC and KOKKOSKERNELS_SRC, or the release archives in GNH_VENDOR_DIR);
+# PRESET's build directory configured afresh when it was made against another
+# prefix; then built.
 gnh_build_variant() {
   local variant="$1" preset="$2" dir prefix
   dir="build-$preset"
   bash cmake/install-deps.sh
-  prefix="$(bash cmake/build-kokkos.sh "$variant" | tail -1)"
+  if [ -n "${Kokkos_ROOT:-}" ]; then
+    prefix="$Kokkos_ROOT"
+    echo "gnh: $variant variant against the installed Kokkos in $prefix" >&2
+  else
+    prefix="$(bash cmake/build-kokkos.sh "$variant" | tail -1)"
+  fi
   export Kokkos_ROOT="$prefix"
   if [ ! -f "$dir/CMakeCache.txt" ] || ! grep -q "Kokkos_DIR:PATH=$prefix" "$dir/CMakeCache.txt"; then
     rm -rf "$dir"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
 # The GPU check's binary, built on this machine (no GPU needed), so that the
-# GPU machine builds nothing: Kokkos and Kokkos Kernels for CUDA from the
-# vendored archives (cmake/build-kokkos.sh cuda, cached), then bench_engine
+# GPU machine builds nothing: Kokkos and Kokkos Kernels for CUDA (Kokkos_ROOT,
+# or cmake/build-kokkos.sh cuda, cached), then bench_engine
 # alone for sm_90 into build-device/ (the gh200-device preset: no MPI, HDF5
 # or tests, static Kokkos). Checks that it holds sm_90 code and that it is
 # under 64 MiB, then prints what to carry and the one command to run there:
@@ -17,7 +17,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 t0=$SECONDS
 bash cmake/install-deps.sh
-prefix="$(bash cmake/build-kokkos.sh cuda | tail -1)"
+# An installed CUDA Kokkos >= 4.6 where Kokkos_ROOT names it, else built
+# (cmake/build-kokkos.sh: source trees or release archives, cached).
+prefix="${Kokkos_ROOT:-$(bash cmake/build-kokkos.sh cuda | tail -1)}"
 export Kokkos_ROOT="$prefix"
 if [ ! -f build-device/CMakeCache.txt ] || ! grep -q "Kokkos_DIR:PATH=$prefix" build-device/CMakeCache.txt; then
   rm -rf build-device

@@ -12,6 +12,7 @@
 #include "core/fastmath.hpp"
 #include "core/planes.hpp"
 #include "kernels/check.hpp"
+#include "kernels/host_vec.hpp"
 #include "kernels/op.hpp"
 #include "kernels/instances.hpp"
 #include "model/config.hpp"
@@ -77,6 +78,48 @@ inline index_t gelu_chunk(const ExecSpace& space, index_t NC) {
   return L;
 }
 
+// y = f(x) over NC elements of kind E, and with the slope f'(x) (slope may be
+// x). On host builds exact GELU in float goes to host_vec.cpp in chunks (a
+// loop compiled for the processor's vector width in a portable binary).
+template <bool E, class T>
+void gelu_value_plane(const ExecSpace& space, const T* xv, T* yv, index_t NC) {
+  Kokkos::parallel_for(
+      "gnh::gelu::forward", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
+        T f, f1, f2;
+        gelu_derivatives<E, 0>(xv[i], f, f1, f2);
+        yv[i] = f;
+      });
+}
+template <bool E, class T>
+void gelu_value_slope_kind(const ExecSpace& space, T* y, T* slope, const T* x, index_t NC) {
+  Kokkos::parallel_for(
+      "gnh::gelu::forward::slope", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
+        T f, f1, f2;
+        gelu_derivatives<E, 1>(x[i], f, f1, f2);
+        y[i] = f;
+        slope[i] = f1;
+      });
+}
+#if !defined(KOKKOS_ENABLE_CUDA) && !defined(KOKKOS_ENABLE_HIP) && !defined(KOKKOS_ENABLE_SYCL)
+template <>
+inline void gelu_value_plane<true, float>(const ExecSpace& space, const float* xv, float* yv, index_t NC) {
+  const index_t L = gelu_chunk(space, NC);
+  Kokkos::parallel_for("gnh::gelu::forward", range(space, (NC + L - 1) / L), [=](const index_t c) {
+    const index_t i0 = c * L;
+    host::gelu_erf_value(xv + i0, yv + i0, NC - i0 < L ? NC - i0 : L);
+  });
+}
+template <>
+inline void gelu_value_slope_kind<true, float>(const ExecSpace& space, float* y, float* slope, const float* x,
+                                               index_t NC) {
+  const index_t L = gelu_chunk(space, NC);
+  Kokkos::parallel_for("gnh::gelu::forward::slope", range(space, (NC + L - 1) / L), [=](const index_t c) {
+    const index_t i0 = c * L;
+    host::gelu_erf_value_slope(x + i0, y + i0, slope + i0, NC - i0 < L ? NC - i0 : L);
+  });
+}
+#endif
+
 // The loops of one GELU kind E (a template parameter, so that they have no
 // branch on it and vectorise; a named function rather than a generic lambda,
 // which nvcc does not allow around device lambdas).
@@ -87,15 +130,7 @@ void gelu_forward_kind(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>
   const index_t L = gelu_chunk(space, NC);
   const T* xv = x.v.data();
   T* yv = y.v.data();
-  if (K == 0) {
-    Kokkos::parallel_for(
-        "gnh::gelu::forward", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
-          T f, f1, f2;
-          gelu_derivatives<E, 0>(xv[i], f, f1, f2);
-          yv[i] = f;
-        });
-    return;
-  }
+  if (K == 0) return gelu_value_plane<E, T>(space, xv, yv, NC);
   const T* xd = x.d.data();
   T* yd = y.d.data();
   const T* xdd = second ? x.dd.data() : nullptr;
@@ -156,16 +191,6 @@ void gelu_reverse_kind(const ExecSpace& space, Act2<base_t<S>> dx, Act2<base_t<S
       });
 }
 // y = f(x) with the slope f'(x) beside it (the plain reverse's pair).
-template <bool E, class T>
-void gelu_value_slope_kind(const ExecSpace& space, T* y, T* slope, const T* x, index_t NC) {
-  Kokkos::parallel_for(
-      "gnh::gelu::forward::slope", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
-        T f, f1, f2;
-        gelu_derivatives<E, 1>(x[i], f, f1, f2);
-        y[i] = f;
-        slope[i] = f1;
-      });
-}
 }  // namespace detail
 
 template <class S>

@@ -298,7 +298,7 @@ void choose_host_gemm(const Comm& comm, Campaign& c, bool quiet, bool float_gemm
     Pack mine;
     if (comm.rank() == 0) {
       const kernels::GemmProbe p =
-          kernels::choose_host_gemm(c.cfg, c.deck.analysis.hvp_batch * c.deck.analysis.context);
+          kernels::choose_host_gemm(c.cfg.n_embd, c.cfg.vocab_size, c.deck.analysis.hvp_batch * c.deck.analysis.context);
       mine << std::string(kernels::host::name(p.chosen)) << p.json();
       if (!quiet) {
         std::printf("gnh: host sgemm: %s (%s)\n", kernels::host::name(p.chosen), p.reason.c_str());

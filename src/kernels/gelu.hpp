@@ -10,11 +10,11 @@
 #include <type_traits>
 
 #include "core/fastmath.hpp"
+#include "core/gelu_kind.hpp"
 #include "core/planes.hpp"
 #include "kernels/check.hpp"
 #include "kernels/op.hpp"
 #include "kernels/instances.hpp"
-#include "model/config.hpp"
 
 namespace gnh::kernels {
 

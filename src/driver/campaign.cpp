@@ -173,30 +173,34 @@ FileInfo file_info(const std::string& path, bool read_values) {
 
 }  // namespace
 
-Campaign prepare_campaign(const Comm& comm, const std::string& deck_path, const std::vector<std::string>& overrides,
-                          bool quiet, bool read_values) {
-  const bool root = comm.rank() == 0;
-  Campaign c;
-  Deck& deck = c.deck;
-  std::vector<CheckpointFile>& files = c.files;
+namespace {
+
+// The deck (with its overrides) and its checkpoint files, on every rank.
+void load_campaign_deck(const Comm& comm, Campaign& c, const std::string& deck_path,
+                        const std::vector<std::string>& overrides) {
   comm.collective([&] {
-    deck = load_deck(deck_path, overrides);
-    if (comm.size() % deck.ranks_per_checkpoint != 0)
-      fail(deck.file, ": parallel.ranks_per_checkpoint = ", deck.ranks_per_checkpoint,
+    c.deck = load_deck(deck_path, overrides);
+    if (comm.size() % c.deck.ranks_per_checkpoint != 0)
+      fail(c.deck.file, ": parallel.ranks_per_checkpoint = ", c.deck.ranks_per_checkpoint,
            " does not divide the number of MPI ranks (", comm.size(), ")");
-    files = expand_checkpoints(deck);
+    c.files = expand_checkpoints(c.deck);
   });
-  if (root) {
-    std::printf("gnh %s (%s) | %s | %d MPI rank(s)\n", version(), git_commit(), build_configuration().c_str(),
-                comm.size());
-    if (!quiet)
-      std::printf("---- deck %s (effective) ----\n%s\n---- end of deck ----\n", deck.file.c_str(),
-                  deck.effective_text.c_str());
-    std::fflush(stdout);
-  }
-  // Each rank reads the headers of its share of the checkpoints (dealt
-  // round-robin), then all ranks share what they found, so that grouping is
-  // identical everywhere.
+}
+
+void print_banner(const Comm& comm, const Deck& deck, bool quiet) {
+  if (comm.rank() != 0) return;
+  std::printf("gnh %s (%s) | %s | %d MPI rank(s)\n", version(), git_commit(), build_configuration().c_str(),
+              comm.size());
+  if (!quiet)
+    std::printf("---- deck %s (effective) ----\n%s\n---- end of deck ----\n", deck.file.c_str(),
+                deck.effective_text.c_str());
+  std::fflush(stdout);
+}
+
+// Each rank reads the headers of its share of the checkpoints (dealt
+// round-robin), then all ranks share what they found, so that grouping is
+// identical everywhere.
+std::vector<FileInfo> gather_file_info(const Comm& comm, std::vector<CheckpointFile>& files, bool read_values) {
   Pack local;
   comm.collective([&] {
     for (const index_t i : dealt_share(index_t(files.size()), comm.size(), comm.rank()))
@@ -213,73 +217,98 @@ Campaign prepare_campaign(const Comm& comm, const std::string& deck_path, const 
     files[i].hashed = info[i].hashed != 0;
     hashed += files[i].hashed;
   }
-  if (root && hashed > 0 && !read_values) {
+  if (comm.rank() == 0 && hashed > 0 && !read_values) {
     std::printf("gnh: note: %zu checkpoint file(s) carry no param_sha256 (an older gnh-convert): read in full to be "
                 "grouped, and again to be analysed; convert them again to read each once\n", hashed);
     std::fflush(stdout);
   }
+  return info;
+}
 
-  ModelConfig& cfg = c.cfg;
-  std::vector<LoadedCase>& cases = c.cases;
+// One data case of the deck, read and checked against the model and the settings.
+LoadedCase load_case(const Deck& deck, const DataCaseSpec& spec, const ModelConfig& cfg) {
+  const index_t context = deck.analysis.context;
+  LoadedCase c;
+  c.name = spec.name;
+  c.data = read_tokens(deck.resolve(spec.path), spec.dtype, spec.dataset, cfg.vocab_size);
+  c.blocks = epoch_blocks(static_cast<index_t>(c.data.ids.size()), context, deck.max_blocks);
+  if (c.blocks == 0)
+    fail(c.data.path, ": ", c.data.ids.size(), " tokens are too few for one block of context ", context, " (data.",
+         spec.name, ")");
+  if (deck.analysis.noise_samples > 0 && c.blocks <= deck.analysis.noise_batch)
+    fail(c.data.path, ": ", c.blocks, " blocks of context ", context, " are too few for noise batches of ",
+         deck.analysis.noise_batch, " (data.", spec.name, " needs more than analysis.noise_batch blocks)");
+  return c;
+}
+
+// The model every checkpoint shares, and the data cases, on every rank.
+void load_model_and_data(const Comm& comm, Campaign& c, const std::vector<FileInfo>& info) {
   comm.collective([&] {
     const std::string& first_cfg = info.front().config;
-    for (std::size_t i = 1; i < files.size(); ++i)
+    for (std::size_t i = 1; i < c.files.size(); ++i)
       if (info[i].config != first_cfg)
-        fail("inconsistent model configurations: ", files[0].path, " has ", first_cfg, " but ", files[i].path,
+        fail("inconsistent model configurations: ", c.files[0].path, " has ", first_cfg, " but ", c.files[i].path,
              " has ", info[i].config);
-    cfg = read_checkpoint_config(files[0].path);
-    const index_t context = deck.analysis.context;
-    if (context > cfg.block_size)
-      fail(deck.file, ": data.context = ", context, " exceeds the model's block_size ", cfg.block_size);
-    for (const auto& spec : deck.cases) {
-      LoadedCase c;
-      c.name = spec.name;
-      c.data = read_tokens(deck.resolve(spec.path), spec.dtype, spec.dataset, cfg.vocab_size);
-      c.blocks = epoch_blocks(static_cast<index_t>(c.data.ids.size()), context, deck.max_blocks);
-      if (c.blocks == 0)
-        fail(c.data.path, ": ", c.data.ids.size(), " tokens are too few for one block of context ", context,
-             " (data.", spec.name, ")");
-      if (deck.analysis.noise_samples > 0 && c.blocks <= deck.analysis.noise_batch)
-        fail(c.data.path, ": ", c.blocks, " blocks of context ", context, " are too few for noise batches of ",
-             deck.analysis.noise_batch, " (data.", spec.name, " needs more than analysis.noise_batch blocks)");
-      cases.push_back(std::move(c));
-    }
+    c.cfg = read_checkpoint_config(c.files[0].path);
+    if (c.deck.analysis.context > c.cfg.block_size)
+      fail(c.deck.file, ": data.context = ", c.deck.analysis.context, " exceeds the model's block_size ",
+           c.cfg.block_size);
+    for (const auto& spec : c.deck.cases) c.cases.push_back(load_case(c.deck, spec, c.cfg));
   });
+}
 
-  // Group identical parameter states (first appearance order); deal round-robin over teams.
-  std::vector<GroupRecord>& groups = c.groups;
+// Identical parameter states grouped, in first appearance order; with
+// [curvature] update, ordered by iter_num.
+void group_states(Campaign& c, const std::vector<FileInfo>& info) {
   std::map<std::string, std::size_t> group_of;
-  for (std::size_t i = 0; i < files.size(); ++i) {
+  for (std::size_t i = 0; i < c.files.size(); ++i) {
     const std::string& sha = info[i].sha256;
-    auto [it, fresh] = group_of.emplace(sha, groups.size());
+    auto [it, fresh] = group_of.emplace(sha, c.groups.size());
     if (fresh) {
       GroupRecord g;
       g.param_sha256 = sha;
       g.hash = sha.substr(0, 16);
       g.n_params = info[i].n_params;
-      groups.push_back(g);
+      c.groups.push_back(g);
     }
-    GroupRecord& g = groups[it->second];
-    g.aliases.push_back(files[i].name);
-    g.alias_paths.push_back(files[i].path);
+    GroupRecord& g = c.groups[it->second];
+    g.aliases.push_back(c.files[i].name);
+    g.alias_paths.push_back(c.files[i].path);
     if (info[i].has_iter && !g.iter_num) g.iter_num = info[i].iter_num;
   }
-  if (deck.analysis.curvature.update) order_by_iteration(deck, files, info, groups);
-  c.output = deck.resolve(deck.output);
-  RunInfo& ri = c.info;
-  ri.deck_text = deck.source_text;
-  ri.effective_deck = deck.effective_text;
-  ri.settings_fingerprint = settings_fingerprint(deck, cfg, cases);
-  ri.model_config = cfg.describe();
-  ri.run_name = deck.name;
-  ri.precision = to_string(deck.analysis.precision);
-  ri.ranks = comm.size();
-  ri.ranks_per_checkpoint = int(deck.ranks_per_checkpoint);
-  for (const auto& f : files) ri.campaign_checkpoints.push_back(f.name);
-  if (root) {
-    std::printf("gnh: %zu checkpoint file(s), %zu unique state(s), %zu case(s); model %s\n", files.size(),
-                groups.size(), cases.size(), cfg.describe().c_str());
-  }
+  if (c.deck.analysis.curvature.update) order_by_iteration(c.deck, c.files, info, c.groups);
+}
+
+// What every output of the run records about it.
+RunInfo run_info_of(const Campaign& c, int ranks) {
+  RunInfo ri;
+  ri.deck_text = c.deck.source_text;
+  ri.effective_deck = c.deck.effective_text;
+  ri.settings_fingerprint = settings_fingerprint(c.deck, c.cfg, c.cases);
+  ri.model_config = c.cfg.describe();
+  ri.run_name = c.deck.name;
+  ri.precision = to_string(c.deck.analysis.precision);
+  ri.ranks = ranks;
+  ri.ranks_per_checkpoint = int(c.deck.ranks_per_checkpoint);
+  for (const auto& f : c.files) ri.campaign_checkpoints.push_back(f.name);
+  return ri;
+}
+
+}  // namespace
+
+Campaign prepare_campaign(const Comm& comm, const std::string& deck_path, const std::vector<std::string>& overrides,
+                          bool quiet, bool read_values) {
+  Campaign c;
+  load_campaign_deck(comm, c, deck_path, overrides);
+  print_banner(comm, c.deck, quiet);
+  const std::vector<FileInfo> info = gather_file_info(comm, c.files, read_values);
+  load_model_and_data(comm, c, info);
+  group_states(c, info);
+  c.output = c.deck.resolve(c.deck.output);
+  c.info = run_info_of(c, comm.size());
+  if (comm.rank() == 0)
+    std::printf("gnh: %zu checkpoint file(s), %zu unique state(s), %zu case(s); model %s\n", c.files.size(),
+                c.groups.size(), c.cases.size(), c.cfg.describe().c_str());
   return c;
 }
 

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "driver/merge.hpp"
 
+#include <CLI/CLI.hpp>
+#include <memory>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -171,6 +173,19 @@ int merge_command(const Comm& comm, const MergeOptions& opt) {
     if (comm.rank() == 0) validate_and_merge(opt);
   });
   return 0;
+}
+
+Subcommand add_merge_command(CLI::App& gnh) {
+  auto opt = std::make_shared<MergeOptions>();
+  CLI::App* cmd = gnh.add_subcommand(
+      "merge", "Validate the shard outputs of a planned campaign (one settings fingerprint and code version, every "
+               "checkpoint exactly once, every group complete, identities re-checked) and combine them");
+  cmd->add_option("output", opt->output, "Combined results file to write")->required();
+  cmd->add_option("shards", opt->shards, "Shard result files (OUTPUT.shard-I-of-N.h5)")->required();
+  cmd->add_flag("--accept-failed-identities", opt->accept_failed_identities,
+                "Merge shards whose recorded identity checks failed (refused otherwise); the failed checks are "
+                "listed in the output's accepted_failed_identities attribute");
+  return {cmd, [opt](const Comm& comm) { return merge_command(comm, *opt); }};
 }
 
 }  // namespace gnh

@@ -312,6 +312,20 @@ Campaign prepare_campaign(const Comm& comm, const std::string& deck_path, const 
   return c;
 }
 
+void set_pass_sizes(const Comm& comm, Campaign& c, index_t directions_per_pass, index_t hvp_batch) {
+  comm.collective([&] {
+    std::vector<std::string> overrides = c.deck.overrides;
+    overrides.push_back("analysis.directions_per_pass=" + std::to_string(directions_per_pass));
+    overrides.push_back("analysis.hvp_batch=" + std::to_string(hvp_batch));
+    const Deck d = parse_deck(c.deck.source_text, c.deck.file, c.deck.dir, overrides);
+    c.deck.overrides = d.overrides;
+    c.deck.analysis = d.analysis;
+    c.deck.effective_text = d.effective_text;
+  });
+  c.info.effective_deck = c.deck.effective_text;
+  c.info.settings_fingerprint = settings_fingerprint(c.deck, c.cfg, c.cases);
+}
+
 void choose_host_gemm(const Comm& comm, Campaign& c, bool quiet, bool float_gemms) {
   if constexpr (!std::is_same_v<ExecSpace, Kokkos::DefaultHostExecutionSpace>) {
     c.info.host_gemm = "device BLAS";

@@ -94,8 +94,8 @@ void print_summary(const std::vector<GroupSummary>& groups, const std::string& o
 }
 
 // --fit-memory: rank 0's budget decides for every rank (one campaign, one set
-// of settings); the campaign is prepared again with the choice.
-void fit_campaign_to_memory(const Comm& comm, Campaign& c, const MemoryBudget& budget, const RunOptions& opt) {
+// of settings), and the prepared campaign takes the choice in place.
+void fit_campaign_to_memory(const Comm& comm, Campaign& c, const MemoryBudget& budget) {
   std::vector<long long> kb = {0, 0};  // rank 0's choice, summed with zeros: on every rank
   comm.collective([&] {
     if (comm.rank() != 0) return;
@@ -106,10 +106,7 @@ void fit_campaign_to_memory(const Comm& comm, Campaign& c, const MemoryBudget& b
   if (comm.rank() == 0)
     std::printf("gnh: --fit-memory: analysis.directions_per_pass = %lld, analysis.hvp_batch = %lld (90%% of %s)\n",
                 kb[0], kb[1], budget.what.c_str());
-  std::vector<std::string> overrides = opt.overrides;
-  overrides.push_back("analysis.directions_per_pass=" + std::to_string(kb[0]));
-  overrides.push_back("analysis.hvp_batch=" + std::to_string(kb[1]));
-  c = prepare_campaign(comm, opt.deck, overrides, true, opt.dry_run);
+  set_pass_sizes(comm, c, index_t(kb[0]), index_t(kb[1]));
 }
 
 // A shard of a planned campaign (gnh plan): its share of the groups, dealt
@@ -265,7 +262,7 @@ int run_command(const Comm& comm, const RunOptions& opt) {
   Campaign c = prepare_campaign(comm, opt.deck, opt.overrides, opt.quiet, opt.dry_run);
   MemoryBudget budget;
   comm.collective([&] { budget = memory_budget(comm, opt.memory_budget); });
-  if (opt.fit_memory) fit_campaign_to_memory(comm, c, budget, opt);
+  if (opt.fit_memory) fit_campaign_to_memory(comm, c, budget);
   comm.collective([&] { check_memory(c, budget); });
   if (opt.self_check && !opt.dry_run)
     self_check(comm, c.deck.analysis.precision, c.deck.analysis.curvature_method, opt.quiet);

@@ -6,11 +6,13 @@
 #include <glob.h>
 
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <type_traits>
 
+#include "analysis/memory.hpp"
 #include "analysis/sampling.hpp"
 #include "core/build_info.hpp"
 #include "core/sha256.hpp"
@@ -93,6 +95,12 @@ std::string settings_fingerprint(const Deck& d, const ModelConfig& cfg, const st
                                  {"operator", d.analysis.curvature.lanczos_php ? "PHP" : "H"},
                                  {"top_eigenvalues", d.analysis.curvature.top_eigenvalues},
                                  {"tolerance", d.analysis.curvature.lanczos_tolerance}};
+  // Adjoint cuts regroup the sums of every v^T H v (doc/derivatives.md):
+  // which engines cut, only where one does (a plan without cuts keeps its
+  // fingerprint). The rule's other inputs (model, context, widths) are above.
+  const PlannedCuts cuts = planned_adjoint_cuts(cfg, d.analysis);
+  if (cuts.any())
+    j["adjoint_cuts"] = {{"identity_checks", cuts.checks}, {"curvature_from_directions", cuts.curvature_from}};
   return sha256_hex(j.dump()).substr(0, 16);
 }
 
@@ -180,6 +188,7 @@ void load_campaign_deck(const Comm& comm, Campaign& c, const std::string& deck_p
                         const std::vector<std::string>& overrides) {
   comm.collective([&] {
     c.deck = load_deck(deck_path, overrides);
+    adjoint_cuts_setting();  // a bad GNH_ADJOINT_CUTS stops every rank here
     if (comm.size() % c.deck.ranks_per_checkpoint != 0)
       fail(c.deck.file, ": parallel.ranks_per_checkpoint = ", c.deck.ranks_per_checkpoint,
            " does not divide the number of MPI ranks (", comm.size(), ")");
@@ -279,6 +288,24 @@ void group_states(Campaign& c, const std::vector<FileInfo>& info) {
   if (c.deck.analysis.curvature.update) order_by_iteration(c.deck, c.files, info, c.groups);
 }
 
+// The second-order forward engines the plan builds and whether each cuts:
+// "identity checks K=2: off; curvature K=5: on, K=4: on" (the curvature
+// engine at each pass width of any case, widest first, with
+// curvature_method = second-order-forward).
+std::string adjoint_cuts_engines(const Campaign& c) {
+  const AnalysisSettings& s = c.deck.analysis;
+  const PlannedCuts cuts = planned_adjoint_cuts(c.cfg, s);
+  std::string out = std::string("identity checks K=2: ") + (cuts.checks ? "on" : "off");
+  if (s.curvature_method != CurvatureMethod::second_order_forward) return out;
+  std::set<index_t, std::greater<index_t>> widths;
+  for (const auto& cs : c.cases)
+    for (const index_t K : plan_case(s, cs.blocks, true, true).pass_widths) widths.insert(K);
+  std::string list;
+  for (const index_t K : widths)
+    list += (list.empty() ? "" : ", ") + std::string("K=") + std::to_string(K) + (cuts.curvature(K) ? ": on" : ": off");
+  return out + (list.empty() ? "" : "; curvature " + list);
+}
+
 // What every output of the run records about it.
 RunInfo run_info_of(const Campaign& c, int ranks) {
   RunInfo ri;
@@ -291,6 +318,9 @@ RunInfo run_info_of(const Campaign& c, int ranks) {
   ri.ranks = ranks;
   ri.ranks_per_checkpoint = int(c.deck.ranks_per_checkpoint);
   for (const auto& f : c.files) ri.campaign_checkpoints.push_back(f.name);
+  ri.adjoint_cuts = adjoint_cuts_setting();
+  ri.adjoint_cuts_engines = adjoint_cuts_engines(c);
+  ri.host_threads = int(Kokkos::DefaultHostExecutionSpace().concurrency());
   return ri;
 }
 
@@ -324,6 +354,14 @@ void set_pass_sizes(const Comm& comm, Campaign& c, index_t directions_per_pass, 
   });
   c.info.effective_deck = c.deck.effective_text;
   c.info.settings_fingerprint = settings_fingerprint(c.deck, c.cfg, c.cases);
+  c.info.adjoint_cuts_engines = adjoint_cuts_engines(c);
+}
+
+void print_engine_settings(const Comm& comm, const Campaign& c) {
+  if (comm.rank() != 0) return;
+  std::printf("gnh: adjoint cuts (GNH_ADJOINT_CUTS=%s): %s; %d host thread(s) per rank\n", c.info.adjoint_cuts.c_str(),
+              c.info.adjoint_cuts_engines.c_str(), c.info.host_threads);
+  std::fflush(stdout);
 }
 
 void choose_host_gemm(const Comm& comm, Campaign& c, bool quiet, bool float_gemms) {
@@ -340,8 +378,8 @@ void choose_host_gemm(const Comm& comm, Campaign& c, bool quiet, bool float_gemm
     // records the probe (JSON, for the output).
     Pack mine;
     if (comm.rank() == 0) {
-      const kernels::GemmProbe p =
-          kernels::choose_host_gemm(c.cfg.n_embd, c.cfg.vocab_size, c.deck.analysis.hvp_batch * c.deck.analysis.context);
+      const index_t rows = c.deck.analysis.hvp_batch * c.deck.analysis.context;
+      const kernels::GemmProbe p = kernels::choose_host_gemm(c.cfg.n_embd, c.cfg.vocab_size, rows);
       mine << std::string(kernels::host::name(p.chosen)) << p.json();
       if (!quiet) {
         std::printf("gnh: host sgemm: %s (%s)\n", kernels::host::name(p.chosen), p.reason.c_str());

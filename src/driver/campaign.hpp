@@ -56,6 +56,9 @@ std::string settings_fingerprint(const Deck& d, const ModelConfig& cfg, const st
 // probes, every rank selects its answer; recorded in c.info and printed.
 // Without float GEMMs (fp64 only) nothing is probed: the vendor BLAS multiplies.
 void choose_host_gemm(const Comm& comm, Campaign& c, bool quiet, bool float_gemms);
+// One line for the log (rank 0): GNH_ADJOINT_CUTS, whether each second-order
+// forward engine of the plan cuts, and the host threads of a rank.
+void print_engine_settings(const Comm& comm, const Campaign& c);
 // The output file of shard I of N: OUTPUT with ".h5" replaced by ".shard-I-of-N.h5".
 std::string shard_output(const std::string& output, int index, int count);
 

@@ -198,6 +198,9 @@ void write_comparison_h5(const std::string& out, const Campaign& c, const Compar
     h5::write_attr(f.id(), "build", build_configuration());
     h5::write_attr(f.id(), "host_gemm", c.info.host_gemm);
     if (!c.info.host_gemm_probe.empty()) h5::write_attr(f.id(), "host_gemm_probe", c.info.host_gemm_probe);
+    h5::write_attr(f.id(), "adjoint_cuts", c.info.adjoint_cuts);
+    h5::write_attr(f.id(), "adjoint_cuts_engines", c.info.adjoint_cuts_engines);
+    h5::write_attr(f.id(), "host_threads", std::int64_t(c.info.host_threads));
     h5::write_attr(f.id(), "deck", c.deck.source_text);
     h5::write_attr(f.id(), "deck_effective", c.deck.effective_text);
     h5::write_attr(f.id(), "policies", opt.policies);
@@ -287,6 +290,7 @@ int compare_command(const Comm& comm, const CompareOptions& opt) {
   Campaign c = prepare_campaign(comm, opt.deck, opt.overrides, opt.quiet);
   const Precision reference = *precision_named(opt.policies[0]), candidate = *precision_named(opt.policies[1]);
   choose_host_gemm(comm, c, opt.quiet, reference != Precision::fp64 || candidate != Precision::fp64);
+  if (!opt.quiet) print_engine_settings(comm, c);
   std::string error;
   const Pack mine = compare_my_groups(comm, c, reference, candidate, opt, error);
   const auto gathered = comm.allgather(mine.bytes());

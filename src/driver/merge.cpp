@@ -91,6 +91,15 @@ std::vector<std::string> recheck_case(hid_t cg, const std::string& where) {
   return failed;
 }
 
+// Why two shards' settings fingerprints differ, as far as their records tell.
+std::string settings_difference(const RunInfo& a, const RunInfo& b) {
+  if (a.effective_deck == b.effective_deck && a.adjoint_cuts_engines != b.adjoint_cuts_engines)
+    return "adjoint cuts " + a.adjoint_cuts_engines + " with GNH_ADJOINT_CUTS=" + a.adjoint_cuts + ", against " +
+           b.adjoint_cuts_engines + " with GNH_ADJOINT_CUTS=" + b.adjoint_cuts +
+           "; run every shard with the same GNH_ADJOINT_CUTS";
+  return "shards of different decks or settings";
+}
+
 void validate_and_merge(const MergeOptions& opt) {
   if (opt.shards.empty()) fail("gnh merge: no shard files given");
   std::vector<ShardHeader> headers;
@@ -99,7 +108,7 @@ void validate_and_merge(const MergeOptions& opt) {
   for (const auto& h : headers) {
     if (h.fingerprint != first.fingerprint)
       fail(h.path, ": settings fingerprint ", h.fingerprint, " differs from ", first.path, "'s ", first.fingerprint,
-           " (shards of different decks or settings)");
+           " (", settings_difference(h.info, first.info), ")");
     if (h.version != first.version || h.commit != first.commit)
       fail(h.path, ": written by gnh ", h.version, " (", h.commit, "), ", first.path, " by gnh ", first.version,
            " (", first.commit, "); merge shards of one code version");

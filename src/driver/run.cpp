@@ -183,8 +183,8 @@ RunCounts count_outcomes(const Comm& comm, const Outcome& mine, int ranks_per_te
                               leader ? mine.done : 0, leader ? mine.skipped : 0};
   comm.sum(n);
   if (comm.rank() == 0) {
-    std::printf("gnh: groups: computed %lld, reused %lld (complete from an earlier run with these settings), failed %lld, "
-                "interrupted %lld\n", n[3], n[4], n[0], n[1]);
+    std::printf("gnh: groups: computed %lld, reused %lld (complete from an earlier run with these settings), "
+                "failed %lld, interrupted %lld\n", n[3], n[4], n[0], n[1]);
     std::fflush(stdout);
   }
   return {n[0], n[1], n[2], n[3], n[4]};
@@ -271,6 +271,7 @@ int run_command(const Comm& comm, const RunOptions& opt) {
   OutputLock lock;
   const std::string other_run = claim_output(comm, c, opt, lock);
   if (!opt.dry_run) choose_host_gemm(comm, c, opt.quiet, !c.deck.analysis.fp64());
+  if (opt.dry_run || !opt.quiet) print_engine_settings(comm, c);
   if (root) print_run_plan(c, teams, budget, opt, other_run);
   if (!other_run.empty())
     std::printf("gnh: note: another gnh run is writing %s now (%s); this run would stop at once\n", c.output.c_str(),

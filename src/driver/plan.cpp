@@ -264,8 +264,9 @@ void submit_plan(json& receipt) {
   std::string deps;
   for (auto& shard : receipt["shards"]) {
     int st = 0;
-    const std::string id = run_capture("sbatch --parsable " + shell_quote(shard["script"].get<std::string>()) + " 2>&1", st);
-    if (st != 0) fail("sbatch ", shard["script"].get<std::string>(), " failed: ", id);
+    const std::string script = shard["script"].get<std::string>();
+    const std::string id = run_capture("sbatch --parsable " + shell_quote(script) + " 2>&1", st);
+    if (st != 0) fail("sbatch ", script, " failed: ", id);
     shard["job_id"] = id.substr(0, id.find(';'));
     deps += ":" + shard["job_id"].get<std::string>();
   }

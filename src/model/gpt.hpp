@@ -104,7 +104,7 @@ class Gpt {
   LossSum loss_sums(Span1<const std::int32_t> flat_targets, bool cut) const;
   Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate, std::vector<View1<T>> storage = {});
   // The constructor's steps, in order (gpt_impl.hpp).
-  void check_shape() const;
+  void validate_shape() const;
   index_t choose_kept(const GptTiles& plan);
   void plan_layers(index_t att_elements);
   void plan_head(const GptTiles& plan);

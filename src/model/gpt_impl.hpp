@@ -182,7 +182,7 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate, std::vect
       reusable_(std::move(storage)),
       buf_(std::make_unique<GptBuffers<T>>()),
       allocate_(allocate) {
-  check_shape();
+  validate_shape();
   N_ = shape.batch * shape.context;
   const GptTiles plan = gpt_tiles(cfg, shape);
   const index_t att_e = choose_kept(plan);
@@ -203,7 +203,7 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate, std::vect
 }
 
 template <class T>
-void Gpt<T>::check_shape() const {
+void Gpt<T>::validate_shape() const {
   cfg_.validate("model");
   const Shape& shape = shape_;
   if (shape.batch <= 0) fail("batch size ", shape.batch, " must be positive");

@@ -455,7 +455,7 @@ void run(const Options& o) {
   const bool host_space = Kokkos::SpaceAccessibility<Kokkos::HostSpace, ExecSpace::memory_space>::accessible;
   const bool probe = float_run && host_space && o.probe;
   // The dense GEMM as `gnh run` chooses it: probed on this model's shapes.
-  const std::string probe_json = probe ? kernels::choose_host_gemm(cfg, B * Tc).json() : "null";
+  const std::string probe_json = probe ? kernels::choose_host_gemm(cfg.n_embd, cfg.vocab_size, B * Tc).json() : "null";
   // Not const: nvcc would fold the fp64 run's 0 into a "division by zero" warning below.
   double gemm_rate = probe ? sgemm_gflops(512, false) : 0.0;
   const double vendor_rate = probe ? sgemm_gflops(512, true) : 0.0;

@@ -45,6 +45,15 @@ Shape curvature_shape(const AnalysisSettings& s, index_t K) {
 
 Shape check_shape(const AnalysisSettings& s, bool second_order) { return shape_of(s, 1, 2, !second_order, second_order); }
 
+PlannedCuts planned_adjoint_cuts(const ModelConfig& cfg, const AnalysisSettings& s) {
+  PlannedCuts p;
+  p.checks = adjoint_cuts_of(cfg, check_shape(s, true));
+  if (s.curvature_method != CurvatureMethod::second_order_forward) return p;
+  for (index_t K = 1; K <= s.directions_per_pass && p.curvature_from == 0; ++K)
+    if (adjoint_cuts_of(cfg, curvature_shape(s, K))) p.curvature_from = K;
+  return p;
+}
+
 MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const CasePlan& c, int members) {
   const std::size_t scalar = s.fp64() ? sizeof(double) : sizeof(float);
   const std::size_t P = std::size_t(ParamLayout(cfg).size());

@@ -50,4 +50,17 @@ struct MemoryPlan {
 // members: the team's size (the Lanczos basis is sharded over it).
 MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const CasePlan& c, int members = 1);
 
+// The adjoint cuts (model/plan.hpp, adjoint_cuts_of) of the second-order
+// forward engines these settings plan: the identity checks' (K = 2, one
+// block) always, and with curvature_method = second-order-forward the
+// curvature engine, which cuts from `curvature_from` directions per pass on
+// (the rule grows with K; 0: at no width up to directions_per_pass).
+struct PlannedCuts {
+  bool checks = false;
+  index_t curvature_from = 0;
+  bool any() const { return checks || curvature_from > 0; }
+  bool curvature(index_t K) const { return curvature_from > 0 && K >= curvature_from; }
+};
+PlannedCuts planned_adjoint_cuts(const ModelConfig& cfg, const AnalysisSettings& s);
+
 }  // namespace gnh

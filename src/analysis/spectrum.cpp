@@ -318,6 +318,9 @@ struct LanczosChains {
     if (team_.rank() == 0) hooks_.lanczos->save(state_);
   }
 
+  // The row of a chain's w (the operator's result) in dots' numbering.
+  static int w_row(index_t c) { return int(-1 - c); }
+
   // One Lanczos step of every running chain.
   void step(const std::vector<index_t>& active) {
     const index_t n = index_t(active.size());
@@ -329,15 +332,30 @@ struct LanczosChains {
       first += K;
     }
     const auto t0 = std::chrono::steady_clock::now();
-    auto wrow = [](index_t c) { return int(-1 - c); };
-    // alpha_j = q_j . w (and, at the first step, |w|^2 = |H q_1|^2).
+    recurrence(active);
+    const std::vector<double> norm = reorthogonalise(active);
+    next_vectors(active, norm);
+    space_.fence();
+    arithmetic_seconds_ += seconds_since(t0);
+    for (index_t c : active) {
+      const LanczosChainState& st = state_.chains[std::size_t(c)];
+      if (st.stop != ChainStop::running) continue;
+      store_row(c, index_t(st.steps));
+      assemble(row(c, index_t(st.steps)), c);
+    }
+  }
+
+  // alpha_j = q_j . w (and, at the first step, |w|^2 = |H q_1|^2), then the
+  // three-term recurrence: w -= alpha q_j + beta_{j-1} q_{j-1}.
+  void recurrence(const std::vector<index_t>& active) {
+    const index_t n = index_t(active.size());
     std::vector<DotPair> pairs;
     for (index_t c : active) {
       const auto j = index_t(state_.chains[std::size_t(c)].steps);
-      pairs.push_back({int(row(c, j)), wrow(c)});
-      if (j == 0) pairs.push_back({wrow(c), wrow(c)});
+      pairs.push_back({int(row(c, j)), w_row(c)});
+      if (j == 0) pairs.push_back({w_row(c), w_row(c)});
     }
-    std::vector<double> d = dots(pairs);
+    const std::vector<double> d = dots(pairs);
     std::vector<std::vector<index_t>> rows(static_cast<std::size_t>(n));
     std::vector<std::vector<double>> coef(static_cast<std::size_t>(n));
     std::size_t at = 0;
@@ -353,7 +371,6 @@ struct LanczosChains {
         fail("spectrum: chain ", c, ", step ", j + 1, ": the Hessian-vector product is not finite (q^T H q = ", alpha,
              ")");
       st.alpha.push_back(alpha);
-      // The three-term recurrence: w -= alpha q_j + beta_{j-1} q_{j-1}.
       rows[std::size_t(a)] = {row(c, j)};
       coef[std::size_t(a)] = {alpha};
       if (j > 0) {
@@ -362,22 +379,30 @@ struct LanczosChains {
       }
     }
     subtract(active, rows, coef);
-    // Full reorthogonalisation against q_1..q_j by classical Gram-Schmidt,
-    // repeated once where it removed more than 1 - 1/sqrt(2) of the norm
-    // (Daniel, Gragg, Kaufman and Stewart's criterion: twice is enough).
-    std::vector<double> norm(static_cast<std::size_t>(n)), before(static_cast<std::size_t>(n));
+  }
+
+  // Full reorthogonalisation against q_1..q_j by classical Gram-Schmidt,
+  // repeated once where it removed more than 1 - 1/sqrt(2) of the norm
+  // (Daniel, Gragg, Kaufman and Stewart's criterion: twice is enough).
+  // Returns |w| of each active chain.
+  std::vector<double> reorthogonalise(const std::vector<index_t>& active) {
+    const std::size_t n = active.size();
+    std::vector<double> norm(n), before(n);
     std::vector<index_t> pending = active;
+    std::vector<DotPair> pairs;
+    std::vector<std::vector<index_t>> rows;
+    std::vector<std::vector<double>> coef;
     for (int pass = 0; pass < 2 && !pending.empty(); ++pass) {
       pairs.clear();
       for (index_t c : pending) {
         const auto j = index_t(state_.chains[std::size_t(c)].steps);
-        pairs.push_back({wrow(c), wrow(c)});
-        for (index_t i = 0; i <= j; ++i) pairs.push_back({int(row(c, i)), wrow(c)});
+        pairs.push_back({w_row(c), w_row(c)});
+        for (index_t i = 0; i <= j; ++i) pairs.push_back({int(row(c, i)), w_row(c)});
       }
-      d = dots(pairs);
+      std::vector<double> d = dots(pairs);
       rows.assign(pending.size(), {});
       coef.assign(pending.size(), {});
-      at = 0;
+      std::size_t at = 0;
       for (std::size_t a = 0; a < pending.size(); ++a) {
         const index_t c = pending[a], j = index_t(state_.chains[std::size_t(c)].steps);
         before[a] = d[at++];
@@ -388,7 +413,7 @@ struct LanczosChains {
       }
       subtract(pending, rows, coef);
       pairs.clear();
-      for (index_t c : pending) pairs.push_back({wrow(c), wrow(c)});
+      for (index_t c : pending) pairs.push_back({w_row(c), w_row(c)});
       d = dots(pairs);
       std::vector<index_t> again;
       for (std::size_t a = 0; a < pending.size(); ++a) {
@@ -398,11 +423,15 @@ struct LanczosChains {
       }
       pending = again;
     }
-    // beta_j = |w|; q_{j+1} = w / beta_j where the chain goes on.
-    for (index_t a = 0; a < n; ++a) {
-      const index_t c = active[std::size_t(a)];
+    return norm;
+  }
+
+  // beta_j = |w|; each chain's stop test; q_{j+1} = w / beta_j where the chain goes on.
+  void next_vectors(const std::vector<index_t>& active, const std::vector<double>& norm) {
+    for (std::size_t a = 0; a < active.size(); ++a) {
+      const index_t c = active[a];
       LanczosChainState& st = state_.chains[std::size_t(c)];
-      const double beta = norm[std::size_t(a)];
+      const double beta = norm[a];
       st.beta.push_back(beta);
       ++st.steps;
       const index_t j = index_t(st.steps);
@@ -415,14 +444,6 @@ struct LanczosChains {
       const double inv = 1.0 / beta;
       Kokkos::parallel_for("gnh::lanczos::next", range(space_, L_),
                            KOKKOS_LAMBDA(const index_t l) { next(l) = w(l) * inv + 0.0; });
-    }
-    space_.fence();
-    arithmetic_seconds_ += seconds_since(t0);
-    for (index_t c : active) {
-      const LanczosChainState& st = state_.chains[std::size_t(c)];
-      if (st.stop != ChainStop::running) continue;
-      store_row(c, index_t(st.steps));
-      assemble(row(c, index_t(st.steps)), c);
     }
   }
 

@@ -6,11 +6,13 @@
 #include <glob.h>
 
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <type_traits>
 
+#include "analysis/memory.hpp"
 #include "analysis/sampling.hpp"
 #include "core/build_info.hpp"
 #include "core/isa.hpp"
@@ -94,6 +96,12 @@ std::string settings_fingerprint(const Deck& d, const ModelConfig& cfg, const st
                                  {"operator", d.analysis.curvature.lanczos_php ? "PHP" : "H"},
                                  {"top_eigenvalues", d.analysis.curvature.top_eigenvalues},
                                  {"tolerance", d.analysis.curvature.lanczos_tolerance}};
+  // Adjoint cuts regroup the sums of every v^T H v (doc/derivatives.md):
+  // which engines cut, only where one does (a plan without cuts keeps its
+  // fingerprint). The rule's other inputs (model, context, widths) are above.
+  const PlannedCuts cuts = planned_adjoint_cuts(cfg, d.analysis);
+  if (cuts.any())
+    j["adjoint_cuts"] = {{"identity_checks", cuts.checks}, {"curvature_from_directions", cuts.curvature_from}};
   return sha256_hex(j.dump()).substr(0, 16);
 }
 
@@ -174,30 +182,35 @@ FileInfo file_info(const std::string& path, bool read_values) {
 
 }  // namespace
 
-Campaign prepare_campaign(const Comm& comm, const std::string& deck_path, const std::vector<std::string>& overrides,
-                          bool quiet, bool read_values) {
-  const bool root = comm.rank() == 0;
-  Campaign c;
-  Deck& deck = c.deck;
-  std::vector<CheckpointFile>& files = c.files;
+namespace {
+
+// The deck (with its overrides) and its checkpoint files, on every rank.
+void load_campaign_deck(const Comm& comm, Campaign& c, const std::string& deck_path,
+                        const std::vector<std::string>& overrides) {
   comm.collective([&] {
-    deck = load_deck(deck_path, overrides);
-    if (comm.size() % deck.ranks_per_checkpoint != 0)
-      fail(deck.file, ": parallel.ranks_per_checkpoint = ", deck.ranks_per_checkpoint,
+    c.deck = load_deck(deck_path, overrides);
+    adjoint_cuts_setting();  // a bad GNH_ADJOINT_CUTS stops every rank here
+    if (comm.size() % c.deck.ranks_per_checkpoint != 0)
+      fail(c.deck.file, ": parallel.ranks_per_checkpoint = ", c.deck.ranks_per_checkpoint,
            " does not divide the number of MPI ranks (", comm.size(), ")");
-    files = expand_checkpoints(deck);
+    c.files = expand_checkpoints(c.deck);
   });
-  if (root) {
-    std::printf("gnh %s (%s) | %s | %d MPI rank(s)\n", version(), git_commit(), build_configuration().c_str(),
-                comm.size());
-    if (!quiet)
-      std::printf("---- deck %s (effective) ----\n%s\n---- end of deck ----\n", deck.file.c_str(),
-                  deck.effective_text.c_str());
-    std::fflush(stdout);
-  }
-  // Each rank reads the headers of its share of the checkpoints (dealt
-  // round-robin), then all ranks share what they found, so that grouping is
-  // identical everywhere.
+}
+
+void print_banner(const Comm& comm, const Deck& deck, bool quiet) {
+  if (comm.rank() != 0) return;
+  std::printf("gnh %s (%s) | %s | %d MPI rank(s)\n", version(), git_commit(), build_configuration().c_str(),
+              comm.size());
+  if (!quiet)
+    std::printf("---- deck %s (effective) ----\n%s\n---- end of deck ----\n", deck.file.c_str(),
+                deck.effective_text.c_str());
+  std::fflush(stdout);
+}
+
+// Each rank reads the headers of its share of the checkpoints (dealt
+// round-robin), then all ranks share what they found, so that grouping is
+// identical everywhere.
+std::vector<FileInfo> gather_file_info(const Comm& comm, std::vector<CheckpointFile>& files, bool read_values) {
   Pack local;
   comm.collective([&] {
     for (const index_t i : dealt_share(index_t(files.size()), comm.size(), comm.rank()))
@@ -214,74 +227,142 @@ Campaign prepare_campaign(const Comm& comm, const std::string& deck_path, const 
     files[i].hashed = info[i].hashed != 0;
     hashed += files[i].hashed;
   }
-  if (root && hashed > 0 && !read_values) {
+  if (comm.rank() == 0 && hashed > 0 && !read_values) {
     std::printf("gnh: note: %zu checkpoint file(s) carry no param_sha256 (an older gnh-convert): read in full to be "
                 "grouped, and again to be analysed; convert them again to read each once\n", hashed);
     std::fflush(stdout);
   }
+  return info;
+}
 
-  ModelConfig& cfg = c.cfg;
-  std::vector<LoadedCase>& cases = c.cases;
+// One data case of the deck, read and checked against the model and the settings.
+LoadedCase load_case(const Deck& deck, const DataCaseSpec& spec, const ModelConfig& cfg) {
+  const index_t context = deck.analysis.context;
+  LoadedCase c;
+  c.name = spec.name;
+  c.data = read_tokens(deck.resolve(spec.path), spec.dtype, spec.dataset, cfg.vocab_size);
+  c.blocks = epoch_blocks(static_cast<index_t>(c.data.ids.size()), context, deck.max_blocks);
+  if (c.blocks == 0)
+    fail(c.data.path, ": ", c.data.ids.size(), " tokens are too few for one block of context ", context, " (data.",
+         spec.name, ")");
+  if (deck.analysis.noise_samples > 0 && c.blocks <= deck.analysis.noise_batch)
+    fail(c.data.path, ": ", c.blocks, " blocks of context ", context, " are too few for noise batches of ",
+         deck.analysis.noise_batch, " (data.", spec.name, " needs more than analysis.noise_batch blocks)");
+  return c;
+}
+
+// The model every checkpoint shares, and the data cases, on every rank.
+void load_model_and_data(const Comm& comm, Campaign& c, const std::vector<FileInfo>& info) {
   comm.collective([&] {
     const std::string& first_cfg = info.front().config;
-    for (std::size_t i = 1; i < files.size(); ++i)
+    for (std::size_t i = 1; i < c.files.size(); ++i)
       if (info[i].config != first_cfg)
-        fail("inconsistent model configurations: ", files[0].path, " has ", first_cfg, " but ", files[i].path,
+        fail("inconsistent model configurations: ", c.files[0].path, " has ", first_cfg, " but ", c.files[i].path,
              " has ", info[i].config);
-    cfg = read_checkpoint_config(files[0].path);
-    const index_t context = deck.analysis.context;
-    if (context > cfg.block_size)
-      fail(deck.file, ": data.context = ", context, " exceeds the model's block_size ", cfg.block_size);
-    for (const auto& spec : deck.cases) {
-      LoadedCase c;
-      c.name = spec.name;
-      c.data = read_tokens(deck.resolve(spec.path), spec.dtype, spec.dataset, cfg.vocab_size);
-      c.blocks = epoch_blocks(static_cast<index_t>(c.data.ids.size()), context, deck.max_blocks);
-      if (c.blocks == 0)
-        fail(c.data.path, ": ", c.data.ids.size(), " tokens are too few for one block of context ", context,
-             " (data.", spec.name, ")");
-      if (deck.analysis.noise_samples > 0 && c.blocks <= deck.analysis.noise_batch)
-        fail(c.data.path, ": ", c.blocks, " blocks of context ", context, " are too few for noise batches of ",
-             deck.analysis.noise_batch, " (data.", spec.name, " needs more than analysis.noise_batch blocks)");
-      cases.push_back(std::move(c));
-    }
+    c.cfg = read_checkpoint_config(c.files[0].path);
+    if (c.deck.analysis.context > c.cfg.block_size)
+      fail(c.deck.file, ": data.context = ", c.deck.analysis.context, " exceeds the model's block_size ",
+           c.cfg.block_size);
+    for (const auto& spec : c.deck.cases) c.cases.push_back(load_case(c.deck, spec, c.cfg));
   });
+}
 
-  // Group identical parameter states (first appearance order); deal round-robin over teams.
-  std::vector<GroupRecord>& groups = c.groups;
+// Identical parameter states grouped, in first appearance order; with
+// [curvature] update, ordered by iter_num.
+void group_states(Campaign& c, const std::vector<FileInfo>& info) {
   std::map<std::string, std::size_t> group_of;
-  for (std::size_t i = 0; i < files.size(); ++i) {
+  for (std::size_t i = 0; i < c.files.size(); ++i) {
     const std::string& sha = info[i].sha256;
-    auto [it, fresh] = group_of.emplace(sha, groups.size());
+    auto [it, fresh] = group_of.emplace(sha, c.groups.size());
     if (fresh) {
       GroupRecord g;
       g.param_sha256 = sha;
       g.hash = sha.substr(0, 16);
       g.n_params = info[i].n_params;
-      groups.push_back(g);
+      c.groups.push_back(g);
     }
-    GroupRecord& g = groups[it->second];
-    g.aliases.push_back(files[i].name);
-    g.alias_paths.push_back(files[i].path);
+    GroupRecord& g = c.groups[it->second];
+    g.aliases.push_back(c.files[i].name);
+    g.alias_paths.push_back(c.files[i].path);
     if (info[i].has_iter && !g.iter_num) g.iter_num = info[i].iter_num;
   }
-  if (deck.analysis.curvature.update) order_by_iteration(deck, files, info, groups);
-  c.output = deck.resolve(deck.output);
-  RunInfo& ri = c.info;
-  ri.deck_text = deck.source_text;
-  ri.effective_deck = deck.effective_text;
-  ri.settings_fingerprint = settings_fingerprint(deck, cfg, cases);
-  ri.model_config = cfg.describe();
-  ri.run_name = deck.name;
-  ri.precision = to_string(deck.analysis.precision);
-  ri.ranks = comm.size();
-  ri.ranks_per_checkpoint = int(deck.ranks_per_checkpoint);
-  for (const auto& f : files) ri.campaign_checkpoints.push_back(f.name);
-  if (root) {
-    std::printf("gnh: %zu checkpoint file(s), %zu unique state(s), %zu case(s); model %s\n", files.size(),
-                groups.size(), cases.size(), cfg.describe().c_str());
-  }
+  if (c.deck.analysis.curvature.update) order_by_iteration(c.deck, c.files, info, c.groups);
+}
+
+// The second-order forward engines the plan builds and whether each cuts:
+// "identity checks K=2: off; curvature K=5: on, K=4: on" (the curvature
+// engine at each pass width of any case, widest first, with
+// curvature_method = second-order-forward).
+std::string adjoint_cuts_engines(const Campaign& c) {
+  const AnalysisSettings& s = c.deck.analysis;
+  const PlannedCuts cuts = planned_adjoint_cuts(c.cfg, s);
+  std::string out = std::string("identity checks K=2: ") + (cuts.checks ? "on" : "off");
+  if (s.curvature_method != CurvatureMethod::second_order_forward) return out;
+  std::set<index_t, std::greater<index_t>> widths;
+  for (const auto& cs : c.cases)
+    for (const index_t K : plan_case(s, cs.blocks, true, true).pass_widths) widths.insert(K);
+  std::string list;
+  for (const index_t K : widths)
+    list += (list.empty() ? "" : ", ") + std::string("K=") + std::to_string(K) + (cuts.curvature(K) ? ": on" : ": off");
+  return out + (list.empty() ? "" : "; curvature " + list);
+}
+
+// What every output of the run records about it.
+RunInfo run_info_of(const Campaign& c, int ranks) {
+  RunInfo ri;
+  ri.deck_text = c.deck.source_text;
+  ri.effective_deck = c.deck.effective_text;
+  ri.settings_fingerprint = settings_fingerprint(c.deck, c.cfg, c.cases);
+  ri.model_config = c.cfg.describe();
+  ri.run_name = c.deck.name;
+  ri.precision = to_string(c.deck.analysis.precision);
+  ri.ranks = ranks;
+  ri.ranks_per_checkpoint = int(c.deck.ranks_per_checkpoint);
+  for (const auto& f : c.files) ri.campaign_checkpoints.push_back(f.name);
+  ri.adjoint_cuts = adjoint_cuts_setting();
+  ri.adjoint_cuts_engines = adjoint_cuts_engines(c);
+  ri.host_threads = int(Kokkos::DefaultHostExecutionSpace().concurrency());
+  return ri;
+}
+
+}  // namespace
+
+Campaign prepare_campaign(const Comm& comm, const std::string& deck_path, const std::vector<std::string>& overrides,
+                          bool quiet, bool read_values) {
+  Campaign c;
+  load_campaign_deck(comm, c, deck_path, overrides);
+  print_banner(comm, c.deck, quiet);
+  const std::vector<FileInfo> info = gather_file_info(comm, c.files, read_values);
+  load_model_and_data(comm, c, info);
+  group_states(c, info);
+  c.output = c.deck.resolve(c.deck.output);
+  c.info = run_info_of(c, comm.size());
+  if (comm.rank() == 0)
+    std::printf("gnh: %zu checkpoint file(s), %zu unique state(s), %zu case(s); model %s\n", c.files.size(),
+                c.groups.size(), c.cases.size(), c.cfg.describe().c_str());
   return c;
+}
+
+void set_pass_sizes(const Comm& comm, Campaign& c, index_t directions_per_pass, index_t hvp_batch) {
+  comm.collective([&] {
+    std::vector<std::string> overrides = c.deck.overrides;
+    overrides.push_back("analysis.directions_per_pass=" + std::to_string(directions_per_pass));
+    overrides.push_back("analysis.hvp_batch=" + std::to_string(hvp_batch));
+    const Deck d = parse_deck(c.deck.source_text, c.deck.file, c.deck.dir, overrides);
+    c.deck.overrides = d.overrides;
+    c.deck.analysis = d.analysis;
+    c.deck.effective_text = d.effective_text;
+  });
+  c.info.effective_deck = c.deck.effective_text;
+  c.info.settings_fingerprint = settings_fingerprint(c.deck, c.cfg, c.cases);
+  c.info.adjoint_cuts_engines = adjoint_cuts_engines(c);
+}
+
+void print_engine_settings(const Comm& comm, const Campaign& c) {
+  if (comm.rank() != 0) return;
+  std::printf("gnh: adjoint cuts (GNH_ADJOINT_CUTS=%s): %s; %d host thread(s) per rank\n", c.info.adjoint_cuts.c_str(),
+              c.info.adjoint_cuts_engines.c_str(), c.info.host_threads);
+  std::fflush(stdout);
 }
 
 void choose_host_gemm(const Comm& comm, Campaign& c, bool quiet, bool float_gemms) {
@@ -298,8 +379,8 @@ void choose_host_gemm(const Comm& comm, Campaign& c, bool quiet, bool float_gemm
     // records the probe (JSON, for the output).
     Pack mine;
     if (comm.rank() == 0) {
-      const kernels::GemmProbe p =
-          kernels::choose_host_gemm(c.cfg, c.deck.analysis.hvp_batch * c.deck.analysis.context);
+      const index_t rows = c.deck.analysis.hvp_batch * c.deck.analysis.context;
+      const kernels::GemmProbe p = kernels::choose_host_gemm(c.cfg.n_embd, c.cfg.vocab_size, rows);
       mine << std::string(kernels::host::name(p.chosen)) << p.json();
       if (!quiet) {
         std::printf("gnh: host sgemm: %s (%s); vector loops: %s\n", kernels::host::name(p.chosen), p.reason.c_str(),

@@ -43,6 +43,12 @@ struct Campaign {
 // every file is read and validated in full (the dry run's check).
 Campaign prepare_campaign(const Comm& comm, const std::string& deck, const std::vector<std::string>& overrides,
                           bool quiet, bool read_values = false);
+// Sets analysis.directions_per_pass and analysis.hvp_batch of a prepared
+// campaign in place (--fit-memory's choice); nothing is read again. The deck
+// text in hand is parsed again with the two as --set, so that they are
+// validated as a --set is and the effective deck (echoed into the output)
+// shows them; the settings fingerprint follows. Collective.
+void set_pass_sizes(const Comm& comm, Campaign& c, index_t directions_per_pass, index_t hvp_batch);
 // The settings fingerprint: a hash of everything that changes a number in the
 // results (every [analysis] key, the data, the model, the precision, gnh's version).
 std::string settings_fingerprint(const Deck& d, const ModelConfig& cfg, const std::vector<LoadedCase>& cases);
@@ -50,6 +56,9 @@ std::string settings_fingerprint(const Deck& d, const ModelConfig& cfg, const st
 // probes, every rank selects its answer; recorded in c.info and printed.
 // Without float GEMMs (fp64 only) nothing is probed: the vendor BLAS multiplies.
 void choose_host_gemm(const Comm& comm, Campaign& c, bool quiet, bool float_gemms);
+// One line for the log (rank 0): GNH_ADJOINT_CUTS, whether each second-order
+// forward engine of the plan cuts, and the host threads of a rank.
+void print_engine_settings(const Comm& comm, const Campaign& c);
 // The output file of shard I of N: OUTPUT with ".h5" replaced by ".shard-I-of-N.h5".
 std::string shard_output(const std::string& output, int index, int count);
 

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "driver/compare.hpp"
 
+#include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -8,6 +9,7 @@
 #include <iomanip>
 #include <map>
 #include <memory>
+#include <sstream>
 
 #include "analysis/analyser.hpp"
 #include "analysis/team.hpp"
@@ -140,22 +142,11 @@ CaseComparison compare_case(const PolicyResult& a, const PolicyResult& b, double
   return j;
 }
 
-}  // namespace
-
-int compare_command(const Comm& comm, const CompareOptions& opt) {
-  const bool root = comm.rank() == 0;
-  comm.collective([&] {
-    if (opt.policies.size() != 2) fail("--policies needs exactly two policies (reference,candidate)");
-    for (const auto& p : opt.policies)
-      if (!precision_named(p)) fail("--policies: unknown policy \"", p, "\" (fp32, tf32, bf16-amp, fp64)");
-    if (opt.policies[0] == opt.policies[1]) fail("--policies: the two policies are the same");
-    if (!(opt.tolerance > 0)) fail("--tolerance must be positive");
-  });
-  Campaign c = prepare_campaign(comm, opt.deck, opt.overrides, opt.quiet);
-  const Precision reference = *precision_named(opt.policies[0]), candidate = *precision_named(opt.policies[1]);
-  choose_host_gemm(comm, c, opt.quiet, reference != Precision::fp64 || candidate != Precision::fp64);
-  Pack mine;  // (hash, case -> comparison) for each group of this rank
-  std::string error;
+// Every comparison of this rank's share of the groups, packed as (hash,
+// case -> comparison); a group that fails is reported and left out.
+Pack compare_my_groups(const Comm& comm, const Campaign& c, Precision reference, Precision candidate,
+                       const CompareOptions& opt, std::string& error) {
+  Pack mine;
   for (const index_t g : dealt_share(index_t(c.groups.size()), comm.size(), comm.rank())) {
     const GroupRecord& grp = c.groups[std::size_t(g)];
     try {
@@ -180,87 +171,138 @@ int compare_command(const Comm& comm, const CompareOptions& opt) {
                    grp.aliases.front().c_str(), e.what());
     }
   }
+  return mine;
+}
+
+using Comparisons = std::map<std::string, std::map<std::string, CaseComparison>>;  // hash -> case -> comparison
+
+Comparisons unpack_comparisons(const std::vector<std::string>& gathered) {
+  Comparisons by_hash;
+  for (const auto& bytes : gathered)
+    for (Unpack u(bytes); !u.done();) {
+      std::string hash;
+      u >> hash;
+      u >> by_hash[hash];
+    }
+  return by_hash;
+}
+
+// OUTPUT.compare.h5: the run's provenance, then per group and case every
+// comparison's scalars (attributes) and arrays (datasets).
+void write_comparison_h5(const std::string& out, const Campaign& c, const CompareOptions& opt,
+                         Comparisons& by_hash) {
+  write_atomically(out, [&](const std::string& tmp) {
+    h5::File f = h5::File::create(tmp);
+    h5::write_attr(f.id(), "format", std::string("gnh-compare"));
+    h5::write_attr(f.id(), "format_version", std::int64_t(1));
+    h5::write_attr(f.id(), "gnh_version", std::string(version()));
+    h5::write_attr(f.id(), "git_commit", std::string(git_commit()));
+    h5::write_attr(f.id(), "build", build_configuration());
+    h5::write_attr(f.id(), "host_gemm", c.info.host_gemm);
+    if (!c.info.host_gemm_probe.empty()) h5::write_attr(f.id(), "host_gemm_probe", c.info.host_gemm_probe);
+    h5::write_attr(f.id(), "adjoint_cuts", c.info.adjoint_cuts);
+    h5::write_attr(f.id(), "adjoint_cuts_engines", c.info.adjoint_cuts_engines);
+    h5::write_attr(f.id(), "host_threads", std::int64_t(c.info.host_threads));
+    h5::write_attr(f.id(), "deck", c.deck.source_text);
+    h5::write_attr(f.id(), "deck_effective", c.deck.effective_text);
+    h5::write_attr(f.id(), "policies", opt.policies);
+    h5::write_attr(f.id(), "reference_policy", opt.policies[0]);
+    h5::write_attr(f.id(), "candidate_policy", opt.policies[1]);
+    h5::write_attr(f.id(), "tolerance", opt.tolerance);
+    h5::write_attr(f.id(), "requested_statistics", kRequested);
+    h5::Handle all = h5::create_group(f.id(), "groups", tmp);
+    for (const auto& grp : c.groups) {
+      if (!by_hash.count(grp.hash)) continue;
+      h5::Handle gg = h5::create_group(all.id(), grp.hash, tmp);
+      h5::write_attr(gg.id(), "aliases", grp.aliases);
+      for (const auto& [cname, jc] : by_hash[grp.hash]) {
+        h5::Handle cg = h5::create_group(gg.id(), cname, tmp);
+        for (const auto& [k, v] : jc.scalars) h5::write_attr(cg.id(), k, v);
+        for (const auto& [k, v] : jc.arrays) h5::write_dataset(cg.id(), k, v);
+      }
+    }
+    f.close();
+  });
+}
+
+// OUTPUT.compare.csv: one row per checkpoint and case.
+void write_comparison_csv(const std::string& csv, const Campaign& c, Comparisons& by_hash) {
+  std::ostringstream o;
+  {
+    const std::vector<std::string> cols = {"pass", "max_rel_err_requested", "G_rel_l2", "G_cosine",
+                                           "rel_err_max_xiHxi_cand_on_ref_xi", "time_s_ref", "time_s_cand",
+                                           "peak_memory_bytes_ref", "peak_memory_bytes_cand"};
+    o << "checkpoint,group,case";
+    for (const auto& k : cols) o << "," << k;
+    for (const auto& k : kRequested) o << ",rel_err_" << k << ",sign_agree_" << k;
+    o << "\n" << std::setprecision(10);
+    for (const auto& grp : c.groups) {
+      if (!by_hash.count(grp.hash)) continue;
+      for (const auto& alias : grp.aliases)
+        for (const auto& [cname, jc] : by_hash[grp.hash]) {
+          o << alias << "," << grp.hash << "," << cname;
+          for (const auto& k : cols) o << "," << jc.scalars.at(k);
+          for (const auto& k : kRequested)
+            o << "," << jc.scalars.at("rel_err_" + k) << "," << jc.scalars.at("sign_agree_" + k);
+          o << "\n";
+        }
+    }
+  }
+  write_file_atomically(csv, o.str());
+}
+
+void print_comparison_table(const Campaign& c, Comparisons& by_hash) {
+  std::printf("\n%-22s %-7s %-5s %12s %12s %12s\n", "checkpoint", "case", "pass", "max rel err", "G cosine",
+              "cross xiHxi");
+  for (const auto& grp : c.groups) {
+    if (!by_hash.count(grp.hash)) continue;
+    for (const auto& alias : grp.aliases)
+      for (const auto& [cname, jc] : by_hash[grp.hash]) {
+        const auto& s = jc.scalars;
+        std::printf("%-22s %-7s %-5s %12.3e %12.8f %12.3e\n", alias.c_str(), cname.c_str(),
+                    s.at("pass") == 1.0 ? "pass" : "FAIL", s.at("max_rel_err_requested"), s.at("G_cosine"),
+                    s.at("rel_err_max_xiHxi_cand_on_ref_xi"));
+      }
+  }
+}
+
+// Rank 0: the gathered comparisons into OUTPUT.compare.h5 and .csv, and the table.
+void write_comparisons(const Campaign& c, const CompareOptions& opt, const std::vector<std::string>& gathered) {
+  Comparisons by_hash = unpack_comparisons(gathered);
+  const std::string out = with_suffix(c.output, ".compare.h5"), csv = with_suffix(c.output, ".compare.csv");
+  write_comparison_h5(out, c, opt, by_hash);
+  write_comparison_csv(csv, c, by_hash);
+  print_comparison_table(c, by_hash);
+  std::printf("\ncomparison (%s against %s, tolerance %.3g): %s and %s\n", opt.policies[1].c_str(),
+              opt.policies[0].c_str(), opt.tolerance, out.c_str(), csv.c_str());
+  std::fflush(stdout);
+}
+
+void check_compare_options(const CompareOptions& opt) {
+  if (opt.policies.size() != 2) fail("--policies needs exactly two policies (reference,candidate)");
+  for (const auto& p : opt.policies)
+    if (!precision_named(p)) fail("--policies: unknown policy \"", p, "\" (fp32, tf32, bf16-amp, fp64)");
+  if (opt.policies[0] == opt.policies[1]) fail("--policies: the two policies are the same");
+  if (!(opt.tolerance > 0)) fail("--tolerance must be positive");
+}
+
+}  // namespace
+
+int compare_command(const Comm& comm, const CompareOptions& opt) {
+  comm.collective([&] { check_compare_options(opt); });
+  Campaign c = prepare_campaign(comm, opt.deck, opt.overrides, opt.quiet);
+  const Precision reference = *precision_named(opt.policies[0]), candidate = *precision_named(opt.policies[1]);
+  choose_host_gemm(comm, c, opt.quiet, reference != Precision::fp64 || candidate != Precision::fp64);
+  if (!opt.quiet) print_engine_settings(comm, c);
+  std::string error;
+  const Pack mine = compare_my_groups(comm, c, reference, candidate, opt, error);
   const auto gathered = comm.allgather(mine.bytes());
   std::vector<long long> failures = {error.empty() ? 0 : 1};
   comm.sum(failures);
-  const bool any_failed = failures[0] > 0;
   std::string write_error;
-  if (root) {
-    std::map<std::string, std::map<std::string, CaseComparison>> by_hash;  // hash -> case -> comparison
-    for (const auto& bytes : gathered)
-      for (Unpack u(bytes); !u.done();) {
-        std::string hash;
-        u >> hash;
-        u >> by_hash[hash];
-      }
-    const std::string out = with_suffix(c.output, ".compare.h5"), csv = with_suffix(c.output, ".compare.csv");
+  if (comm.rank() == 0) {
     try {
-      write_atomically(out, [&](const std::string& tmp) {
-        h5::File f = h5::File::create(tmp);
-        h5::write_attr(f.id(), "format", std::string("gnh-compare"));
-        h5::write_attr(f.id(), "format_version", std::int64_t(1));
-        h5::write_attr(f.id(), "gnh_version", std::string(version()));
-        h5::write_attr(f.id(), "git_commit", std::string(git_commit()));
-        h5::write_attr(f.id(), "build", build_configuration());
-        h5::write_attr(f.id(), "host_gemm", c.info.host_gemm);
-        if (!c.info.host_gemm_probe.empty()) h5::write_attr(f.id(), "host_gemm_probe", c.info.host_gemm_probe);
-        h5::write_attr(f.id(), "deck", c.deck.source_text);
-        h5::write_attr(f.id(), "deck_effective", c.deck.effective_text);
-        h5::write_attr(f.id(), "policies", opt.policies);
-        h5::write_attr(f.id(), "reference_policy", opt.policies[0]);
-        h5::write_attr(f.id(), "candidate_policy", opt.policies[1]);
-        h5::write_attr(f.id(), "tolerance", opt.tolerance);
-        h5::write_attr(f.id(), "requested_statistics", kRequested);
-        h5::Handle all = h5::create_group(f.id(), "groups", tmp);
-        for (const auto& grp : c.groups) {
-          if (!by_hash.count(grp.hash)) continue;
-          h5::Handle gg = h5::create_group(all.id(), grp.hash, tmp);
-          h5::write_attr(gg.id(), "aliases", grp.aliases);
-          for (const auto& [cname, jc] : by_hash[grp.hash]) {
-            h5::Handle cg = h5::create_group(gg.id(), cname, tmp);
-            for (const auto& [k, v] : jc.scalars) h5::write_attr(cg.id(), k, v);
-            for (const auto& [k, v] : jc.arrays) h5::write_dataset(cg.id(), k, v);
-          }
-        }
-        f.close();
-      });
-      {
-        std::ostringstream o;
-        const std::vector<std::string> cols = {"pass", "max_rel_err_requested", "G_rel_l2", "G_cosine",
-                                               "rel_err_max_xiHxi_cand_on_ref_xi", "time_s_ref", "time_s_cand",
-                                               "peak_memory_bytes_ref", "peak_memory_bytes_cand"};
-        o << "checkpoint,group,case";
-        for (const auto& k : cols) o << "," << k;
-        for (const auto& k : kRequested) o << ",rel_err_" << k << ",sign_agree_" << k;
-        o << "\n" << std::setprecision(10);
-        for (const auto& grp : c.groups) {
-          if (!by_hash.count(grp.hash)) continue;
-          for (const auto& alias : grp.aliases)
-            for (const auto& [cname, jc] : by_hash[grp.hash]) {
-              o << alias << "," << grp.hash << "," << cname;
-              for (const auto& k : cols) o << "," << jc.scalars.at(k);
-              for (const auto& k : kRequested)
-                o << "," << jc.scalars.at("rel_err_" + k) << "," << jc.scalars.at("sign_agree_" + k);
-              o << "\n";
-            }
-        }
-        write_file_atomically(csv, o.str());
-      }
-      std::printf("\n%-22s %-7s %-5s %12s %12s %12s\n", "checkpoint", "case", "pass", "max rel err", "G cosine",
-                  "cross xiHxi");
-      for (const auto& grp : c.groups) {
-        if (!by_hash.count(grp.hash)) continue;
-        for (const auto& alias : grp.aliases)
-          for (const auto& [cname, jc] : by_hash[grp.hash]) {
-            const auto& s = jc.scalars;
-            std::printf("%-22s %-7s %-5s %12.3e %12.8f %12.3e\n", alias.c_str(), cname.c_str(),
-                        s.at("pass") == 1.0 ? "pass" : "FAIL", s.at("max_rel_err_requested"), s.at("G_cosine"),
-                        s.at("rel_err_max_xiHxi_cand_on_ref_xi"));
-          }
-      }
-      std::printf("\ncomparison (%s against %s, tolerance %.3g): %s and %s\n", opt.policies[1].c_str(),
-                  opt.policies[0].c_str(), opt.tolerance, out.c_str(), csv.c_str());
-      std::fflush(stdout);
+      write_comparisons(c, opt, gathered);
     } catch (const Error& e) {
       write_error = e.what();
     }
@@ -268,7 +310,30 @@ int compare_command(const Comm& comm, const CompareOptions& opt) {
   comm.collective([&] {
     if (!write_error.empty()) throw Error(write_error);
   });
-  return any_failed ? 1 : 0;
+  return failures[0] > 0 ? 1 : 0;
+}
+
+Subcommand add_compare_command(CLI::App& gnh) {
+  auto opt = std::make_shared<CompareOptions>();
+  auto policies = std::make_shared<std::string>("fp32,bf16-amp");
+  CLI::App* cmd = gnh.add_subcommand(
+      "compare", "Run DECK's analysis under two precision policies with matched batches and directions and report "
+                 "the candidate's errors against the reference (HDF5 and CSV beside run.output)");
+  cmd->add_option("deck", opt->deck, "Input deck (TOML)")->required();
+  cmd->add_option("--policies", *policies, "REFERENCE,CANDIDATE (fp32, tf32, bf16-amp, fp64)")
+      ->capture_default_str();
+  cmd->add_option("--tolerance", opt->tolerance, "Largest relative error of the requested statistics that passes")
+      ->capture_default_str();
+  cmd->add_option("--set", opt->overrides, "Override a deck key (repeatable)")
+      ->type_name("KEY=VALUE")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cmd->add_flag("--quiet", opt->quiet, "Do not echo the deck or per-case progress");
+  return {cmd, [opt, policies](const Comm& comm) {
+            opt->policies.clear();
+            std::stringstream ss(*policies);
+            for (std::string p; std::getline(ss, p, ',');) opt->policies.push_back(p);
+            return compare_command(comm, *opt);
+          }};
 }
 
 }  // namespace gnh

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "driver/command.hpp"
 #include "parallel/comm.hpp"
 
 namespace gnh {
@@ -18,5 +19,8 @@ struct CompareOptions {
 };
 
 int compare_command(const Comm& comm, const CompareOptions& opt);
+
+// `gnh compare`'s options; its action splits --policies A,B and runs compare_command.
+Subcommand add_compare_command(CLI::App& gnh);
 
 }  // namespace gnh

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "driver/merge.hpp"
 
+#include <CLI/CLI.hpp>
+#include <memory>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -89,6 +91,15 @@ std::vector<std::string> recheck_case(hid_t cg, const std::string& where) {
   return failed;
 }
 
+// Why two shards' settings fingerprints differ, as far as their records tell.
+std::string settings_difference(const RunInfo& a, const RunInfo& b) {
+  if (a.effective_deck == b.effective_deck && a.adjoint_cuts_engines != b.adjoint_cuts_engines)
+    return "adjoint cuts " + a.adjoint_cuts_engines + " with GNH_ADJOINT_CUTS=" + a.adjoint_cuts + ", against " +
+           b.adjoint_cuts_engines + " with GNH_ADJOINT_CUTS=" + b.adjoint_cuts +
+           "; run every shard with the same GNH_ADJOINT_CUTS";
+  return "shards of different decks or settings";
+}
+
 void validate_and_merge(const MergeOptions& opt) {
   if (opt.shards.empty()) fail("gnh merge: no shard files given");
   std::vector<ShardHeader> headers;
@@ -97,7 +108,7 @@ void validate_and_merge(const MergeOptions& opt) {
   for (const auto& h : headers) {
     if (h.fingerprint != first.fingerprint)
       fail(h.path, ": settings fingerprint ", h.fingerprint, " differs from ", first.path, "'s ", first.fingerprint,
-           " (shards of different decks or settings)");
+           " (", settings_difference(h.info, first.info), ")");
     if (h.version != first.version || h.commit != first.commit)
       fail(h.path, ": written by gnh ", h.version, " (", h.commit, "), ", first.path, " by gnh ", first.version,
            " (", first.commit, "); merge shards of one code version");
@@ -171,6 +182,19 @@ int merge_command(const Comm& comm, const MergeOptions& opt) {
     if (comm.rank() == 0) validate_and_merge(opt);
   });
   return 0;
+}
+
+Subcommand add_merge_command(CLI::App& gnh) {
+  auto opt = std::make_shared<MergeOptions>();
+  CLI::App* cmd = gnh.add_subcommand(
+      "merge", "Validate the shard outputs of a planned campaign (one settings fingerprint and code version, every "
+               "checkpoint exactly once, every group complete, identities re-checked) and combine them");
+  cmd->add_option("output", opt->output, "Combined results file to write")->required();
+  cmd->add_option("shards", opt->shards, "Shard result files (OUTPUT.shard-I-of-N.h5)")->required();
+  cmd->add_flag("--accept-failed-identities", opt->accept_failed_identities,
+                "Merge shards whose recorded identity checks failed (refused otherwise); the failed checks are "
+                "listed in the output's accepted_failed_identities attribute");
+  return {cmd, [opt](const Comm& comm) { return merge_command(comm, *opt); }};
 }
 
 }  // namespace gnh

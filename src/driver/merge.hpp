@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "driver/command.hpp"
 #include "parallel/comm.hpp"
 
 namespace gnh {
@@ -19,5 +20,8 @@ struct MergeOptions {
 };
 
 int merge_command(const Comm& comm, const MergeOptions& opt);
+
+// `gnh merge`'s options.
+Subcommand add_merge_command(CLI::App& gnh);
 
 }  // namespace gnh

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "driver/command.hpp"
 #include "parallel/comm.hpp"
 
 namespace gnh {
@@ -26,5 +27,8 @@ struct PlanOptions {
 };
 
 int plan_command(const Comm& comm, const PlanOptions& opt);
+
+// `gnh plan`'s options.
+Subcommand add_plan_command(CLI::App& gnh);
 
 }  // namespace gnh

@@ -5,7 +5,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <filesystem>
+#include <memory>
 #include <vector>
 
 #include "driver/install.hpp"
@@ -46,6 +48,19 @@ int report_command(const Comm& comm, const std::string& results, const std::stri
     if (status != 0) throw ErrorElsewhere(0);
   });
   return status;
+}
+
+Subcommand add_report_command(CLI::App& gnh) {
+  struct Paths {
+    std::string results, out_dir;
+  };
+  auto opt = std::make_shared<Paths>();
+  CLI::App* cmd = gnh.add_subcommand(
+      "report", "CSV tables and PNG/PDF figures of every statistic against checkpoint, seen vs unseen, with a "
+                "one-page summary");
+  cmd->add_option("results", opt->results, "Results file (gnh run or gnh merge)")->required();
+  cmd->add_option("--out", opt->out_dir, "Directory for the tables and figures")->required();
+  return {cmd, [opt](const Comm& comm) { return report_command(comm, opt->results, opt->out_dir); }};
 }
 
 }  // namespace gnh

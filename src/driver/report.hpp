@@ -4,10 +4,14 @@
 #pragma once
 #include <string>
 
+#include "driver/command.hpp"
 #include "parallel/comm.hpp"
 
 namespace gnh {
 
 int report_command(const Comm& comm, const std::string& results, const std::string& out_dir);
+
+// `gnh report`'s options.
+Subcommand add_report_command(CLI::App& gnh);
 
 }  // namespace gnh

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "driver/command.hpp"
 #include "parallel/comm.hpp"
 
 namespace gnh {
@@ -28,5 +29,8 @@ struct RunOptions {
 // Returns the process exit status: 0 when every group succeeded, 1 when some
 // failed (the others are written), 143 when SIGTERM interrupted the run.
 int run_command(const Comm& comm, const RunOptions& opt);
+
+// `gnh run`'s options; its action parses --shard I/N, then runs run_command.
+Subcommand add_run_command(CLI::App& gnh);
 
 }  // namespace gnh

@@ -3,6 +3,8 @@
 
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
+#include <memory>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -98,6 +100,20 @@ int self_check_command(const Comm& comm, const std::string& precision, const std
   });
   self_check(comm, *p, *m, false);
   return 0;
+}
+
+Subcommand add_self_check_command(CLI::App& gnh) {
+  struct Choice {
+    std::string precision = "fp32", method = "second-order-forward";
+  };
+  auto opt = std::make_shared<Choice>();
+  CLI::App* cmd = gnh.add_subcommand(
+      "self-check", "Check this build and every rank's device on a shipped tiny model against stored float64 "
+                    "PyTorch values (seconds); under srun, one rank per device");
+  cmd->add_option("--precision", opt->precision, "fp32, tf32, bf16-amp or fp64")->capture_default_str();
+  cmd->add_option("--curvature-method", opt->method, "second-order-forward or forward-over-reverse")
+      ->capture_default_str();
+  return {cmd, [opt](const Comm& comm) { return self_check_command(comm, opt->precision, opt->method); }};
 }
 
 }  // namespace gnh

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "analysis/settings.hpp"
+#include "driver/command.hpp"
 #include "parallel/comm.hpp"
 
 namespace gnh {
@@ -18,5 +19,8 @@ void self_check(const Comm& comm, Precision precision, CurvatureMethod method, b
 
 // gnh self-check [--precision P] [--curvature-method M]
 int self_check_command(const Comm& comm, const std::string& precision, const std::string& method);
+
+// `gnh self-check`'s options.
+Subcommand add_self_check_command(CLI::App& gnh);
 
 }  // namespace gnh

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "driver/watch.hpp"
 
+#include <CLI/CLI.hpp>
+#include <memory>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -113,77 +115,78 @@ class Watcher {
     return id.substr(0, id.find(';'));
   }
 
-  // One look at every shard and the merge; true when the campaign is merged.
-  // `stuck` is set when a shard failed and will not be resubmitted.
-  bool look(bool& stuck) {
-    json r = load();
-    const std::string fp = r["settings_fingerprint"].get<std::string>();
+  // What one look found across the shards.
+  struct Look {
     bool all_done = true, changed = false, resubmitted_any = false;
-    stuck = false;
+    bool stuck = false;  // a shard failed and will not be resubmitted
     std::vector<std::string> outputs;
-    for (auto& shard : r["shards"]) {
-      const int index = shard["index"].get<int>();
-      const std::string output = shard["output"].get<std::string>();
-      outputs.push_back(output);
-      const auto& groups = shard["groups"];
-      int done = 0;
-      for (const auto& g : groups)
-        if (group_file_complete(group_file(output, g.get<std::string>()), fp)) ++done;
-      const std::vector<std::string> jobs = jobs_of(shard);
-      if (jobs.size() > 1) resubmitted_any = true;
-      const std::string job = jobs.empty() ? "" : jobs.back();
-      const std::string state = job.empty() ? "NOT_SUBMITTED" : slurm_state(job);
-      const bool complete = results_complete(output, fp);
-      char eta[64] = "";
-      if (!complete && shard.contains("estimate_seconds") && !groups.empty())
-        std::snprintf(eta, sizeof(eta), ", ~%.0f s left by the plan's estimate",
-                      shard["estimate_seconds"].get<double>() * double(int(groups.size()) - done) /
-                          double(groups.size()));
-      std::printf("  shard %d: job %s %s, groups %d/%zu, attempts %zu%s%s\n", index, job.empty() ? "-" : job.c_str(),
-                  state.c_str(), done, groups.size(), jobs.size(), complete ? ", complete" : "", eta);
-      if (complete) continue;
-      all_done = false;
-      if (active(state)) continue;
-      // Finished without a complete output, cancelled, timed out, gone, or never submitted.
-      if (!opt_.resubmit) {
-        log("shard " + std::to_string(index) + " (job " + (job.empty() ? "-" : job) + ") is " + state +
-            " without a complete output; resubmit it with gnh watch --resubmit");
-        stuck = true;
-        continue;
-      }
-      if (int(jobs.size()) >= opt_.max_attempts) {
-        log("shard " + std::to_string(index) + " is " + state + " after " + std::to_string(jobs.size()) +
-            " attempt(s), the most allowed (--max-attempts); see its log " + shard["script"].get<std::string>());
-        stuck = true;
-        continue;
-      }
-      const std::string id = submit(shard["script"].get<std::string>());
-      shard["attempts"].push_back(
-          {{"job_id", id}, {"submitted", utc_now()}, {"replaces", job}, {"reason", state}});
-      log("shard " + std::to_string(index) + ": job " + (job.empty() ? "-" : job) + " " + state +
-          "; resubmitted as job " + id + " (attempt " + std::to_string(jobs.size() + 1) + ")");
-      changed = true;
-      resubmitted_any = true;
+  };
+
+  // One shard: its line, and, where it ended without a complete output, a
+  // resubmission (with --resubmit, within --max-attempts) or a stuck note.
+  void look_at_shard(json& shard, const std::string& fp, Look& look) {
+    const int index = shard["index"].get<int>();
+    const std::string output = shard["output"].get<std::string>();
+    look.outputs.push_back(output);
+    const auto& groups = shard["groups"];
+    int done = 0;
+    for (const auto& g : groups)
+      if (group_file_complete(group_file(output, g.get<std::string>()), fp)) ++done;
+    const std::vector<std::string> jobs = jobs_of(shard);
+    if (jobs.size() > 1) look.resubmitted_any = true;
+    const std::string job = jobs.empty() ? "" : jobs.back();
+    const std::string state = job.empty() ? "NOT_SUBMITTED" : slurm_state(job);
+    const bool complete = results_complete(output, fp);
+    char eta[64] = "";
+    if (!complete && shard.contains("estimate_seconds") && !groups.empty())
+      std::snprintf(eta, sizeof(eta), ", ~%.0f s left by the plan's estimate",
+                    shard["estimate_seconds"].get<double>() * double(int(groups.size()) - done) /
+                        double(groups.size()));
+    std::printf("  shard %d: job %s %s, groups %d/%zu, attempts %zu%s%s\n", index, job.empty() ? "-" : job.c_str(),
+                state.c_str(), done, groups.size(), jobs.size(), complete ? ", complete" : "", eta);
+    if (complete) return;
+    look.all_done = false;
+    if (active(state)) return;
+    // Finished without a complete output, cancelled, timed out, gone, or never submitted.
+    if (!opt_.resubmit) {
+      log("shard " + std::to_string(index) + " (job " + (job.empty() ? "-" : job) + ") is " + state +
+          " without a complete output; resubmit it with gnh watch --resubmit");
+      look.stuck = true;
+      return;
     }
-    if (changed) save(r);
-    if (!all_done) {
-      const std::string merge_job = r["merge"].value("job_id", "");
-      // The plan's merge job waits on the first submissions (afterok): after a
-      // resubmission it can never run. Cancel it; the watcher merges instead.
-      if (resubmitted_any && !merge_job.empty()) {
-        std::string reason;
-        const std::string ms = slurm_state(merge_job, &reason);
-        if (active(ms) && !r["merge"].contains("cancelled_by_watch")) {
-          int st = 0;
-          run_capture("scancel " + shell_quote(merge_job) + " 2>&1", st);
-          r["merge"]["cancelled_by_watch"] = utc_now();
-          save(r);
-          log("merge job " + merge_job + " (" + ms + ", " + reason +
-              ") waits on a failed submission and cannot run; cancelled, gnh watch merges instead");
-        }
-      }
-      return false;
+    if (int(jobs.size()) >= opt_.max_attempts) {
+      log("shard " + std::to_string(index) + " is " + state + " after " + std::to_string(jobs.size()) +
+          " attempt(s), the most allowed (--max-attempts); see its log " + shard["script"].get<std::string>());
+      look.stuck = true;
+      return;
     }
+    const std::string id = submit(shard["script"].get<std::string>());
+    shard["attempts"].push_back({{"job_id", id}, {"submitted", utc_now()}, {"replaces", job}, {"reason", state}});
+    log("shard " + std::to_string(index) + ": job " + (job.empty() ? "-" : job) + " " + state +
+        "; resubmitted as job " + id + " (attempt " + std::to_string(jobs.size() + 1) + ")");
+    look.changed = true;
+    look.resubmitted_any = true;
+  }
+
+  // The plan's merge job waits on the first submissions (afterok): after a
+  // resubmission it can never run. Cancel it; the watcher merges instead.
+  void cancel_orphaned_merge(json& r) {
+    const std::string merge_job = r["merge"].value("job_id", "");
+    if (merge_job.empty()) return;
+    std::string reason;
+    const std::string ms = slurm_state(merge_job, &reason);
+    if (!active(ms) || r["merge"].contains("cancelled_by_watch")) return;
+    int st = 0;
+    run_capture("scancel " + shell_quote(merge_job) + " 2>&1", st);
+    r["merge"]["cancelled_by_watch"] = utc_now();
+    save(r);
+    log("merge job " + merge_job + " (" + ms + ", " + reason +
+        ") waits on a failed submission and cannot run; cancelled, gnh watch merges instead");
+  }
+
+  // Every shard is complete: true once merged and reported, by the plan's
+  // merge job or here.
+  bool merge_complete_campaign(json& r, const std::string& fp, const Look& look) {
     const std::string merged = r["merge"]["output"].get<std::string>();
     const std::string report = r["merge"]["report"].get<std::string>();
     if (results_complete(merged, fp) && fs::exists(fs::path(report) / "manifest.json")) {
@@ -191,7 +194,7 @@ class Watcher {
       return true;
     }
     const std::string merge_job = r["merge"].value("job_id", "");
-    if (!merge_job.empty() && !resubmitted_any) {
+    if (!merge_job.empty() && !look.resubmitted_any) {
       const std::string ms = slurm_state(merge_job);
       if (active(ms)) {
         std::printf("  merge: job %s %s\n", merge_job.c_str(), ms.c_str());
@@ -201,7 +204,7 @@ class Watcher {
     log("every shard is complete; merging into " + merged);
     MergeOptions m;
     m.output = merged;
-    m.shards = outputs;
+    m.shards = look.outputs;
     if (merge_command(comm_, m) != 0) fail("gnh merge ", merged, " failed (see above)");
     if (report_command(comm_, merged, report) != 0) fail("gnh report ", merged, " failed (see above)");
     r = load();
@@ -209,6 +212,22 @@ class Watcher {
     save(r);
     log("merged " + merged + " and drew the report in " + report);
     return true;
+  }
+
+  // One look at every shard and the merge; true when the campaign is merged.
+  // `stuck` is set when a shard failed and will not be resubmitted.
+  bool look(bool& stuck) {
+    json r = load();
+    const std::string fp = r["settings_fingerprint"].get<std::string>();
+    Look look;
+    for (auto& shard : r["shards"]) look_at_shard(shard, fp, look);
+    stuck = look.stuck;
+    if (look.changed) save(r);
+    if (!look.all_done) {
+      if (look.resubmitted_any) cancel_orphaned_merge(r);
+      return false;
+    }
+    return merge_complete_campaign(r, fp, look);
   }
 
   int run() {
@@ -235,6 +254,22 @@ int watch_command(const Comm& comm, const WatchOptions& opt) {
   if (opt.max_attempts < 1) fail("--max-attempts must be at least 1");
   if (!(opt.interval > 0)) fail("--interval must be positive");
   return Watcher(comm, opt).run();
+}
+
+Subcommand add_watch_command(CLI::App& gnh) {
+  auto opt = std::make_shared<WatchOptions>();
+  CLI::App* cmd = gnh.add_subcommand(
+      "watch", "Follow a planned campaign from its receipt (OUTPUT.plan/receipt.json): every shard's Slurm state, "
+               "groups done and attempts; --resubmit resubmits failed, cancelled or timed-out shards; once every "
+               "shard is complete, merges and draws the report. One look by default; actions go to watch.log "
+               "beside the receipt");
+  cmd->add_option("receipt", opt->receipt, "The plan's receipt.json")->required();
+  cmd->add_flag("--resubmit", opt->resubmit, "Resubmit shards that failed, were cancelled or timed out");
+  cmd->add_option("--max-attempts", opt->max_attempts, "Submissions per shard, the first included")
+      ->capture_default_str();
+  cmd->add_flag("--follow", opt->follow, "Keep watching until the campaign is merged or a shard is stuck");
+  cmd->add_option("--interval", opt->interval, "Seconds between looks with --follow")->capture_default_str();
+  return {cmd, [opt](const Comm& comm) { return watch_command(comm, *opt); }};
 }
 
 }  // namespace gnh

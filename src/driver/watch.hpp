@@ -4,6 +4,7 @@
 #pragma once
 #include <string>
 
+#include "driver/command.hpp"
 #include "parallel/comm.hpp"
 
 namespace gnh {
@@ -19,5 +20,8 @@ struct WatchOptions {
 // One look (or, with follow, looks until done): 0 when the campaign is merged
 // or progressing, 1 when a shard failed and will not be resubmitted.
 int watch_command(const Comm& comm, const WatchOptions& opt);
+
+// `gnh watch`'s options.
+Subcommand add_watch_command(CLI::App& gnh);
 
 }  // namespace gnh

@@ -231,6 +231,113 @@ std::string Deck::resolve(const std::string& p) const {
   return (std::filesystem::path(dir) / p).lexically_normal().string();
 }
 
+namespace {
+
+// [run]: the output is required; the name defaults to the deck file's stem.
+void read_run_section(const Reader& r, const toml::table& root, Deck& d) {
+  const toml::table* run = r.section(root, "run", true);
+  if (!run) return;
+  r.check_keys(*run, "run", {"name", "output"});
+  d.output = r.str(*run, "run", "output", "", true);
+  std::string stem = d.file.substr(d.file.find_last_of('/') + 1);
+  stem = stem.substr(0, stem.find_last_of('.'));
+  d.name = r.str(*run, "run", "name", stem);
+}
+
+void read_checkpoints_section(const Reader& r, const toml::table& root, Deck& d) {
+  const toml::table* ck = r.section(root, "checkpoints", true);
+  if (!ck) return;
+  r.check_keys(*ck, "checkpoints", {"paths"});
+  d.checkpoint_paths = r.strings(*ck, "checkpoints", "paths");
+}
+
+// data.seen or data.unseen: a table like { path = "...", dtype = "uint16" }.
+DataCaseSpec read_data_case(const Reader& r, const toml::node& n, const char* c) {
+  const std::string sec = std::string("data.") + c;
+  if (!n.is_table())
+    fail(r.where(n, sec), ": ", sec, " must be a table like { path = \"...\", dtype = \"uint16\" }");
+  const toml::table& t = *n.as_table();
+  r.check_keys(t, sec, {"path", "dtype", "dataset"});
+  DataCaseSpec cs;
+  cs.name = c;
+  cs.path = r.str(t, sec, "path", "", true);
+  cs.dtype = r.str(t, sec, "dtype", "uint16", false, {"uint16", "uint32", "hdf5"});
+  cs.dataset = r.str(t, sec, "dataset", "");
+  if (cs.dtype == "hdf5" && cs.dataset.empty())
+    fail(r.where(t, sec), ": ", sec, " has dtype \"hdf5\" but no dataset");
+  if (cs.dtype != "hdf5" && !cs.dataset.empty())
+    fail(r.where(*t.get("dataset"), sec + ".dataset"), ": ", sec, ".dataset = \"", cs.dataset,
+         "\" needs dtype = \"hdf5\" (dtype \"", cs.dtype, "\" is a flat binary token file)");
+  return cs;
+}
+
+void read_data_section(const Reader& r, const toml::table& root, Deck& d) {
+  const toml::table* data = r.section(root, "data", true);
+  if (!data) return;
+  r.check_keys(*data, "data", {"context", "max_blocks", "seen", "unseen"});
+  d.analysis.context = r.integer(*data, "data", "context", 0, 1, 1 << 20, true);
+  d.max_blocks = r.integer(*data, "data", "max_blocks", 0, 0, INT64_MAX);
+  for (const char* c : {"seen", "unseen"})
+    if (const toml::node* n = data->get(c)) d.cases.push_back(read_data_case(r, *n, c));
+  if (d.cases.empty()) fail(r.where(*data, "data"), ": [data] needs at least one of seen, unseen");
+}
+
+// [analysis]: every key of analysis/settings.hpp, by its declared range.
+void read_analysis_section(const Reader& r, const toml::table& root, Deck& d) {
+  const toml::table* a = r.section(root, "analysis", false);
+  if (!a) return;
+  std::vector<std::string> known;
+  for_each_analysis_key(d.analysis, [&](const AnalysisKey& k, const auto&) { known.push_back(k.name); });
+  r.check_keys(*a, "analysis", known);
+  for_each_analysis_key(d.analysis, [&](const AnalysisKey& k, auto& v) {
+    using V = std::decay_t<decltype(v)>;
+    if constexpr (std::is_same_v<V, CurvatureMethod>)
+      v = *curvature_method_named(r.str(*a, "analysis", k.name, to_string(v), false, curvature_method_names()));
+    else
+      v = static_cast<V>(r.integer(*a, "analysis", k.name, static_cast<std::int64_t>(v), k.lowest, k.highest));
+  });
+}
+
+void read_precision_section(const Reader& r, const toml::table& root, Deck& d) {
+  const toml::table* p = r.section(root, "precision", false);
+  if (!p) return;
+  r.check_keys(*p, "precision", {"policy"});
+  d.analysis.precision =
+      *precision_named(r.str(*p, "precision", "policy", to_string(d.analysis.precision), false, precision_names()));
+}
+
+void read_curvature_section(const Reader& r, const toml::table& root, Deck& d) {
+  const toml::table* c = r.section(root, "curvature", false);
+  if (!c) return;
+  r.check_keys(*c, "curvature", {"blocks", "diagonal", "update", "preconditioned", "lanczos_steps", "lanczos_chains",
+                                 "lanczos_operator", "top_eigenvalues", "lanczos_tolerance"});
+  d.analysis.curvature.blocks = r.boolean(*c, "curvature", "blocks", false);
+  d.analysis.curvature.diagonal = r.boolean(*c, "curvature", "diagonal", false);
+  d.analysis.curvature.preconditioned = r.boolean(*c, "curvature", "preconditioned", false);
+  d.analysis.curvature.update = r.boolean(*c, "curvature", "update", false);
+  CurvatureSettings& cv = d.analysis.curvature;
+  cv.lanczos_steps = r.integer(*c, "curvature", "lanczos_steps", 0, 0, 1 << 20);
+  cv.lanczos_chains = r.integer(*c, "curvature", "lanczos_chains", 4, 1, 4096);
+  cv.top_eigenvalues = r.integer(*c, "curvature", "top_eigenvalues", 5, 1, 1 << 20);
+  cv.lanczos_php = r.str(*c, "curvature", "lanczos_operator", "H", false, {"H", "PHP"}) == "PHP";
+  cv.lanczos_tolerance = r.real(*c, "curvature", "lanczos_tolerance", 0.0, 0.0, 1.0);
+  // Lanczos needs the epoch's H v, which only forward-over-reverse forms.
+  if (cv.lanczos_steps > 0 && d.analysis.curvature_method != CurvatureMethod::forward_over_reverse)
+    fail(r.where(*c->get("lanczos_steps"), "curvature.lanczos_steps"),
+         ": curvature.lanczos_steps > 0 (the spectrum) needs the epoch's Hessian-vector products: set "
+         "analysis.curvature_method = \"forward-over-reverse\" (it is \"",
+         to_string(d.analysis.curvature_method), "\")");
+}
+
+void read_parallel_section(const Reader& r, const toml::table& root, Deck& d) {
+  const toml::table* p = r.section(root, "parallel", false);
+  if (!p) return;
+  r.check_keys(*p, "parallel", {"ranks_per_checkpoint"});
+  d.ranks_per_checkpoint = r.integer(*p, "parallel", "ranks_per_checkpoint", 1, 1, 1 << 20);
+}
+
+}  // namespace
+
 Deck parse_deck(const std::string& text, const std::string& name, const std::string& dir,
                 const std::vector<std::string>& overrides) {
   Deck d;
@@ -247,87 +354,15 @@ Deck parse_deck(const std::string& text, const std::string& name, const std::str
   std::map<std::string, std::string> origin;
   for (const auto& o : overrides) apply_override(root, o, origin);
   const Reader r(name, origin);
-
   r.check_keys(root, "", {"run", "checkpoints", "data", "analysis", "precision", "parallel", "curvature"});
-
-  if (const toml::table* run = r.section(root, "run", true)) {
-    r.check_keys(*run, "run", {"name", "output"});
-    d.output = r.str(*run, "run", "output", "", true);
-    std::string stem = name.substr(name.find_last_of('/') + 1);
-    stem = stem.substr(0, stem.find_last_of('.'));
-    d.name = r.str(*run, "run", "name", stem);
-  }
-  if (const toml::table* ck = r.section(root, "checkpoints", true)) {
-    r.check_keys(*ck, "checkpoints", {"paths"});
-    d.checkpoint_paths = r.strings(*ck, "checkpoints", "paths");
-  }
-  if (const toml::table* data = r.section(root, "data", true)) {
-    r.check_keys(*data, "data", {"context", "max_blocks", "seen", "unseen"});
-    d.analysis.context = r.integer(*data, "data", "context", 0, 1, 1 << 20, true);
-    d.max_blocks = r.integer(*data, "data", "max_blocks", 0, 0, INT64_MAX);
-    for (const char* c : {"seen", "unseen"}) {
-      const toml::node* n = data->get(c);
-      if (!n) continue;
-      const std::string sec = std::string("data.") + c;
-      if (!n->is_table())
-        fail(r.where(*n, sec), ": ", sec, " must be a table like { path = \"...\", dtype = \"uint16\" }");
-      const toml::table& t = *n->as_table();
-      r.check_keys(t, sec, {"path", "dtype", "dataset"});
-      DataCaseSpec cs;
-      cs.name = c;
-      cs.path = r.str(t, sec, "path", "", true);
-      cs.dtype = r.str(t, sec, "dtype", "uint16", false, {"uint16", "uint32", "hdf5"});
-      cs.dataset = r.str(t, sec, "dataset", "");
-      if (cs.dtype == "hdf5" && cs.dataset.empty())
-        fail(r.where(t, sec), ": ", sec, " has dtype \"hdf5\" but no dataset");
-      if (cs.dtype != "hdf5" && !cs.dataset.empty())
-        fail(r.where(*t.get("dataset"), sec + ".dataset"), ": ", sec, ".dataset = \"", cs.dataset,
-             "\" needs dtype = \"hdf5\" (dtype \"", cs.dtype, "\" is a flat binary token file)");
-      d.cases.push_back(cs);
-    }
-    if (d.cases.empty()) fail(r.where(*data, "data"), ": [data] needs at least one of seen, unseen");
-  }
-  if (const toml::table* a = r.section(root, "analysis", false)) {
-    std::vector<std::string> known;
-    for_each_analysis_key(d.analysis, [&](const AnalysisKey& k, const auto&) { known.push_back(k.name); });
-    r.check_keys(*a, "analysis", known);
-    for_each_analysis_key(d.analysis, [&](const AnalysisKey& k, auto& v) {
-      using V = std::decay_t<decltype(v)>;
-      if constexpr (std::is_same_v<V, CurvatureMethod>)
-        v = *curvature_method_named(r.str(*a, "analysis", k.name, to_string(v), false, curvature_method_names()));
-      else
-        v = static_cast<V>(r.integer(*a, "analysis", k.name, static_cast<std::int64_t>(v), k.lowest, k.highest));
-    });
-  }
-  if (const toml::table* p = r.section(root, "precision", false)) {
-    r.check_keys(*p, "precision", {"policy"});
-    d.analysis.precision =
-        *precision_named(r.str(*p, "precision", "policy", to_string(d.analysis.precision), false, precision_names()));
-  }
-  if (const toml::table* c = r.section(root, "curvature", false)) {
-    r.check_keys(*c, "curvature", {"blocks", "diagonal", "update", "preconditioned", "lanczos_steps", "lanczos_chains",
-                                   "lanczos_operator", "top_eigenvalues", "lanczos_tolerance"});
-    d.analysis.curvature.blocks = r.boolean(*c, "curvature", "blocks", false);
-    d.analysis.curvature.diagonal = r.boolean(*c, "curvature", "diagonal", false);
-    d.analysis.curvature.preconditioned = r.boolean(*c, "curvature", "preconditioned", false);
-    d.analysis.curvature.update = r.boolean(*c, "curvature", "update", false);
-    CurvatureSettings& cv = d.analysis.curvature;
-    cv.lanczos_steps = r.integer(*c, "curvature", "lanczos_steps", 0, 0, 1 << 20);
-    cv.lanczos_chains = r.integer(*c, "curvature", "lanczos_chains", 4, 1, 4096);
-    cv.top_eigenvalues = r.integer(*c, "curvature", "top_eigenvalues", 5, 1, 1 << 20);
-    cv.lanczos_php = r.str(*c, "curvature", "lanczos_operator", "H", false, {"H", "PHP"}) == "PHP";
-    cv.lanczos_tolerance = r.real(*c, "curvature", "lanczos_tolerance", 0.0, 0.0, 1.0);
-    // Lanczos needs the epoch's H v, which only forward-over-reverse forms.
-    if (cv.lanczos_steps > 0 && d.analysis.curvature_method != CurvatureMethod::forward_over_reverse)
-      fail(r.where(*c->get("lanczos_steps"), "curvature.lanczos_steps"),
-           ": curvature.lanczos_steps > 0 (the spectrum) needs the epoch's Hessian-vector products: set "
-           "analysis.curvature_method = \"forward-over-reverse\" (it is \"",
-           to_string(d.analysis.curvature_method), "\")");
-  }
-  if (const toml::table* p = r.section(root, "parallel", false)) {
-    r.check_keys(*p, "parallel", {"ranks_per_checkpoint"});
-    d.ranks_per_checkpoint = r.integer(*p, "parallel", "ranks_per_checkpoint", 1, 1, 1 << 20);
-  }
+  // In this order: [curvature] checks analysis.curvature_method.
+  read_run_section(r, root, d);
+  read_checkpoints_section(r, root, d);
+  read_data_section(r, root, d);
+  read_analysis_section(r, root, d);
+  read_precision_section(r, root, d);
+  read_curvature_section(r, root, d);
+  read_parallel_section(r, root, d);
   std::ostringstream eff;
   eff << root;
   d.effective_text = eff.str();

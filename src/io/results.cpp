@@ -45,6 +45,9 @@ void write_root_attrs(hid_t root, const RunInfo& info, const std::string& format
   h5::write_attr(root, "campaign_checkpoints", info.campaign_checkpoints);
   if (!info.host_gemm.empty()) h5::write_attr(root, "host_gemm", info.host_gemm);
   if (!info.host_gemm_probe.empty()) h5::write_attr(root, "host_gemm_probe", info.host_gemm_probe);
+  if (!info.adjoint_cuts.empty()) h5::write_attr(root, "adjoint_cuts", info.adjoint_cuts);
+  if (!info.adjoint_cuts_engines.empty()) h5::write_attr(root, "adjoint_cuts_engines", info.adjoint_cuts_engines);
+  if (info.host_threads > 0) h5::write_attr(root, "host_threads", std::int64_t(info.host_threads));
   if (!info.accepted_failed_identities.empty())
     h5::write_attr(root, "accepted_failed_identities", info.accepted_failed_identities);
 }
@@ -285,6 +288,9 @@ RunInfo read_run_info(const std::string& path) {
   ri.campaign_checkpoints = read_string_array_attr(r, "campaign_checkpoints", path);
   ri.host_gemm = h5::read_string_attr(r, "host_gemm", path).value_or("");
   ri.host_gemm_probe = h5::read_string_attr(r, "host_gemm_probe", path).value_or("");
+  ri.adjoint_cuts = h5::read_string_attr(r, "adjoint_cuts", path).value_or("");
+  ri.adjoint_cuts_engines = h5::read_string_attr(r, "adjoint_cuts_engines", path).value_or("");
+  ri.host_threads = int(h5::read_int_attr(r, "host_threads", path).value_or(0));
   return ri;
 }
 

@@ -50,6 +50,10 @@ struct RunInfo {
   std::vector<std::string> campaign_checkpoints;  // every checkpoint file name of the deck
   std::string host_gemm;        // the dense GEMM's kernel ("avx2", "avx512", "vendor", ...)
   std::string host_gemm_probe;  // the start-up probe behind the choice (JSON), if one ran
+  // GNH_ADJOINT_CUTS ("0", "1" or "auto") and, per second-order forward
+  // engine the plan builds, whether it cuts (they regroup v^T H v's sums).
+  std::string adjoint_cuts, adjoint_cuts_engines;
+  int host_threads = 0;  // threads of a rank's host space (the same bits at any count)
   // gnh merge --accept-failed-identities: the failed checks merged anyway.
   std::vector<std::string> accepted_failed_identities;
 };

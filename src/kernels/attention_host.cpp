@@ -221,109 +221,147 @@ namespace {
 // second order (Zen 4, AVX2 build, perf over `bench_kernels --op attention
 // --mode second-order --directions 16`; perf/NOTES.md). The same products on
 // the same operands: the same bits.
-GNH_HOST_CLONES void forward_derivatives(float* y, float* yd, float* ydd, float* lse, float* lsed, float* lsedd, const float* qkv,
+// The working memory of forward_derivatives for one (sequence, head) at a
+// time: each tile's [P | P' | P''] (tq x w t1), one after the other, and the
+// operands.
+struct DerivativeScratch {
+  DerivativeScratch(std::int64_t T, std::int64_t hs, bool second) : w(second ? 3 : 2) {
+    std::int64_t ptotal = 0;
+    for (std::int64_t t0 = 0; t0 < T; t0 += TQ) {
+      const std::int64_t t1 = std::min(t0 + TQ, T);
+      tile_at.push_back(ptotal);
+      ptotal += (t1 - t0) * w * t1;
+    }
+    buf.resize(std::size_t(ptotal + T * 3 * hs + T * 2 * hs + T * 3 * hs + 4 * T * hs + 2 * T * hs + 3 * T * hs));
+    Pall = buf.data();
+    Aq = Pall + ptotal;
+    Bk1 = Aq + T * 3 * hs;
+    Bk2 = Bk1 + T * 2 * hs;
+    V0 = Bk2 + T * 3 * hs;
+    Vd = V0 + T * hs;
+    Vdd = Vd + T * hs;
+    V2d = Vdd + T * hs;
+    Bv1 = V2d + T * hs;
+    Bv2 = Bv1 + 2 * T * hs;
+  }
+  std::int64_t w;                     // planes of P side by side: P, P' (and P'')
+  std::vector<std::int64_t> tile_at;  // where each tile's P starts in Pall
+  std::vector<float> buf;
+  float* Pall;
+  float* Aq;         // T x 3hs: [Q'' | Q' | Q]
+  float* Bk1;        // T x 2hs: [K | K']
+  float* Bk2;        // T x 3hs: [K | 2K' | K'']
+  float *V0, *Vd, *Vdd, *V2d;  // T x hs each: V, V', V'', 2V'
+  float* Bv1;        // 2t1 x hs: [V'; V]
+  float* Bv2;        // 3t1 x hs: [V''; 2V'; V]
+};
+
+// Direction k's Q', K', V' (and Q'', K'', V'') of every row of (b, h), copied
+// once out of their planes into the operands; dd null: qkv'' is zero.
+void load_direction(DerivativeScratch& m, const Geometry& g, const float* d, const float* dd, std::int64_t oq,
+                    std::int64_t ok, std::int64_t ov, std::int64_t T, std::int64_t hs, bool second) {
+  side_by_side(m.Aq + hs, 3 * hs, T, hs, {{d + oq, 1.0f}}, g.ld);
+  side_by_side(m.Bk1 + hs, 2 * hs, T, hs, {{d + ok, 1.0f}}, g.ld);
+  stacked(m.Vd, T, hs, {{d + ov, 1.0f}}, g.ld);
+  if (second && dd) {
+    side_by_side(m.Aq, 3 * hs, T, hs, {{dd + oq, 1.0f}}, g.ld);
+    side_by_side(m.Bk2 + hs, 3 * hs, T, hs, {{d + ok, 2.0f}, {dd + ok, 1.0f}}, g.ld);
+    stacked(m.Vdd, T, hs, {{dd + ov, 1.0f}}, g.ld);
+  } else if (second) {
+    side_by_side(m.Bk2 + hs, 3 * hs, T, hs, {{d + ok, 2.0f}}, g.ld);
+  }
+  if (second) stacked(m.V2d, T, hs, {{d + ov, 2.0f}}, g.ld);
+}
+
+// The softmax's tangent (and second order) of a tile's tq rows, in place over
+// the scores s' (and s''), and the rows' log-sum-exp derivatives into lsed
+// (and lsedd), from the tile's first row.
+GNH_HOST_CLONES void softmax_derivatives(const float* P, float* Pd, float* Pdd, std::int64_t tq, std::int64_t t1, std::int64_t ldp,
+                         float* lsed, float* lsedd, bool second) {
+  for (std::int64_t r = 0; r < tq; ++r) {
+    const float* p = P + r * ldp;
+    float* sd = Pd + r * ldp;
+    if (!second) {
+      const float l1 = lane_sum<float>(t1, [&](std::int64_t s) { return p[s] * sd[s]; });
+      for (std::int64_t s = 0; s < t1; ++s) sd[s] = p[s] * (sd[s] - l1);
+      lsed[r] = l1;
+      continue;
+    }
+    float* sdd = Pdd + r * ldp;
+    float l1, l2;
+    lane_sum2<float>(
+        t1,
+        [&](std::int64_t s, float& a, float& bb) {
+          a += p[s] * sd[s];
+          bb += p[s] * (sdd[s] + sd[s] * sd[s]);
+        },
+        l1, l2);
+    l2 -= l1 * l1;
+    for (std::int64_t s = 0; s < t1; ++s) {
+      const float e = sd[s] - l1;
+      sdd[s] = p[s] * (e * e + sdd[s] - l2);
+      sd[s] = p[s] * e;
+    }
+    lsed[r] = l1;
+    lsedd[r] = l2;
+  }
+}
+
+// One tile (rows t0..t1 of (b, h)) of direction k: its scores' derivatives,
+// the softmax's, then y' (and y'') into their planes (ydk, yddk: direction
+// k's planes). dd: whether qkv'' is non-zero.
+GNH_HOST_CLONES void derivative_tile(DerivativeScratch& m, const Geometry& g, float* ydk, float* yddk, float* lsedk, float* lseddk,
+                     std::int64_t b, std::int64_t h, std::int64_t t0, std::int64_t i, std::int64_t T, std::int64_t hs,
+                     bool second, bool dd) {
+  const std::int64_t t1 = std::min(t0 + TQ, T), tq = t1 - t0, ldp = m.w * t1;
+  const std::int64_t oy = g.y(b, h, t0), orow = g.row(b, h, t0);
+  float* P = m.Pall + m.tile_at[std::size_t(i)];
+  float *Pd = P + t1, *Pdd = P + 2 * t1;
+  // s' (and s''): the tile's rows of Aq, [Q' | Q] from column hs.
+  mm(false, true, tq, t1, 2 * hs, g.scale, m.Aq + t0 * 3 * hs + hs, 3 * hs, m.Bk1, 2 * hs, 0.0f, Pd, ldp);
+  // s'' = Q'' K^T + 2 Q' K'^T + Q K''^T; only the middle term where qkv'' is zero.
+  if (second && dd) mm(false, true, tq, t1, 3 * hs, g.scale, m.Aq + t0 * 3 * hs, 3 * hs, m.Bk2, 3 * hs, 0.0f, Pdd, ldp);
+  else if (second)
+    mm(false, true, tq, t1, hs, g.scale, m.Aq + t0 * 3 * hs + hs, 3 * hs, m.Bk2 + hs, 3 * hs, 0.0f, Pdd, ldp);
+  softmax_derivatives(P, Pd, Pdd, tq, t1, ldp, lsedk + orow, second ? lseddk + orow : nullptr, second);
+  const std::size_t block = std::size_t(t1) * std::size_t(hs) * sizeof(float);
+  std::memcpy(m.Bv1, m.Vd, block);
+  std::memcpy(m.Bv1 + t1 * hs, m.V0, block);
+  mm(false, false, tq, hs, 2 * t1, 1.0f, P, ldp, m.Bv1, hs, 0.0f, ydk + oy, g.C);
+  if (!second) return;
+  // y'' = [P | P' | P''] [V''; 2V'; V], or [P' | P''] [2V'; V] where V'' is zero.
+  if (dd) std::memcpy(m.Bv2, m.Vdd, block);
+  std::memcpy(m.Bv2 + t1 * hs, m.V2d, block);
+  std::memcpy(m.Bv2 + 2 * t1 * hs, m.V0, block);
+  if (dd) mm(false, false, tq, hs, 3 * t1, 1.0f, P, ldp, m.Bv2, hs, 0.0f, yddk + oy, g.C);
+  else mm(false, false, tq, hs, 2 * t1, 1.0f, Pd, ldp, m.Bv2 + t1 * hs, hs, 0.0f, yddk + oy, g.C);
+}
+
+void forward_derivatives(float* y, float* yd, float* ydd, float* lse, float* lsed, float* lsedd, const float* qkv,
                          const float* qkvd, const float* qkvdd, std::int64_t K, std::int64_t B, std::int64_t T,
                          std::int64_t H, std::int64_t hs, std::int64_t bh0, std::int64_t bh1, bool second) {
   const Geometry g(B, T, H, hs);
-  const std::int64_t N = B * T, R = B * H * T, w = second ? 3 : 2;
-  // Each tile's [P | P' | P''] (tq x w t1), one after the other.
-  std::vector<std::int64_t> tile_at;
-  std::int64_t ptotal = 0;
-  for (std::int64_t t0 = 0; t0 < T; t0 += TQ) {
-    const std::int64_t t1 = std::min(t0 + TQ, T);
-    tile_at.push_back(ptotal);
-    ptotal += (t1 - t0) * w * t1;
-  }
-  std::vector<float> buf(std::size_t(ptotal + T * 3 * hs + T * 2 * hs + T * 3 * hs + 4 * T * hs + 2 * T * hs +
-                                     3 * T * hs));
-  float* Pall = buf.data();
-  float* Aq = Pall + ptotal;   // T x 3hs: [Q'' | Q' | Q]
-  float* Bk1 = Aq + T * 3 * hs;  // T x 2hs: [K | K']
-  float* Bk2 = Bk1 + T * 2 * hs;  // T x 3hs: [K | 2K' | K'']
-  float* V0 = Bk2 + T * 3 * hs;   // T x hs each: V, V', V'', 2V'
-  float* Vd = V0 + T * hs;
-  float* Vdd = Vd + T * hs;
-  float* V2d = Vdd + T * hs;
-  float* Bv1 = V2d + T * hs;      // 2t1 x hs: [V'; V]
-  float* Bv2 = Bv1 + 2 * T * hs;  // 3t1 x hs: [V''; 2V'; V]
-  const std::size_t row_bytes = std::size_t(hs) * sizeof(float);
+  const std::int64_t N = B * T, R = B * H * T;
+  DerivativeScratch m(T, hs, second);
   for (std::int64_t bh = bh0; bh < bh1; ++bh) {
     const std::int64_t b = bh / H, h = bh % H;
     const std::int64_t oq = g.q(b, h, 0), ok = g.k(b, h), ov = g.v(b, h);
     for (std::int64_t t0 = 0, i = 0; t0 < T; t0 += TQ, ++i) {
       const std::int64_t t1 = std::min(t0 + TQ, T);
-      forward_tile(g, qkv, y, lse, b, h, t0, t1, Pall + tile_at[std::size_t(i)], w * t1);
+      forward_tile(g, qkv, y, lse, b, h, t0, t1, m.Pall + m.tile_at[std::size_t(i)], m.w * t1);
     }
     // The primal blocks, once (Q, K and V are the same for every direction).
-    side_by_side(Aq + 2 * hs, 3 * hs, T, hs, {{qkv + oq, 1.0f}}, g.ld);
-    side_by_side(Bk1, 2 * hs, T, hs, {{qkv + ok, 1.0f}}, g.ld);
-    stacked(V0, T, hs, {{qkv + ov, 1.0f}}, g.ld);
-    if (second) side_by_side(Bk2, 3 * hs, T, hs, {{qkv + ok, 1.0f}}, g.ld);
+    side_by_side(m.Aq + 2 * hs, 3 * hs, T, hs, {{qkv + oq, 1.0f}}, g.ld);
+    side_by_side(m.Bk1, 2 * hs, T, hs, {{qkv + ok, 1.0f}}, g.ld);
+    stacked(m.V0, T, hs, {{qkv + ov, 1.0f}}, g.ld);
+    if (second) side_by_side(m.Bk2, 3 * hs, T, hs, {{qkv + ok, 1.0f}}, g.ld);
     for (std::int64_t k = 0; k < K; ++k) {
       const float* d = qkvd + k * N * g.ld;
       const float* dd = second && qkvdd ? qkvdd + k * N * g.ld : nullptr;  // null: qkv'' is zero
-      side_by_side(Aq + hs, 3 * hs, T, hs, {{d + oq, 1.0f}}, g.ld);
-      side_by_side(Bk1 + hs, 2 * hs, T, hs, {{d + ok, 1.0f}}, g.ld);
-      stacked(Vd, T, hs, {{d + ov, 1.0f}}, g.ld);
-      if (second && dd) {
-        side_by_side(Aq, 3 * hs, T, hs, {{dd + oq, 1.0f}}, g.ld);
-        side_by_side(Bk2 + hs, 3 * hs, T, hs, {{d + ok, 2.0f}, {dd + ok, 1.0f}}, g.ld);
-        stacked(Vdd, T, hs, {{dd + ov, 1.0f}}, g.ld);
-      } else if (second) {
-        side_by_side(Bk2 + hs, 3 * hs, T, hs, {{d + ok, 2.0f}}, g.ld);
-      }
-      if (second) stacked(V2d, T, hs, {{d + ov, 2.0f}}, g.ld);
-      for (std::int64_t t0 = 0, i = 0; t0 < T; t0 += TQ, ++i) {
-        const std::int64_t t1 = std::min(t0 + TQ, T), tq = t1 - t0, ldp = w * t1;
-        const std::int64_t oy = g.y(b, h, t0), orow = g.row(b, h, t0);
-        float* P = Pall + tile_at[std::size_t(i)];
-        float *Pd = P + t1, *Pdd = P + 2 * t1;
-        // s' (and s''): the tile's rows of Aq, [Q' | Q] from column hs.
-        mm(false, true, tq, t1, 2 * hs, g.scale, Aq + t0 * 3 * hs + hs, 3 * hs, Bk1, 2 * hs, 0.0f, Pd, ldp);
-        // s'' = Q'' K^T + 2 Q' K'^T + Q K''^T; only the middle term where qkv'' is zero.
-        if (second && dd) mm(false, true, tq, t1, 3 * hs, g.scale, Aq + t0 * 3 * hs, 3 * hs, Bk2, 3 * hs, 0.0f, Pdd, ldp);
-        else if (second)
-          mm(false, true, tq, t1, hs, g.scale, Aq + t0 * 3 * hs + hs, 3 * hs, Bk2 + hs, 3 * hs, 0.0f, Pdd, ldp);
-        for (std::int64_t r = 0; r < tq; ++r) {
-          const float* p = P + r * ldp;
-          float* sd = Pd + r * ldp;
-          if (!second) {
-            const float l1 = lane_sum<float>(t1, [&](std::int64_t s) { return p[s] * sd[s]; });
-            for (std::int64_t s = 0; s < t1; ++s) sd[s] = p[s] * (sd[s] - l1);
-            lsed[k * R + orow + r] = l1;
-            continue;
-          }
-          float* sdd = Pdd + r * ldp;
-          float l1, l2;
-          lane_sum2<float>(
-              t1,
-              [&](std::int64_t s, float& a, float& bb) {
-                a += p[s] * sd[s];
-                bb += p[s] * (sdd[s] + sd[s] * sd[s]);
-              },
-              l1, l2);
-          l2 -= l1 * l1;
-          for (std::int64_t s = 0; s < t1; ++s) {
-            const float e = sd[s] - l1;
-            sdd[s] = p[s] * (e * e + sdd[s] - l2);
-            sd[s] = p[s] * e;
-          }
-          lsed[k * R + orow + r] = l1;
-          lsedd[k * R + orow + r] = l2;
-        }
-        const std::size_t block = std::size_t(t1) * row_bytes;
-        std::memcpy(Bv1, Vd, block);
-        std::memcpy(Bv1 + t1 * hs, V0, block);
-        mm(false, false, tq, hs, 2 * t1, 1.0f, P, ldp, Bv1, hs, 0.0f, yd + k * N * g.C + oy, g.C);
-        if (second) {
-          // y'' = [P | P' | P''] [V''; 2V'; V], or [P' | P''] [2V'; V] where V'' is zero.
-          if (dd) std::memcpy(Bv2, Vdd, block);
-          std::memcpy(Bv2 + t1 * hs, V2d, block);
-          std::memcpy(Bv2 + 2 * t1 * hs, V0, block);
-          if (dd) mm(false, false, tq, hs, 3 * t1, 1.0f, P, ldp, Bv2, hs, 0.0f, ydd + k * N * g.C + oy, g.C);
-          else mm(false, false, tq, hs, 2 * t1, 1.0f, Pd, ldp, Bv2 + t1 * hs, hs, 0.0f, ydd + k * N * g.C + oy, g.C);
-        }
-      }
+      load_direction(m, g, d, dd, oq, ok, ov, T, hs, second);
+      for (std::int64_t t0 = 0, i = 0; t0 < T; t0 += TQ, ++i)
+        derivative_tile(m, g, yd + k * N * g.C, second ? ydd + k * N * g.C : nullptr, lsed + k * R,
+                        second ? lsedd + k * R : nullptr, b, h, t0, i, T, hs, second, dd != nullptr);
     }
   }
 }

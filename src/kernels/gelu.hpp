@@ -10,12 +10,12 @@
 #include <type_traits>
 
 #include "core/fastmath.hpp"
+#include "core/gelu_kind.hpp"
 #include "core/planes.hpp"
 #include "kernels/check.hpp"
 #include "kernels/host_vec.hpp"
 #include "kernels/op.hpp"
 #include "kernels/instances.hpp"
-#include "model/config.hpp"
 
 namespace gnh::kernels {
 

@@ -80,9 +80,9 @@ std::string GemmProbe::json() const {
   return js.str();
 }
 
-std::vector<GemmShape> model_gemm_shapes(const ModelConfig& cfg, index_t rows) {
-  const index_t N = std::clamp<index_t>(rows, 1, 512), C = cfg.n_embd;
-  const index_t V = std::min<index_t>(cfg.vocab_size, 4096);  // the LM head's vocabulary tile
+std::vector<GemmShape> model_gemm_shapes(index_t n_embd, index_t vocab_size, index_t rows) {
+  const index_t N = std::clamp<index_t>(rows, 1, 512), C = n_embd;
+  const index_t V = std::min<index_t>(vocab_size, 4096);  // the LM head's vocabulary tile
   std::vector<GemmShape> out;
   auto linear = [&](const char* name, index_t in, index_t o) {
     out.push_back({false, true, N, o, in, std::string(name) + " forward"});
@@ -143,13 +143,13 @@ GemmProbe probe_host_gemm(const std::vector<GemmShape>& shapes, int repeats) {
   return p;
 }
 
-GemmProbe choose_host_gemm(const ModelConfig& cfg, index_t rows) {
+GemmProbe choose_host_gemm(index_t n_embd, index_t vocab_size, index_t rows) {
   GemmProbe p;
   if (host::kernel_forced()) {
     p.native = p.chosen = host::native_kernel();
     p.reason = "pinned by GNH_HOST_GEMM";
   } else {
-    p = probe_host_gemm(model_gemm_shapes(cfg, rows));
+    p = probe_host_gemm(model_gemm_shapes(n_embd, vocab_size, rows));
   }
   host::select_kernel(p.chosen);
   return p;

@@ -15,7 +15,6 @@
 
 #include "core/types.hpp"
 #include "kernels/host_gemm.hpp"
-#include "model/config.hpp"
 
 namespace gnh::kernels {
 
@@ -43,10 +42,11 @@ struct GemmProbe {
   std::string json() const;  // for outputs and benchmark reports
 };
 
-// The dense GEMMs of one layer and of the LM head at `rows` tokens (capped at
-// 512: the rates no longer depend on the row count there), in every
-// orientation the engine uses (forward N,T; input adjoint N,N; weight adjoint T,N).
-std::vector<GemmShape> model_gemm_shapes(const ModelConfig& cfg, index_t rows);
+// The dense GEMMs of one layer of width n_embd and of the LM head over
+// vocab_size entries at `rows` tokens (capped at 512: the rates no longer
+// depend on the row count there), in every orientation the engine uses
+// (forward N,T; input adjoint N,N; weight adjoint T,N).
+std::vector<GemmShape> model_gemm_shapes(index_t n_embd, index_t vocab_size, index_t rows);
 
 // Times gnh's kernel (on every thread of the default host space) and the
 // vendor BLAS on each shape (a warm-up of each, then the best of `repeats` runs
@@ -57,6 +57,6 @@ GemmProbe probe_host_gemm(const std::vector<GemmShape>& shapes, int repeats = 3)
 // What `gnh run` does: probe (unless pinned or there is no choice), select the
 // winner, return the record. `chosen` of another rank's probe can be applied
 // with host::select_kernel.
-GemmProbe choose_host_gemm(const ModelConfig& cfg, index_t rows);
+GemmProbe choose_host_gemm(index_t n_embd, index_t vocab_size, index_t rows);
 
 }  // namespace gnh::kernels

@@ -7,8 +7,6 @@
 
 namespace gnh {
 
-const char* to_string(Gelu g) { return g == Gelu::erf ? "erf" : "tanh"; }
-
 void ModelConfig::validate(const std::string& where) const {
   auto positive = [&](const char* key, int v) {
     if (v <= 0) fail(where, ": config ", key, " = ", v, " must be positive");

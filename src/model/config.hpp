@@ -3,9 +3,9 @@
 #pragma once
 #include <string>
 
-namespace gnh {
+#include "core/gelu_kind.hpp"
 
-enum class Gelu { erf, tanh };
+namespace gnh {
 
 struct ModelConfig {
   int n_layer = 0;
@@ -24,7 +24,5 @@ struct ModelConfig {
   bool operator==(const ModelConfig& o) const;
   bool operator!=(const ModelConfig& o) const { return !(*this == o); }
 };
-
-const char* to_string(Gelu g);
 
 }  // namespace gnh

@@ -97,7 +97,20 @@ class Gpt {
   template <class S>
   void reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<const std::int32_t> tokens,
                Span2<const std::int32_t> targets);
+  template <class S>
+  void forward_block(const ExecSpace& space, Params<T> p, int layer, bool cut);
+  void cut_at(const ExecSpace& space, bool cut, const Act2<T>& adj, const Act2<T>& x);
+  template <class S>
+  LossSum loss_sums(Span1<const std::int32_t> flat_targets, bool cut) const;
   Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate, std::vector<View1<T>> storage = {});
+  // The constructor's steps, in order (gpt_impl.hpp).
+  void validate_shape() const;
+  index_t choose_kept(const GptTiles& plan);
+  void plan_layers(index_t att_elements);
+  void plan_head(const GptTiles& plan);
+  void plan_adjoints();
+  void plan_gemm(const GptTiles& plan);
+  void plan_adjoint_cuts();
   View1<T> buffer(const std::string& label, index_t total);
   Act2<T> x_in(int layer) const;
   Act2<T> x_final() const;

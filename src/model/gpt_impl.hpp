@@ -172,6 +172,8 @@ std::size_t Gpt<T>::planned_bytes(const ModelConfig& cfg, const Shape& shape) {
 }
 
 // Every buffer of the engine, in one list: with allocate false, only counted.
+// The steps below run in this order (a buffer reused from `storage` is found
+// by its name, so the order of the list is part of the plan).
 template <class T>
 Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate, std::vector<View1<T>> storage)
     : cfg_(cfg),
@@ -180,16 +182,42 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate, std::vect
       reusable_(std::move(storage)),
       buf_(std::make_unique<GptBuffers<T>>()),
       allocate_(allocate) {
-  cfg_.validate("model");
-  if (shape.batch <= 0) fail("batch size ", shape.batch, " must be positive");
-  if (shape.context <= 0 || shape.context > cfg.block_size)
-    fail("context ", shape.context, " must be in 1..block_size (", cfg.block_size, ")");
-  if (shape.directions < 0) fail("directions per pass ", shape.directions, " must be >= 0");
+  validate_shape();
   N_ = shape.batch * shape.context;
   const GptTiles plan = gpt_tiles(cfg, shape);
-  const index_t C = cfg.n_embd, H = cfg.n_head, N = N_;
+  const index_t att_e = choose_kept(plan);
+  plan_layers(att_e);
+  plan_head(plan);
+  if (shape.reverse) plan_adjoints();
+  plan_gemm(plan);
   const bool tan = shape.directions > 0, sec = shape.second_order && tan;
-  const int slots = shape.reverse ? cfg.n_layer : 1;
+  workspace_bytes_ += sizeof(double) * static_cast<std::size_t>(N_ * (1 + (tan ? shape.directions : 0) * (sec ? 2 : 1)));
+  cuts_ = adjoint_cuts_of(cfg, shape);
+  if (cuts_) plan_adjoint_cuts();
+  reusable_.clear();  // what this plan did not reuse is freed
+  reusable_.shrink_to_fit();
+  if (!allocate_) return;
+  row_loss_v_ = View1<double>("gnh::gpt::row_loss", N_);
+  if (tan) row_loss_d_ = View2<double>("gnh::gpt::row_loss_d", shape.directions, N_);
+  if (sec) row_loss_dd_ = View2<double>("gnh::gpt::row_loss_dd", shape.directions, N_);
+}
+
+template <class T>
+void Gpt<T>::validate_shape() const {
+  cfg_.validate("model");
+  const Shape& shape = shape_;
+  if (shape.batch <= 0) fail("batch size ", shape.batch, " must be positive");
+  if (shape.context <= 0 || shape.context > cfg_.block_size)
+    fail("context ", shape.context, " must be in 1..block_size (", cfg_.block_size, ")");
+  if (shape.directions < 0) fail("directions per pass ", shape.directions, " must be >= 0");
+}
+
+// What the forward keeps for the reverse beyond the minimum; returns the
+// elements of the attention's probabilities kept per sequence and head (0: none).
+template <class T>
+index_t Gpt<T>::choose_kept(const GptTiles& plan) {
+  const index_t C = cfg_.n_embd, H = cfg_.n_head, N = N_;
+  const bool tan = shape_.directions > 0;
   // The LayerNorm outputs are not kept per layer: every layer writes them
   // into one buffer (ln_1 and ln_2 share it), and the reverse recomputes them
   // from the block's input and x_mid, which are kept: 2C of the 16C values
@@ -202,21 +230,30 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate, std::vect
   // erf and exp of each of the 4C values: 0.5-0.6 ms a layer at preset
   // small (Zen 4, AVX2 build), about a tenth of the reverse's time besides
   // its GEMMs.
-  keep_gelu_ = shape.reverse && !tan;
+  keep_gelu_ = shape_.reverse && !tan;
   // Likewise the head's exponentials, when one tile holds the batch's logits
   // (kernels/lm_head_xent.hpp, keep_exponentials): one exp per logit, not two.
-  head_kept_ = keep_gelu_ && plan.logits_rows >= N && plan.logits_vocab >= cfg.vocab_size;
+  head_kept_ = keep_gelu_ && plan.logits_rows >= N && plan.logits_vocab >= cfg_.vocab_size;
   // And the attention's probabilities (the host tiles' causal blocks), where
   // they take no more memory than the GELU output kept per layer (H E <= 4 C
   // T for E floats per sequence and head): short contexts, T <= 256 at
   // preset small and medium, not the reference's 1024 (where they would add
   // 60%). The reverse then forms neither the scores nor their softmax again.
   index_t att_e = 0;
-  if (keep_gelu_ && kernels::use_host_attention<T>(ExecSpace(), shape.bf16)) {
-    att_e = kernels::host::attention_kept_elements(shape.context);
-    if (H * att_e > 4 * C * shape.context) att_e = 0;
+  if (keep_gelu_ && kernels::use_host_attention<T>(ExecSpace(), shape_.bf16)) {
+    att_e = kernels::host::attention_kept_elements(shape_.context);
+    if (H * att_e > 4 * C * shape_.context) att_e = 0;
   }
   keep_attention_ = att_e > 0;
+  return att_e;
+}
+
+// Every layer's activations (reverse: one slot per layer, else one shared).
+template <class T>
+void Gpt<T>::plan_layers(index_t att_e) {
+  const index_t C = cfg_.n_embd, H = cfg_.n_head, N = N_;
+  const bool tan = shape_.directions > 0, sec = shape_.second_order && tan;
+  const int slots = shape_.reverse ? cfg_.n_layer : 1;
   const Act2<T> ln_shared = act2("ln", N, C, tan, sec);
   const Act2<T> gelu_shared = keep_gelu_ ? Act2<T>() : act2("fc_gelu", N, 4 * C, tan, sec);
   for (int l = 0; l < slots; ++l) {
@@ -226,7 +263,7 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate, std::vect
     a.ln1_rstd = act1("ln1_rstd", N, tan, sec);
     a.qkv = act2("qkv", N, 3 * C, tan, sec);
     a.att = act2("att", N, C, tan, sec);
-    a.att_lse = act1("att_lse", shape.batch * H * shape.context, tan, sec);
+    a.att_lse = act1("att_lse", shape_.batch * H * shape_.context, tan, sec);
     a.x_mid = act2("x_mid", N, C, tan, sec);
     a.ln2 = ln_shared;
     a.ln2_mean = act1("ln2_mean", N, tan, sec);
@@ -234,10 +271,18 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate, std::vect
     a.fc = act2("fc", N, 4 * C, tan, sec);
     a.fc_gelu = keep_gelu_ ? act2("fc_gelu", N, 4 * C, tan, sec) : gelu_shared;
     a.x_out = act2("x_out", N, C, tan, sec);
-    if (keep_attention_) a.att_p = act1("att_p", shape.batch * H * att_e, false, false);
+    if (keep_attention_) a.att_p = act1("att_p", shape_.batch * H * att_e, false, false);
     buf_->acts.push_back(a);
   }
-  if (shape.reverse) buf_->x0 = act2("x0", N, C, tan, sec);
+}
+
+// The embedding's output (reverse), the c_proj outputs, the final LayerNorm
+// and the head's tile.
+template <class T>
+void Gpt<T>::plan_head(const GptTiles& plan) {
+  const index_t C = cfg_.n_embd, N = N_;
+  const bool tan = shape_.directions > 0, sec = shape_.second_order && tan;
+  if (shape_.reverse) buf_->x0 = act2("x0", N, C, tan, sec);
   buf_->proj = act2("proj", N, C, tan, sec);
   buf_->lnf = act2("lnf", N, C, tan, sec);
   buf_->lnf_mean = act1("lnf_mean", N, tan, sec);
@@ -245,59 +290,63 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate, std::vect
   buf_->head_lse = act1("head_lse", N, tan, sec);
   // The head forms no second-order logits: one plane of exponentials and the
   // moments M_W, M_k (kernels/lm_head_xent.hpp).
-  buf_->logits = act2_planes("logits", plan.logits_rows, plan.logits_vocab, tan ? shape.directions : 0, sec ? 1 : 0);
-  if (sec) buf_->head_moments = act2_planes("head_moments", plan.logits_rows, C, shape.directions, 0);
+  buf_->logits = act2_planes("logits", plan.logits_rows, plan.logits_vocab, tan ? shape_.directions : 0, sec ? 1 : 0);
+  if (sec) buf_->head_moments = act2_planes("head_moments", plan.logits_rows, C, shape_.directions, 0);
   if (allocate_) buf_->head_stats = View2<T>(Kokkos::view_alloc("gnh::gpt::head_stats", Kokkos::WithoutInitializing), N, 2);
   workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(2 * N);
-  if (shape.reverse) {
-    buf_->adj.res = act2("d_res", N, C, tan, false);
-    buf_->adj.c1 = act2("d_c1", N, C, tan, false);
-    buf_->adj.c2 = act2("d_c2", N, C, tan, false);
-    buf_->adj.att = act2("d_att", N, C, tan, false);
-    buf_->adj.qkv = act2("d_qkv", N, 3 * C, tan, false);
-    buf_->adj.fc_gelu = act2("d_fc_gelu", N, 4 * C, tan, false);
-    buf_->adj.fc = act2("d_fc", N, 4 * C, tan, false);
-    buf_->adj.D = act1("d_D", shape.batch * H * shape.context, tan, false);
+}
+
+// The reverse's adjoints (and their tangents, forward-over-reverse).
+template <class T>
+void Gpt<T>::plan_adjoints() {
+  const index_t C = cfg_.n_embd, H = cfg_.n_head, N = N_;
+  const bool tan = shape_.directions > 0;
+  buf_->adj.res = act2("d_res", N, C, tan, false);
+  buf_->adj.c1 = act2("d_c1", N, C, tan, false);
+  buf_->adj.c2 = act2("d_c2", N, C, tan, false);
+  buf_->adj.att = act2("d_att", N, C, tan, false);
+  buf_->adj.qkv = act2("d_qkv", N, 3 * C, tan, false);
+  buf_->adj.fc_gelu = act2("d_fc_gelu", N, 4 * C, tan, false);
+  buf_->adj.fc = act2("d_fc", N, 4 * C, tan, false);
+  buf_->adj.D = act1("d_D", shape_.batch * H * shape_.context, tan, false);
+}
+
+// The operand precision of every matrix multiply, and bf16-amp's scratch.
+template <class T>
+void Gpt<T>::plan_gemm(const GptTiles& plan) {
+  gemm_.tf32 = shape_.tf32 && std::is_same<T, float>::value;
+  if (!shape_.bf16) return;
+  if (!std::is_same<T, float>::value) fail("the bf16-amp policy runs in float");
+  gemm_.bf16 = true;
+  gemm_.chunk_elements = plan.bf16_chunk;
+  workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(plan.bf16_scratch_a + plan.bf16_scratch_b);
+  if (allocate_) {
+    gemm_.scratch_a = View1<T>(Kokkos::view_alloc("gnh::gpt::bf16_a", Kokkos::WithoutInitializing), plan.bf16_scratch_a);
+    gemm_.scratch_b =
+        View1<T>(Kokkos::view_alloc("gnh::gpt::bf16_b", Kokkos::WithoutInitializing), plan.bf16_scratch_b);
   }
-  gemm_.tf32 = shape.tf32 && std::is_same<T, float>::value;
-  if (shape.bf16) {
-    if (!std::is_same<T, float>::value) fail("the bf16-amp policy runs in float");
-    gemm_.bf16 = true;
-    gemm_.chunk_elements = plan.bf16_chunk;
-    workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(plan.bf16_scratch_a + plan.bf16_scratch_b);
-    if (allocate_) {
-      gemm_.scratch_a = View1<T>(Kokkos::view_alloc("gnh::gpt::bf16_a", Kokkos::WithoutInitializing), plan.bf16_scratch_a);
-      gemm_.scratch_b =
-          View1<T>(Kokkos::view_alloc("gnh::gpt::bf16_b", Kokkos::WithoutInitializing), plan.bf16_scratch_b);
-    }
+}
+
+// Adjoint cuts: the gradient pass's engine (reverse, no directions), the five
+// cut adjoints of every layer, and the contractions per direction and row.
+template <class T>
+void Gpt<T>::plan_adjoint_cuts() {
+  const index_t C = cfg_.n_embd, N = N_;
+  Shape g = shape_;
+  g.directions = 0;
+  g.reverse = true;
+  g.second_order = false;
+  g.adjoint_cuts = 0;
+  for (int l = 0; l < cfg_.n_layer; ++l)
+    buf_->cuts.push_back({act2("cut_ln1", N, C, false, false), act2("cut_att", N, C, false, false),
+                          act2("cut_ln2", N, C, false, false), act2("cut_qkv", N, 3 * C, false, false),
+                          act2("cut_fc_gelu", N, 4 * C, false, false)});
+  workspace_bytes_ += Gpt<T>::planned_bytes(cfg_, g) + sizeof(double) * static_cast<std::size_t>(shape_.directions * N);
+  if (allocate_) {
+    adjoint_engine_.reset(new Gpt<T>(cfg_, g, true, std::move(reusable_)));
+    reusable_.clear();
+    cut_dd_ = View2<double>("gnh::gpt::cut_dd", shape_.directions, N);
   }
-  workspace_bytes_ += sizeof(double) * static_cast<std::size_t>(N * (1 + (tan ? shape.directions : 0) * (sec ? 2 : 1)));
-  cuts_ = adjoint_cuts_of(cfg, shape);
-  if (cuts_) {
-    // The gradient pass's engine (reverse, no directions), the five cut
-    // adjoints of every layer, and the contractions per direction and row.
-    Shape g = shape;
-    g.directions = 0;
-    g.reverse = true;
-    g.second_order = false;
-    g.adjoint_cuts = 0;
-    for (int l = 0; l < cfg.n_layer; ++l)
-      buf_->cuts.push_back({act2("cut_ln1", N, C, false, false), act2("cut_att", N, C, false, false),
-                            act2("cut_ln2", N, C, false, false), act2("cut_qkv", N, 3 * C, false, false),
-                            act2("cut_fc_gelu", N, 4 * C, false, false)});
-    workspace_bytes_ += Gpt<T>::planned_bytes(cfg, g) + sizeof(double) * static_cast<std::size_t>(shape.directions * N);
-    if (allocate_) {
-      adjoint_engine_.reset(new Gpt<T>(cfg, g, true, std::move(reusable_)));
-      reusable_.clear();
-      cut_dd_ = View2<double>("gnh::gpt::cut_dd", shape.directions, N);
-    }
-  }
-  reusable_.clear();  // what this plan did not reuse is freed
-  reusable_.shrink_to_fit();
-  if (!allocate_) return;
-  row_loss_v_ = View1<double>("gnh::gpt::row_loss", N);
-  if (tan) row_loss_d_ = View2<double>("gnh::gpt::row_loss_d", shape.directions, N);
-  if (sec) row_loss_dd_ = View2<double>("gnh::gpt::row_loss_dd", shape.directions, N);
 }
 
 template <class T>
@@ -331,50 +380,13 @@ LossSum Gpt<T>::forward(const ExecSpace& space, Params<T> p, Span2<const std::in
   Kokkos::Profiling::pushRegion("gnh::gpt::forward");
   check_batch(tokens, targets);
   const ParamLayout& L = layout_;
-  const index_t B = shape_.batch, Tc = shape_.context;
   // Adjoint cuts: before each linear layer and the attention, x'' is
   // contracted with the input's primal adjoint (into cut_dd_) and the layer
   // takes it as zero.
   const bool cut = std::is_same<S, Jet2<T>>::value && cuts_;
   if (cut) Kokkos::deep_copy(space, cut_dd_, 0.0);
-  auto cut_at = [&](const Act2<T>& adj, const Act2<T>& x) {
-    if (!cut) return;
-    const index_t K = shape_.directions;
-    for_rows<T>(space, "gnh::gpt::cut", K * N_, gpt_detail::CutRow<T>{adj, x, cut_dd_, N_, x.cols()});
-  };
   embedding_forward<S>(space, x_in(0), tokens, p, L.wte, L.wpe);
-  const Act2<T> proj = buf_->proj;
-  for (int l = 0; l < cfg_.n_layer; ++l) {
-    const BlockOffsets& o = L.blocks[l];
-    const LayerActivations<T>& a0 = buf_->acts[shape_.reverse ? l : 0];
-    const Act2<T> x = x_in(l);
-    const Act2<T> ln1 = a0.ln1, qkv = a0.qkv, att = a0.att;
-    const Act2<T> x_mid = a0.x_mid, ln2 = a0.ln2;
-    const Act2<T> fc = a0.fc, fc_gelu = a0.fc_gelu, x_out = a0.x_out;
-    const CutAdjoints<T> cuts = cut ? buf_->cuts[l] : CutAdjoints<T>();
-    layernorm_forward<S>(space, ln1, a0.ln1_mean, a0.ln1_rstd, x, p, o.ln1_w, o.ln1_b, cfg_.ln_eps);
-    cut_at(cuts.ln1, ln1);
-    linear_forward<S>(space, qkv, ln1, p, o.attn_w, o.attn_b, gemm_, !cut);
-    cut_at(cuts.qkv, qkv);
-    T* const keep_p = std::is_same<S, T>::value && keep_attention_ ? a0.att_p.v.data() : nullptr;
-    attention_forward<S>(space, att, a0.att_lse, qkv, B, Tc, cfg_.n_head, gemm_.bf16, default_row_shape(), !cut,
-                         keep_p);
-    cut_at(cuts.att, att);
-    linear_forward<S>(space, proj, att, p, o.attn_proj_w, o.attn_proj_b, gemm_, !cut);
-    residual_forward<S>(space, x_mid, x, proj);
-    layernorm_forward<S>(space, ln2, a0.ln2_mean, a0.ln2_rstd, x_mid, p, o.ln2_w, o.ln2_b, cfg_.ln_eps);
-    cut_at(cuts.ln2, ln2);
-    linear_forward<S>(space, fc, ln2, p, o.fc_w, o.fc_b, gemm_, !cut);
-    if constexpr (std::is_same<S, T>::value) {
-      if (keep_gelu_) gelu_forward_slope_in_place<T>(space, fc_gelu.v, fc.v, cfg_.gelu);  // fc holds the slope now
-      else gelu_forward<S>(space, fc_gelu, fc, cfg_.gelu);
-    } else {
-      gelu_forward<S>(space, fc_gelu, fc, cfg_.gelu);
-    }
-    cut_at(cuts.fc_gelu, fc_gelu);
-    linear_forward<S>(space, proj, fc_gelu, p, o.fc_proj_w, o.fc_proj_b, gemm_, !cut);
-    residual_forward<S>(space, x_out, x_mid, proj);
-  }
+  for (int l = 0; l < cfg_.n_layer; ++l) forward_block<S>(space, p, l, cut);
   layernorm_forward<S>(space, buf_->lnf, buf_->lnf_mean, buf_->lnf_rstd, x_final(), p, L.lnf_w, L.lnf_b, cfg_.ln_eps);
   Act1<double> loss;
   loss.v = row_loss_v_;
@@ -385,7 +397,65 @@ LossSum Gpt<T>::forward(const ExecSpace& space, Params<T> p, Span2<const std::in
                           L.lm_head, cfg_.vocab_size, flat_targets, buf_->logits, buf_->head_stats,
                           buf_->head_moments, gemm_, default_row_shape(), std::is_same<S, T>::value && head_kept_);
   space.fence();
-  // Fixed-order host sums in double: deterministic on every backend.
+  const LossSum out = loss_sums<S>(flat_targets, cut);
+  Kokkos::Profiling::popRegion();
+  return out;
+}
+
+// acc(k, n) += <adj(n), x''_k(n)> over every direction and row (a cut), when cut.
+template <class T>
+void Gpt<T>::cut_at(const ExecSpace& space, bool cut, const Act2<T>& adj, const Act2<T>& x) {
+  if (!cut) return;
+  const index_t K = shape_.directions;
+  kernels::for_rows<T>(space, "gnh::gpt::cut", K * N_, gpt_detail::CutRow<T>{adj, x, cut_dd_, N_, x.cols()});
+}
+
+// Block l of the forward: attention and MLP, each after its LayerNorm and
+// added to the residual stream.
+template <class T>
+template <class S>
+void Gpt<T>::forward_block(const ExecSpace& space, Params<T> p, int l, bool cut) {
+  using namespace kernels;
+  const index_t B = shape_.batch, Tc = shape_.context;
+  const Act2<T> proj = buf_->proj;
+  const BlockOffsets& o = layout_.blocks[l];
+  const LayerActivations<T>& a0 = buf_->acts[shape_.reverse ? l : 0];
+  const Act2<T> x = x_in(l);
+  const Act2<T> ln1 = a0.ln1, qkv = a0.qkv, att = a0.att;
+  const Act2<T> x_mid = a0.x_mid, ln2 = a0.ln2;
+  const Act2<T> fc = a0.fc, fc_gelu = a0.fc_gelu, x_out = a0.x_out;
+  const CutAdjoints<T> cuts = cut ? buf_->cuts[l] : CutAdjoints<T>();
+  layernorm_forward<S>(space, ln1, a0.ln1_mean, a0.ln1_rstd, x, p, o.ln1_w, o.ln1_b, cfg_.ln_eps);
+  cut_at(space, cut, cuts.ln1, ln1);
+  linear_forward<S>(space, qkv, ln1, p, o.attn_w, o.attn_b, gemm_, !cut);
+  cut_at(space, cut, cuts.qkv, qkv);
+  T* const keep_p = std::is_same<S, T>::value && keep_attention_ ? a0.att_p.v.data() : nullptr;
+  attention_forward<S>(space, att, a0.att_lse, qkv, B, Tc, cfg_.n_head, gemm_.bf16, default_row_shape(), !cut,
+                       keep_p);
+  cut_at(space, cut, cuts.att, att);
+  linear_forward<S>(space, proj, att, p, o.attn_proj_w, o.attn_proj_b, gemm_, !cut);
+  residual_forward<S>(space, x_mid, x, proj);
+  layernorm_forward<S>(space, ln2, a0.ln2_mean, a0.ln2_rstd, x_mid, p, o.ln2_w, o.ln2_b, cfg_.ln_eps);
+  cut_at(space, cut, cuts.ln2, ln2);
+  linear_forward<S>(space, fc, ln2, p, o.fc_w, o.fc_b, gemm_, !cut);
+  if constexpr (std::is_same<S, T>::value) {
+    if (keep_gelu_) gelu_forward_slope_in_place<T>(space, fc_gelu.v, fc.v, cfg_.gelu);  // fc holds the slope now
+    else gelu_forward<S>(space, fc_gelu, fc, cfg_.gelu);
+  } else {
+    gelu_forward<S>(space, fc_gelu, fc, cfg_.gelu);
+  }
+  cut_at(space, cut, cuts.fc_gelu, fc_gelu);
+  linear_forward<S>(space, proj, fc_gelu, p, o.fc_proj_w, o.fc_proj_b, gemm_, !cut);
+  residual_forward<S>(space, x_out, x_mid, proj);
+}
+
+// The batch's loss over its valid targets and, by mode, its first and second
+// derivatives per direction (with cuts, plus every row's contractions), from
+// the per-row values of the forward (fenced). Fixed-order host sums in
+// double: deterministic on every backend.
+template <class T>
+template <class S>
+LossSum Gpt<T>::loss_sums(Span1<const std::int32_t> flat_targets, bool cut) const {
   auto h_loss = Kokkos::create_mirror_view_and_copy(HostSpace(), row_loss_v_);
   auto h_targets = Kokkos::create_mirror_view_and_copy(HostSpace(), flat_targets);
   LossSum out;
@@ -415,7 +485,6 @@ LossSum Gpt<T>::forward(const ExecSpace& space, Params<T> p, Span2<const std::in
       }
     }
   }
-  Kokkos::Profiling::popRegion();
   return out;
 }
 

@@ -15,11 +15,8 @@ bool adjoint_cuts_of(const ModelConfig& cfg, const Shape& shape) {
   if (shape.adjoint_cuts >= 0) return shape.adjoint_cuts > 0;
   // GNH_ADJOINT_CUTS=0 keeps the plain second-order forward (no gradient pass,
   // no stored activations: SPEC §5's memory), 1 cuts at any K.
-  if (const char* env = std::getenv("GNH_ADJOINT_CUTS")) {
-    const std::string v(env);
-    if (v == "0" || v == "1") return v == "1";
-    if (!v.empty()) fail("GNH_ADJOINT_CUTS: expected 0 or 1, got '", v, "'");
-  }
+  const std::string setting = adjoint_cuts_setting();
+  if (setting != "auto") return setting == "1";
   // A direction saves one dense product and 1.5 of attention's two; the pass
   // costs a forward and the adjoints' products (2 forwards). Cut from 3 times
   // the break-even by FLOPs: the pass's other costs (its elementwise work, the
@@ -28,6 +25,14 @@ bool adjoint_cuts_of(const ModelConfig& cfg, const Shape& shape) {
   // 28.1-30.7 without), so the default cuts from about twice that.
   const ForwardFlops f = forward_flops_per_token(cfg, shape.context);
   return double(shape.directions) * (f.dense + 0.75 * f.attention) >= 3.0 * 2.0 * f.total();
+}
+
+std::string adjoint_cuts_setting() {
+  const char* env = std::getenv("GNH_ADJOINT_CUTS");
+  const std::string v = env ? env : "";
+  if (v.empty()) return "auto";
+  if (v != "0" && v != "1") fail("GNH_ADJOINT_CUTS: expected 0 or 1, got '", v, "'");
+  return v;
 }
 
 ForwardFlops forward_flops_per_token(const ModelConfig& cfg, index_t context) {

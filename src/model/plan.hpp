@@ -4,6 +4,7 @@
 // and the dry run prints them, so the two cannot disagree. No Kokkos here.
 #pragma once
 #include <cstddef>
+#include <string>
 
 #include "core/index.hpp"
 #include "model/config.hpp"
@@ -44,6 +45,10 @@ ForwardFlops forward_flops_per_token(const ModelConfig& cfg, index_t context);
 // small: from K = 8; the reference model (dense layers 43% of the forward's
 // FLOPs): from K = 12.
 bool adjoint_cuts_of(const ModelConfig& cfg, const Shape& shape);
+// GNH_ADJOINT_CUTS as this process reads it: "0" or "1" where it is set, else
+// "auto" (the rule above). Cuts regroup the sums of every v^T H v, so the
+// setting is recorded in the outputs; another value is an error naming it.
+std::string adjoint_cuts_setting();
 
 // The engine's tiles: the head's logits tile and the bf16-amp operand scratch.
 struct GptTiles {

@@ -10,6 +10,9 @@ another run gets in the way:
   killed run leaves nothing held;
 - --set errors blame the --set, broken TOML in a --set is an error, a dataset
   without dtype "hdf5" and a data path that is a directory are errors;
+- GNH_ADJOINT_CUTS is recorded in the outputs and the log, and groups
+  computed with and without adjoint cuts are never mixed: a resumed run
+  recomputes them, a merge refuses them in one line;
 - --help prints gnh's help, never Kokkos' banner."""
 import json
 import os
@@ -319,6 +322,56 @@ class Reliability(unittest.TestCase):
             for g in f["groups"].values():
                 self.assertNotIn("trace_H", g["seen"].attrs)
                 self.assertIn("GHG", g["seen"].attrs)
+
+    # ------------------------------------------------------------ adjoint cuts
+    def run_with_cuts(self, cuts, *args):
+        env = gnhtest.mpi_env()
+        env["GNH_ADJOINT_CUTS"] = cuts
+        cmd = [gnhtest.MPIEXEC, "-np", "1", gnhtest.GNH] + [str(a) for a in args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+
+    def root_attrs(self, path, *names):
+        with h5py.File(path, "r") as f:
+            return [gnhtest.text(f.attrs[n]) for n in names]
+
+    def test_adjoint_cuts_are_recorded_and_never_mixed(self):
+        # Adjoint cuts regroup the sums of every v^T H v (the identity checks'
+        # second-order engine cuts too at GNH_ADJOINT_CUTS=1): runs with 0 and
+        # 1 differ in rounding, so their groups must not be reused or merged
+        # as one campaign's.
+        deck = self.make_deck("cuts.toml", "out/cuts.h5")
+        out = os.path.join(self.tmp, "out", "cuts.h5")
+        r = self.run_with_cuts("0", "run", deck)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("gnh: adjoint cuts (GNH_ADJOINT_CUTS=0): identity checks K=2: off; curvature K=5: off; "
+                      "1 host thread(s) per rank", r.stdout)
+        setting, engines, plain = self.root_attrs(out, "adjoint_cuts", "adjoint_cuts_engines", "settings_fingerprint")
+        self.assertEqual((setting, engines), ("0", "identity checks K=2: off; curvature K=5: off"))
+        # The same command with cuts: nothing of the first run is reused.
+        r = self.run_with_cuts("1", "run", deck, "--quiet")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("gnh: groups: computed 2, reused 0 ", r.stdout)
+        setting, engines, cut = self.root_attrs(out, "adjoint_cuts", "adjoint_cuts_engines", "settings_fingerprint")
+        self.assertEqual((setting, engines), ("1", "identity checks K=2: on; curvature K=5: on"))
+        self.assertNotEqual(cut, plain)
+        with h5py.File(out, "r") as f:
+            self.assertEqual(int(f.attrs["host_threads"]), 1)
+        # With cuts again: resumed, every group reused.
+        r = self.run_with_cuts("1", "run", deck, "--quiet")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("gnh: groups: computed 0, reused 2 ", r.stdout)
+        # Shards run with different settings: the merge refuses, in one line.
+        shards = []
+        for i, cuts in enumerate(("0", "1")):
+            r = self.run_with_cuts(cuts, "run", deck, "--shard", f"{i}/2", "--quiet")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            shards.append(os.path.join(self.tmp, "out", f"cuts.shard-{i}-of-2.h5"))
+        merged = os.path.join(self.tmp, "out", "cuts-merged.h5")
+        self.one_error(self.gnh("merge", merged, *shards), "settings fingerprint", "adjoint cuts",
+                       "GNH_ADJOINT_CUTS=1, against", "GNH_ADJOINT_CUTS=0;")
+        self.assertFalse(os.path.exists(merged))
+        # Anything but 0 or 1 is an error before any work.
+        self.one_error(self.run_with_cuts("yes", "run", deck, "--dry-run"), "GNH_ADJOINT_CUTS", "'yes'")
 
     def test_help_is_gnhs(self):
         for args in (["--help"], ["run", "--help"], ["compare", "--help"], ["merge", "--help"], ["plan", "--help"],

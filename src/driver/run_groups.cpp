@@ -1,0 +1,309 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "driver/run_groups.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <map>
+#include <memory>
+
+#include "analysis/analyser.hpp"
+#include "core/deal.hpp"
+#include "io/checkpoint.hpp"
+#include "io/lanczos_store.hpp"
+#include "io/results.hpp"
+#include "parallel/team_mpi.hpp"
+
+namespace gnh {
+namespace {
+
+// SIGTERM (Slurm's warning before the time limit): finish the current batch,
+// record progress, exit cleanly.
+volatile std::sig_atomic_t g_terminate = 0;
+extern "C" void on_sigterm(int) { g_terminate = 1; }
+
+// Progress lines from a team leader: at most every 10 s, and at each stage's end.
+class ProgressLog {
+ public:
+  ProgressLog(int rank, bool quiet) : rank_(rank), quiet_(quiet) {}
+  void begin(const std::string& group, const std::string& cas, index_t tokens_per_pass) {
+    group_ = group;
+    case_ = cas;
+    tokens_ = tokens_per_pass;
+  }
+  void operator()(const std::string& stage, index_t done, index_t total) {
+    if (quiet_) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (stage != stage_) {
+      stage_ = stage;
+      start_ = now;
+      last_ = now;
+    }
+    const double since = std::chrono::duration<double>(now - last_).count();
+    if (done < total && since < 10.0) return;
+    last_ = now;
+    const double elapsed = std::chrono::duration<double>(now - start_).count();
+    const double eta = done > 0 ? elapsed / double(done) * double(total - done) : 0.0;
+    const bool epoch = stage == "gradient" || stage.rfind("curvature", 0) == 0 || stage.rfind("spectrum ", 0) == 0;
+    if (epoch && total > 0)
+      std::printf("gnh: [rank %d] %s %-6s %-14s %lld/%lld batches, %.0f tokens/s, %.1f s, ETA %.1f s\n", rank_,
+                  group_.c_str(), case_.c_str(), stage.c_str(), static_cast<long long>(done),
+                  static_cast<long long>(total), double(tokens_) * double(done) / double(total) / std::max(elapsed, 1e-9),
+                  elapsed, eta);
+    else
+      std::printf("gnh: [rank %d] %s %-6s %-14s %lld/%lld, %.1f s\n", rank_, group_.c_str(), case_.c_str(),
+                  stage.c_str(), static_cast<long long>(done), static_cast<long long>(total), elapsed);
+    std::fflush(stdout);
+  }
+
+ private:
+  int rank_;
+  bool quiet_;
+  std::string group_, case_, stage_;
+  index_t tokens_ = 0;
+  std::chrono::steady_clock::time_point start_, last_;
+};
+
+// The files of a case's spectrum between Lanczos steps (io/lanczos_store.hpp).
+std::string lanczos_prefix(const std::string& output, const std::string& hash, const std::string& cas) {
+  return groups_directory(output) + "/" + hash + "." + cas + ".lanczos";
+}
+
+// The parameters of group g, read once: the team leader reads the first file
+// (its hash computed from the values read and checked against the plan), and
+// the team's members read the other files of the group that planning grouped
+// by their stored param_sha256 alone, to prove them the same state. Throws
+// gnh::Error on every member when any member found a problem.
+std::vector<float> group_parameters(MpiTeam& team, const GroupRecord& g, const std::vector<bool>& alias_hashed,
+                                    int world_rank, bool quiet) {
+  std::vector<float> params;
+  std::string error;
+  auto read = [&](std::size_t a) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Checkpoint ck = read_checkpoint(g.alias_paths[a]);
+    if (ck.param_sha256 != g.param_sha256)
+      fail(ck.path, ": parameters hash to ", ck.param_sha256.substr(0, 16), ", not to the ", g.hash,
+           " it was grouped by (changed while the run was starting?)");
+    if (!quiet) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("gnh: [rank %d] read %s: %lld parameters in %.2f s\n", world_rank, g.aliases[a].c_str(),
+                  static_cast<long long>(ck.params.size()), s);
+      std::fflush(stdout);
+    }
+    return std::move(ck.params);
+  };
+  try {
+    if (team.rank() == 0) params = read(0);
+    for (std::size_t a = 1; a < g.alias_paths.size(); ++a)
+      if (!alias_hashed[a] && dealt_to(index_t(a - 1), team.size()) == team.rank()) read(a);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  if (team.any(!error.empty())) throw Error(error);  // empty on the members that found nothing
+  params.resize(static_cast<std::size_t>(g.n_params));
+  team.broadcast(params.data(), sizeof(float) * params.size(), 0);
+  return params;
+}
+
+// SPEC §10's AdamW preconditioner of group g: the team leader reads the
+// first alias that carries AdamW state (aliases share parameters, not
+// necessarily optimizer state: which one was used is recorded), and the team
+// shares it. Empty when no alias has state; `note` says which or why not.
+std::vector<double> group_preconditioner(MpiTeam& team, const GroupRecord& g, const ModelConfig& cfg,
+                                         std::string& note) {
+  std::vector<double> P;
+  std::string error;
+  std::int64_t source = -1;
+  if (team.rank() == 0) {
+    try {
+      for (std::size_t a = 0; a < g.alias_paths.size() && source < 0; ++a)
+        if (const auto st = read_adam_state(g.alias_paths[a])) {
+          P = adam_preconditioner(*st, cfg, g.alias_paths[a]);
+          source = std::int64_t(a);
+        }
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  if (team.any(!error.empty())) throw Error(error);
+  team.broadcast_value(source, 0);
+  if (source < 0) {
+    std::string names;
+    for (const auto& a : g.aliases) names += (names.empty() ? "" : ", ") + a;
+    note = "none: no AdamW state (/optimizer) in " + names;
+    return {};
+  }
+  P.resize(static_cast<std::size_t>(g.n_params));
+  team.broadcast(P.data(), sizeof(double) * P.size(), 0);
+  note = "AdamW state of " + g.aliases[std::size_t(source)];
+  return P;
+}
+
+// One team's groups, one after the other, on one Analyser (its engines are
+// planned once). Every member calls every step: the collectives match.
+class GroupRunner {
+ public:
+  GroupRunner(const Comm& world, const Comm& team_comm, const Campaign& c, const std::string& output, bool quiet)
+      : team_(team_comm), leader_(team_.rank() == 0), rank_(world.rank()), c_(c), output_(output), quiet_(quiet),
+        log_(world.rank(), quiet) {
+    for (const auto& f : c.files) hashed_[f.path] = f.hashed;
+  }
+
+  void run_group(GroupRecord g, Outcome& out) {
+    const std::string path = group_file(output_, g.hash);
+    if (already_complete(g, path)) {
+      ++out.skipped;
+      return;
+    }
+    if (g_terminate) {
+      ++out.interrupted;
+      return;
+    }
+    std::string error;
+    try {
+      load_state(g);
+      for (const auto& cs : c_.cases) g.cases.push_back(analyse_case(g, cs));
+      if (leader_) {
+        write_group_file(path, c_.info, g);
+        remove_spectrum_states(g);
+      }
+      ++out.done;
+    } catch (const Interrupted&) {
+      ++out.interrupted;
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    // A failure on one member (a bad file, a non-finite loss) fails the group
+    // for the whole team; the team goes on with its next group.
+    if (team_.any(!error.empty())) {
+      ++out.failed;
+      if (!error.empty())
+        std::fprintf(stderr, "gnh: error: [rank %d] group %s (%s): %s\n", rank_, g.hash.c_str(),
+                     g.aliases.front().c_str(), error.c_str());
+    }
+  }
+
+ private:
+  // Every member decides the same way: the leader looks, then tells.
+  bool already_complete(const GroupRecord& g, const std::string& path) {
+    int complete = leader_ && group_file_complete(path, c_.info.settings_fingerprint,
+                                                  g.ordered ? &g.partner_hash : nullptr)
+                       ? 1
+                       : 0;
+    team_.broadcast_value(complete, 0);
+    if (!complete) return false;
+    // A run killed between writing the group file and removing the
+    // spectrum's state leaves it behind: the result is in the group file.
+    if (leader_ && c_.deck.analysis.curvature.lanczos_steps > 0) remove_spectrum_states(g);
+    if (leader_ && !quiet_) {
+      std::printf("gnh: [rank %d] %s complete in %s, skipped\n", rank_, g.hash.c_str(), path.c_str());
+      std::fflush(stdout);
+    }
+    return true;
+  }
+
+  void remove_spectrum_states(const GroupRecord& g) const {
+    for (const auto& cs : c_.cases) FileLanczosStore::remove(lanczos_prefix(output_, g.hash, cs.name));
+  }
+
+  // The state's parameters and, where [curvature] asks, its preconditioner
+  // and update target, into the analyser.
+  void load_state(GroupRecord& g) {
+    std::vector<bool> alias_hashed;
+    for (const auto& p : g.alias_paths) alias_hashed.push_back(hashed_[p]);
+    const std::vector<float> params = group_parameters(team_, g, alias_hashed, rank_, quiet_);
+    if (!analyser_) analyser_ = std::make_unique<Analyser>(c_.cfg, c_.deck.analysis);
+    analyser_->set_parameters(params);
+    const CurvatureSettings& cv = c_.deck.analysis.curvature;
+    if (cv.preconditioned || (cv.lanczos_steps > 0 && cv.lanczos_php)) {
+      std::vector<double> P = group_preconditioner(team_, g, c_.cfg, g.preconditioner);
+      if (leader_ && !quiet_)
+        std::printf("gnh: [rank %d] %s preconditioner: %s\n", rank_, g.hash.c_str(), g.preconditioner.c_str());
+      if (leader_ && P.empty() && cv.lanczos_steps > 0 && cv.lanczos_php)
+        std::printf("gnh: note: %s has no AdamW state: no spectrum of P^1/2 H P^1/2 for it "
+                    "(curvature.lanczos_operator = \"PHP\")\n", g.hash.c_str());
+      analyser_->set_preconditioner(P);
+    }
+    if (g.ordered) {
+      // The update's target: the next state's parameters, read by the leader
+      // (its hash checked against the plan) and shared.
+      std::vector<float> target;
+      if (g.partner >= 0) {
+        const GroupRecord& b = c_.groups[std::size_t(g.partner)];
+        target = group_parameters(team_, b, std::vector<bool>(b.alias_paths.size(), true), rank_, quiet_);
+      }
+      analyser_->set_update_target(target);
+    }
+  }
+
+  CaseRecord analyse_case(const GroupRecord& g, const LoadedCase& cs) {
+    CaseHooks hooks;
+    hooks.stop = [] { return g_terminate != 0; };
+    if (leader_) {
+      log_.begin(g.hash, cs.name, cs.blocks * c_.deck.analysis.context);
+      hooks.progress = [this](const std::string& stage, index_t done, index_t total) { log_(stage, done, total); };
+    }
+    // The spectrum's state between steps, beside the group file.
+    std::unique_ptr<FileLanczosStore> store;
+    if (c_.deck.analysis.curvature.lanczos_steps > 0) {
+      store = std::make_unique<FileLanczosStore>(lanczos_prefix(output_, g.hash, cs.name),
+                                                 c_.info.settings_fingerprint + " " + g.hash + " " + cs.name);
+      hooks.lanczos = store.get();
+    }
+    CaseRecord rec;
+    rec.name = cs.name;
+    rec.stats = analyser_->analyse(team_, cs.data.ids.data(), cs.blocks, hooks);
+    if (leader_ && !quiet_ && rec.stats.spectrum_resumed_at >= 0) {
+      std::printf("gnh: [rank %d] %s %-6s spectrum resumed after step %lld (saved in %s)\n", rank_, g.hash.c_str(),
+                  cs.name.c_str(), static_cast<long long>(rec.stats.spectrum_resumed_at),
+                  store->state_path().c_str());
+      std::fflush(stdout);
+    }
+    rec.stats.update.partner = g.partner_hash;
+    if (leader_) report_case(g, rec);
+    return rec;
+  }
+
+  // The leader's lines for a finished case: identity warnings, then its statistics.
+  void report_case(const GroupRecord& g, const CaseRecord& rec) const {
+    for (const auto& idc : rec.stats.identities)
+      if (!idc.ok())
+        std::fprintf(stderr,
+                     "gnh: WARNING: [rank %d] group %s case %s: identity %s violated: deviation %.3e > "
+                     "tolerance %.1e\n",
+                     rank_, g.hash.c_str(), rec.name.c_str(), idc.name.c_str(), idc.deviation, idc.tolerance);
+    if (!quiet_)
+      std::printf("gnh: [rank %d] %s %-6s loss %.6f |G|^2 %.4e GHG %.4e B_simple %.4g B_noise %.4g tr(H) %.4g\n",
+                  rank_, g.hash.c_str(), rec.name.c_str(), rec.stats.loss, rec.stats.m.G_sqnorm, rec.stats.m.GHG,
+                  rec.stats.derived.B_simple.value, rec.stats.derived.B_noise.value, rec.stats.derived.trace_H.value);
+    std::fflush(stdout);
+  }
+
+  MpiTeam team_;
+  const bool leader_;
+  const int rank_;  // in the world
+  const Campaign& c_;
+  const std::string& output_;
+  const bool quiet_;
+  ProgressLog log_;
+  std::map<std::string, bool> hashed_;  // path -> read in full while planning
+  std::unique_ptr<Analyser> analyser_;
+};
+
+}  // namespace
+
+void stop_on_sigterm() { std::signal(SIGTERM, on_sigterm); }
+
+bool terminated() { return g_terminate != 0; }
+
+Outcome compute_groups(const Comm& world, const Comm& team_comm, const Campaign& c,
+                       const std::vector<int>& team_of_group, int my_team, const std::string& output, bool quiet) {
+  GroupRunner runner(world, team_comm, c, output, quiet);
+  Outcome out;
+  for (std::size_t gi = 0; gi < c.groups.size(); ++gi)
+    if (team_of_group[gi] == my_team) runner.run_group(c.groups[gi], out);
+  return out;
+}
+
+}  // namespace gnh

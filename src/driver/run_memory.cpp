@@ -1,0 +1,125 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#include "driver/run_memory.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+
+#include "analysis/memory.hpp"
+#include "analysis/usage.hpp"
+#include "core/error.hpp"
+
+namespace gnh {
+namespace {
+
+// "64GiB", "1.5TB", "500MB", "123456" (bytes): decimal and binary units.
+std::int64_t parse_size(const std::string& text) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    fail("--memory-budget ", text, ": expected a size such as 64GiB, 500MB or a byte count");
+  }
+  std::string unit = text.substr(used);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(0, 1);
+  const std::map<std::string, double> units = {{"", 1},       {"B", 1},        {"kB", 1e3},     {"KB", 1e3},
+                                                {"MB", 1e6},    {"GB", 1e9},     {"TB", 1e12},    {"KiB", 1024.0},
+                                                {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+  const auto it = units.find(unit);
+  if (it == units.end() || !(v > 0))
+    fail("--memory-budget ", text, ": expected a size such as 64GiB, 500MB or a byte count");
+  return std::int64_t(v * it->second);
+}
+
+}  // namespace
+
+std::string gib(std::size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3g GiB", double(bytes) / double(1ull << 30));
+  return buf;
+}
+
+MemoryBudget memory_budget(const Comm& comm, const std::string& given_text) {
+  const int on_node = comm.ranks_on_node();
+  const std::int64_t device = device_memory_total();
+  MemoryBudget b;
+  const std::int64_t given = given_text.empty() ? -1 : parse_size(given_text);
+  const std::int64_t whole = given >= 0 ? given : device >= 0 ? device : host_memory_total();
+  if (whole < 0) return b;
+  const std::string source = given >= 0 ? "--memory-budget " + given_text + " (" + gib(std::size_t(whole)) + ")"
+                             : device >= 0 ? "the GPU's " + gib(std::size_t(whole))
+                                           : "the host's " + gib(std::size_t(whole));
+  if (device >= 0) {
+    b.per_rank = whole;
+    b.what = source + " per rank";
+  } else {
+    b.per_rank = whole / on_node;
+    b.what = source + " shared by " + std::to_string(on_node) + " rank(s) on this node";
+  }
+  return b;
+}
+
+std::size_t planned_per_rank(const Campaign& c, const AnalysisSettings& s, int rpc, std::string* which) {
+  std::size_t most = 0;
+  for (const auto& cs : c.cases) {
+    const std::size_t t = plan_memory(c.cfg, s, plan_case(s, cs.blocks, true, true), rpc).total();
+    if (t > most) {
+      most = t;
+      if (which) *which = cs.name;
+    }
+  }
+  return most;
+}
+
+void check_memory(const Campaign& c, const MemoryBudget& b) {
+  if (b.per_rank < 0) return;
+  const AnalysisSettings& s = c.deck.analysis;
+  const int rpc = int(c.deck.ranks_per_checkpoint);
+  std::string which;
+  const std::size_t need = planned_per_rank(c, s, rpc, &which);
+  const double limit = 0.9 * double(b.per_rank);
+  if (double(need) <= limit) return;
+  std::string spectrum;
+  if (s.curvature.lanczos_steps > 0)
+    spectrum = ", curvature.lanczos_chains (now " + std::to_string(s.curvature.lanczos_chains) +
+               ") or curvature.lanczos_steps (now " + std::to_string(s.curvature.lanczos_steps) +
+               "), raise parallel.ranks_per_checkpoint (now " + std::to_string(rpc) +
+               ": the Lanczos basis is sharded over the team)";
+  fail(c.deck.file, ": the plan needs ", gib(need), " per rank (case ", which, ") but 90% of ", b.what, " is ",
+       gib(std::size_t(limit)), ": lower analysis.hvp_batch (now ", s.hvp_batch, "), analysis.directions_per_pass (now ",
+       s.directions_per_pass, ") or analysis.grad_microbatch (now ", s.grad_microbatch, ")", spectrum,
+       ", run fewer ranks per node, or pass --fit-memory to choose directions_per_pass and hvp_batch");
+}
+
+MemoryFit fit_memory(const Campaign& c, const MemoryBudget& b) {
+  if (b.per_rank < 0) fail("--fit-memory: the machine's memory is unknown here; give --memory-budget");
+  AnalysisSettings s = c.deck.analysis;
+  const int rpc = int(c.deck.ranks_per_checkpoint);
+  const double limit = 0.9 * double(b.per_rank);
+  index_t most_dirs = 1, most_blocks = 1;
+  for (const auto& cs : c.cases) {
+    most_dirs = std::max(most_dirs, plan_case(s, cs.blocks, true, true).directions());
+    most_blocks = std::max(most_blocks, cs.blocks);
+  }
+  auto fits = [&](index_t K, index_t B) {
+    s.directions_per_pass = K;
+    s.hvp_batch = B;
+    return double(planned_per_rank(c, s, rpc)) <= limit;
+  };
+  index_t K = std::min<index_t>(most_dirs, 4096);
+  while (K > 1 && !fits(K, 1)) --K;
+  if (!fits(K, 1))
+    fail(c.deck.file, ": --fit-memory: even one direction per pass and one block per HVP batch need more than 90% of ",
+         b.what, ": lower analysis.grad_microbatch (now ", c.deck.analysis.grad_microbatch,
+         ") or run fewer ranks per node");
+  index_t lo = 1, hi = most_blocks;  // the largest B in [lo, hi] that fits
+  while (lo < hi) {
+    const index_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(K, mid)) lo = mid;
+    else hi = mid - 1;
+  }
+  return {static_cast<long long>(K), static_cast<long long>(lo)};
+}
+
+}  // namespace gnh

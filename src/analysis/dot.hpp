@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The one dot product of the analysis: sum_i a_i b_i (or sum_i |a_i b_i|),
-// widened to double, deterministic for a given backend and length. The
+// widened to double, deterministic for a given backend, length and host
+// thread count (OpenMP splits the sum by thread: the count changes its last
+// bits, so outputs record it and merges and resumed runs require it). The
 // operands may differ in type (a direction in the engine's precision against
 // an H v in double). A functor, not a lambda: nvcc cannot name an extended
 // lambda's enclosing function template when two of its parameters are

@@ -18,6 +18,7 @@
 #include "core/isa.hpp"
 #include "core/sha256.hpp"
 #include "io/checkpoint.hpp"
+#include "io/hdf5.hpp"
 #include "core/deal.hpp"
 #include "kernels/gemm_probe.hpp"
 #include "parallel/pack.hpp"
@@ -321,7 +322,8 @@ RunInfo run_info_of(const Campaign& c, int ranks) {
   for (const auto& f : c.files) ri.campaign_checkpoints.push_back(f.name);
   ri.adjoint_cuts = adjoint_cuts_setting();
   ri.adjoint_cuts_engines = adjoint_cuts_engines(c);
-  ri.host_threads = int(Kokkos::DefaultHostExecutionSpace().concurrency());
+  if constexpr (std::is_same_v<ExecSpace, Kokkos::DefaultHostExecutionSpace>)
+    ri.host_threads = int(Kokkos::DefaultHostExecutionSpace().concurrency());
   return ri;
 }
 
@@ -360,9 +362,29 @@ void set_pass_sizes(const Comm& comm, Campaign& c, index_t directions_per_pass, 
 
 void print_engine_settings(const Comm& comm, const Campaign& c) {
   if (comm.rank() != 0) return;
-  std::printf("gnh: adjoint cuts (GNH_ADJOINT_CUTS=%s): %s; %d host thread(s) per rank\n", c.info.adjoint_cuts.c_str(),
-              c.info.adjoint_cuts_engines.c_str(), c.info.host_threads);
+  std::printf("gnh: adjoint cuts (GNH_ADJOINT_CUTS=%s): %s", c.info.adjoint_cuts.c_str(),
+              c.info.adjoint_cuts_engines.c_str());
+  if (c.info.host_threads > 0) std::printf("; %d host thread(s) per rank", c.info.host_threads);
+  std::printf("\n");
   std::fflush(stdout);
+}
+
+bool same_host_threads(const RunInfo& a, const RunInfo& b) {
+  // Without a record: a one-thread run (Serial builds) or a device build.
+  auto threads = [](const RunInfo& i) { return i.host_threads > 0 ? i.host_threads : 1; };
+  return threads(a) == threads(b);
+}
+
+bool group_file_reusable(const std::string& path, const RunInfo& info, const std::string* partner) {
+  if (!group_file_complete(path, info.settings_fingerprint, partner)) return false;
+  RunInfo recorded;
+  try {
+    h5::File f = h5::File::open_read(path);
+    recorded.host_threads = int(h5::read_int_attr(f.id(), "host_threads", path).value_or(0));
+  } catch (const Error&) {
+    return false;
+  }
+  return same_host_threads(recorded, info);
 }
 
 void choose_host_gemm(const Comm& comm, Campaign& c, bool quiet, bool float_gemms) {

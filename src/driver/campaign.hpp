@@ -59,6 +59,13 @@ void choose_host_gemm(const Comm& comm, Campaign& c, bool quiet, bool float_gemm
 // One line for the log (rank 0): GNH_ADJOINT_CUTS, whether each second-order
 // forward engine of the plan cuts, and the host threads of a rank.
 void print_engine_settings(const Comm& comm, const Campaign& c);
+// Whether two runs' host threads agree (results of a host build differ in the
+// last bits of their dot products otherwise); no record counts as one thread.
+bool same_host_threads(const RunInfo& a, const RunInfo& b);
+// A group file this run can take as its own: complete with its settings
+// fingerprint (and, with partner, update target) and computed with as many
+// host threads. A resumed run recomputes the others.
+bool group_file_reusable(const std::string& path, const RunInfo& info, const std::string* partner = nullptr);
 // The output file of shard I of N: OUTPUT with ".h5" replaced by ".shard-I-of-N.h5".
 std::string shard_output(const std::string& output, int index, int count);
 

@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "driver/campaign.hpp"
 #include "io/hdf5.hpp"
 #include "io/results.hpp"
 
@@ -112,6 +113,10 @@ void validate_and_merge(const MergeOptions& opt) {
     if (h.version != first.version || h.commit != first.commit)
       fail(h.path, ": written by gnh ", h.version, " (", h.commit, "), ", first.path, " by gnh ", first.version,
            " (", first.commit, "); merge shards of one code version");
+    if (!same_host_threads(h.info, first.info))
+      fail(h.path, ": computed with ", h.info.host_threads, " host thread(s) per rank, ", first.path, " with ",
+           first.info.host_threads, " (a host build's dot products are summed per thread: their last bits differ); "
+           "run every shard with the same OMP_NUM_THREADS");
     if (h.info.campaign_checkpoints != first.info.campaign_checkpoints)
       fail(h.path, ": lists a different set of campaign checkpoints from ", first.path);
   }

@@ -31,7 +31,7 @@ void print_plan(const Campaign& c, const std::vector<int>& team_of_group, int te
     for (const auto& a : c.groups[g].aliases) aliases += (aliases.empty() ? "" : ", ") + a;
     const std::string path = group_file(output, c.groups[g].hash);
     const bool done =
-        group_file_complete(path, fingerprint, c.groups[g].ordered ? &c.groups[g].partner_hash : nullptr);
+        group_file_reusable(path, c.info, c.groups[g].ordered ? &c.groups[g].partner_hash : nullptr);
     std::printf("  group %s -> team %d%s: %s\n", c.groups[g].hash.c_str(), team_of_group[g],
                 done ? " (complete, will be skipped)" : "", aliases.c_str());
   }
@@ -204,7 +204,7 @@ int write_results(const Campaign& c, const RunCounts& n) {
   for (const auto& g : c.groups) {
     expected.insert(expected.end(), g.aliases.begin(), g.aliases.end());
     const std::string path = group_file(c.output, g.hash);
-    if (group_file_complete(path, c.info.settings_fingerprint)) complete.push_back(path);
+    if (group_file_reusable(path, c.info)) complete.push_back(path);
     else missing.push_back(g.hash + " (" + g.aliases.front() + ")");
   }
   if (n.interrupted > 0 || n.terminated > 0) {

@@ -187,10 +187,7 @@ class GroupRunner {
  private:
   // Every member decides the same way: the leader looks, then tells.
   bool already_complete(const GroupRecord& g, const std::string& path) {
-    int complete = leader_ && group_file_complete(path, c_.info.settings_fingerprint,
-                                                  g.ordered ? &g.partner_hash : nullptr)
-                       ? 1
-                       : 0;
+    int complete = leader_ && group_file_reusable(path, c_.info, g.ordered ? &g.partner_hash : nullptr) ? 1 : 0;
     team_.broadcast_value(complete, 0);
     if (!complete) return false;
     // A run killed between writing the group file and removing the

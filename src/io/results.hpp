@@ -53,7 +53,10 @@ struct RunInfo {
   // GNH_ADJOINT_CUTS ("0", "1" or "auto") and, per second-order forward
   // engine the plan builds, whether it cuts (they regroup v^T H v's sums).
   std::string adjoint_cuts, adjoint_cuts_engines;
-  int host_threads = 0;  // threads of a rank's host space (the same bits at any count)
+  // Host builds: a rank's host threads (the double-precision dot products are
+  // summed per thread, analysis/dot.hpp: the count changes their last bits);
+  // 0 where the analysis runs on a device.
+  int host_threads = 0;
   // gnh merge --accept-failed-identities: the failed checks merged anyway.
   std::vector<std::string> accepted_failed_identities;
 };

@@ -12,7 +12,9 @@ another run gets in the way:
   without dtype "hdf5" and a data path that is a directory are errors;
 - GNH_ADJOINT_CUTS is recorded in the outputs and the log, and groups
   computed with and without adjoint cuts are never mixed: a resumed run
-  recomputes them, a merge refuses them in one line;
+  recomputes them, a merge refuses them in one line; likewise groups of
+  another host thread count (a host build's dot products are summed per
+  thread);
 - --help prints gnh's help, never Kokkos' banner."""
 import json
 import os
@@ -370,6 +372,22 @@ class Reliability(unittest.TestCase):
         self.one_error(self.gnh("merge", merged, *shards), "settings fingerprint", "adjoint cuts",
                        "GNH_ADJOINT_CUTS=1, against", "GNH_ADJOINT_CUTS=0;")
         self.assertFalse(os.path.exists(merged))
+        # The same, for a shard and a group computed with another host thread count.
+        r = self.run_with_cuts("1", "run", deck, "--shard", "0/2", "--quiet")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with h5py.File(shards[1], "r+") as f:
+            f.attrs["host_threads"] = 2
+        self.one_error(self.gnh("merge", merged, *shards), "2 host thread(s)", "OMP_NUM_THREADS")
+        with h5py.File(shards[1], "r+") as f:
+            f.attrs["host_threads"] = 1
+        self.assertEqual(self.gnh("merge", merged, *shards).returncode, 0)
+        groups = os.path.join(self.tmp, "out", "cuts.groups")
+        group = os.path.join(groups, sorted(g for g in os.listdir(groups) if g.endswith(".h5"))[0])
+        with h5py.File(group, "r+") as f:
+            f.attrs["host_threads"] = 2
+        r = self.run_with_cuts("1", "run", deck, "--quiet")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("gnh: groups: computed 1, reused 1 ", r.stdout)
         # Anything but 0 or 1 is an error before any work.
         self.one_error(self.run_with_cuts("yes", "run", deck, "--dry-run"), "GNH_ADJOINT_CUTS", "'yes'")
 

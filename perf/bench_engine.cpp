@@ -78,7 +78,7 @@ struct Options {
   std::vector<std::string> methods = {"second-order-forward", "forward-over-reverse"};
   std::vector<std::string> passes = {"forward", "gradient", "curvature"};
   int repeats = 3;
-  int adjoint_cuts = -1;             // Shape::adjoint_cuts
+  int adjoint_cuts = -1;                  // Shape::adjoint_cuts
   index_t head_rows = 0, head_vocab = 0;  // Shape::head_chunk_rows, head_chunk_vocab
   bool validation = false;
   bool plan_only = false;
@@ -217,8 +217,8 @@ double sgemm_gflops(index_t n, bool vendor) {
 
 struct Model {
   ModelConfig config;
-  std::vector<double> params;         // host, flat
-  std::vector<std::int32_t> ids;      // B*T + 1 tokens
+  std::vector<double> params;     // host, flat
+  std::vector<std::int32_t> ids;  // B*T + 1 tokens
 };
 
 std::uint64_t mix(std::uint64_t a, std::uint64_t b) { return splitmix64(a ^ splitmix64(b)); }
@@ -365,12 +365,13 @@ void dump_case(const Options& o, const Model& m, index_t T) {
   const index_t batch = o.dump_batch > 0 && !o.synthetic.empty() ? o.dump_batch : o.batch;
   {
     std::ofstream f = open("model.json");
-    f << "{\"n_layer\": " << m.config.n_layer << ", \"n_head\": " << m.config.n_head << ", \"n_embd\": "
-      << m.config.n_embd << ", \"vocab_size\": " << m.config.vocab_size << ", \"block_size\": " << m.config.block_size
-      << ", \"bias\": " << (m.config.bias ? "true" : "false") << ", \"tie_embeddings\": "
-      << (m.config.tie_embeddings ? "true" : "false") << ", \"gelu\": \"" << to_string(m.config.gelu)
-      << "\", \"ln_eps\": " << m.config.ln_eps << ", \"batch\": " << batch << ", \"seq_len\": " << T
-      << ", \"n_params\": " << P << ", \"directions\": " << K << ", \"direction_seed\": 1234, \"tensors\": [";
+    f << "{\"n_layer\": " << m.config.n_layer << ", \"n_head\": " << m.config.n_head
+      << ", \"n_embd\": " << m.config.n_embd << ", \"vocab_size\": " << m.config.vocab_size
+      << ", \"block_size\": " << m.config.block_size << ", \"bias\": " << (m.config.bias ? "true" : "false")
+      << ", \"tie_embeddings\": " << (m.config.tie_embeddings ? "true" : "false") << ", \"gelu\": \""
+      << to_string(m.config.gelu) << "\", \"ln_eps\": " << m.config.ln_eps << ", \"batch\": " << batch
+      << ", \"seq_len\": " << T << ", \"n_params\": " << P << ", \"directions\": " << K
+      << ", \"direction_seed\": 1234, \"tensors\": [";
     bool comma = false;
     for (const TensorInfo& t : layout.tensors()) {
       f << (comma ? ", " : "") << "{\"name\": \"" << t.name << "\", \"offset\": " << t.offset << ", \"shape\": [";
@@ -465,14 +466,16 @@ void run(const Options& o) {
   js << "{\n  \"context\": {\"tool\": \"gnh\", \"git_commit\": \"" << git_commit() << "\", \"build\": \""
      << build_configuration() << "\", \"execution_space\": \"" << ExecSpace::name()
      << "\", \"concurrency\": " << ExecSpace().concurrency() << ", \"precision\": \"" << o.precision
-     << "\", \"model\": \"" << (o.synthetic.empty() ? o.ckpt : "synthetic " + o.synthetic) << "\", \"n_layer\": "
-     << cfg.n_layer << ", \"n_head\": " << cfg.n_head << ", \"n_embd\": " << cfg.n_embd << ", \"vocab_size\": "
-     << cfg.vocab_size << ", \"n_params\": " << P << ", \"batch\": " << B << ", \"seq_len\": " << Tc
-     << ", \"host_gemm\": \"" << (host_space ? kernels::host::name(kernels::host::selected_kernel()) : "none")
+     << "\", \"model\": \"" << (o.synthetic.empty() ? o.ckpt : "synthetic " + o.synthetic)
+     << "\", \"n_layer\": " << cfg.n_layer << ", \"n_head\": " << cfg.n_head << ", \"n_embd\": " << cfg.n_embd
+     << ", \"vocab_size\": " << cfg.vocab_size << ", \"n_params\": " << P << ", \"batch\": " << B
+     << ", \"seq_len\": " << Tc << ", \"host_gemm\": \""
+     << (host_space ? kernels::host::name(kernels::host::selected_kernel()) : "none")
      << "\", \"host_gemm_probe\": " << probe_json << "},\n";
-  if (probe) js << "  \"sgemm_gflops\": {\"gnh\": " << gemm_rate << ", \"vendor\": " << vendor_rate << ", \"n\": 512},\n";
-  js << "  \"flops_per_batch\": {\"forward\": " << fl.forward() << ", \"attention_share\": "
-     << fl.attention / fl.forward() << "},\n";
+  if (probe)
+    js << "  \"sgemm_gflops\": {\"gnh\": " << gemm_rate << ", \"vendor\": " << vendor_rate << ", \"n\": 512},\n";
+  js << "  \"flops_per_batch\": {\"forward\": " << fl.forward()
+     << ", \"attention_share\": " << fl.attention / fl.forward() << "},\n";
   auto rates = [&](double flops, double t) {
     std::ostringstream s;
     s << ", \"flops\": " << flops << ", \"gflops\": " << flops / t * 1e-9;
@@ -565,8 +568,8 @@ void run(const Options& o) {
            << ", \"seconds_per_direction\": " << t / K
            << rates(s.reverse ? fl.hvp(K) : fl.second_order(K, m.adjoint_cuts()), t)
            << ", \"adjoint_cuts\": " << (m.adjoint_cuts() ? "true" : "false") << ", \"head_tile\": ["
-           << gpt_tiles(cfg, s).logits_rows << ", " << gpt_tiles(cfg, s).logits_vocab << "], \"workspace_bytes\": "
-           << m.workspace_bytes() << finish_pass(pass) << "}";
+           << gpt_tiles(cfg, s).logits_rows << ", " << gpt_tiles(cfg, s).logits_vocab
+           << "], \"workspace_bytes\": " << m.workspace_bytes() << finish_pass(pass) << "}";
         first = false;
         if (o.validation && K == o.K.front()) {
           std::vector<double> q(std::size_t(K), 0.0);
@@ -667,8 +670,7 @@ int main(int argc, char** argv) {
         if (rv.size() != 2) throw std::runtime_error("--head-tile: expected ROWS,VOCAB");
         o.head_rows = std::stol(rv[0]);
         o.head_vocab = std::stol(rv[1]);
-      }
-      else if (a == "--inject-slowdown") g_inject_slowdown = std::stod(next());
+      } else if (a == "--inject-slowdown") g_inject_slowdown = std::stod(next());
       else if (a == "--methods") o.methods = split(next());
       else if (a == "--passes") o.passes = split(next());
       else if (a == "--directions") {
@@ -693,9 +695,10 @@ int main(int argc, char** argv) {
     }
   if (o.K.empty() || o.repeats < 0 || (o.synthetic.empty() && pos.size() != 2) ||
       (!o.synthetic.empty() && !pos.empty())) {
-    std::fprintf(stderr, "usage: bench_engine (CKPT.h5 TOKENS.bin | --synthetic PRESET) --context T --batch B "
-                         "[--directions 1,4,16] [--methods M,M] [--passes P,P] [--repeats R] "
-                         "[--precision fp32|tf32|bf16-amp|fp64] [--validation]\n");
+    std::fprintf(stderr,
+                 "usage: bench_engine (CKPT.h5 TOKENS.bin | --synthetic PRESET) --context T --batch B "
+                 "[--directions 1,4,16] [--methods M,M] [--passes P,P] [--repeats R] "
+                 "[--precision fp32|tf32|bf16-amp|fp64] [--validation]\n");
     return 2;
   }
   if (o.synthetic.empty()) {

@@ -43,7 +43,8 @@ struct Shape {
 struct Planes {
   View1<T> buf;
   index_t K, rows, cols;
-  Planes(index_t K_, index_t r, index_t c, double phase) : buf("planes", (1 + 2 * K_) * r * c), K(K_), rows(r), cols(c) {
+  Planes(index_t K_, index_t r, index_t c, double phase)
+      : buf("planes", (1 + 2 * K_) * r * c), K(K_), rows(r), cols(c) {
     auto h = Kokkos::create_mirror_view(buf);
     for (index_t i = 0; i < index_t(h.extent(0)); ++i) h(i) = T(std::sin(0.37 * double(i) + phase));
     Kokkos::deep_copy(buf, h);
@@ -104,14 +105,16 @@ struct Report {
   double sgemm_rate;
   bool first = true;
   // flops == 0: not a matrix-multiply op (rates in elements/s only).
-  void add(const std::string& op, const std::string& mode, double elements, double flops, const std::function<void()>& f) {
+  void add(const std::string& op, const std::string& mode, double elements, double flops,
+           const std::function<void()>& f) {
     std::vector<double> samples;
     const double t = median_seconds(repeats, f, samples);
     js << (first ? "\n" : ",\n") << "    {\"op\": \"" << op << "\", \"mode\": \"" << mode << "\", \"seconds\": " << t
        << ", \"samples\": [";
     for (std::size_t i = 0; i < samples.size(); ++i) js << (i ? ", " : "") << samples[i];
     js << "], \"elements_per_s\": " << elements / t;
-    if (flops > 0) js << ", \"gflops\": " << flops / t * 1e-9 << ", \"fraction_of_sgemm\": " << flops / t * 1e-9 / sgemm_rate;
+    if (flops > 0)
+      js << ", \"gflops\": " << flops / t * 1e-9 << ", \"fraction_of_sgemm\": " << flops / t * 1e-9 / sgemm_rate;
     js << "}";
     first = false;
     std::fprintf(stderr, "%-14s %-17s %10.3f ms%s\n", op.c_str(), mode.c_str(), t * 1e3,
@@ -124,13 +127,16 @@ double sgemm_rate(index_t n) {
   Kokkos::deep_copy(A, 0.5f);
   Kokkos::deep_copy(B, 0.25f);
   std::vector<double> s;
-  const double t = median_seconds(3, [&] { gemm<T>(ExecSpace(), "N", "N", 1.0f, A, B, 0.0f, C); }, s);
+  const double t = median_seconds(
+      3, [&] { gemm<T>(ExecSpace(), "N", "N", 1.0f, A, B, 0.0f, C); }, s);
   return 2.0 * double(n) * n * n / t * 1e-9;
 }
 
 struct ListOps {
   template <class O>
-  void operator()() const { std::printf("%s\n", O::name); }
+  void operator()() const {
+    std::printf("%s\n", O::name);
+  }
 };
 
 // The buffers of one op at the model sizes, with all planes of K directions.
@@ -140,9 +146,12 @@ struct OpBuffers {
   Flat p, g;
   std::vector<Planes> saved;
   OpBuffers(const O& op, index_t K)
-      : x(K, op.sizes().rows, op.sizes().in, 0.1), y(K, op.sizes().rows, op.sizes().out, 0.2),
-        dy(K, op.sizes().rows, op.sizes().out, 0.3), dx(K, op.sizes().rows, op.sizes().in, 0.4),
-        p(K, op.sizes().params, 0.05), g(K, op.sizes().params, 0.0) {
+      : x(K, op.sizes().rows, op.sizes().in, 0.1),
+        y(K, op.sizes().rows, op.sizes().out, 0.2),
+        dy(K, op.sizes().rows, op.sizes().out, 0.3),
+        dx(K, op.sizes().rows, op.sizes().in, 0.4),
+        p(K, op.sizes().params, 0.05),
+        g(K, op.sizes().params, 0.0) {
     for (const OpExtent& e : op.saved()) saved.emplace_back(K, e.rows, e.cols, 0.0);
   }
   template <class S>
@@ -157,8 +166,8 @@ struct OpBuffers {
   }
   template <class S>
   void reverse(O& op) {
-    op.template reverse<S>(ExecSpace(), dx.act<S>(), g.grads<S>(), dy.act<S>(), x.act<S>(), y.act<S>(),
-                           p.params<S>(), planes<S>());
+    op.template reverse<S>(ExecSpace(), dx.act<S>(), g.grads<S>(), dy.act<S>(), x.act<S>(), y.act<S>(), p.params<S>(),
+                           planes<S>());
   }
 };
 
@@ -181,9 +190,15 @@ struct BenchOp {
       if (!mode.empty() && mode != op_mode_name(m)) continue;
       std::function<void()> run;
       switch (m) {
-        case OpMode::forward: run = [&] { b.template forward<T>(op); }; break;
-        case OpMode::tangent: run = [&] { b.template forward<Dual<T>>(op); }; break;
-        case OpMode::second_order: run = [&] { b.template forward<Jet2<T>>(op); }; break;
+        case OpMode::forward:
+          run = [&] { b.template forward<T>(op); };
+          break;
+        case OpMode::tangent:
+          run = [&] { b.template forward<Dual<T>>(op); };
+          break;
+        case OpMode::second_order:
+          run = [&] { b.template forward<Jet2<T>>(op); };
+          break;
         case OpMode::reverse:
           b.template forward<T>(op);
           run = [&] { b.template reverse<T>(op); };
@@ -218,7 +233,9 @@ int main(int argc, char** argv) {
       Ops::for_each<T>(ListOps{});
       return 0;
     } else {
-      std::fprintf(stderr, "usage: bench_kernels [--shape tiny|small|reference] [--directions K] [--repeats R] [--op NAME] [--mode MODE] | --list\n");
+      std::fprintf(stderr,
+                   "usage: bench_kernels [--shape tiny|small|reference] [--directions K] [--repeats R] [--op NAME] "
+                   "[--mode MODE] | --list\n");
       return 2;
     }
   }
@@ -246,9 +263,9 @@ int main(int argc, char** argv) {
          << "\", \"build\": \"" << build_configuration() << "\", \"execution_space\": \"" << ExecSpace::name()
          << "\", \"concurrency\": " << space.concurrency() << ", \"host_gemm\": \""
          << host::name(host::selected_kernel()) << "\", \"host_gemm_probe\": " << probe << ", \"shape\": \""
-         << shape_name << "\", \"B\": " << B
-         << ", \"T\": " << Tc << ", \"n_head\": " << H << ", \"n_embd\": " << C << ", \"vocab\": " << V
-         << ", \"directions\": " << K << "},\n  \"sgemm_gflops\": " << rep.sgemm_rate << ",\n  \"kernels\": [";
+         << shape_name << "\", \"B\": " << B << ", \"T\": " << Tc << ", \"n_head\": " << H << ", \"n_embd\": " << C
+         << ", \"vocab\": " << V << ", \"directions\": " << K << "},\n  \"sgemm_gflops\": " << rep.sgemm_rate
+         << ",\n  \"kernels\": [";
 
   Ops::for_each<T>(BenchOp{rep, OpDims{B, Tc, H, C, V}, K, only, mode});
   rep.js << "\n  ]\n}\n";

@@ -64,8 +64,8 @@ struct EnginesOf final : Analyser::Impl {
       for (index_t r = 0; r < K; ++r)
         for (index_t i = 0; i < P; ++i) hd(r, i) = static_cast<T>(dirs[std::size_t(c0 + r)][std::size_t(i)]);
       Kokkos::deep_copy(d, hd);
-      const EpochCurvature ec =
-          epoch_curvature<T>(space, engines.curvature(K), params, d, ids, all_blocks(n_blocks), settings.curvature_method);
+      const EpochCurvature ec = epoch_curvature<T>(space, engines.curvature(K), params, d, ids, all_blocks(n_blocks),
+                                                   settings.curvature_method);
       out.insert(out.end(), ec.vHv.begin(), ec.vHv.end());
     }
     return out;
@@ -82,8 +82,7 @@ struct EnginesOf final : Analyser::Impl {
 }  // namespace
 
 Analyser::Analyser(const ModelConfig& cfg, const AnalysisSettings& s) {
-  if (s.fp64())
-    impl_ = std::make_unique<EnginesOf<double>>(cfg, s);
+  if (s.fp64()) impl_ = std::make_unique<EnginesOf<double>>(cfg, s);
   else  // fp32, tf32 (the same computation on a host backend) and bf16-amp
     impl_ = std::make_unique<EnginesOf<float>>(cfg, s);
 }

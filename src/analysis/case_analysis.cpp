@@ -18,8 +18,11 @@ namespace gnh {
 
 template <class T>
 Engines<T>::Engines(const ModelConfig& cfg, const AnalysisSettings& s)
-    : gradient(cfg, gradient_shape(s)), check_for(cfg, check_shape(s, false)), check_sof(cfg, check_shape(s, true)),
-      cfg_(cfg), settings_(s) {}
+    : gradient(cfg, gradient_shape(s)),
+      check_for(cfg, check_shape(s, false)),
+      check_sof(cfg, check_shape(s, true)),
+      cfg_(cfg),
+      settings_(s) {}
 
 template <class T>
 Gpt<T>& Engines<T>::curvature(index_t K) {
@@ -68,10 +71,19 @@ struct CaseAnalysis {
   CaseAnalysis(const ExecSpace& space, Team& team, Engines<T>& engines, Span1<const T> params,
                const CaseExtras<T>& extras, const std::int32_t* ids, index_t n_blocks, const AnalysisSettings& s,
                const CaseHooks& hooks)
-      : space_(space), team_(team), engines_(engines), params_(params), precond_(extras.precond),
-        target_(extras.target), ids_(ids), s_(s), hooks_(hooks),
-        plan_(plan_case(s, n_blocks, extras.precond.extent(0) > 0, extras.target.extent(0) > 0)), P_(engines.gradient.layout().size()),
-        stager_(std::max<index_t>(s.grad_microbatch, s.hvp_batch), s.context), G_("gnh::case::G", P_) {
+      : space_(space),
+        team_(team),
+        engines_(engines),
+        params_(params),
+        precond_(extras.precond),
+        target_(extras.target),
+        ids_(ids),
+        s_(s),
+        hooks_(hooks),
+        plan_(plan_case(s, n_blocks, extras.precond.extent(0) > 0, extras.target.extent(0) > 0)),
+        P_(engines.gradient.layout().size()),
+        stager_(std::max<index_t>(s.grad_microbatch, s.hvp_batch), s.context),
+        G_("gnh::case::G", P_) {
     out_.m.n_blocks = n_blocks;
     out_.m.context = s.context;
     out_.m.noise_batch = s.noise_batch;
@@ -96,8 +108,8 @@ struct CaseAnalysis {
     auto d = delta_;
     auto a = params_;
     auto b = target_;
-    Kokkos::parallel_for("gnh::case::delta", range(space_, P_),
-                         KOKKOS_LAMBDA(const index_t i) { d(i) = double(b(i)) - double(a(i)); });
+    Kokkos::parallel_for(
+        "gnh::case::delta", range(space_, P_), KOKKOS_LAMBDA(const index_t i) { d(i) = double(b(i)) - double(a(i)); });
   }
 
   // sum_i a_i b_i over every block of every partition, in order (all
@@ -180,9 +192,9 @@ struct CaseAnalysis {
     ExactSum acc(P_);
     acc.clear(space_);
     std::vector<BatchScalars> table;
-    const bool ok = gradient_pass<T>(space_, engines_.gradient, stager_, params_, ids_, batches,
-                                     team_.share_of(index_t(batches.size())), acc, table, hooks_.stop,
-                                     progress("gradient"));
+    const bool ok =
+        gradient_pass<T>(space_, engines_.gradient, stager_, params_, ids_, batches,
+                         team_.share_of(index_t(batches.size())), acc, table, hooks_.stop, progress("gradient"));
     if (team_.any(!ok)) throw Interrupted{};
     team_.sum(acc);
     team_.share(table);
@@ -235,10 +247,11 @@ struct CaseAnalysis {
           auto x = xij;
           auto Gv = G_;
           auto xr = Kokkos::subview(xi_, j, Kokkos::ALL);
-          Kokkos::parallel_for("gnh::case::xi", range(space_, P_), KOKKOS_LAMBDA(const index_t i) {
-            x(i) = g(i) - Gv(i);
-            xr(i) = static_cast<T>(x(i));
-          });
+          Kokkos::parallel_for(
+              "gnh::case::xi", range(space_, P_), KOKKOS_LAMBDA(const index_t i) {
+                x(i) = g(i) - Gv(i);
+                xr(i) = static_cast<T>(x(i));
+              });
           r.gB_sqnorm = dot(space_, gj_.data(), gj_.data(), P_);
           r.xi_sqnorm = dot(space_, xij.data(), xij.data(), P_);
           r.G_dot_xi = dot(space_, G_.data(), xij.data(), P_);
@@ -282,22 +295,24 @@ struct CaseAnalysis {
     auto row = Kokkos::subview(dirs, r, Kokkos::ALL);
     if (plan_.update && d == plan_.directions() - 1) {
       auto Dv = delta_;
-      Kokkos::parallel_for("gnh::case::dir_delta", range(space_, P_),
-                           KOKKOS_LAMBDA(const index_t i) { row(i) = T(Dv(i)); });
+      Kokkos::parallel_for(
+          "gnh::case::dir_delta", range(space_, P_), KOKKOS_LAMBDA(const index_t i) { row(i) = T(Dv(i)); });
     } else if (d > m + K) {
       auto Pv = precond_;
       if (d == m + K + 1) {
         auto Gv = G_;
-        Kokkos::parallel_for("gnh::case::dir_PG", range(space_, P_),
-                             KOKKOS_LAMBDA(const index_t i) { row(i) = T(Pv(i) * Gv(i)); });
+        Kokkos::parallel_for(
+            "gnh::case::dir_PG", range(space_, P_), KOKKOS_LAMBDA(const index_t i) { row(i) = T(Pv(i) * Gv(i)); });
       } else {
         auto x = Kokkos::subview(xi_, d - m - K - 2, Kokkos::ALL);
-        Kokkos::parallel_for("gnh::case::dir_Pxi", range(space_, P_),
-                             KOKKOS_LAMBDA(const index_t i) { row(i) = T(Pv(i) * double(x(i))); });
+        Kokkos::parallel_for(
+            "gnh::case::dir_Pxi", range(space_, P_),
+            KOKKOS_LAMBDA(const index_t i) { row(i) = T(Pv(i) * double(x(i))); });
       }
     } else if (d == 0) {
       auto Gv = G_;
-      Kokkos::parallel_for("gnh::case::dir_G", range(space_, P_), KOKKOS_LAMBDA(const index_t i) { row(i) = T(Gv(i)); });
+      Kokkos::parallel_for(
+          "gnh::case::dir_G", range(space_, P_), KOKKOS_LAMBDA(const index_t i) { row(i) = T(Gv(i)); });
     } else if (d <= m) {
       Kokkos::deep_copy(space_, row, Kokkos::subview(xi_, d - 1, Kokkos::ALL));
     } else {
@@ -429,8 +444,9 @@ struct CaseAnalysis {
       out_.m.Hv_sqnorm.push_back(dot(space_, Hv.data(), Hv.data(), P_));
       if (diagonal_.extent(0) > 0) {
         auto diag = diagonal_;
-        Kokkos::parallel_for("gnh::case::diagonal", range(space_, P_),
-                             KOKKOS_LAMBDA(const index_t i) { diag(i) += double(dir[i]) * Hv(i); });
+        Kokkos::parallel_for(
+            "gnh::case::diagonal", range(space_, P_),
+            KOKKOS_LAMBDA(const index_t i) { diag(i) += double(dir[i]) * Hv(i); });
       }
     }
   }
@@ -449,8 +465,8 @@ struct CaseAnalysis {
     const DerivedStatistics& d = out_.derived;
     const Estimate xiHxi_mean = mean_se(out_.m.xiHxi);
     const std::pair<const char*, double> whole[] = {
-        {"G_sqnorm", out_.m.G_sqnorm},     {"trace_sigma", d.trace_sigma.value}, {"trace_H", d.trace_H.value},
-        {"GHG_contrib", out_.m.GHG},       {"xiHxi_contrib", xiHxi_mean.value},  {"frob_H", d.frob_H.value}};
+        {"G_sqnorm", out_.m.G_sqnorm}, {"trace_sigma", d.trace_sigma.value}, {"trace_H", d.trace_H.value},
+        {"GHG_contrib", out_.m.GHG},   {"xiHxi_contrib", xiHxi_mean.value},  {"frob_H", d.frob_H.value}};
     for (const BlockTable& t : out_.blocks)
       for (const auto& [name, value] : whole) {
         const std::vector<double>* col = t.column(name);
@@ -533,11 +549,11 @@ struct CaseAnalysis {
   BatchStager stager_;
   Stopwatch clock_;
   CaseStatistics out_;
-  std::int64_t tokens_ = 0;    // targets of the epoch
-  View1<double> G_, gj_;       // (P) the epoch's mean gradient; a noise batch's (then the partition's mean)
-  View2<T> xi_;                // (m, P) the noise vectors
-  ExactSum partition_sum_;     // sum of the g_j when the noise batches partition the epoch
-  std::vector<double> first_;  // per direction: G . d
+  std::int64_t tokens_ = 0;                // targets of the epoch
+  View1<double> G_, gj_;                   // (P) the epoch's mean gradient; a noise batch's (then the partition's mean)
+  View2<T> xi_;                            // (m, P) the noise vectors
+  ExactSum partition_sum_;                 // sum of the g_j when the noise batches partition the epoch
+  std::vector<double> first_;              // per direction: G . d
   std::vector<BlockMeasurements> blocks_;  // [curvature] blocks: one per partition
   index_t n_block_values_ = 0;             // blocks of all partitions together
   View1<double> diagonal_;                 // [curvature] diagonal: sum_k v_k * (H v_k)

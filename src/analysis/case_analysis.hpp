@@ -46,7 +46,7 @@ struct CaseExtras {
 
 template <class T>
 CaseStatistics analyse_case(const ExecSpace& space, Team& team, Engines<T>& engines, Span1<const T> params,
-                            const CaseExtras<T>& extras, const std::int32_t* ids, index_t n_blocks, const AnalysisSettings& s,
-                            const CaseHooks& hooks);
+                            const CaseExtras<T>& extras, const std::int32_t* ids, index_t n_blocks,
+                            const AnalysisSettings& s, const CaseHooks& hooks);
 
 }  // namespace gnh

@@ -14,8 +14,8 @@ std::vector<index_t> all_blocks(index_t n) {
 }
 
 template <class T>
-EpochGradient epoch_gradient(const ExecSpace& space, Gpt<T>& model, Span1<const T> params,
-                             const std::int32_t* ids, const std::vector<index_t>& blocks, View1<double> G) {
+EpochGradient epoch_gradient(const ExecSpace& space, Gpt<T>& model, Span1<const T> params, const std::int32_t* ids,
+                             const std::vector<index_t>& blocks, View1<double> G) {
   const index_t P = model.layout().size();
   if (G.extent(0) != static_cast<std::size_t>(P)) throw std::logic_error("epoch_gradient: G has the wrong length");
   const auto batches = make_batches(blocks, model.batch());
@@ -34,9 +34,8 @@ EpochGradient epoch_gradient(const ExecSpace& space, Gpt<T>& model, Span1<const 
 }
 
 template <class T>
-EpochCurvature epoch_curvature(const ExecSpace& space, Gpt<T>& model, Span1<const T> params,
-                               Span2<const T> dirs, const std::int32_t* ids,
-                               const std::vector<index_t>& blocks, CurvatureMethod method,
+EpochCurvature epoch_curvature(const ExecSpace& space, Gpt<T>& model, Span1<const T> params, Span2<const T> dirs,
+                               const std::int32_t* ids, const std::vector<index_t>& blocks, CurvatureMethod method,
                                View2<double> Hv) {
   const index_t K = dirs.extent(0);
   const auto batches = make_batches(blocks, model.batch());
@@ -50,8 +49,8 @@ EpochCurvature epoch_curvature(const ExecSpace& space, Gpt<T>& model, Span1<cons
     for (index_t k = 0; k < K; ++k) hv_sums.emplace_back(P);
   std::vector<BatchScalars> table;
   BatchStager stager(model.batch(), model.context());
-  curvature_pass<T>(space, model, stager, params, dirs, ids, batches, all_blocks(index_t(batches.size())), method, table,
-                    {}, {}, want_hv ? &hv_sums : nullptr);
+  curvature_pass<T>(space, model, stager, params, dirs, ids, batches, all_blocks(index_t(batches.size())), method,
+                    table, {}, {}, want_hv ? &hv_sums : nullptr);
   const BatchScalars s = sum_in_order(table);
   out.tokens = s.count;
   out.batches = index_t(batches.size());
@@ -68,12 +67,12 @@ EpochCurvature epoch_curvature(const ExecSpace& space, Gpt<T>& model, Span1<cons
   return out;
 }
 
-#define GNH_INSTANTIATE(T)                                                                                  \
-  template EpochGradient epoch_gradient<T>(const ExecSpace&, Gpt<T>&, Span1<const T>, const std::int32_t*, \
-                                           const std::vector<index_t>&, View1<double>);                     \
-  template EpochCurvature epoch_curvature<T>(const ExecSpace&, Gpt<T>&, Span1<const T>, Span2<const T>,     \
-                                             const std::int32_t*, const std::vector<index_t>&,              \
-                                             CurvatureMethod, View2<double>);
+#define GNH_INSTANTIATE(T)                                                                                      \
+  template EpochGradient epoch_gradient<T>(const ExecSpace&, Gpt<T>&, Span1<const T>, const std::int32_t*,      \
+                                           const std::vector<index_t>&, View1<double>);                         \
+  template EpochCurvature epoch_curvature<T>(const ExecSpace&, Gpt<T>&, Span1<const T>, Span2<const T>,         \
+                                             const std::int32_t*, const std::vector<index_t>&, CurvatureMethod, \
+                                             View2<double>);
 GNH_INSTANTIATE(float)
 GNH_INSTANTIATE(double)
 #undef GNH_INSTANTIATE

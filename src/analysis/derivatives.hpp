@@ -14,7 +14,6 @@
 
 namespace gnh {
 
-
 struct EpochGradient {
   double loss = 0.0;
   std::int64_t tokens = 0;
@@ -32,18 +31,16 @@ struct EpochCurvature {
 // G (P) = gradient of the mean loss over `blocks` (indices into ids, each of
 // context T). model must be planned with reverse mode.
 template <class T>
-EpochGradient epoch_gradient(const ExecSpace& space, Gpt<T>& model, Span1<const T> params,
-                             const std::int32_t* ids, const std::vector<index_t>& blocks,
-                             View1<double> G);
+EpochGradient epoch_gradient(const ExecSpace& space, Gpt<T>& model, Span1<const T> params, const std::int32_t* ids,
+                             const std::vector<index_t>& blocks, View1<double> G);
 
 // Quadratic forms along dirs (K, P), K = the model's planned directions.
 // forward_over_reverse needs a model planned with reverse mode; if Hv is
 // non-empty it receives H v_k of the mean loss (K, P). second_order_forward
 // needs second-order planes.
 template <class T>
-EpochCurvature epoch_curvature(const ExecSpace& space, Gpt<T>& model, Span1<const T> params,
-                               Span2<const T> dirs, const std::int32_t* ids,
-                               const std::vector<index_t>& blocks, CurvatureMethod method,
+EpochCurvature epoch_curvature(const ExecSpace& space, Gpt<T>& model, Span1<const T> params, Span2<const T> dirs,
+                               const std::int32_t* ids, const std::vector<index_t>& blocks, CurvatureMethod method,
                                View2<double> Hv = View2<double>());
 
 // 0, 1, ..., n-1.

@@ -36,7 +36,9 @@ struct WeightedDotTerm {
   const A* a;
   const double* w;
   const B* b;
-  KOKKOS_INLINE_FUNCTION void operator()(const index_t i, double& acc) const { acc += double(a[i]) * w[i] * double(b[i]); }
+  KOKKOS_INLINE_FUNCTION void operator()(const index_t i, double& acc) const {
+    acc += double(a[i]) * w[i] * double(b[i]);
+  }
 };
 
 template <class A, class B>

@@ -9,8 +9,8 @@
 
 namespace gnh {
 
-void fill_batch(View2<std::int32_t, HostSpace> tokens, View2<std::int32_t, HostSpace> targets,
-                const std::int32_t* ids, const index_t* blocks, index_t count) {
+void fill_batch(View2<std::int32_t, HostSpace> tokens, View2<std::int32_t, HostSpace> targets, const std::int32_t* ids,
+                const index_t* blocks, index_t count) {
   const index_t B = tokens.extent(0), T = tokens.extent(1);
   if (count > B) throw std::logic_error("fill_batch: more blocks than the batch holds");
   for (index_t b = 0; b < B; ++b) {
@@ -24,8 +24,8 @@ void fill_batch(View2<std::int32_t, HostSpace> tokens, View2<std::int32_t, HostS
 }
 
 template <class T>
-EpochLoss epoch_loss(const ExecSpace& space, Gpt<T>& model, Span1<const T> params,
-                     const std::int32_t* ids, index_t n_blocks) {
+EpochLoss epoch_loss(const ExecSpace& space, Gpt<T>& model, Span1<const T> params, const std::int32_t* ids,
+                     index_t n_blocks) {
   Kokkos::Profiling::pushRegion("gnh::epoch::loss");
   const index_t B = model.batch();
   BatchStager stager(B, model.context());
@@ -46,9 +46,8 @@ EpochLoss epoch_loss(const ExecSpace& space, Gpt<T>& model, Span1<const T> param
   return out;
 }
 
-template EpochLoss epoch_loss<float>(const ExecSpace&, Gpt<float>&, Span1<const float>,
-                                     const std::int32_t*, index_t);
-template EpochLoss epoch_loss<double>(const ExecSpace&, Gpt<double>&, Span1<const double>,
-                                      const std::int32_t*, index_t);
+template EpochLoss epoch_loss<float>(const ExecSpace&, Gpt<float>&, Span1<const float>, const std::int32_t*, index_t);
+template EpochLoss epoch_loss<double>(const ExecSpace&, Gpt<double>&, Span1<const double>, const std::int32_t*,
+                                      index_t);
 
 }  // namespace gnh

@@ -15,8 +15,8 @@ namespace gnh {
 
 // Fills one (B, T) batch with the listed blocks (count <= B); rows past count
 // are padding: token 0 and ignored targets (-1).
-void fill_batch(View2<std::int32_t, HostSpace> tokens, View2<std::int32_t, HostSpace> targets,
-                const std::int32_t* ids, const index_t* blocks, index_t count);
+void fill_batch(View2<std::int32_t, HostSpace> tokens, View2<std::int32_t, HostSpace> targets, const std::int32_t* ids,
+                const index_t* blocks, index_t count);
 
 struct EpochLoss {
   double loss = 0.0;        // sum / tokens
@@ -28,7 +28,7 @@ struct EpochLoss {
 // Mean token loss over blocks 0..n_blocks-1 of ids (which must hold at least
 // n_blocks*T + 1 ids). Deterministic: batches are summed in order in double.
 template <class T>
-EpochLoss epoch_loss(const ExecSpace& space, Gpt<T>& model, Span1<const T> params,
-                     const std::int32_t* ids, index_t n_blocks);
+EpochLoss epoch_loss(const ExecSpace& space, Gpt<T>& model, Span1<const T> params, const std::int32_t* ids,
+                     index_t n_blocks);
 
 }  // namespace gnh

@@ -50,7 +50,7 @@ KOKKOS_INLINE_FUNCTION fixed128 to_fixed(float x) {
     return negative ? -v : v;
   }
   const int r = -shift;
-  if (r >= 40) return negative ? fixed128(-1) : fixed128(0);  // 0 < m 2^-r < 1
+  if (r >= 40) return negative ? fixed128(-1) : fixed128(0);                         // 0 < m 2^-r < 1
   const std::int64_t q = negative ? (m + (std::int64_t(1) << r) - 1) >> r : m >> r;  // ceil for -, floor for +
   return negative ? -fixed128(q) : fixed128(q);
 }
@@ -76,14 +76,15 @@ class ExactSum {
   template <class T>
   void add(const ExecSpace& space, const T* x) {
     auto a = acc_;
-    Kokkos::parallel_for("gnh::exact_sum::add", range(space, size()),
-                         KOKKOS_LAMBDA(const index_t i) { a(i) += to_fixed(x[i]); });
+    Kokkos::parallel_for(
+        "gnh::exact_sum::add", range(space, size()), KOKKOS_LAMBDA(const index_t i) { a(i) += to_fixed(x[i]); });
   }
   // out = sum * scale
   void to_double(const ExecSpace& space, double* out, double scale) const {
     auto a = acc_;
-    Kokkos::parallel_for("gnh::exact_sum::to_double", range(space, size()),
-                         KOKKOS_LAMBDA(const index_t i) { out[i] = from_fixed(a(i)) * scale; });
+    Kokkos::parallel_for(
+        "gnh::exact_sum::to_double", range(space, size()),
+        KOKKOS_LAMBDA(const index_t i) { out[i] = from_fixed(a(i)) * scale; });
   }
 
  private:

@@ -25,7 +25,6 @@ std::size_t lanczos_bytes(index_t n_params, const CurvatureSettings& c, index_t 
          (sizeof(__int128) + sizeof(double)) * P * K;
 }
 
-
 RitzPairs ritz_pairs(const std::vector<double>& alpha, const std::vector<double>& beta) {
   const std::size_t n = alpha.size();
   RitzPairs out;
@@ -98,10 +97,14 @@ RitzPairs ritz_pairs(const std::vector<double>& alpha, const std::vector<double>
 
 const char* to_string(ChainStop s) {
   switch (s) {
-    case ChainStop::running: return "running";
-    case ChainStop::steps: return "steps";
-    case ChainStop::converged: return "converged";
-    case ChainStop::invariant_subspace: return "invariant_subspace";
+    case ChainStop::running:
+      return "running";
+    case ChainStop::steps:
+      return "steps";
+    case ChainStop::converged:
+      return "converged";
+    case ChainStop::invariant_subspace:
+      return "invariant_subspace";
   }
   return "?";
 }

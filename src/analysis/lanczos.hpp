@@ -47,7 +47,8 @@ TopRitz top_ritz(const RitzPairs& r, double beta_next, index_t k);
 // has a residual at most tolerance x max |theta| (the operator's norm as the
 // chain sees it), with tolerance > 0; or the next beta vanished against that
 // norm (an invariant subspace: the Ritz values are exact).
-ChainStop chain_stop(const RitzPairs& r, double beta_next, index_t k, double tolerance, index_t steps, index_t max_steps);
+ChainStop chain_stop(const RitzPairs& r, double beta_next, index_t k, double tolerance, index_t steps,
+                     index_t max_steps);
 
 // Stochastic Lanczos quadrature: the mean over chains of sum_i w_i N(x;
 // theta_i, sigma^2) on `points` equally spaced x from min theta - 8 sigma to

@@ -43,7 +43,9 @@ Shape curvature_shape(const AnalysisSettings& s, index_t K) {
                   s.curvature_method == CurvatureMethod::second_order_forward);
 }
 
-Shape check_shape(const AnalysisSettings& s, bool second_order) { return shape_of(s, 1, 2, !second_order, second_order); }
+Shape check_shape(const AnalysisSettings& s, bool second_order) {
+  return shape_of(s, 1, 2, !second_order, second_order);
+}
 
 PlannedCuts planned_adjoint_cuts(const ModelConfig& cfg, const AnalysisSettings& s) {
   PlannedCuts p;
@@ -68,11 +70,11 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const 
               scalar * P * std::size_t(c.n_noise + c.pass_widths.front() + 2 + 3);
   // [curvature] with H v kept: an exact sum per direction of the widest pass,
   // the epoch's H v in double, and the diagonal's accumulator in double.
-  if (c.preconditioned) m.vectors += sizeof(double) * P;  // the preconditioner
+  if (c.preconditioned) m.vectors += sizeof(double) * P;     // the preconditioner
   if (c.update) m.vectors += (sizeof(double) + scalar) * P;  // Delta and theta_b
   if (s.keeps_hv())
-    m.vectors += sizeof(fixed128) * P * std::size_t(c.pass_widths.front()) +
-                 sizeof(double) * P * (s.curvature.diagonal ? 2 : 1);
+    m.vectors +=
+        sizeof(fixed128) * P * std::size_t(c.pass_widths.front()) + sizeof(double) * P * (s.curvature.diagonal ? 2 : 1);
   if (c.spectrum) {
     m.spectrum = lanczos_bytes(index_t(P), s.curvature, s.directions_per_pass, members);
     // The curvature engine at the chains' width, where it is wider than the §4 passes'.

@@ -15,8 +15,8 @@ namespace gnh {
 
 struct CasePlan {
   index_t n_blocks = 0;
-  index_t n_noise = 0;              // noise samples: min(noise_samples, n_blocks / noise_batch)
-  bool partition = false;           // the noise batches cover the epoch exactly
+  index_t n_noise = 0;               // noise samples: min(noise_samples, n_blocks / noise_batch)
+  bool partition = false;            // the noise batches cover the epoch exactly
   std::vector<index_t> pass_widths;  // directions of each curvature pass, balanced, widest first
   // G, the xi_j, the v_k, then with the AdamW preconditioner P: PG, the P xi_j.
   // With an update target (SPEC §10), Delta last.
@@ -42,8 +42,8 @@ Shape check_shape(const AnalysisSettings& s, bool second_order);
 
 struct MemoryPlan {
   std::size_t gradient = 0, curvature = 0, checks = 0;  // engines (model/plan.hpp)
-  std::size_t vectors = 0;  // G, g_j, xi_j in double; the exact sums; the xi and direction blocks;
-                            // with [curvature], the epoch's H v of each direction of a pass
+  std::size_t vectors = 0;   // G, g_j, xi_j in double; the exact sums; the xi and direction blocks;
+                             // with [curvature], the epoch's H v of each direction of a pass
   std::size_t spectrum = 0;  // the Lanczos chains' share of one team member (analysis/spectrum.hpp)
   std::size_t total() const { return gradient + curvature + checks + vectors + spectrum; }
 };

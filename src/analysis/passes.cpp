@@ -28,8 +28,10 @@ class BatchClock {
 }  // namespace
 
 BatchStager::BatchStager(index_t max_batch, index_t context)
-    : context_(context), tokens_("gnh::batch::tokens", max_batch, context),
-      targets_("gnh::batch::targets", max_batch, context), h_tokens_(Kokkos::create_mirror_view(tokens_)),
+    : context_(context),
+      tokens_("gnh::batch::tokens", max_batch, context),
+      targets_("gnh::batch::targets", max_batch, context),
+      h_tokens_(Kokkos::create_mirror_view(tokens_)),
       h_targets_(Kokkos::create_mirror_view(targets_)) {}
 
 void BatchStager::stage(const std::int32_t* ids, const Batch& blocks, index_t B) {
@@ -44,8 +46,8 @@ void BatchStager::stage(const std::int32_t* ids, const Batch& blocks, index_t B)
 
 template <class T>
 bool gradient_pass(const ExecSpace& space, Gpt<T>& model, BatchStager& stager, Span1<const T> params,
-                   const std::int32_t* ids, const std::vector<Batch>& batches, const std::vector<index_t>& mine, ExactSum& acc,
-                   std::vector<BatchScalars>& table, const StopCheck& stop, const ProgressFn& progress) {
+                   const std::int32_t* ids, const std::vector<Batch>& batches, const std::vector<index_t>& mine,
+                   ExactSum& acc, std::vector<BatchScalars>& table, const StopCheck& stop, const ProgressFn& progress) {
   Kokkos::Profiling::pushRegion("gnh::pass::gradient");
   const index_t P = model.layout().size();
   View1<T> grad("gnh::pass::batch_gradient", P);
@@ -75,10 +77,9 @@ bool gradient_pass(const ExecSpace& space, Gpt<T>& model, BatchStager& stager, S
 
 template <class T>
 bool curvature_pass(const ExecSpace& space, Gpt<T>& model, BatchStager& stager, Span1<const T> params,
-                    Span2<const T> dirs,
-                    const std::int32_t* ids, const std::vector<Batch>& batches, const std::vector<index_t>& mine,
-                    CurvatureMethod method, std::vector<BatchScalars>& table, const StopCheck& stop,
-                    const ProgressFn& progress, std::vector<ExactSum>* hv_sums) {
+                    Span2<const T> dirs, const std::int32_t* ids, const std::vector<Batch>& batches,
+                    const std::vector<index_t>& mine, CurvatureMethod method, std::vector<BatchScalars>& table,
+                    const StopCheck& stop, const ProgressFn& progress, std::vector<ExactSum>* hv_sums) {
   Kokkos::Profiling::pushRegion("gnh::pass::curvature");
   const index_t P = model.layout().size(), K = dirs.extent(0);
   if (K != model.shape().directions) throw std::logic_error("curvature_pass: directions differ from the plan");
@@ -139,12 +140,12 @@ BatchScalars sum_in_order(const std::vector<BatchScalars>& table) {
   return s;
 }
 
-#define GNH_INSTANTIATE(T)                                                                                     \
-  template bool gradient_pass<T>(const ExecSpace&, Gpt<T>&, BatchStager&, Span1<const T>, const std::int32_t*, \
-                                 const std::vector<Batch>&, const std::vector<index_t>&, ExactSum&,            \
-                                 std::vector<BatchScalars>&, const StopCheck&, const ProgressFn&);             \
-  template bool curvature_pass<T>(const ExecSpace&, Gpt<T>&, BatchStager&, Span1<const T>, Span2<const T>,     \
-                                  const std::int32_t*, const std::vector<Batch>&, const std::vector<index_t>&, \
+#define GNH_INSTANTIATE(T)                                                                                          \
+  template bool gradient_pass<T>(const ExecSpace&, Gpt<T>&, BatchStager&, Span1<const T>, const std::int32_t*,      \
+                                 const std::vector<Batch>&, const std::vector<index_t>&, ExactSum&,                 \
+                                 std::vector<BatchScalars>&, const StopCheck&, const ProgressFn&);                  \
+  template bool curvature_pass<T>(const ExecSpace&, Gpt<T>&, BatchStager&, Span1<const T>, Span2<const T>,          \
+                                  const std::int32_t*, const std::vector<Batch>&, const std::vector<index_t>&,      \
                                   CurvatureMethod, std::vector<BatchScalars>&, const StopCheck&, const ProgressFn&, \
                                   std::vector<ExactSum>*);
 GNH_INSTANTIATE(float)

@@ -34,16 +34,17 @@ class BatchStager {
 // Returns false if stopped early.
 template <class T>
 bool gradient_pass(const ExecSpace& space, Gpt<T>& model, BatchStager& stager, Span1<const T> params,
-                   const std::int32_t* ids, const std::vector<Batch>& batches, const std::vector<index_t>& mine, ExactSum& acc,
-                   std::vector<BatchScalars>& table, const StopCheck& stop = {}, const ProgressFn& progress = {});
+                   const std::int32_t* ids, const std::vector<Batch>& batches, const std::vector<index_t>& mine,
+                   ExactSum& acc, std::vector<BatchScalars>& table, const StopCheck& stop = {},
+                   const ProgressFn& progress = {});
 
 // Quadratic forms of each batch in `mine` along dirs (K, P) = the model's directions.
 // With forward-over-reverse, hv_sums (K of them) may also collect H_sum v_k.
 template <class T>
 bool curvature_pass(const ExecSpace& space, Gpt<T>& model, BatchStager& stager, Span1<const T> params,
-                    Span2<const T> dirs,
-                    const std::int32_t* ids, const std::vector<Batch>& batches, const std::vector<index_t>& mine,
-                    CurvatureMethod method, std::vector<BatchScalars>& table, const StopCheck& stop = {},
-                    const ProgressFn& progress = {}, std::vector<ExactSum>* hv_sums = nullptr);
+                    Span2<const T> dirs, const std::int32_t* ids, const std::vector<Batch>& batches,
+                    const std::vector<index_t>& mine, CurvatureMethod method, std::vector<BatchScalars>& table,
+                    const StopCheck& stop = {}, const ProgressFn& progress = {},
+                    std::vector<ExactSum>* hv_sums = nullptr);
 
 }  // namespace gnh

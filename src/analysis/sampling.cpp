@@ -37,8 +37,9 @@ std::vector<std::vector<index_t>> noise_batches(index_t n_blocks, index_t noise_
 std::vector<std::vector<index_t>> make_batches(const std::vector<index_t>& blocks, index_t size) {
   std::vector<std::vector<index_t>> out;
   for (std::size_t i = 0; i < blocks.size(); i += static_cast<std::size_t>(size))
-    out.emplace_back(blocks.begin() + static_cast<std::ptrdiff_t>(i),
-                     blocks.begin() + static_cast<std::ptrdiff_t>(std::min(blocks.size(), i + static_cast<std::size_t>(size))));
+    out.emplace_back(
+        blocks.begin() + static_cast<std::ptrdiff_t>(i),
+        blocks.begin() + static_cast<std::ptrdiff_t>(std::min(blocks.size(), i + static_cast<std::size_t>(size))));
   return out;
 }
 

@@ -5,10 +5,14 @@ namespace gnh {
 
 const char* to_string(Precision p) {
   switch (p) {
-    case Precision::fp32: return "fp32";
-    case Precision::tf32: return "tf32";
-    case Precision::bf16_amp: return "bf16-amp";
-    case Precision::fp64: return "fp64";
+    case Precision::fp32:
+      return "fp32";
+    case Precision::tf32:
+      return "tf32";
+    case Precision::bf16_amp:
+      return "bf16-amp";
+    case Precision::fp64:
+      return "fp64";
   }
   return "?";
 }

@@ -32,20 +32,20 @@ std::optional<CurvatureMethod> curvature_method_named(const std::string& s);
 // key can change a result, so every key is in the settings fingerprint;
 // `recipe` marks the keys that change the cost of a pass, which a timing
 // profile is measured for (driver/plan.cpp). Enumerations ignore the range.
-#define GNH_ANALYSIS_KEYS(X)                                                                   \
-  X(grad_microbatch, index_t, 32, 1, index_t(1) << 30, true)                                   \
-  X(hvp_batch, index_t, 64, 1, index_t(1) << 30, true)                                         \
-  X(noise_samples, index_t, 32, 0, index_t(1) << 30, false)                                    \
-  X(noise_batch, index_t, 32, 1, index_t(1) << 30, false)                                      \
-  X(directions, index_t, 32, 0, index_t(1) << 30, false)                                       \
-  X(directions_per_pass, index_t, 8, 1, 4096, true)                                            \
-  X(seed, std::uint64_t, 1234, 0, INT64_MAX, false)                                            \
+#define GNH_ANALYSIS_KEYS(X)                                 \
+  X(grad_microbatch, index_t, 32, 1, index_t(1) << 30, true) \
+  X(hvp_batch, index_t, 64, 1, index_t(1) << 30, true)       \
+  X(noise_samples, index_t, 32, 0, index_t(1) << 30, false)  \
+  X(noise_batch, index_t, 32, 1, index_t(1) << 30, false)    \
+  X(directions, index_t, 32, 0, index_t(1) << 30, false)     \
+  X(directions_per_pass, index_t, 8, 1, 4096, true)          \
+  X(seed, std::uint64_t, 1234, 0, INT64_MAX, false)          \
   X(curvature_method, CurvatureMethod, CurvatureMethod::second_order_forward, 0, 0, true)
 
 // [curvature] (SPEC §10): what the analysis computes beyond §4. Absent: none.
 struct CurvatureSettings {
-  bool blocks = false;    // per-block statistics, both partitions (trace_H and the rest need Hv)
-  bool diagonal = false;  // the Hutchinson diagonal of H as a dataset (needs Hv)
+  bool blocks = false;          // per-block statistics, both partitions (trace_H and the rest need Hv)
+  bool diagonal = false;        // the Hutchinson diagonal of H as a dataset (needs Hv)
   bool preconditioned = false;  // the AdamW-preconditioned noise scale, where a checkpoint has AdamW state
   bool update = false;          // curvature along the update to the next checkpoint by iter_num
   // The spectrum: Lanczos chains of lanczos_steps steps (0: none) on H, or on

@@ -44,14 +44,25 @@ struct LanczosChains {
   LanczosChains(const ExecSpace& space, Team& team, Engines<T>& engines, BatchStager& stager, Span1<const T> params,
                 View1<double> precond, const std::int32_t* ids, index_t n_blocks, std::int64_t tokens,
                 const AnalysisSettings& s, const CaseHooks& hooks)
-      : space_(space), team_(team), engines_(engines), stager_(stager), params_(params), ids_(ids), s_(s),
-        hooks_(hooks), P_(engines.gradient.layout().size()), C_(s.curvature.lanczos_chains),
-        m_(s.curvature.lanczos_steps), rows_(std::min(m_, P_) + 1), tokens_(tokens),
+      : space_(space),
+        team_(team),
+        engines_(engines),
+        stager_(stager),
+        params_(params),
+        ids_(ids),
+        s_(s),
+        hooks_(hooks),
+        P_(engines.gradient.layout().size()),
+        C_(s.curvature.lanczos_chains),
+        m_(s.curvature.lanczos_steps),
+        rows_(std::min(m_, P_) + 1),
+        tokens_(tokens),
         batches_(make_batches(all_blocks(n_blocks), s.hvp_batch)) {
     n_chunks_ = (P_ + kLanczosChunk - 1) / kLanczosChunk;
     local_chunks_ = index_t(dealt_share(n_chunks_, team.size(), team.rank()).size());
     L_ = 0;
-    for (index_t k : dealt_share(n_chunks_, team.size(), team.rank())) L_ += std::min(kLanczosChunk, P_ - k * kLanczosChunk);
+    for (index_t k : dealt_share(n_chunks_, team.size(), team.rank()))
+      L_ += std::min(kLanczosChunk, P_ - k * kLanczosChunk);
     Q_ = View2<double>("gnh::lanczos::basis", C_ * rows_, L_);
     W_ = View2<double>("gnh::lanczos::work", C_, L_);
     q_ = View2<double>("gnh::lanczos::current", C_, P_);
@@ -60,8 +71,8 @@ struct LanczosChains {
     if (s.curvature.lanczos_php) scale_sqrt(precond);
     state_.chains.resize(std::size_t(C_));
     std::ostringstream key;
-    key << "lanczos v1 op=" << (s.curvature.lanczos_php ? "PHP" : "H") << " P=" << P_ << " chains=" << C_
-        << " m=" << m_ << " chunk=" << kLanczosChunk << " tol=" << s.curvature.lanczos_tolerance
+    key << "lanczos v1 op=" << (s.curvature.lanczos_php ? "PHP" : "H") << " P=" << P_ << " chains=" << C_ << " m=" << m_
+        << " chunk=" << kLanczosChunk << " tol=" << s.curvature.lanczos_tolerance
         << " top=" << s.curvature.top_eigenvalues << " seed=" << s.seed;
     state_.key = key.str();
   }
@@ -70,8 +81,9 @@ struct LanczosChains {
   void scale_sqrt(View1<double> precond) {
     sqrt_p_ = View1<double>("gnh::lanczos::sqrt_p", P_);
     auto out = sqrt_p_;
-    Kokkos::parallel_for("gnh::lanczos::sqrt_p", range(space_, P_),
-                         KOKKOS_LAMBDA(const index_t i) { out(i) = kmath::sqrt(precond(i)); });
+    Kokkos::parallel_for(
+        "gnh::lanczos::sqrt_p", range(space_, P_),
+        KOKKOS_LAMBDA(const index_t i) { out(i) = kmath::sqrt(precond(i)); });
   }
 
   index_t row(index_t chain, index_t step) const { return chain * rows_ + step; }
@@ -86,8 +98,9 @@ struct LanczosChains {
   void gather(View1<double> whole, index_t r) {
     auto w = Kokkos::subview(W_, r, Kokkos::ALL);
     const index_t size = team_.size(), rank = team_.rank();
-    Kokkos::parallel_for("gnh::lanczos::gather", range(space_, L_),
-                         KOKKOS_LAMBDA(const index_t l) { w(l) = whole(global_of(l, size, rank)); });
+    Kokkos::parallel_for(
+        "gnh::lanczos::gather", range(space_, L_),
+        KOKKOS_LAMBDA(const index_t l) { w(l) = whole(global_of(l, size, rank)); });
   }
 
   // Row r of the basis, assembled whole into row `chain` of q_.
@@ -97,8 +110,9 @@ struct LanczosChains {
     Kokkos::deep_copy(space_, w, 0.0);
     auto q = Kokkos::subview(Q_, r, Kokkos::ALL);
     const index_t size = team_.size(), rank = team_.rank();
-    Kokkos::parallel_for("gnh::lanczos::scatter", range(space_, L_),
-                         KOKKOS_LAMBDA(const index_t l) { w(global_of(l, size, rank)) = q(l); });
+    Kokkos::parallel_for(
+        "gnh::lanczos::scatter", range(space_, L_),
+        KOKKOS_LAMBDA(const index_t l) { w(global_of(l, size, rank)) = q(l); });
     space_.fence();
     team_.combine(whole_);
     Kokkos::deep_copy(space_, out, whole_);
@@ -119,14 +133,15 @@ struct LanczosChains {
     auto Q = Q_;
     auto W = W_;
     const index_t nc = n_chunks_, lc = local_chunks_, L = L_, size = team_.size(), rank = team_.rank();
-    Kokkos::parallel_for("gnh::lanczos::dots", range(space_, n * lc), KOKKOS_LAMBDA(const index_t j) {
-      const index_t p = j / lc, c = j % lc;
-      const int ia = dp(p, 0), ib = dp(p, 1);
-      const double* a = ia >= 0 ? &Q(ia, 0) : &W(-1 - ia, 0);
-      const double* b = ib >= 0 ? &Q(ib, 0) : &W(-1 - ib, 0);
-      const index_t start = c * kLanczosChunk, len = L - start < kLanczosChunk ? L - start : kLanczosChunk;
-      partial(p * nc + c * size + rank) = chunk_dot(a + start, b + start, len) + 0.0;
-    });
+    Kokkos::parallel_for(
+        "gnh::lanczos::dots", range(space_, n * lc), KOKKOS_LAMBDA(const index_t j) {
+          const index_t p = j / lc, c = j % lc;
+          const int ia = dp(p, 0), ib = dp(p, 1);
+          const double* a = ia >= 0 ? &Q(ia, 0) : &W(-1 - ia, 0);
+          const double* b = ib >= 0 ? &Q(ib, 0) : &W(-1 - ib, 0);
+          const index_t start = c * kLanczosChunk, len = L - start < kLanczosChunk ? L - start : kLanczosChunk;
+          partial(p * nc + c * size + rank) = chunk_dot(a + start, b + start, len) + 0.0;
+        });
     space_.fence();
     team_.combine(partial);
     auto h = Kokkos::create_mirror_view_and_copy(HostSpace(), partial);
@@ -160,16 +175,17 @@ struct LanczosChains {
     const index_t tiles = (L_ + tile - 1) / tile, L = L_;
     auto Q = Q_;
     auto W = W_;
-    Kokkos::parallel_for("gnh::lanczos::subtract", range(space_, n * tiles), KOKKOS_LAMBDA(const index_t j) {
-      const index_t a = j / tiles, t0 = (j % tiles) * tile, t1 = t0 + tile < L ? t0 + tile : L;
-      const index_t w = dr(a, width);
-      for (index_t i = 0; i < width; ++i) {
-        const index_t r = dr(a, i);
-        if (r < 0) continue;
-        const double c = dc(a, i);
-        for (index_t l = t0; l < t1; ++l) W(w, l) -= c * Q(r, l);
-      }
-    });
+    Kokkos::parallel_for(
+        "gnh::lanczos::subtract", range(space_, n * tiles), KOKKOS_LAMBDA(const index_t j) {
+          const index_t a = j / tiles, t0 = (j % tiles) * tile, t1 = t0 + tile < L ? t0 + tile : L;
+          const index_t w = dr(a, width);
+          for (index_t i = 0; i < width; ++i) {
+            const index_t r = dr(a, i);
+            if (r < 0) continue;
+            const double c = dc(a, i);
+            for (index_t l = t0; l < t1; ++l) W(w, l) -= c * Q(r, l);
+          }
+        });
   }
 
   // The epoch's operator applied to the current vectors of `chains`, into
@@ -186,18 +202,19 @@ struct LanczosChains {
       auto d = Kokkos::subview(dirs, k, Kokkos::ALL);
       auto sp = sqrt_p_;
       const bool php = sp.extent(0) > 0;
-      Kokkos::parallel_for("gnh::lanczos::direction", range(space_, P_),
-                           KOKKOS_LAMBDA(const index_t i) { d(i) = T(php ? sp(i) * q(i) : q(i)); });
+      Kokkos::parallel_for(
+          "gnh::lanczos::direction", range(space_, P_),
+          KOKKOS_LAMBDA(const index_t i) { d(i) = T(php ? sp(i) * q(i) : q(i)); });
     }
     space_.fence();
     std::vector<BatchScalars> table;
     const ProgressFn progress =
         hooks_.progress ? ProgressFn([this](index_t done, index_t total) { hooks_.progress(stage_, done, total); })
                         : ProgressFn();
-    const bool ok = curvature_pass<T>(space_, engines_.curvature(K), stager_, params_,
-                                      Span2<const T>(dirs.data(), K, P_), ids_, batches_,
-                                      team_.share_of(index_t(batches_.size())), CurvatureMethod::forward_over_reverse,
-                                      table, hooks_.stop, progress, &sums);
+    const bool ok =
+        curvature_pass<T>(space_, engines_.curvature(K), stager_, params_, Span2<const T>(dirs.data(), K, P_), ids_,
+                          batches_, team_.share_of(index_t(batches_.size())), CurvatureMethod::forward_over_reverse,
+                          table, hooks_.stop, progress, &sums);
     if (team_.any(!ok)) throw Interrupted{};
     team_.share(table);
     for (const BatchScalars& r : table) {
@@ -210,7 +227,8 @@ struct LanczosChains {
       if (sqrt_p_.extent(0) > 0) {
         auto h = Hv_;
         auto sp = sqrt_p_;
-        Kokkos::parallel_for("gnh::lanczos::scale", range(space_, P_), KOKKOS_LAMBDA(const index_t i) { h(i) *= sp(i); });
+        Kokkos::parallel_for(
+            "gnh::lanczos::scale", range(space_, P_), KOKKOS_LAMBDA(const index_t i) { h(i) *= sp(i); });
       }
       gather(Hv_, chains[std::size_t(k)]);
     }
@@ -225,9 +243,9 @@ struct LanczosChains {
     const double scale = 1.0 / std::sqrt(double(P_));
     auto q = q_;
     const index_t P = P_;
-    Kokkos::parallel_for("gnh::lanczos::normalise", range(space_, C_ * P), KOKKOS_LAMBDA(const index_t j) {
-      q(j / P, j % P) = v(j / P, j % P) * scale;
-    });
+    Kokkos::parallel_for(
+        "gnh::lanczos::normalise", range(space_, C_ * P),
+        KOKKOS_LAMBDA(const index_t j) { q(j / P, j % P) = v(j / P, j % P) * scale; });
     for (index_t c = 0; c < C_; ++c) {
       gather(Kokkos::subview(q_, c, Kokkos::ALL), c);
       Kokkos::deep_copy(space_, Kokkos::subview(Q_, row(c, 0), Kokkos::ALL), Kokkos::subview(W_, c, Kokkos::ALL));
@@ -436,14 +454,14 @@ struct LanczosChains {
       ++st.steps;
       const index_t j = index_t(st.steps);
       const RitzPairs r = ritz_pairs(st.alpha, st.beta);
-      st.stop = chain_stop(r, beta, s_.curvature.top_eigenvalues, s_.curvature.lanczos_tolerance, j,
-                           std::min(m_, rows_ - 1));
+      st.stop =
+          chain_stop(r, beta, s_.curvature.top_eigenvalues, s_.curvature.lanczos_tolerance, j, std::min(m_, rows_ - 1));
       if (st.stop != ChainStop::running) continue;
       auto next = Kokkos::subview(Q_, row(c, j), Kokkos::ALL);
       auto w = Kokkos::subview(W_, c, Kokkos::ALL);
       const double inv = 1.0 / beta;
-      Kokkos::parallel_for("gnh::lanczos::next", range(space_, L_),
-                           KOKKOS_LAMBDA(const index_t l) { next(l) = w(l) * inv + 0.0; });
+      Kokkos::parallel_for(
+          "gnh::lanczos::next", range(space_, L_), KOKKOS_LAMBDA(const index_t l) { next(l) = w(l) * inv + 0.0; });
     }
   }
 
@@ -518,8 +536,9 @@ struct LanczosChains {
           std::max({out.quadrature.deviation, std::abs(m1 - st.start_vHv) / std::max(m1abs, 1e-300),
                     std::abs(m2 - st.start_Hv_sqnorm) / std::max(st.start_Hv_sqnorm, 1e-300)});
     }
-    const TopRitz top = top_ritz(ritz.front(), state_.chains.front().beta.empty() ? 0 : state_.chains.front().beta.back(),
-                                 s_.curvature.top_eigenvalues);
+    const TopRitz top =
+        top_ritz(ritz.front(), state_.chains.front().beta.empty() ? 0 : state_.chains.front().beta.back(),
+                 s_.curvature.top_eigenvalues);
     sp.top_eigenvalues = top.values;
     sp.top_residuals = top.residuals;
     const SpectralDensity dens = slq_density(ritz, 1024, 0.01);

@@ -21,7 +21,7 @@ struct SpectrumRun {
   SpectrumStatistics stats;
   IdentityCheck quadrature;
   double pass_seconds = 0, arithmetic_seconds = 0;
-  std::int64_t resumed_at = -1;  // the steps a saved state had done (-1: none)
+  std::int64_t resumed_at = -1;                          // the steps a saved state had done (-1: none)
   std::vector<double> batch_seconds, direction_seconds;  // each batch of every step's passes (measured)
 };
 

@@ -12,9 +12,9 @@
 namespace gnh {
 
 struct CaseMeasurements {
-  index_t n_blocks = 0;      // blocks of the epoch
-  index_t context = 0;       // tokens per block
-  index_t noise_batch = 0;   // B, blocks per noise batch
+  index_t n_blocks = 0;     // blocks of the epoch
+  index_t context = 0;      // tokens per block
+  index_t noise_batch = 0;  // B, blocks per noise batch
   double G_sqnorm = 0, GHG = 0;
   std::vector<double> gB_sqnorm, xi_sqnorm, G_dot_xi, xiHxi;  // per noise sample
   std::vector<double> vHv;                                    // per direction
@@ -54,9 +54,9 @@ DerivedStatistics derive(const CaseMeasurements& m);
 struct BlockMeasurements {
   std::string partition;  // "tensor" | "layer"
   std::vector<std::string> names;
-  std::vector<std::int64_t> offsets;  // n_blocks + 1
-  bool has_hv = false;                // the epoch's H v was kept (forward-over-reverse)
-  std::vector<double> G_sqnorm, GHG;  // |G_b|^2, G_b^T (HG)_b
+  std::vector<std::int64_t> offsets;                  // n_blocks + 1
+  bool has_hv = false;                                // the epoch's H v was kept (forward-over-reverse)
+  std::vector<double> G_sqnorm, GHG;                  // |G_b|^2, G_b^T (HG)_b
   std::vector<std::vector<double>> xi_sqnorm, xiHxi;  // per noise sample: |xi_b|^2, xi_b^T (H xi)_b
   std::vector<std::vector<double>> vHv, Hv_sqnorm;    // per direction: v_b^T (Hv)_b, |(Hv)_b|^2
   std::size_t size() const { return names.size(); }
@@ -91,15 +91,15 @@ struct UpdateStatistics {
 // chain took (chain_steps): a zero weight adds nothing to any quadrature.
 struct SpectrumStatistics {
   bool present = false;
-  std::string op;                     // "H" | "PHP"
-  index_t steps = 0, chains = 0;      // m asked, number of chains
-  double tolerance = 0;               // curvature.lanczos_tolerance (0: every chain runs m steps)
-  std::int64_t chunk = 0;             // elements per partial dot product (the fixed summation order)
+  std::string op;                 // "H" | "PHP"
+  index_t steps = 0, chains = 0;  // m asked, number of chains
+  double tolerance = 0;           // curvature.lanczos_tolerance (0: every chain runs m steps)
+  std::int64_t chunk = 0;         // elements per partial dot product (the fixed summation order)
   std::vector<std::int64_t> chain_steps;
-  std::vector<std::string> chain_stop;  // "steps" | "converged" | "invariant_subspace"
-  std::vector<double> alpha, beta;      // beta[j]: the norm of the residual after step j + 1
-  std::vector<double> ritz_values, ritz_weights;  // ascending; Gauss weights S(0, i)^2
-  std::vector<double> start_vHv, start_Hv_sqnorm;  // per chain: v^T H v and |H v|^2 of the unit start vector
+  std::vector<std::string> chain_stop;                 // "steps" | "converged" | "invariant_subspace"
+  std::vector<double> alpha, beta;                     // beta[j]: the norm of the residual after step j + 1
+  std::vector<double> ritz_values, ritz_weights;       // ascending; Gauss weights S(0, i)^2
+  std::vector<double> start_vHv, start_Hv_sqnorm;      // per chain: v^T H v and |H v|^2 of the unit start vector
   std::vector<double> top_eigenvalues, top_residuals;  // the first chain's largest Ritz values, descending
   double broadening = 0;                               // the density's Gaussian sigma
   std::vector<double> density_grid, density;
@@ -127,11 +127,11 @@ struct CaseStatistics {
   // Measured per stage (analysis/usage.hpp: StageMeter): batch and direction
   // time spreads, host high-water mark, device memory; attributes of `timings`.
   std::vector<std::pair<std::string, double>> measured;
-  std::int64_t peak_memory_bytes = 0;  // planned memory of the engines and vectors (analysis/memory.hpp)
-  std::vector<BlockTable> blocks;        // [curvature] blocks: one table per partition
-  std::vector<float> hessian_diagonal;   // [curvature] diagonal: mean_k v_k * (H v_k), (P)
-  UpdateStatistics update;               // [curvature] update
-  SpectrumStatistics spectrum;           // [curvature] lanczos_steps > 0
+  std::int64_t peak_memory_bytes = 0;     // planned memory of the engines and vectors (analysis/memory.hpp)
+  std::vector<BlockTable> blocks;         // [curvature] blocks: one table per partition
+  std::vector<float> hessian_diagonal;    // [curvature] diagonal: mean_k v_k * (H v_k), (P)
+  UpdateStatistics update;                // [curvature] update
+  SpectrumStatistics spectrum;            // [curvature] lanczos_steps > 0
   std::int64_t spectrum_resumed_at = -1;  // the Lanczos steps a saved state had done (-1: started afresh); not written
 };
 

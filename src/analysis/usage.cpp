@@ -65,7 +65,6 @@ std::int64_t device_memory_total() {
   return -1;
 }
 
-
 Spread spread(std::vector<double> x) {
   if (x.empty()) return {NAN, NAN, NAN};
   std::sort(x.begin(), x.end());

@@ -25,7 +25,6 @@ std::int64_t host_memory_total();
 std::int64_t device_memory_in_use();
 std::int64_t device_memory_total();
 
-
 // Median and the 10th and 90th percentiles (nearest rank) of x; NaN if empty.
 struct Spread {
   double median, p10, p90;

@@ -122,7 +122,9 @@ template <class T_>
 struct Io<Dual<T_>> {
   using T = T_;
   using S = Dual<T>;
-  static KOKKOS_INLINE_FUNCTION S get(const Act2<T>& a, int k, index_t n, index_t c) { return {a.v(n, c), a.d(k, n, c)}; }
+  static KOKKOS_INLINE_FUNCTION S get(const Act2<T>& a, int k, index_t n, index_t c) {
+    return {a.v(n, c), a.d(k, n, c)};
+  }
   static KOKKOS_INLINE_FUNCTION void put(const Act2<T>& a, int k, index_t n, index_t c, const S& x) {
     a.v(n, c) = x.v;
     a.d(k, n, c) = x.d;
@@ -172,8 +174,10 @@ index_t directions_of(const A& a) {
 namespace gnh {
 // Building a scalar from a value and one tangent, and reading the tangent back
 // (for kernels that update planes in place: the value is written last).
-template <class S> struct Tangent;
-template <class T> struct Tangent<Dual<T>> {
+template <class S>
+struct Tangent;
+template <class T>
+struct Tangent<Dual<T>> {
   static KOKKOS_INLINE_FUNCTION Dual<T> make(T v, T d) { return {v, d}; }
   static KOKKOS_INLINE_FUNCTION T of(const Dual<T>& x) { return x.d; }
 };

@@ -52,8 +52,8 @@ std::vector<CheckpointFile> expand_checkpoints(const Deck& d) {
       const std::string name = basename_of(p);
       auto [it, fresh] = by_name.emplace(name, p);
       if (!fresh)
-        fail(d.file, ": checkpoints.paths: two checkpoints share the file name '", name, "' (", it->second,
-             " and ", p, "); results are keyed by file name");
+        fail(d.file, ": checkpoints.paths: two checkpoints share the file name '", name, "' (", it->second, " and ", p,
+             "); results are keyed by file name");
       out.push_back({p, name});
     }
     globfree(&g);
@@ -66,10 +66,8 @@ std::vector<CheckpointFile> expand_checkpoints(const Deck& d) {
 // A JSON value of a settings member: integers as they are, enumerations by name.
 template <class V>
 json json_of(const V& v) {
-  if constexpr (std::is_enum_v<V>)
-    return to_string(v);
-  else
-    return v;
+  if constexpr (std::is_enum_v<V>) return to_string(v);
+  else return v;
 }
 
 std::string settings_fingerprint(const Deck& d, const ModelConfig& cfg, const std::vector<LoadedCase>& cases) {
@@ -229,8 +227,10 @@ std::vector<FileInfo> gather_file_info(const Comm& comm, std::vector<CheckpointF
     hashed += files[i].hashed;
   }
   if (comm.rank() == 0 && hashed > 0 && !read_values) {
-    std::printf("gnh: note: %zu checkpoint file(s) carry no param_sha256 (an older gnh-convert): read in full to be "
-                "grouped, and again to be analysed; convert them again to read each once\n", hashed);
+    std::printf(
+        "gnh: note: %zu checkpoint file(s) carry no param_sha256 (an older gnh-convert): read in full to be "
+        "grouped, and again to be analysed; convert them again to read each once\n",
+        hashed);
     std::fflush(stdout);
   }
   return info;

@@ -21,10 +21,9 @@ int run_gnh(int argc, char** argv, const Comm& comm) {
   app.set_version_flag("--version", std::string("gnh ") + version() + " (" + git_commit() + ")");
   app.require_subcommand(1);
   // In the order of gnh --help.
-  const std::vector<Subcommand> commands = {add_run_command(app),    add_compare_command(app),
-                                            add_merge_command(app),  add_plan_command(app),
-                                            add_report_command(app), add_self_check_command(app),
-                                            add_watch_command(app)};
+  const std::vector<Subcommand> commands = {
+      add_run_command(app),    add_compare_command(app),    add_merge_command(app), add_plan_command(app),
+      add_report_command(app), add_self_check_command(app), add_watch_command(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -52,8 +52,11 @@ std::map<std::string, double> scalars_of(const CaseStatistics& s) {
 }
 
 std::map<std::string, std::vector<double>> arrays_of(const CaseStatistics& s) {
-  return {{"gB_sqnorm", s.m.gB_sqnorm}, {"xi_sqnorm", s.m.xi_sqnorm}, {"G_dot_xi", s.m.G_dot_xi},
-          {"xiHxi", s.m.xiHxi},         {"vHv", s.m.vHv}};
+  return {{"gB_sqnorm", s.m.gB_sqnorm},
+          {"xi_sqnorm", s.m.xi_sqnorm},
+          {"G_dot_xi", s.m.G_dot_xi},
+          {"xiHxi", s.m.xiHxi},
+          {"vHv", s.m.vHv}};
 }
 
 double rel_err(double got, double want) { return std::abs(got - want) / std::abs(want); }
@@ -189,8 +192,7 @@ Comparisons unpack_comparisons(const std::vector<std::string>& gathered) {
 
 // OUTPUT.compare.h5: the run's provenance, then per group and case every
 // comparison's scalars (attributes) and arrays (datasets).
-void write_comparison_h5(const std::string& out, const Campaign& c, const CompareOptions& opt,
-                         Comparisons& by_hash) {
+void write_comparison_h5(const std::string& out, const Campaign& c, const CompareOptions& opt, Comparisons& by_hash) {
   write_atomically(out, [&](const std::string& tmp) {
     h5::File f = h5::File::create(tmp);
     h5::write_attr(f.id(), "format", std::string("gnh-compare"));
@@ -229,9 +231,15 @@ void write_comparison_h5(const std::string& out, const Campaign& c, const Compar
 void write_comparison_csv(const std::string& csv, const Campaign& c, Comparisons& by_hash) {
   std::ostringstream o;
   {
-    const std::vector<std::string> cols = {"pass", "max_rel_err_requested", "G_rel_l2", "G_cosine",
-                                           "rel_err_max_xiHxi_cand_on_ref_xi", "time_s_ref", "time_s_cand",
-                                           "peak_memory_bytes_ref", "peak_memory_bytes_cand"};
+    const std::vector<std::string> cols = {"pass",
+                                           "max_rel_err_requested",
+                                           "G_rel_l2",
+                                           "G_cosine",
+                                           "rel_err_max_xiHxi_cand_on_ref_xi",
+                                           "time_s_ref",
+                                           "time_s_cand",
+                                           "peak_memory_bytes_ref",
+                                           "peak_memory_bytes_cand"};
     o << "checkpoint,group,case";
     for (const auto& k : cols) o << "," << k;
     for (const auto& k : kRequested) o << ",rel_err_" << k << ",sign_agree_" << k;
@@ -317,11 +325,11 @@ Subcommand add_compare_command(CLI::App& gnh) {
   auto opt = std::make_shared<CompareOptions>();
   auto policies = std::make_shared<std::string>("fp32,bf16-amp");
   CLI::App* cmd = gnh.add_subcommand(
-      "compare", "Run DECK's analysis under two precision policies with matched batches and directions and report "
-                 "the candidate's errors against the reference (HDF5 and CSV beside run.output)");
+      "compare",
+      "Run DECK's analysis under two precision policies with matched batches and directions and report "
+      "the candidate's errors against the reference (HDF5 and CSV beside run.output)");
   cmd->add_option("deck", opt->deck, "Input deck (TOML)")->required();
-  cmd->add_option("--policies", *policies, "REFERENCE,CANDIDATE (fp32, tf32, bf16-amp, fp64)")
-      ->capture_default_str();
+  cmd->add_option("--policies", *policies, "REFERENCE,CANDIDATE (fp32, tf32, bf16-amp, fp64)")->capture_default_str();
   cmd->add_option("--tolerance", opt->tolerance, "Largest relative error of the requested statistics that passes")
       ->capture_default_str();
   cmd->add_option("--set", opt->overrides, "Override a deck key (repeatable)")

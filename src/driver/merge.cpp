@@ -79,7 +79,8 @@ std::vector<std::string> recheck_case(hid_t cg, const std::string& where) {
     H5Aget_name(a.id(), sizeof(name), name);
     const std::string s = name;
     const std::string suffix = "_deviation";
-    if (s.rfind("identity_", 0) != 0 || s.size() < suffix.size() || s.substr(s.size() - suffix.size()) != suffix) continue;
+    if (s.rfind("identity_", 0) != 0 || s.size() < suffix.size() || s.substr(s.size() - suffix.size()) != suffix)
+      continue;
     const std::string base = s.substr(0, s.size() - suffix.size());
     const double dev = attr(s.c_str()), tol = attr((base + "_tolerance").c_str());
     if (!(dev <= tol)) {
@@ -111,11 +112,12 @@ void validate_and_merge(const MergeOptions& opt) {
       fail(h.path, ": settings fingerprint ", h.fingerprint, " differs from ", first.path, "'s ", first.fingerprint,
            " (", settings_difference(h.info, first.info), ")");
     if (h.version != first.version || h.commit != first.commit)
-      fail(h.path, ": written by gnh ", h.version, " (", h.commit, "), ", first.path, " by gnh ", first.version,
-           " (", first.commit, "); merge shards of one code version");
+      fail(h.path, ": written by gnh ", h.version, " (", h.commit, "), ", first.path, " by gnh ", first.version, " (",
+           first.commit, "); merge shards of one code version");
     if (!same_host_threads(h.info, first.info))
       fail(h.path, ": computed with ", h.info.host_threads, " host thread(s) per rank, ", first.path, " with ",
-           first.info.host_threads, " (a host build's dot products are summed per thread: their last bits differ); "
+           first.info.host_threads,
+           " (a host build's dot products are summed per thread: their last bits differ); "
            "run every shard with the same OMP_NUM_THREADS");
     if (h.info.campaign_checkpoints != first.info.campaign_checkpoints)
       fail(h.path, ": lists a different set of campaign checkpoints from ", first.path);
@@ -192,8 +194,9 @@ int merge_command(const Comm& comm, const MergeOptions& opt) {
 Subcommand add_merge_command(CLI::App& gnh) {
   auto opt = std::make_shared<MergeOptions>();
   CLI::App* cmd = gnh.add_subcommand(
-      "merge", "Validate the shard outputs of a planned campaign (one settings fingerprint and code version, every "
-               "checkpoint exactly once, every group complete, identities re-checked) and combine them");
+      "merge",
+      "Validate the shard outputs of a planned campaign (one settings fingerprint and code version, every "
+      "checkpoint exactly once, every group complete, identities re-checked) and combine them");
   cmd->add_option("output", opt->output, "Combined results file to write")->required();
   cmd->add_option("shards", opt->shards, "Shard result files (OUTPUT.shard-I-of-N.h5)")->required();
   cmd->add_flag("--accept-failed-identities", opt->accept_failed_identities,

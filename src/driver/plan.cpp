@@ -38,10 +38,8 @@ json recipe_of(const Campaign& c) {
             {"ranks_per_checkpoint", d.ranks_per_checkpoint}};
   for_each_analysis_key(d.analysis, [&](const AnalysisKey& k, const auto& v) {
     if (!k.recipe) return;
-    if constexpr (std::is_enum_v<std::decay_t<decltype(v)>>)
-      r[k.name] = to_string(v);
-    else
-      r[k.name] = v;
+    if constexpr (std::is_enum_v<std::decay_t<decltype(v)>>) r[k.name] = to_string(v);
+    else r[k.name] = v;
   });
   return r;
 }
@@ -254,9 +252,8 @@ json plan_receipt(const PlanContext& p, const json& recipe, const std::string& p
   }
   receipt["node_hours_requested"] = requested;
   if (p.measured) receipt["node_hours_estimated"] = estimated;
-  receipt["merge"] = {{"script", p.out_dir + "/merge.sbatch"},
-                      {"output", c.output},
-                      {"report", with_suffix(c.output, ".report")}};
+  receipt["merge"] = {
+      {"script", p.out_dir + "/merge.sbatch"}, {"output", c.output}, {"report", with_suffix(c.output, ".report")}};
   write_merge_script(p, receipt, receipt["merge"]["script"].get<std::string>());
   return receipt;
 }
@@ -288,8 +285,7 @@ void print_receipt(const PlanContext& p, const json& receipt, const std::string&
   for (const auto& shard : receipt["shards"]) {
     std::printf("  shard %d: %zu group(s), %zu checkpoint file(s)", shard["index"].get<int>(), shard["groups"].size(),
                 shard["checkpoints"].size());
-    if (shard.contains("estimate_seconds"))
-      std::printf(", estimate %.1f s", shard["estimate_seconds"].get<double>());
+    if (shard.contains("estimate_seconds")) std::printf(", estimate %.1f s", shard["estimate_seconds"].get<double>());
     std::printf(", request %s on %d node(s) = %.2f node-hours%s%s\n", shard["time_request"].get<std::string>().c_str(),
                 shard["nodes"].get<int>(), shard["node_hours_requested"].get<double>(),
                 shard.contains("job_id") ? ", job " : "",
@@ -338,8 +334,9 @@ int plan_command(const Comm& comm, const PlanOptions& opt) {
 Subcommand add_plan_command(CLI::App& gnh) {
   auto opt = std::make_shared<PlanOptions>();
   CLI::App* cmd = gnh.add_subcommand(
-      "plan", "Deal DECK's groups to N shards, estimate each shard's wall time from a measured timing profile, "
-              "write Slurm scripts and a receipt; --submit submits the shards and a merge job (afterok)");
+      "plan",
+      "Deal DECK's groups to N shards, estimate each shard's wall time from a measured timing profile, "
+      "write Slurm scripts and a receipt; --submit submits the shards and a merge job (afterok)");
   cmd->add_option("deck", opt->deck, "Input deck (TOML)")->required();
   cmd->add_option("--jobs", opt->jobs, "Number of shards")->required();
   cmd->add_option("--profile", opt->profile,

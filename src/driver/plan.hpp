@@ -16,12 +16,12 @@ struct PlanOptions {
   std::string deck;
   std::vector<std::string> overrides;
   int jobs = 1;
-  std::string profile;      // name in jobscripts/profiles or a path; empty: find one matching the recipe
-  std::string time;         // explicit wall time (HH:MM:SS), required without a profile
-  std::string out_dir;      // default: OUTPUT.plan
+  std::string profile;         // name in jobscripts/profiles or a path; empty: find one matching the recipe
+  std::string time;            // explicit wall time (HH:MM:SS), required without a profile
+  std::string out_dir;         // default: OUTPUT.plan
   std::string target = "cpu";  // cpu | gh200
   std::string partition, account;
-  int term_seconds = 600;   // SIGTERM this long before the time limit
+  int term_seconds = 600;  // SIGTERM this long before the time limit
   bool submit = false;
   bool print_recipe = false;  // print the deck's recipe (what a profile is keyed by) as JSON and stop
 };

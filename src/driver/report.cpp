@@ -55,9 +55,10 @@ Subcommand add_report_command(CLI::App& gnh) {
     std::string results, out_dir;
   };
   auto opt = std::make_shared<Paths>();
-  CLI::App* cmd = gnh.add_subcommand(
-      "report", "CSV tables and PNG/PDF figures of every statistic against checkpoint, seen vs unseen, with a "
-                "one-page summary");
+  CLI::App* cmd =
+      gnh.add_subcommand("report",
+                         "CSV tables and PNG/PDF figures of every statistic against checkpoint, seen vs unseen, with a "
+                         "one-page summary");
   cmd->add_option("results", opt->results, "Results file (gnh run or gnh merge)")->required();
   cmd->add_option("--out", opt->out_dir, "Directory for the tables and figures")->required();
   return {cmd, [opt](const Comm& comm) { return report_command(comm, opt->results, opt->out_dir); }};

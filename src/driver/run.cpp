@@ -30,8 +30,7 @@ void print_plan(const Campaign& c, const std::vector<int>& team_of_group, int te
     std::string aliases;
     for (const auto& a : c.groups[g].aliases) aliases += (aliases.empty() ? "" : ", ") + a;
     const std::string path = group_file(output, c.groups[g].hash);
-    const bool done =
-        group_file_reusable(path, c.info, c.groups[g].ordered ? &c.groups[g].partner_hash : nullptr);
+    const bool done = group_file_reusable(path, c.info, c.groups[g].ordered ? &c.groups[g].partner_hash : nullptr);
     std::printf("  group %s -> team %d%s: %s\n", c.groups[g].hash.c_str(), team_of_group[g],
                 done ? " (complete, will be skipped)" : "", aliases.c_str());
   }
@@ -45,39 +44,45 @@ void print_plan(const Campaign& c, const std::vector<int>& team_of_group, int te
       const auto same = std::count(sizes.begin(), sizes.end(), sizes[i]);
       widths += (widths.empty() ? "" : " + ") + std::to_string(same) + "x" + std::to_string(sizes[i]);
     }
-    std::printf("  case %-6s %lld blocks (%lld tokens): %lld gradient microbatches; %lld noise batches of %lld%s; "
-                "%lld curvature directions in %lld epoch pass(es) (%s directions) of %lld HVP batches (%s)\n",
-                cs.name.c_str(), static_cast<long long>(n), static_cast<long long>(n * s.context),
-                static_cast<long long>((n + s.grad_microbatch - 1) / s.grad_microbatch), static_cast<long long>(m),
-                static_cast<long long>(s.noise_batch), m < s.noise_samples ? " (capped)" : "",
-                static_cast<long long>(D), static_cast<long long>(sizes.size()), widths.c_str(),
-                static_cast<long long>((n + s.hvp_batch - 1) / s.hvp_batch), to_string(s.curvature_method));
+    std::printf(
+        "  case %-6s %lld blocks (%lld tokens): %lld gradient microbatches; %lld noise batches of %lld%s; "
+        "%lld curvature directions in %lld epoch pass(es) (%s directions) of %lld HVP batches (%s)\n",
+        cs.name.c_str(), static_cast<long long>(n), static_cast<long long>(n * s.context),
+        static_cast<long long>((n + s.grad_microbatch - 1) / s.grad_microbatch), static_cast<long long>(m),
+        static_cast<long long>(s.noise_batch), m < s.noise_samples ? " (capped)" : "", static_cast<long long>(D),
+        static_cast<long long>(sizes.size()), widths.c_str(),
+        static_cast<long long>((n + s.hvp_batch - 1) / s.hvp_batch), to_string(s.curvature_method));
     const MemoryPlan mem = plan_memory(c.cfg, s, p, rpc);
-    std::printf("         memory per rank %s: gradient engine %s, curvature engine (K = %lld) %s, checks %s, "
-                "vectors %s\n", gib(mem.total()).c_str(), gib(mem.gradient).c_str(),
-                static_cast<long long>(sizes.front()), gib(mem.curvature).c_str(), gib(mem.checks).c_str(),
-                gib(mem.vectors).c_str());
+    std::printf(
+        "         memory per rank %s: gradient engine %s, curvature engine (K = %lld) %s, checks %s, "
+        "vectors %s\n",
+        gib(mem.total()).c_str(), gib(mem.gradient).c_str(), static_cast<long long>(sizes.front()),
+        gib(mem.curvature).c_str(), gib(mem.checks).c_str(), gib(mem.vectors).c_str());
     if (p.spectrum)
-      std::printf("         spectrum: %lld Lanczos chain(s) of up to %lld steps on %s, %lld epoch pass(es) per step; basis "
-                  "sharded over the team's %d rank(s): %s per rank (float64)\n",
-                  static_cast<long long>(s.curvature.lanczos_chains), static_cast<long long>(s.curvature.lanczos_steps),
-                  s.curvature.lanczos_php ? "P^1/2 H P^1/2" : "H",
-                  static_cast<long long>(balanced_passes(s.curvature.lanczos_chains, s.directions_per_pass).size()),
-                  rpc, gib(mem.spectrum).c_str());
+      std::printf(
+          "         spectrum: %lld Lanczos chain(s) of up to %lld steps on %s, %lld epoch pass(es) per step; basis "
+          "sharded over the team's %d rank(s): %s per rank (float64)\n",
+          static_cast<long long>(s.curvature.lanczos_chains), static_cast<long long>(s.curvature.lanczos_steps),
+          s.curvature.lanczos_php ? "P^1/2 H P^1/2" : "H",
+          static_cast<long long>(balanced_passes(s.curvature.lanczos_chains, s.directions_per_pass).size()), rpc,
+          gib(mem.spectrum).c_str());
   }
   std::printf("  output %s (group files in %s)\n", output.c_str(), groups_directory(output).c_str());
   std::fflush(stdout);
 }
 
 void print_summary(const std::vector<GroupSummary>& groups, const std::string& output) {
-  std::printf("\n%-22s %-16s %-7s %10s %10s %11s %11s %10s %10s %10s\n", "checkpoint", "group", "case", "tokens", "loss",
-              "|G|^2", "GHG", "B_simple", "B_noise", "tr(H)");
+  std::printf("\n%-22s %-16s %-7s %10s %10s %11s %11s %10s %10s %10s\n", "checkpoint", "group", "case", "tokens",
+              "loss", "|G|^2", "GHG", "B_simple", "B_noise", "tr(H)");
   for (const auto& g : groups)
     for (const auto& alias : g.aliases)
       for (const auto& named : g.cases) {
         const std::string& name = named.first;
         const std::map<std::string, double>& a = named.second;
-        auto v = [&](const char* k) { auto it = a.find(k); return it == a.end() ? NAN : it->second; };
+        auto v = [&](const char* k) {
+          auto it = a.find(k);
+          return it == a.end() ? NAN : it->second;
+        };
         // Not estimated (no noise samples or no directions): "-".
         auto g4 = [&](const char* k) {
           char buf[32];
@@ -144,10 +149,8 @@ std::string claim_output(const Comm& comm, const Campaign& c, const RunOptions& 
   comm.collective([&] {
     if (comm.rank() != 0) return;
     check_output_writable(c.output, groups_directory(c.output), c.deck.file + ": run.output", !opt.dry_run);
-    if (opt.dry_run)
-      other_run = OutputLock::holder(c.output);
-    else
-      lock = OutputLock(c.output, "gnh run " + opt.deck + (opt.shard_count > 1 ? " --shard " + c.info.shard : ""));
+    if (opt.dry_run) other_run = OutputLock::holder(c.output);
+    else lock = OutputLock(c.output, "gnh run " + opt.deck + (opt.shard_count > 1 ? " --shard " + c.info.shard : ""));
     // Under the lock no other run writes these: what is there is a killed run's.
     if (!opt.dry_run)
       if (const int n = remove_stale_temporaries(c.output) + remove_stale_temporaries(csv_path(c.output)) +
@@ -170,10 +173,11 @@ void print_run_plan(const Campaign& c, const Teams& t, const MemoryBudget& budge
   }
   const AnalysisSettings& as = c.deck.analysis;
   if ((as.curvature.blocks || as.curvature.diagonal) && !as.keeps_hv())
-    std::printf("gnh: note: [curvature] with curvature_method = \"%s\": the epoch's H v is not formed, so only the "
-                "per-block G_sqnorm, trace_sigma and B_simple are computed; trace_H, GHG_contrib, xiHxi_contrib, "
-                "frob_H, effective_rank and the diagonal need curvature_method = \"forward-over-reverse\"\n",
-                to_string(as.curvature_method));
+    std::printf(
+        "gnh: note: [curvature] with curvature_method = \"%s\": the epoch's H v is not formed, so only the "
+        "per-block G_sqnorm, trace_sigma and B_simple are computed; trace_H, GHG_contrib, xiHxi_contrib, "
+        "frob_H, effective_rank and the diagonal need curvature_method = \"forward-over-reverse\"\n",
+        to_string(as.curvature_method));
 }
 
 // Every rank's outcome, counted once per team (from its leader): every member
@@ -188,8 +192,10 @@ RunCounts count_outcomes(const Comm& comm, const Outcome& mine, int ranks_per_te
                               leader ? mine.done : 0, leader ? mine.skipped : 0};
   comm.sum(n);
   if (comm.rank() == 0) {
-    std::printf("gnh: groups: computed %lld, reused %lld (complete from an earlier run with these settings), "
-                "failed %lld, interrupted %lld\n", n[3], n[4], n[0], n[1]);
+    std::printf(
+        "gnh: groups: computed %lld, reused %lld (complete from an earlier run with these settings), "
+        "failed %lld, interrupted %lld\n",
+        n[3], n[4], n[0], n[1]);
     std::fflush(stdout);
   }
   return {n[0], n[1], n[2], n[3], n[4]};
@@ -208,8 +214,10 @@ int write_results(const Campaign& c, const RunCounts& n) {
     else missing.push_back(g.hash + " (" + g.aliases.front() + ")");
   }
   if (n.interrupted > 0 || n.terminated > 0) {
-    std::fprintf(stderr, "gnh: interrupted by SIGTERM: %zu of %zu group(s) complete in %s; run the same command "
-                         "again to resume\n", complete.size(), c.groups.size(), groups_directory(c.output).c_str());
+    std::fprintf(stderr,
+                 "gnh: interrupted by SIGTERM: %zu of %zu group(s) complete in %s; run the same command "
+                 "again to resume\n",
+                 complete.size(), c.groups.size(), groups_directory(c.output).c_str());
     return 143;
   }
   merge_results(c.output, c.info, complete, expected);
@@ -282,8 +290,9 @@ int run_command(const Comm& comm, const RunOptions& opt) {
     std::printf("gnh: note: another gnh run is writing %s now (%s); this run would stop at once\n", c.output.c_str(),
                 other_run.c_str());
   if (opt.dry_run) {
-    if (root) std::printf("gnh: dry run: deck, %zu checkpoint(s) and %zu data file(s) are valid; nothing computed\n",
-                          c.files.size(), c.cases.size());
+    if (root)
+      std::printf("gnh: dry run: deck, %zu checkpoint(s) and %zu data file(s) are valid; nothing computed\n",
+                  c.files.size(), c.cases.size());
     return 0;
   }
   return compute_and_write(comm, c, teams, opt.quiet);
@@ -292,16 +301,17 @@ int run_command(const Comm& comm, const RunOptions& opt) {
 Subcommand add_run_command(CLI::App& gnh) {
   auto opt = std::make_shared<RunOptions>();
   auto shard = std::make_shared<std::string>();
-  CLI::App* cmd = gnh.add_subcommand(
-      "run", "Compute the statistics of every checkpoint in DECK (under mpirun/srun: groups of "
-             "identical checkpoints are dealt round-robin over ranks)");
+  CLI::App* cmd = gnh.add_subcommand("run",
+                                     "Compute the statistics of every checkpoint in DECK (under mpirun/srun: groups of "
+                                     "identical checkpoints are dealt round-robin over ranks)");
   cmd->add_option("deck", opt->deck, "Input deck (TOML); see doc/deck.md")->required();
   cmd->add_option("--set", opt->overrides, "Override a deck key, e.g. --set analysis.directions=8 (repeatable)")
       ->type_name("KEY=VALUE")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);  // overrides accumulate: --set may be repeated
   cmd->add_flag("--quiet", opt->quiet, "Do not echo the deck or per-group progress");
-  cmd->add_option("--shard", *shard, "Run shard I of N of a planned campaign (see gnh plan): groups g with "
-                                     "g mod N = I, into OUTPUT.shard-I-of-N.h5")
+  cmd->add_option("--shard", *shard,
+                  "Run shard I of N of a planned campaign (see gnh plan): groups g with "
+                  "g mod N = I, into OUTPUT.shard-I-of-N.h5")
       ->type_name("I/N");
   cmd->add_flag("--dry-run", opt->dry_run,
                 "Validate the deck, every checkpoint and data file, print the work plan, compute nothing");

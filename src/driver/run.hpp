@@ -12,9 +12,9 @@ namespace gnh {
 
 struct RunOptions {
   std::string deck;
-  std::vector<std::string> overrides;  // --set key=value
-  bool quiet = false;                  // no deck echo and no per-group progress
-  bool dry_run = false;                // validate everything, print the plan, compute nothing
+  std::vector<std::string> overrides;    // --set key=value
+  bool quiet = false;                    // no deck echo and no per-group progress
+  bool dry_run = false;                  // validate everything, print the plan, compute nothing
   int shard_index = 0, shard_count = 1;  // --shard I/N: groups g with g % N == I, own output file
   // Memory: a plan needing more than 90% of the budget per rank is refused
   // (a device's memory on GPU builds, else the host's shared by the node's

@@ -49,8 +49,8 @@ class ProgressLog {
     if (epoch && total > 0)
       std::printf("gnh: [rank %d] %s %-6s %-14s %lld/%lld batches, %.0f tokens/s, %.1f s, ETA %.1f s\n", rank_,
                   group_.c_str(), case_.c_str(), stage.c_str(), static_cast<long long>(done),
-                  static_cast<long long>(total), double(tokens_) * double(done) / double(total) / std::max(elapsed, 1e-9),
-                  elapsed, eta);
+                  static_cast<long long>(total),
+                  double(tokens_) * double(done) / double(total) / std::max(elapsed, 1e-9), elapsed, eta);
     else
       std::printf("gnh: [rank %d] %s %-6s %-14s %lld/%lld, %.1f s\n", rank_, group_.c_str(), case_.c_str(),
                   stage.c_str(), static_cast<long long>(done), static_cast<long long>(total), elapsed);
@@ -145,7 +145,12 @@ std::vector<double> group_preconditioner(MpiTeam& team, const GroupRecord& g, co
 class GroupRunner {
  public:
   GroupRunner(const Comm& world, const Comm& team_comm, const Campaign& c, const std::string& output, bool quiet)
-      : team_(team_comm), leader_(team_.rank() == 0), rank_(world.rank()), c_(c), output_(output), quiet_(quiet),
+      : team_(team_comm),
+        leader_(team_.rank() == 0),
+        rank_(world.rank()),
+        c_(c),
+        output_(output),
+        quiet_(quiet),
         log_(world.rank(), quiet) {
     for (const auto& f : c.files) hashed_[f.path] = f.hashed;
   }
@@ -218,8 +223,10 @@ class GroupRunner {
       if (leader_ && !quiet_)
         std::printf("gnh: [rank %d] %s preconditioner: %s\n", rank_, g.hash.c_str(), g.preconditioner.c_str());
       if (leader_ && P.empty() && cv.lanczos_steps > 0 && cv.lanczos_php)
-        std::printf("gnh: note: %s has no AdamW state: no spectrum of P^1/2 H P^1/2 for it "
-                    "(curvature.lanczos_operator = \"PHP\")\n", g.hash.c_str());
+        std::printf(
+            "gnh: note: %s has no AdamW state: no spectrum of P^1/2 H P^1/2 for it "
+            "(curvature.lanczos_operator = \"PHP\")\n",
+            g.hash.c_str());
       analyser_->set_preconditioner(P);
     }
     if (g.ordered) {
@@ -253,8 +260,7 @@ class GroupRunner {
     rec.stats = analyser_->analyse(team_, cs.data.ids.data(), cs.blocks, hooks);
     if (leader_ && !quiet_ && rec.stats.spectrum_resumed_at >= 0) {
       std::printf("gnh: [rank %d] %s %-6s spectrum resumed after step %lld (saved in %s)\n", rank_, g.hash.c_str(),
-                  cs.name.c_str(), static_cast<long long>(rec.stats.spectrum_resumed_at),
-                  store->state_path().c_str());
+                  cs.name.c_str(), static_cast<long long>(rec.stats.spectrum_resumed_at), store->state_path().c_str());
       std::fflush(stdout);
     }
     rec.stats.update.partner = g.partner_hash;
@@ -271,8 +277,8 @@ class GroupRunner {
                      "tolerance %.1e\n",
                      rank_, g.hash.c_str(), rec.name.c_str(), idc.name.c_str(), idc.deviation, idc.tolerance);
     if (!quiet_)
-      std::printf("gnh: [rank %d] %s %-6s loss %.6f |G|^2 %.4e GHG %.4e B_simple %.4g B_noise %.4g tr(H) %.4g\n",
-                  rank_, g.hash.c_str(), rec.name.c_str(), rec.stats.loss, rec.stats.m.G_sqnorm, rec.stats.m.GHG,
+      std::printf("gnh: [rank %d] %s %-6s loss %.6f |G|^2 %.4e GHG %.4e B_simple %.4g B_noise %.4g tr(H) %.4g\n", rank_,
+                  g.hash.c_str(), rec.name.c_str(), rec.stats.loss, rec.stats.m.G_sqnorm, rec.stats.m.GHG,
                   rec.stats.derived.B_simple.value, rec.stats.derived.B_noise.value, rec.stats.derived.trace_H.value);
     std::fflush(stdout);
   }

@@ -23,9 +23,17 @@ std::int64_t parse_size(const std::string& text) {
   }
   std::string unit = text.substr(used);
   while (!unit.empty() && unit.front() == ' ') unit.erase(0, 1);
-  const std::map<std::string, double> units = {{"", 1},       {"B", 1},        {"kB", 1e3},     {"KB", 1e3},
-                                                {"MB", 1e6},    {"GB", 1e9},     {"TB", 1e12},    {"KiB", 1024.0},
-                                                {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+  const std::map<std::string, double> units = {{"", 1},
+                                               {"B", 1},
+                                               {"kB", 1e3},
+                                               {"KB", 1e3},
+                                               {"MB", 1e6},
+                                               {"GB", 1e9},
+                                               {"TB", 1e12},
+                                               {"KiB", 1024.0},
+                                               {"MiB", 1048576.0},
+                                               {"GiB", 1073741824.0},
+                                               {"TiB", 1099511627776.0}};
   const auto it = units.find(unit);
   if (it == units.end() || !(v > 0))
     fail("--memory-budget ", text, ": expected a size such as 64GiB, 500MB or a byte count");
@@ -47,7 +55,7 @@ MemoryBudget memory_budget(const Comm& comm, const std::string& given_text) {
   const std::int64_t given = given_text.empty() ? -1 : parse_size(given_text);
   const std::int64_t whole = given >= 0 ? given : device >= 0 ? device : host_memory_total();
   if (whole < 0) return b;
-  const std::string source = given >= 0 ? "--memory-budget " + given_text + " (" + gib(std::size_t(whole)) + ")"
+  const std::string source = given >= 0    ? "--memory-budget " + given_text + " (" + gib(std::size_t(whole)) + ")"
                              : device >= 0 ? "the GPU's " + gib(std::size_t(whole))
                                            : "the host's " + gib(std::size_t(whole));
   if (device >= 0) {
@@ -87,8 +95,9 @@ void check_memory(const Campaign& c, const MemoryBudget& b) {
                "), raise parallel.ranks_per_checkpoint (now " + std::to_string(rpc) +
                ": the Lanczos basis is sharded over the team)";
   fail(c.deck.file, ": the plan needs ", gib(need), " per rank (case ", which, ") but 90% of ", b.what, " is ",
-       gib(std::size_t(limit)), ": lower analysis.hvp_batch (now ", s.hvp_batch, "), analysis.directions_per_pass (now ",
-       s.directions_per_pass, ") or analysis.grad_microbatch (now ", s.grad_microbatch, ")", spectrum,
+       gib(std::size_t(limit)), ": lower analysis.hvp_batch (now ", s.hvp_batch,
+       "), analysis.directions_per_pass (now ", s.directions_per_pass, ") or analysis.grad_microbatch (now ",
+       s.grad_microbatch, ")", spectrum,
        ", run fewer ranks per node, or pass --fit-memory to choose directions_per_pass and hvp_batch");
 }
 

@@ -43,8 +43,8 @@ void self_check(const Comm& comm, Precision precision, CurvatureMethod method, b
       fail(dir, "/reference.json: not valid JSON (", e.what(), ")");
     }
     const Checkpoint ck = read_checkpoint(dir + "/model.h5");
-    const TokenFile tokens = read_tokens(dir + "/tokens.bin", ref.at("dtype").get<std::string>(), "",
-                                         int(ck.config.vocab_size));
+    const TokenFile tokens =
+        read_tokens(dir + "/tokens.bin", ref.at("dtype").get<std::string>(), "", int(ck.config.vocab_size));
     AnalysisSettings s;
     s.context = ref.at("context").get<index_t>();
     s.grad_microbatch = 2;
@@ -80,7 +80,8 @@ void self_check(const Comm& comm, Precision precision, CurvatureMethod method, b
               ref.at("vHv_scale").at(k));
     if (!off.empty())
       fail("self-check failed on rank ", comm.rank(), " (host ", host_name(), ", ", to_string(precision), ", ",
-           to_string(method), "): ", off, ". This node's device or build does not compute what it should; no "
+           to_string(method), "): ", off,
+           ". This node's device or build does not compute what it should; no "
            "analysis was started");
   });
   if (comm.rank() == 0 && !quiet) {
@@ -107,9 +108,10 @@ Subcommand add_self_check_command(CLI::App& gnh) {
     std::string precision = "fp32", method = "second-order-forward";
   };
   auto opt = std::make_shared<Choice>();
-  CLI::App* cmd = gnh.add_subcommand(
-      "self-check", "Check this build and every rank's device on a shipped tiny model against stored float64 "
-                    "PyTorch values (seconds); under srun, one rank per device");
+  CLI::App* cmd =
+      gnh.add_subcommand("self-check",
+                         "Check this build and every rank's device on a shipped tiny model against stored float64 "
+                         "PyTorch values (seconds); under srun, one rank per device");
   cmd->add_option("--precision", opt->precision, "fp32, tf32, bf16-amp or fp64")->capture_default_str();
   cmd->add_option("--curvature-method", opt->method, "second-order-forward or forward-over-reverse")
       ->capture_default_str();

@@ -52,9 +52,9 @@ std::string slurm_state(const std::string& job, std::string* reason = nullptr) {
 }
 
 bool active(const std::string& state) {
-  static const std::set<std::string> a = {"PENDING",      "RUNNING",     "CONFIGURING", "COMPLETING", "REQUEUED",
-                                          "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING",    "SUSPENDED",  "STOPPED",
-                                          "SIGNALING",    "STAGE_OUT"};
+  static const std::set<std::string> a = {"PENDING",   "RUNNING",      "CONFIGURING", "COMPLETING",
+                                          "REQUEUED",  "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING",
+                                          "SUSPENDED", "STOPPED",      "SIGNALING",   "STAGE_OUT"};
   return a.count(state) > 0;
 }
 
@@ -95,9 +95,7 @@ class Watcher {
     }
   }
 
-  void save(const json& r) {
-    write_file_atomically(opt_.receipt, r.dump(2) + "\n");
-  }
+  void save(const json& r) { write_file_atomically(opt_.receipt, r.dump(2) + "\n"); }
 
   // The shard's jobs, oldest first: the plan's submission, then the watcher's.
   static std::vector<std::string> jobs_of(const json& shard) {
@@ -139,9 +137,9 @@ class Watcher {
     const bool complete = results_complete(output, fp);
     char eta[64] = "";
     if (!complete && shard.contains("estimate_seconds") && !groups.empty())
-      std::snprintf(eta, sizeof(eta), ", ~%.0f s left by the plan's estimate",
-                    shard["estimate_seconds"].get<double>() * double(int(groups.size()) - done) /
-                        double(groups.size()));
+      std::snprintf(
+          eta, sizeof(eta), ", ~%.0f s left by the plan's estimate",
+          shard["estimate_seconds"].get<double>() * double(int(groups.size()) - done) / double(groups.size()));
     std::printf("  shard %d: job %s %s, groups %d/%zu, attempts %zu%s%s\n", index, job.empty() ? "-" : job.c_str(),
                 state.c_str(), done, groups.size(), jobs.size(), complete ? ", complete" : "", eta);
     if (complete) return;
@@ -259,10 +257,11 @@ int watch_command(const Comm& comm, const WatchOptions& opt) {
 Subcommand add_watch_command(CLI::App& gnh) {
   auto opt = std::make_shared<WatchOptions>();
   CLI::App* cmd = gnh.add_subcommand(
-      "watch", "Follow a planned campaign from its receipt (OUTPUT.plan/receipt.json): every shard's Slurm state, "
-               "groups done and attempts; --resubmit resubmits failed, cancelled or timed-out shards; once every "
-               "shard is complete, merges and draws the report. One look by default; actions go to watch.log "
-               "beside the receipt");
+      "watch",
+      "Follow a planned campaign from its receipt (OUTPUT.plan/receipt.json): every shard's Slurm state, "
+      "groups done and attempts; --resubmit resubmits failed, cancelled or timed-out shards; once every "
+      "shard is complete, merges and draws the report. One look by default; actions go to watch.log "
+      "beside the receipt");
   cmd->add_option("receipt", opt->receipt, "The plan's receipt.json")->required();
   cmd->add_flag("--resubmit", opt->resubmit, "Resubmit shards that failed, were cancelled or timed out");
   cmd->add_option("--max-attempts", opt->max_attempts, "Submissions per shard, the first included")

@@ -17,8 +17,9 @@ ModelConfig read_config(const h5::File& f) {
   const std::string& path = f.path();
   auto format = h5::read_string_attr(f.id(), "format", path);
   if (!format || *format != "gnh-checkpoint")
-    fail(path, ": not a gnh checkpoint (root attribute format=\"gnh-checkpoint\" missing); "
-               "convert PyTorch files with apps/gnh-convert");
+    fail(path,
+         ": not a gnh checkpoint (root attribute format=\"gnh-checkpoint\" missing); "
+         "convert PyTorch files with apps/gnh-convert");
   auto version = h5::read_int_attr(f.id(), "format_version", path);
   if (!version || *version != 1)
     fail(path, ": unsupported checkpoint format_version ", version ? *version : -1, " (expected 1)");
@@ -78,8 +79,7 @@ void read_tensors(hid_t group, const ParamLayout& layout, const std::string& pat
     h5::Handle d(H5Dopen2(group, t.name.c_str(), H5P_DEFAULT));
     if (!d) fail(where, " cannot be opened");
     h5::Handle type(H5Dget_type(d.id()));
-    if (H5Tget_class(type.id()) != H5T_FLOAT || H5Tget_size(type.id()) != 4)
-      fail(where, " is not float32");
+    if (H5Tget_class(type.id()) != H5T_FLOAT || H5Tget_size(type.id()) != 4) fail(where, " is not float32");
     const auto shape = h5::dataset_shape(d.id());
     if (shape != t.shape) {
       std::string got, want;
@@ -98,8 +98,8 @@ void read_tensors(hid_t group, const ParamLayout& layout, const std::string& pat
         ++bad;
       }
     if (bad > 0)
-      fail(where, " holds ", bad, nonnegative ? " negative or non-finite" : " non-finite", " value(s), first at flat index ",
-           first, " (", dst[first], ")");
+      fail(where, " holds ", bad, nonnegative ? " negative or non-finite" : " non-finite",
+           " value(s), first at flat index ", first, " (", dst[first], ")");
   }
 }
 
@@ -112,8 +112,8 @@ CheckpointHeader read_header(const h5::File& f, const std::string& path, std::ve
   h.source_sha256 = h5::read_string_attr(f.id(), "source_sha256", path).value_or("");
   h.iter_num = h5::read_int_attr(f.id(), "iter_num", path);
   h.stored_sha256 = h5::read_string_attr(f.id(), "param_sha256", path);
-  if (h.stored_sha256 && (h.stored_sha256->size() != 64 ||
-                          h.stored_sha256->find_first_not_of("0123456789abcdef") != std::string::npos))
+  if (h.stored_sha256 &&
+      (h.stored_sha256->size() != 64 || h.stored_sha256->find_first_not_of("0123456789abcdef") != std::string::npos))
     fail(path, ": root attribute param_sha256 = \"", *h.stored_sha256, "\" is not 64 lowercase hex digits");
 
   const ParamLayout layout(h.config);
@@ -122,8 +122,7 @@ CheckpointHeader read_header(const h5::File& f, const std::string& path, std::ve
   std::set<std::string> expected;
   for (const auto& t : layout.tensors()) expected.insert(t.name);
   for (const auto& name : h5::list_children(params.id(), path + ": /params"))
-    if (!expected.count(name))
-      fail(path, ": unknown tensor '/params/", name, "' for config ", h.config.describe());
+    if (!expected.count(name)) fail(path, ": unknown tensor '/params/", name, "' for config ", h.config.describe());
 
   read_tensors(params.id(), layout, path, "", values);
   return h;

@@ -43,13 +43,20 @@ std::string suggestion(const std::string& key, const std::vector<std::string>& k
 
 std::string type_name(const toml::node& n) {
   switch (n.type()) {
-    case toml::node_type::string: return "a string";
-    case toml::node_type::integer: return "an integer";
-    case toml::node_type::floating_point: return "a float";
-    case toml::node_type::boolean: return "a boolean";
-    case toml::node_type::array: return "an array";
-    case toml::node_type::table: return "a table";
-    default: return "a date/time";
+    case toml::node_type::string:
+      return "a string";
+    case toml::node_type::integer:
+      return "an integer";
+    case toml::node_type::floating_point:
+      return "a float";
+    case toml::node_type::boolean:
+      return "a boolean";
+    case toml::node_type::array:
+      return "an array";
+    case toml::node_type::table:
+      return "a table";
+    default:
+      return "a date/time";
   }
 }
 
@@ -69,8 +76,7 @@ class Reader {
     return line > 0 ? file_ + ":" + std::to_string(line) : file_;
   }
 
-  void check_keys(const toml::table& t, const std::string& section,
-                  const std::vector<std::string>& known) const {
+  void check_keys(const toml::table& t, const std::string& section, const std::vector<std::string>& known) const {
     for (const auto& [k, node] : t) {
       const std::string key(k.str());
       if (std::find(known.begin(), known.end(), key) == known.end()) {
@@ -90,9 +96,8 @@ class Reader {
     return n->as_table();
   }
 
-  std::string str(const toml::table& t, const std::string& sec, const std::string& key,
-                  std::string dflt, bool required = false,
-                  const std::vector<std::string>& allowed = {}) const {
+  std::string str(const toml::table& t, const std::string& sec, const std::string& key, std::string dflt,
+                  bool required = false, const std::vector<std::string>& allowed = {}) const {
     const std::string dotted = sec + "." + key;
     const toml::node* n = t.get(key);
     if (!n) {
@@ -110,19 +115,17 @@ class Reader {
     return v;
   }
 
-  std::int64_t integer(const toml::table& t, const std::string& sec, const std::string& key,
-                       std::int64_t dflt, std::int64_t lo, std::int64_t hi, bool required = false) const {
+  std::int64_t integer(const toml::table& t, const std::string& sec, const std::string& key, std::int64_t dflt,
+                       std::int64_t lo, std::int64_t hi, bool required = false) const {
     const std::string dotted = sec + "." + key;
     const toml::node* n = t.get(key);
     if (!n) {
       if (required) fail(file_, ": missing required key ", dotted);
       return dflt;
     }
-    if (!n->is_integer())
-      fail(where(*n, dotted), ": ", dotted, " must be an integer, got ", type_name(*n));
+    if (!n->is_integer()) fail(where(*n, dotted), ": ", dotted, " must be an integer, got ", type_name(*n));
     const std::int64_t v = n->as_integer()->get();
-    if (v < lo || v > hi)
-      fail(where(*n, dotted), ": ", dotted, " = ", v, " is out of range (", lo, " .. ", hi, ")");
+    if (v < lo || v > hi) fail(where(*n, dotted), ": ", dotted, " = ", v, " is out of range (", lo, " .. ", hi, ")");
     return v;
   }
 
@@ -147,8 +150,7 @@ class Reader {
     return n->as_boolean()->get();
   }
 
-  std::vector<std::string> strings(const toml::table& t, const std::string& sec,
-                                   const std::string& key) const {
+  std::vector<std::string> strings(const toml::table& t, const std::string& sec, const std::string& key) const {
     const std::string dotted = sec + "." + key;
     const toml::node* n = t.get(key);
     if (!n) fail(file_, ": missing required key ", dotted);
@@ -157,8 +159,7 @@ class Reader {
       out.push_back(n->as_string()->get());
     } else if (n->is_array()) {
       for (const auto& e : *n->as_array()) {
-        if (!e.is_string())
-          fail(where(*n, dotted), ": ", dotted, " must be an array of strings, found ", type_name(e));
+        if (!e.is_string()) fail(where(*n, dotted), ": ", dotted, " must be an array of strings, found ", type_name(e));
         out.push_back(e.as_string()->get());
       }
     } else {
@@ -179,17 +180,14 @@ class Reader {
 // word (fp32, bf16-amp, runs/x.h5): anything with TOML's brackets, braces or
 // quotes was meant as TOML and is an error.
 bool bare_word(const std::string& v) {
-  return !v.empty() && v.find_first_of("[]{}\"'=,#") == std::string::npos &&
-         v.find_first_not_of(" \t") == 0;
+  return !v.empty() && v.find_first_of("[]{}\"'=,#") == std::string::npos && v.find_first_not_of(" \t") == 0;
 }
 
 // Applies one --set override to the table; returns the dotted key. Tables it
 // creates are recorded in origin, so an error about them blames the --set.
-std::string apply_override(toml::table& root, const std::string& spec,
-                           std::map<std::string, std::string>& origin) {
+std::string apply_override(toml::table& root, const std::string& spec, std::map<std::string, std::string>& origin) {
   const auto eq = spec.find('=');
-  if (eq == std::string::npos || eq == 0)
-    fail("--set ", spec, ": expected key=value (e.g. analysis.directions=8)");
+  if (eq == std::string::npos || eq == 0) fail("--set ", spec, ": expected key=value (e.g. analysis.directions=8)");
   const std::string key = spec.substr(0, eq), value = spec.substr(eq + 1);
   std::vector<std::string> parts;
   std::stringstream ks(key);
@@ -216,8 +214,8 @@ std::string apply_override(toml::table& root, const std::string& spec,
     t->insert_or_assign(parts.back(), *parsed.get("v"));
   } catch (const toml::parse_error& e) {
     if (!bare_word(value))
-      fail("--set ", spec, ": value '", value, "' is not valid TOML (", e.description(),
-           "); quote a string, e.g. ", key, "='\"...\"'");
+      fail("--set ", spec, ": value '", value, "' is not valid TOML (", e.description(), "); quote a string, e.g. ",
+           key, "='\"...\"'");
     t->insert_or_assign(parts.back(), value);  // a bare word: take it as a string
   }
   origin[key] = spec;
@@ -254,8 +252,7 @@ void read_checkpoints_section(const Reader& r, const toml::table& root, Deck& d)
 // data.seen or data.unseen: a table like { path = "...", dtype = "uint16" }.
 DataCaseSpec read_data_case(const Reader& r, const toml::node& n, const char* c) {
   const std::string sec = std::string("data.") + c;
-  if (!n.is_table())
-    fail(r.where(n, sec), ": ", sec, " must be a table like { path = \"...\", dtype = \"uint16\" }");
+  if (!n.is_table()) fail(r.where(n, sec), ": ", sec, " must be a table like { path = \"...\", dtype = \"uint16\" }");
   const toml::table& t = *n.as_table();
   r.check_keys(t, sec, {"path", "dtype", "dataset"});
   DataCaseSpec cs;
@@ -263,8 +260,7 @@ DataCaseSpec read_data_case(const Reader& r, const toml::node& n, const char* c)
   cs.path = r.str(t, sec, "path", "", true);
   cs.dtype = r.str(t, sec, "dtype", "uint16", false, {"uint16", "uint32", "hdf5"});
   cs.dataset = r.str(t, sec, "dataset", "");
-  if (cs.dtype == "hdf5" && cs.dataset.empty())
-    fail(r.where(t, sec), ": ", sec, " has dtype \"hdf5\" but no dataset");
+  if (cs.dtype == "hdf5" && cs.dataset.empty()) fail(r.where(t, sec), ": ", sec, " has dtype \"hdf5\" but no dataset");
   if (cs.dtype != "hdf5" && !cs.dataset.empty())
     fail(r.where(*t.get("dataset"), sec + ".dataset"), ": ", sec, ".dataset = \"", cs.dataset,
          "\" needs dtype = \"hdf5\" (dtype \"", cs.dtype, "\" is a flat binary token file)");
@@ -293,8 +289,7 @@ void read_analysis_section(const Reader& r, const toml::table& root, Deck& d) {
     using V = std::decay_t<decltype(v)>;
     if constexpr (std::is_same_v<V, CurvatureMethod>)
       v = *curvature_method_named(r.str(*a, "analysis", k.name, to_string(v), false, curvature_method_names()));
-    else
-      v = static_cast<V>(r.integer(*a, "analysis", k.name, static_cast<std::int64_t>(v), k.lowest, k.highest));
+    else v = static_cast<V>(r.integer(*a, "analysis", k.name, static_cast<std::int64_t>(v), k.lowest, k.highest));
   });
 }
 
@@ -309,8 +304,9 @@ void read_precision_section(const Reader& r, const toml::table& root, Deck& d) {
 void read_curvature_section(const Reader& r, const toml::table& root, Deck& d) {
   const toml::table* c = r.section(root, "curvature", false);
   if (!c) return;
-  r.check_keys(*c, "curvature", {"blocks", "diagonal", "update", "preconditioned", "lanczos_steps", "lanczos_chains",
-                                 "lanczos_operator", "top_eigenvalues", "lanczos_tolerance"});
+  r.check_keys(*c, "curvature",
+               {"blocks", "diagonal", "update", "preconditioned", "lanczos_steps", "lanczos_chains", "lanczos_operator",
+                "top_eigenvalues", "lanczos_tolerance"});
   d.analysis.curvature.blocks = r.boolean(*c, "curvature", "blocks", false);
   d.analysis.curvature.diagonal = r.boolean(*c, "curvature", "diagonal", false);
   d.analysis.curvature.preconditioned = r.boolean(*c, "curvature", "preconditioned", false);

@@ -12,10 +12,10 @@
 namespace gnh {
 
 struct DataCaseSpec {
-  std::string name;             // "seen" | "unseen"
-  std::string path;             // as written in the deck
+  std::string name;              // "seen" | "unseen"
+  std::string path;              // as written in the deck
   std::string dtype = "uint16";  // "uint16" | "uint32" | "hdf5"
-  std::string dataset;          // HDF5 dataset (dtype "hdf5")
+  std::string dataset;           // HDF5 dataset (dtype "hdf5")
 };
 
 struct Deck {

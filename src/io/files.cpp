@@ -191,8 +191,9 @@ OutputLock::OutputLock(const std::string& output, const std::string& command) : 
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int e = errno;
     if (locks_unsupported(e)) {
-      std::fprintf(stderr, "gnh: WARNING: %s: the file system does not support locks (%s); nothing stops a "
-                           "second run from writing %s at the same time\n",
+      std::fprintf(stderr,
+                   "gnh: WARNING: %s: the file system does not support locks (%s); nothing stops a "
+                   "second run from writing %s at the same time\n",
                    path_.c_str(), errno_text(e).c_str(), output.c_str());
       return;
     }

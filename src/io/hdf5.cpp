@@ -73,9 +73,7 @@ void File::close() {
   write_file(path_, image);
 }
 
-bool exists(hid_t loc, const std::string& name) {
-  return H5Lexists(loc, name.c_str(), H5P_DEFAULT) > 0;
-}
+bool exists(hid_t loc, const std::string& name) { return H5Lexists(loc, name.c_str(), H5P_DEFAULT) > 0; }
 
 Handle open_group(hid_t loc, const std::string& name, const std::string& where) {
   if (!exists(loc, name)) fail(where, ": missing group '", name, "'");
@@ -140,8 +138,7 @@ std::optional<std::string> read_string_attr(hid_t obj, const std::string& name, 
   Handle t(H5Aget_type(a.id()));
   if (H5Tget_class(t.id()) != H5T_STRING) fail(where, ": attribute '", name, "' is not a string");
   Handle space(H5Aget_space(a.id()));
-  if (H5Sget_simple_extent_npoints(space.id()) != 1)
-    fail(where, ": attribute '", name, "' is not a scalar string");
+  if (H5Sget_simple_extent_npoints(space.id()) != 1) fail(where, ": attribute '", name, "' is not a scalar string");
   if (H5Tis_variable_str(t.id()) > 0) {
     Handle mem(H5Tcopy(H5T_C_S1));
     H5Tset_size(mem.id(), H5T_VARIABLE);
@@ -177,9 +174,7 @@ Handle utf8_vlen_type() {
 void write_attr(hid_t obj, const std::string& name, std::int64_t v) {
   write_scalar_attr(obj, name, H5T_NATIVE_INT64, &v);
 }
-void write_attr(hid_t obj, const std::string& name, double v) {
-  write_scalar_attr(obj, name, H5T_NATIVE_DOUBLE, &v);
-}
+void write_attr(hid_t obj, const std::string& name, double v) { write_scalar_attr(obj, name, H5T_NATIVE_DOUBLE, &v); }
 void write_attr(hid_t obj, const std::string& name, const std::string& v) {
   Handle t = utf8_vlen_type();
   const char* p = v.c_str();

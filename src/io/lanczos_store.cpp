@@ -30,7 +30,8 @@ bool get(std::ifstream& in, V& v) {
 
 }  // namespace
 
-FileLanczosStore::FileLanczosStore(std::string prefix, std::string key) : prefix_(std::move(prefix)), key_(std::move(key)) {}
+FileLanczosStore::FileLanczosStore(std::string prefix, std::string key)
+    : prefix_(std::move(prefix)), key_(std::move(key)) {}
 
 FileLanczosStore::~FileLanczosStore() {
   if (fd_ >= 0) ::close(fd_);
@@ -119,8 +120,8 @@ void FileLanczosStore::read(std::int64_t offset, double* x, std::int64_t count) 
     const ssize_t r = ::pread(fd, p, left, at);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0)
-      fail(basis_path(), ": the spectrum's basis ends at byte ", at, " before the saved state's steps (",
-           state_path(), "); remove both files to start the spectrum afresh");
+      fail(basis_path(), ": the spectrum's basis ends at byte ", at, " before the saved state's steps (", state_path(),
+           "); remove both files to start the spectrum afresh");
     p += r;
     at += r;
     left -= std::size_t(r);

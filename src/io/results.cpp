@@ -23,7 +23,8 @@ namespace gnh {
 namespace {
 
 std::string replace_suffix(const std::string& path, const std::string& suffix) {
-  const std::string stem = path.size() > 3 && path.substr(path.size() - 3) == ".h5" ? path.substr(0, path.size() - 3) : path;
+  const std::string stem =
+      path.size() > 3 && path.substr(path.size() - 3) == ".h5" ? path.substr(0, path.size() - 3) : path;
   return stem + suffix;
 }
 
@@ -62,8 +63,9 @@ void write_spectrum(hid_t parent, const SpectrumStatistics& sp, const std::strin
   h5::write_attr(id, "tolerance", sp.tolerance);
   h5::write_attr(id, "dot_chunk", sp.chunk);
   h5::write_attr(id, "broadening", sp.broadening);
-  h5::write_attr(id, "broadening_rule", std::string("sigma = 0.01 (max - min Ritz value over all chains); "
-                                                    "grid of 1024 points over [min - 8 sigma, max + 8 sigma]"));
+  h5::write_attr(id, "broadening_rule",
+                 std::string("sigma = 0.01 (max - min Ritz value over all chains); "
+                             "grid of 1024 points over [min - 8 sigma, max + 8 sigma]"));
   const std::vector<std::int64_t> shape = {std::int64_t(sp.chains), std::int64_t(sp.steps)};
   h5::write_dataset(id, "alpha", sp.alpha, shape);
   h5::write_dataset(id, "beta", sp.beta, shape);

@@ -48,8 +48,8 @@ struct RunInfo {
   int ranks = 1, ranks_per_checkpoint = 1;
   std::string shard = "0/1";                      // this file's share of the campaign
   std::vector<std::string> campaign_checkpoints;  // every checkpoint file name of the deck
-  std::string host_gemm;        // the dense GEMM's kernel ("avx2", "avx512", "vendor", ...)
-  std::string host_gemm_probe;  // the start-up probe behind the choice (JSON), if one ran
+  std::string host_gemm;                          // the dense GEMM's kernel ("avx2", "avx512", "vendor", ...)
+  std::string host_gemm_probe;                    // the start-up probe behind the choice (JSON), if one ran
   // GNH_ADJOINT_CUTS ("0", "1" or "auto") and, per second-order forward
   // engine the plan builds, whether it cuts (they regroup v^T H v's sums).
   std::string adjoint_cuts, adjoint_cuts_engines;
@@ -79,8 +79,7 @@ std::string group_file(const std::string& output, const std::string& hash);
 void write_group_file(const std::string& path, const RunInfo& info, const GroupRecord& g);
 // True if path is a complete group file written with this settings fingerprint
 // (and, with partner, whose update went to that state: "" for none).
-bool group_file_complete(const std::string& path, const std::string& fingerprint,
-                         const std::string* partner = nullptr);
+bool group_file_complete(const std::string& path, const std::string& fingerprint, const std::string* partner = nullptr);
 GroupSummary read_group_summary(const std::string& path);
 // Every group of a results, shard or group file.
 std::vector<GroupSummary> read_group_summaries(const std::string& path);

@@ -12,8 +12,8 @@ namespace gnh {
 namespace {
 
 template <class U>
-void decode(const std::vector<unsigned char>& bytes, std::vector<std::int32_t>& ids,
-            const std::string& path, int vocab_size) {
+void decode(const std::vector<unsigned char>& bytes, std::vector<std::int32_t>& ids, const std::string& path,
+            int vocab_size) {
   const std::size_t n = bytes.size() / sizeof(U);
   ids.resize(n);
   for (std::size_t i = 0; i < n; ++i) {
@@ -21,16 +21,14 @@ void decode(const std::vector<unsigned char>& bytes, std::vector<std::int32_t>& 
     for (std::size_t k = 0; k < sizeof(U); ++k)
       v |= std::uint64_t(bytes[i * sizeof(U) + k]) << (8 * k);  // little-endian on disk
     if (v >= static_cast<std::uint64_t>(vocab_size))
-      fail(path, ": token id ", v, " at offset ", i, " (byte ", i * sizeof(U),
-           ") is >= vocab_size ", vocab_size);
+      fail(path, ": token id ", v, " at offset ", i, " (byte ", i * sizeof(U), ") is >= vocab_size ", vocab_size);
     ids[i] = static_cast<std::int32_t>(v);
   }
 }
 
 }  // namespace
 
-TokenFile read_tokens(const std::string& path, const std::string& dtype,
-                      const std::string& dataset, int vocab_size) {
+TokenFile read_tokens(const std::string& path, const std::string& dtype, const std::string& dataset, int vocab_size) {
   TokenFile tf;
   tf.path = path;
   tf.dtype = dtype;
@@ -51,8 +49,7 @@ TokenFile read_tokens(const std::string& path, const std::string& dtype,
     tf.ids.resize(raw.size());
     for (std::size_t i = 0; i < raw.size(); ++i) {
       if (raw[i] < 0 || raw[i] >= vocab_size)
-        fail(where, ": token id ", raw[i], " at offset ", i, " is outside 0..vocab_size-1 (",
-             vocab_size - 1, ")");
+        fail(where, ": token id ", raw[i], " at offset ", i, " is outside 0..vocab_size-1 (", vocab_size - 1, ")");
       tf.ids[i] = static_cast<std::int32_t>(raw[i]);
     }
     Sha256 h;

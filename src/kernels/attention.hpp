@@ -247,8 +247,8 @@ struct AttentionQueryRow {
     lanes.each(g.hs, [&](index_t d) { out.put(0, d, S(0)); });
   }
   template <class Lanes, class Src, class Out>
-  KOKKOS_INLINE_FUNCTION void visit(const Lanes& lanes, const Row& r, int k, State& st, int, index_t s,
-                                    const Src& src, const Out& out) const {
+  KOKKOS_INLINE_FUNCTION void visit(const Lanes& lanes, const Row& r, int k, State& st, int, index_t s, const Src& src,
+                                    const Out& out) const {
     const bool bf16 = g.bf16;
     S score, dp;
     lanes.template sum2<S>(
@@ -481,9 +481,9 @@ void attention_rows(const ExecSpace& space, const char* label, index_t N, const 
 // model/gpt_impl.hpp); the host tiles do not read it and skip its products,
 // the portable rows overwrite qkv's second-order planes with zeros first.
 template <class S>
-void attention_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>> lse,
-                       Act2<base_t<S>> qkv, index_t B, index_t Tc, int n_head, bool bf16 = false,
-                       RowShape shape = default_row_shape(), bool qkv_second = true, base_t<S>* keep_p = nullptr) {
+void attention_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>> lse, Act2<base_t<S>> qkv, index_t B,
+                       index_t Tc, int n_head, bool bf16 = false, RowShape shape = default_row_shape(),
+                       bool qkv_second = true, base_t<S>* keep_p = nullptr) {
   keep_planes<S>(y, lse, qkv);
   using T = base_t<S>;
   const index_t C = y.cols(), H = n_head, hs = C / H, K = directions_of<S>(qkv);
@@ -499,12 +499,12 @@ void attention_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>
         if constexpr (std::is_same_v<S, T>)
           host::attention_forward(y.v.data(), lse.v.data(), qkv.v.data(), B, Tc, H, hs, bh0, bh1, keep_p);
         else if constexpr (std::is_same_v<S, Dual<T>>)
-          host::attention_forward_dual(y.v.data(), y.d.data(), lse.v.data(), lse.d.data(), qkv.v.data(),
-                                       qkv.d.data(), K, B, Tc, H, hs, bh0, bh1);
+          host::attention_forward_dual(y.v.data(), y.d.data(), lse.v.data(), lse.d.data(), qkv.v.data(), qkv.d.data(),
+                                       K, B, Tc, H, hs, bh0, bh1);
         else
-          host::attention_forward_jet2(y.v.data(), y.d.data(), y.dd.data(), lse.v.data(), lse.d.data(),
-                                       lse.dd.data(), qkv.v.data(), qkv.d.data(),
-                                       qkv_second ? qkv.dd.data() : nullptr, K, B, Tc, H, hs, bh0, bh1);
+          host::attention_forward_jet2(y.v.data(), y.d.data(), y.dd.data(), lse.v.data(), lse.d.data(), lse.dd.data(),
+                                       qkv.v.data(), qkv.d.data(), qkv_second ? qkv.dd.data() : nullptr, K, B, Tc, H,
+                                       hs, bh0, bh1);
       });
       return;
     }
@@ -521,10 +521,9 @@ void attention_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>
 
 // dqkv is overwritten; D is a (B*H*T) scratch of the same mode.
 template <class S>
-void attention_reverse(const ExecSpace& space, Act2<base_t<S>> dqkv, Act1<base_t<S>> D,
-                       Act2<base_t<S>> dy, Act2<base_t<S>> qkv, Act2<base_t<S>> y,
-                       Act1<base_t<S>> lse, index_t B, index_t Tc, int n_head, bool bf16 = false,
-                       RowShape shape = default_row_shape(), const base_t<S>* kept_p = nullptr) {
+void attention_reverse(const ExecSpace& space, Act2<base_t<S>> dqkv, Act1<base_t<S>> D, Act2<base_t<S>> dy,
+                       Act2<base_t<S>> qkv, Act2<base_t<S>> y, Act1<base_t<S>> lse, index_t B, index_t Tc, int n_head,
+                       bool bf16 = false, RowShape shape = default_row_shape(), const base_t<S>* kept_p = nullptr) {
   keep_planes<S>(dqkv, D, dy, qkv, y, lse);
   using T = base_t<S>;
   const index_t C = y.cols(), H = n_head, hs = C / H, K = directions_of<S>(qkv);
@@ -536,12 +535,12 @@ void attention_reverse(const ExecSpace& space, Act2<base_t<S>> dqkv, Act1<base_t
       space.fence();
       host::for_ranges(space, "gnh::attention::reverse::host", B * H, [=](std::int64_t bh0, std::int64_t bh1) {
         if constexpr (std::is_same_v<S, T>)
-          host::attention_reverse(dqkv.v.data(), D.v.data(), dy.v.data(), qkv.v.data(), y.v.data(), lse.v.data(),
-                                  B, Tc, H, hs, bh0, bh1, kept_p);
+          host::attention_reverse(dqkv.v.data(), D.v.data(), dy.v.data(), qkv.v.data(), y.v.data(), lse.v.data(), B, Tc,
+                                  H, hs, bh0, bh1, kept_p);
         else
-          host::attention_reverse_dual(dqkv.v.data(), dqkv.d.data(), D.v.data(), D.d.data(), dy.v.data(),
-                                       dy.d.data(), qkv.v.data(), qkv.d.data(), y.v.data(), y.d.data(),
-                                       lse.v.data(), lse.d.data(), K, B, Tc, H, hs, bh0, bh1);
+          host::attention_reverse_dual(dqkv.v.data(), dqkv.d.data(), D.v.data(), D.d.data(), dy.v.data(), dy.d.data(),
+                                       qkv.v.data(), qkv.d.data(), y.v.data(), y.d.data(), lse.v.data(), lse.d.data(),
+                                       K, B, Tc, H, hs, bh0, bh1);
       });
       return;
     }
@@ -572,11 +571,16 @@ struct AttentionOp {
   double flops(OpMode m, index_t K) const {
     const double f1 = 2.0 * 2.0 * double(H * hs) * double(Tc) * double(Tc + 1) / 2.0 * double(B);
     switch (m) {
-      case OpMode::forward: return f1;
-      case OpMode::tangent: return f1 * (1 + 2 * double(K));
-      case OpMode::second_order: return f1 * (1 + 5 * double(K));
-      case OpMode::reverse: return 2.5 * f1;
-      case OpMode::tangent_reverse: return 2.5 * f1 * (1 + 2 * double(K));
+      case OpMode::forward:
+        return f1;
+      case OpMode::tangent:
+        return f1 * (1 + 2 * double(K));
+      case OpMode::second_order:
+        return f1 * (1 + 5 * double(K));
+      case OpMode::reverse:
+        return 2.5 * f1;
+      case OpMode::tangent_reverse:
+        return 2.5 * f1 * (1 + 2 * double(K));
     }
     return 0.0;
   }
@@ -592,14 +596,15 @@ struct AttentionOp {
 };
 
 // Compiled once, in gnh_core (kernels/instances.hpp).
-#define GNH_ATTENTION_FORWARD(EXT, S)                                                                           \
-  EXT template void attention_forward<S>(const ExecSpace&, Act2<base_t<S>>, Act1<base_t<S>>, Act2<base_t<S>>, \
-                                         index_t, index_t, int, bool, RowShape, bool, base_t<S>*);
-#define GNH_ATTENTION_REVERSE(EXT, S)                                                                           \
-  EXT template void attention_reverse<S>(const ExecSpace&, Act2<base_t<S>>, Act1<base_t<S>>, Act2<base_t<S>>, \
-                                         Act2<base_t<S>>, Act2<base_t<S>>, Act1<base_t<S>>, index_t, index_t,   \
-                                         int, bool, RowShape, const base_t<S>*);
-#define GNH_ATTENTION(EXT, T) GNH_FORWARD_SCALARS(GNH_ATTENTION_FORWARD, EXT, T) GNH_REVERSE_SCALARS(GNH_ATTENTION_REVERSE, EXT, T)
+#define GNH_ATTENTION_FORWARD(EXT, S)                                                                                  \
+  EXT template void attention_forward<S>(const ExecSpace&, Act2<base_t<S>>, Act1<base_t<S>>, Act2<base_t<S>>, index_t, \
+                                         index_t, int, bool, RowShape, bool, base_t<S>*);
+#define GNH_ATTENTION_REVERSE(EXT, S)                                                                              \
+  EXT template void attention_reverse<S>(const ExecSpace&, Act2<base_t<S>>, Act1<base_t<S>>, Act2<base_t<S>>,      \
+                                         Act2<base_t<S>>, Act2<base_t<S>>, Act1<base_t<S>>, index_t, index_t, int, \
+                                         bool, RowShape, const base_t<S>*);
+#define GNH_ATTENTION(EXT, T) \
+  GNH_FORWARD_SCALARS(GNH_ATTENTION_FORWARD, EXT, T) GNH_REVERSE_SCALARS(GNH_ATTENTION_REVERSE, EXT, T)
 GNH_ATTENTION(extern, float)
 GNH_ATTENTION(extern, double)
 

@@ -35,8 +35,8 @@ namespace {
 // K = 4, AVX-512: second order 1130 -> 1119 ms, reverse 118 -> 105 ms.
 constexpr std::int64_t TQ = 48;
 
-void mm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* A,
-        std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
+void mm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* A, std::int64_t lda,
+        const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
   // Tiles of TQ queries: gnh's kernel whatever the dense GEMMs use, or the
   // vendor BLAS where gnh has none for this CPU (Arm) or GNH_HOST_GEMM=vendor
   // pins it; one thread of it per caller, the callers being gnh's threads.
@@ -64,8 +64,8 @@ struct Geometry {
 // Scores of a tile into S (tq x t1, rows ld apart), then p = exp(s - lse) in
 // place with the masked entries zeroed. With lse == nullptr, the row's lse is
 // computed and returned in lse_out; otherwise it is read from lse.
-GNH_HOST_CLONES void softmax_rows(float* S, std::int64_t tq, std::int64_t t0, std::int64_t t1, const float* lse_in, float* lse_out,
-                  std::int64_t ld) {
+GNH_HOST_CLONES void softmax_rows(float* S, std::int64_t tq, std::int64_t t0, std::int64_t t1, const float* lse_in,
+                                  float* lse_out, std::int64_t ld) {
   for (std::int64_t r = 0; r < tq; ++r) {
     float* row = S + r * ld;
     const std::int64_t n = t0 + r + 1;  // keys 0..t
@@ -97,8 +97,8 @@ GNH_HOST_CLONES void softmax_rows(float* S, std::int64_t tq, std::int64_t t0, st
 
 // The primal forward of one tile (rows t0..t1-1 of head h in sequence b): p
 // into P (tq x t1 with rows ldp apart, masked entries 0), lse of its rows, y = P V.
-GNH_HOST_CLONES void forward_tile(const Geometry& g, const float* qkv, float* y, float* lse, std::int64_t b, std::int64_t h,
-                  std::int64_t t0, std::int64_t t1, float* P, std::int64_t ldp) {
+GNH_HOST_CLONES void forward_tile(const Geometry& g, const float* qkv, float* y, float* lse, std::int64_t b,
+                                  std::int64_t h, std::int64_t t0, std::int64_t t1, float* P, std::int64_t ldp) {
   const std::int64_t tq = t1 - t0;
   mm(false, true, tq, t1, g.hs, g.scale, qkv + g.q(b, h, t0), g.ld, qkv + g.k(b, h), g.ld, 0.0f, P, ldp);
   softmax_rows(P, tq, t0, t1, nullptr, lse + g.row(b, h, t0), ldp);
@@ -142,9 +142,9 @@ void zero_kv(const Geometry& g, float* dqkv, std::int64_t b, std::int64_t h) {
 // with dp = dy V^T and D_t = dy_t.y_t (written to D), dS = P A scale; then
 // dq of the tile, and dk, dv of its keys accumulated.
 // P_ready: P already holds the tile's probabilities (kept by the forward).
-GNH_HOST_CLONES void reverse_tile(const Geometry& g, float* dqkv, float* D, const float* dy, const float* qkv, const float* y,
-                  const float* lse, std::int64_t b, std::int64_t h, std::int64_t t0, std::int64_t t1, const float* P_ready,
-                  float* Pbuf, float* A, float* dS) {
+GNH_HOST_CLONES void reverse_tile(const Geometry& g, float* dqkv, float* D, const float* dy, const float* qkv,
+                                  const float* y, const float* lse, std::int64_t b, std::int64_t h, std::int64_t t0,
+                                  std::int64_t t1, const float* P_ready, float* Pbuf, float* A, float* dS) {
   const std::int64_t tq = t1 - t0, hs = g.hs;
   const std::int64_t oq = g.q(b, h, t0), ok = g.k(b, h), ov = g.v(b, h), oy = g.y(b, h, t0), orow = g.row(b, h, t0);
   const float* P = P_ready;
@@ -248,12 +248,12 @@ struct DerivativeScratch {
   std::vector<std::int64_t> tile_at;  // where each tile's P starts in Pall
   std::vector<float> buf;
   float* Pall;
-  float* Aq;         // T x 3hs: [Q'' | Q' | Q]
-  float* Bk1;        // T x 2hs: [K | K']
-  float* Bk2;        // T x 3hs: [K | 2K' | K'']
+  float* Aq;                   // T x 3hs: [Q'' | Q' | Q]
+  float* Bk1;                  // T x 2hs: [K | K']
+  float* Bk2;                  // T x 3hs: [K | 2K' | K'']
   float *V0, *Vd, *Vdd, *V2d;  // T x hs each: V, V', V'', 2V'
-  float* Bv1;        // 2t1 x hs: [V'; V]
-  float* Bv2;        // 3t1 x hs: [V''; 2V'; V]
+  float* Bv1;                  // 2t1 x hs: [V'; V]
+  float* Bv2;                  // 3t1 x hs: [V''; 2V'; V]
 };
 
 // Direction k's Q', K', V' (and Q'', K'', V'') of every row of (b, h), copied
@@ -276,8 +276,8 @@ void load_direction(DerivativeScratch& m, const Geometry& g, const float* d, con
 // The softmax's tangent (and second order) of a tile's tq rows, in place over
 // the scores s' (and s''), and the rows' log-sum-exp derivatives into lsed
 // (and lsedd), from the tile's first row.
-GNH_HOST_CLONES void softmax_derivatives(const float* P, float* Pd, float* Pdd, std::int64_t tq, std::int64_t t1, std::int64_t ldp,
-                         float* lsed, float* lsedd, bool second) {
+GNH_HOST_CLONES void softmax_derivatives(const float* P, float* Pd, float* Pdd, std::int64_t tq, std::int64_t t1,
+                                         std::int64_t ldp, float* lsed, float* lsedd, bool second) {
   for (std::int64_t r = 0; r < tq; ++r) {
     const float* p = P + r * ldp;
     float* sd = Pd + r * ldp;
@@ -310,9 +310,9 @@ GNH_HOST_CLONES void softmax_derivatives(const float* P, float* Pd, float* Pdd, 
 // One tile (rows t0..t1 of (b, h)) of direction k: its scores' derivatives,
 // the softmax's, then y' (and y'') into their planes (ydk, yddk: direction
 // k's planes). dd: whether qkv'' is non-zero.
-GNH_HOST_CLONES void derivative_tile(DerivativeScratch& m, const Geometry& g, float* ydk, float* yddk, float* lsedk, float* lseddk,
-                     std::int64_t b, std::int64_t h, std::int64_t t0, std::int64_t i, std::int64_t T, std::int64_t hs,
-                     bool second, bool dd) {
+GNH_HOST_CLONES void derivative_tile(DerivativeScratch& m, const Geometry& g, float* ydk, float* yddk, float* lsedk,
+                                     float* lseddk, std::int64_t b, std::int64_t h, std::int64_t t0, std::int64_t i,
+                                     std::int64_t T, std::int64_t hs, bool second, bool dd) {
   const std::int64_t t1 = std::min(t0 + TQ, T), tq = t1 - t0, ldp = m.w * t1;
   const std::int64_t oy = g.y(b, h, t0), orow = g.row(b, h, t0);
   float* P = m.Pall + m.tile_at[std::size_t(i)];
@@ -368,10 +368,9 @@ void forward_derivatives(float* y, float* yd, float* ydd, float* lse, float* lse
 
 }  // namespace
 
-void attention_forward_jet2(float* y, float* yd, float* ydd, float* lse, float* lsed, float* lsedd,
-                            const float* qkv, const float* qkvd, const float* qkvdd, std::int64_t K,
-                            std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs, std::int64_t bh0,
-                            std::int64_t bh1) {
+void attention_forward_jet2(float* y, float* yd, float* ydd, float* lse, float* lsed, float* lsedd, const float* qkv,
+                            const float* qkvd, const float* qkvdd, std::int64_t K, std::int64_t B, std::int64_t T,
+                            std::int64_t H, std::int64_t hs, std::int64_t bh0, std::int64_t bh1) {
   forward_derivatives(y, yd, ydd, lse, lsed, lsedd, qkv, qkvd, qkvdd, K, B, T, H, hs, bh0, bh1, true);
 }
 
@@ -381,9 +380,9 @@ void attention_forward_dual(float* y, float* yd, float* lse, float* lsed, const 
   forward_derivatives(y, yd, nullptr, lse, lsed, nullptr, qkv, qkvd, nullptr, K, B, T, H, hs, bh0, bh1, false);
 }
 
-void attention_reverse(float* dqkv, float* D, const float* dy, const float* qkv, const float* y,
-                       const float* lse, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs,
-                       std::int64_t bh0, std::int64_t bh1, const float* kept_p) {
+void attention_reverse(float* dqkv, float* D, const float* dy, const float* qkv, const float* y, const float* lse,
+                       std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs, std::int64_t bh0,
+                       std::int64_t bh1, const float* kept_p) {
   const Geometry g(B, T, H, hs);
   const std::int64_t tile = std::min(TQ, T) * T, E = attention_kept_elements(T);
   std::vector<float> buf(std::size_t(3 * tile));
@@ -411,53 +410,53 @@ void attention_reverse_dual(float* dqkv, float* dqkvd, float* D, float* Dd, cons
   std::vector<float> buf(std::size_t(5 * tile));
   float *P = buf.data(), *A = P + tile, *Pd = A + tile, *dS = Pd + tile, *dSd = dS + tile;
   for (std::int64_t bh = bh0; bh < bh1; ++bh) {
-      const std::int64_t b = bh / H, h = bh % H;
-      const std::int64_t ok = g.k(b, h), ov = g.v(b, h);
-      zero_kv(g, dqkv, b, h);
-      for (std::int64_t k = 0; k < K; ++k) zero_kv(g, dqkvd + k * N * g.ld, b, h);
-      for (std::int64_t t0 = 0; t0 < T; t0 += TQ) {
-        const std::int64_t t1 = std::min(t0 + TQ, T), tq = t1 - t0;
-        const std::int64_t oq = g.q(b, h, t0), oy = g.y(b, h, t0), orow = g.row(b, h, t0);
-        // The primal reverse of the tile; A keeps dp - D for the tangents.
-        reverse_tile(g, dqkv, D, dy, qkv, y, lse, b, h, t0, t1, nullptr, P, A, dS);
-        for (std::int64_t k = 0; k < K; ++k) {
-          const float* qd = qkvd + k * N * g.ld;
-          const float* dyk = dyd + k * N * g.C;
-          const float* yk = yd + k * N * g.C;
-          float* out = dqkvd + k * N * g.ld;
-          // p' = p (s' - lse'), with s' = scale (q' k + q k').
-          mm(false, true, tq, t1, hs, g.scale, qd + oq, g.ld, qkv + ok, g.ld, 0.0f, Pd, t1);
-          mm(false, true, tq, t1, hs, g.scale, qkv + oq, g.ld, qd + ok, g.ld, 1.0f, Pd, t1);
-          // dp' = dy' v + dy v'.
-          mm(false, true, tq, t1, hs, 1.0f, dyk + oy, g.C, qkv + ov, g.ld, 0.0f, dSd, t1);
-          mm(false, true, tq, t1, hs, 1.0f, dy + oy, g.C, qd + ov, g.ld, 1.0f, dSd, t1);
-          for (std::int64_t r = 0; r < tq; ++r) {
-            const float* dyr = dy + oy + r * g.C;
-            const float* dykr = dyk + oy + r * g.C;
-            const float* yr = y + oy + r * g.C;
-            const float* ykr = yk + oy + r * g.C;
-            float s = 0.0f;
-            for (std::int64_t c = 0; c < hs; ++c) s += dykr[c] * yr[c] + dyr[c] * ykr[c];
-            Dd[k * R + orow + r] = s;
-            const float L1 = lsed[k * R + orow + r];
-            const float* p = P + r * t1;
-            const float* a = A + r * t1;
-            float* pd = Pd + r * t1;
-            float* dsd = dSd + r * t1;
-            for (std::int64_t j = 0; j < t1; ++j) {
-              pd[j] = p[j] * (pd[j] - L1);
-              dsd[j] = (pd[j] * a[j] + p[j] * (dsd[j] - s)) * g.scale;
-            }
+    const std::int64_t b = bh / H, h = bh % H;
+    const std::int64_t ok = g.k(b, h), ov = g.v(b, h);
+    zero_kv(g, dqkv, b, h);
+    for (std::int64_t k = 0; k < K; ++k) zero_kv(g, dqkvd + k * N * g.ld, b, h);
+    for (std::int64_t t0 = 0; t0 < T; t0 += TQ) {
+      const std::int64_t t1 = std::min(t0 + TQ, T), tq = t1 - t0;
+      const std::int64_t oq = g.q(b, h, t0), oy = g.y(b, h, t0), orow = g.row(b, h, t0);
+      // The primal reverse of the tile; A keeps dp - D for the tangents.
+      reverse_tile(g, dqkv, D, dy, qkv, y, lse, b, h, t0, t1, nullptr, P, A, dS);
+      for (std::int64_t k = 0; k < K; ++k) {
+        const float* qd = qkvd + k * N * g.ld;
+        const float* dyk = dyd + k * N * g.C;
+        const float* yk = yd + k * N * g.C;
+        float* out = dqkvd + k * N * g.ld;
+        // p' = p (s' - lse'), with s' = scale (q' k + q k').
+        mm(false, true, tq, t1, hs, g.scale, qd + oq, g.ld, qkv + ok, g.ld, 0.0f, Pd, t1);
+        mm(false, true, tq, t1, hs, g.scale, qkv + oq, g.ld, qd + ok, g.ld, 1.0f, Pd, t1);
+        // dp' = dy' v + dy v'.
+        mm(false, true, tq, t1, hs, 1.0f, dyk + oy, g.C, qkv + ov, g.ld, 0.0f, dSd, t1);
+        mm(false, true, tq, t1, hs, 1.0f, dy + oy, g.C, qd + ov, g.ld, 1.0f, dSd, t1);
+        for (std::int64_t r = 0; r < tq; ++r) {
+          const float* dyr = dy + oy + r * g.C;
+          const float* dykr = dyk + oy + r * g.C;
+          const float* yr = y + oy + r * g.C;
+          const float* ykr = yk + oy + r * g.C;
+          float s = 0.0f;
+          for (std::int64_t c = 0; c < hs; ++c) s += dykr[c] * yr[c] + dyr[c] * ykr[c];
+          Dd[k * R + orow + r] = s;
+          const float L1 = lsed[k * R + orow + r];
+          const float* p = P + r * t1;
+          const float* a = A + r * t1;
+          float* pd = Pd + r * t1;
+          float* dsd = dSd + r * t1;
+          for (std::int64_t j = 0; j < t1; ++j) {
+            pd[j] = p[j] * (pd[j] - L1);
+            dsd[j] = (pd[j] * a[j] + p[j] * (dsd[j] - s)) * g.scale;
           }
-          mm(false, false, tq, hs, t1, 1.0f, dSd, t1, qkv + ok, g.ld, 0.0f, out + oq, g.ld);
-          mm(false, false, tq, hs, t1, 1.0f, dS, t1, qd + ok, g.ld, 1.0f, out + oq, g.ld);
-          mm(true, false, t1, hs, tq, 1.0f, dSd, t1, qkv + oq, g.ld, 1.0f, out + ok, g.ld);
-          mm(true, false, t1, hs, tq, 1.0f, dS, t1, qd + oq, g.ld, 1.0f, out + ok, g.ld);
-          mm(true, false, t1, hs, tq, 1.0f, Pd, t1, dy + oy, g.C, 1.0f, out + ov, g.ld);
-          mm(true, false, t1, hs, tq, 1.0f, P, t1, dyk + oy, g.C, 1.0f, out + ov, g.ld);
         }
+        mm(false, false, tq, hs, t1, 1.0f, dSd, t1, qkv + ok, g.ld, 0.0f, out + oq, g.ld);
+        mm(false, false, tq, hs, t1, 1.0f, dS, t1, qd + ok, g.ld, 1.0f, out + oq, g.ld);
+        mm(true, false, t1, hs, tq, 1.0f, dSd, t1, qkv + oq, g.ld, 1.0f, out + ok, g.ld);
+        mm(true, false, t1, hs, tq, 1.0f, dS, t1, qd + oq, g.ld, 1.0f, out + ok, g.ld);
+        mm(true, false, t1, hs, tq, 1.0f, Pd, t1, dy + oy, g.C, 1.0f, out + ov, g.ld);
+        mm(true, false, t1, hs, tq, 1.0f, P, t1, dyk + oy, g.C, 1.0f, out + ov, g.ld);
       }
     }
+  }
 }
 
 }  // namespace gnh::kernels::host

@@ -34,13 +34,14 @@ void attention_forward(float* y, float* lse, const float* qkv, std::int64_t B, s
 
 // Second-order forward for K directions: planes v, d (K blocks), dd (K blocks)
 // of y and lse from those of qkv; qkvdd null: qkv'' is zero (its products skipped).
-void attention_forward_jet2(float* y, float* yd, float* ydd, float* lse, float* lsed, float* lsedd,
-                            const float* qkv, const float* qkvd, const float* qkvdd, std::int64_t K,
-                            std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs, std::int64_t bh0, std::int64_t bh1);
+void attention_forward_jet2(float* y, float* yd, float* ydd, float* lse, float* lsed, float* lsedd, const float* qkv,
+                            const float* qkvd, const float* qkvdd, std::int64_t K, std::int64_t B, std::int64_t T,
+                            std::int64_t H, std::int64_t hs, std::int64_t bh0, std::int64_t bh1);
 
 // Tangent forward for K directions: planes v, d of y and lse.
 void attention_forward_dual(float* y, float* yd, float* lse, float* lsed, const float* qkv, const float* qkvd,
-                            std::int64_t K, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs, std::int64_t bh0, std::int64_t bh1);
+                            std::int64_t K, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs,
+                            std::int64_t bh0, std::int64_t bh1);
 
 // Tangent of the reverse for K directions: planes v, d of dqkv (overwritten)
 // and D from those of dy, qkv, y and lse.
@@ -52,8 +53,8 @@ void attention_reverse_dual(float* dqkv, float* dqkvd, float* D, float* Dd, cons
 // Primal reverse: dqkv (overwritten) and D = rowwise dy.y from dy, qkv, y, lse;
 // with kept_p (the forward's keep_p), its probabilities rather than the
 // scores and softmax again.
-void attention_reverse(float* dqkv, float* D, const float* dy, const float* qkv, const float* y,
-                       const float* lse, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs, std::int64_t bh0, std::int64_t bh1,
-                       const float* kept_p = nullptr);
+void attention_reverse(float* dqkv, float* D, const float* dy, const float* qkv, const float* y, const float* lse,
+                       std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs, std::int64_t bh0,
+                       std::int64_t bh1, const float* kept_p = nullptr);
 
 }  // namespace gnh::kernels::host

@@ -65,8 +65,8 @@ inline void cublas_check(cublasStatus_t st, const char* who, const char* what, i
                          index_t k) {
   if (st == CUBLAS_STATUS_SUCCESS) return;
   std::ostringstream msg;
-  msg << who << ": cuBLAS status " << int(st) << " for " << count << " " << what << " of " << m << " x " << n
-      << " x " << k;
+  msg << who << ": cuBLAS status " << int(st) << " for " << count << " " << what << " of " << m << " x " << n << " x "
+      << k;
   throw std::runtime_error(msg.str());
 }
 
@@ -114,21 +114,20 @@ ProductShape product_shape(const char* who, const char* ta, const char* tb, cons
 
 // op(A): "N" or "T". Empty products (a zero extent) only scale C.
 template <class T>
-void gemm(const ExecSpace& space, const char* ta, const char* tb, T alpha, Span2<const T> A,
-          Span2<const T> B, T beta, Span2<T> C) {
+void gemm(const ExecSpace& space, const char* ta, const char* tb, T alpha, Span2<const T> A, Span2<const T> B, T beta,
+          Span2<T> C) {
   const detail::ProductShape sh = detail::product_shape("gnh::gemm", ta, tb, A, B, C);
   const bool at = sh.at, bt = sh.bt;
   const index_t m = sh.m, n = sh.n, ka = sh.k;
   if (m == 0 || n == 0) return;
   if (ka == 0) {
     if (beta != T(1)) {
-      Kokkos::parallel_for("gnh::gemm::scale", range(space, m * n),
-                           KOKKOS_LAMBDA(const index_t i) { C(i / n, i % n) *= beta; });
+      Kokkos::parallel_for(
+          "gnh::gemm::scale", range(space, m * n), KOKKOS_LAMBDA(const index_t i) { C(i / n, i % n) *= beta; });
     }
     return;
   }
-  if constexpr (std::is_same_v<T, float> &&
-                std::is_same_v<ExecSpace, Kokkos::DefaultHostExecutionSpace> &&
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<ExecSpace, Kokkos::DefaultHostExecutionSpace> &&
                 Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible) {
     // A host space: gnh's own sgemm where the CPU has one and the start-up
     // probe chose it (host_gemm.hpp), else the vendor's; on several threads,
@@ -156,7 +155,7 @@ void gemm(const ExecSpace& space, const char* ta, const char* tb, T alpha, Span2
 template <class T>
 struct GemmPolicy {
   bool bf16 = false;
-  bool tf32 = false;  // TF32 tensor-core math (cuBLAS); FP32 on every other backend
+  bool tf32 = false;              // TF32 tensor-core math (cuBLAS); FP32 on every other backend
   View1<T> scratch_a, scratch_b;  // sized by the owner (Gpt) for its largest operands
   index_t chunk_elements = 0;     // elements of A (and, for op(A) = A^T, of B) per chunk
 };
@@ -166,8 +165,9 @@ template <class T>
 Span2<const T> rounded_copy(const ExecSpace& space, Span2<const T> src, index_t r0, index_t rows, T* dst) {
   const index_t cols = src.extent(1);
   const T* s = src.data() + r0 * cols;
-  Kokkos::parallel_for("gnh::gemm::round_bf16", range(space, rows * cols),
-                       KOKKOS_LAMBDA(const index_t i) { dst[i] = round_bf16(s[i]); });
+  Kokkos::parallel_for(
+      "gnh::gemm::round_bf16", range(space, rows * cols),
+      KOKKOS_LAMBDA(const index_t i) { dst[i] = round_bf16(s[i]); });
   return Span2<const T>(dst, rows, cols);
 }
 
@@ -195,8 +195,8 @@ Span2<const std::uint16_t> bf16_copy(const ExecSpace& space, Span2<const T> src,
   static_assert(std::is_same_v<T, float>, "bfloat16 operands come from float");
   const index_t cols = src.extent(1);
   const T* s = src.data() + r0 * cols;
-  Kokkos::parallel_for("gnh::gemm::to_bf16", range(space, rows * cols),
-                       KOKKOS_LAMBDA(const index_t i) { d[i] = bf16_bits(s[i]); });
+  Kokkos::parallel_for(
+      "gnh::gemm::to_bf16", range(space, rows * cols), KOKKOS_LAMBDA(const index_t i) { d[i] = bf16_bits(s[i]); });
   return Span2<const std::uint16_t>(d, rows, cols);
 }
 template <class T>
@@ -216,8 +216,8 @@ inline void cublas_gemm_bf16_batched(const ExecSpace& space, bool at, bool bt, i
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
   const cublasOperation_t oa = bt ? CUBLAS_OP_T : CUBLAS_OP_N, ob = at ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublas_check(cublasGemmStridedBatchedEx(handle, oa, ob, int(n), int(m), int(k), &alpha, B, CUDA_R_16BF, int(ldb),
-                                          stride_b, A, CUDA_R_16BF, int(lda), stride_a, &beta, C, CUDA_R_32F,
-                                          int(ldc), stride_c, int(count), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                                          stride_b, A, CUDA_R_16BF, int(lda), stride_a, &beta, C, CUDA_R_32F, int(ldc),
+                                          stride_c, int(count), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                "gnh::gemm", "bfloat16 products", count, m, n, k);
 }
 
@@ -244,8 +244,8 @@ struct GemmRegion {
 
 // gemm under a precision policy: plain, or with bfloat16-rounded operands.
 template <class T>
-void gemm(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, const char* tb, T alpha,
-          Span2<const T> A, Span2<const T> B, T beta, Span2<T> C) {
+void gemm(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, const char* tb, T alpha, Span2<const T> A,
+          Span2<const T> B, T beta, Span2<T> C) {
   const detail::GemmRegion region("gnh::gemm");
   if (!pol.bf16) {
 #ifdef GNH_CUBLAS_MATH_MODE
@@ -264,8 +264,7 @@ void gemm(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, cons
   // storage into cuBLAS (tensor cores, FP32 accumulation); elsewhere as float
   // values into the FP32 GEMM, the exact emulation. Both multiply the same
   // bfloat16 values and accumulate in FP32; their order of additions differs.
-  auto product = [&](bool trans_a, index_t a0, index_t na, bool round_b, index_t b0, index_t nb, T beta_,
-                     Span2<T> Cc) {
+  auto product = [&](bool trans_a, index_t a0, index_t na, bool round_b, index_t b0, index_t nb, T beta_, Span2<T> Cc) {
 #ifdef GNH_CUBLAS_MATH_MODE
     if constexpr (std::is_same_v<T, float>) {
       const Span2<const std::uint16_t> As = detail::bf16_copy(space, A, a0, na, pol.scratch_a.data());
@@ -299,7 +298,8 @@ void gemm(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, cons
   if (rows == 0) return gemm<T>(space, ta, tb, alpha, A, B, beta, C);
   for (index_t r0 = 0; r0 < rows; r0 += chunk) {
     const index_t n = std::min(chunk, rows - r0);
-    if (pol.scratch_b.extent(0) < std::size_t(n * B.extent(1))) throw std::logic_error("gnh::gemm: bf16 scratch too small");
+    if (pol.scratch_b.extent(0) < std::size_t(n * B.extent(1)))
+      throw std::logic_error("gnh::gemm: bf16 scratch too small");
     product(true, r0, n, true, r0, n, r0 == 0 ? beta : T(1), C);
   }
 }
@@ -408,8 +408,7 @@ void gemm_batched(const ExecSpace& space, const GemmPolicy<T>& pol, const char* 
     const bool at = sh.at, bt = sh.bt;
     const index_t m = sh.m, n = sh.n, ka = sh.k;
     if (!pol.bf16 && m > 0 && n > 0 && ka > 0 && count > 1) {
-      const cublasHandle_t handle =
-          detail::cublas_on(space, pol.tf32 && std::is_same_v<T, float>, "gnh::gemm_batched");
+      const cublasHandle_t handle = detail::cublas_on(space, pol.tf32 && std::is_same_v<T, float>, "gnh::gemm_batched");
       // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
       const cublasOperation_t oa = bt ? CUBLAS_OP_T : CUBLAS_OP_N, ob = at ? CUBLAS_OP_T : CUBLAS_OP_N;
       const int mi = int(n), ni = int(m), ki = int(ka), lda = int(B.stride(0)), ldb = int(A.stride(0)),
@@ -439,12 +438,11 @@ void gemm_batched(const ExecSpace& space, const GemmPolicy<T>& pol, const char* 
 // Compiled once, in gnh_core (kernels/instances.hpp).
 #define GNH_GEMM(EXT, T)                                                                                         \
   EXT template void gemm<T>(const ExecSpace&, const char*, const char*, T, Span2<const T>, Span2<const T>, T,    \
-                            Span2<T>);                                                                          \
+                            Span2<T>);                                                                           \
   EXT template void gemm<T>(const ExecSpace&, const GemmPolicy<T>&, const char*, const char*, T, Span2<const T>, \
-                            Span2<const T>, T, Span2<T>);                                                       \
-  EXT template void gemm_batched<T>(const ExecSpace&, const GemmPolicy<T>&, const char*, const char*, T,        \
-                                    Span2<const T>, index_t, Span2<const T>, index_t, T, Span2<T>, index_t,     \
-                                    index_t);
+                            Span2<const T>, T, Span2<T>);                                                        \
+  EXT template void gemm_batched<T>(const ExecSpace&, const GemmPolicy<T>&, const char*, const char*, T,         \
+                                    Span2<const T>, index_t, Span2<const T>, index_t, T, Span2<T>, index_t, index_t);
 GNH_GEMM(extern, float)
 GNH_GEMM(extern, double)
 

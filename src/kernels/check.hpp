@@ -10,8 +10,7 @@
 namespace gnh::kernels {
 
 inline void require_extent(const char* kernel, const char* what, long long got, long long want) {
-  if (got != want)
-    throw std::logic_error(cat(kernel, ": ", what, " has extent ", got, ", expected ", want));
+  if (got != want) throw std::logic_error(cat(kernel, ": ", what, " has extent ", got, ", expected ", want));
 }
 
 }  // namespace gnh::kernels

@@ -27,8 +27,8 @@ namespace gnh::kernels {
 
 // The mode follows from S (planes_of).
 template <class S>
-void embedding_forward(const ExecSpace& space, Act2<base_t<S>> x, Span2<const std::int32_t> tokens,
-                       Params<base_t<S>> p, index_t wte, index_t wpe) {
+void embedding_forward(const ExecSpace& space, Act2<base_t<S>> x, Span2<const std::int32_t> tokens, Params<base_t<S>> p,
+                       index_t wte, index_t wpe) {
   keep_planes<S>(x, p);
   const index_t B = tokens.extent(0), Tc = tokens.extent(1), C = x.cols();
   const index_t K = x.d.extent(0);
@@ -44,10 +44,8 @@ void embedding_forward(const ExecSpace& space, Act2<base_t<S>> x, Span2<const st
       KOKKOS_LAMBDA(const index_t q, const index_t n, const index_t c) {
         const index_t t = n % Tc;
         const index_t iw = wte + index_t(tokens(n / Tc, t)) * C + c, ip = wpe + t * C + c;
-        if (q == 0)
-          x.v(n, c) = p.v(iw) + p.v(ip);
-        else
-          x.d(q - 1, n, c) = p.d(q - 1, iw) + p.d(q - 1, ip);
+        if (q == 0) x.v(n, c) = p.v(iw) + p.v(ip);
+        else x.d(q - 1, n, c) = p.d(q - 1, iw) + p.d(q - 1, ip);
       });
   if (x.dd.extent(0) > 0) Kokkos::deep_copy(space, x.dd, base_t<S>(0));
 }
@@ -71,7 +69,8 @@ inline TokenGroups group_rows_by_token(const ExecSpace& space, Span2<const std::
   const std::int32_t* tok = h.data();
   index_t V = 0;
   for (index_t n = 0; n < N; ++n) {
-    if (tok[n] < 0) throw std::invalid_argument("gnh::embedding::reverse: negative token id at row " + std::to_string(n));
+    if (tok[n] < 0)
+      throw std::invalid_argument("gnh::embedding::reverse: negative token id at row " + std::to_string(n));
     V = std::max<index_t>(V, index_t(tok[n]) + 1);
   }
   std::vector<index_t> first(std::size_t(V) + 1, 0);
@@ -116,8 +115,8 @@ KOKKOS_INLINE_FUNCTION void add_row(const Member& team, const Grads<T>& g, const
 }  // namespace detail
 
 template <class S>
-void embedding_reverse(const ExecSpace& space, Grads<base_t<S>> g, Act2<base_t<S>> dx,
-                       Span2<const std::int32_t> tokens, index_t wte, index_t wpe) {
+void embedding_reverse(const ExecSpace& space, Grads<base_t<S>> g, Act2<base_t<S>> dx, Span2<const std::int32_t> tokens,
+                       index_t wte, index_t wpe) {
   keep_planes<S>(g, dx);
   const index_t B = tokens.extent(0), Tc = tokens.extent(1), C = dx.cols();
   const index_t K = dx.d.extent(0);
@@ -169,11 +168,11 @@ struct EmbeddingOp {
 };
 
 // Compiled once, in gnh_core (kernels/instances.hpp).
-#define GNH_EMBEDDING_FORWARD(EXT, S)                                                                     \
+#define GNH_EMBEDDING_FORWARD(EXT, S)                                                                  \
   EXT template void embedding_forward<S>(const ExecSpace&, Act2<base_t<S>>, Span2<const std::int32_t>, \
                                          Params<base_t<S>>, index_t, index_t);
-#define GNH_EMBEDDING_REVERSE(EXT, S)                                                                    \
-  EXT template void embedding_reverse<S>(const ExecSpace&, Grads<base_t<S>>, Act2<base_t<S>>,          \
+#define GNH_EMBEDDING_REVERSE(EXT, S)                                                         \
+  EXT template void embedding_reverse<S>(const ExecSpace&, Grads<base_t<S>>, Act2<base_t<S>>, \
                                          Span2<const std::int32_t>, index_t, index_t);
 #define GNH_EMBEDDING(EXT, T) \
   GNH_FORWARD_SCALARS(GNH_EMBEDDING_FORWARD, EXT, T) GNH_REVERSE_SCALARS(GNH_EMBEDDING_REVERSE, EXT, T)

@@ -52,7 +52,6 @@ KOKKOS_FORCEINLINE_FUNCTION void gelu_derivatives(T x, T& f, T& f1, T& f2) {
   }
 }
 
-
 // The value plane is one flat loop. The derivative modes evaluate f, f', f''
 // once per element and apply them to all K directions: a work item is a
 // chunk of GeluChunk elements, whose f' and f'' stay in L1 or L2 while the
@@ -208,8 +207,7 @@ void gelu_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x, 
 }
 
 template <class S>
-void gelu_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Act2<base_t<S>> dy,
-                  Act2<base_t<S>> x, Gelu kind) {
+void gelu_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Act2<base_t<S>> dy, Act2<base_t<S>> x, Gelu kind) {
   keep_planes<S>(dx, dy, x);
   using T = base_t<S>;
   constexpr bool tangents = !std::is_same<S, T>::value;
@@ -293,9 +291,8 @@ struct GeluOp {
 // Compiled once, in gnh_core (kernels/instances.hpp).
 #define GNH_GELU_FORWARD(EXT, S) \
   EXT template void gelu_forward<S>(const ExecSpace&, Act2<base_t<S>>, Act2<base_t<S>>, Gelu);
-#define GNH_GELU_REVERSE(EXT, S)                                                                         \
-  EXT template void gelu_reverse<S>(const ExecSpace&, Act2<base_t<S>>, Act2<base_t<S>>, Act2<base_t<S>>, \
-                                    Gelu);
+#define GNH_GELU_REVERSE(EXT, S) \
+  EXT template void gelu_reverse<S>(const ExecSpace&, Act2<base_t<S>>, Act2<base_t<S>>, Act2<base_t<S>>, Gelu);
 #define GNH_GELU(EXT, T) GNH_FORWARD_SCALARS(GNH_GELU_FORWARD, EXT, T) GNH_REVERSE_SCALARS(GNH_GELU_REVERSE, EXT, T)
 GNH_GELU(extern, float)
 GNH_GELU(extern, double)

@@ -67,8 +67,9 @@ double GemmProbe::vendor_total() const {
 
 std::string GemmProbe::json() const {
   std::ostringstream js;
-  js << "{\"host_isa\": \"" << host_isa_level() << "\", \"native\": \"" << host::name(native) << "\", \"chosen\": \"" << host::name(chosen)
-     << "\", \"threads\": " << threads << ", \"probed\": " << (probed ? "true" : "false") << ", \"reason\": \"" << reason << "\", \"shapes\": [";
+  js << "{\"host_isa\": \"" << host_isa_level() << "\", \"native\": \"" << host::name(native) << "\", \"chosen\": \""
+     << host::name(chosen) << "\", \"threads\": " << threads << ", \"probed\": " << (probed ? "true" : "false")
+     << ", \"reason\": \"" << reason << "\", \"shapes\": [";
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const auto& e = entries[i];
     js << (i ? ", " : "") << "{\"what\": \"" << e.shape.what << "\", \"op\": \"" << (e.shape.ta ? 'T' : 'N')
@@ -137,7 +138,8 @@ GemmProbe probe_host_gemm(const std::vector<GemmShape>& shapes, int repeats) {
   double flops = 0;
   for (const auto& x : p.entries) flops += 2.0 * double(x.shape.m) * double(x.shape.n) * double(x.shape.k);
   char line[200];
-  std::snprintf(line, sizeof(line), "probe of %zu model shapes on %d thread(s): %s %.1f GFLOP/s, vendor BLAS %.1f GFLOP/s",
+  std::snprintf(line, sizeof(line),
+                "probe of %zu model shapes on %d thread(s): %s %.1f GFLOP/s, vendor BLAS %.1f GFLOP/s",
                 p.entries.size(), p.threads, host::name(p.native), flops / tn * 1e-9, flops / tv * 1e-9);
   p.reason = line;
   return p;

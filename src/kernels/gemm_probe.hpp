@@ -21,13 +21,15 @@ namespace gnh::kernels {
 struct GemmShape {
   bool ta = false, tb = false;  // op(A), op(B) transposed
   index_t m = 0, n = 0, k = 0;
-  std::string what;             // e.g. "c_fc forward"
+  std::string what;  // e.g. "c_fc forward"
 };
 
 struct GemmProbeEntry {
   GemmShape shape;
   double native_seconds = 0, vendor_seconds = 0;  // best of the repeats
-  double gflops(double seconds) const { return 2.0 * double(shape.m) * double(shape.n) * double(shape.k) / seconds * 1e-9; }
+  double gflops(double seconds) const {
+    return 2.0 * double(shape.m) * double(shape.n) * double(shape.k) / seconds * 1e-9;
+  }
 };
 
 struct GemmProbe {

@@ -29,8 +29,8 @@
 // otherwise (a CUDA build with cuBLAS only).
 extern "C" {
 void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k, const float* alpha,
-            const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c,
-            const int* ldc) __attribute__((weak));
+            const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c, const int* ldc)
+    __attribute__((weak));
 void openblas_set_num_threads(int threads) __attribute__((weak));
 int openblas_get_num_threads(void) __attribute__((weak));
 }
@@ -92,8 +92,8 @@ void pack_rows(const float* X, std::int64_t ld, std::int64_t p0, std::int64_t kc
 // (m, k); full ones are read in place) or of a transposed B (W = NR, X = B
 // stored (n, k); full ones go to the vector transposes, pack_b_t_t8).
 template <int W>
-void pack_streams(const float* X, std::int64_t ld, std::int64_t r0, std::int64_t rn, std::int64_t p0,
-                  std::int64_t kc, float* dst) {
+void pack_streams(const float* X, std::int64_t ld, std::int64_t r0, std::int64_t rn, std::int64_t p0, std::int64_t kc,
+                  float* dst) {
   const float* rows[W];
   for (std::int64_t i = 0; i < W; ++i) rows[i] = X + (r0 + (i < rn ? i : 0)) * ld + p0;
   for (std::int64_t p = 0; p < kc; ++p)
@@ -187,8 +187,8 @@ constexpr int MR256 = 6, NR256 = 16;
 // Zen 3. 12 accumulators + 2 B vectors + 1 broadcast fill the 16 ymm registers.
 template <bool Direct>
 __attribute__((target("avx2,fma"))) void micro_avx2(std::int64_t kc, const float* __restrict A, std::int64_t lda,
-                                                    const float* __restrict Bp, float* C, std::int64_t ldc,
-                                                    float alpha, float beta, int mr, int nr) {
+                                                    const float* __restrict Bp, float* C, std::int64_t ldc, float alpha,
+                                                    float beta, int mr, int nr) {
   static_assert(MR256 == 6 && NR256 == 16, "micro_avx2 is written out for a 6 x 16 tile");
   // The C tile's 12 cache lines are fetched while the k loop runs: a tall
   // product's C (stacked directions: 8192 x 512 floats) is in neither L1 nor
@@ -273,8 +273,8 @@ __attribute__((target("avx2,fma"))) inline void transpose8(__m256 r[8]) {
 // blocks of 8 columns, each 8 values of k at a time by one transpose: the
 // AVX2 tile's (NR256) and the AVX-512 tile's (NR512).
 template <int NR>
-__attribute__((target("avx2,fma"))) void pack_b_t_t8(const float* B, std::int64_t ldb, std::int64_t p0,
-                                                   std::int64_t kc, std::int64_t j0, float* dst) {
+__attribute__((target("avx2,fma"))) void pack_b_t_t8(const float* B, std::int64_t ldb, std::int64_t p0, std::int64_t kc,
+                                                     std::int64_t j0, float* dst) {
   static_assert(NR % 8 == 0, "whole blocks of 8 columns");
   std::int64_t p = 0;
   for (; p + 8 <= kc; p += 8)
@@ -301,8 +301,8 @@ using PackBt = void (*)(const float*, std::int64_t, std::int64_t, std::int64_t, 
 // place (a_at); a transposed A and partial slivers are packed.
 template <int MR, int NR>
 void blocked(Micro micro, Micro micro_direct, PackBt pack_bt, bool ta, bool tb, std::int64_t m, std::int64_t n,
-             std::int64_t k, float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta,
-             float* C, std::int64_t ldc) {
+             std::int64_t k, float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
+             float beta, float* C, std::int64_t ldc) {
   static_assert(MC % MR == 0 && NC % NR == 0, "block sizes must be multiples of the register tile");
   float* Bp = buffers.get(buffers.b, buffers.b_size, KC * std::min<std::int64_t>(NC, (n + NR - 1) / NR * NR));
   float* Ap = buffers.get(buffers.a, buffers.a_size, KC * MC);
@@ -311,8 +311,7 @@ void blocked(Micro micro, Micro micro_direct, PackBt pack_bt, bool ta, bool tb, 
     for (std::int64_t pc = 0; pc < k; pc += KC) {
       const std::int64_t kc = std::min(KC, k - pc);
       const float b = pc == 0 ? beta : 1.0f;
-      if (!tb)
-        pack_rows<NR>(B, ldb, pc, kc, jc, nc, Bp);
+      if (!tb) pack_rows<NR>(B, ldb, pc, kc, jc, nc, Bp);
       else
         for (std::int64_t jr = 0; jr < nc; jr += NR) {
           const std::int64_t nr = std::min<std::int64_t>(NR, nc - jr);
@@ -321,8 +320,7 @@ void blocked(Micro micro, Micro micro_direct, PackBt pack_bt, bool ta, bool tb, 
         }
       for (std::int64_t ic = 0; ic < m; ic += MC) {
         const std::int64_t mc = std::min(MC, m - ic);
-        if (ta)
-          pack_rows<MR>(A, lda, pc, kc, ic, mc, Ap);
+        if (ta) pack_rows<MR>(A, lda, pc, kc, ic, mc, Ap);
         else
           for (std::int64_t ir = 0; ir < mc; ir += MR) {
             const std::int64_t mr = std::min<std::int64_t>(MR, mc - ir);
@@ -334,8 +332,7 @@ void blocked(Micro micro, Micro micro_direct, PackBt pack_bt, bool ta, bool tb, 
             float* Ct = C + (ic + ir) * ldc + jc + jr;
             if (!ta && mr == MR)
               micro_direct(kc, A + (ic + ir) * lda + pc, lda, Bp + jr * kc, Ct, ldc, alpha, b, mr, nr);
-            else
-              micro(kc, Ap + ir * kc, 0, Bp + jr * kc, Ct, ldc, alpha, b, mr, nr);
+            else micro(kc, Ap + ir * kc, 0, Bp + jr * kc, Ct, ldc, alpha, b, mr, nr);
           }
       }
     }
@@ -381,9 +378,12 @@ bool supported(GemmKernel k) {
 
 const char* name(GemmKernel k) {
   switch (k) {
-    case GemmKernel::avx512: return "avx512";
-    case GemmKernel::avx2: return "avx2";
-    default: return "vendor";
+    case GemmKernel::avx512:
+      return "avx512";
+    case GemmKernel::avx2:
+      return "avx2";
+    default:
+      return "vendor";
   }
 }
 

@@ -32,13 +32,12 @@ bool kernel_forced();
 GemmKernel selected_kernel();
 void select_kernel(GemmKernel k);
 bool supported(GemmKernel k);
-const char* name(GemmKernel k);  // "vendor", "avx2", "avx512"
+const char* name(GemmKernel k);                                // "vendor", "avx2", "avx512"
 std::optional<GemmKernel> kernel_named(const std::string& n);  // the inverse of name()
 
 // With the selected kernel; false (nothing done) when it is none.
-bool sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-           const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
-           std::int64_t ldc);
+bool sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* A,
+           std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc);
 
 // Threads on one rank: C cut into panels of whole rows (or, when C is wider
 // than tall, whole columns), one per thread. Each C(i,j) is accumulated in the
@@ -73,8 +72,8 @@ bool sgemm_vendor(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, st
                   std::int64_t ldc);
 
 // With a given kernel (tests); false when this CPU does not support it.
-bool sgemm_using(GemmKernel kernel, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
-                 std::int64_t k, float alpha, const float* A, std::int64_t lda, const float* B,
-                 std::int64_t ldb, float beta, float* C, std::int64_t ldc);
+bool sgemm_using(GemmKernel kernel, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                 float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+                 std::int64_t ldc);
 
 }  // namespace gnh::kernels::host

@@ -23,9 +23,8 @@ void for_ranges(const Space& space, const char* label, std::int64_t n, const F& 
     body(std::int64_t(0), n);
     return;
   }
-  Kokkos::parallel_for(label, Kokkos::RangePolicy<Space>(space, 0, parts), [=](const std::int64_t i) {
-    body(n * i / parts, n * (i + 1) / parts);
-  });
+  Kokkos::parallel_for(label, Kokkos::RangePolicy<Space>(space, 0, parts),
+                       [=](const std::int64_t i) { body(n * i / parts, n * (i + 1) / parts); });
 }
 
 // C = alpha op(A) op(B) + beta C on every thread of `space` (panels of C:
@@ -34,9 +33,9 @@ void for_ranges(const Space& space, const char* label, std::int64_t n, const F& 
 // where that cannot run: the kernel is missing on this CPU, or it is none on
 // one thread (the caller then takes the vendor BLAS through Kokkos Kernels).
 template <class Space>
-bool sgemm_on(const Space& space, GemmKernel kernel, bool ta, bool tb, std::int64_t m, std::int64_t n,
-              std::int64_t k, float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
-              float beta, float* C, std::int64_t ldc) {
+bool sgemm_on(const Space& space, GemmKernel kernel, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+              float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+              std::int64_t ldc) {
   // The BLAS runs on gnh's threads only. Two thread pools on the same cores
   // (a threaded BLAS under a threaded host space) slow both several-fold; and
   // on a one-thread space OpenBLAS would otherwise start a thread per core,
@@ -44,8 +43,7 @@ bool sgemm_on(const Space& space, GemmKernel kernel, bool ta, bool tb, std::int6
   // gnh's one thread with all of them.
   vendor_single_threaded();
   const std::int64_t parts = panel_count(m, n, space.concurrency());
-  if (kernel == GemmKernel::none ? parts == 1 || !vendor_panels_available() : !supported(kernel))
-    return false;
+  if (kernel == GemmKernel::none ? parts == 1 || !vendor_panels_available() : !supported(kernel)) return false;
   if (parts == 1) return sgemm_using(kernel, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
   Kokkos::parallel_for("gnh::host::sgemm", Kokkos::RangePolicy<Space>(space, 0, parts), [=](const std::int64_t i) {
     sgemm_panel(kernel, panel_of(m, n, parts, i), ta, tb, k, alpha, A, lda, B, ldb, beta, C, ldc);

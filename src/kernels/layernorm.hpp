@@ -90,10 +90,9 @@ struct LayerNormDirectionRow {
       const T* xdd = &x.dd(k, n, 0);
       const T mu2 = lanes.template sum<T>(C, [&](index_t c) { return xdd[c]; }) / T(C);
       const T v2 = lanes.template sum<T>(C, [&](index_t c) {
-                     const T d1 = xd[c] - mu1;
-                     return d1 * d1 + (xr[c] - mu) * (xdd[c] - mu2);
-                   }) *
-                   (T(2) / T(C));
+        const T d1 = xd[c] - mu1;
+        return d1 * d1 + (xr[c] - mu) * (xdd[c] - mu2);
+      }) * (T(2) / T(C));
       const T r2 = T(0.75) * r3 * r * r * v1 * v1 - T(0.5) * r3 * v2;
       lanes.single([&] {
         mean.dd(k, n) = mu2;
@@ -147,9 +146,9 @@ struct LayerNormReverseRow {
 // rows: the shape of the row kernels (rows.hpp); the default suits the
 // execution space, and both give the same bits.
 template <class S>
-void layernorm_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>> mean,
-                       Act1<base_t<S>> rstd, Act2<base_t<S>> x, Params<base_t<S>> p, index_t w,
-                       index_t b, double eps, RowShape rows = default_row_shape()) {
+void layernorm_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>> mean, Act1<base_t<S>> rstd,
+                       Act2<base_t<S>> x, Params<base_t<S>> p, index_t w, index_t b, double eps,
+                       RowShape rows = default_row_shape()) {
   keep_planes<S>(y, mean, rstd, x, p);
   using T = base_t<S>;
   const index_t N = x.rows(), C = x.cols(), K = has_tangents_v<S> ? x.d.extent(0) : 0, P = p.v.extent(0);
@@ -164,10 +163,9 @@ void layernorm_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>
 }
 
 template <class S>
-void layernorm_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Grads<base_t<S>> g,
-                       Act2<base_t<S>> dy, Act2<base_t<S>> x, Act1<base_t<S>> mean,
-                       Act1<base_t<S>> rstd, Params<base_t<S>> p, index_t w, index_t b,
-                       ColumnShape shape = default_column_shape(), RowShape rows = default_row_shape()) {
+void layernorm_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Grads<base_t<S>> g, Act2<base_t<S>> dy,
+                       Act2<base_t<S>> x, Act1<base_t<S>> mean, Act1<base_t<S>> rstd, Params<base_t<S>> p, index_t w,
+                       index_t b, ColumnShape shape = default_column_shape(), RowShape rows = default_row_shape()) {
   keep_planes<S>(dx, g, dy, x, mean, rstd, p);
   using io = Io<S>;
   const index_t N = x.rows(), C = x.cols(), K = directions_of<S>(x);
@@ -221,14 +219,15 @@ struct LayerNormOp {
 };
 
 // Compiled once, in gnh_core (kernels/instances.hpp).
-#define GNH_LAYERNORM_FORWARD(EXT, S)                                                                           \
+#define GNH_LAYERNORM_FORWARD(EXT, S)                                                                         \
   EXT template void layernorm_forward<S>(const ExecSpace&, Act2<base_t<S>>, Act1<base_t<S>>, Act1<base_t<S>>, \
                                          Act2<base_t<S>>, Params<base_t<S>>, index_t, index_t, double, RowShape);
-#define GNH_LAYERNORM_REVERSE(EXT, S)                                                                              \
-  EXT template void layernorm_reverse<S>(const ExecSpace&, Act2<base_t<S>>, Grads<base_t<S>>, Act2<base_t<S>>,   \
-                                         Act2<base_t<S>>, Act1<base_t<S>>, Act1<base_t<S>>, Params<base_t<S>>,   \
+#define GNH_LAYERNORM_REVERSE(EXT, S)                                                                          \
+  EXT template void layernorm_reverse<S>(const ExecSpace&, Act2<base_t<S>>, Grads<base_t<S>>, Act2<base_t<S>>, \
+                                         Act2<base_t<S>>, Act1<base_t<S>>, Act1<base_t<S>>, Params<base_t<S>>, \
                                          index_t, index_t, ColumnShape, RowShape);
-#define GNH_LAYERNORM(EXT, T) GNH_FORWARD_SCALARS(GNH_LAYERNORM_FORWARD, EXT, T) GNH_REVERSE_SCALARS(GNH_LAYERNORM_REVERSE, EXT, T)
+#define GNH_LAYERNORM(EXT, T) \
+  GNH_FORWARD_SCALARS(GNH_LAYERNORM_FORWARD, EXT, T) GNH_REVERSE_SCALARS(GNH_LAYERNORM_REVERSE, EXT, T)
 GNH_LAYERNORM(extern, float)
 GNH_LAYERNORM(extern, double)
 

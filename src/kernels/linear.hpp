@@ -27,8 +27,7 @@ namespace detail {
 // as much as the GEMM before it (0.9 ms on a (512, 512) plane, bench_kernels
 // linear forward, Zen 3).
 template <class T>
-void add_bias(const ExecSpace& space, T* y, const T* b, index_t N, index_t out, index_t K = 1,
-              index_t b_stride = 0) {
+void add_bias(const ExecSpace& space, T* y, const T* b, index_t N, index_t out, index_t K = 1, index_t b_stride = 0) {
   using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3, Kokkos::Iterate::Right, Kokkos::Iterate::Right>,
                                        Kokkos::IndexType<index_t>>;
   Kokkos::parallel_for(
@@ -41,8 +40,8 @@ void add_bias(const ExecSpace& space, T* y, const T* b, index_t N, index_t out, 
 // g_stride and dy_k = dy + k N out: deterministic (colsum.hpp), one launch
 // for every plane, each column's rows in the order of one plane alone.
 template <class T>
-void add_colsum(const ExecSpace& space, T* g, const T* dy, index_t N, index_t out, index_t K = 1,
-                index_t g_stride = 0, ColumnShape shape = default_column_shape()) {
+void add_colsum(const ExecSpace& space, T* g, const T* dy, index_t N, index_t out, index_t K = 1, index_t g_stride = 0,
+                ColumnShape shape = default_column_shape()) {
   column_sums<T>(
       space, "gnh::linear::reverse::bias", K, N, out,
       KOKKOS_LAMBDA(const index_t k, const index_t n, const index_t o, T& s, T&) { s += dy[(k * N + n) * out + o]; },
@@ -76,8 +75,7 @@ void linear_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x
   const index_t P = p.d.extent(1);
   gemm_batched<T>(space, pol, "N", "T", T(1), x.v, 0, block(p.d.data(), w, out, in), P, T(1),
                   block(y.d.data(), 0, N, out), N * out, K);
-  if (b >= 0)
-    detail::add_bias(space, y.d.data(), p.d.data() + b, N, out, K, P);
+  if (b >= 0) detail::add_bias(space, y.d.data(), p.d.data() + b, N, out, K, P);
   if (y.dd.extent(0) == 0) return;
   if (x_second)
     gemm<T>(space, pol, "N", "T", T(1), block(x.dd.data(), 0, K * N, in), block(W, 0, out, in), T(0),
@@ -122,8 +120,7 @@ void linear_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Grads<base_t<S>>
                   block(g.d.data(), w, out, in), P, K);
   gemm_batched<T>(space, pol, "T", "N", T(1), dy.v, 0, block(x.d.data(), 0, N, in), N * in, T(1),
                   block(g.d.data(), w, out, in), P, K);
-  if (b >= 0)
-    detail::add_colsum(space, g.d.data() + b, dy.d.data(), N, out, K, P);
+  if (b >= 0) detail::add_colsum(space, g.d.data() + b, dy.d.data(), N, out, K, P);
 }
 
 // The op contract (kernels/op.hpp): y (N, out) = x (N, in) W^T [+ b], theta =
@@ -153,10 +150,10 @@ struct LinearOp {
 };
 
 // Compiled once, in gnh_core (kernels/instances.hpp).
-#define GNH_LINEAR_FORWARD(EXT, S)                                                                       \
-  EXT template void linear_forward<S>(const ExecSpace&, Act2<base_t<S>>, Act2<base_t<S>>, Params<base_t<S>>, \
-                                      index_t, index_t, const GemmPolicy<base_t<S>>&, bool);
-#define GNH_LINEAR_REVERSE(EXT, S)                                                                         \
+#define GNH_LINEAR_FORWARD(EXT, S)                                                                                    \
+  EXT template void linear_forward<S>(const ExecSpace&, Act2<base_t<S>>, Act2<base_t<S>>, Params<base_t<S>>, index_t, \
+                                      index_t, const GemmPolicy<base_t<S>>&, bool);
+#define GNH_LINEAR_REVERSE(EXT, S)                                                                          \
   EXT template void linear_reverse<S>(const ExecSpace&, Act2<base_t<S>>, Grads<base_t<S>>, Act2<base_t<S>>, \
                                       Act2<base_t<S>>, Params<base_t<S>>, index_t, index_t,                 \
                                       const GemmPolicy<base_t<S>>&);

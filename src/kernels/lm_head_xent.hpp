@@ -54,8 +54,8 @@ void chunk_logits(const ExecSpace& space, Act2<T> z, Act2<T> h, Params<T> p, ind
   // h'_k W^T, then z'_k += h V_k^T.
   gemm_batched<T>(space, pol, "N", "T", T(1), block(h.d.data(), r0 * C, nr, C), N * C, block(W, 0, vc, C), 0, T(0),
                   block(z.d.data(), 0, nr, vc), nr * vc, K);
-  gemm_batched<T>(space, pol, "N", "T", T(1), block(h.v.data(), r0 * C, nr, C), 0,
-                  block(p.d.data(), w + v0 * C, vc, C), P, T(1), block(z.d.data(), 0, nr, vc), nr * vc, K);
+  gemm_batched<T>(space, pol, "N", "T", T(1), block(h.v.data(), r0 * C, nr, C), 0, block(p.d.data(), w + v0 * C, vc, C),
+                  P, T(1), block(z.d.data(), 0, nr, vc), nr * vc, K);
 }
 
 // The second-order moments of a tile: M_W += q W and M_k += q V_k over the
@@ -290,10 +290,10 @@ struct HeadSoftmaxRow {
 // and z needs one second-order plane (the exponentials q of a tile). shape:
 // the row kernels' (rows.hpp); the default suits the execution space.
 template <class S>
-void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t<S>> lse,
-                          Act2<base_t<S>> h, Params<base_t<S>> p, index_t w, index_t V,
-                          Span1<const std::int32_t> targets, Act2<base_t<S>> z, Span2<base_t<S>> stats,
-                          Act2<base_t<S>> moments, const GemmPolicy<base_t<S>>& pol = GemmPolicy<base_t<S>>(),
+void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t<S>> lse, Act2<base_t<S>> h,
+                          Params<base_t<S>> p, index_t w, index_t V, Span1<const std::int32_t> targets,
+                          Act2<base_t<S>> z, Span2<base_t<S>> stats, Act2<base_t<S>> moments,
+                          const GemmPolicy<base_t<S>>& pol = GemmPolicy<base_t<S>>(),
                           RowShape shape = default_row_shape(), bool keep_exponentials = false) {
   keep_planes<S>(loss, lse, h, p, z, moments);
   using T = base_t<S>;
@@ -343,12 +343,11 @@ void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t
 // kept (non-empty): the forward ran with keep_exponentials, and kept is its
 // stats; z then holds the exponentials (the primal reverse, one tile).
 template <class S>
-void lm_head_xent_reverse(const ExecSpace& space, Act2<base_t<S>> dh, Grads<base_t<S>> g,
-                          Act1<base_t<S>> lse, Act2<base_t<S>> h, Params<base_t<S>> p, index_t w, index_t V,
+void lm_head_xent_reverse(const ExecSpace& space, Act2<base_t<S>> dh, Grads<base_t<S>> g, Act1<base_t<S>> lse,
+                          Act2<base_t<S>> h, Params<base_t<S>> p, index_t w, index_t V,
                           Span1<const std::int32_t> targets, Act2<base_t<S>> z,
-                          const GemmPolicy<base_t<S>>& pol = GemmPolicy<base_t<S>>(),
-                          bool logits_current = false, Span2<const base_t<S>> kept = {},
-                          RowShape shape = default_row_shape()) {
+                          const GemmPolicy<base_t<S>>& pol = GemmPolicy<base_t<S>>(), bool logits_current = false,
+                          Span2<const base_t<S>> kept = {}, RowShape shape = default_row_shape()) {
   keep_planes<S>(dh, g, lse, h, p, z);
   using T = base_t<S>;
   constexpr bool tangents = !std::is_same<S, T>::value;
@@ -408,7 +407,13 @@ struct LmHeadXentOp {
   View1<double> loss;  // (1 + 2K) N: the forward's double loss planes before y
   LmHeadXentOp(index_t N_, index_t C_, index_t V_, index_t rows_, index_t vchunk_ = 0,
                RowShape shape_ = default_row_shape())
-      : N(N_), C(C_), V(V_), rows(rows_), vchunk(vchunk_ > 0 ? vchunk_ : V_), shape(shape_), targets("targets", N_),
+      : N(N_),
+        C(C_),
+        V(V_),
+        rows(rows_),
+        vchunk(vchunk_ > 0 ? vchunk_ : V_),
+        shape(shape_),
+        targets("targets", N_),
         stats("stats", N_, 2) {
     auto h = Kokkos::create_mirror_view(targets);
     for (index_t n = 0; n < N; ++n) h(n) = n % 4 == 3 ? -1 : std::int32_t((n * 5 + 1) % V);
@@ -433,7 +438,8 @@ struct LmHeadXentOp {
   template <class S>
   void forward(const ExecSpace& space, Act2<T> y, Act2<T> h, Params<T> p, const OpSaved<T>& s) {
     const index_t K = directions_of<S>(h), planes = std::is_same<S, T>::value ? 0 : K;
-    if (index_t(loss.extent(0)) < (1 + 2 * planes) * N) loss = View1<double>("gnh::lm_head_xent::loss", (1 + 2 * K) * N);
+    if (index_t(loss.extent(0)) < (1 + 2 * planes) * N)
+      loss = View1<double>("gnh::lm_head_xent::loss", (1 + 2 * K) * N);
     Act1<double> l;
     l.v = Span1<double>(loss.data(), N);
     if (!std::is_same<S, T>::value) l.d = Span2<double>(loss.data() + N, K, N);
@@ -456,18 +462,18 @@ struct LmHeadXentOp {
 };
 
 // Compiled once, in gnh_core (kernels/instances.hpp).
-#define GNH_LM_HEAD_FORWARD(EXT, S)                                                                              \
-  EXT template void lm_head_xent_forward<S>(const ExecSpace&, Act1<double>, Act1<base_t<S>>, Act2<base_t<S>>,   \
-                                            Params<base_t<S>>, index_t, index_t, Span1<const std::int32_t>,     \
-                                            Act2<base_t<S>>, Span2<base_t<S>>, Act2<base_t<S>>,                 \
+#define GNH_LM_HEAD_FORWARD(EXT, S)                                                                           \
+  EXT template void lm_head_xent_forward<S>(const ExecSpace&, Act1<double>, Act1<base_t<S>>, Act2<base_t<S>>, \
+                                            Params<base_t<S>>, index_t, index_t, Span1<const std::int32_t>,   \
+                                            Act2<base_t<S>>, Span2<base_t<S>>, Act2<base_t<S>>,               \
                                             const GemmPolicy<base_t<S>>&, RowShape, bool);
-#define GNH_LM_HEAD_REVERSE(EXT, S)                                                                              \
-  EXT template void lm_head_xent_reverse<S>(const ExecSpace&, Act2<base_t<S>>, Grads<base_t<S>>, Act1<base_t<S>>, \
-                                            Act2<base_t<S>>, Params<base_t<S>>, index_t, index_t,               \
-                                            Span1<const std::int32_t>, Act2<base_t<S>>,                          \
-                                            const GemmPolicy<base_t<S>>&, bool, Span2<const base_t<S>>,          \
-                                            RowShape);
-#define GNH_LM_HEAD(EXT, T) GNH_FORWARD_SCALARS(GNH_LM_HEAD_FORWARD, EXT, T) GNH_REVERSE_SCALARS(GNH_LM_HEAD_REVERSE, EXT, T)
+#define GNH_LM_HEAD_REVERSE(EXT, S)                                                                                   \
+  EXT template void lm_head_xent_reverse<S>(const ExecSpace&, Act2<base_t<S>>, Grads<base_t<S>>, Act1<base_t<S>>,     \
+                                            Act2<base_t<S>>, Params<base_t<S>>, index_t, index_t,                     \
+                                            Span1<const std::int32_t>, Act2<base_t<S>>, const GemmPolicy<base_t<S>>&, \
+                                            bool, Span2<const base_t<S>>, RowShape);
+#define GNH_LM_HEAD(EXT, T) \
+  GNH_FORWARD_SCALARS(GNH_LM_HEAD_FORWARD, EXT, T) GNH_REVERSE_SCALARS(GNH_LM_HEAD_REVERSE, EXT, T)
 GNH_LM_HEAD(extern, float)
 GNH_LM_HEAD(extern, double)
 

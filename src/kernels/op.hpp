@@ -52,11 +52,16 @@ constexpr std::array<OpMode, 5> kOpModes = {OpMode::forward, OpMode::tangent, Op
 
 inline const char* op_mode_name(OpMode m) {
   switch (m) {
-    case OpMode::forward: return "forward";
-    case OpMode::tangent: return "tangent";
-    case OpMode::second_order: return "second-order";
-    case OpMode::reverse: return "reverse";
-    case OpMode::tangent_reverse: return "tangent-reverse";
+    case OpMode::forward:
+      return "forward";
+    case OpMode::tangent:
+      return "tangent";
+    case OpMode::second_order:
+      return "second-order";
+    case OpMode::reverse:
+      return "reverse";
+    case OpMode::tangent_reverse:
+      return "tangent-reverse";
   }
   return "?";
 }
@@ -68,10 +73,13 @@ inline const char* op_mode_name(OpMode m) {
 inline double gemm_multiplier(OpMode m, index_t K) {
   switch (m) {
     case OpMode::forward:
-    case OpMode::reverse: return 1.0;
+    case OpMode::reverse:
+      return 1.0;
     case OpMode::tangent:
-    case OpMode::tangent_reverse: return 1.0 + 2.0 * double(K);
-    case OpMode::second_order: return 1.0 + 4.0 * double(K);
+    case OpMode::tangent_reverse:
+      return 1.0 + 2.0 * double(K);
+    case OpMode::second_order:
+      return 1.0 + 4.0 * double(K);
   }
   return 0.0;
 }

@@ -14,10 +14,13 @@ namespace detail {
 template <class T>
 void add_plane(const ExecSpace& space, const char* label, T* y, const T* a, const T* b, index_t n) {
   if (n == 0) return;
-  Kokkos::parallel_for(label, range(space, n), KOKKOS_LAMBDA(const index_t i) { y[i] = a[i] + b[i]; });
+  Kokkos::parallel_for(
+      label, range(space, n), KOKKOS_LAMBDA(const index_t i) { y[i] = a[i] + b[i]; });
 }
 template <class A>
-index_t plane_size(const A& v) { return static_cast<index_t>(v.size()); }
+index_t plane_size(const A& v) {
+  return static_cast<index_t>(v.size());
+}
 }  // namespace detail
 
 // The mode follows from S (planes_of): the planes of S, on each.

@@ -146,7 +146,8 @@ struct TeamLanes {
   template <class T, class F>
   KOKKOS_INLINE_FUNCTION T one(const F& f) const {
     T value = T(0);
-    Kokkos::single(Kokkos::PerThread(team), [&](T& v) { v = f(); }, value);
+    Kokkos::single(
+        Kokkos::PerThread(team), [&](T& v) { v = f(); }, value);
     return value;
   }
   template <class F>

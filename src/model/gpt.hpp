@@ -26,10 +26,10 @@ namespace gnh {
 
 // Sums over the valid targets (>= 0) of one batch.
 struct LossSum {
-  double sum = 0.0;                // sum of token losses
-  std::int64_t count = 0;          // valid targets
-  std::vector<double> first;       // per direction: d/de of the sum
-  std::vector<double> second;      // per direction: d2/de2 of the sum
+  double sum = 0.0;            // sum of token losses
+  std::int64_t count = 0;      // valid targets
+  std::vector<double> first;   // per direction: d/de of the sum
+  std::vector<double> second;  // per direction: d2/de2 of the sum
 };
 
 // Every buffer of the graph (activations, their planes, adjoints, the head's
@@ -80,9 +80,8 @@ class Gpt {
   LossSum gradient(const ExecSpace& space, Span1<const T> params, Span2<const std::int32_t> tokens,
                    Span2<const std::int32_t> targets, Span1<T> grad);
   // dirs (K, P); grad (P) += gradient, hv (K, P) += H_sum dirs_k (H of the summed loss).
-  LossSum hvp(const ExecSpace& space, Span1<const T> params, Span2<const T> dirs,
-              Span2<const std::int32_t> tokens, Span2<const std::int32_t> targets, Span1<T> grad,
-              Span2<T> hv);
+  LossSum hvp(const ExecSpace& space, Span1<const T> params, Span2<const T> dirs, Span2<const std::int32_t> tokens,
+              Span2<const std::int32_t> targets, Span1<T> grad, Span2<T> hv);
   // dirs (K, P); returns first[k] = G_sum.v_k and second[k] = v_k^T H_sum v_k.
   LossSum second_order(const ExecSpace& space, Span1<const T> params, Span2<const T> dirs,
                        Span2<const std::int32_t> tokens, Span2<const std::int32_t> targets);
@@ -140,7 +139,7 @@ class Gpt {
   // and row the contractions at the cuts.
   bool cuts_ = false;
   std::unique_ptr<Gpt<T>> adjoint_engine_;
-  View2<double> cut_dd_;  // (K, N)
+  View2<double> cut_dd_;                // (K, N)
   GptBuffers<T>* keep_into_ = nullptr;  // set on the adjoint engine during its reverse: where the cut adjoints go
 };
 

@@ -76,14 +76,14 @@ struct CutRow {
 template <class T>
 struct GptBuffers {
   std::vector<LayerActivations<T>> acts;  // one per layer (reverse) or one shared (forward modes)
-  Act2<T> x0;                  // (N, C) embedding output (reverse mode only)
-  Act2<T> proj;                // (N, C) c_proj outputs before the residual add
-  Act2<T> lnf;                 // (N, C)
-  Act1<T> lnf_mean, lnf_rstd;  // (N)
-  Act1<T> head_lse;            // (N)
-  Act2<T> logits;              // (rows, vocabulary chunk) per plane: one tile of the head (one second-order plane)
-  Act2<T> head_moments;        // (rows, C), K planes: the head's second-order moments
-  View2<T> head_stats;         // (N, 2) the head's running maximum and target logit
+  Act2<T> x0;                             // (N, C) embedding output (reverse mode only)
+  Act2<T> proj;                           // (N, C) c_proj outputs before the residual add
+  Act2<T> lnf;                            // (N, C)
+  Act1<T> lnf_mean, lnf_rstd;             // (N)
+  Act1<T> head_lse;                       // (N)
+  Act2<T> logits;        // (rows, vocabulary chunk) per plane: one tile of the head (one second-order plane)
+  Act2<T> head_moments;  // (rows, C), K planes: the head's second-order moments
+  View2<T> head_stats;   // (N, 2) the head's running maximum and target logit
   Adjoints<T> adj;
   std::vector<CutAdjoints<T>> cuts;  // one per layer, with adjoint cuts
 };
@@ -126,9 +126,9 @@ View1<T> Gpt<T>::buffer(const std::string& label, index_t total) {
     reusable_.erase(reusable_.begin() + std::ptrdiff_t(best));
     return v;
   }
-  reusable_.erase(std::remove_if(reusable_.begin(), reusable_.end(),
-                                 [&](const View1<T>& v) { return v.label() == label; }),
-                  reusable_.end());
+  reusable_.erase(
+      std::remove_if(reusable_.begin(), reusable_.end(), [&](const View1<T>& v) { return v.label() == label; }),
+      reusable_.end());
   return View1<T>(Kokkos::view_alloc(label, Kokkos::WithoutInitializing), total);
 }
 
@@ -191,7 +191,8 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate, std::vect
   if (shape.reverse) plan_adjoints();
   plan_gemm(plan);
   const bool tan = shape.directions > 0, sec = shape.second_order && tan;
-  workspace_bytes_ += sizeof(double) * static_cast<std::size_t>(N_ * (1 + (tan ? shape.directions : 0) * (sec ? 2 : 1)));
+  workspace_bytes_ +=
+      sizeof(double) * static_cast<std::size_t>(N_ * (1 + (tan ? shape.directions : 0) * (sec ? 2 : 1)));
   cuts_ = adjoint_cuts_of(cfg, shape);
   if (cuts_) plan_adjoint_cuts();
   reusable_.clear();  // what this plan did not reuse is freed
@@ -292,7 +293,8 @@ void Gpt<T>::plan_head(const GptTiles& plan) {
   // moments M_W, M_k (kernels/lm_head_xent.hpp).
   buf_->logits = act2_planes("logits", plan.logits_rows, plan.logits_vocab, tan ? shape_.directions : 0, sec ? 1 : 0);
   if (sec) buf_->head_moments = act2_planes("head_moments", plan.logits_rows, C, shape_.directions, 0);
-  if (allocate_) buf_->head_stats = View2<T>(Kokkos::view_alloc("gnh::gpt::head_stats", Kokkos::WithoutInitializing), N, 2);
+  if (allocate_)
+    buf_->head_stats = View2<T>(Kokkos::view_alloc("gnh::gpt::head_stats", Kokkos::WithoutInitializing), N, 2);
   workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(2 * N);
 }
 
@@ -321,7 +323,8 @@ void Gpt<T>::plan_gemm(const GptTiles& plan) {
   gemm_.chunk_elements = plan.bf16_chunk;
   workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(plan.bf16_scratch_a + plan.bf16_scratch_b);
   if (allocate_) {
-    gemm_.scratch_a = View1<T>(Kokkos::view_alloc("gnh::gpt::bf16_a", Kokkos::WithoutInitializing), plan.bf16_scratch_a);
+    gemm_.scratch_a =
+        View1<T>(Kokkos::view_alloc("gnh::gpt::bf16_a", Kokkos::WithoutInitializing), plan.bf16_scratch_a);
     gemm_.scratch_b =
         View1<T>(Kokkos::view_alloc("gnh::gpt::bf16_b", Kokkos::WithoutInitializing), plan.bf16_scratch_b);
   }
@@ -393,9 +396,9 @@ LossSum Gpt<T>::forward(const ExecSpace& space, Params<T> p, Span2<const std::in
   loss.d = row_loss_d_;
   loss.dd = row_loss_dd_;
   Span1<const std::int32_t> flat_targets(targets.data(), N_);
-  lm_head_xent_forward<S>(space, loss, buf_->head_lse, buf_->lnf, p,
-                          L.lm_head, cfg_.vocab_size, flat_targets, buf_->logits, buf_->head_stats,
-                          buf_->head_moments, gemm_, default_row_shape(), std::is_same<S, T>::value && head_kept_);
+  lm_head_xent_forward<S>(space, loss, buf_->head_lse, buf_->lnf, p, L.lm_head, cfg_.vocab_size, flat_targets,
+                          buf_->logits, buf_->head_stats, buf_->head_moments, gemm_, default_row_shape(),
+                          std::is_same<S, T>::value && head_kept_);
   space.fence();
   const LossSum out = loss_sums<S>(flat_targets, cut);
   Kokkos::Profiling::popRegion();
@@ -430,8 +433,7 @@ void Gpt<T>::forward_block(const ExecSpace& space, Params<T> p, int l, bool cut)
   linear_forward<S>(space, qkv, ln1, p, o.attn_w, o.attn_b, gemm_, !cut);
   cut_at(space, cut, cuts.qkv, qkv);
   T* const keep_p = std::is_same<S, T>::value && keep_attention_ ? a0.att_p.v.data() : nullptr;
-  attention_forward<S>(space, att, a0.att_lse, qkv, B, Tc, cfg_.n_head, gemm_.bf16, default_row_shape(), !cut,
-                       keep_p);
+  attention_forward<S>(space, att, a0.att_lse, qkv, B, Tc, cfg_.n_head, gemm_.bf16, default_row_shape(), !cut, keep_p);
   cut_at(space, cut, cuts.att, att);
   linear_forward<S>(space, proj, att, p, o.attn_proj_w, o.attn_proj_b, gemm_, !cut);
   residual_forward<S>(space, x_mid, x, proj);
@@ -508,9 +510,10 @@ void Gpt<T>::reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<cons
     if (std::is_same<S, T>::value && keep_into_) Kokkos::deep_copy(space, (keep_into_->cuts[l].*which).v, adj.v);
   };
   // reverse<S> always follows forward<S> of the same batch (gradient, hvp).
-  const Span2<const T> kept = std::is_same<S, T>::value && head_kept_ ? Span2<const T>(buf_->head_stats) : Span2<const T>();
-  lm_head_xent_reverse<S>(space, c1, g, buf_->head_lse, buf_->lnf, p, L.lm_head,
-                          cfg_.vocab_size, flat_targets, buf_->logits, gemm_, /*logits_current=*/true, kept);
+  const Span2<const T> kept =
+      std::is_same<S, T>::value && head_kept_ ? Span2<const T>(buf_->head_stats) : Span2<const T>();
+  lm_head_xent_reverse<S>(space, c1, g, buf_->head_lse, buf_->lnf, p, L.lm_head, cfg_.vocab_size, flat_targets,
+                          buf_->logits, gemm_, /*logits_current=*/true, kept);
   layernorm_reverse<S>(space, res, g, c1, x_final(), buf_->lnf_mean, buf_->lnf_rstd, p, L.lnf_w, L.lnf_b);
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
     const BlockOffsets& o = L.blocks[l];
@@ -575,8 +578,7 @@ LossSum Gpt<T>::gradient(const ExecSpace& space, Span1<const T> params, Span2<co
 
 template <class T>
 LossSum Gpt<T>::hvp(const ExecSpace& space, Span1<const T> params, Span2<const T> dirs,
-                    Span2<const std::int32_t> tokens, Span2<const std::int32_t> targets, Span1<T> grad,
-                    Span2<T> hv) {
+                    Span2<const std::int32_t> tokens, Span2<const std::int32_t> targets, Span1<T> grad, Span2<T> hv) {
   if (!shape_.reverse || shape_.directions == 0)
     throw std::logic_error("gnh::gpt::hvp: planned without reverse mode or directions");
   kernels::require_extent("gnh::gpt::hvp", "directions", dirs.extent(0), shape_.directions);

@@ -12,9 +12,9 @@
 namespace gnh {
 
 struct TensorInfo {
-  std::string name;                // e.g. "transformer.h.0.attn.c_attn.weight"
+  std::string name;                 // e.g. "transformer.h.0.attn.c_attn.weight"
   std::vector<std::int64_t> shape;  // PyTorch shape
-  std::int64_t offset = 0;         // into the flat vector
+  std::int64_t offset = 0;          // into the flat vector
   std::int64_t size = 0;
 };
 

@@ -14,9 +14,9 @@ namespace gnh {
 struct Shape {
   index_t batch = 1;
   index_t context = 1;
-  int directions = 0;          // K, for hvp and second_order
-  bool reverse = false;        // gradient / hvp: keep every layer's activations
-  bool second_order = false;   // second_order: second-derivative planes
+  int directions = 0;         // K, for hvp and second_order
+  bool reverse = false;       // gradient / hvp: keep every layer's activations
+  bool second_order = false;  // second_order: second-derivative planes
   // second_order with adjoint cuts (model/gpt_impl.hpp): the x'' of each
   // linear layer's and the attention's input is contracted with the batch's
   // primal adjoint instead of multiplied through, which costs one adjoint pass
@@ -25,8 +25,8 @@ struct Shape {
   int adjoint_cuts = -1;
   index_t head_chunk_rows = 0;   // rows of a logits tile (0: automatic)
   index_t head_chunk_vocab = 0;  // vocabulary entries of a logits tile (0: automatic)
-  bool bf16 = false;           // bf16-amp: matrix-multiply operands rounded to bfloat16 (float only)
-  bool tf32 = false;           // tf32: TF32 tensor-core GEMMs where the backend has them (cuBLAS)
+  bool bf16 = false;             // bf16-amp: matrix-multiply operands rounded to bfloat16 (float only)
+  bool tf32 = false;             // tf32: TF32 tensor-core GEMMs where the backend has them (cuBLAS)
 };
 
 // Forward FLOPs of one token at context T: the dense layers, the LM head and
@@ -52,7 +52,7 @@ std::string adjoint_cuts_setting();
 
 // The engine's tiles: the head's logits tile and the bf16-amp operand scratch.
 struct GptTiles {
-  index_t logits_rows = 0, logits_vocab = 0;   // the head's logits tile
+  index_t logits_rows = 0, logits_vocab = 0;  // the head's logits tile
   // bf16-amp operand scratch (elements; 0 without bf16): rows of A per chunk
   // come from bf16_chunk, and the two buffers hold a chunk (or a weight
   // block) for each of the K directions of a batched product.

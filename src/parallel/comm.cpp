@@ -10,7 +10,6 @@ Comm::Comm(MPI_Comm c) : comm_(c) {
   MPI_Comm_size(comm_, &size_);
 }
 
-
 int Comm::ranks_on_node() const {
   MPI_Comm node;
   MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
@@ -72,8 +71,7 @@ void Comm::settle(const std::string& message) const {
   if (rank_ != 0) throw ErrorElsewhere(0);
   std::vector<std::string> distinct;
   for (const auto& m : all)
-    if (!m.empty() && std::find(distinct.begin(), distinct.end(), m) == distinct.end())
-      distinct.push_back(m);
+    if (!m.empty() && std::find(distinct.begin(), distinct.end(), m) == distinct.end()) distinct.push_back(m);
   std::string joined;
   for (const auto& m : distinct) joined += (joined.empty() ? "" : "\n") + m;
   throw Error(joined);

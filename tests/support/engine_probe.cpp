@@ -64,7 +64,8 @@ void probe(const Args& a) {
   // Forward-over-reverse, the second-order forward, and the second-order
   // forward with adjoint cuts (model/gpt_impl.hpp), forced on and off.
   for (int path = 0; path < 3; ++path) {
-    const CurvatureMethod method = path == 0 ? CurvatureMethod::forward_over_reverse : CurvatureMethod::second_order_forward;
+    const CurvatureMethod method =
+        path == 0 ? CurvatureMethod::forward_over_reverse : CurvatureMethod::second_order_forward;
     Shape s;
     s.batch = a.hvp_batch;
     s.context = a.context;
@@ -87,7 +88,8 @@ void probe(const Args& a) {
 int main(int argc, char** argv) {
   Kokkos::ScopeGuard kokkos(argc, argv);
   if (argc != 11) {
-    std::fprintf(stderr, "usage: engine_probe CKPT TOKENS CONTEXT fp32|fp64 GRAD_MB HVP_BATCH K SEED NOISE_BLOCKS OUT\n");
+    std::fprintf(stderr,
+                 "usage: engine_probe CKPT TOKENS CONTEXT fp32|fp64 GRAD_MB HVP_BATCH K SEED NOISE_BLOCKS OUT\n");
     return 2;
   }
   try {

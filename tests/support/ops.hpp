@@ -101,23 +101,29 @@ struct OpAdapter<O<T>> : OpOf<T, OpAdapter<O<T>>> {
   template <class... A>
   explicit OpAdapter(A&&... args) : kernel(std::forward<A>(args)...) {
     const kernels::OpSizes s = kernel.sizes();
-    this->N = s.rows; this->Cin = s.in; this->Cout = s.out; this->P = s.params;
+    this->N = s.rows;
+    this->Cin = s.in;
+    this->Cout = s.out;
+    this->P = s.params;
     this->unit_seed = kernels::is_loss_op<O<T>>::value;
     for (const kernels::OpExtent& e : kernel.saved()) saved.emplace_back(e.rows, e.cols);
   }
   const char* name() const override { return O<T>::name; }
-  template <class S> kernels::OpSaved<T> saved_planes() const {
+  template <class S>
+  kernels::OpSaved<T> saved_planes() const {
     kernels::OpSaved<T> s;
     if (saved.size() > std::size_t(s.kMax)) throw std::logic_error("OpAdapter: too many saved buffers");
     for (const Buf<T>& b : saved) s.buf[s.count++] = b.template act<S>();
     return s;
   }
-  template <class S> void fwd(const Buf<T>& y, const Buf<T>& x, const Flat<T>& p) {
+  template <class S>
+  void fwd(const Buf<T>& y, const Buf<T>& x, const Flat<T>& p) {
     kernel.template forward<S>(ExecSpace(), y.template act<S>(), x.template act<S>(), p.template params<S>(),
                                saved_planes<S>());
     Kokkos::fence();
   }
-  template <class S> void rev(const Buf<T>& dx, const Flat<T>& g, const Buf<T>& dy, const Buf<T>& x, const Flat<T>& p) {
+  template <class S>
+  void rev(const Buf<T>& dx, const Flat<T>& g, const Buf<T>& dy, const Buf<T>& x, const Flat<T>& p) {
     Buf<T> y(this->N, this->Cout);
     fwd<S>(y, x, p);
     kernel.template reverse<S>(ExecSpace(), dx.template act<S>(), g.template grads<S>(), dy.template act<S>(),

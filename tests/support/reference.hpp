@@ -24,8 +24,7 @@ inline Vec random_vec(std::size_t n, std::uint64_t seed, double scale = 1.0, dou
 }
 
 // y (N, out) = x (N, in) W^T (out, in) + b
-inline Vec linear(const Vec& x, const Vec& w, const Vec* b, std::size_t N, std::size_t in,
-                  std::size_t out) {
+inline Vec linear(const Vec& x, const Vec& w, const Vec* b, std::size_t N, std::size_t in, std::size_t out) {
   Vec y(N * out);
   for (std::size_t n = 0; n < N; ++n)
     for (std::size_t o = 0; o < out; ++o) {
@@ -82,8 +81,8 @@ inline Vec attention(const Vec& qkv, std::size_t B, std::size_t T, std::size_t C
 }
 
 // Per-row cross-entropy of logits h W^T against targets (0 where target < 0).
-inline Vec xent_rows(const Vec& h, const Vec& w, const std::vector<std::int32_t>& targets,
-                     std::size_t N, std::size_t C, std::size_t V) {
+inline Vec xent_rows(const Vec& h, const Vec& w, const std::vector<std::int32_t>& targets, std::size_t N, std::size_t C,
+                     std::size_t V) {
   const Vec z = linear(h, w, nullptr, N, C, V);
   Vec loss(N, 0.0);
   for (std::size_t n = 0; n < N; ++n) {
@@ -107,8 +106,7 @@ inline double model_loss(const ModelConfig& cfg, const Vec& p, const std::vector
   auto opt = [](const Vec& v) { return v.empty() ? nullptr : &v; };
   Vec x(N * C);
   for (std::size_t n = 0; n < N; ++n)
-    for (std::size_t c = 0; c < C; ++c)
-      x[n * C + c] = p[L.wte + tokens[n] * C + c] + p[L.wpe + (n % T) * C + c];
+    for (std::size_t c = 0; c < C; ++c) x[n * C + c] = p[L.wte + tokens[n] * C + c] + p[L.wpe + (n % T) * C + c];
   for (const auto& o : L.blocks) {
     const Vec b1 = slice(o.ln1_b, C), ba = slice(o.attn_b, 3 * C), bp = slice(o.attn_proj_b, C);
     const Vec b2 = slice(o.ln2_b, C), bf = slice(o.fc_b, 4 * C), bfp = slice(o.fc_proj_b, C);

@@ -195,8 +195,8 @@ TEST_CASE("tiled host attention equals the portable kernels to rounding", "[atte
         View1<float> P("P", B * H * host::attention_kept_elements(T));
         Kokkos::deep_copy(P, std::nanf(""));
         attention_forward<float>(space, act(yk, K, N, C, false, false), act1(lsek, K, R, false, false),
-                                 act(qkv.f, K, N, 3 * C, false, false), B, T, int(H), false, default_row_shape(),
-                                 true, P.data());
+                                 act(qkv.f, K, N, 3 * C, false, false), B, T, int(H), false, default_row_shape(), true,
+                                 P.data());
         REQUIRE(std::memcmp(yk.data(), y.data(), sizeof(float) * N * C) == 0);
         REQUIRE(std::memcmp(lsek.data(), lse.data(), sizeof(float) * R) == 0);
         Kokkos::deep_copy(dqkvk, std::nanf(""));
@@ -211,7 +211,8 @@ TEST_CASE("tiled host attention equals the portable kernels to rounding", "[atte
   }
 }
 
-TEST_CASE("tiled host attention: any split of the (sequence, head) pairs gives the same bits", "[attention][host][threads]") {
+TEST_CASE("tiled host attention: any split of the (sequence, head) pairs gives the same bits",
+          "[attention][host][threads]") {
   // Threads on one rank take disjoint ranges of the B*H pairs; each pair's
   // outputs (its y and lse rows, its q, k and v columns of dqkv) are written by
   // its own range alone, so the split cannot change a bit.
@@ -228,9 +229,9 @@ TEST_CASE("tiled host attention: any split of the (sequence, head) pairs gives t
     std::vector<float> dqkv((1 + K) * N * 3 * C, std::nanf("")), D((1 + K) * R, std::nanf(""));
     const float* q = qkv.f.data();
     for (std::size_t i = 0; i + 1 < cut.size(); ++i) {
-      host::attention_forward_jet2(y.data(), y.data() + N * C, y.data() + (1 + K) * N * C, lse.data(),
-                                   lse.data() + R, lse.data() + (1 + K) * R, q, q + N * 3 * C,
-                                   q + (1 + K) * N * 3 * C, K, B, T, H, hs, cut[i], cut[i + 1]);
+      host::attention_forward_jet2(y.data(), y.data() + N * C, y.data() + (1 + K) * N * C, lse.data(), lse.data() + R,
+                                   lse.data() + (1 + K) * R, q, q + N * 3 * C, q + (1 + K) * N * 3 * C, K, B, T, H, hs,
+                                   cut[i], cut[i + 1]);
       host::attention_forward_dual(yd.data(), yd.data() + N * C, lsed.data(), lsed.data() + R, q, q + N * 3 * C, K, B,
                                    T, H, hs, cut[i], cut[i + 1]);
     }

@@ -28,8 +28,7 @@ std::uint32_t bits(float f) {
 
 TEST_CASE("bfloat16 rounding: nearest, ties to even, specials", "[bf16]") {
   // Exactly representable values are unchanged.
-  for (float x : {0.0f, 1.0f, -2.5f, 1.0f + 0x1p-7f, 3.0e38f * 0 + 0x1p127f})
-    REQUIRE(bits(round_bf16(x)) == bits(x));
+  for (float x : {0.0f, 1.0f, -2.5f, 1.0f + 0x1p-7f, 3.0e38f * 0 + 0x1p127f}) REQUIRE(bits(round_bf16(x)) == bits(x));
   // Ties: 1 + 2^-8 lies halfway between 1 (even) and 1 + 2^-7 (odd).
   REQUIRE(round_bf16(1.0f + 0x1p-8f) == 1.0f);
   // 1 + 3*2^-8 lies halfway between 1 + 2^-7 (odd) and 1 + 2^-6 (even).
@@ -73,7 +72,7 @@ TEST_CASE("bfloat16 storage: the upper half of the rounded float", "[bf16]") {
   REQUIRE(bf16_bits(-2.5f) == 0xC020u);
   REQUIRE(bf16_bits(1.0f + 3 * 0x1p-8f) == 0x3F82u);  // a tie, to even
   REQUIRE(bf16_bits(from_bits(0x3F808001u)) == 0x3F81u);
-  REQUIRE(bf16_bits(std::numeric_limits<float>::max()) == 0x7F80u);  // overflow: +Inf
+  REQUIRE(bf16_bits(std::numeric_limits<float>::max()) == 0x7F80u);   // overflow: +Inf
   REQUIRE((bf16_bits(from_bits(0x7F800001u)) & 0x7FC0u) == 0x7FC0u);  // NaN stays a quiet NaN
   for (std::uint32_t b = 0x00000001u; b < 0xFF000000u; b += 0x000F1357u)
     REQUIRE(std::uint32_t(bf16_bits(from_bits(b))) << 16 == bits(round_bf16(from_bits(b))));
@@ -101,22 +100,40 @@ TEST_CASE("linear and lm head in bf16-amp equal FP32 on rounded operands", "[bf1
     CAPTURE(mode);
     test::Buf<float> x(N, in), y(N, out), yr(N, out);
     test::Flat<float> p(out * in + out);
-    const auto xv = ref::random_vec(N * in, 1), xd = ref::random_vec(N * in, 2), pv = ref::random_vec(out * in + out, 3);
+    const auto xv = ref::random_vec(N * in, 1), xd = ref::random_vec(N * in, 2),
+               pv = ref::random_vec(out * in + out, 3);
     const auto pd = ref::random_vec(out * in + out, 4);
-    for (index_t i = 0; i < N * in; ++i) { x.v(i) = float(xv[i]); x.d(i) = float(xd[i]); x.dd(i) = float(xd[i] * 0.5); }
-    for (index_t i = 0; i < out * in + out; ++i) { p.v(i) = float(pv[i]); p.d(i) = float(pd[i]); }
+    for (index_t i = 0; i < N * in; ++i) {
+      x.v(i) = float(xv[i]);
+      x.d(i) = float(xd[i]);
+      x.dd(i) = float(xd[i] * 0.5);
+    }
+    for (index_t i = 0; i < out * in + out; ++i) {
+      p.v(i) = float(pv[i]);
+      p.d(i) = float(pd[i]);
+    }
     auto run = [&](const test::Buf<float>& yy, const test::Buf<float>& xx, const test::Flat<float>& pp,
                    const kernels::GemmPolicy<float>& pl) {
       const std::string m = mode;
-      if (m == "primal") kernels::linear_forward<float>(ExecSpace(), yy.act<float>(), xx.act<float>(), pp.params<float>(), 0, out * in, pl);
-      else if (m == "tangent") kernels::linear_forward<Dual<float>>(ExecSpace(), yy.act<Dual<float>>(), xx.act<Dual<float>>(), pp.params<Dual<float>>(), 0, out * in, pl);
-      else kernels::linear_forward<Jet2<float>>(ExecSpace(), yy.act<Jet2<float>>(), xx.act<Jet2<float>>(), pp.params<Jet2<float>>(), 0, out * in, pl);
+      if (m == "primal")
+        kernels::linear_forward<float>(ExecSpace(), yy.act<float>(), xx.act<float>(), pp.params<float>(), 0, out * in,
+                                       pl);
+      else if (m == "tangent")
+        kernels::linear_forward<Dual<float>>(ExecSpace(), yy.act<Dual<float>>(), xx.act<Dual<float>>(),
+                                             pp.params<Dual<float>>(), 0, out * in, pl);
+      else
+        kernels::linear_forward<Jet2<float>>(ExecSpace(), yy.act<Jet2<float>>(), xx.act<Jet2<float>>(),
+                                             pp.params<Jet2<float>>(), 0, out * in, pl);
     };
     run(y, x, p, pol);
     // FP32 on rounded operands: the bias is not a multiply operand and stays.
     test::Buf<float> xr(N, in);
     test::Flat<float> prr(out * in + out);
-    for (index_t i = 0; i < N * in; ++i) { xr.v(i) = round_bf16(x.v(i)); xr.d(i) = round_bf16(x.d(i)); xr.dd(i) = round_bf16(x.dd(i)); }
+    for (index_t i = 0; i < N * in; ++i) {
+      xr.v(i) = round_bf16(x.v(i));
+      xr.d(i) = round_bf16(x.d(i));
+      xr.dd(i) = round_bf16(x.dd(i));
+    }
     for (index_t i = 0; i < out * in + out; ++i) {
       prr.v(i) = i < out * in ? round_bf16(p.v(i)) : p.v(i);
       prr.d(i) = i < out * in ? round_bf16(p.d(i)) : p.d(i);
@@ -143,13 +160,13 @@ TEST_CASE("linear and lm head in bf16-amp equal FP32 on rounded operands", "[bf1
   for (index_t i = 0; i < V * in; ++i) w.v(i) = float(wv[i]);
   View1<double> l1("l1", N), l2("l2", N);
   kernels::lm_head_xent_forward<float>(ExecSpace(), Act1<double>{l1, {}, {}}, op.saved[0].act1<float>(), h.act<float>(),
-                                       w.params<float>(), 0, V, op.kernel.targets, op.saved[1].act<float>(), op.kernel.stats,
-                                       op.saved[2].act<float>(), pol);
+                                       w.params<float>(), 0, V, op.kernel.targets, op.saved[1].act<float>(),
+                                       op.kernel.stats, op.saved[2].act<float>(), pol);
   round_in_place(h.v);
   round_in_place(w.v);
   kernels::lm_head_xent_forward<float>(ExecSpace(), Act1<double>{l2, {}, {}}, op.saved[0].act1<float>(), h.act<float>(),
-                                       w.params<float>(), 0, V, op.kernel.targets, op.saved[1].act<float>(), op.kernel.stats,
-                                       op.saved[2].act<float>());
+                                       w.params<float>(), 0, V, op.kernel.targets, op.saved[1].act<float>(),
+                                       op.kernel.stats, op.saved[2].act<float>());
   for (index_t n = 0; n < N; ++n) REQUIRE(l1(n) == l2(n));
 }
 
@@ -225,45 +242,46 @@ TEST_CASE("attention in bf16-amp rounds q, k, v and p, keeping scores and softma
   // flash-style tiles (Tc = 19 crosses their teams of 8 rows and tiles of 16
   // keys), whose bf16 forward walks the keys' tiles three times.
   for (const kernels::RowShape shape : {kernels::RowShape::host, kernels::RowShape::teams}) {
-  CAPTURE(int(shape));
-  const index_t B = 2, Tc = 19, H = 3, hs = 4, C = H * hs, N = B * Tc;
-  test::OpAdapter<kernels::AttentionOp<float>> op(B, Tc, int(H), hs);
-  test::Buf<float> x(N, 3 * C), y(N, C);
-  const auto q = ref::random_vec(N * 3 * C, 8, 1.3);
-  for (index_t i = 0; i < N * 3 * C; ++i) x.v(i) = float(q[i]);
-  kernels::attention_forward<float>(ExecSpace(), y.act<float>(), op.saved[0].act1<float>(), x.act<float>(), B, Tc, int(H),
-                                    /*bf16=*/true, shape);
-  // Reference in double on the rounded operands, with p rounded after normalisation.
-  auto r = [&](index_t n, index_t c) { return double(round_bf16(x.v(n * 3 * C + c))); };
-  double worst = 0;
-  for (index_t b = 0; b < B; ++b)
-    for (index_t h = 0; h < H; ++h)
-      for (index_t t = 0; t < Tc; ++t) {
-        std::vector<double> s(t + 1);
-        double m = -INFINITY, z = 0;
-        for (index_t u = 0; u <= t; ++u) {
-          double d = 0;
-          for (index_t k = 0; k < hs; ++k) d += r(b * Tc + t, h * hs + k) * r(b * Tc + u, C + h * hs + k);
-          s[u] = d / std::sqrt(double(hs));
-          m = std::max(m, s[u]);
+    CAPTURE(int(shape));
+    const index_t B = 2, Tc = 19, H = 3, hs = 4, C = H * hs, N = B * Tc;
+    test::OpAdapter<kernels::AttentionOp<float>> op(B, Tc, int(H), hs);
+    test::Buf<float> x(N, 3 * C), y(N, C);
+    const auto q = ref::random_vec(N * 3 * C, 8, 1.3);
+    for (index_t i = 0; i < N * 3 * C; ++i) x.v(i) = float(q[i]);
+    kernels::attention_forward<float>(ExecSpace(), y.act<float>(), op.saved[0].act1<float>(), x.act<float>(), B, Tc,
+                                      int(H),
+                                      /*bf16=*/true, shape);
+    // Reference in double on the rounded operands, with p rounded after normalisation.
+    auto r = [&](index_t n, index_t c) { return double(round_bf16(x.v(n * 3 * C + c))); };
+    double worst = 0;
+    for (index_t b = 0; b < B; ++b)
+      for (index_t h = 0; h < H; ++h)
+        for (index_t t = 0; t < Tc; ++t) {
+          std::vector<double> s(t + 1);
+          double m = -INFINITY, z = 0;
+          for (index_t u = 0; u <= t; ++u) {
+            double d = 0;
+            for (index_t k = 0; k < hs; ++k) d += r(b * Tc + t, h * hs + k) * r(b * Tc + u, C + h * hs + k);
+            s[u] = d / std::sqrt(double(hs));
+            m = std::max(m, s[u]);
+          }
+          for (double e : s) z += std::exp(e - m);
+          for (index_t k = 0; k < hs; ++k) {
+            double acc = 0;
+            for (index_t u = 0; u <= t; ++u)
+              acc += double(round_bf16(float(std::exp(s[u] - m) / z))) * r(b * Tc + u, 2 * C + h * hs + k);
+            worst = std::max(worst, std::abs(acc - double(y.v((b * Tc + t) * C + h * hs + k))));
+          }
         }
-        for (double e : s) z += std::exp(e - m);
-        for (index_t k = 0; k < hs; ++k) {
-          double acc = 0;
-          for (index_t u = 0; u <= t; ++u)
-            acc += double(round_bf16(float(std::exp(s[u] - m) / z))) * r(b * Tc + u, 2 * C + h * hs + k);
-          worst = std::max(worst, std::abs(acc - double(y.v((b * Tc + t) * C + h * hs + k))));
-        }
-      }
-  // FP32 arithmetic on the same operands: a few float eps, except where p sits
-  // on a bfloat16 rounding boundary (one bf16 ulp of p, 2^-8, times |v| <= 5).
-  INFO("largest deviation " << worst);
-  REQUIRE(worst <= 0.02);
-  double mean_dev = 0;
-  test::Buf<float> y32(N, C);
-  kernels::attention_forward<float>(ExecSpace(), y32.act<float>(), op.saved[0].act1<float>(), x.act<float>(), B, Tc, int(H),
-                                    false, shape);
-  for (index_t i = 0; i < N * C; ++i) mean_dev += std::abs(double(y32.v(i)) - double(y.v(i)));
-  REQUIRE(mean_dev / double(N * C) > 1e-4);  // the bf16 mode is not the FP32 mode
+    // FP32 arithmetic on the same operands: a few float eps, except where p sits
+    // on a bfloat16 rounding boundary (one bf16 ulp of p, 2^-8, times |v| <= 5).
+    INFO("largest deviation " << worst);
+    REQUIRE(worst <= 0.02);
+    double mean_dev = 0;
+    test::Buf<float> y32(N, C);
+    kernels::attention_forward<float>(ExecSpace(), y32.act<float>(), op.saved[0].act1<float>(), x.act<float>(), B, Tc,
+                                      int(H), false, shape);
+    for (index_t i = 0; i < N * C; ++i) mean_dev += std::abs(double(y32.v(i)) - double(y.v(i)));
+    REQUIRE(mean_dev / double(N * C) > 1e-4);  // the bf16 mode is not the FP32 mode
   }
 }

@@ -88,7 +88,8 @@ TEST_CASE("ferf is within 4 ulp of erf", "[fastmath]") {
     float e = 0.0f;
     const float both = gnh::ferf_exp(x, e);
     if (!(both == float(got) && (e == gnh::fexp(-x * x) || (std::isnan(e) && std::isnan(x)))))
-      FAIL("ferf_exp(" << x << ") = " << both << ", e = " << e << "; ferf " << got << ", fexp(-x^2) " << gnh::fexp(-x * x));
+      FAIL("ferf_exp(" << x << ") = " << both << ", e = " << e << "; ferf " << got << ", fexp(-x^2) "
+                       << gnh::fexp(-x * x));
   }
   INFO("worst " << worst_abs << " ulp of 1, " << worst_rel << " ulp relative below 1");
   REQUIRE(worst_abs <= 4);
@@ -109,9 +110,20 @@ TEST_CASE("exact sums: a float's fixed-point value by its bits equals the double
     state = state * 1664525u + 1013904223u;
     return state;
   };
-  std::vector<float> xs = {0.0f, -0.0f, 1.0f, -1.0f, std::numeric_limits<float>::denorm_min(),
-                           -std::numeric_limits<float>::denorm_min(), 0x1p-80f, -0x1p-80f, 0x1.8p-81f, -0x1.8p-81f,
-                           0x1p46f, -0x1p46f, 0x1.fffffep46f, -0x1.fffffep46f};
+  std::vector<float> xs = {0.0f,
+                           -0.0f,
+                           1.0f,
+                           -1.0f,
+                           std::numeric_limits<float>::denorm_min(),
+                           -std::numeric_limits<float>::denorm_min(),
+                           0x1p-80f,
+                           -0x1p-80f,
+                           0x1.8p-81f,
+                           -0x1.8p-81f,
+                           0x1p46f,
+                           -0x1p46f,
+                           0x1.fffffep46f,
+                           -0x1.fffffep46f};
   for (int e = -149; e < 47; ++e)
     for (int k = 0; k < 20; ++k) {
       const float m = 1.0f + float(next() >> 9) * 0x1p-23f;
@@ -132,6 +144,7 @@ TEST_CASE("exact sums: a float's fixed-point value by its bits equals the double
   REQUIRE(gnh::to_fixed(0x1p40 + 0.5) == (gnh::fixed128(1) << 120) + (gnh::fixed128(1) << 79));
   for (double x : {-1e-25, -2.5e-22, -1.0, 3.75, -0x1.23456789abcdp-30, 0x1p46}) {
     CAPTURE(x, double(gnh::from_fixed(gnh::to_fixed(x)) - x));
-    REQUIRE(std::abs(gnh::from_fixed(gnh::to_fixed(x)) - x) <= 0x1p-80 + std::abs(x) * 0x1p-52);  // floor, then double rounding
+    REQUIRE(std::abs(gnh::from_fixed(gnh::to_fixed(x)) - x) <=
+            0x1p-80 + std::abs(x) * 0x1p-52);  // floor, then double rounding
   }
 }

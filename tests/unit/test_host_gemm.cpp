@@ -84,8 +84,8 @@ void check(const Problem& p, const std::vector<float>& C) {
 
 std::vector<float> run(host::GemmKernel kernel, const Problem& p) {
   std::vector<float> C = p.C0;
-  REQUIRE(host::sgemm_using(kernel, p.ta, p.tb, p.m, p.n, p.k, p.alpha, p.A.data(), p.lda, p.B.data(), p.ldb,
-                            p.beta, C.data(), p.ldc));
+  REQUIRE(host::sgemm_using(kernel, p.ta, p.tb, p.m, p.n, p.k, p.alpha, p.A.data(), p.lda, p.B.data(), p.ldb, p.beta,
+                            C.data(), p.ldc));
   return C;
 }
 
@@ -103,14 +103,14 @@ TEST_CASE("host sgemm matches the double product at blocking edges", "[host_gemm
   if (ks.empty()) {
     // No x86 vector kernel on this CPU: the entry point must decline, so that
     // every caller takes the vendor BLAS.
-    REQUIRE_FALSE(host::sgemm_using(host::GemmKernel::avx512, false, false, 1, 1, 1, 1.0f, nullptr, 1, nullptr,
-                                    1, 0.0f, nullptr, 1));
+    REQUIRE_FALSE(host::sgemm_using(host::GemmKernel::avx512, false, false, 1, 1, 1, 1.0f, nullptr, 1, nullptr, 1, 0.0f,
+                                    nullptr, 1));
     return;
   }
   unsigned seed = 1;
   // Sizes around the register tiles (6/12 rows, 16/32 columns), the packed
   // blocks (MC 120 rows, KC 256 deep) and one NC (2048 columns) crossing.
-  const std::int64_t dims[][3] = {{1, 1, 1},   {5, 7, 3},    {12, 32, 1},  {13, 33, 17}, {6, 16, 256},
+  const std::int64_t dims[][3] = {{1, 1, 1},      {5, 7, 3},      {12, 32, 1},   {13, 33, 17}, {6, 16, 256},
                                   {121, 47, 257}, {240, 64, 513}, {31, 2049, 9}, {7, 130, 600}};
   for (auto kernel : ks) {
     for (const auto& d : dims)
@@ -177,15 +177,15 @@ TEST_CASE("host sgemm: panels of C on any number of threads give the bits of one
             REQUIRE(std::min(q.m, q.n) >= (count > 1 ? 1 : 0));
             for (std::int64_t r = q.i0; r < q.i0 + q.m; ++r)
               for (std::int64_t c = q.j0; c < q.j0 + q.n; ++c) ++owners[std::size_t(r * p.n + c)];
-            REQUIRE(host::sgemm_panel(kernel, q, p.ta, p.tb, p.k, p.alpha, p.A.data(), p.lda, p.B.data(), p.ldb,
-                                      p.beta, C.data(), p.ldc));
+            REQUIRE(host::sgemm_panel(kernel, q, p.ta, p.tb, p.k, p.alpha, p.A.data(), p.lda, p.B.data(), p.ldb, p.beta,
+                                      C.data(), p.ldc));
           }
           REQUIRE(std::all_of(owners.begin(), owners.end(), [](int o) { return o == 1; }));
           REQUIRE(std::memcmp(C.data(), whole.data(), sizeof(float) * C.size()) == 0);
         }
         std::vector<float> C = p.C0;
-        REQUIRE(host::sgemm_on(host_space, kernel, p.ta, p.tb, p.m, p.n, p.k, p.alpha, p.A.data(), p.lda,
-                               p.B.data(), p.ldb, p.beta, C.data(), p.ldc));
+        REQUIRE(host::sgemm_on(host_space, kernel, p.ta, p.tb, p.m, p.n, p.k, p.alpha, p.A.data(), p.lda, p.B.data(),
+                               p.ldb, p.beta, C.data(), p.ldc));
         host_space.fence();
         REQUIRE(std::memcmp(C.data(), whole.data(), sizeof(float) * C.size()) == 0);
       }
@@ -203,8 +203,8 @@ TEST_CASE("host sgemm: panels of C on any number of threads give the bits of one
       const std::int64_t count = host::panel_count(p.m, p.n, 3);
       REQUIRE(count == 3);
       for (std::int64_t i = 0; i < count; ++i)
-        REQUIRE(host::sgemm_panel(host::GemmKernel::none, host::panel_of(p.m, p.n, count, i), p.ta, p.tb, p.k,
-                                  p.alpha, p.A.data(), p.lda, p.B.data(), p.ldb, p.beta, C.data(), p.ldc));
+        REQUIRE(host::sgemm_panel(host::GemmKernel::none, host::panel_of(p.m, p.n, count, i), p.ta, p.tb, p.k, p.alpha,
+                                  p.A.data(), p.lda, p.B.data(), p.ldb, p.beta, C.data(), p.ldc));
       check(p, C);
     }
   }
@@ -292,8 +292,8 @@ TEST_CASE("the vendor BLAS runs on gnh's threads only, one on a one-thread space
   openblas_set_num_threads(2);
   const Kokkos::DefaultHostExecutionSpace host_space;
   float a = 2, b = 3, c = 0;
-  REQUIRE_FALSE(host::sgemm_on(host_space, host::GemmKernel::none, false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f,
-                               &c, 1));  // one panel: the caller's vendor BLAS, set to one thread first
+  REQUIRE_FALSE(host::sgemm_on(host_space, host::GemmKernel::none, false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f, &c,
+                               1));  // one panel: the caller's vendor BLAS, set to one thread first
   CHECK(openblas_get_num_threads() == 1);
 }
 

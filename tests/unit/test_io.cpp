@@ -69,8 +69,8 @@ TEST_CASE("deck errors name the line and the key", "[deck]") {
   text.replace(text.find("directions"), 10, "diretions");
   REQUIRE_THAT(error_of(text), Contains("deck.toml:10:") && Contains("unknown key 'analysis.diretions'") &&
                                    Contains("did you mean 'directions'"));
-  REQUIRE_THAT(error_of(std::string(kDeck) + "[extra]\nx = 1\n"), Contains("deck.toml:12:") &&
-                                                                    Contains("unknown key 'extra'"));
+  REQUIRE_THAT(error_of(std::string(kDeck) + "[extra]\nx = 1\n"),
+               Contains("deck.toml:12:") && Contains("unknown key 'extra'"));
   std::string wrong_type = kDeck;
   wrong_type.replace(wrong_type.find("context = 16"), 12, "context = \"16\"");
   REQUIRE_THAT(error_of(wrong_type), Contains("deck.toml:6:") && Contains("data.context must be an integer"));
@@ -116,8 +116,8 @@ TEST_CASE("token files: widths, vocabulary check with offsets, digest", "[tokens
     read_tokens(path, "uint16", "", 200);
     FAIL("expected an error");
   } catch (const Error& e) {
-    REQUIRE_THAT(e.what(), Contains("gnh_test_tokens.bin") && Contains("token id 258 at offset 1") &&
-                               Contains("vocab_size 200"));
+    REQUIRE_THAT(e.what(),
+                 Contains("gnh_test_tokens.bin") && Contains("token id 258 at offset 1") && Contains("vocab_size 200"));
   }
   try {
     read_tokens(path, "uint32", "", 1 << 30);
@@ -188,7 +188,8 @@ TEST_CASE("every [analysis] key of the table is read, range-checked and typed", 
           if (std::string(k2.name) == k.name) got = std::int64_t(v2);
       });
       REQUIRE(got == k.lowest);
-      REQUIRE_THAT(error_of(kDeck, {key + "=" + std::to_string(k.lowest - 1)}), Contains(key) && Contains("out of range"));
+      REQUIRE_THAT(error_of(kDeck, {key + "=" + std::to_string(k.lowest - 1)}),
+                   Contains(key) && Contains("out of range"));
     }
   });
 }
@@ -224,14 +225,15 @@ TEST_CASE("[curvature]: its keys are read and typed; the spectrum needs forward-
   REQUIRE_FALSE(p.analysis.keeps_hv());  // quadratic forms only: either method
   REQUIRE_THAT(error_of(std::string(kDeck) + "[curvature]\nblocks = 1\n"),
                Contains("deck.toml:13:") && Contains("curvature.blocks must be true or false"));
-  REQUIRE(parse_deck(std::string(kDeck) + "[curvature]\nupdate = true\n", "deck.toml", "/runs")
-              .analysis.curvature.update);
+  REQUIRE(
+      parse_deck(std::string(kDeck) + "[curvature]\nupdate = true\n", "deck.toml", "/runs").analysis.curvature.update);
   // The spectrum (SPEC §10): its keys typed and ranged, and refused by line
   // under second-order forward, which forms no H v.
   REQUIRE_THAT(error_of(std::string(kDeck) + "[curvature]\nlanczos_steps = 20\n"),
                Contains("deck.toml:13:") && Contains("curvature_method = \"forward-over-reverse\""));
-  const Deck l = parse_deck(std::string(kDeck) + "[curvature]\nlanczos_steps = 20\nlanczos_chains = 3\n"
-                            "lanczos_operator = \"PHP\"\nlanczos_tolerance = 1e-8\ntop_eigenvalues = 4\n",
+  const Deck l = parse_deck(std::string(kDeck) +
+                                "[curvature]\nlanczos_steps = 20\nlanczos_chains = 3\n"
+                                "lanczos_operator = \"PHP\"\nlanczos_tolerance = 1e-8\ntop_eigenvalues = 4\n",
                             "deck.toml", "/runs", {"analysis.curvature_method=forward-over-reverse"});
   REQUIRE(l.analysis.curvature.lanczos_steps == 20);
   REQUIRE(l.analysis.curvature.lanczos_chains == 3);
@@ -245,8 +247,7 @@ TEST_CASE("[curvature]: its keys are read and typed; the spectrum needs forward-
                Contains("deck.toml:13:") && Contains("must be a number"));
   REQUIRE_THAT(error_of(std::string(kDeck) + "[curvature]\nlanczos_operator = \"Hv\"\n"),
                Contains("deck.toml:13:") && Contains("lanczos_operator"));
-  REQUIRE_THAT(error_of(std::string(kDeck) + "[curvature]\nblock = true\n"),
-               Contains("unknown key 'curvature.block'"));
+  REQUIRE_THAT(error_of(std::string(kDeck) + "[curvature]\nblock = true\n"), Contains("unknown key 'curvature.block'"));
 }
 
 TEST_CASE("the tensor and layer partitions of SPEC §10 tile the flat vector", "[blocks]") {

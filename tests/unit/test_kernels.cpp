@@ -34,7 +34,9 @@ using gnh::test::Flat;
 
 namespace {
 template <class T>
-constexpr double eps() { return std::numeric_limits<T>::epsilon(); }
+constexpr double eps() {
+  return std::numeric_limits<T>::epsilon();
+}
 
 // Rounds reference inputs to T and stores them (what the kernel receives).
 template <class T, class V>
@@ -55,8 +57,7 @@ std::vector<double> host(const V& v) {
   return std::vector<double>(v.data(), v.data() + v.size());
 }
 
-void check_close(const std::vector<double>& got, const std::vector<double>& want,
-                 const std::vector<double>& tol) {
+void check_close(const std::vector<double>& got, const std::vector<double>& want, const std::vector<double>& tol) {
   REQUIRE(got.size() == want.size());
   for (std::size_t i = 0; i < got.size(); ++i) {
     INFO("element " << i << ": got " << got[i] << ", want " << want[i] << ", tol " << tol[i]);
@@ -92,8 +93,8 @@ TEMPLATE_TEST_CASE("linear forward matches the reference", "[kernels]", float, d
 
 TEMPLATE_TEST_CASE("layernorm forward matches the reference", "[kernels]", float, double) {
   using T = TestType;
-  const auto [N, C, bias] = GENERATE(table<index_t, index_t, bool>(
-      {{1, 1, true}, {1, 2, false}, {7, 5, true}, {13, 12, false}, {3, 320, true}}));
+  const auto [N, C, bias] = GENERATE(
+      table<index_t, index_t, bool>({{1, 1, true}, {1, 2, false}, {7, 5, true}, {13, 12, false}, {3, 320, true}}));
   CAPTURE(N, C, bias);
   test::OpAdapter<kernels::LayerNormOp<T>> op(N, C, bias);
   Buf<T> x(N, C), y(N, C);
@@ -228,9 +229,14 @@ TEMPLATE_TEST_CASE("fused lm head and cross-entropy match the reference", "[kern
   using T = TestType;
   // Tiles of (chunk rows, vchunk vocabulary entries; 0: all), in one piece,
   // by rows, by vocabulary (the online log-sum-exp) and by both.
-  const auto [N, C, V, chunk, vchunk] = GENERATE(table<index_t, index_t, index_t, index_t, index_t>(
-      {{1, 1, 2, 1, 0}, {7, 5, 11, 3, 0}, {13, 12, 37, 13, 0}, {10, 4, 5, 4, 0}, {7, 5, 11, 7, 4},
-       {13, 12, 37, 5, 10}, {6, 3, 9, 6, 1}}));
+  const auto [N, C, V, chunk, vchunk] =
+      GENERATE(table<index_t, index_t, index_t, index_t, index_t>({{1, 1, 2, 1, 0},
+                                                                   {7, 5, 11, 3, 0},
+                                                                   {13, 12, 37, 13, 0},
+                                                                   {10, 4, 5, 4, 0},
+                                                                   {7, 5, 11, 7, 4},
+                                                                   {13, 12, 37, 5, 10},
+                                                                   {6, 3, 9, 6, 1}}));
   CAPTURE(N, C, V, chunk, vchunk);
   test::OpAdapter<kernels::LmHeadXentOp<T>> op(N, C, V, chunk, vchunk);
   Buf<T> h(N, C), loss(N, 1);
@@ -309,7 +315,7 @@ TEST_CASE("the GPU-shaped teams run their threads side by side on a host backend
   // so that the teams' barriers and per-thread scratch run concurrently in
   // the tests there (cmake/check-openmp.sh runs them on 2 threads).
   const int threads = kernels::detail::team_policy<gnh::TeamRange>(gnh::ExecSpace(), 1, NoTeamWork{},
-                                                                    kernels::kTeamRows, kernels::kRowLanes)
+                                                                   kernels::kTeamRows, kernels::kRowLanes)
                           .team_size();
   const int have = int(gnh::ExecSpace().concurrency());
   REQUIRE(threads >= 1);
@@ -424,7 +430,8 @@ TEST_CASE("linear and LayerNorm reverse: GPU-shaped column sums give the host sh
 // and per position) adds every row in increasing row order: the bits of a
 // serial loop over the rows, for the value and the tangent planes. Tokens
 // repeat out of order (some ids never appear, one appears in most rows).
-TEST_CASE("embedding reverse: the grouped scatter gives the bits of a serial loop over the rows", "[kernels][embedding]") {
+TEST_CASE("embedding reverse: the grouped scatter gives the bits of a serial loop over the rows",
+          "[kernels][embedding]") {
   const index_t B = 3, Tc = 7, C = 19, V = 13, N = B * Tc, P = (V + Tc) * C;
   View2<std::int32_t> tokens("tokens", B, Tc);
   for (index_t n = 0; n < N; ++n) tokens.data()[n] = std::int32_t(n % 3 == 0 ? 5 : (n * 7 + 3) % V);
@@ -449,8 +456,9 @@ TEST_CASE("embedding reverse: the grouped scatter gives the bits of a serial loo
   REQUIRE(std::memcmp(want_d.data(), g.d.data(), sizeof(float) * P) == 0);
 
   tokens.data()[4] = -2;
-  REQUIRE_THROWS_WITH(kernels::embedding_reverse<float>(ExecSpace(), g.grads<float>(), dx.act<float>(), tokens, 0, V * C),
-                      Catch::Contains("negative token id at row 4"));
+  REQUIRE_THROWS_WITH(
+      kernels::embedding_reverse<float>(ExecSpace(), g.grads<float>(), dx.act<float>(), tokens, 0, V * C),
+      Catch::Contains("negative token id at row 4"));
 }
 
 namespace rows_test {  // named: nvcc wants extended lambdas in functions with external linkage
@@ -504,12 +512,12 @@ std::vector<float> layernorm_all_modes(kernels::RowShape rows, gnh::index_t N, g
     for (const View1<T>* v : {&y, &ms, &dx}) Kokkos::deep_copy(*v, std::numeric_limits<T>::quiet_NaN());
   };
   unset();
-  kernels::layernorm_forward<T>(space, act(y, false), stats(ms, 0, false), stats(ms, S, false), act(x, false), p, 0,
-                                C, 1e-5, rows);
+  kernels::layernorm_forward<T>(space, act(y, false), stats(ms, 0, false), stats(ms, S, false), act(x, false), p, 0, C,
+                                1e-5, rows);
   keep(y, 1, N * C), keep(ms, 1, N);
   unset();
-  kernels::layernorm_forward<Dual<T>>(space, act(y, false), stats(ms, 0, false), stats(ms, S, false), act(x, false),
-                                      p, 0, C, 1e-5, rows);
+  kernels::layernorm_forward<Dual<T>>(space, act(y, false), stats(ms, 0, false), stats(ms, S, false), act(x, false), p,
+                                      0, C, 1e-5, rows);
   keep(y, 1 + K, N * C), keep(ms, 1 + K, N);
   unset();
   kernels::layernorm_forward<Jet2<T>>(space, act(y, true), stats(ms, 0, true), stats(ms, S, true), act(x, true), p, 0,
@@ -517,8 +525,8 @@ std::vector<float> layernorm_all_modes(kernels::RowShape rows, gnh::index_t N, g
   keep(y, S, N * C), keep(ms, S, N);
   // The reverses at the Dual forward's statistics.
   unset();
-  kernels::layernorm_forward<Dual<T>>(space, act(y, false), stats(ms, 0, false), stats(ms, S, false), act(x, false),
-                                      p, 0, C, 1e-5, rows);
+  kernels::layernorm_forward<Dual<T>>(space, act(y, false), stats(ms, 0, false), stats(ms, S, false), act(x, false), p,
+                                      0, C, 1e-5, rows);
   View1<T> gv("gv", (1 + K) * P);  // accumulated into: starts at zero
   Grads<T> g;
   g.v = Span1<T>(gv.data(), P);
@@ -569,7 +577,8 @@ template <class T>
 struct Planes {
   View1<T> all;
   gnh::index_t r = 0, c = 0, K = 0;
-  Planes(gnh::index_t r_, gnh::index_t c_, gnh::index_t K_) : all("planes", (1 + 2 * K_) * r_ * c_), r(r_), c(c_), K(K_) {}
+  Planes(gnh::index_t r_, gnh::index_t c_, gnh::index_t K_)
+      : all("planes", (1 + 2 * K_) * r_ * c_), r(r_), c(c_), K(K_) {}
   template <class S>
   Act2<T> act() const {
     Act2<T> a;
@@ -730,8 +739,7 @@ void mode_from_scalar(Op& op, gnh::index_t K) {
   REQUIRE(marks_kept);
   REQUIRE(mine.size() == given_all.size());
   std::size_t differ = 0;
-  for (std::size_t i = 0; i < mine.size(); ++i)
-    differ += std::memcmp(&mine[i], &given_all[i], sizeof(T)) != 0 ? 1 : 0;
+  for (std::size_t i = 0; i < mine.size(); ++i) differ += std::memcmp(&mine[i], &given_all[i], sizeof(T)) != 0 ? 1 : 0;
   REQUIRE(differ == 0);
 }
 
@@ -783,7 +791,8 @@ struct EveryOp {
 };
 }  // namespace contract_test
 
-TEST_CASE("every op takes its derivative mode from the scalar type, whatever planes it is given", "[kernels][contract]") {
+TEST_CASE("every op takes its derivative mode from the scalar type, whatever planes it is given",
+          "[kernels][contract]") {
   // The model passes its activations with every plane they have (the planes
   // of the highest mode it runs); each kernel keeps the planes of S
   // (planes_of) and must neither read nor write the others.
@@ -808,9 +817,9 @@ TEST_CASE("a kernel called in a mode on buffers without that mode's planes fails
   REQUIRE_THROWS_WITH(kernels::linear_forward<Dual<float>>(ExecSpace(), y.act<Dual<float>>(), x.act<Dual<float>>(),
                                                            p.params<float>(), 0, out * in),
                       Catch::Contains("gnh::linear::forward: theta has 0 directions, expected 1"));
-  REQUIRE_THROWS_WITH(kernels::gelu_forward<Jet2<float>>(ExecSpace(), h.act<Jet2<float>>(), x.act<Dual<float>>(),
-                                                         Gelu::erf),
-                      Catch::Contains("gnh::gelu::forward: x has 0 second-order planes, expected 1"));
+  REQUIRE_THROWS_WITH(
+      kernels::gelu_forward<Jet2<float>>(ExecSpace(), h.act<Jet2<float>>(), x.act<Dual<float>>(), Gelu::erf),
+      Catch::Contains("gnh::gelu::forward: x has 0 second-order planes, expected 1"));
   // And the planes of the mode suffice, higher ones being ignored.
   REQUIRE_NOTHROW(kernels::linear_forward<Dual<float>>(ExecSpace(), y.act<Jet2<float>>(), x.act<Jet2<float>>(),
                                                        p.params<Dual<float>>(), 0, out * in));
@@ -860,14 +869,12 @@ TEST_CASE("attention: the GPU-shaped row kernels agree with the host's kernels i
   // tail (hs 20). The teams shape runs as flash-style tiles (teams of
   // kTeamRows = 8 rows, kAttentionTile = 16 keys or queries a tile): T = 5
   // is a part of one team and one tile, T = 37 is four teams and a tail of 5
-  // rows, two tiles and a tail of 5, with causal tiles skipped. In double both shapes run the portable kernels (the same
-  // sums in lane_sum's order); in float the host shape is the tiled host
-  // kernels (attention_host.hpp), another order of the same sums. An output
-  // is a softmax-weighted mean over up to T keys of values, each score a sum
-  // of hs products: within (T + hs + 8) eps (|y| + 1) of exact, the
-  // derivative planes a few times that, so 4 (T + hs + 8) eps (|y| + 1)
-  // between the shapes. A wrong query, key, head, lane or plane is O(1) off.
-  // And the teams shape repeats its bits.
+  // rows, two tiles and a tail of 5, with causal tiles skipped. In double both shapes run the portable kernels (the
+  // same sums in lane_sum's order); in float the host shape is the tiled host kernels (attention_host.hpp), another
+  // order of the same sums. An output is a softmax-weighted mean over up to T keys of values, each score a sum of hs
+  // products: within (T + hs + 8) eps (|y| + 1) of exact, the derivative planes a few times that, so 4 (T + hs + 8) eps
+  // (|y| + 1) between the shapes. A wrong query, key, head, lane or plane is O(1) off. And the teams shape repeats its
+  // bits.
   struct Shape {
     gnh::index_t B, T, H, hs;
   };

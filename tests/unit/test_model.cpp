@@ -16,8 +16,7 @@ using namespace gnh;
 
 namespace {
 
-ModelConfig make_config(int n_layer, int n_head, int n_embd, int block, int vocab, bool bias,
-                        bool tied, Gelu gelu) {
+ModelConfig make_config(int n_layer, int n_head, int n_embd, int block, int vocab, bool bias, bool tied, Gelu gelu) {
   ModelConfig c;
   c.n_layer = n_layer;
   c.n_head = n_head;
@@ -40,8 +39,9 @@ std::vector<double> make_params(const ModelConfig& cfg, std::uint64_t seed) {
     const bool ln_weight = t.name.find("ln_") != std::string::npos && t.name.find("weight") != std::string::npos;
     const bool embedding = t.name.find("wte") != std::string::npos || t.name.find("wpe") != std::string::npos;
     const double scale = ln_weight ? 0.2 : embedding ? 0.8 : 0.3;
-    const auto v = ref::random_vec(t.size, seed++, scale / (ln_weight || embedding ? 1.0 : std::sqrt(t.shape.back() / 4.0)),
-                                   ln_weight ? 1.0 : 0.0);
+    const auto v =
+        ref::random_vec(t.size, seed++, scale / (ln_weight || embedding ? 1.0 : std::sqrt(t.shape.back() / 4.0)),
+                        ln_weight ? 1.0 : 0.0);
     std::copy(v.begin(), v.end(), p.begin() + t.offset);
   }
   return p;
@@ -65,8 +65,7 @@ View2<std::int32_t> token_view(const std::vector<std::int32_t>& v, index_t B, in
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("GPT forward loss matches the double reference for every model option", "[model]",
-                   float, double) {
+TEMPLATE_TEST_CASE("GPT forward loss matches the double reference for every model option", "[model]", float, double) {
   using T = TestType;
   // (layers, heads, embd, block, vocab, bias, tied, gelu, B, T)
   const auto [nl, nh, ne, block, vocab, bias, tied, gelu, B, Tc] =

@@ -273,7 +273,8 @@ TEST_CASE("adjoint cuts: the same second order, the same tangents bit for bit", 
   ::setenv("GNH_ADJOINT_CUTS", "1", 1);
   REQUIRE(adjoint_cuts_of(cfg, by_default));
   ::setenv("GNH_ADJOINT_CUTS", "yes", 1);
-  REQUIRE_THROWS_WITH(adjoint_cuts_of(cfg, by_default), Catch::Contains("GNH_ADJOINT_CUTS") && Catch::Contains("'yes'"));
+  REQUIRE_THROWS_WITH(adjoint_cuts_of(cfg, by_default),
+                      Catch::Contains("GNH_ADJOINT_CUTS") && Catch::Contains("'yes'"));
   ::unsetenv("GNH_ADJOINT_CUTS");
   REQUIRE_FALSE(adjoint_cuts_of(cfg, by_default));
   const EpochCurvature d0 = run(0.0, 0), d1 = run(0.0, 1), f0 = run(0.0f, 0), f1 = run(0.0f, 1);
@@ -318,12 +319,14 @@ TEST_CASE("K directions per pass equal one direction at a time", "[derivatives][
       return s;
     };
     Gpt<double> all(cfg, shape(int(K)));
-    const EpochCurvature stacked = epoch_curvature<double>(ExecSpace(), all, p, dirs, ids.data(), all_blocks(n_blocks), method);
+    const EpochCurvature stacked =
+        epoch_curvature<double>(ExecSpace(), all, p, dirs, ids.data(), all_blocks(n_blocks), method);
     Gpt<double> one(cfg, shape(1));
     for (index_t k = 0; k < K; ++k) {
       View2<double> d1("d1", 1, P);
       for (index_t i = 0; i < P; ++i) d1(0, i) = dirs(k, i);
-      const EpochCurvature single = epoch_curvature<double>(ExecSpace(), one, p, d1, ids.data(), all_blocks(n_blocks), method);
+      const EpochCurvature single =
+          epoch_curvature<double>(ExecSpace(), one, p, d1, ids.data(), all_blocks(n_blocks), method);
       CAPTURE(to_string(method), k);
       // Stacking changes GEMM shapes and so the rounding, nothing else.
       REQUIRE(std::abs(stacked.vHv[k] - single.vHv[0]) <= 1e-12 * std::abs(single.vHv[0]));
@@ -387,7 +390,7 @@ TEST_CASE("curvature does not depend on the batch size; float agrees with double
   Gpt<double> gd(cfg, gs);
   REQUIRE(gf.keeps_attention() == kernels::host::attention_available());
   REQUIRE_FALSE(gd.keeps_attention());  // the host tiles are float only
-  View1<double> Gf("Gf", P);  // epoch sums are double
+  View1<double> Gf("Gf", P);            // epoch sums are double
   View1<double> Gd("Gd", P);
   epoch_gradient<float>(ExecSpace(), gf, pf, ids.data(), all_blocks(n_blocks), Gf);
   epoch_gradient<double>(ExecSpace(), gd, p, ids.data(), all_blocks(n_blocks), Gd);

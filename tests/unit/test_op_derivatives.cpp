@@ -75,7 +75,10 @@ void check_op(Op<double>& op, std::uint64_t seed, double x_scale, double x_shift
   randomize(p.v, seed + 2, 0.5, 0.0);
   randomize(p.d, seed + 3, 1.0);  // u_theta
   if (op.unit_seed) {
-    for (index_t i = 0; i < N * Cout; ++i) { dy.v(i) = 1.0; dy.d(i) = 0.0; }
+    for (index_t i = 0; i < N * Cout; ++i) {
+      dy.v(i) = 1.0;
+      dy.d(i) = 0.0;
+    }
   } else {
     randomize(dy.v, seed + 4, 1.0);
     randomize(dy.d, seed + 5, 1.0);  // w: tangent of the seed
@@ -84,9 +87,19 @@ void check_op(Op<double>& op, std::uint64_t seed, double x_scale, double x_shift
 
   // F at theta + h u (primal), its tangent (Dual) and the reverse there.
   auto shifted = [&](double h, Buf<double>& xs, Flat<double>& ps, Buf<double>& dys) {
-    for (index_t i = 0; i < N * Cin; ++i) { xs.v(i) = x.v(i) + h * x.d(i); xs.d(i) = x.d(i); xs.dd(i) = 0; }
-    for (index_t i = 0; i < P; ++i) { ps.v(i) = p.v(i) + h * p.d(i); ps.d(i) = p.d(i); }
-    for (index_t i = 0; i < N * Cout; ++i) { dys.v(i) = dy.v(i) + h * dy.d(i); dys.d(i) = dy.d(i); }
+    for (index_t i = 0; i < N * Cin; ++i) {
+      xs.v(i) = x.v(i) + h * x.d(i);
+      xs.d(i) = x.d(i);
+      xs.dd(i) = 0;
+    }
+    for (index_t i = 0; i < P; ++i) {
+      ps.v(i) = p.v(i) + h * p.d(i);
+      ps.d(i) = p.d(i);
+    }
+    for (index_t i = 0; i < N * Cout; ++i) {
+      dys.v(i) = dy.v(i) + h * dy.d(i);
+      dys.d(i) = dy.d(i);
+    }
   };
   auto primal_at = [&](double h) {
     Buf<double> xs(N, Cin), ys(N, Cout), dys(N, Cout);
@@ -160,7 +173,8 @@ void check_op(Op<double>& op, std::uint64_t seed, double x_scale, double x_shift
   require_close_vectors(copy_of(y2.dd), central(tangent_at), "second order", tangent_scale);
   // Its first-order part is the tangent.
   const auto y2d = copy_of(y2.d);
-  for (std::size_t i = 0; i < ydot.size(); ++i) REQUIRE(std::abs(y2d[i] - ydot[i]) <= 1e3 * kEps * (std::abs(ydot[i]) + 1));
+  for (std::size_t i = 0; i < ydot.size(); ++i)
+    REQUIRE(std::abs(y2d[i] - ydot[i]) <= 1e3 * kEps * (std::abs(ydot[i]) + 1));
 }
 
 }  // namespace

@@ -155,11 +155,13 @@ def summary(work, out, rehearse):
     if t:
         B = t["context"]["batch"]
         scale = EPOCH_BLOCKS / B
-        ratios["torch_gradient_epoch_s"] = t["gradient"]["seconds"] * scale
+        if "seconds" in t.get("gradient", {}):
+            ratios["torch_gradient_epoch_s"] = t["gradient"]["seconds"] * scale
         hvp = t.get("hvp_compiled") or t.get("hvp_functorch")
         if hvp:
             ratios["torch_hvp_epoch_s_per_direction"] = hvp["seconds"] * scale
-        ratios["torch_double_backward_epoch_s_per_direction"] = t["double_backward"]["seconds"] * scale
+        if "seconds" in t.get("double_backward", {}):
+            ratios["torch_double_backward_epoch_s_per_direction"] = t["double_backward"]["seconds"] * scale
         ok &= all(c["ok"] for c in t.get("checks", []))
     best = {}
     for r in s["passes"]:

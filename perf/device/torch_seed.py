@@ -67,6 +67,13 @@ def timed(fn, repeats, warmup=1):
             "samples": times}
 
 
+def save(res, out):
+    """The results so far: a later stage that fails or runs out of time loses
+    only itself."""
+    with open(out, "w") as f:
+        json.dump(res, f, indent=1)
+
+
 def ceilings(out, size, copy_bytes):
     res = {"device": torch.cuda.get_device_name() if CUDA else "cpu", "torch": torch.__version__, "n": size}
     g = torch.Generator(device=DEV).manual_seed(0)
@@ -86,7 +93,7 @@ def ceilings(out, size, copy_bytes):
     t = timed(lambda: dst.copy_(src), 10, warmup=3)
     res["copy_tb_per_s"] = 2.0 * n * 4 / t["seconds"] * 1e-12
     res["copy_bytes"] = n * 4
-    json.dump(res, open(out, "w"), indent=1)
+    save(res, out)
     print(json.dumps(res))
 
 
@@ -209,8 +216,18 @@ def seed(case, out, batch, repeats, check_fp32, check_batch, check_bf16):
     # The timed sequences: the scale of their v^T H v check, then timings in
     # the seed's settings.
     idx, tgt = sequences(batch)
-    res["values_fp32_timed_batch"] = values()
-    hv_norm = res["values_fp32_timed_batch"]["Hv_norm"]
+    try:
+        res["values_fp32_timed_batch"] = values()
+        hv_norm = res["values_fp32_timed_batch"]["Hv_norm"]
+    except torch.cuda.OutOfMemoryError if CUDA else MemoryError as exc:
+        # The eager fp32 double backward of the whole timed batch may not fit:
+        # |Hv| of the summed loss grows with the batch, so the checked
+        # sequences' |Hv| scaled by the batch ratio stands in (said so).
+        torch.cuda.empty_cache()
+        hv_norm *= batch / check_batch
+        res["values_fp32_timed_batch"] = {"error": f"out of memory ({exc.__class__.__name__}); |Hv| scaled from "
+                                                   f"{check_batch} sequences", "Hv_norm": hv_norm}
+    save(res, out)
     amp = CUDA
     if CUDA:
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -221,6 +238,7 @@ def seed(case, out, batch, repeats, check_fp32, check_batch, check_bf16):
         loss(ls).backward()
 
     res["gradient"] = timed(gradient, repeats)
+    save(res, out)
     print(f"torch_seed: gradient {res['gradient']['seconds']:.4g} s per batch", flush=True)
 
     def hvp_dot(ps, v):
@@ -252,11 +270,18 @@ def seed(case, out, batch, repeats, check_fp32, check_batch, check_bf16):
         ref = json.load(open(check_bf16))
         check(f"vHv_sum {key} vs gnh bf16-amp (of |v||Hv|)", float(first), ref["vHv_sum second-order-forward"][0],
               v_norm * hv_norm, TOL_BF16)
-    res["double_backward"] = timed(lambda: hv_of(params, v0, amp), repeats)
-    print(f"torch_seed: double_backward {res['double_backward']['seconds']:.4g} s per direction and batch", flush=True)
+    save(res, out)
+    try:
+        res["double_backward"] = timed(lambda: hv_of(params, v0, amp), repeats)
+        print(f"torch_seed: double_backward {res['double_backward']['seconds']:.4g} s per direction and batch",
+              flush=True)
+    except torch.cuda.OutOfMemoryError if CUDA else MemoryError as exc:
+        torch.cuda.empty_cache()
+        res["double_backward"] = {"error": f"out of memory at batch {batch} ({exc.__class__.__name__})"}
+        print(f"torch_seed: double_backward: {res['double_backward']['error']}", flush=True)
     if CUDA:
         res["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
-    json.dump(res, open(out, "w"), indent=1)
+    save(res, out)
     bad = [c["name"] for c in res["checks"] if not c["ok"]]
     if bad:
         print("torch_seed: values disagree with gnh: " + ", ".join(bad), file=sys.stderr)

@@ -108,6 +108,21 @@ TEST_ANALYSIS = dict(grad_microbatch=4, hvp_batch=3, noise_samples=2, noise_batc
                      directions_per_pass=5, seed=1234)
 
 
+def small_campaign(directory):
+    """Two checkpoints of a 1-layer model (vocabulary 19, context 8) in
+    directory/ckpt, and seen (20 blocks) and unseen (10 blocks) tokens in
+    directory/train.bin and val.bin: a campaign that runs in seconds."""
+    cfg = gnh_model.GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=8, vocab_size=19, bias=True,
+                              tie_embeddings=True)
+    ck = os.path.join(directory, "ckpt")
+    os.makedirs(ck)
+    for i in range(2):
+        save_checkpoint(make_model(cfg, seed=i), ck, f"ckpt_{i}", iter_num=i)
+    write_tokens(os.path.join(directory, "train.bin"), 8 * 20 + 1, 19, 1)
+    write_tokens(os.path.join(directory, "val.bin"), 8 * 10 + 1, 19, 2)
+    return ck
+
+
 def write_deck(path, output, checkpoints, context, seen, unseen=None, extra="", analysis=None):
     lines = ["[run]", f'output = "{output}"', "[checkpoints]",
              "paths = [" + ", ".join(f'"{c}"' for c in checkpoints) + "]",

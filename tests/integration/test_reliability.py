@@ -36,14 +36,7 @@ class Reliability(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="gnh-rel-")
         os.chmod(cls.tmp, 0o755)  # the unprivileged-user test reads it
-        cfg = gnhtest.gnh_model.GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=8, vocab_size=19,
-                                          bias=True, tie_embeddings=True)
-        ck = os.path.join(cls.tmp, "ckpt")
-        os.makedirs(ck)
-        for i in range(2):
-            gnhtest.save_checkpoint(gnhtest.make_model(cfg, seed=i), ck, f"ckpt_{i}", iter_num=i)
-        gnhtest.write_tokens(os.path.join(cls.tmp, "train.bin"), 8 * 20 + 1, 19, 1)
-        gnhtest.write_tokens(os.path.join(cls.tmp, "val.bin"), 8 * 10 + 1, 19, 2)
+        gnhtest.small_campaign(cls.tmp)
         for root, dirs, files in os.walk(cls.tmp):
             for name in dirs + files:
                 os.chmod(os.path.join(root, name), 0o755)

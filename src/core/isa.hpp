@@ -10,8 +10,12 @@
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && !defined(__NVCOMPILER)
 #define GNH_HOST_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+// The same, with everything the function calls inlined into each clone (a
+// caller of generic row bodies, whose own code must be compiled per level).
+#define GNH_HOST_CLONES_FLAT __attribute__((flatten, target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define GNH_HOST_CLONES
+#define GNH_HOST_CLONES_FLAT
 #endif
 
 namespace gnh {

@@ -13,6 +13,7 @@
 #include "core/gelu_kind.hpp"
 #include "core/planes.hpp"
 #include "kernels/check.hpp"
+#include "kernels/cloned.hpp"
 #include "kernels/host_vec.hpp"
 #include "kernels/op.hpp"
 #include "kernels/instances.hpp"
@@ -135,7 +136,7 @@ void gelu_forward_kind(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>
   const T* xdd = second ? x.dd.data() : nullptr;
   T* ydd = second ? y.dd.data() : nullptr;
   Kokkos::parallel_for(
-      "gnh::gelu::forward::directions", range(space, (NC + L - 1) / L), KOKKOS_LAMBDA(const index_t c) {
+      "gnh::gelu::forward::directions", range(space, (NC + L - 1) / L), cloned(KOKKOS_LAMBDA(const index_t c) {
         const index_t i0 = c * L, n = NC - i0 < L ? NC - i0 : L;
         T f1[GeluChunk], f2[GeluChunk];
         for (index_t j = 0; j < n; ++j) gelu_derivatives<E, 1>(xv[i0 + j], yv[i0 + j], f1[j], f2[j]);
@@ -151,7 +152,7 @@ void gelu_forward_kind(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>
             for (index_t j = 0; j < n; ++j) yd[o + j] = f1[j] * xd[o + j];
           }
         }
-      });
+      }));
 }
 
 template <bool E, class S>
@@ -175,7 +176,7 @@ void gelu_reverse_kind(const ExecSpace& space, Act2<base_t<S>> dx, Act2<base_t<S
   // Within a chunk the tangent planes first: they read dy's value plane,
   // which may be dx's.
   Kokkos::parallel_for(
-      "gnh::gelu::reverse::directions", range(space, (NC + L - 1) / L), KOKKOS_LAMBDA(const index_t c) {
+      "gnh::gelu::reverse::directions", range(space, (NC + L - 1) / L), cloned(KOKKOS_LAMBDA(const index_t c) {
         const index_t i0 = c * L, n = NC - i0 < L ? NC - i0 : L;
         T f1[GeluChunk], f2[GeluChunk];
         for (index_t j = 0; j < n; ++j) {
@@ -187,7 +188,7 @@ void gelu_reverse_kind(const ExecSpace& space, Act2<base_t<S>> dx, Act2<base_t<S
           for (index_t j = 0; j < n; ++j) dxd[o + j] = dyd[o + j] * f1[j] + dyv[i0 + j] * f2[j] * xd[o + j];
         }
         for (index_t j = 0; j < n; ++j) dxv[i0 + j] = dyv[i0 + j] * f1[j];
-      });
+      }));
 }
 // y = f(x) with the slope f'(x) beside it (the plain reverse's pair).
 }  // namespace detail

@@ -28,6 +28,7 @@
 #include <type_traits>
 
 #include "core/fastmath.hpp"
+#include "core/isa.hpp"
 #include "core/types.hpp"
 
 namespace gnh::kernels {
@@ -173,10 +174,18 @@ Policy team_policy(const ExecSpace& space, index_t league, const F& f, int R, in
   }
 }
 
+// One row on the host, the body compiled for each x86-64 level of a portable
+// build and the processor's chosen at load time (core/isa.hpp): the row
+// bodies' sums, maxima and exponentials vectorise as wide as it allows.
+template <class Body>
+GNH_HOST_CLONES_FLAT KOKKOS_INLINE_FUNCTION void host_row(const Body& body, const index_t n) {
+  body(HostLanes{}, n);
+}
+
 template <class Body>
 struct HostRows {
   Body body;
-  KOKKOS_INLINE_FUNCTION void operator()(const index_t n) const { body(HostLanes{}, n); }
+  KOKKOS_INLINE_FUNCTION void operator()(const index_t n) const { host_row(body, n); }
 };
 
 template <class Body, class T>

@@ -135,24 +135,24 @@ void gelu_forward_kind(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>
   T* yd = y.d.data();
   const T* xdd = second ? x.dd.data() : nullptr;
   T* ydd = second ? y.dd.data() : nullptr;
-  Kokkos::parallel_for(
-      "gnh::gelu::forward::directions", range(space, (NC + L - 1) / L), cloned(KOKKOS_LAMBDA(const index_t c) {
-        const index_t i0 = c * L, n = NC - i0 < L ? NC - i0 : L;
-        T f1[GeluChunk], f2[GeluChunk];
-        for (index_t j = 0; j < n; ++j) gelu_derivatives<E, 1>(xv[i0 + j], yv[i0 + j], f1[j], f2[j]);
-        for (index_t k = 0; k < K; ++k) {
-          const index_t o = k * NC + i0;
-          if (second) {  // not if constexpr: nvcc's lambdas cannot first-capture in one
-            for (index_t j = 0; j < n; ++j) {
-              const T a = xd[o + j];
-              yd[o + j] = f1[j] * a;
-              ydd[o + j] = f2[j] * a * a + f1[j] * xdd[o + j];
-            }
-          } else {
-            for (index_t j = 0; j < n; ++j) yd[o + j] = f1[j] * xd[o + j];
-          }
-        }
-      }));
+  Kokkos::parallel_for("gnh::gelu::forward::directions", range(space, (NC + L - 1) / L),
+                       cloned(KOKKOS_LAMBDA(const index_t c) {
+                         const index_t i0 = c * L, n = NC - i0 < L ? NC - i0 : L;
+                         T f1[GeluChunk], f2[GeluChunk];
+                         for (index_t j = 0; j < n; ++j) gelu_derivatives<E, 1>(xv[i0 + j], yv[i0 + j], f1[j], f2[j]);
+                         for (index_t k = 0; k < K; ++k) {
+                           const index_t o = k * NC + i0;
+                           if (second) {  // not if constexpr: nvcc's lambdas cannot first-capture in one
+                             for (index_t j = 0; j < n; ++j) {
+                               const T a = xd[o + j];
+                               yd[o + j] = f1[j] * a;
+                               ydd[o + j] = f2[j] * a * a + f1[j] * xdd[o + j];
+                             }
+                           } else {
+                             for (index_t j = 0; j < n; ++j) yd[o + j] = f1[j] * xd[o + j];
+                           }
+                         }
+                       }));
 }
 
 template <bool E, class S>
@@ -175,20 +175,21 @@ void gelu_reverse_kind(const ExecSpace& space, Act2<base_t<S>> dx, Act2<base_t<S
   T* dxd = dx.d.data();
   // Within a chunk the tangent planes first: they read dy's value plane,
   // which may be dx's.
-  Kokkos::parallel_for(
-      "gnh::gelu::reverse::directions", range(space, (NC + L - 1) / L), cloned(KOKKOS_LAMBDA(const index_t c) {
-        const index_t i0 = c * L, n = NC - i0 < L ? NC - i0 : L;
-        T f1[GeluChunk], f2[GeluChunk];
-        for (index_t j = 0; j < n; ++j) {
-          T f;
-          gelu_derivatives<E, 1>(xv[i0 + j], f, f1[j], f2[j]);
-        }
-        for (index_t k = 0; k < K; ++k) {
-          const index_t o = k * NC + i0;
-          for (index_t j = 0; j < n; ++j) dxd[o + j] = dyd[o + j] * f1[j] + dyv[i0 + j] * f2[j] * xd[o + j];
-        }
-        for (index_t j = 0; j < n; ++j) dxv[i0 + j] = dyv[i0 + j] * f1[j];
-      }));
+  Kokkos::parallel_for("gnh::gelu::reverse::directions", range(space, (NC + L - 1) / L),
+                       cloned(KOKKOS_LAMBDA(const index_t c) {
+                         const index_t i0 = c * L, n = NC - i0 < L ? NC - i0 : L;
+                         T f1[GeluChunk], f2[GeluChunk];
+                         for (index_t j = 0; j < n; ++j) {
+                           T f;
+                           gelu_derivatives<E, 1>(xv[i0 + j], f, f1[j], f2[j]);
+                         }
+                         for (index_t k = 0; k < K; ++k) {
+                           const index_t o = k * NC + i0;
+                           for (index_t j = 0; j < n; ++j)
+                             dxd[o + j] = dyd[o + j] * f1[j] + dyv[i0 + j] * f2[j] * xd[o + j];
+                         }
+                         for (index_t j = 0; j < n; ++j) dxv[i0 + j] = dyv[i0 + j] * f1[j];
+                       }));
 }
 // y = f(x) with the slope f'(x) beside it (the plain reverse's pair).
 }  // namespace detail

@@ -33,7 +33,8 @@ struct CaseHooks {
   CaseVectors* keep = nullptr;                                                          // copy G and the xi_j here
   StopCheck stop;                                                                       // SIGTERM
   std::function<void(const std::string& stage, index_t done, index_t total)> progress;  // team rank 0
-  LanczosStore* lanczos = nullptr;  // the spectrum's state between steps; none: not resumable
+  LanczosStore* lanczos = nullptr;      // the spectrum's state between steps; none: not resumable
+  LanczosStore* lanczos_ggn = nullptr;  // the Gauss-Newton spectrum's
 };
 
 class Analyser {

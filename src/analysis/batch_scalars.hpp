@@ -16,7 +16,8 @@ struct BatchScalars {
   double loss_sum = 0;
   std::int64_t count = 0;
   std::vector<double> first;   // per direction: d/de of the summed loss
-  std::vector<double> second;  // per direction: v^T H_sum v
+  std::vector<double> second;  // per direction: v^T H_sum v (or v^T GGN_sum v: the Gauss-Newton operator's passes)
+  std::vector<double> gauss_newton;  // per direction: v^T GGN_sum v
   bool done = false;
   // Measured on the member that computed it (not part of any result): the
   // batch's wall time, and on a GPU the device memory in use at its end.

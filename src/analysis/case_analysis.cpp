@@ -88,6 +88,8 @@ struct CaseAnalysis {
     out_.m.context = s.context;
     out_.m.noise_batch = s.noise_batch;
     out_.m.preconditioned = plan_.preconditioned;
+    out_.m.gauss_newton = s.curvature.gauss_newton();
+    out_.m.hessian_too = s.curvature.op == OperatorChoice::both;
     if (plan_.update) form_delta();
     if (s.curvature.blocks)
       for (Partition& p : parameter_partitions(engines.gradient.layout())) {
@@ -146,25 +148,14 @@ struct CaseAnalysis {
     out_.timings.emplace_back("noise", clock_.lap());
     curvature_passes();
     out_.timings.emplace_back("curvature", clock_.lap());
-    if (plan_.spectrum) {
-      meter_.begin();
-      SpectrumRun sp = lanczos_spectrum<T>(space_, team_, engines_, stager_, params_, precond_, ids_, plan_.n_blocks,
-                                           tokens_, s_, hooks_);
-      out_.spectrum = std::move(sp.stats);
-      spectrum_check_ = sp.quadrature;
-      for (std::size_t i = 0; i < sp.batch_seconds.size(); ++i)
-        meter_.add_seconds(sp.batch_seconds[i], sp.direction_seconds[i]);
-      meter_.end("spectrum", out_.measured);
-      out_.spectrum_resumed_at = sp.resumed_at;
-      out_.timings.emplace_back("spectrum", clock_.lap());
-      spectrum_parts_ = {{"spectrum_passes", sp.pass_seconds}, {"spectrum_arithmetic", sp.arithmetic_seconds}};
-    }
+    if (plan_.spectrum && s_.curvature.op != OperatorChoice::ggn) spectrum(CurvatureOperator::hessian);
+    if (plan_.spectrum && s_.curvature.gauss_newton()) spectrum(CurvatureOperator::gauss_newton);
     if (plan_.update) {
       update_step();
       out_.timings.emplace_back("update", clock_.lap());
     }
     identities();
-    if (plan_.spectrum) out_.identities.push_back(spectrum_check_);
+    out_.identities.insert(out_.identities.end(), spectrum_checks_.begin(), spectrum_checks_.end());
     out_.timings.emplace_back("checks", clock_.lap());
     out_.derived = derive(out_.m);
     for (const BlockMeasurements& b : blocks_) out_.blocks.push_back(derive_blocks(b, out_.m, out_.derived));
@@ -329,7 +320,7 @@ struct CaseAnalysis {
     const index_t passes = index_t(sizes.size());
     const auto batches = make_batches(all_blocks(plan_.n_blocks), s_.hvp_batch);
     View2<T> dirs("gnh::case::directions", sizes.front(), P_);
-    std::vector<double> quad(static_cast<std::size_t>(D));
+    std::vector<double> quad(static_cast<std::size_t>(D)), quad_ggn(static_cast<std::size_t>(D));
     // With [curvature], the epoch's H v of each direction of a pass, summed
     // exactly over the batches and the team (so identical at any rank count).
     const bool keep_hv = s_.keeps_hv();
@@ -368,6 +359,7 @@ struct CaseAnalysis {
       const BatchScalars cs = sum_in_order(ct);
       for (index_t r = 0; r < K; ++r) {
         quad[d0 + r] = cs.second[r] / double(tokens_);
+        quad_ggn[d0 + r] = cs.gauss_newton[r] / double(tokens_);
         first_[d0 + r] = cs.first[r] / double(tokens_);
       }
     }
@@ -376,6 +368,15 @@ struct CaseAnalysis {
     out_.m.xiHxi.assign(quad.begin() + 1, quad.begin() + 1 + m);
     const index_t K = plan_.directions_asked;
     out_.m.vHv.assign(quad.begin() + 1 + m, quad.begin() + 1 + m + K);
+    if (out_.m.gauss_newton) {
+      // Every pass's forward gives the Gauss-Newton forms beside v^T H v
+      // (the head's z'^T H_z z', kernels/lm_head_xent.hpp).
+      out_.m.GHG_ggn = quad_ggn[0];
+      out_.m.xiHxi_ggn.assign(quad_ggn.begin() + 1, quad_ggn.begin() + 1 + m);
+      out_.m.vGv_ggn.assign(quad_ggn.begin() + 1 + m, quad_ggn.begin() + 1 + m + K);
+      for (double q : quad_ggn)
+        if (!std::isfinite(q)) fail("a Gauss-Newton quadratic form is not finite");
+    }
     if (plan_.preconditioned) {
       out_.m.PG_H_PG = quad[std::size_t(1 + m + K)];
       out_.m.PxiHPxi.assign(quad.begin() + 2 + m + K, quad.begin() + 2 + 2 * m + K);
@@ -532,6 +533,44 @@ struct CaseAnalysis {
       paths.deviation = std::max(paths.deviation, std::abs(so.second[k] - q) / qs);
     }
     out_.identities = {pyth, gradient_first, part, symmetry, paths};
+    if (cm.gauss_newton) gauss_newton_identities(uv, so, tol);
+  }
+
+  // The Gauss-Newton operator's identities, on block 0 with the same two
+  // directions: GGN v_k by forward-over-reverse is symmetric, u^T(GGN v) =
+  // v^T(GGN u); its forms v^T(GGN v) equal the head's z'^T H_z z' of the
+  // second-order forward (two different computations of one number); and
+  // every form of the case is non-negative (GGN is positive semi-definite:
+  // each token contributes a variance), to rounding of the largest form.
+  void gauss_newton_identities(View2<T> uv, const LossSum& so, double tol) {
+    View1<T> grad("gnh::case::check_grad", P_);
+    View2<T> gv("gnh::case::check_ggnv", 2, P_);
+    Kokkos::deep_copy(space_, grad, T(0));
+    Kokkos::deep_copy(space_, gv, T(0));
+    engines_.check_for.hvp(space_, params_, uv, stager_.tokens(), stager_.targets(), grad, gv,
+                           CurvatureOperator::gauss_newton);
+    IdentityCheck symmetry{"ggn_symmetry", 0, tol, true}, paths{"ggn_paths", 0, tol, true};
+    const double uGv = dot(space_, uv.data(), gv.data() + P_, P_, false);
+    const double vGu = dot(space_, uv.data() + P_, gv.data(), P_, false);
+    symmetry.deviation = std::abs(uGv - vGu) / dot(space_, uv.data(), gv.data() + P_, P_, true);
+    for (index_t k = 0; k < 2; ++k) {
+      const double q = dot(space_, uv.data() + k * P_, gv.data() + k * P_, P_, false);
+      const double qs = dot(space_, uv.data() + k * P_, gv.data() + k * P_, P_, true);
+      paths.deviation = std::max(paths.deviation, std::abs(so.gauss_newton[k] - q) / qs);
+    }
+    const CaseMeasurements& cm = out_.m;
+    std::vector<double> forms = cm.xiHxi_ggn;
+    forms.push_back(cm.GHG_ggn);
+    forms.insert(forms.end(), cm.vGv_ggn.begin(), cm.vGv_ggn.end());
+    double lowest = 0, largest = 0;
+    for (double q : forms) {
+      lowest = std::min(lowest, q);
+      largest = std::max(largest, std::abs(q));
+    }
+    IdentityCheck psd{"ggn_nonnegative", largest > 0 ? -lowest / largest : 0.0, tol, true};
+    out_.identities.push_back(symmetry);
+    out_.identities.push_back(paths);
+    out_.identities.push_back(psd);
   }
 
   const ExecSpace& space_;
@@ -549,16 +588,36 @@ struct CaseAnalysis {
   BatchStager stager_;
   Stopwatch clock_;
   CaseStatistics out_;
-  std::int64_t tokens_ = 0;                // targets of the epoch
-  View1<double> G_, gj_;                   // (P) the epoch's mean gradient; a noise batch's (then the partition's mean)
-  View2<T> xi_;                            // (m, P) the noise vectors
-  ExactSum partition_sum_;                 // sum of the g_j when the noise batches partition the epoch
-  std::vector<double> first_;              // per direction: G . d
-  std::vector<BlockMeasurements> blocks_;  // [curvature] blocks: one per partition
-  index_t n_block_values_ = 0;             // blocks of all partitions together
-  View1<double> diagonal_;                 // [curvature] diagonal: sum_k v_k * (H v_k)
-  IdentityCheck spectrum_check_;           // the spectrum's quadrature identities
-  StageMeter meter_;                       // the measured time and memory of the stage under way
+  std::int64_t tokens_ = 0;  // targets of the epoch
+  View1<double> G_, gj_;     // (P) the epoch's mean gradient; a noise batch's (then the partition's mean)
+  View2<T> xi_;              // (m, P) the noise vectors
+  // SPEC §10's spectrum of H or of its Gauss-Newton part: the stage
+  // "spectrum" or "spectrum_ggn", its output, identities and time.
+  void spectrum(CurvatureOperator op) {
+    const bool ggn = op == CurvatureOperator::gauss_newton;
+    const std::string name = ggn ? "spectrum_ggn" : "spectrum";
+    meter_.begin();
+    SpectrumRun sp = lanczos_spectrum<T>(space_, team_, engines_, stager_, params_, precond_, ids_, plan_.n_blocks,
+                                         tokens_, s_, hooks_, op);
+    (ggn ? out_.spectrum_ggn : out_.spectrum) = std::move(sp.stats);
+    spectrum_checks_.push_back(sp.quadrature);
+    if (sp.nonnegative.checked) spectrum_checks_.push_back(sp.nonnegative);
+    for (std::size_t i = 0; i < sp.batch_seconds.size(); ++i)
+      meter_.add_seconds(sp.batch_seconds[i], sp.direction_seconds[i]);
+    meter_.end(name, out_.measured);
+    if (!ggn || out_.spectrum_resumed_at < 0) out_.spectrum_resumed_at = sp.resumed_at;
+    out_.timings.emplace_back(name, clock_.lap());
+    spectrum_parts_.emplace_back(name + "_passes", sp.pass_seconds);
+    spectrum_parts_.emplace_back(name + "_arithmetic", sp.arithmetic_seconds);
+  }
+
+  ExactSum partition_sum_;                      // sum of the g_j when the noise batches partition the epoch
+  std::vector<double> first_;                   // per direction: G . d
+  std::vector<BlockMeasurements> blocks_;       // [curvature] blocks: one per partition
+  index_t n_block_values_ = 0;                  // blocks of all partitions together
+  View1<double> diagonal_;                      // [curvature] diagonal: sum_k v_k * (H v_k)
+  std::vector<IdentityCheck> spectrum_checks_;  // the spectra's quadrature (and Gauss-Newton sign) identities
+  StageMeter meter_;                            // the measured time and memory of the stage under way
   std::vector<std::pair<std::string, double>> spectrum_parts_;
 };
 

@@ -36,7 +36,7 @@ EpochGradient epoch_gradient(const ExecSpace& space, Gpt<T>& model, Span1<const 
 template <class T>
 EpochCurvature epoch_curvature(const ExecSpace& space, Gpt<T>& model, Span1<const T> params, Span2<const T> dirs,
                                const std::int32_t* ids, const std::vector<index_t>& blocks, CurvatureMethod method,
-                               View2<double> Hv) {
+                               View2<double> Hv, CurvatureOperator op) {
   const index_t K = dirs.extent(0);
   const auto batches = make_batches(blocks, model.batch());
   EpochCurvature out;
@@ -50,7 +50,7 @@ EpochCurvature epoch_curvature(const ExecSpace& space, Gpt<T>& model, Span1<cons
   std::vector<BatchScalars> table;
   BatchStager stager(model.batch(), model.context());
   curvature_pass<T>(space, model, stager, params, dirs, ids, batches, all_blocks(index_t(batches.size())), method,
-                    table, {}, {}, want_hv ? &hv_sums : nullptr);
+                    table, {}, {}, want_hv ? &hv_sums : nullptr, op);
   const BatchScalars s = sum_in_order(table);
   out.tokens = s.count;
   out.batches = index_t(batches.size());
@@ -58,8 +58,10 @@ EpochCurvature epoch_curvature(const ExecSpace& space, Gpt<T>& model, Span1<cons
   out.loss = s.loss_sum * inv;
   out.vHv.resize(static_cast<std::size_t>(K));
   out.Gv.resize(static_cast<std::size_t>(K));
+  out.vGv.resize(static_cast<std::size_t>(K));
   for (index_t k = 0; k < K; ++k) {
     out.vHv[k] = s.second[k] * inv;
+    out.vGv[k] = s.gauss_newton[k] * inv;
     out.Gv[k] = s.first[k] * inv;
     if (want_hv) hv_sums[k].to_double(space, Hv.data() + k * P, inv);
   }
@@ -72,7 +74,7 @@ EpochCurvature epoch_curvature(const ExecSpace& space, Gpt<T>& model, Span1<cons
                                            const std::vector<index_t>&, View1<double>);                         \
   template EpochCurvature epoch_curvature<T>(const ExecSpace&, Gpt<T>&, Span1<const T>, Span2<const T>,         \
                                              const std::int32_t*, const std::vector<index_t>&, CurvatureMethod, \
-                                             View2<double>);
+                                             View2<double>, CurvatureOperator);
 GNH_INSTANTIATE(float)
 GNH_INSTANTIATE(double)
 #undef GNH_INSTANTIATE

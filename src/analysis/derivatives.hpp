@@ -25,6 +25,7 @@ struct EpochCurvature {
   std::int64_t tokens = 0;
   std::vector<double> vHv;  // per direction: v^T H v of the mean loss
   std::vector<double> Gv;   // per direction: G . v (first derivative along v)
+  std::vector<double> vGv;  // per direction: v^T GGN v of the mean loss (its Gauss-Newton part)
   index_t batches = 0;
 };
 
@@ -41,7 +42,7 @@ EpochGradient epoch_gradient(const ExecSpace& space, Gpt<T>& model, Span1<const 
 template <class T>
 EpochCurvature epoch_curvature(const ExecSpace& space, Gpt<T>& model, Span1<const T> params, Span2<const T> dirs,
                                const std::int32_t* ids, const std::vector<index_t>& blocks, CurvatureMethod method,
-                               View2<double> Hv = View2<double>());
+                               View2<double> Hv = View2<double>(), CurvatureOperator op = CurvatureOperator::hessian);
 
 // 0, 1, ..., n-1.
 std::vector<index_t> all_blocks(index_t n);

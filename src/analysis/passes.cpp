@@ -79,7 +79,8 @@ template <class T>
 bool curvature_pass(const ExecSpace& space, Gpt<T>& model, BatchStager& stager, Span1<const T> params,
                     Span2<const T> dirs, const std::int32_t* ids, const std::vector<Batch>& batches,
                     const std::vector<index_t>& mine, CurvatureMethod method, std::vector<BatchScalars>& table,
-                    const StopCheck& stop, const ProgressFn& progress, std::vector<ExactSum>* hv_sums) {
+                    const StopCheck& stop, const ProgressFn& progress, std::vector<ExactSum>* hv_sums,
+                    CurvatureOperator op) {
   Kokkos::Profiling::pushRegion("gnh::pass::curvature");
   const index_t P = model.layout().size(), K = dirs.extent(0);
   if (K != model.shape().directions) throw std::logic_error("curvature_pass: directions differ from the plan");
@@ -106,7 +107,7 @@ bool curvature_pass(const ExecSpace& space, Gpt<T>& model, BatchStager& stager, 
     } else {
       Kokkos::deep_copy(space, grad, T(0));
       Kokkos::deep_copy(space, hv, T(0));
-      s = model.hvp(space, params, dirs, stager.tokens(), stager.targets(), grad, hv);
+      s = model.hvp(space, params, dirs, stager.tokens(), stager.targets(), grad, hv, op);
       r.second.assign(static_cast<std::size_t>(K), 0.0);
       for (index_t k = 0; k < K; ++k) {
         r.second[k] = dot(space, dirs.data() + k * P, hv.data() + k * P, P);
@@ -114,6 +115,7 @@ bool curvature_pass(const ExecSpace& space, Gpt<T>& model, BatchStager& stager, 
       }
     }
     r.first = s.first;
+    r.gauss_newton = s.gauss_newton;
     r.loss_sum = s.sum;
     r.count = s.count;
     r.done = true;
@@ -135,6 +137,8 @@ BatchScalars sum_in_order(const std::vector<BatchScalars>& table) {
     if (s.second.size() < r.second.size()) s.second.resize(r.second.size(), 0.0);
     for (std::size_t k = 0; k < r.first.size(); ++k) s.first[k] += r.first[k];
     for (std::size_t k = 0; k < r.second.size(); ++k) s.second[k] += r.second[k];
+    if (s.gauss_newton.size() < r.gauss_newton.size()) s.gauss_newton.resize(r.gauss_newton.size(), 0.0);
+    for (std::size_t k = 0; k < r.gauss_newton.size(); ++k) s.gauss_newton[k] += r.gauss_newton[k];
   }
   s.done = true;
   return s;
@@ -147,7 +151,7 @@ BatchScalars sum_in_order(const std::vector<BatchScalars>& table) {
   template bool curvature_pass<T>(const ExecSpace&, Gpt<T>&, BatchStager&, Span1<const T>, Span2<const T>,          \
                                   const std::int32_t*, const std::vector<Batch>&, const std::vector<index_t>&,      \
                                   CurvatureMethod, std::vector<BatchScalars>&, const StopCheck&, const ProgressFn&, \
-                                  std::vector<ExactSum>*);
+                                  std::vector<ExactSum>*, CurvatureOperator);
 GNH_INSTANTIATE(float)
 GNH_INSTANTIATE(double)
 #undef GNH_INSTANTIATE

@@ -45,6 +45,6 @@ bool curvature_pass(const ExecSpace& space, Gpt<T>& model, BatchStager& stager, 
                     Span2<const T> dirs, const std::int32_t* ids, const std::vector<Batch>& batches,
                     const std::vector<index_t>& mine, CurvatureMethod method, std::vector<BatchScalars>& table,
                     const StopCheck& stop = {}, const ProgressFn& progress = {},
-                    std::vector<ExactSum>* hv_sums = nullptr);
+                    std::vector<ExactSum>* hv_sums = nullptr, CurvatureOperator op = CurvatureOperator::hessian);
 
 }  // namespace gnh

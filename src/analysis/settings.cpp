@@ -21,6 +21,10 @@ const char* to_string(CurvatureMethod m) {
   return m == CurvatureMethod::forward_over_reverse ? "forward-over-reverse" : "second-order-forward";
 }
 
+const char* to_string(OperatorChoice o) {
+  return o == OperatorChoice::hessian ? "hessian" : o == OperatorChoice::ggn ? "ggn" : "both";
+}
+
 const std::vector<std::string>& precision_names() {
   static const std::vector<std::string> names{"fp32", "tf32", "bf16-amp", "fp64"};
   return names;

@@ -42,6 +42,11 @@ std::optional<CurvatureMethod> curvature_method_named(const std::string& s);
   X(seed, std::uint64_t, 1234, 0, INT64_MAX, false)          \
   X(curvature_method, CurvatureMethod, CurvatureMethod::second_order_forward, 0, 0, true)
 
+// [curvature] operator (SPEC §10): the Hessian's statistics alone, or with
+// them those of its Gauss-Newton part GGN = J^T H_z J (doc/statistics.md).
+enum class OperatorChoice { hessian, ggn, both };
+const char* to_string(OperatorChoice o);
+
 // [curvature] (SPEC §10): what the analysis computes beyond §4. Absent: none.
 struct CurvatureSettings {
   bool blocks = false;          // per-block statistics, both partitions (trace_H and the rest need Hv)
@@ -55,7 +60,11 @@ struct CurvatureSettings {
   index_t lanczos_steps = 0, lanczos_chains = 4, top_eigenvalues = 5;
   bool lanczos_php = false;
   double lanczos_tolerance = 0;
-  bool any() const { return blocks || diagonal || preconditioned || update || lanczos_steps > 0; }
+  OperatorChoice op = OperatorChoice::hessian;
+  bool gauss_newton() const { return op != OperatorChoice::hessian; }
+  bool any() const {
+    return blocks || diagonal || preconditioned || update || lanczos_steps > 0 || op != OperatorChoice::hessian;
+  }
 };
 
 struct AnalysisSettings {

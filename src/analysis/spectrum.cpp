@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <sstream>
+#include <type_traits>
 
 #include "analysis/sampling.hpp"
 #include "core/compat.hpp"
@@ -43,7 +44,7 @@ template <class T>
 struct LanczosChains {
   LanczosChains(const ExecSpace& space, Team& team, Engines<T>& engines, BatchStager& stager, Span1<const T> params,
                 View1<double> precond, const std::int32_t* ids, index_t n_blocks, std::int64_t tokens,
-                const AnalysisSettings& s, const CaseHooks& hooks)
+                const AnalysisSettings& s, const CaseHooks& hooks, CurvatureOperator op)
       : space_(space),
         team_(team),
         engines_(engines),
@@ -52,6 +53,9 @@ struct LanczosChains {
         ids_(ids),
         s_(s),
         hooks_(hooks),
+        op_(op),
+        store_(op == CurvatureOperator::gauss_newton ? hooks.lanczos_ggn : hooks.lanczos),
+        name_(op == CurvatureOperator::gauss_newton ? "spectrum_ggn" : "spectrum"),
         P_(engines.gradient.layout().size()),
         C_(s.curvature.lanczos_chains),
         m_(s.curvature.lanczos_steps),
@@ -71,10 +75,18 @@ struct LanczosChains {
     if (s.curvature.lanczos_php) scale_sqrt(precond);
     state_.chains.resize(std::size_t(C_));
     std::ostringstream key;
-    key << "lanczos v1 op=" << (s.curvature.lanczos_php ? "PHP" : "H") << " P=" << P_ << " chains=" << C_ << " m=" << m_
+    key << "lanczos v1 op=" << operator_name() << " P=" << P_ << " chains=" << C_ << " m=" << m_
         << " chunk=" << kLanczosChunk << " tol=" << s.curvature.lanczos_tolerance
         << " top=" << s.curvature.top_eigenvalues << " seed=" << s.seed;
     state_.key = key.str();
+  }
+
+  // The operator's name in the output: H, P^1/2 H P^1/2 ("PHP"), or the same
+  // of the Gauss-Newton part ("GGN", "PGP").
+  std::string operator_name() const {
+    const bool php = s_.curvature.lanczos_php;
+    if (op_ == CurvatureOperator::gauss_newton) return php ? "PGP" : "GGN";
+    return php ? "PHP" : "H";
   }
 
   // sqrt(P) of the preconditioner: the operator is diag(s) H diag(s).
@@ -214,7 +226,7 @@ struct LanczosChains {
     const bool ok =
         curvature_pass<T>(space_, engines_.curvature(K), stager_, params_, Span2<const T>(dirs.data(), K, P_), ids_,
                           batches_, team_.share_of(index_t(batches_.size())), CurvatureMethod::forward_over_reverse,
-                          table, hooks_.stop, progress, &sums);
+                          table, hooks_.stop, progress, &sums, op_);
     if (team_.any(!ok)) throw Interrupted{};
     team_.share(table);
     for (const BatchScalars& r : table) {
@@ -254,13 +266,13 @@ struct LanczosChains {
   }
 
   void store_row(index_t c, index_t step) {
-    if (!hooks_.lanczos) return;
+    if (!store_) return;
     space_.fence();
     auto h = Kokkos::create_mirror_view_and_copy(HostSpace(), Kokkos::subview(Q_, row(c, step), Kokkos::ALL));
     const std::int64_t base = (std::int64_t(c) * std::int64_t(rows_) + step) * std::int64_t(P_);
     for (index_t lc = 0; lc < local_chunks_; ++lc) {
       const index_t start = lc * kLanczosChunk, len = std::min(kLanczosChunk, L_ - start);
-      hooks_.lanczos->write(base + global_of(start, team_.size(), team_.rank()), h.data() + start, len);
+      store_->write(base + global_of(start, team_.size(), team_.rank()), h.data() + start, len);
     }
   }
 
@@ -269,21 +281,21 @@ struct LanczosChains {
     const std::int64_t base = (std::int64_t(c) * std::int64_t(rows_) + step) * std::int64_t(P_);
     for (index_t lc = 0; lc < local_chunks_; ++lc) {
       const index_t start = lc * kLanczosChunk, len = std::min(kLanczosChunk, L_ - start);
-      hooks_.lanczos->read(base + global_of(start, team_.size(), team_.rank()), h.data() + start, len);
+      store_->read(base + global_of(start, team_.size(), team_.rank()), h.data() + start, len);
     }
     Kokkos::deep_copy(Kokkos::subview(Q_, row(c, step), Kokkos::ALL), h);
   }
 
   // The team leader's saved state, shared: true if the chains resume from it.
   bool resume() {
-    if (!hooks_.lanczos) return false;
+    if (!store_) return false;
     std::vector<double> flat;
     std::string error;
     if (team_.rank() == 0) {
       try {
         LanczosState saved;
         saved.key = state_.key;
-        if (hooks_.lanczos->load(saved) && index_t(saved.chains.size()) == C_) {
+        if (store_->load(saved) && index_t(saved.chains.size()) == C_) {
           for (const LanczosChainState& c : saved.chains) {
             flat.insert(flat.end(), {double(c.steps), double(int(c.stop)), c.start_vHv, c.start_Hv_sqnorm});
             flat.insert(flat.end(), c.alpha.begin(), c.alpha.end());
@@ -325,15 +337,15 @@ struct LanczosChains {
   }
 
   void save() {
-    if (!hooks_.lanczos) return;
+    if (!store_) return;
     std::string error;
     try {
-      hooks_.lanczos->sync();
+      store_->sync();
     } catch (const Error& e) {
       error = e.what();
     }
     if (team_.any(!error.empty())) throw Error(error);
-    if (team_.rank() == 0) hooks_.lanczos->save(state_);
+    if (team_.rank() == 0) store_->save(state_);
   }
 
   // The row of a chain's w (the operator's result) in dots' numbering.
@@ -481,10 +493,10 @@ struct LanczosChains {
         done = std::max(done, index_t(st.steps));
       }
       if (active.empty()) break;
-      stage_ = "spectrum " + std::to_string(done + 1) + "/" + std::to_string(m_);
+      stage_ = name_ + " " + std::to_string(done + 1) + "/" + std::to_string(m_);
       step(active);
       save();
-      if (hooks_.progress) hooks_.progress("spectrum", done + 1, m_);
+      if (hooks_.progress) hooks_.progress(name_, done + 1, m_);
     }
     out.pass_seconds = pass_seconds_;
     out.arithmetic_seconds = arithmetic_seconds_;
@@ -498,7 +510,7 @@ struct LanczosChains {
   void finish(SpectrumRun& out) {
     SpectrumStatistics& sp = out.stats;
     sp.present = true;
-    sp.op = s_.curvature.lanczos_php ? "PHP" : "H";
+    sp.op = operator_name();
     sp.steps = m_;
     sp.chains = C_;
     sp.tolerance = s_.curvature.lanczos_tolerance;
@@ -509,7 +521,8 @@ struct LanczosChains {
     sp.ritz_values.assign(width, 0.0);
     sp.ritz_weights.assign(width, 0.0);
     std::vector<RitzPairs> ritz;
-    out.quadrature = IdentityCheck{"spectrum_quadrature", 0, 1e-10, true};
+    out.quadrature = IdentityCheck{name_ + "_quadrature", 0, 1e-10, true};
+    double lowest = 0, largest = 0;
     for (index_t c = 0; c < C_; ++c) {
       const LanczosChainState& st = state_.chains[std::size_t(c)];
       sp.chain_steps.push_back(st.steps);
@@ -523,6 +536,10 @@ struct LanczosChains {
       std::copy(st.beta.begin(), st.beta.end(), sp.beta.begin() + std::ptrdiff_t(at));
       std::copy(r.values.begin(), r.values.end(), sp.ritz_values.begin() + std::ptrdiff_t(at));
       std::copy(r.weights.begin(), r.weights.end(), sp.ritz_weights.begin() + std::ptrdiff_t(at));
+      for (double v : r.values) {
+        lowest = std::min(lowest, v);
+        largest = std::max(largest, std::abs(v));
+      }
       // Gauss quadrature with the chain's nodes and weights is exact for the
       // first moments: sum w theta = q^T H q and sum w theta^2 = |H q|^2.
       // Double arithmetic on m x m matrices: 1e-10 relative.
@@ -535,6 +552,13 @@ struct LanczosChains {
       out.quadrature.deviation =
           std::max({out.quadrature.deviation, std::abs(m1 - st.start_vHv) / std::max(m1abs, 1e-300),
                     std::abs(m2 - st.start_Hv_sqnorm) / std::max(st.start_Hv_sqnorm, 1e-300)});
+    }
+    // The Gauss-Newton operator is positive semi-definite, and Ritz values lie
+    // in its numerical range: none below zero by more than the products'
+    // rounding (the engine's identity tolerance, as the case's checks).
+    if (op_ == CurvatureOperator::gauss_newton) {
+      const double tol = std::is_same<T, double>::value ? 1e-10 : s_.bf16() ? 1e-2 : 1e-4;
+      out.nonnegative = IdentityCheck{name_ + "_nonnegative", largest > 0 ? -lowest / largest : 0.0, tol, true};
     }
     const TopRitz top =
         top_ritz(ritz.front(), state_.chains.front().beta.empty() ? 0 : state_.chains.front().beta.back(),
@@ -555,6 +579,9 @@ struct LanczosChains {
   const std::int32_t* ids_;
   const AnalysisSettings& s_;
   const CaseHooks& hooks_;
+  const CurvatureOperator op_;
+  LanczosStore* const store_;  // the operator's saved state between steps, or none
+  const std::string name_;     // "spectrum" or "spectrum_ggn": stage, group and identity names
   const index_t P_, C_, m_, rows_;
   const std::int64_t tokens_;
   const std::vector<Batch> batches_;
@@ -573,15 +600,17 @@ struct LanczosChains {
 template <class T>
 SpectrumRun lanczos_spectrum(const ExecSpace& space, Team& team, Engines<T>& engines, BatchStager& stager,
                              Span1<const T> params, View1<double> precond, const std::int32_t* ids, index_t n_blocks,
-                             std::int64_t tokens, const AnalysisSettings& s, const CaseHooks& hooks) {
-  return LanczosChains<T>(space, team, engines, stager, params, precond, ids, n_blocks, tokens, s, hooks).run();
+                             std::int64_t tokens, const AnalysisSettings& s, const CaseHooks& hooks,
+                             CurvatureOperator op) {
+  return LanczosChains<T>(space, team, engines, stager, params, precond, ids, n_blocks, tokens, s, hooks, op).run();
 }
 
 template SpectrumRun lanczos_spectrum<float>(const ExecSpace&, Team&, Engines<float>&, BatchStager&, Span1<const float>,
                                              View1<double>, const std::int32_t*, index_t, std::int64_t,
-                                             const AnalysisSettings&, const CaseHooks&);
+                                             const AnalysisSettings&, const CaseHooks&, CurvatureOperator);
 template SpectrumRun lanczos_spectrum<double>(const ExecSpace&, Team&, Engines<double>&, BatchStager&,
                                               Span1<const double>, View1<double>, const std::int32_t*, index_t,
-                                              std::int64_t, const AnalysisSettings&, const CaseHooks&);
+                                              std::int64_t, const AnalysisSettings&, const CaseHooks&,
+                                              CurvatureOperator);
 
 }  // namespace gnh

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // SPEC §10's spectrum of one case: Lanczos chains on the full-epoch H (or on
-// P^1/2 H P^1/2), all chains' Hessian-vector products in shared
+// P^1/2 H P^1/2, or either of its Gauss-Newton part GGN), all chains' products in shared
 // forward-over-reverse epoch passes, full reorthogonalisation in double.
 //
 // The basis is sharded over the team: the flat parameter vector is cut into
@@ -20,6 +20,7 @@ namespace gnh {
 struct SpectrumRun {
   SpectrumStatistics stats;
   IdentityCheck quadrature;
+  IdentityCheck nonnegative;  // the Gauss-Newton operator's Ritz values (unchecked for H)
   double pass_seconds = 0, arithmetic_seconds = 0;
   std::int64_t resumed_at = -1;                          // the steps a saved state had done (-1: none)
   std::vector<double> batch_seconds, direction_seconds;  // each batch of every step's passes (measured)
@@ -28,6 +29,7 @@ struct SpectrumRun {
 template <class T>
 SpectrumRun lanczos_spectrum(const ExecSpace& space, Team& team, Engines<T>& engines, BatchStager& stager,
                              Span1<const T> params, View1<double> precond, const std::int32_t* ids, index_t n_blocks,
-                             std::int64_t tokens, const AnalysisSettings& s, const CaseHooks& hooks);
+                             std::int64_t tokens, const AnalysisSettings& s, const CaseHooks& hooks,
+                             CurvatureOperator op = CurvatureOperator::hessian);
 
 }  // namespace gnh

@@ -56,6 +56,17 @@ DerivedStatistics derive(const CaseMeasurements& m) {
     d.GPG = d.PG_H_PG = d.curvature_preconditioned = nan;
     d.B_simple_P = d.B_noise_P = {nan, nan};
   }
+  d.GHG_ggn = d.residual_share = nan;
+  d.xiHxi_ggn = d.trace_ggn = d.B_noise_ggn = {nan, nan};
+  if (m.gauss_newton) {
+    d.GHG_ggn = m.GHG_ggn;
+    d.trace_ggn = mean_se(m.vGv_ggn);
+    if (!m.xiHxi_ggn.empty()) {
+      d.xiHxi_ggn = mean_se(m.xiHxi_ggn);
+      d.B_noise_ggn = scaled(d.xiHxi_ggn, B * d.fpc / m.GHG_ggn);
+    }
+    if (m.hessian_too) d.residual_share = (m.GHG - m.GHG_ggn) / m.GHG;
+  }
   d.GHG_over_G_sqnorm = m.GHG / m.G_sqnorm;
   d.eps_star = m.G_sqnorm / m.GHG;
   d.B_simple_tokens = scaled(d.B_simple, double(m.context));
@@ -89,6 +100,14 @@ std::vector<std::pair<std::string, double>> DerivedStatistics::named() const {
           {"B_simple_P_se", B_simple_P.se},
           {"B_noise_P", B_noise_P.value},
           {"B_noise_P_se", B_noise_P.se},
+          {"GHG_ggn", GHG_ggn},
+          {"xiHxi_ggn", xiHxi_ggn.value},
+          {"xiHxi_ggn_se", xiHxi_ggn.se},
+          {"trace_ggn", trace_ggn.value},
+          {"trace_ggn_se", trace_ggn.se},
+          {"B_noise_ggn", B_noise_ggn.value},
+          {"B_noise_ggn_se", B_noise_ggn.se},
+          {"residual_share", residual_share},
           {"GHG_over_G_sqnorm", GHG_over_G_sqnorm},
           {"eps_star", eps_star}};
 }

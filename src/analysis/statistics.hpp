@@ -24,6 +24,12 @@ struct CaseMeasurements {
   bool preconditioned = false;
   double GPG = 0, PG_H_PG = 0;
   std::vector<double> xiPxi, PxiHPxi;
+  // SPEC §10's Gauss-Newton part of H, where curvature.operator asks for it:
+  // G^T GGN G, and per noise sample and direction the same forms of GGN; and
+  // whether the Hessian's own statistics sit beside them ("both").
+  bool gauss_newton = false, hessian_too = false;
+  double GHG_ggn = 0;
+  std::vector<double> xiHxi_ggn, vGv_ggn;
 };
 
 struct Estimate {
@@ -39,6 +45,11 @@ struct DerivedStatistics {
   // tr(PHP Sigma)/(PG)^T H (PG), and (PG)^T H (PG)/G^T P G; NaN without state.
   double GPG = 0, PG_H_PG = 0, curvature_preconditioned = 0;
   Estimate B_simple_P, B_noise_P;
+  // Gauss-Newton (SPEC §10; NaN where not asked for): G^T GGN G, mean
+  // xi^T GGN xi, tr(GGN) (Hutchinson), B_noise^GGN = tr(GGN Sigma)/G^T GGN G,
+  // and with "both" the residual share (G^T H G - G^T GGN G)/G^T H G.
+  double GHG_ggn = 0, residual_share = 0;
+  Estimate xiHxi_ggn, trace_ggn, B_noise_ggn;
   double GHG_over_G_sqnorm = 0, eps_star = 0;
   // Batch sizes in tokens (the values above are in sequences).
   Estimate B_simple_tokens, B_noise_tokens;
@@ -132,6 +143,7 @@ struct CaseStatistics {
   std::vector<float> hessian_diagonal;    // [curvature] diagonal: mean_k v_k * (H v_k), (P)
   UpdateStatistics update;                // [curvature] update
   SpectrumStatistics spectrum;            // [curvature] lanczos_steps > 0
+  SpectrumStatistics spectrum_ggn;        // and operator "ggn" or "both": the Gauss-Newton part's
   std::int64_t spectrum_resumed_at = -1;  // the Lanczos steps a saved state had done (-1: started afresh); not written
 };
 

@@ -88,6 +88,9 @@ std::string settings_fingerprint(const Deck& d, const ModelConfig& cfg, const st
                       {"diagonal", d.analysis.curvature.diagonal},
                       {"preconditioned", d.analysis.curvature.preconditioned},
                       {"update", d.analysis.curvature.update}};
+  // The operator, only when it is not the Hessian alone (likewise).
+  if (d.analysis.curvature.op != OperatorChoice::hessian)
+    j["curvature"]["operator"] = to_string(d.analysis.curvature.op);
   // The spectrum's keys, only when asked for (earlier fingerprints stay valid).
   if (d.analysis.curvature.lanczos_steps > 0)
     j["curvature"]["lanczos"] = {{"steps", d.analysis.curvature.lanczos_steps},

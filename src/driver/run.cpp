@@ -20,6 +20,13 @@
 namespace gnh {
 namespace {
 
+// The operators whose spectra a plan computes, as the dry run names them.
+std::string spectrum_operators(const CurvatureSettings& cv) {
+  const bool php = cv.lanczos_php;
+  const std::string h = php ? "P^1/2 H P^1/2" : "H", g = php ? "P^1/2 GGN P^1/2" : "GGN";
+  return cv.op == OperatorChoice::hessian ? h : cv.op == OperatorChoice::ggn ? g : h + " and " + g;
+}
+
 void print_plan(const Campaign& c, const std::vector<int>& team_of_group, int teams, int rpc,
                 const std::string& output) {
   const AnalysisSettings& s = c.deck.analysis;
@@ -63,7 +70,7 @@ void print_plan(const Campaign& c, const std::vector<int>& team_of_group, int te
           "         spectrum: %lld Lanczos chain(s) of up to %lld steps on %s, %lld epoch pass(es) per step; basis "
           "sharded over the team's %d rank(s): %s per rank (float64)\n",
           static_cast<long long>(s.curvature.lanczos_chains), static_cast<long long>(s.curvature.lanczos_steps),
-          s.curvature.lanczos_php ? "P^1/2 H P^1/2" : "H",
+          spectrum_operators(s.curvature).c_str(),
           static_cast<long long>(balanced_passes(s.curvature.lanczos_chains, s.directions_per_pass).size()), rpc,
           gib(mem.spectrum).c_str());
   }

@@ -65,9 +65,11 @@ class ProgressLog {
   std::chrono::steady_clock::time_point start_, last_;
 };
 
-// The files of a case's spectrum between Lanczos steps (io/lanczos_store.hpp).
-std::string lanczos_prefix(const std::string& output, const std::string& hash, const std::string& cas) {
-  return groups_directory(output) + "/" + hash + "." + cas + ".lanczos";
+// The files of a case's spectrum between Lanczos steps (io/lanczos_store.hpp);
+// kind "lanczos" for H's, "lanczos_ggn" for the Gauss-Newton part's.
+std::string lanczos_prefix(const std::string& output, const std::string& hash, const std::string& cas,
+                           const std::string& kind = "lanczos") {
+  return groups_directory(output) + "/" + hash + "." + cas + "." + kind;
 }
 
 // The parameters of group g, read once: the team leader reads the first file
@@ -206,7 +208,9 @@ class GroupRunner {
   }
 
   void remove_spectrum_states(const GroupRecord& g) const {
-    for (const auto& cs : c_.cases) FileLanczosStore::remove(lanczos_prefix(output_, g.hash, cs.name));
+    for (const auto& cs : c_.cases)
+      for (const char* kind : {"lanczos", "lanczos_ggn"})
+        FileLanczosStore::remove(lanczos_prefix(output_, g.hash, cs.name, kind));
   }
 
   // The state's parameters and, where [curvature] asks, its preconditioner
@@ -249,18 +253,24 @@ class GroupRunner {
       hooks.progress = [this](const std::string& stage, index_t done, index_t total) { log_(stage, done, total); };
     }
     // The spectrum's state between steps, beside the group file.
-    std::unique_ptr<FileLanczosStore> store;
-    if (c_.deck.analysis.curvature.lanczos_steps > 0) {
-      store = std::make_unique<FileLanczosStore>(lanczos_prefix(output_, g.hash, cs.name),
-                                                 c_.info.settings_fingerprint + " " + g.hash + " " + cs.name);
+    std::unique_ptr<FileLanczosStore> store, store_ggn;
+    const CurvatureSettings& cv = c_.deck.analysis.curvature;
+    const std::string key = c_.info.settings_fingerprint + " " + g.hash + " " + cs.name;
+    if (cv.lanczos_steps > 0 && cv.op != OperatorChoice::ggn) {
+      store = std::make_unique<FileLanczosStore>(lanczos_prefix(output_, g.hash, cs.name), key);
       hooks.lanczos = store.get();
+    }
+    if (cv.lanczos_steps > 0 && cv.gauss_newton()) {
+      store_ggn = std::make_unique<FileLanczosStore>(lanczos_prefix(output_, g.hash, cs.name, "lanczos_ggn"), key);
+      hooks.lanczos_ggn = store_ggn.get();
     }
     CaseRecord rec;
     rec.name = cs.name;
     rec.stats = analyser_->analyse(team_, cs.data.ids.data(), cs.blocks, hooks);
     if (leader_ && !quiet_ && rec.stats.spectrum_resumed_at >= 0) {
       std::printf("gnh: [rank %d] %s %-6s spectrum resumed after step %lld (saved in %s)\n", rank_, g.hash.c_str(),
-                  cs.name.c_str(), static_cast<long long>(rec.stats.spectrum_resumed_at), store->state_path().c_str());
+                  cs.name.c_str(), static_cast<long long>(rec.stats.spectrum_resumed_at),
+                  (store ? store : store_ggn)->state_path().c_str());
       std::fflush(stdout);
     }
     rec.stats.update.partner = g.partner_hash;

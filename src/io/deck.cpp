@@ -306,7 +306,7 @@ void read_curvature_section(const Reader& r, const toml::table& root, Deck& d) {
   if (!c) return;
   r.check_keys(*c, "curvature",
                {"blocks", "diagonal", "update", "preconditioned", "lanczos_steps", "lanczos_chains", "lanczos_operator",
-                "top_eigenvalues", "lanczos_tolerance"});
+                "top_eigenvalues", "lanczos_tolerance", "operator"});
   d.analysis.curvature.blocks = r.boolean(*c, "curvature", "blocks", false);
   d.analysis.curvature.diagonal = r.boolean(*c, "curvature", "diagonal", false);
   d.analysis.curvature.preconditioned = r.boolean(*c, "curvature", "preconditioned", false);
@@ -317,6 +317,17 @@ void read_curvature_section(const Reader& r, const toml::table& root, Deck& d) {
   cv.top_eigenvalues = r.integer(*c, "curvature", "top_eigenvalues", 5, 1, 1 << 20);
   cv.lanczos_php = r.str(*c, "curvature", "lanczos_operator", "H", false, {"H", "PHP"}) == "PHP";
   cv.lanczos_tolerance = r.real(*c, "curvature", "lanczos_tolerance", 0.0, 0.0, 1.0);
+  const std::string op = r.str(*c, "curvature", "operator", "hessian", false, {"hessian", "ggn", "both"});
+  cv.op = op == "ggn" ? OperatorChoice::ggn : op == "both" ? OperatorChoice::both : OperatorChoice::hessian;
+  // With "ggn" the products behind the per-block values and the diagonal
+  // would be the Gauss-Newton operator's; they are the Hessian's (with
+  // "both"), the curvature passes forming H v alone. The spectrum follows the
+  // operator.
+  if (cv.op == OperatorChoice::ggn && (cv.blocks || cv.diagonal))
+    fail(r.where(*c->get("operator"), "curvature.operator"),
+         ": curvature.operator = \"ggn\" gives the Gauss-Newton scalars and spectrum; the per-block values and "
+         "the diagonal (curvature.blocks, diagonal) are the Hessian's: set curvature.operator = \"both\" for them "
+         "beside the Gauss-Newton statistics");
   // Lanczos needs the epoch's H v, which only forward-over-reverse forms.
   if (cv.lanczos_steps > 0 && d.analysis.curvature_method != CurvatureMethod::forward_over_reverse)
     fail(r.where(*c->get("lanczos_steps"), "curvature.lanczos_steps"),

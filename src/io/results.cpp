@@ -54,8 +54,8 @@ void write_root_attrs(hid_t root, const RunInfo& info, const std::string& format
 }
 
 // SPEC §10's spectrum group; doc/outputs.md describes every name.
-void write_spectrum(hid_t parent, const SpectrumStatistics& sp, const std::string& where) {
-  h5::Handle g = h5::create_group(parent, "spectrum", where);
+void write_spectrum(hid_t parent, const std::string& name, const SpectrumStatistics& sp, const std::string& where) {
+  h5::Handle g = h5::create_group(parent, name, where);
   const hid_t id = g.id();
   h5::write_attr(id, "operator", sp.op);
   h5::write_attr(id, "steps", std::int64_t(sp.steps));
@@ -79,6 +79,30 @@ void write_spectrum(hid_t parent, const SpectrumStatistics& sp, const std::strin
   h5::write_dataset(id, "top_residuals", sp.top_residuals);
   h5::write_dataset(id, "density_grid", sp.density_grid);
   h5::write_dataset(id, "density", sp.density);
+}
+
+void write_update(hid_t id, const UpdateStatistics& u, const std::string& where) {
+  h5::Handle ug = h5::create_group(id, "update", where);
+  h5::write_attr(ug.id(), "partner", u.partner);
+  h5::write_attr(ug.id(), "delta_sqnorm", u.delta_sqnorm);
+  h5::write_attr(ug.id(), "G_dot_delta", u.G_dot_delta);
+  h5::write_attr(ug.id(), "dHd", u.dHd);
+  h5::write_attr(ug.id(), "predicted_change", u.predicted_change);
+  h5::write_attr(ug.id(), "measured_change", u.measured_change);
+  h5::write_attr(ug.id(), "curvature_along", u.curvature_along);
+}
+
+void write_blocks(hid_t id, const std::vector<BlockTable>& blocks, const std::string& where) {
+  h5::Handle bg = h5::create_group(id, "blocks", where);
+  for (const BlockTable& t : blocks) {
+    h5::Handle pg = h5::create_group(bg.id(), t.partition, where);
+    h5::write_dataset(pg.id(), "names", t.names);
+    h5::write_dataset(pg.id(), "offsets", t.offsets, {std::int64_t(t.offsets.size())});
+    // A column with no finite value (a standard error from one sample) is left out.
+    for (const auto& [name, values] : t.columns)
+      if (std::any_of(values.begin(), values.end(), [](double v) { return std::isfinite(v); }))
+        h5::write_dataset(pg.id(), name, values);
+  }
 }
 
 void write_case(hid_t parent, const CaseRecord& c, const std::string& where) {
@@ -117,37 +141,21 @@ void write_case(hid_t parent, const CaseRecord& c, const std::string& where) {
   h5::write_dataset(id, "G_dot_xi", s.m.G_dot_xi);
   h5::write_dataset(id, "xiHxi", s.m.xiHxi);
   h5::write_dataset(id, "vHv", s.m.vHv);
+  if (s.m.gauss_newton) {  // the samples of xiHxi_ggn and trace_ggn
+    h5::write_dataset(id, "xiGGNxi", s.m.xiHxi_ggn);
+    h5::write_dataset(id, "vGGNv", s.m.vGv_ggn);
+  }
   // SPEC §10, where [curvature] asked for them.
   if (!s.m.Hv_sqnorm.empty()) h5::write_dataset(id, "Hv_sqnorm", s.m.Hv_sqnorm);
-  if (s.update.present) {
-    const UpdateStatistics& u = s.update;
-    h5::Handle ug = h5::create_group(id, "update", where);
-    h5::write_attr(ug.id(), "partner", u.partner);
-    h5::write_attr(ug.id(), "delta_sqnorm", u.delta_sqnorm);
-    h5::write_attr(ug.id(), "G_dot_delta", u.G_dot_delta);
-    h5::write_attr(ug.id(), "dHd", u.dHd);
-    h5::write_attr(ug.id(), "predicted_change", u.predicted_change);
-    h5::write_attr(ug.id(), "measured_change", u.measured_change);
-    h5::write_attr(ug.id(), "curvature_along", u.curvature_along);
-  }
+  if (s.update.present) write_update(id, s.update, where);
   if (s.m.preconditioned) {
     h5::write_dataset(id, "xiPxi", s.m.xiPxi);
     h5::write_dataset(id, "PxiHPxi", s.m.PxiHPxi);
   }
   if (!s.hessian_diagonal.empty()) h5::write_dataset(id, "hessian_diagonal", s.hessian_diagonal);
-  if (!s.blocks.empty()) {
-    h5::Handle bg = h5::create_group(id, "blocks", where);
-    for (const BlockTable& t : s.blocks) {
-      h5::Handle pg = h5::create_group(bg.id(), t.partition, where);
-      h5::write_dataset(pg.id(), "names", t.names);
-      h5::write_dataset(pg.id(), "offsets", t.offsets, {std::int64_t(t.offsets.size())});
-      // A column with no finite value (a standard error from one sample) is left out.
-      for (const auto& [name, values] : t.columns)
-        if (std::any_of(values.begin(), values.end(), [](double v) { return std::isfinite(v); }))
-          h5::write_dataset(pg.id(), name, values);
-    }
-  }
-  if (s.spectrum.present) write_spectrum(id, s.spectrum, where);
+  if (!s.blocks.empty()) write_blocks(id, s.blocks, where);
+  if (s.spectrum.present) write_spectrum(id, "spectrum", s.spectrum, where);
+  if (s.spectrum_ggn.present) write_spectrum(id, "spectrum_ggn", s.spectrum_ggn, where);
   std::vector<double> t;
   std::vector<std::string> stages;
   for (const auto& [stage, sec] : s.timings) {

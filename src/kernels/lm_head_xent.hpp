@@ -97,6 +97,7 @@ struct HeadChunkRow {
   index_t r0, v0, vc, K, C;
   bool first;
   bool keep = false;  // primal, one chunk: e_v = exp(z_v - m) over z (lm_head_xent_forward's keep_exponentials)
+  Span2<double> gn;   // (K, N) or empty: the running sum_v e_v z'_v^2 of the Gauss-Newton form
   template <class Lanes>
   KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t r) const {
     const index_t n = r0 + r;
@@ -140,37 +141,62 @@ struct HeadChunkRow {
       stats(n, 0) = m;
       if (has_tgt) stats(n, 1) = zr[tgt - v0];
     });
-    if constexpr (has_tangents_v<S>) {
-      for (index_t k = 0; k < K; ++k) {
-        const T* dr = &zc.d(k, r, 0);
-        T a1;
-        if constexpr (has_second_v<S>) {
-          const T* qr = &zc.dd(0, r, 0);
-          T b;
-          lanes.template sum2<T>(
-              vc,
-              [&](index_t v, T& s1, T& s2) {
-                const T q = qr[v] * dr[v];
-                s1 += q;
-                s2 += q * dr[v];
-              },
-              a1, b);
-          const T b_old = first ? T(0) : lanes.template one<T>([&] { return lse.dd(k, n); });
-          lanes.single([&] { lse.dd(k, n) = first ? b : b_old * corr + b; });
-          if (!first) lanes.each(C, [&](index_t c) { mc.d(k, r, c) *= corr; });
-        } else {
-          a1 = lanes.template sum<T>(vc, [&](index_t v) { return fast_exp_bounded(zr[v] - m) * dr[v]; });
-        }
-        const T a_old = first ? T(0) : lanes.template one<T>([&] { return lse.d(k, n); });
-        lanes.single([&] {
-          lse.d(k, n) = first ? a1 : a_old * corr + a1;
-          if (has_tgt) loss.d(k, n) = -double(dr[tgt - v0]);
-        });
-      }
+    if constexpr (has_tangents_v<S>) add_tangents(lanes, r, n, zr, m, corr, has_tgt ? index_t(tgt) - v0 : index_t(-1));
+  }
+  // The directions' running sums of a row (t: the target's column in the
+  // chunk, or -1): lse' and, in second order, B and the moments rescaled.
+  template <class Lanes>
+  KOKKOS_INLINE_FUNCTION void add_tangents(const Lanes& lanes, index_t r, index_t n, const T* zr, T m, T corr,
+                                           index_t t) const {
+    for (index_t k = 0; k < K; ++k) {
+      const T* dr = &zc.d(k, r, 0);
+      T a1;
       if constexpr (has_second_v<S>) {
-        if (!first) lanes.each(C, [&](index_t c) { mc.v(r, c) *= corr; });
+        const T* qr = &zc.dd(0, r, 0);
+        T b;
+        lanes.template sum2<T>(
+            vc,
+            [&](index_t v, T& s1, T& s2) {
+              const T q = qr[v] * dr[v];
+              s1 += q;
+              s2 += q * dr[v];
+            },
+            a1, b);
+        const T b_old = first ? T(0) : lanes.template one<T>([&] { return lse.dd(k, n); });
+        lanes.single([&] { lse.dd(k, n) = first ? b : b_old * corr + b; });
+        if (!first) lanes.each(C, [&](index_t c) { mc.d(k, r, c) *= corr; });
+        add_gauss_newton(lanes, k, n, b, corr);
+      } else if (gn.extent(0) > 0) {
+        T b;
+        lanes.template sum2<T>(
+            vc,
+            [&](index_t v, T& s1, T& s2) {
+              const T q = fast_exp_bounded(zr[v] - m) * dr[v];
+              s1 += q;
+              s2 += q * dr[v];
+            },
+            a1, b);
+        add_gauss_newton(lanes, k, n, b, corr);
+      } else {
+        a1 = lanes.template sum<T>(vc, [&](index_t v) { return fast_exp_bounded(zr[v] - m) * dr[v]; });
       }
+      const T a_old = first ? T(0) : lanes.template one<T>([&] { return lse.d(k, n); });
+      lanes.single([&] {
+        lse.d(k, n) = first ? a1 : a_old * corr + a1;
+        if (t >= 0) loss.d(k, n) = -double(dr[t]);
+      });
     }
+    if constexpr (has_second_v<S>) {
+      if (!first) lanes.each(C, [&](index_t c) { mc.v(r, c) *= corr; });
+    }
+  }
+  // gn(k, n): this chunk's sum_v e_v z'_v^2 added to the earlier chunks',
+  // rescaled to the new maximum.
+  template <class Lanes>
+  KOKKOS_INLINE_FUNCTION void add_gauss_newton(const Lanes& lanes, index_t k, index_t n, T b, T corr) const {
+    if (gn.extent(0) == 0) return;
+    const double old = first ? 0.0 : lanes.template one<double>([&] { return gn(k, n); });
+    lanes.single([&] { gn(k, n) = first ? double(b) : old * double(corr) + double(b); });
   }
 };
 
@@ -189,6 +215,9 @@ struct HeadFinishRow {
   // written by the lane that reads it (the maximum in stats(n, 0) is read by
   // every lane).
   bool keep = false;
+  // gn (K, N) or empty: sum_v e_v z'_v^2 becomes the row's Gauss-Newton form
+  // z'^T H_z z' = sum_v q_v z'_v^2 - (sum_v q_v z'_v)^2 (0 without a target).
+  Span2<double> gn;
   template <class Lanes>
   KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t r) const {
     const index_t n = r0 + r;
@@ -209,6 +238,10 @@ struct HeadFinishRow {
           lse.d(k, n) = l1;
           loss.d(k, n) = valid ? double(l1) + d_old : 0.0;
         });
+        if (gn.extent(0) > 0) {
+          const double b = lanes.template one<double>([&] { return gn(k, n); });
+          lanes.single([&] { gn(k, n) = valid ? b / s - double(l1) * double(l1) : 0.0; });
+        }
         if constexpr (has_second_v<S>) {
           // sum_v e_v z''_v = h'' . M_W + 2 h' . M_k; z''_y likewise from row y.
           const T* hd = &h.d(k, n, 0);
@@ -246,6 +279,9 @@ struct HeadSoftmaxRow {
   Span1<const std::int32_t> targets;
   index_t r0, v0, vc, K;
   Span2<const T> inv_sum;  // kept: z holds e_v = exp(z_v - m), inv_sum(n, 1) is 1 / sum_v e_v
+  // The Gauss-Newton product: the value plane's dz is zero, so that the
+  // reverse's tangent planes carry J^T H_z (J v) alone (lm_head_xent_reverse).
+  bool gauss_newton = false;
   template <class Lanes>
   KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t r) const {
     const index_t n = r0 + r;
@@ -266,6 +302,10 @@ struct HeadSoftmaxRow {
         const T l1 = lse.d(k, n);
         lanes.each(vc, [&](index_t v) { dr[v] = fast_exp_bounded(zr[v] - L) * (dr[v] - l1); });
       }
+    }
+    if (gauss_newton) {
+      lanes.each(vc, [&](index_t v) { zr[v] = T(0); });
+      return;
     }
     const index_t t = tgt >= v0 && tgt < v0 + vc ? index_t(tgt) - v0 : index_t(-1);
     if (inv_sum.extent(0) > 0) {
@@ -294,7 +334,8 @@ void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t
                           Params<base_t<S>> p, index_t w, index_t V, Span1<const std::int32_t> targets,
                           Act2<base_t<S>> z, Span2<base_t<S>> stats, Act2<base_t<S>> moments,
                           const GemmPolicy<base_t<S>>& pol = GemmPolicy<base_t<S>>(),
-                          RowShape shape = default_row_shape(), bool keep_exponentials = false) {
+                          RowShape shape = default_row_shape(), bool keep_exponentials = false,
+                          Span2<double> gauss_newton = {}) {
   keep_planes<S>(loss, lse, h, p, z, moments);
   using T = base_t<S>;
   const index_t N = h.rows(), C = h.cols(), K = directions_of<S>(h), rows = z.rows(), vchunk = z.cols();
@@ -315,6 +356,14 @@ void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t
   // each row and stats(n, 1) 1 / sum_v exp(z_v - m), from which the reverse
   // forms the softmax without evaluating its exponentials again.
   const bool keep = keep_exponentials && !tangents && rows >= N && vchunk >= V;
+  // gauss_newton (K, N), with tangents: each row's Gauss-Newton form along
+  // each direction, z'^T H_z z' with H_z = diag(q) - q q^T the Hessian of the
+  // row's loss in its logits (its z'' terms are the rest of v^T H v).
+  const Span2<double> gn = tangents ? gauss_newton : Span2<double>();
+  if (gn.extent(0) > 0) {
+    require_extent("gnh::lm_head_xent::forward", "gauss_newton planes", gn.extent(0), K);
+    require_extent("gnh::lm_head_xent::forward", "gauss_newton rows", gn.extent(1), N);
+  }
   for (index_t r0 = 0; r0 < N; r0 += rows) {
     const index_t nr = N - r0 < rows ? N - r0 : rows;
     // The moments of this row block, planes of nr rows.
@@ -329,12 +378,12 @@ void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t
       detail::chunk_logits(space, zc, h, p, w, r0, nr, v0, vc, tangents, pol);
       const bool first = v0 == 0;
       for_rows<T>(space, "gnh::lm_head_xent::forward", nr,
-                  detail::HeadChunkRow<S>{loss, lse, zc, mc, stats, targets, r0, v0, vc, K, C, first, keep}, shape);
+                  detail::HeadChunkRow<S>{loss, lse, zc, mc, stats, targets, r0, v0, vc, K, C, first, keep, gn}, shape);
       if (second) detail::chunk_moments(space, mc, zc.dd.data(), p, w, nr, v0, vc, first, pol);
     }
     // The rows of this block are complete: lse and the losses.
     for_rows<T>(space, "gnh::lm_head_xent::forward::finish", nr,
-                detail::HeadFinishRow<S>{loss, lse, h, mc, p, stats, targets, r0, K, C, P, w, keep}, shape);
+                detail::HeadFinishRow<S>{loss, lse, h, mc, p, stats, targets, r0, K, C, P, w, keep, gn}, shape);
   }
 }
 
@@ -342,12 +391,20 @@ void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t
 // logits_current: z still holds the forward's logits of this batch (one tile).
 // kept (non-empty): the forward ran with keep_exponentials, and kept is its
 // stats; z then holds the exponentials (the primal reverse, one tile).
+// gauss_newton (with tangents): the reverse is seeded with dz = 0 and
+// dz'_k = H_z z'_k. The reverse is linear in its adjoints jointly (every
+// term of its tangent is an adjoint or an adjoint's tangent times primal
+// values or tangents), and the terms of the network's own second derivatives
+// all carry the value adjoint, so the gradient's tangent planes then receive
+// J^T H_z J v_k: the Gauss-Newton product GGN v_k of the summed loss, exact,
+// and the value plane nothing.
 template <class S>
 void lm_head_xent_reverse(const ExecSpace& space, Act2<base_t<S>> dh, Grads<base_t<S>> g, Act1<base_t<S>> lse,
                           Act2<base_t<S>> h, Params<base_t<S>> p, index_t w, index_t V,
                           Span1<const std::int32_t> targets, Act2<base_t<S>> z,
                           const GemmPolicy<base_t<S>>& pol = GemmPolicy<base_t<S>>(), bool logits_current = false,
-                          Span2<const base_t<S>> kept = {}, RowShape shape = default_row_shape()) {
+                          Span2<const base_t<S>> kept = {}, RowShape shape = default_row_shape(),
+                          bool gauss_newton = false) {
   keep_planes<S>(dh, g, lse, h, p, z);
   using T = base_t<S>;
   constexpr bool tangents = !std::is_same<S, T>::value;
@@ -367,7 +424,7 @@ void lm_head_xent_reverse(const ExecSpace& space, Act2<base_t<S>> dh, Grads<base
         detail::chunk_logits(space, zc, h, p, w, r0, nr, v0, vc, tangents, pol);
       // dz = softmax - onehot, in place.
       for_rows<T>(space, "gnh::lm_head_xent::reverse::softmax", nr,
-                  detail::HeadSoftmaxRow<S>{zc, lse, targets, r0, v0, vc, K, kept}, shape);
+                  detail::HeadSoftmaxRow<S>{zc, lse, targets, r0, v0, vc, K, kept, gauss_newton && tangents}, shape);
       const T beta = v0 == 0 ? T(0) : T(1);  // dh sums over the vocabulary chunks
       gemm<T>(space, pol, "N", "N", T(1), block(zc.v.data(), 0, nr, vc), block(W, 0, vc, C), beta,
               block(dh.v.data(), r0 * C, nr, C));
@@ -466,12 +523,12 @@ struct LmHeadXentOp {
   EXT template void lm_head_xent_forward<S>(const ExecSpace&, Act1<double>, Act1<base_t<S>>, Act2<base_t<S>>, \
                                             Params<base_t<S>>, index_t, index_t, Span1<const std::int32_t>,   \
                                             Act2<base_t<S>>, Span2<base_t<S>>, Act2<base_t<S>>,               \
-                                            const GemmPolicy<base_t<S>>&, RowShape, bool);
+                                            const GemmPolicy<base_t<S>>&, RowShape, bool, Span2<double>);
 #define GNH_LM_HEAD_REVERSE(EXT, S)                                                                                   \
   EXT template void lm_head_xent_reverse<S>(const ExecSpace&, Act2<base_t<S>>, Grads<base_t<S>>, Act1<base_t<S>>,     \
                                             Act2<base_t<S>>, Params<base_t<S>>, index_t, index_t,                     \
                                             Span1<const std::int32_t>, Act2<base_t<S>>, const GemmPolicy<base_t<S>>&, \
-                                            bool, Span2<const base_t<S>>, RowShape);
+                                            bool, Span2<const base_t<S>>, RowShape, bool);
 #define GNH_LM_HEAD(EXT, T) \
   GNH_FORWARD_SCALARS(GNH_LM_HEAD_FORWARD, EXT, T) GNH_REVERSE_SCALARS(GNH_LM_HEAD_REVERSE, EXT, T)
 GNH_LM_HEAD(extern, float)

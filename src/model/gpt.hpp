@@ -30,7 +30,14 @@ struct LossSum {
   std::int64_t count = 0;      // valid targets
   std::vector<double> first;   // per direction: d/de of the sum
   std::vector<double> second;  // per direction: d2/de2 of the sum
+  // per direction: v^T GGN v of the sum, the Gauss-Newton part of second
+  // (every pass with directions: the head's z'^T H_z z', kernels/lm_head_xent.hpp)
+  std::vector<double> gauss_newton;
 };
+
+// What hvp applies: the Hessian, or its Gauss-Newton part GGN = J^T H_z J (J
+// the Jacobian of the logits, H_z the Hessian of the loss in them).
+enum class CurvatureOperator { hessian, gauss_newton };
 
 // Every buffer of the graph (activations, their planes, adjoints, the head's
 // tile), defined in gpt_impl.hpp beside the graph that uses them.
@@ -80,9 +87,12 @@ class Gpt {
   LossSum gradient(const ExecSpace& space, Span1<const T> params, Span2<const std::int32_t> tokens,
                    Span2<const std::int32_t> targets, Span1<T> grad);
   // dirs (K, P); grad (P) += gradient, hv (K, P) += H_sum dirs_k (H of the summed loss).
+  // op gauss_newton: hv += GGN_sum dirs_k instead, and grad receives nothing.
   LossSum hvp(const ExecSpace& space, Span1<const T> params, Span2<const T> dirs, Span2<const std::int32_t> tokens,
-              Span2<const std::int32_t> targets, Span1<T> grad, Span2<T> hv);
-  // dirs (K, P); returns first[k] = G_sum.v_k and second[k] = v_k^T H_sum v_k.
+              Span2<const std::int32_t> targets, Span1<T> grad, Span2<T> hv,
+              CurvatureOperator op = CurvatureOperator::hessian);
+  // dirs (K, P); returns first[k] = G_sum.v_k, second[k] = v_k^T H_sum v_k and
+  // gauss_newton[k] = v_k^T GGN_sum v_k.
   LossSum second_order(const ExecSpace& space, Span1<const T> params, Span2<const T> dirs,
                        Span2<const std::int32_t> tokens, Span2<const std::int32_t> targets);
 
@@ -95,7 +105,7 @@ class Gpt {
                   Span2<const std::int32_t> targets);
   template <class S>
   void reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<const std::int32_t> tokens,
-               Span2<const std::int32_t> targets);
+               Span2<const std::int32_t> targets, bool gauss_newton = false);
   template <class S>
   void forward_block(const ExecSpace& space, Params<T> p, int layer, bool cut);
   void cut_at(const ExecSpace& space, bool cut, const Act2<T>& adj, const Act2<T>& x);
@@ -127,7 +137,7 @@ class Gpt {
   std::unique_ptr<GptBuffers<T>> buf_;
   kernels::GemmPolicy<T> gemm_;  // operand precision of every matrix multiply
   View1<double> row_loss_v_;
-  View2<double> row_loss_d_, row_loss_dd_;  // (K, N)
+  View2<double> row_loss_d_, row_loss_dd_, row_loss_gn_;  // (K, N)
   std::size_t workspace_bytes_ = 0;
   bool allocate_ = true;  // false: only count the bytes (planned_bytes)
   // The primal reverse engine (reverse, no directions) keeps each layer's GELU

@@ -192,7 +192,7 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate, std::vect
   plan_gemm(plan);
   const bool tan = shape.directions > 0, sec = shape.second_order && tan;
   workspace_bytes_ +=
-      sizeof(double) * static_cast<std::size_t>(N_ * (1 + (tan ? shape.directions : 0) * (sec ? 2 : 1)));
+      sizeof(double) * static_cast<std::size_t>(N_ * (1 + (tan ? shape.directions : 0) * (sec ? 3 : 2)));
   cuts_ = adjoint_cuts_of(cfg, shape);
   if (cuts_) plan_adjoint_cuts();
   reusable_.clear();  // what this plan did not reuse is freed
@@ -200,6 +200,7 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate, std::vect
   if (!allocate_) return;
   row_loss_v_ = View1<double>("gnh::gpt::row_loss", N_);
   if (tan) row_loss_d_ = View2<double>("gnh::gpt::row_loss_d", shape.directions, N_);
+  if (tan) row_loss_gn_ = View2<double>("gnh::gpt::row_loss_gn", shape.directions, N_);
   if (sec) row_loss_dd_ = View2<double>("gnh::gpt::row_loss_dd", shape.directions, N_);
 }
 
@@ -398,7 +399,7 @@ LossSum Gpt<T>::forward(const ExecSpace& space, Params<T> p, Span2<const std::in
   Span1<const std::int32_t> flat_targets(targets.data(), N_);
   lm_head_xent_forward<S>(space, loss, buf_->head_lse, buf_->lnf, p, L.lm_head, cfg_.vocab_size, flat_targets,
                           buf_->logits, buf_->head_stats, buf_->head_moments, gemm_, default_row_shape(),
-                          std::is_same<S, T>::value && head_kept_);
+                          std::is_same<S, T>::value && head_kept_, row_loss_gn_);
   space.fence();
   const LossSum out = loss_sums<S>(flat_targets, cut);
   Kokkos::Profiling::popRegion();
@@ -469,10 +470,15 @@ LossSum Gpt<T>::loss_sums(Span1<const std::int32_t> flat_targets, bool cut) cons
   if constexpr (!std::is_same<S, T>::value) {
     const index_t K = shape_.directions;
     auto h_d = Kokkos::create_mirror_view_and_copy(HostSpace(), row_loss_d_);
+    auto h_gn = Kokkos::create_mirror_view_and_copy(HostSpace(), row_loss_gn_);
     out.first.assign(K, 0.0);
+    out.gauss_newton.assign(K, 0.0);
     for (index_t k = 0; k < K; ++k)
       for (index_t n = 0; n < N_; ++n)
-        if (h_targets(n) >= 0) out.first[k] += h_d(k, n);
+        if (h_targets(n) >= 0) {
+          out.first[k] += h_d(k, n);
+          out.gauss_newton[k] += h_gn(k, n);
+        }
     if constexpr (std::is_same<S, Jet2<T>>::value) {
       auto h_dd = Kokkos::create_mirror_view_and_copy(HostSpace(), row_loss_dd_);
       out.second.assign(K, 0.0);
@@ -493,7 +499,7 @@ LossSum Gpt<T>::loss_sums(Span1<const std::int32_t> flat_targets, bool cut) cons
 template <class T>
 template <class S>
 void Gpt<T>::reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<const std::int32_t> tokens,
-                     Span2<const std::int32_t> targets) {
+                     Span2<const std::int32_t> targets, bool gauss_newton) {
   using namespace kernels;
   Kokkos::Profiling::pushRegion("gnh::gpt::reverse");
   const ParamLayout& L = layout_;
@@ -513,7 +519,7 @@ void Gpt<T>::reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<cons
   const Span2<const T> kept =
       std::is_same<S, T>::value && head_kept_ ? Span2<const T>(buf_->head_stats) : Span2<const T>();
   lm_head_xent_reverse<S>(space, c1, g, buf_->head_lse, buf_->lnf, p, L.lm_head, cfg_.vocab_size, flat_targets,
-                          buf_->logits, gemm_, /*logits_current=*/true, kept);
+                          buf_->logits, gemm_, /*logits_current=*/true, kept, default_row_shape(), gauss_newton);
   layernorm_reverse<S>(space, res, g, c1, x_final(), buf_->lnf_mean, buf_->lnf_rstd, p, L.lnf_w, L.lnf_b);
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
     const BlockOffsets& o = L.blocks[l];
@@ -578,7 +584,8 @@ LossSum Gpt<T>::gradient(const ExecSpace& space, Span1<const T> params, Span2<co
 
 template <class T>
 LossSum Gpt<T>::hvp(const ExecSpace& space, Span1<const T> params, Span2<const T> dirs,
-                    Span2<const std::int32_t> tokens, Span2<const std::int32_t> targets, Span1<T> grad, Span2<T> hv) {
+                    Span2<const std::int32_t> tokens, Span2<const std::int32_t> targets, Span1<T> grad, Span2<T> hv,
+                    CurvatureOperator op) {
   if (!shape_.reverse || shape_.directions == 0)
     throw std::logic_error("gnh::gpt::hvp: planned without reverse mode or directions");
   kernels::require_extent("gnh::gpt::hvp", "directions", dirs.extent(0), shape_.directions);
@@ -587,7 +594,7 @@ LossSum Gpt<T>::hvp(const ExecSpace& space, Span1<const T> params, Span2<const T
   kernels::require_extent("gnh::gpt::hvp", "hv cols", hv.extent(1), layout_.size());
   const Params<T> p{params, dirs};
   LossSum out = forward<Dual<T>>(space, p, tokens, targets);
-  reverse<Dual<T>>(space, p, Grads<T>{grad, hv}, tokens, targets);
+  reverse<Dual<T>>(space, p, Grads<T>{grad, hv}, tokens, targets, op == CurvatureOperator::gauss_newton);
   return out;
 }
 

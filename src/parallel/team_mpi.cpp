@@ -42,7 +42,8 @@ void MpiTeam::sum(ExactSum& acc) {
 
 void MpiTeam::share(std::vector<BatchScalars>& table) {
   if (size_ == 1) return;
-  // Rows this member computed: [b, loss_sum, count, seconds, device_bytes, K1, first..., K2, second...].
+  // Rows this member computed: [b, loss_sum, count, seconds, device_bytes, K1, first..., K2, second...,
+  // K3, gauss_newton...].
   std::vector<double> mine;
   for (std::size_t b = 0; b < table.size(); ++b) {
     const BatchScalars& r = table[b];
@@ -56,6 +57,8 @@ void MpiTeam::share(std::vector<BatchScalars>& table) {
     mine.insert(mine.end(), r.first.begin(), r.first.end());
     mine.push_back(double(r.second.size()));
     mine.insert(mine.end(), r.second.begin(), r.second.end());
+    mine.push_back(double(r.gauss_newton.size()));
+    mine.insert(mine.end(), r.gauss_newton.begin(), r.gauss_newton.end());
   }
   const int n = int(mine.size());
   const GatherLayout g = gather_layout(comm_, n);
@@ -72,8 +75,11 @@ void MpiTeam::share(std::vector<BatchScalars>& table) {
     r.first.assign(all.begin() + std::ptrdiff_t(f + 1), all.begin() + std::ptrdiff_t(f + 1 + k1));
     const auto k2 = std::size_t(all[f + 1 + k1]);
     r.second.assign(all.begin() + std::ptrdiff_t(f + 2 + k1), all.begin() + std::ptrdiff_t(f + 2 + k1 + k2));
+    const std::size_t g3 = f + 2 + k1 + k2;
+    const auto k3 = std::size_t(all[g3]);
+    r.gauss_newton.assign(all.begin() + std::ptrdiff_t(g3 + 1), all.begin() + std::ptrdiff_t(g3 + 1 + k3));
     r.done = true;
-    i = f + 2 + k1 + k2;
+    i = g3 + 1 + k3;
   }
 }
 

@@ -251,6 +251,24 @@ class EpochReference:
             del g, ls
         return (q / count).numpy(), (a / count).numpy()
 
+    def gauss_newton_forms(self, V):
+        """vᵀGGNv of the epoch-mean loss for each row v of V, from the
+        definition GGN = Jᵀ H_z J: J v by double backward (J v = d/du (Jᵀu · v)),
+        then per token (J v)ᵀ(diag(p) − p pᵀ)(J v), summed over the epoch."""
+        V = torch.as_tensor(V, dtype=torch.float64)
+        q = torch.zeros(V.shape[0], dtype=torch.float64)
+        count = 0
+        for idx, tgt in self._chunks(range(self.n)):
+            logits = self.model(idx)
+            u = torch.zeros_like(logits, requires_grad=True)
+            jtu = self._flat(torch.autograd.grad(logits, self.params, u, create_graph=True))
+            p = torch.softmax(logits.detach(), dim=-1)
+            for k, v in enumerate(V):
+                jv = torch.autograd.grad(jtu @ v, u, retain_graph=True)[0]
+                q[k] += float(((p * jv * jv).sum(-1) - (p * jv).sum(-1) ** 2).sum())
+            count += tgt.numel()
+        return (q / count).numpy()
+
     def hvp(self, v, hvp_batch=None):
         """H v of the epoch-mean loss (flat, float64 tensor)."""
         v = torch.as_tensor(v, dtype=torch.float64)
@@ -518,6 +536,25 @@ def preconditioned_statistics(ref, stats, P):
     out["B_simple_P"], out["B_simple_P_se"] = B * f * m1 / out["GPG"], B * f * s1 / out["GPG"]
     out["B_noise_P"], out["B_noise_P_se"] = B * f * m2 / out["PG_H_PG"], B * f * s2 / abs(out["PG_H_PG"])
     out["curvature_preconditioned"] = out["PG_H_PG"] / out["GPG"]
+    return out
+
+
+def gauss_newton_statistics(ref, stats, directions, seed):
+    """SPEC §10's Gauss-Newton statistics in float64 (doc/statistics.md):
+    G^T GGN G, per sample xi^T GGN xi and per direction v^T GGN v, their
+    means with SEs, B_noise_ggn and the residual share against stats' GHG."""
+    G = torch.from_numpy(stats["G"])
+    xis = [torch.from_numpy(g) - G for g in stats["gB"]]
+    vs = [torch.from_numpy(rademacher(seed, k, ref.P)) for k in range(int(directions))]
+    q = ref.gauss_newton_forms(torch.stack([G] + xis + vs))
+    m = len(xis)
+    out = {"GHG_ggn": float(q[0]), "xiGGNxi": q[1:1 + m].copy(), "vGGNv": q[1 + m:].copy()}
+    out["xiHxi_ggn"], out["xiHxi_ggn_se"] = _mean_se(out["xiGGNxi"])
+    out["trace_ggn"], out["trace_ggn_se"] = _mean_se(out["vGGNv"])
+    Bf = stats["noise_batch"] * stats["fpc"]
+    out["B_noise_ggn"] = Bf * out["xiHxi_ggn"] / out["GHG_ggn"]
+    out["B_noise_ggn_se"] = Bf * out["xiHxi_ggn_se"] / out["GHG_ggn"]
+    out["residual_share"] = (stats["GHG"] - out["GHG_ggn"]) / stats["GHG"]
     return out
 
 

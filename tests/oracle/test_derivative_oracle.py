@@ -4,7 +4,12 @@
 on generated checkpoints covering every model option and a context that is not
 a power of two: loss, G, G^T H G, xi^T H xi (xi = g_B - G for one noise batch)
 and v^T H v for Rademacher v from SPEC §4's generator, by both curvature paths
-(the second-order forward with and without adjoint cuts).
+(the second-order forward with and without adjoint cuts); and the Gauss-Newton
+part GGN = J^T H_z J (J the Jacobian of the logits, H_z = diag(p) - p p^T per
+token): its products GGN v by forward-over-reverse and its forms v^T GGN v by
+every path, against PyTorch's GGN built from its definition (J v by autograd,
+H_z applied per token, then J^T), which is itself checked against J v by
+float64 central differences of the logits.
 
 Bars: 1e-10 relative in double, 1e-4 in float; relative to the quantity, or
 to the sum of absolute per-batch contributions where the quantity nearly
@@ -87,6 +92,51 @@ class Reference:
                 abs_sum[k] += abs(q)
         return quads / count, abs_sum / count
 
+    def logits_jvp(self, idx, v):
+        """The logits and J v (double backward: J v = d/du (J^T u . v))."""
+        logits = self.model(idx)
+        u = torch.zeros_like(logits, requires_grad=True)
+        jtu = self.flat(torch.autograd.grad(logits, self.params, u, create_graph=True))
+        jv = torch.autograd.grad(jtu @ v, u)[0]
+        return logits, jv
+
+    def logits_at(self, idx, v, h):
+        """The logits at params + h v (for central differences of J v)."""
+        with torch.no_grad():
+            off = 0
+            for p in self.params:
+                p.add_(h * v[off:off + p.numel()].view_as(p))
+                off += p.numel()
+            z = self.model(idx).detach()
+            off = 0
+            for p in self.params:
+                p.sub_(h * v[off:off + p.numel()].view_as(p))
+                off += p.numel()
+        return z
+
+    def ggn_products(self, vs, h=1e-5):
+        """GGN v of the epoch-mean loss for each v, by autograd's J v, and by J v
+        from central differences of the logits (a step of length h): both then H_z per
+        token and J^T by autograd."""
+        out = [torch.zeros_like(v) for v in vs]
+        out_fd = [torch.zeros_like(v) for v in vs]
+        count = 0
+        for idx, tgt in self.batches(list(range(self.n)), 4):
+            count += tgt.numel()
+            for k, v in enumerate(vs):
+                # The differences first: they move the parameters in place,
+                # which the graph of the autograd products must not see.
+                # A step of length h along v whatever its norm (a Rademacher
+                # v has norm sqrt(P)).
+                t = h / float(v.norm())
+                jv_fd = (self.logits_at(idx, v, t) - self.logits_at(idx, v, -t)) / (2 * t)
+                logits, jv = self.logits_jvp(idx, v)
+                p = torch.softmax(logits.detach(), dim=-1)
+                for acc, j in ((out[k], jv), (out_fd[k], jv_fd)):
+                    hz = p * j - p * (p * j).sum(-1, keepdim=True)
+                    acc += self.flat(torch.autograd.grad(logits, self.params, hz, retain_graph=True))
+        return [o / count for o in out], [o / count for o in out_fd]
+
 
 class DerivativeOracle(unittest.TestCase):
     @classmethod
@@ -122,6 +172,7 @@ class DerivativeOracle(unittest.TestCase):
             P = G.numel()
             vs = [G, xi] + [torch.from_numpy(rademacher(seed, k, P)) for k in range(K)]
             quads, abs_sums = ref.quad_forms(vs)
+            ggn, ggn_fd = ref.ggn_products(vs)
             for policy, rel in (("fp64", 1e-10), ("fp32", 1e-4)):
                 got = self.run_probe(h5, os.path.join(d, "tokens.bin"), context, policy, K, seed, noise,
                                      os.path.join(d, f"probe_{policy}.h5"))
@@ -135,6 +186,26 @@ class DerivativeOracle(unittest.TestCase):
                             scale = max(abs(quads[k]), abs_sums[k])
                             self.assertLessEqual(abs(got["quad_" + tag][k] - quads[k]), rel * scale,
                                                  (tag, name, got["quad_" + tag][k], quads[k]))
+                    self.check_gauss_newton(got, ggn, ggn_fd, vs, rel)
+
+    def check_gauss_newton(self, got, ggn, ggn_fd, vs, rel):
+        """GGN v and v^T GGN v against the reference. GGN is positive
+        semi-definite: each form is a sum of per-token variances, so it is
+        compared relative to itself (no cancellation)."""
+        for k, v in enumerate(vs):
+            ref = ggn[k].numpy()
+            # The reference's J v by autograd against central differences: the
+            # difference is the step's truncation, h^2 times the third
+            # derivative (~1e-10 relative), and rounding eps/h (~1e-11); 1e-7
+            # leaves a thousandfold margin.
+            self.assertLessEqual(np.linalg.norm(ggn_fd[k].numpy() - ref), 1e-7 * np.linalg.norm(ref), k)
+            self.assertLessEqual(np.linalg.norm(got["ggnv"][k] - ref), rel * np.linalg.norm(ref), k)
+            form = float(v @ ggn[k])
+            self.assertGreaterEqual(form, 0.0)
+            for tag in ("for", "sof", "sof_cut"):
+                self.assertLessEqual(abs(got["ggn_" + tag][k] - form), rel * form,
+                                     (tag, k, got["ggn_" + tag][k], form))
+            self.assertLessEqual(abs(got["quad_for_ggn"][k] - form), rel * form, (k, got["quad_for_ggn"][k], form))
 
 
 if __name__ == "__main__":

@@ -49,26 +49,51 @@ CONTEXT = 8
 
 
 def spectrum_deck(path, output, checkpoints, steps, chains, operator="H", tolerance=1e-10, analysis=None,
-                  unseen=None):
+                  unseen=None, curvature_operator="hessian"):
     gnhtest.write_deck(path, output, checkpoints, CONTEXT, "train.bin", unseen,
                        analysis=dict(ANALYSIS, **(analysis or {})))
     with open(path, "a") as f:
         f.write(f'\n[curvature]\nlanczos_steps = {steps}\nlanczos_chains = {chains}\n'
-                f'lanczos_operator = "{operator}"\nlanczos_tolerance = {tolerance}\ntop_eigenvalues = 5\n')
+                f'lanczos_operator = "{operator}"\nlanczos_tolerance = {tolerance}\ntop_eigenvalues = 5\n'
+                f'operator = "{curvature_operator}"\n')
 
 
-def spectrum_of(path):
+def spectrum_of(path, group="spectrum"):
     with h5py.File(path, "r") as f:
         (g,) = f["groups"].values()
         c = g["seen"]
-        s = c["spectrum"]
+        s = c[group]
         out = {k: s[k][()] for k in s}
         out.update({k: s.attrs[k] for k in s.attrs})
         out["chain_stop"] = [gnhtest.text(x) for x in out["chain_stop"]]
         out["vHv"] = c["vHv"][()]
-        out["identity"] = (float(c.attrs["identity_spectrum_quadrature_deviation"]),
-                           float(c.attrs["identity_spectrum_quadrature_tolerance"]))
+        out["identity"] = (float(c.attrs[f"identity_{group}_quadrature_deviation"]),
+                           float(c.attrs[f"identity_{group}_quadrature_tolerance"]))
+        out["groups"] = sorted(k for k in c if k.startswith("spectrum"))
+        if f"identity_{group}_nonnegative_deviation" in c.attrs:
+            out["nonnegative"] = (float(c.attrs[f"identity_{group}_nonnegative_deviation"]),
+                                  float(c.attrs[f"identity_{group}_nonnegative_tolerance"]))
     return out
+
+
+def dense_gauss_newton(ref):
+    """The dense epoch Gauss-Newton matrix GGN = sum_t J_t^T H_z,t J_t / count
+    (J_t the Jacobian of token t's logits, H_z,t = diag(p) - p p^T), J's rows
+    by backward from each logit, batched over the identity's rows."""
+    P = ref.P
+    GGN = torch.zeros(P, P, dtype=torch.float64)
+    count = 0
+    for idx, tgt in ref._chunks(range(ref.n)):
+        z = ref.model(idx)
+        V = z.shape[-1]
+        eye = torch.eye(z.numel(), dtype=torch.float64).view(-1, *z.shape)
+        rows = torch.autograd.grad(z, ref.params, grad_outputs=eye, is_grads_batched=True)
+        J = torch.cat([r.reshape(eye.shape[0], -1) for r in rows], 1).view(-1, V, P)
+        p = torch.softmax(z.detach().reshape(-1, V), dim=-1)
+        Hz = torch.diag_embed(p) - p[:, :, None] * p[:, None, :]
+        GGN += torch.einsum("nvp,nvw,nwq->pq", J, Hz, J)
+        count += tgt.numel()
+    return (GGN / count).numpy()
 
 
 class SpectrumOracle(unittest.TestCase):
@@ -110,6 +135,7 @@ class SpectrumOracle(unittest.TestCase):
             count += tgt.numel()
         H /= count
         cls.H = H.numpy()
+        cls.GGN = dense_gauss_newton(ref)
         cls.precond = stats_reference.adam_preconditioner(cls.small)
 
     @classmethod
@@ -124,11 +150,12 @@ class SpectrumOracle(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
         return r
 
-    def small_run(self, name, operator, steps=120, chains=3):
+    def small_run(self, name, operator, steps=120, chains=3, curvature_operator="hessian", group="spectrum"):
         deck = os.path.join(self.tmp, name + ".toml")
-        spectrum_deck(deck, f"out/{name}.h5", ["ckpt/small.h5"], steps, chains, operator)
+        spectrum_deck(deck, f"out/{name}.h5", ["ckpt/small.h5"], steps, chains, operator,
+                      curvature_operator=curvature_operator)
         self.run_ok(deck, 1, ["precision.policy=fp64"])
-        return spectrum_of(os.path.join(self.tmp, "out", name + ".h5"))
+        return spectrum_of(os.path.join(self.tmp, "out", name + ".h5"), group)
 
     def check_against_dense(self, sp, A):
         self.assertEqual(self.H.shape[0], self.P)
@@ -188,6 +215,26 @@ class SpectrumOracle(unittest.TestCase):
         sp = self.small_run("php", "PHP")
         self.assertEqual(gnhtest.text(sp["operator"]), "PHP")
         self.check_against_dense(sp, s[:, None] * self.H * s[None, :])
+
+    def test_gauss_newton_spectrum_against_the_dense_matrix(self):
+        """operator = "both": the Hessian's spectrum as before and, in
+        spectrum_ggn, the Gauss-Newton part's against the dense J^T H_z J, with
+        the same bars; GGN is positive semi-definite, so its dense eigenvalues
+        are not below -1e-12 of its largest (float64 rounding of the einsum),
+        and the file's recorded sign identity holds. "ggn" alone writes
+        spectrum_ggn only."""
+        dense = np.linalg.eigvalsh(0.5 * (self.GGN + self.GGN.T))
+        self.assertGreaterEqual(dense.min(), -1e-12 * dense.max())
+        both = self.small_run("both", "H", curvature_operator="both", group="spectrum_ggn")
+        self.assertEqual(both["groups"], ["spectrum", "spectrum_ggn"])
+        self.assertEqual(gnhtest.text(both["operator"]), "GGN")
+        self.check_against_dense(both, self.GGN)
+        dev, tol = both["nonnegative"]
+        self.assertLessEqual(dev, tol)
+        self.assertGreater(np.abs(self.H - self.GGN).max(), 1e-3 * np.abs(self.H).max())
+        self.check_against_dense(spectrum_of(os.path.join(self.tmp, "out", "both.h5")), self.H)
+        alone = self.small_run("ggn", "H", steps=30, curvature_operator="ggn", group="spectrum_ggn")
+        self.assertEqual(alone["groups"], ["spectrum_ggn"])
 
     def test_report_draws_the_density_and_the_top_eigenvalues(self):
         deck = os.path.join(self.tmp, "report.toml")

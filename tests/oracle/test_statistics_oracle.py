@@ -103,6 +103,55 @@ class StatisticsOracle(unittest.TestCase):
                         self.assertEqual(stages, ["gradient", "noise", "curvature", "checks", "total"])
                         self.assertGreater(int(c.attrs["peak_memory_bytes"]), 0)
 
+    def check_gauss_newton(self, method, operator):
+        """SPEC §10's Gauss-Newton statistics (curvature.operator) against
+        GGN = J^T H_z J built from its definition in float64
+        (stats_reference.gauss_newton_statistics), fp64 policy: 1e-10 of each
+        form (GGN is positive semi-definite, its forms do not cancel), a few
+        times that for the derived means and ratios; the residual share is a
+        difference of two curvatures, so relative to GHG's scale."""
+        r = gnhtest.run_gnh(self.deck, 2, ["precision.policy=fp64", f"analysis.curvature_method={method}",
+                                           f"curvature.operator={operator}"])
+        self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
+        rel = 1e-10
+        with h5py.File(os.path.join(self.tmp, "out", "stats.h5"), "r") as f:
+            self.assertEqual(int(f.attrs["identities_ok"]), 1)
+            groups = {}
+            for g in f["groups"].values():
+                for a in g.attrs["aliases"]:
+                    groups[a.decode() if isinstance(a, bytes) else a] = g
+            for e, case, tok in ((1, "seen", "train.bin"), (3, "unseen", "val.bin")):
+                ref = stats_reference.load_reference(os.path.join(self.tmp, "ckpt", f"epoch{e}.h5"),
+                                                     os.path.join(self.tmp, tok), self.context)
+                want = stats_reference.gauss_newton_statistics(ref, self.refs[(e, case)], ANALYSIS["directions"],
+                                                               ANALYSIS["seed"])
+                c = groups[f"epoch{e}.h5"][case]
+                with self.subTest(epoch=e, case=case, method=method, operator=operator):
+                    self.assertLessEqual(abs(c.attrs["GHG_ggn"] - want["GHG_ggn"]), rel * want["GHG_ggn"])
+                    np.testing.assert_allclose(c["xiGGNxi"][()], want["xiGGNxi"], rtol=rel)
+                    np.testing.assert_allclose(c["vGGNv"][()], want["vGGNv"], rtol=rel)
+                    for name in ("xiHxi_ggn", "trace_ggn", "B_noise_ggn"):
+                        self.assertLessEqual(abs(c.attrs[name] - want[name]), 10 * rel * abs(want[name]), name)
+                        self.assertLessEqual(abs(c.attrs[name + "_se"] - want[name + "_se"]),
+                                             10 * rel * abs(want[name]), name)
+                    self.assertTrue(min(want["vGGNv"]) >= 0 and min(want["xiGGNxi"]) >= 0)
+                    if operator == "both":
+                        ghg = self.refs[(e, case)]
+                        scale = max(abs(ghg["GHG"]), ghg["GHG_abs"]) / abs(ghg["GHG"])
+                        self.assertLessEqual(abs(c.attrs["residual_share"] - want["residual_share"]),
+                                             10 * rel * scale)
+                    else:
+                        self.assertNotIn("residual_share", c.attrs)
+                    for name in ("ggn_symmetry", "ggn_paths", "ggn_nonnegative"):
+                        self.assertLessEqual(c.attrs[f"identity_{name}_deviation"],
+                                             c.attrs[f"identity_{name}_tolerance"], name)
+
+    def test_gauss_newton_second_order_forward(self):
+        self.check_gauss_newton("second-order-forward", "both")
+
+    def test_gauss_newton_forward_over_reverse(self):
+        self.check_gauss_newton("forward-over-reverse", "ggn")
+
     def test_fp64_second_order_forward(self):
         self.check_policy("fp64", 1e-10, "second-order-forward")
 

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // engine_probe: runs the derivative engine on one checkpoint and token file and
 // writes every quantity of SPEC §4 that the PyTorch oracle checks, by both
-// curvature paths, into an HDF5 file. A test tool, not part of the user CLI.
+// curvature paths, into an HDF5 file: besides, each path's Gauss-Newton forms
+// v^T GGN v, and the Gauss-Newton products GGN v by forward-over-reverse. A
+// test tool, not part of the user CLI.
 //
 //   engine_probe CKPT.h5 TOKENS.bin CONTEXT fp32|fp64 GRAD_MB HVP_BATCH K SEED NOISE_BLOCKS OUT.h5
 //   NOISE_BLOCKS: comma-separated block indices of one noise batch.
@@ -78,8 +80,23 @@ void probe(const Args& a) {
     const std::string tag = path == 0 ? "for" : path == 1 ? "sof" : "sof_cut";
     h5::write_dataset(f.id(), "quad_" + tag, c.vHv);
     h5::write_dataset(f.id(), "first_" + tag, c.Gv);
+    h5::write_dataset(f.id(), "ggn_" + tag, c.vGv);
     h5::write_attr(f.id(), "loss_" + tag, c.loss);
   }
+  // The Gauss-Newton products of the epoch-mean loss, (D, P).
+  Shape s;
+  s.batch = a.hvp_batch;
+  s.context = a.context;
+  s.directions = int(D);
+  s.reverse = true;
+  Gpt<T> m(ck.config, s);
+  View2<double> ggnv("ggnv", D, P);
+  const EpochCurvature c =
+      epoch_curvature<T>(space, m, params, dirs, tf.ids.data(), all_blocks(n_blocks),
+                         CurvatureMethod::forward_over_reverse, ggnv, CurvatureOperator::gauss_newton);
+  h5::write_dataset(f.id(), "ggnv", std::vector<double>(ggnv.data(), ggnv.data() + D * P),
+                    {std::int64_t(D), std::int64_t(P)});
+  h5::write_dataset(f.id(), "quad_for_ggn", c.vHv);
   f.close();
 }
 

@@ -248,6 +248,18 @@ TEST_CASE("[curvature]: its keys are read and typed; the spectrum needs forward-
   REQUIRE_THAT(error_of(std::string(kDeck) + "[curvature]\nlanczos_operator = \"Hv\"\n"),
                Contains("deck.toml:13:") && Contains("lanczos_operator"));
   REQUIRE_THAT(error_of(std::string(kDeck) + "[curvature]\nblock = true\n"), Contains("unknown key 'curvature.block'"));
+  // The Gauss-Newton operator: its values, and "ggn" refused beside the
+  // statistics whose products would be the Hessian's.
+  REQUIRE(parse_deck(std::string(kDeck) + "[curvature]\noperator = \"both\"\n", "deck.toml", "/runs")
+              .analysis.curvature.op == OperatorChoice::both);
+  const Deck g = parse_deck(std::string(kDeck) + "[curvature]\noperator = \"ggn\"\n", "deck.toml", "/runs");
+  REQUIRE(g.analysis.curvature.op == OperatorChoice::ggn);
+  REQUIRE(g.analysis.curvature.any());
+  REQUIRE(!parse_deck(kDeck, "deck.toml", "/runs").analysis.curvature.gauss_newton());
+  REQUIRE_THAT(error_of(std::string(kDeck) + "[curvature]\noperator = \"gauss-newton\"\n"),
+               Contains("deck.toml:13:") && Contains("operator"));
+  REQUIRE_THAT(error_of(std::string(kDeck) + "[curvature]\nblocks = true\noperator = \"ggn\"\n"),
+               Contains("deck.toml:14:") && Contains("set curvature.operator = \"both\""));
 }
 
 TEST_CASE("the tensor and layer partitions of SPEC §10 tile the flat vector", "[blocks]") {

@@ -492,3 +492,65 @@ TEST_CASE("an engine planned in another's released storage gives a fresh engine'
     same(run(again, 3), r3);
   }
 }
+
+// The Gauss-Newton part GGN = J^T H_z J of the Hessian (its PyTorch and
+// finite-difference checks are in tests/oracle/test_derivative_oracle.py).
+// Here its identities: the products by forward-over-reverse are symmetric;
+// their forms v^T (GGN v) equal the forms every path's forward gives (the
+// head's z'^T H_z z') and are non-negative; along the untied head's weights
+// alone the logits are linear in the parameters, so there the Hessian and its
+// Gauss-Newton part agree; elsewhere they differ (the network's own second
+// derivatives). Each comparison is of the same double sums in different
+// orders over a few thousand terms: 1e-10 relative, as above.
+TEST_CASE("Gauss-Newton products and forms: symmetric, non-negative, one value by every path", "[derivatives][model]") {
+  const bool tied = GENERATE(false, true);
+  CAPTURE(tied);
+  const ModelConfig cfg = config(true, tied, Gelu::erf);
+  const ParamLayout L(cfg);
+  const index_t Tc = 6, n_blocks = 5, P = L.size(), K = 3;
+  const auto ids = make_ids(n_blocks * Tc + 1, cfg.vocab_size, 21);
+  View1<double> p = make_params<double>(cfg, 31);
+  View2<double> dirs = random_dirs(K, P, 8);
+  // Direction 2: the head's weights alone (the embedding's when tied).
+  const index_t head = tied ? L.wte : L.lm_head, head_size = index_t(cfg.vocab_size) * cfg.n_embd;
+  for (index_t i = 0; i < P; ++i)
+    if (i < head || i >= head + head_size) dirs(2, i) = 0.0;
+  Shape hs;
+  hs.batch = 2;
+  hs.context = Tc;
+  hs.reverse = true;
+  hs.directions = int(K);
+  hs.head_chunk_vocab = 7;  // the online log-sum-exp over vocabulary chunks
+  Gpt<double> hmodel(cfg, hs);
+  View2<double> Gv("Gv", K, P);
+  const EpochCurvature gn =
+      epoch_curvature<double>(ExecSpace(), hmodel, p, dirs, ids.data(), all_blocks(n_blocks),
+                              CurvatureMethod::forward_over_reverse, Gv, CurvatureOperator::gauss_newton);
+  const EpochCurvature fr = epoch_curvature<double>(ExecSpace(), hmodel, p, dirs, ids.data(), all_blocks(n_blocks),
+                                                    CurvatureMethod::forward_over_reverse);
+  double uGv = 0, vGu = 0, scale = 0;
+  for (index_t i = 0; i < P; ++i) {
+    uGv += dirs(0, i) * Gv(1, i);
+    vGu += dirs(1, i) * Gv(0, i);
+    scale += std::abs(dirs(0, i) * Gv(1, i));
+  }
+  INFO("u^T GGN v = " << uGv << ", v^T GGN u = " << vGu);
+  REQUIRE(std::abs(uGv - vGu) <= 1e3 * std::numeric_limits<double>::epsilon() * scale);
+  for (int cuts : {0, 1}) {
+    Gpt<double> smodel(cfg, second_order_shape(3, Tc, K, 5, cuts));
+    const EpochCurvature so = epoch_curvature<double>(ExecSpace(), smodel, p, dirs, ids.data(), all_blocks(n_blocks),
+                                                      CurvatureMethod::second_order_forward);
+    for (index_t k = 0; k < K; ++k) {
+      double form = 0;
+      for (index_t i = 0; i < P; ++i) form += dirs(k, i) * Gv(k, i);
+      CAPTURE(cuts, k, form, gn.vHv[k], gn.vGv[k], fr.vGv[k], so.vGv[k], fr.vHv[k]);
+      REQUIRE(form > 0);
+      REQUIRE(std::abs(gn.vHv[k] - form) <= 1e-10 * form);  // the pass's own v . (GGN v)
+      REQUIRE(std::abs(gn.vGv[k] - form) <= 1e-10 * form);
+      REQUIRE(std::abs(fr.vGv[k] - form) <= 1e-10 * form);
+      REQUIRE(std::abs(so.vGv[k] - form) <= 1e-10 * form);
+      if (k == 2 && !tied) REQUIRE(std::abs(fr.vHv[k] - form) <= 1e-10 * form);
+      if (k < 2) REQUIRE(std::abs(fr.vHv[k] - form) > 1e-3 * form);
+    }
+  }
+}

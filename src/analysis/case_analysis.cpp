@@ -363,6 +363,8 @@ struct CaseAnalysis {
         first_[d0 + r] = cs.first[r] / double(tokens_);
       }
     }
+    if (keep_hv && s_.curvature.op == OperatorChoice::both && s_.curvature.blocks)
+      gauss_newton_block_passes(dirs, hv_sums, Hv);
     meter_.end("curvature", out_.measured);
     out_.m.GHG = quad[0];
     out_.m.xiHxi.assign(quad.begin() + 1, quad.begin() + 1 + m);
@@ -591,6 +593,36 @@ struct CaseAnalysis {
   std::int64_t tokens_ = 0;  // targets of the epoch
   View1<double> G_, gj_;     // (P) the epoch's mean gradient; a noise batch's (then the partition's mean)
   View2<T> xi_;              // (m, P) the noise vectors
+  // With operator "both" and per-block statistics: the epoch's GGN v_k of
+  // each Rademacher direction (K more forward-over-reverse directions, in
+  // passes no wider than the planned ones), for the per-block trace_ggn.
+  void gauss_newton_block_passes(View2<T> dirs, const std::vector<ExactSum>& hv_sums, View1<double> Hv) {
+    const index_t m = plan_.n_noise, K = plan_.directions_asked;
+    const auto batches = make_batches(all_blocks(plan_.n_blocks), s_.hvp_batch);
+    const std::vector<index_t> widths = balanced_passes(K, plan_.pass_widths.front());
+    for (index_t c = 0, d0 = 1 + m; c < index_t(widths.size()); d0 += widths[std::size_t(c)], ++c) {
+      const index_t W = widths[std::size_t(c)];
+      for (index_t r = 0; r < W; ++r) fill_direction(dirs, r, d0 + r);
+      space_.fence();
+      std::vector<ExactSum> sums(hv_sums.begin(), hv_sums.begin() + W);  // the planned sums, reused
+      for (ExactSum& e : sums) e.clear(space_);
+      std::vector<BatchScalars> ct;
+      const bool ok = curvature_pass<T>(
+          space_, engines_.curvature(W), stager_, params_, Span2<const T>(dirs.data(), W, P_), ids_, batches,
+          team_.share_of(index_t(batches.size())), CurvatureMethod::forward_over_reverse, ct, hooks_.stop,
+          progress("curvature ggn " + std::to_string(c + 1) + "/" + std::to_string(widths.size())), &sums,
+          CurvatureOperator::gauss_newton);
+      if (team_.any(!ok)) throw Interrupted{};
+      for (index_t r = 0; r < W; ++r) {
+        team_.sum(sums[std::size_t(r)]);
+        sums[std::size_t(r)].to_double(space_, Hv.data(), 1.0 / double(tokens_));
+        add_block_row(&BlockMeasurements::vGv, block_dots(dirs.data() + r * P_, Hv.data()));
+      }
+      team_.share(ct);
+      meter_.add(ct, W);
+    }
+  }
+
   // SPEC §10's spectrum of H or of its Gauss-Newton part: the stage
   // "spectrum" or "spectrum_ggn", its output, identities and time.
   void spectrum(CurvatureOperator op) {

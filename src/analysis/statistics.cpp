@@ -156,6 +156,7 @@ BlockTable derive_blocks(const BlockMeasurements& b, const CaseMeasurements& m, 
   t.columns.emplace_back("GHG_contrib", b.GHG);
   estimated("xiHxi_contrib", [&](std::size_t i) { return mean_se(column_of(b.xiHxi, i)); });
   estimated("frob_H", [&](std::size_t i) { return mean_se(column_of(b.Hv_sqnorm, i)); });
+  if (!b.vGv.empty()) estimated("trace_ggn", [&](std::size_t i) { return mean_se(column_of(b.vGv, i)); });
   return t;
 }
 

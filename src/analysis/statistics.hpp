@@ -70,6 +70,7 @@ struct BlockMeasurements {
   std::vector<double> G_sqnorm, GHG;                  // |G_b|^2, G_b^T (HG)_b
   std::vector<std::vector<double>> xi_sqnorm, xiHxi;  // per noise sample: |xi_b|^2, xi_b^T (H xi)_b
   std::vector<std::vector<double>> vHv, Hv_sqnorm;    // per direction: v_b^T (Hv)_b, |(Hv)_b|^2
+  std::vector<std::vector<double>> vGv;               // per direction: v_b^T (GGN v)_b (operator "both")
   std::size_t size() const { return names.size(); }
 };
 

@@ -140,8 +140,10 @@ double seconds_per_group(const Campaign& c, const ProfileTimes& t) {
     // The spectrum: one direction per chain and Lanczos step (an upper bound:
     // chains that converge early drop out), for each operator's spectrum.
     const index_t spectra = a.curvature.op == OperatorChoice::both ? 2 : 1;
-    const index_t D =
-        p.directions() + (p.spectrum ? spectra * a.curvature.lanczos_steps * a.curvature.lanczos_chains : 0);
+    // With "both" and per-block values, GGN v_k of each Rademacher direction too.
+    const bool ggn_blocks = a.curvature.op == OperatorChoice::both && a.curvature.blocks && a.keeps_hv();
+    const index_t D = p.directions() + (ggn_blocks ? a.directions : 0) +
+                      (p.spectrum ? spectra * a.curvature.lanczos_steps * a.curvature.lanczos_chains : 0);
     const index_t hvp_batches = (n + a.hvp_batch - 1) / a.hvp_batch;
     per_group += double(grad_batches + noise_batches) * t.gradient_microbatch +
                  double(D * hvp_batches) * t.hvp_batch_per_direction / double(c.deck.ranks_per_checkpoint);

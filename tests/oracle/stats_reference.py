@@ -269,6 +269,23 @@ class EpochReference:
             count += tgt.numel()
         return (q / count).numpy()
 
+    def gauss_newton_product(self, v):
+        """GGN v of the epoch-mean loss from the definition: J v by double
+        backward, H_z = diag(p) - p p^T per token, then J^T by backward."""
+        v = torch.as_tensor(v, dtype=torch.float64)
+        out = torch.zeros(self.P, dtype=torch.float64)
+        count = 0
+        for idx, tgt in self._chunks(range(self.n)):
+            logits = self.model(idx)
+            u = torch.zeros_like(logits, requires_grad=True)
+            jtu = self._flat(torch.autograd.grad(logits, self.params, u, create_graph=True))
+            jv = torch.autograd.grad(jtu @ v, u)[0]
+            p = torch.softmax(logits.detach(), dim=-1)
+            hz = p * jv - p * (p * jv).sum(-1, keepdim=True)
+            out += self._flat(torch.autograd.grad(logits, self.params, hz))
+            count += tgt.numel()
+        return out / count
+
     def hvp(self, v, hvp_batch=None):
         """H v of the epoch-mean loss (flat, float64 tensor)."""
         v = torch.as_tensor(v, dtype=torch.float64)
@@ -492,6 +509,19 @@ def block_statistics(ref, stats, directions, seed):
     diag = torch.stack([v * h for v, h in zip(vs, Hv)])
     out["hessian_diagonal"] = diag.mean(0).numpy()
     out["hessian_diagonal_scale"] = diag.abs().mean(0).numpy()
+    return out
+
+
+def gauss_newton_blocks(ref, directions, seed):
+    """Per block of both partitions, mean_k v_k,b . (GGN v_k)_b and its SE:
+    SPEC §10's per-block trace_ggn, unbiased for tr(GGN_bb)."""
+    vs = [torch.from_numpy(rademacher(seed, k, ref.P)) for k in range(int(directions))]
+    Gv = [ref.gauss_newton_product(v) for v in vs]
+    out = {}
+    for part, (names, offsets) in partitions(ref).items():
+        rows = np.array([[float(v[offsets[i]:offsets[i + 1]] @ g[offsets[i]:offsets[i + 1]])
+                          for i in range(len(names))] for v, g in zip(vs, Gv)])
+        out[part] = (rows.mean(0), rows.std(0, ddof=1) / math.sqrt(rows.shape[0]))
     return out
 
 

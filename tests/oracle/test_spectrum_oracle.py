@@ -233,6 +233,17 @@ class SpectrumOracle(unittest.TestCase):
         self.assertLessEqual(dev, tol)
         self.assertGreater(np.abs(self.H - self.GGN).max(), 1e-3 * np.abs(self.H).max())
         self.check_against_dense(spectrum_of(os.path.join(self.tmp, "out", "both.h5")), self.H)
+        # The report draws each operator's spectrum and the Gauss-Newton statistics.
+        rep = os.path.join(self.tmp, "report_both")
+        r, manifest = gnhtest.report(os.path.join(self.tmp, "out", "both.h5"), rep)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        for name in ("spectrum", "spectrum_ggn", "trace_ggn", "B_noise_ggn", "residual_share", "GHG_ggn"):
+            self.assertIn(name, manifest["figures"])
+            for p in manifest["figures"][name]["files"]:
+                self.assertGreater(os.path.getsize(p), 1000)
+        with open(os.path.join(rep, "spectrum.csv")) as f:
+            ops = sorted({row["operator"] for row in csv.DictReader(f)})
+        self.assertEqual(ops, ["GGN", "H"])
         alone = self.small_run("ggn", "H", steps=30, curvature_operator="ggn", group="spectrum_ggn")
         self.assertEqual(alone["groups"], ["spectrum_ggn"])
 

@@ -221,6 +221,36 @@ class StatisticsOracle(unittest.TestCase):
                                 self.assertAlmostEqual(float(np.sum(t["frob_H"][()])), float(np.sum(b["frob_H"][()])),
                                                        delta=rel * float(np.sum(b["frob_H"][()])))
 
+    def test_fp64_gauss_newton_blocks(self):
+        """Per-block trace_ggn (operator "both" with blocks) against
+        mean_k v_k,b . (GGN v_k)_b from the definition in float64, 1e-10 of
+        the largest block's value (a block's v_b . (GGN v)_b need not be
+        non-negative, and one with little curvature carries rounding of the
+        larger ones' size) and 10 times that for the SEs; the blocks of each partition sum
+        to the whole trace_ggn of the forward's forms (1e-10: the same
+        quadratic forms summed in two orders)."""
+        r = gnhtest.run_gnh(self.deck, 2, ["precision.policy=fp64", "analysis.curvature_method=forward-over-reverse",
+                                           "curvature.blocks=true", "curvature.operator=both"])
+        self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
+        rel = 1e-10
+        with h5py.File(os.path.join(self.tmp, "out", "stats.h5"), "r") as f:
+            self.assertEqual(int(f.attrs["identities_ok"]), 1)
+            groups = {}
+            for g in f["groups"].values():
+                for a in g.attrs["aliases"]:
+                    groups[a.decode() if isinstance(a, bytes) else a] = g
+            ref = stats_reference.load_reference(os.path.join(self.tmp, "ckpt", "epoch2.h5"),
+                                                 os.path.join(self.tmp, "train.bin"), self.context)
+            want = stats_reference.gauss_newton_blocks(ref, ANALYSIS["directions"], ANALYSIS["seed"])
+            c = groups["epoch2.h5"]["seen"]
+            for part in ("tensor", "layer"):
+                got, got_se = c["blocks"][part]["trace_ggn"][()], c["blocks"][part]["trace_ggn_se"][()]
+                exp, exp_se = want[part]
+                scale = np.maximum(np.abs(exp), np.abs(exp).max())
+                self.assertTrue(np.all(np.abs(got - exp) <= rel * scale), (part, got, exp))
+                self.assertTrue(np.all(np.abs(got_se - exp_se) <= 10 * rel * scale), (part, got_se, exp_se))
+                self.assertLessEqual(abs(got.sum() - c.attrs["trace_ggn"]), rel * np.abs(got).sum())
+
     def test_fp64_curvature_blocks(self):
         self.check_blocks("fp64", 1e-10)
 

@@ -73,7 +73,8 @@ class Parallel(unittest.TestCase):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def deck(self, name, output, checkpoints="ckpt/*.h5", analysis=None, curvature=False):
-        """curvature: forward-over-reverse with SPEC §10's blocks and diagonal."""
+        """curvature: forward-over-reverse with SPEC §10's blocks and diagonal, and
+        the Gauss-Newton operator beside the Hessian."""
         path = os.path.join(self.tmp, name)
         analysis = dict(dict(noise_samples=3, noise_batch=5, directions=3, directions_per_pass=3), **(analysis or {}))
         if curvature:
@@ -81,7 +82,8 @@ class Parallel(unittest.TestCase):
         gnhtest.write_deck(path, output, [checkpoints], 12, "train.bin", "val.bin", analysis=analysis)
         if curvature:
             with open(path, "a") as f:
-                f.write("\n[curvature]\nblocks = true\ndiagonal = true\nupdate = true\npreconditioned = true\n")
+                f.write("\n[curvature]\nblocks = true\ndiagonal = true\nupdate = true\npreconditioned = true\n"
+                        'operator = "both"\n')
         return path
 
     def run_ok(self, deck, np_, sets=()):
@@ -108,13 +110,14 @@ class Parallel(unittest.TestCase):
         if curvature:  # the SPEC §10 outputs are among the compared objects
             for name in ("seen/blocks/layer/trace_H", "seen/blocks/tensor/frob_H", "seen/hessian_diagonal",
                          "seen/Hv_sqnorm", "seen/update@dHd", "seen/update@measured_change", "seen/xiPxi",
-                         "seen@B_noise_P"):
+                         "seen@B_noise_P", "seen/blocks/layer/trace_ggn", "seen/vGGNv", "seen@trace_ggn",
+                         "seen@residual_share"):
                 self.assertTrue(any(k.endswith(name) for k in base), name)
             # The report's block table and per-layer figure (doc/outputs.md).
             rep = os.path.join(self.tmp, "report-curv")
             r, manifest = gnhtest.report(os.path.join(self.tmp, "out/layout_curv_1_1.h5"), rep)
             self.assertEqual(r.returncode, 0, r.stderr)
-            self.assertEqual(manifest["figures"]["layers"]["panels"], ["B_simple", "trace_H"])
+            self.assertEqual(manifest["figures"]["layers"]["panels"], ["B_simple", "trace_H", "trace_ggn"])
             self.assertIn("effective_rank", manifest["figures"])
             self.assertEqual(manifest["figures"]["update"]["panels"], ["curvature_along", "change"])
             with open(os.path.join(rep, "blocks.csv")) as f:

@@ -8,7 +8,8 @@
 //
 // options: --directions 1,4,16   directions per primal pass of the curvature passes
 //          --methods second-order-forward,forward-over-reverse
-//          --passes forward,gradient,curvature
+//          --passes forward,gradient,sequence,curvature (sequence: the gradient with
+//                   every sequence's own gradient norms, analysis.per_sequence)
 //          --repeats R           timed repeats after one warm-up (median reported); 0: one
 //                                run without warm-up
 //          --precision fp32|tf32|bf16-amp|fp64
@@ -51,6 +52,7 @@
 #include <string>
 #include <vector>
 
+#include "analysis/passes.hpp"
 #include "analysis/settings.hpp"
 #include "core/build_info.hpp"
 #include "core/error.hpp"
@@ -537,6 +539,27 @@ void run(const Options& o) {
       for (index_t i = 0; i < P; ++i) gg += double(h(i)) * double(h(i));
       js << "  \"gradient_sum_norm2\": " << json_doubles({gg}) << ",\n";
     }
+  }
+  if (o.has("sequence")) {
+    // The gradient with every sequence's own gradient and its norms per
+    // tensor (analysis.per_sequence): one engine of one sequence, beside
+    // the batched gradient pass above.
+    start_pass();
+    Shape one_shape = shape_of(o, Tc, true);
+    one_shape.batch = 1;
+    Gpt<T> one(cfg, one_shape);
+    std::vector<std::int64_t> ranges;
+    for (const TensorInfo& t : one.layout().tensors()) ranges.push_back(t.offset);
+    ranges.push_back(P);
+    std::sort(ranges.begin(), ranges.end());
+    SequenceNorms<T> norms(one, ranges, {}, o.batch);
+    View1<T> grad("grad", P);
+    BatchScalars r;
+    auto pass = [&] { norms.gradients(space, params, tokens, targets, o.batch, grad, r); };
+    const Timing tm = time_repeats(o.repeats, pass);
+    js << "  \"gradient_per_sequence\": {" << tm.json() << ", \"tokens_per_s\": " << ntok / tm.median
+       << rates(fl.gradient(), tm.median) << ", \"workspace_bytes\": " << one.workspace_bytes() << finish_pass(pass)
+       << "},\n";
   }
   js << "  \"curvature\": [";
   bool first = true;

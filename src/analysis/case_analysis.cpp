@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "analysis/case_analysis.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <type_traits>
@@ -21,6 +22,7 @@ Engines<T>::Engines(const ModelConfig& cfg, const AnalysisSettings& s)
     : gradient(cfg, gradient_shape(s)),
       check_for(cfg, check_shape(s, false)),
       check_sof(cfg, check_shape(s, true)),
+      sequence(s.per_sequence ? std::make_unique<Gpt<T>>(cfg, sequence_shape(s)) : nullptr),
       cfg_(cfg),
       settings_(s) {}
 
@@ -160,6 +162,7 @@ struct CaseAnalysis {
     out_.derived = derive(out_.m);
     for (const BlockMeasurements& b : blocks_) out_.blocks.push_back(derive_blocks(b, out_.m, out_.derived));
     block_identity();
+    sequence_identity();
     double total = 0;
     for (const auto& t : out_.timings) total += t.second;
     out_.timings.emplace_back("total", total);
@@ -183,9 +186,11 @@ struct CaseAnalysis {
     ExactSum acc(P_);
     acc.clear(space_);
     std::vector<BatchScalars> table;
-    const bool ok =
-        gradient_pass<T>(space_, engines_.gradient, stager_, params_, ids_, batches,
-                         team_.share_of(index_t(batches.size())), acc, table, hooks_.stop, progress("gradient"));
+    std::unique_ptr<SequenceNorms<T>> seq;
+    if (engines_.sequence) seq = sequence_norms();
+    const bool ok = gradient_pass<T>(space_, engines_.gradient, stager_, params_, ids_, batches,
+                                     team_.share_of(index_t(batches.size())), acc, table, hooks_.stop,
+                                     progress("gradient"), seq.get());
     if (team_.any(!ok)) throw Interrupted{};
     team_.sum(acc);
     team_.share(table);
@@ -200,6 +205,42 @@ struct CaseAnalysis {
     out_.m.G_sqnorm = dot(space_, G_.data(), G_.data(), P_);
     set_block_values(&BlockMeasurements::G_sqnorm, block_dots(G_.data(), G_.data()));
     if (plan_.preconditioned) out_.m.GPG = weighted_dot(space_, G_.data(), precond_.data(), G_.data(), P_);
+    if (seq) sequence_measurements(table, double(gs.count) / double(plan_.n_blocks));
+  }
+
+  // analysis.per_sequence: the ranges the norms are taken over (the
+  // canonical tensors) and, per block value, the tensors it sums.
+  std::unique_ptr<SequenceNorms<T>> sequence_norms() const {
+    std::vector<std::int64_t> ranges;
+    for (const TensorInfo& t : engines_.gradient.layout().tensors()) ranges.push_back(t.offset);
+    ranges.push_back(P_);
+    std::sort(ranges.begin(), ranges.end());
+    std::vector<std::pair<std::size_t, std::size_t>> values;
+    auto range_at = [&](std::int64_t offset) {
+      const auto it = std::lower_bound(ranges.begin(), ranges.end(), offset);
+      if (it == ranges.end() || *it != offset) throw std::logic_error("gnh::case: a block splits a tensor");
+      return std::size_t(it - ranges.begin());
+    };
+    for (const BlockMeasurements& p : blocks_)
+      for (std::size_t i = 0; i < p.size(); ++i) values.emplace_back(range_at(p.offsets[i]), range_at(p.offsets[i + 1]));
+    return std::make_unique<SequenceNorms<T>>(*engines_.sequence, ranges, std::move(values), s_.grad_microbatch);
+  }
+
+  // a_i = S_i / (tokens / n), the gradient of sequence i's summed loss
+  // scaled so that G is their mean (doc/statistics.md); |a_i|^2 in epoch
+  // order, per block the sums of |a_i,b|^2 and |a_i,b|^4 in batch order.
+  void sequence_measurements(const std::vector<BatchScalars>& table, double tokens_per_sequence) {
+    const double s2 = 1.0 / (tokens_per_sequence * tokens_per_sequence);
+    std::vector<double> sum(static_cast<std::size_t>(n_block_values_)), sq(sum.size());
+    for (const BatchScalars& r : table) {
+      for (const double x : r.seq_sqnorm) out_.m.seq_sqnorm.push_back(x * s2);
+      for (std::size_t v = 0; v < sum.size(); ++v) {
+        sum[v] += r.seq_block_sum[v] * s2;
+        sq[v] += r.seq_block_sq[v] * s2 * s2;
+      }
+    }
+    set_block_values(&BlockMeasurements::seq_sum, sum);
+    set_block_values(&BlockMeasurements::seq_sq, sq);
   }
 
   // Stage 2: noise batches, each computed whole by one member and shared:
@@ -357,6 +398,12 @@ struct CaseAnalysis {
       team_.share(ct);
       meter_.add(ct, K);
       const BatchScalars cs = sum_in_order(ct);
+      // The first pass's first direction is G: every sequence's a_i . G.
+      if (c == 0 && !out_.m.seq_sqnorm.empty()) {
+        const double per_sequence = double(tokens_) / double(plan_.n_blocks);
+        for (const BatchScalars& r : ct)
+          for (const double x : r.seq_first) out_.m.seq_dot_G.push_back(x / per_sequence);
+      }
       for (index_t r = 0; r < K; ++r) {
         quad[d0 + r] = cs.second[r] / double(tokens_);
         quad_ggn[d0 + r] = cs.gauss_newton[r] / double(tokens_);
@@ -454,6 +501,18 @@ struct CaseAnalysis {
     }
   }
 
+  // The batch and the per-sequence estimators of tr(Sigma) estimate the same
+  // epoch quantity (doc/statistics.md): their difference, in units of their
+  // combined standard errors, is within 3 (a three-sigma identity: a sampling
+  // statement, not a rounding one).
+  void sequence_identity() {
+    const Estimate a = out_.derived.trace_sigma, b = out_.derived.trace_sigma_seq;
+    const double se = std::hypot(a.se, b.se);
+    IdentityCheck c{"noise_estimators", 0, 3, std::isfinite(a.value) && std::isfinite(b.value) && se > 0};
+    if (c.checked) c.deviation = std::abs(a.value - b.value) / se;
+    out_.identities.push_back(c);
+  }
+
   // SPEC §10: each partition's block values sum to the whole-model ones.
   // Every block value is a double dot product of the same vectors as the
   // whole one (or a mean of such), so they agree to double rounding except
@@ -468,7 +527,10 @@ struct CaseAnalysis {
     const DerivedStatistics& d = out_.derived;
     const Estimate xiHxi_mean = mean_se(out_.m.xiHxi);
     const std::pair<const char*, double> whole[] = {
-        {"G_sqnorm", out_.m.G_sqnorm}, {"trace_sigma", d.trace_sigma.value}, {"trace_H", d.trace_H.value},
+        {"G_sqnorm", out_.m.G_sqnorm},
+        {"trace_sigma", d.trace_sigma.value},
+        {"trace_sigma_seq", d.trace_sigma_seq.value},
+        {"trace_H", d.trace_H.value},
         {"GHG_contrib", out_.m.GHG},   {"xiHxi_contrib", xiHxi_mean.value},  {"frob_H", d.frob_H.value}};
     for (const BlockTable& t : out_.blocks)
       for (const auto& [name, value] : whole) {

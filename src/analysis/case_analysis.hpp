@@ -28,6 +28,9 @@ struct Engines {
   Gpt<T> gradient;   // reverse, grad_microbatch
   Gpt<T> check_for;  // forward-over-reverse, K = 2, one block: identity checks
   Gpt<T> check_sof;  // second-order forward, K = 2, one block
+  // analysis.per_sequence: reverse, one sequence (the epoch gradient pass's
+  // per-sequence gradients); null without it.
+  std::unique_ptr<Gpt<T>> sequence;
   // hvp_batch by the chosen method, for K directions.
   Gpt<T>& curvature(index_t K);
 

@@ -47,6 +47,8 @@ Shape check_shape(const AnalysisSettings& s, bool second_order) {
   return shape_of(s, 1, 2, !second_order, second_order);
 }
 
+Shape sequence_shape(const AnalysisSettings& s) { return shape_of(s, 1, 0, true, false); }
+
 PlannedCuts planned_adjoint_cuts(const ModelConfig& cfg, const AnalysisSettings& s) {
   PlannedCuts p;
   p.checks = adjoint_cuts_of(cfg, check_shape(s, true));
@@ -63,6 +65,7 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const 
   m.gradient = plan_gpt_bytes(cfg, gradient_shape(s), scalar);
   m.curvature = plan_gpt_bytes(cfg, curvature_shape(s, c.pass_widths.front()), scalar);
   m.checks = plan_gpt_bytes(cfg, check_shape(s, false), scalar) + plan_gpt_bytes(cfg, check_shape(s, true), scalar);
+  if (s.per_sequence) m.sequence = plan_gpt_bytes(cfg, sequence_shape(s), scalar) + scalar * P;
   // G, g_j, xi_j and a check buffer in double; two or three exact sums (the
   // epoch's, a noise batch's, the partition's); the xi block, the widest
   // pass's directions, the two check directions and three batch vectors.

@@ -39,13 +39,16 @@ CasePlan plan_case(const AnalysisSettings& s, index_t n_blocks, bool preconditio
 Shape gradient_shape(const AnalysisSettings& s);
 Shape curvature_shape(const AnalysisSettings& s, index_t K);
 Shape check_shape(const AnalysisSettings& s, bool second_order);
+// analysis.per_sequence: the engine of one sequence's gradient (reverse).
+Shape sequence_shape(const AnalysisSettings& s);
 
 struct MemoryPlan {
   std::size_t gradient = 0, curvature = 0, checks = 0;  // engines (model/plan.hpp)
+  std::size_t sequence = 0;  // analysis.per_sequence: its engine and one sequence's gradient
   std::size_t vectors = 0;   // G, g_j, xi_j in double; the exact sums; the xi and direction blocks;
                              // with [curvature], the epoch's H v of each direction of a pass
   std::size_t spectrum = 0;  // the Lanczos chains' share of one team member (analysis/spectrum.hpp)
-  std::size_t total() const { return gradient + curvature + checks + vectors + spectrum; }
+  std::size_t total() const { return gradient + curvature + checks + sequence + vectors + spectrum; }
 };
 // members: the team's size (the Lanczos basis is sharded over it).
 MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const CasePlan& c, int members = 1);

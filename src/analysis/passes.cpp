@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "analysis/passes.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <stdexcept>
 
 #include "analysis/dot.hpp"
 #include "analysis/epoch.hpp"
@@ -25,7 +27,95 @@ class BatchClock {
   std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
 };
 
+// One sequence's gradient g added into the batch's, and the sums of its
+// squares per chunk of the flat order into partial; g is left zero for the
+// next sequence (one pass over it instead of two): a team per chunk, each
+// chunk's terms reduced in the team's fixed order (deterministic for a
+// backend and team size, and independent of the rank that computes it).
+template <class T>
+struct AccumulateSquares {
+  T* g;
+  T* grad;
+  const index_t* chunks;
+  double* partial;
+  KOKKOS_INLINE_FUNCTION void operator()(const typename TeamRange::member_type& m) const {
+    const index_t c = m.league_rank();
+    double s = 0;
+    Kokkos::parallel_reduce(
+        Kokkos::TeamThreadRange(m, chunks[c], chunks[c + 1]),
+        [&](const index_t i, double& acc) {
+          const T x = g[i];
+          g[i] = T(0);
+          grad[i] += x;
+          acc += double(x) * double(x);
+        },
+        s);
+    Kokkos::single(Kokkos::PerTeam(m), [&]() { partial[c] = s; });
+  }
+};
+
+// Chunks of at most this many parameters: enough teams to fill a GPU at any
+// model size, few enough that the partial sums are a small copy per batch.
+constexpr std::int64_t sequence_chunk = std::int64_t(1) << 16;
+
 }  // namespace
+
+template <class T>
+SequenceNorms<T>::SequenceNorms(Gpt<T>& engine, const std::vector<std::int64_t>& ranges,
+                                std::vector<std::pair<std::size_t, std::size_t>> values, index_t max_batch)
+    : engine_(engine), values_(std::move(values)), n_ranges_(ranges.size() - 1) {
+  if (engine.batch() != 1 || engine.shape().directions != 0)
+    throw std::logic_error("SequenceNorms: the engine is not of one sequence without directions");
+  std::vector<index_t> bounds{0};
+  for (std::size_t r = 0; r < n_ranges_; ++r)
+    for (std::int64_t at = ranges[r]; at < ranges[r + 1];) {
+      at = std::min(at + sequence_chunk, ranges[r + 1]);
+      bounds.push_back(index_t(at));
+      chunk_range_.push_back(r);
+    }
+  chunks_ = View1<index_t>("gnh::pass::sequence_chunks", bounds.size());
+  Kokkos::deep_copy(chunks_, View1<index_t, HostSpace>(bounds.data(), bounds.size()));
+  g_ = View1<T>("gnh::pass::sequence_gradient", engine.layout().size());
+  partial_ = View2<double>("gnh::pass::sequence_squares", max_batch, index_t(chunk_range_.size()));
+}
+
+template <class T>
+LossSum SequenceNorms<T>::gradients(const ExecSpace& space, Span1<const T> params,
+                                    Span2<const std::int32_t> batch_tokens, Span2<const std::int32_t> batch_targets,
+                                    index_t n, Span1<T> grad, BatchScalars& r) {
+  const index_t context = engine_.context(), n_chunks = index_t(chunk_range_.size());
+  LossSum total;
+  for (index_t b = 0; b < n; ++b) {
+    const Span2<const std::int32_t> tokens(batch_tokens.data() + b * context, 1, context);
+    const Span2<const std::int32_t> targets(batch_targets.data() + b * context, 1, context);
+    const LossSum s = engine_.gradient(space, params, tokens, targets, g_);  // g_ is zero: see AccumulateSquares
+    total.sum += s.sum;
+    total.count += s.count;
+    Kokkos::parallel_for("gnh::pass::sequence_squares", TeamRange(space, n_chunks, Kokkos::AUTO),
+                         AccumulateSquares<T>{g_.data(), grad.data(), chunks_.data(), partial_.data() + b * n_chunks});
+  }
+  // One copy per batch: every sequence's sums, then in order per range,
+  // sequence and block value on the host.
+  auto h = Kokkos::create_mirror_view(partial_);
+  Kokkos::deep_copy(space, h, partial_);
+  space.fence();
+  r.seq_sqnorm.assign(std::size_t(n), 0.0);
+  r.seq_block_sum.assign(values_.size(), 0.0);
+  r.seq_block_sq.assign(values_.size(), 0.0);
+  std::vector<double> range_sq(n_ranges_);
+  for (index_t b = 0; b < n; ++b) {
+    std::fill(range_sq.begin(), range_sq.end(), 0.0);
+    for (index_t c = 0; c < n_chunks; ++c) range_sq[chunk_range_[std::size_t(c)]] += h(b, c);
+    for (const double x : range_sq) r.seq_sqnorm[std::size_t(b)] += x;
+    for (std::size_t v = 0; v < values_.size(); ++v) {
+      double x = 0;
+      for (std::size_t q = values_[v].first; q < values_[v].second; ++q) x += range_sq[q];
+      r.seq_block_sum[v] += x;
+      r.seq_block_sq[v] += x * x;
+    }
+  }
+  return total;
+}
 
 BatchStager::BatchStager(index_t max_batch, index_t context)
     : context_(context),
@@ -47,7 +137,8 @@ void BatchStager::stage(const std::int32_t* ids, const Batch& blocks, index_t B)
 template <class T>
 bool gradient_pass(const ExecSpace& space, Gpt<T>& model, BatchStager& stager, Span1<const T> params,
                    const std::int32_t* ids, const std::vector<Batch>& batches, const std::vector<index_t>& mine,
-                   ExactSum& acc, std::vector<BatchScalars>& table, const StopCheck& stop, const ProgressFn& progress) {
+                   ExactSum& acc, std::vector<BatchScalars>& table, const StopCheck& stop, const ProgressFn& progress,
+                   SequenceNorms<T>* seq) {
   Kokkos::Profiling::pushRegion("gnh::pass::gradient");
   const index_t P = model.layout().size();
   View1<T> grad("gnh::pass::batch_gradient", P);
@@ -59,11 +150,14 @@ bool gradient_pass(const ExecSpace& space, Gpt<T>& model, BatchStager& stager, S
       return false;
     }
     const BatchClock clock;
-    stager.stage(ids, batches[static_cast<std::size_t>(b)], model.batch());
+    const Batch& blocks = batches[static_cast<std::size_t>(b)];
+    stager.stage(ids, blocks, model.batch());
     Kokkos::deep_copy(space, grad, T(0));
-    const LossSum s = model.gradient(space, params, stager.tokens(), stager.targets(), grad);
-    acc.add(space, grad.data());
     BatchScalars& r = table[static_cast<std::size_t>(b)];
+    const LossSum s = seq ? seq->gradients(space, params, stager.tokens(), stager.targets(), index_t(blocks.size()),
+                                           grad, r)
+                          : model.gradient(space, params, stager.tokens(), stager.targets(), grad);
+    acc.add(space, grad.data());
     r.loss_sum = s.sum;
     r.count = s.count;
     r.done = true;
@@ -98,7 +192,8 @@ bool curvature_pass(const ExecSpace& space, Gpt<T>& model, BatchStager& stager, 
       return false;
     }
     const BatchClock clock;
-    stager.stage(ids, batches[static_cast<std::size_t>(b)], model.batch());
+    const Batch& blocks = batches[static_cast<std::size_t>(b)];
+    stager.stage(ids, blocks, model.batch());
     BatchScalars& r = table[static_cast<std::size_t>(b)];
     LossSum s;
     if (method == CurvatureMethod::second_order_forward) {
@@ -115,6 +210,7 @@ bool curvature_pass(const ExecSpace& space, Gpt<T>& model, BatchStager& stager, 
       }
     }
     r.first = s.first;
+    r.seq_first.assign(s.first_seq.begin(), s.first_seq.begin() + std::ptrdiff_t(blocks.size()));
     r.gauss_newton = s.gauss_newton;
     r.loss_sum = s.sum;
     r.count = s.count;
@@ -147,7 +243,9 @@ BatchScalars sum_in_order(const std::vector<BatchScalars>& table) {
 #define GNH_INSTANTIATE(T)                                                                                          \
   template bool gradient_pass<T>(const ExecSpace&, Gpt<T>&, BatchStager&, Span1<const T>, const std::int32_t*,      \
                                  const std::vector<Batch>&, const std::vector<index_t>&, ExactSum&,                 \
-                                 std::vector<BatchScalars>&, const StopCheck&, const ProgressFn&);                  \
+                                 std::vector<BatchScalars>&, const StopCheck&, const ProgressFn&,                   \
+                                 SequenceNorms<T>*);                                                                \
+  template class SequenceNorms<T>;                                                                                  \
   template bool curvature_pass<T>(const ExecSpace&, Gpt<T>&, BatchStager&, Span1<const T>, Span2<const T>,          \
                                   const std::int32_t*, const std::vector<Batch>&, const std::vector<index_t>&,      \
                                   CurvatureMethod, std::vector<BatchScalars>&, const StopCheck&, const ProgressFn&, \

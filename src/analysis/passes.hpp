@@ -4,6 +4,7 @@
 // ExactSum, scalar results into a per-batch table; callers combine tables in
 // batch order, so every sum is the same bit for bit on any split.
 #pragma once
+#include <utility>
 #include <vector>
 
 #include "analysis/batch_scalars.hpp"
@@ -30,13 +31,41 @@ class BatchStager {
   typename View2<std::int32_t>::HostMirror h_tokens_, h_targets_;
 };
 
+// What the epoch gradient pass measures of every sequence's own gradient
+// (analysis.per_sequence): an engine of one sequence (reverse, no
+// directions), which computes each sequence's gradient S_b of its summed loss
+// apart; the batch's gradient is their sum in sequence order. `ranges` splits
+// the flat order into contiguous ranges (the canonical tensors, from 0 to P)
+// whose |S_b|^2 are taken; `values` maps each block value (SPEC section 10's
+// partitions, concatenated) to the ranges [first, last) it sums.
+template <class T>
+class SequenceNorms {
+ public:
+  SequenceNorms(Gpt<T>& engine, const std::vector<std::int64_t>& ranges,
+                std::vector<std::pair<std::size_t, std::size_t>> values, index_t max_batch);
+  // Gradients of the first n sequences (rows) of a batch, their sum added
+  // into grad, their norms into r (BatchScalars::seq_*).
+  LossSum gradients(const ExecSpace& space, Span1<const T> params, Span2<const std::int32_t> tokens,
+                    Span2<const std::int32_t> targets, index_t n, Span1<T> grad, BatchScalars& r);
+
+ private:
+  Gpt<T>& engine_;
+  std::vector<std::size_t> chunk_range_;  // the range of each chunk
+  std::vector<std::pair<std::size_t, std::size_t>> values_;
+  std::size_t n_ranges_;
+  View1<index_t> chunks_;  // chunk boundaries in the flat order (n_chunks + 1)
+  View1<T> g_;             // one sequence's gradient
+  View2<double> partial_;  // (max_batch, n_chunks) sums of squares
+};
+
 // Gradients of the summed loss of each batch in `mine`, added into acc.
-// Returns false if stopped early.
+// Returns false if stopped early. With seq, every sequence's gradient apart
+// (SequenceNorms).
 template <class T>
 bool gradient_pass(const ExecSpace& space, Gpt<T>& model, BatchStager& stager, Span1<const T> params,
                    const std::int32_t* ids, const std::vector<Batch>& batches, const std::vector<index_t>& mine,
                    ExactSum& acc, std::vector<BatchScalars>& table, const StopCheck& stop = {},
-                   const ProgressFn& progress = {});
+                   const ProgressFn& progress = {}, SequenceNorms<T>* seq = nullptr);
 
 // Quadratic forms of each batch in `mine` along dirs (K, P) = the model's directions.
 // With forward-over-reverse, hv_sums (K of them) may also collect H_sum v_k.

@@ -28,7 +28,8 @@ const std::vector<std::string>& curvature_method_names();
 std::optional<Precision> precision_named(const std::string& s);
 std::optional<CurvatureMethod> curvature_method_named(const std::string& s);
 
-// X(key, type, default, lowest, highest, recipe): every [analysis] key. Every
+// X(key, type, default, lowest, highest, recipe): every [analysis] key (an
+// integer, an enumeration or a boolean, whose range is ignored). Every
 // key can change a result, so every key is in the settings fingerprint;
 // `recipe` marks the keys that change the cost of a pass, which a timing
 // profile is measured for (driver/plan.cpp). Enumerations ignore the range.
@@ -40,7 +41,8 @@ std::optional<CurvatureMethod> curvature_method_named(const std::string& s);
   X(directions, index_t, 32, 0, index_t(1) << 30, false)     \
   X(directions_per_pass, index_t, 8, 1, 4096, true)          \
   X(seed, std::uint64_t, 1234, 0, INT64_MAX, false)          \
-  X(curvature_method, CurvatureMethod, CurvatureMethod::second_order_forward, 0, 0, true)
+  X(curvature_method, CurvatureMethod, CurvatureMethod::second_order_forward, 0, 0, true) \
+  X(per_sequence, bool, true, 0, 1, false)
 
 // [curvature] operator (SPEC §10): the Hessian's statistics alone, or with
 // them those of its Gauss-Newton part GGN = J^T H_z J (doc/statistics.md).

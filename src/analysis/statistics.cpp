@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "analysis/statistics.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -23,7 +24,43 @@ Estimate mean_se(const std::vector<double>& x) {
 
 namespace {
 Estimate scaled(Estimate e, double s) { return {e.value * s, e.se * std::abs(s)}; }
+
+// Bins of a histogram of positive values: logarithmic from the smallest to
+// the largest (linear where they are not all positive or all equal).
+constexpr int histogram_bins = 32;
+
+void histogram(const std::vector<double>& x, std::vector<double>& edges, std::vector<std::int64_t>& counts) {
+  const auto [lo_it, hi_it] = std::minmax_element(x.begin(), x.end());
+  const double lo = *lo_it, hi = *hi_it;
+  const bool logarithmic = lo > 0 && hi > lo;
+  edges.resize(histogram_bins + 1);
+  for (int k = 0; k <= histogram_bins; ++k) {
+    const double f = double(k) / histogram_bins;
+    edges[std::size_t(k)] = logarithmic ? std::exp(std::log(lo) + f * (std::log(hi) - std::log(lo)))
+                                        : lo + f * (hi > lo ? hi - lo : 1.0);
+  }
+  edges.front() = lo;
+  if (hi > lo) edges.back() = hi;
+  counts.assign(histogram_bins, 0);
+  for (const double v : x) {
+    // The bin whose [edge_k, edge_k+1) holds v, the last closed.
+    const auto at = std::upper_bound(edges.begin(), edges.end(), v) - edges.begin() - 1;
+    ++counts[std::size_t(std::clamp<std::ptrdiff_t>(at, 0, histogram_bins - 1))];
+  }
+}
 }  // namespace
+
+Estimate sequence_trace(double sum, double sum_sq, double n, double G_sqnorm) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  if (n < 1) return {nan, nan};
+  const double mean = sum / n, tr = mean - G_sqnorm;
+  if (n < 2) return {tr, nan};
+  // d_i = |a_i - G|^2 = |a_i|^2 - 2 a_i.G + |G|^2 has sd(d) <= sd(|a|^2) +
+  // 2 sd(a.G), and var(a.G) = G^T Sigma G <= |G|^2 tr(Sigma).
+  const double var = std::max(0.0, (sum_sq - n * mean * mean) / (n - 1));
+  const double sd = std::sqrt(var) + 2 * std::sqrt(G_sqnorm * std::max(tr, 0.0));
+  return {tr, sd / std::sqrt(n)};
+}
 
 DerivedStatistics derive(const CaseMeasurements& m) {
   DerivedStatistics d;
@@ -55,6 +92,25 @@ DerivedStatistics derive(const CaseMeasurements& m) {
   } else {
     d.GPG = d.PG_H_PG = d.curvature_preconditioned = nan;
     d.B_simple_P = d.B_noise_P = {nan, nan};
+  }
+  d.n_sequences = nan;
+  d.trace_sigma_seq = d.B_simple_seq = {nan, nan};
+  if (!m.seq_sqnorm.empty()) {
+    double sum = 0, sum_sq = 0;
+    for (const double x : m.seq_sqnorm) {
+      sum += x;
+      sum_sq += x * x;
+    }
+    d.n_sequences = double(m.seq_sqnorm.size());
+    d.trace_sigma_seq = sequence_trace(sum, sum_sq, d.n_sequences, m.G_sqnorm);
+    if (m.seq_dot_G.size() == m.seq_sqnorm.size()) {
+      // With every a_i . G: the error of the mean of d_i = |a_i - G|^2 itself.
+      std::vector<double> dev(m.seq_sqnorm.size());
+      for (std::size_t i = 0; i < dev.size(); ++i) dev[i] = m.seq_sqnorm[i] - 2 * m.seq_dot_G[i] + m.G_sqnorm;
+      d.trace_sigma_seq.se = mean_se(dev).se;
+    }
+    d.B_simple_seq = scaled(d.trace_sigma_seq, 1.0 / m.G_sqnorm);
+    histogram(m.seq_sqnorm, d.seq_hist_edges, d.seq_hist_counts);
   }
   d.GHG_ggn = d.residual_share = nan;
   d.xiHxi_ggn = d.trace_ggn = d.B_noise_ggn = {nan, nan};
@@ -108,6 +164,11 @@ std::vector<std::pair<std::string, double>> DerivedStatistics::named() const {
           {"B_noise_ggn", B_noise_ggn.value},
           {"B_noise_ggn_se", B_noise_ggn.se},
           {"residual_share", residual_share},
+          {"n_sequences", n_sequences},
+          {"trace_sigma_seq", trace_sigma_seq.value},
+          {"trace_sigma_seq_se", trace_sigma_seq.se},
+          {"B_simple_seq", B_simple_seq.value},
+          {"B_simple_seq_se", B_simple_seq.se},
           {"GHG_over_G_sqnorm", GHG_over_G_sqnorm},
           {"eps_star", eps_star}};
 }
@@ -151,6 +212,14 @@ BlockTable derive_blocks(const BlockMeasurements& b, const CaseMeasurements& m, 
   estimated("B_simple", [&](std::size_t i) {
     return scaled(scaled(mean_se(column_of(b.xi_sqnorm, i)), B * d.fpc), 1.0 / b.G_sqnorm[i]);
   });
+  if (!b.seq_sum.empty()) {
+    const double n_seq = double(m.seq_sqnorm.size());
+    estimated("trace_sigma_seq",
+              [&](std::size_t i) { return sequence_trace(b.seq_sum[i], b.seq_sq[i], n_seq, b.G_sqnorm[i]); });
+    estimated("B_simple_seq", [&](std::size_t i) {
+      return scaled(sequence_trace(b.seq_sum[i], b.seq_sq[i], n_seq, b.G_sqnorm[i]), 1.0 / b.G_sqnorm[i]);
+    });
+  }
   if (!b.has_hv) return t;
   estimated("trace_H", [&](std::size_t i) { return mean_se(column_of(b.vHv, i)); });
   t.columns.emplace_back("GHG_contrib", b.GHG);

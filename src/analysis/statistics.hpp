@@ -30,6 +30,11 @@ struct CaseMeasurements {
   bool gauss_newton = false, hessian_too = false;
   double GHG_ggn = 0;
   std::vector<double> xiHxi_ggn, vGv_ggn;
+  // analysis.per_sequence (SPEC section 10): |a_i|^2 of every sequence's own
+  // gradient, in epoch order; empty without it.
+  std::vector<double> seq_sqnorm;
+  // and a_i . G of each, from the curvature pass along G (empty where none ran)
+  std::vector<double> seq_dot_G;
 };
 
 struct Estimate {
@@ -50,6 +55,15 @@ struct DerivedStatistics {
   // and with "both" the residual share (G^T H G - G^T GGN G)/G^T H G.
   double GHG_ggn = 0, residual_share = 0;
   Estimate xiHxi_ggn, trace_ggn, B_noise_ggn;
+  // From every sequence's own gradient (analysis.per_sequence; NaN without
+  // it): tr(Sigma) = mean_i |a_i|^2 - |G|^2, exact for the epoch, and
+  // B_simple from it; the errors bound those of estimates of the data's
+  // covariance from n sequences (doc/statistics.md).
+  double n_sequences = 0;
+  Estimate trace_sigma_seq, B_simple_seq;
+  // A histogram of |a_i|^2: edges (bins + 1), counts (bins).
+  std::vector<double> seq_hist_edges;
+  std::vector<std::int64_t> seq_hist_counts;
   double GHG_over_G_sqnorm = 0, eps_star = 0;
   // Batch sizes in tokens (the values above are in sequences).
   Estimate B_simple_tokens, B_noise_tokens;
@@ -71,6 +85,8 @@ struct BlockMeasurements {
   std::vector<std::vector<double>> xi_sqnorm, xiHxi;  // per noise sample: |xi_b|^2, xi_b^T (H xi)_b
   std::vector<std::vector<double>> vHv, Hv_sqnorm;    // per direction: v_b^T (Hv)_b, |(Hv)_b|^2
   std::vector<std::vector<double>> vGv;               // per direction: v_b^T (GGN v)_b (operator "both")
+  // analysis.per_sequence: over the sequences i, sum |a_i,b|^2 and sum |a_i,b|^4
+  std::vector<double> seq_sum, seq_sq;
   std::size_t size() const { return names.size(); }
 };
 
@@ -152,5 +168,10 @@ struct CaseStatistics {
 // estimable, hence NaN (and absent from the outputs): the mean of no sample,
 // the error of fewer than two.
 Estimate mean_se(const std::vector<double>& x);
+
+// tr(Sigma) from n sequences (doc/statistics.md): the sum and the sum of
+// squares of |a_i|^2 over them, and |G|^2; the error is an upper bound
+// (NaN for fewer than two sequences).
+Estimate sequence_trace(double sum, double sum_sq, double n, double G_sqnorm);
 
 }  // namespace gnh

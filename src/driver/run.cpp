@@ -62,9 +62,10 @@ void print_plan(const Campaign& c, const std::vector<int>& team_of_group, int te
     const MemoryPlan mem = plan_memory(c.cfg, s, p, rpc);
     std::printf(
         "         memory per rank %s: gradient engine %s, curvature engine (K = %lld) %s, checks %s, "
-        "vectors %s\n",
+        "vectors %s%s%s\n",
         gib(mem.total()).c_str(), gib(mem.gradient).c_str(), static_cast<long long>(sizes.front()),
-        gib(mem.curvature).c_str(), gib(mem.checks).c_str(), gib(mem.vectors).c_str());
+        gib(mem.curvature).c_str(), gib(mem.checks).c_str(), gib(mem.vectors).c_str(),
+        s.per_sequence ? ", per-sequence norms " : "", s.per_sequence ? gib(mem.sequence).c_str() : "");
     if (p.spectrum)
       std::printf(
           "         spectrum: %lld Lanczos chain(s) of up to %lld steps on %s, %lld epoch pass(es) per step; basis "

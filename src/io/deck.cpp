@@ -289,6 +289,7 @@ void read_analysis_section(const Reader& r, const toml::table& root, Deck& d) {
     using V = std::decay_t<decltype(v)>;
     if constexpr (std::is_same_v<V, CurvatureMethod>)
       v = *curvature_method_named(r.str(*a, "analysis", k.name, to_string(v), false, curvature_method_names()));
+    else if constexpr (std::is_same_v<V, bool>) v = r.boolean(*a, "analysis", k.name, v);
     else v = static_cast<V>(r.integer(*a, "analysis", k.name, static_cast<std::int64_t>(v), k.lowest, k.highest));
   });
 }

@@ -145,6 +145,12 @@ void write_case(hid_t parent, const CaseRecord& c, const std::string& where) {
     h5::write_dataset(id, "xiGGNxi", s.m.xiHxi_ggn);
     h5::write_dataset(id, "vGGNv", s.m.vGv_ggn);
   }
+  if (!s.m.seq_sqnorm.empty()) {  // analysis.per_sequence: |a_i|^2 and their histogram
+    h5::write_dataset(id, "seq_grad_sqnorm", s.m.seq_sqnorm);
+    h5::write_dataset(id, "seq_grad_sqnorm_edges", s.derived.seq_hist_edges);
+    h5::write_dataset(id, "seq_grad_sqnorm_counts", s.derived.seq_hist_counts,
+                      {std::int64_t(s.derived.seq_hist_counts.size())});
+  }
   // SPEC §10, where [curvature] asked for them.
   if (!s.m.Hv_sqnorm.empty()) h5::write_dataset(id, "Hv_sqnorm", s.m.Hv_sqnorm);
   if (s.update.present) write_update(id, s.update, where);

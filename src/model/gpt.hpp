@@ -33,6 +33,9 @@ struct LossSum {
   // per direction: v^T GGN v of the sum, the Gauss-Newton part of second
   // (every pass with directions: the head's z'^T H_z z', kernels/lm_head_xent.hpp)
   std::vector<double> gauss_newton;
+  // per sequence (row of the batch): d/de of its summed loss along the first
+  // direction (the per-sequence statistics' a_i . G, doc/statistics.md)
+  std::vector<double> first_seq;
 };
 
 // What hvp applies: the Hessian, or its Gauss-Newton part GGN = J^T H_z J (J

@@ -479,6 +479,12 @@ LossSum Gpt<T>::loss_sums(Span1<const std::int32_t> flat_targets, bool cut) cons
           out.first[k] += h_d(k, n);
           out.gauss_newton[k] += h_gn(k, n);
         }
+    if (K > 0) {
+      const index_t Tc = shape_.context;
+      out.first_seq.assign(std::size_t(shape_.batch), 0.0);
+      for (index_t n = 0; n < N_; ++n)
+        if (h_targets(n) >= 0) out.first_seq[std::size_t(n / Tc)] += h_d(0, n);
+    }
     if constexpr (std::is_same<S, Jet2<T>>::value) {
       auto h_dd = Kokkos::create_mirror_view_and_copy(HostSpace(), row_loss_dd_);
       out.second.assign(K, 0.0);

@@ -42,23 +42,21 @@ void MpiTeam::sum(ExactSum& acc) {
 
 void MpiTeam::share(std::vector<BatchScalars>& table) {
   if (size_ == 1) return;
-  // Rows this member computed: [b, loss_sum, count, seconds, device_bytes, K1, first..., K2, second...,
-  // K3, gauss_newton...].
+  // Rows this member computed: [b, loss_sum, count, seconds, device_bytes,
+  // then each vector member (BatchScalars::vectors) as its length and values].
   std::vector<double> mine;
   for (std::size_t b = 0; b < table.size(); ++b) {
-    const BatchScalars& r = table[b];
+    BatchScalars& r = table[b];
     if (!r.done) continue;
     mine.push_back(double(b));
     mine.push_back(r.loss_sum);
     mine.push_back(double(r.count));
     mine.push_back(r.seconds);
     mine.push_back(r.device_bytes);
-    mine.push_back(double(r.first.size()));
-    mine.insert(mine.end(), r.first.begin(), r.first.end());
-    mine.push_back(double(r.second.size()));
-    mine.insert(mine.end(), r.second.begin(), r.second.end());
-    mine.push_back(double(r.gauss_newton.size()));
-    mine.insert(mine.end(), r.gauss_newton.begin(), r.gauss_newton.end());
+    for (const std::vector<double>* v : r.vectors()) {
+      mine.push_back(double(v->size()));
+      mine.insert(mine.end(), v->begin(), v->end());
+    }
   }
   const int n = int(mine.size());
   const GatherLayout g = gather_layout(comm_, n);
@@ -70,16 +68,13 @@ void MpiTeam::share(std::vector<BatchScalars>& table) {
     r.count = std::int64_t(all[i + 2]);
     r.seconds = all[i + 3];
     r.device_bytes = all[i + 4];
-    const std::size_t f = i + 5;
-    const auto k1 = std::size_t(all[f]);
-    r.first.assign(all.begin() + std::ptrdiff_t(f + 1), all.begin() + std::ptrdiff_t(f + 1 + k1));
-    const auto k2 = std::size_t(all[f + 1 + k1]);
-    r.second.assign(all.begin() + std::ptrdiff_t(f + 2 + k1), all.begin() + std::ptrdiff_t(f + 2 + k1 + k2));
-    const std::size_t g3 = f + 2 + k1 + k2;
-    const auto k3 = std::size_t(all[g3]);
-    r.gauss_newton.assign(all.begin() + std::ptrdiff_t(g3 + 1), all.begin() + std::ptrdiff_t(g3 + 1 + k3));
+    i += 5;
+    for (std::vector<double>* v : r.vectors()) {
+      const auto k = std::size_t(all[i]);
+      v->assign(all.begin() + std::ptrdiff_t(i + 1), all.begin() + std::ptrdiff_t(i + 1 + k));
+      i += 1 + k;
+    }
     r.done = true;
-    i = g3 + 1 + k3;
   }
 }
 

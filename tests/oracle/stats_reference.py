@@ -588,6 +588,49 @@ def gauss_newton_statistics(ref, stats, directions, seed):
     return out
 
 
+def sequence_statistics(ref, bins=32):
+    """SPEC §10's statistics from every sequence's own gradient, in float64
+    (doc/statistics.md): a_i = the gradient of block i's mean token loss
+    (every block has T targets), G = mean_i a_i; ``seq_grad_sqnorm`` |a_i|^2
+    in epoch order, ``trace_sigma_seq`` = mean |a_i|^2 - |G|^2 with the SE of
+    the mean of d_i = |a_i - G|^2, ``B_simple_seq`` (``_se``) over |G|^2, the
+    histogram of |a_i|^2 (``bins`` logarithmic bins from the smallest to the
+    largest); per block of both partitions ``trace_sigma_seq`` and
+    ``B_simple_seq`` with the bounded SE (sd(|a_i,b|^2) + 2 sqrt(|G_b|^2
+    tr Sigma_bb)) / sqrt(n)."""
+    A = []
+    for b in range(ref.n):
+        _, a = ref.gradient([b])
+        A.append(a)
+    A = torch.stack(A)
+    G = A.mean(0)
+    G2 = float(G @ G)
+    x = (A * A).sum(1).numpy()
+    d = ((A - G) ** 2).sum(1).numpy()
+    n = ref.n
+    out = {"n_sequences": n, "seq_grad_sqnorm": x, "G": G.numpy()}
+    out["trace_sigma_seq"] = float(x.mean()) - G2
+    out["trace_sigma_seq_se"] = float(d.std(ddof=1) / math.sqrt(n))
+    out["B_simple_seq"], out["B_simple_seq_se"] = out["trace_sigma_seq"] / G2, out["trace_sigma_seq_se"] / G2
+    lo, hi = float(x.min()), float(x.max())
+    out["seq_grad_sqnorm_edges"] = np.exp(np.linspace(math.log(lo), math.log(hi), bins + 1))
+    out["blocks"] = {}
+    for part, (names, offsets) in partitions(ref).items():
+        q = {"trace_sigma_seq": [], "trace_sigma_seq_se": []}
+        for i in range(len(names)):
+            s = slice(offsets[i], offsets[i + 1])
+            xb = (A[:, s] ** 2).sum(1).numpy()
+            gb = float(G[s] @ G[s])
+            tr = float(xb.mean()) - gb
+            q["trace_sigma_seq"].append(tr)
+            q["trace_sigma_seq_se"].append((xb.std(ddof=1) + 2 * math.sqrt(gb * max(tr, 0.0))) / math.sqrt(n))
+            q.setdefault("G_sqnorm", []).append(gb)
+        q = {k: np.array(v) for k, v in q.items()}
+        q["B_simple_seq"], q["B_simple_seq_se"] = q["trace_sigma_seq"] / q["G_sqnorm"], q["trace_sigma_seq_se"] / q["G_sqnorm"]
+        out["blocks"][part] = q
+    return out
+
+
 def update_statistics(ref_a, stats_a, ckpt_b):
     """SPEC §10 along the update Delta = theta_b - theta_a, at theta_a on the
     reference's case: |Delta|^2, G^T Delta, Delta^T H Delta (with its

@@ -251,6 +251,75 @@ class StatisticsOracle(unittest.TestCase):
                 self.assertTrue(np.all(np.abs(got_se - exp_se) <= 10 * rel * scale), (part, got_se, exp_se))
                 self.assertLessEqual(abs(got.sum() - c.attrs["trace_ggn"]), rel * np.abs(got).sum())
 
+    def check_per_sequence(self, policy, rel, method):
+        """Every sequence's |a_i|^2, tr(Sigma) and B_simple from them, their
+        SEs, the histogram and the per-block values against float64 PyTorch
+        (stats_reference.sequence_statistics), for every state and case.
+        |a_i|^2 and the per-block sums of squares are sums of positive terms:
+        rel (fp64 1e-10, fp32 1e-4: the gradient's own rounding) of the value;
+        tr(Sigma) = mean|a|^2 - |G|^2 cancels, so rel of mean|a|^2; the SEs
+        are square roots of sums of squares of such differences: 10 rel of
+        their scale. The edges equal the reference's to 1e-12 (exp and log of
+        the same extremes) and the counts are those of the |a_i|^2 written
+        (already checked) on them: the reference's own extremes may fall a
+        rounding outside gnh's edges."""
+        r = gnhtest.run_gnh(self.deck, 2, [f"precision.policy={policy}", f"analysis.curvature_method={method}",
+                                           "curvature.blocks=true"])
+        self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
+        with h5py.File(os.path.join(self.tmp, "out", "stats.h5"), "r") as f:
+            self.assertEqual(int(f.attrs["identities_ok"]), 1)
+            groups = {}
+            for g in f["groups"].values():
+                for a in g.attrs["aliases"]:
+                    groups[a.decode() if isinstance(a, bytes) else a] = g
+            for e in (1, 3):
+                for case, tok in (("seen", "train.bin"), ("unseen", "val.bin")):
+                    ref = stats_reference.load_reference(os.path.join(self.tmp, "ckpt", f"epoch{e}.h5"),
+                                                         os.path.join(self.tmp, tok), self.context)
+                    want = stats_reference.sequence_statistics(ref)
+                    c = groups[f"epoch{e}.h5"][case]
+                    with self.subTest(epoch=e, case=case, policy=policy, method=method):
+                        x = c["seq_grad_sqnorm"][()]
+                        np.testing.assert_allclose(x, want["seq_grad_sqnorm"], rtol=rel)
+                        self.assertEqual(int(c.attrs["n_sequences"]), want["n_sequences"])
+                        scale = float(np.mean(want["seq_grad_sqnorm"]))
+                        self.assertLessEqual(abs(c.attrs["trace_sigma_seq"] - want["trace_sigma_seq"]), rel * scale)
+                        self.assertLessEqual(abs(c.attrs["trace_sigma_seq_se"] - want["trace_sigma_seq_se"]),
+                                             10 * rel * scale)
+                        G2 = c.attrs["G_sqnorm"]
+                        self.assertLessEqual(abs(c.attrs["B_simple_seq"] - want["B_simple_seq"]), 10 * rel * scale / G2)
+                        edges = c["seq_grad_sqnorm_edges"][()]
+                        np.testing.assert_allclose(edges, want["seq_grad_sqnorm_edges"], rtol=max(rel, 1e-12))
+                        counts, _ = np.histogram(x, bins=edges)
+                        self.assertEqual(c["seq_grad_sqnorm_counts"][()].tolist(), counts.tolist())
+                        self.assertEqual(int(np.sum(counts)), want["n_sequences"])
+                        for part in ("tensor", "layer"):
+                            t, w = c["blocks"][part], want["blocks"][part]
+                            bscale = np.maximum(np.abs(w["trace_sigma_seq"]), w["G_sqnorm"]) + scale * rel
+                            for name in ("trace_sigma_seq", "trace_sigma_seq_se"):
+                                np.testing.assert_array_less(np.abs(t[name][()] - w[name]), 10 * rel * bscale + 1e-300,
+                                                             err_msg=f"{part} {name}")
+                        # The batch and the per-sequence estimators agree (a three-SE identity).
+                        self.assertLessEqual(c.attrs["identity_noise_estimators_deviation"], 3)
+
+    def test_fp64_per_sequence(self):
+        self.check_per_sequence("fp64", 1e-10, "second-order-forward")
+
+    def test_fp32_per_sequence(self):
+        self.check_per_sequence("fp32", 1e-4, "forward-over-reverse")
+
+    def test_per_sequence_off_writes_none(self):
+        r = gnhtest.run_gnh(self.deck, 1, ["precision.policy=fp64", "analysis.per_sequence=false"])
+        self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
+        with h5py.File(os.path.join(self.tmp, "out", "stats.h5"), "r") as f:
+            for g in f["groups"].values():
+                for case in ("seen", "unseen"):
+                    c = g[case]
+                    for name in ("n_sequences", "trace_sigma_seq", "B_simple_seq", "identity_noise_estimators_deviation"):
+                        self.assertNotIn(name, c.attrs)
+                    for name in ("seq_grad_sqnorm", "seq_grad_sqnorm_edges", "seq_grad_sqnorm_counts"):
+                        self.assertNotIn(name, c)
+
     def test_fp64_curvature_blocks(self):
         self.check_blocks("fp64", 1e-10)
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <type_traits>
 
 #include "analysis/blocks.hpp"
@@ -222,7 +223,8 @@ struct CaseAnalysis {
       return std::size_t(it - ranges.begin());
     };
     for (const BlockMeasurements& p : blocks_)
-      for (std::size_t i = 0; i < p.size(); ++i) values.emplace_back(range_at(p.offsets[i]), range_at(p.offsets[i + 1]));
+      for (std::size_t i = 0; i < p.size(); ++i)
+        values.emplace_back(range_at(p.offsets[i]), range_at(p.offsets[i + 1]));
     return std::make_unique<SequenceNorms<T>>(*engines_.sequence, ranges, std::move(values), s_.grad_microbatch);
   }
 
@@ -352,6 +354,15 @@ struct CaseAnalysis {
     }
   }
 
+  // The first pass's first direction is G: with per-sequence norms, every
+  // sequence's a_i . G = S_i . G / (tokens / n), in epoch order.
+  void sequence_dot_G(const std::vector<BatchScalars>& table) {
+    if (out_.m.seq_sqnorm.empty()) return;
+    const double per_sequence = double(tokens_) / double(plan_.n_blocks);
+    for (const BatchScalars& r : table)
+      for (const double x : r.seq_first) out_.m.seq_dot_G.push_back(x / per_sequence);
+  }
+
   // Stage 3: every direction of the case in the planned epoch passes, each
   // exactly as wide as it needs; first and second derivatives per direction.
   void curvature_passes() {
@@ -398,12 +409,7 @@ struct CaseAnalysis {
       team_.share(ct);
       meter_.add(ct, K);
       const BatchScalars cs = sum_in_order(ct);
-      // The first pass's first direction is G: every sequence's a_i . G.
-      if (c == 0 && !out_.m.seq_sqnorm.empty()) {
-        const double per_sequence = double(tokens_) / double(plan_.n_blocks);
-        for (const BatchScalars& r : ct)
-          for (const double x : r.seq_first) out_.m.seq_dot_G.push_back(x / per_sequence);
-      }
+      if (c == 0) sequence_dot_G(ct);
       for (index_t r = 0; r < K; ++r) {
         quad[d0 + r] = cs.second[r] / double(tokens_);
         quad_ggn[d0 + r] = cs.gauss_newton[r] / double(tokens_);
@@ -526,12 +532,13 @@ struct CaseAnalysis {
     IdentityCheck sums{"block_sums", 0, tol, true};
     const DerivedStatistics& d = out_.derived;
     const Estimate xiHxi_mean = mean_se(out_.m.xiHxi);
-    const std::pair<const char*, double> whole[] = {
-        {"G_sqnorm", out_.m.G_sqnorm},
-        {"trace_sigma", d.trace_sigma.value},
-        {"trace_sigma_seq", d.trace_sigma_seq.value},
-        {"trace_H", d.trace_H.value},
-        {"GHG_contrib", out_.m.GHG},   {"xiHxi_contrib", xiHxi_mean.value},  {"frob_H", d.frob_H.value}};
+    const std::pair<const char*, double> whole[] = {{"G_sqnorm", out_.m.G_sqnorm},
+                                                    {"trace_sigma", d.trace_sigma.value},
+                                                    {"trace_sigma_seq", d.trace_sigma_seq.value},
+                                                    {"trace_H", d.trace_H.value},
+                                                    {"GHG_contrib", out_.m.GHG},
+                                                    {"xiHxi_contrib", xiHxi_mean.value},
+                                                    {"frob_H", d.frob_H.value}};
     for (const BlockTable& t : out_.blocks)
       for (const auto& [name, value] : whole) {
         const std::vector<double>* col = t.column(name);
@@ -687,12 +694,42 @@ struct CaseAnalysis {
 
   // SPEC §10's spectrum of H or of its Gauss-Newton part: the stage
   // "spectrum" or "spectrum_ggn", its output, identities and time.
+  // curvature.eigenvectors: what the span U of the top Ritz vectors holds of
+  // G and of the update Delta (H's and GGN's vectors; those of the
+  // preconditioned operators live in P^1/2-scaled coordinates and are not
+  // projected), U in float for the output, and the orthonormality identity.
+  void topk_projections(SpectrumRun& sp) {
+    SpectrumStatistics& st = sp.stats;
+    const index_t k = index_t(sp.vectors.extent(0));
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    st.G_in_topk = st.delta_in_topk = st.topk_overlap_prev = nan;
+    if (!s_.curvature.lanczos_php) {
+      double g = 0, d = 0;
+      for (index_t i = 0; i < k; ++i) {
+        const double* y = sp.vectors.data() + i * P_;
+        const double a = dot(space_, y, G_.data(), P_);
+        g += a * a;
+        if (plan_.update) {
+          const double b = dot(space_, y, delta_.data(), P_);
+          d += b * b;
+        }
+      }
+      st.G_in_topk = g / out_.m.G_sqnorm;
+      if (plan_.update) st.delta_in_topk = d / dot(space_, delta_.data(), delta_.data(), P_);
+    }
+    auto h = Kokkos::create_mirror_view_and_copy(HostSpace(), sp.vectors);
+    st.eigenvectors.resize(std::size_t(k * P_));
+    for (index_t i = 0; i < k * P_; ++i) st.eigenvectors[std::size_t(i)] = float(h.data()[i]);
+    spectrum_checks_.push_back(sp.orthonormal);
+  }
+
   void spectrum(CurvatureOperator op) {
     const bool ggn = op == CurvatureOperator::gauss_newton;
     const std::string name = ggn ? "spectrum_ggn" : "spectrum";
     meter_.begin();
     SpectrumRun sp = lanczos_spectrum<T>(space_, team_, engines_, stager_, params_, precond_, ids_, plan_.n_blocks,
                                          tokens_, s_, hooks_, op);
+    if (sp.vectors.extent(0) > 0) topk_projections(sp);
     (ggn ? out_.spectrum_ggn : out_.spectrum) = std::move(sp.stats);
     spectrum_checks_.push_back(sp.quadrature);
     if (sp.nonnegative.checked) spectrum_checks_.push_back(sp.nonnegative);

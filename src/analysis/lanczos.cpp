@@ -21,11 +21,15 @@ std::size_t lanczos_bytes(index_t n_params, const CurvatureSettings& c, index_t 
   // The basis shard and the step's local work vectors; the chains' whole
   // current vectors, the assembled vector and H v in double; an exact sum
   // and a direction (at most 8 bytes) per direction of a pass.
+  // With eigenvectors = k: their local parts and whole vectors in double,
+  // and their float copy for the output.
+  const auto k = std::size_t(c.eigenvectors);
   return sizeof(double) * std::min(local, P) * C * (rows + 1) + sizeof(double) * P * (C + 2) +
-         (sizeof(__int128) + sizeof(double)) * P * K;
+         (sizeof(__int128) + sizeof(double)) * P * K +
+         k * (sizeof(double) * (std::min(local, P) + P) + sizeof(float) * P);
 }
 
-RitzPairs ritz_pairs(const std::vector<double>& alpha, const std::vector<double>& beta) {
+RitzPairs ritz_pairs(const std::vector<double>& alpha, const std::vector<double>& beta, bool vectors) {
   const std::size_t n = alpha.size();
   RitzPairs out;
   if (n == 0) return out;
@@ -39,6 +43,15 @@ RitzPairs ritz_pairs(const std::vector<double>& alpha, const std::vector<double>
   std::vector<double> first(n, 0.0), last(n, 0.0);
   first[0] = 1;
   last[n - 1] = 1;
+  // With vectors, every row of S: rows[r] = S(r, .).
+  std::vector<std::vector<double>> rows_of_s;
+  if (vectors)
+    for (std::size_t r = 0; r < n; ++r) {
+      rows_of_s.emplace_back(n, 0.0);
+      rows_of_s.back()[r] = 1;
+    }
+  std::vector<std::vector<double>*> rotated{&first, &last};
+  for (auto& r : rows_of_s) rotated.push_back(&r);
   for (std::size_t l = 0; l < n; ++l) {
     for (int iteration = 0;; ++iteration) {
       // The first negligible off-diagonal at or after l splits the matrix.
@@ -70,7 +83,7 @@ RitzPairs ritz_pairs(const std::vector<double>& alpha, const std::vector<double>
         p = s * r;
         d[i + 1] = g + p;
         g = c * r - b;
-        for (std::vector<double>* row : {&first, &last}) {
+        for (std::vector<double>* row : rotated) {
           double& zi = (*row)[i];
           double& zj = (*row)[i + 1];
           const double t = zj;
@@ -91,6 +104,11 @@ RitzPairs ritz_pairs(const std::vector<double>& alpha, const std::vector<double>
     out.values.push_back(d[i]);
     out.weights.push_back(first[i] * first[i]);
     out.last.push_back(last[i]);
+  }
+  if (vectors) {
+    out.vectors.resize(n * n);
+    for (std::size_t r = 0; r < n; ++r)
+      for (std::size_t c = 0; c < n; ++c) out.vectors[r * n + c] = rows_of_s[r][order[c]];
   }
   return out;
 }

@@ -18,7 +18,8 @@ namespace gnh {
 constexpr index_t kLanczosChunk = index_t(1) << 16;
 
 // Bytes one member of a team of `members` keeps for the chains (the basis
-// shard, the whole current vectors, the step's work vectors).
+// shard, the whole current vectors, the step's work vectors, and the Ritz
+// vectors of curvature.eigenvectors).
 std::size_t lanczos_bytes(index_t n_params, const CurvatureSettings& c, index_t directions_per_pass, int members);
 
 // The eigen-decomposition T = S diag(theta) S^T of the symmetric tridiagonal
@@ -27,10 +28,13 @@ std::size_t lanczos_bytes(index_t n_params, const CurvatureSettings& c, index_t 
 // weights S(0, i)^2 (they sum to 1) and the last row S(n - 1, i), whose size
 // times the next beta is the residual of Ritz pair i. Implicit QL with
 // Wilkinson shifts, carrying only the first and last rows of S: O(n^2).
+// With vectors, the whole S as well (O(n^3)): row-major n x n, column i the
+// eigenvector of values[i] (the Ritz vector's coefficients in the basis).
 struct RitzPairs {
   std::vector<double> values, weights, last;
+  std::vector<double> vectors;
 };
-RitzPairs ritz_pairs(const std::vector<double>& alpha, const std::vector<double>& beta);
+RitzPairs ritz_pairs(const std::vector<double>& alpha, const std::vector<double>& beta, bool vectors = false);
 
 // Why a chain stopped (recorded per chain in the output).
 enum class ChainStop : int { running = 0, steps = 1, converged = 2, invariant_subspace = 3 };

@@ -44,7 +44,7 @@ Shape sequence_shape(const AnalysisSettings& s);
 
 struct MemoryPlan {
   std::size_t gradient = 0, curvature = 0, checks = 0;  // engines (model/plan.hpp)
-  std::size_t sequence = 0;  // analysis.per_sequence: its engine and one sequence's gradient
+  std::size_t sequence = 0;                             // analysis.per_sequence: its engine and one sequence's gradient
   std::size_t vectors = 0;   // G, g_j, xi_j in double; the exact sums; the xi and direction blocks;
                              // with [curvature], the epoch's H v of each direction of a pass
   std::size_t spectrum = 0;  // the Lanczos chains' share of one team member (analysis/spectrum.hpp)

@@ -154,9 +154,9 @@ bool gradient_pass(const ExecSpace& space, Gpt<T>& model, BatchStager& stager, S
     stager.stage(ids, blocks, model.batch());
     Kokkos::deep_copy(space, grad, T(0));
     BatchScalars& r = table[static_cast<std::size_t>(b)];
-    const LossSum s = seq ? seq->gradients(space, params, stager.tokens(), stager.targets(), index_t(blocks.size()),
-                                           grad, r)
-                          : model.gradient(space, params, stager.tokens(), stager.targets(), grad);
+    const LossSum s =
+        seq ? seq->gradients(space, params, stager.tokens(), stager.targets(), index_t(blocks.size()), grad, r)
+            : model.gradient(space, params, stager.tokens(), stager.targets(), grad);
     acc.add(space, grad.data());
     r.loss_sum = s.sum;
     r.count = s.count;
@@ -240,15 +240,14 @@ BatchScalars sum_in_order(const std::vector<BatchScalars>& table) {
   return s;
 }
 
-#define GNH_INSTANTIATE(T)                                                                                          \
-  template bool gradient_pass<T>(const ExecSpace&, Gpt<T>&, BatchStager&, Span1<const T>, const std::int32_t*,      \
-                                 const std::vector<Batch>&, const std::vector<index_t>&, ExactSum&,                 \
-                                 std::vector<BatchScalars>&, const StopCheck&, const ProgressFn&,                   \
-                                 SequenceNorms<T>*);                                                                \
-  template class SequenceNorms<T>;                                                                                  \
-  template bool curvature_pass<T>(const ExecSpace&, Gpt<T>&, BatchStager&, Span1<const T>, Span2<const T>,          \
-                                  const std::int32_t*, const std::vector<Batch>&, const std::vector<index_t>&,      \
-                                  CurvatureMethod, std::vector<BatchScalars>&, const StopCheck&, const ProgressFn&, \
+#define GNH_INSTANTIATE(T)                                                                                            \
+  template bool gradient_pass<T>(const ExecSpace&, Gpt<T>&, BatchStager&, Span1<const T>, const std::int32_t*,        \
+                                 const std::vector<Batch>&, const std::vector<index_t>&, ExactSum&,                   \
+                                 std::vector<BatchScalars>&, const StopCheck&, const ProgressFn&, SequenceNorms<T>*); \
+  template class SequenceNorms<T>;                                                                                    \
+  template bool curvature_pass<T>(const ExecSpace&, Gpt<T>&, BatchStager&, Span1<const T>, Span2<const T>,            \
+                                  const std::int32_t*, const std::vector<Batch>&, const std::vector<index_t>&,        \
+                                  CurvatureMethod, std::vector<BatchScalars>&, const StopCheck&, const ProgressFn&,   \
                                   std::vector<ExactSum>*, CurvatureOperator);
 GNH_INSTANTIATE(float)
 GNH_INSTANTIATE(double)

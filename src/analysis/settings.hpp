@@ -33,14 +33,14 @@ std::optional<CurvatureMethod> curvature_method_named(const std::string& s);
 // key can change a result, so every key is in the settings fingerprint;
 // `recipe` marks the keys that change the cost of a pass, which a timing
 // profile is measured for (driver/plan.cpp). Enumerations ignore the range.
-#define GNH_ANALYSIS_KEYS(X)                                 \
-  X(grad_microbatch, index_t, 32, 1, index_t(1) << 30, true) \
-  X(hvp_batch, index_t, 64, 1, index_t(1) << 30, true)       \
-  X(noise_samples, index_t, 32, 0, index_t(1) << 30, false)  \
-  X(noise_batch, index_t, 32, 1, index_t(1) << 30, false)    \
-  X(directions, index_t, 32, 0, index_t(1) << 30, false)     \
-  X(directions_per_pass, index_t, 8, 1, 4096, true)          \
-  X(seed, std::uint64_t, 1234, 0, INT64_MAX, false)          \
+#define GNH_ANALYSIS_KEYS(X)                                                              \
+  X(grad_microbatch, index_t, 32, 1, index_t(1) << 30, true)                              \
+  X(hvp_batch, index_t, 64, 1, index_t(1) << 30, true)                                    \
+  X(noise_samples, index_t, 32, 0, index_t(1) << 30, false)                               \
+  X(noise_batch, index_t, 32, 1, index_t(1) << 30, false)                                 \
+  X(directions, index_t, 32, 0, index_t(1) << 30, false)                                  \
+  X(directions_per_pass, index_t, 8, 1, 4096, true)                                       \
+  X(seed, std::uint64_t, 1234, 0, INT64_MAX, false)                                       \
   X(curvature_method, CurvatureMethod, CurvatureMethod::second_order_forward, 0, 0, true) \
   X(per_sequence, bool, true, 0, 1, false)
 
@@ -62,6 +62,9 @@ struct CurvatureSettings {
   index_t lanczos_steps = 0, lanczos_chains = 4, top_eigenvalues = 5;
   bool lanczos_php = false;
   double lanczos_tolerance = 0;
+  // The first chain's top `eigenvectors` Ritz vectors (0: none), saved with
+  // what they say of G, the update and the previous state (SPEC section 10).
+  index_t eigenvectors = 0;
   OperatorChoice op = OperatorChoice::hessian;
   bool gauss_newton() const { return op != OperatorChoice::hessian; }
   bool any() const {

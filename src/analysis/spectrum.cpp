@@ -6,6 +6,7 @@
 #include <sstream>
 #include <type_traits>
 
+#include "analysis/dot.hpp"
 #include "analysis/sampling.hpp"
 #include "core/compat.hpp"
 #include "core/error.hpp"
@@ -324,12 +325,14 @@ struct LanczosChains {
       c.beta.assign(flat.begin() + std::ptrdiff_t(at), flat.begin() + std::ptrdiff_t(at + std::size_t(c.steps)));
       at += std::size_t(c.steps);
     }
-    // Every row a running chain still needs: all of them, the last the current vector.
+    // Every row a running chain still needs: all of them, the last the
+    // current vector; and the first chain's, for its Ritz vectors.
     for (index_t c = 0; c < C_; ++c) {
       const LanczosChainState& st = state_.chains[std::size_t(c)];
-      if (st.stop != ChainStop::running) continue;
-      for (index_t j = 0; j <= index_t(st.steps); ++j) load_row(c, j);
-      assemble(row(c, index_t(st.steps)), c);
+      const bool running = st.stop == ChainStop::running;
+      if (!running && !(c == 0 && s_.curvature.eigenvectors > 0)) continue;
+      for (index_t j = 0; j < index_t(st.steps) + (running ? 1 : 0); ++j) load_row(c, j);
+      if (running) assemble(row(c, index_t(st.steps)), c);
     }
     resumed_at_ = 0;
     for (const LanczosChainState& c : state_.chains) resumed_at_ = std::max<std::int64_t>(resumed_at_, c.steps);
@@ -506,6 +509,54 @@ struct LanczosChains {
     return out;
   }
 
+  // The first chain's top k Ritz vectors y_i = sum_j S(j, i) q_j (S the
+  // eigenvectors of its tridiagonal, q_j its basis), whole on every member,
+  // their residuals beta_n |S(n - 1, i)| = |H y_i - theta_i y_i|, and the
+  // identity that they are orthonormal (the basis is, to double rounding,
+  // after full reorthogonalisation: 1e-10).
+  void ritz_vectors(SpectrumRun& out) {
+    const LanczosChainState& st = state_.chains.front();
+    const index_t k = std::min<index_t>(s_.curvature.eigenvectors, index_t(st.alpha.size()));
+    if (k == 0) return;
+    const RitzPairs r = ritz_pairs(st.alpha, st.beta, true);
+    const index_t n = index_t(r.values.size());
+    Kokkos::View<double**, Kokkos::LayoutRight, HostSpace> hc("gnh::lanczos::ritz_coefficients", k, n);
+    for (index_t i = 0; i < k; ++i)
+      for (index_t j = 0; j < n; ++j) hc(i, j) = r.vectors[std::size_t(j * n + (n - 1 - i))];
+    auto coef = Kokkos::create_mirror_view_and_copy(MemSpace(), hc);
+    View2<double> local("gnh::lanczos::ritz_local", k, L_);
+    auto Q = Q_;
+    const index_t first = row(0, 0), L = L_;
+    Kokkos::parallel_for(
+        "gnh::lanczos::ritz_vectors", range(space_, k * L), KOKKOS_LAMBDA(const index_t at) {
+          const index_t i = at / L, l = at % L;
+          double y = 0;
+          for (index_t j = 0; j < n; ++j) y += coef(i, j) * Q(first + j, l);
+          local(i, l) = y;
+        });
+    out.vectors = View2<double>("gnh::lanczos::ritz", k, P_);
+    const index_t size = team_.size(), rank = team_.rank();
+    for (index_t i = 0; i < k; ++i) {
+      auto w = whole_;
+      auto y = Kokkos::subview(local, i, Kokkos::ALL);
+      Kokkos::deep_copy(space_, w, 0.0);
+      Kokkos::parallel_for(
+          "gnh::lanczos::ritz_scatter", range(space_, L_),
+          KOKKOS_LAMBDA(const index_t l) { w(global_of(l, size, rank)) = y(l); });
+      space_.fence();
+      team_.combine(whole_);
+      Kokkos::deep_copy(space_, Kokkos::subview(out.vectors, i, Kokkos::ALL), whole_);
+    }
+    const TopRitz top = top_ritz(r, st.beta.empty() ? 0 : st.beta.back(), k);
+    out.stats.eigenvector_residuals = top.residuals;
+    out.orthonormal = IdentityCheck{name_ + "_eigenvectors_orthonormal", 0, 1e-10, true};
+    for (index_t i = 0; i < k; ++i)
+      for (index_t j = 0; j <= i; ++j) {
+        const double d = dot(space_, out.vectors.data() + i * P_, out.vectors.data() + j * P_, P_);
+        out.orthonormal.deviation = std::max(out.orthonormal.deviation, std::abs(d - (i == j ? 1.0 : 0.0)));
+      }
+  }
+
   // The outputs of SPEC §10 from the chains' tridiagonals.
   void finish(SpectrumRun& out) {
     SpectrumStatistics& sp = out.stats;
@@ -565,6 +616,7 @@ struct LanczosChains {
                  s_.curvature.top_eigenvalues);
     sp.top_eigenvalues = top.values;
     sp.top_residuals = top.residuals;
+    ritz_vectors(out);
     const SpectralDensity dens = slq_density(ritz, 1024, 0.01);
     sp.broadening = dens.broadening;
     sp.density_grid = dens.grid;

@@ -21,6 +21,10 @@ struct SpectrumRun {
   SpectrumStatistics stats;
   IdentityCheck quadrature;
   IdentityCheck nonnegative;  // the Gauss-Newton operator's Ritz values (unchecked for H)
+  // curvature.eigenvectors: the first chain's top Ritz vectors (k, n_params),
+  // descending, and the identity that they are orthonormal.
+  View2<double> vectors;
+  IdentityCheck orthonormal;
   double pass_seconds = 0, arithmetic_seconds = 0;
   std::int64_t resumed_at = -1;                          // the steps a saved state had done (-1: none)
   std::vector<double> batch_seconds, direction_seconds;  // each batch of every step's passes (measured)

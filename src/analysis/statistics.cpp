@@ -36,8 +36,8 @@ void histogram(const std::vector<double>& x, std::vector<double>& edges, std::ve
   edges.resize(histogram_bins + 1);
   for (int k = 0; k <= histogram_bins; ++k) {
     const double f = double(k) / histogram_bins;
-    edges[std::size_t(k)] = logarithmic ? std::exp(std::log(lo) + f * (std::log(hi) - std::log(lo)))
-                                        : lo + f * (hi > lo ? hi - lo : 1.0);
+    edges[std::size_t(k)] =
+        logarithmic ? std::exp(std::log(lo) + f * (std::log(hi) - std::log(lo))) : lo + f * (hi > lo ? hi - lo : 1.0);
   }
   edges.front() = lo;
   if (hi > lo) edges.back() = hi;

@@ -129,7 +129,15 @@ struct SpectrumStatistics {
   std::vector<double> ritz_values, ritz_weights;       // ascending; Gauss weights S(0, i)^2
   std::vector<double> start_vHv, start_Hv_sqnorm;      // per chain: v^T H v and |H v|^2 of the unit start vector
   std::vector<double> top_eigenvalues, top_residuals;  // the first chain's largest Ritz values, descending
-  double broadening = 0;                               // the density's Gaussian sigma
+  // curvature.eigenvectors = k: the first chain's top k Ritz vectors (k x
+  // n_params row-major, float, canonical order) and their residual norms;
+  // |U^T G|^2/|G|^2, |U^T Delta|^2/|Delta|^2 (the update to the next state)
+  // and |U_a^T U_b|_F^2/k against the previous state's (the driver's); NaN
+  // where not computed.
+  std::vector<float> eigenvectors;
+  std::vector<double> eigenvector_residuals;
+  double G_in_topk = 0, delta_in_topk = 0, topk_overlap_prev = 0;
+  double broadening = 0;  // the density's Gaussian sigma
   std::vector<double> density_grid, density;
 };
 

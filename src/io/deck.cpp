@@ -307,7 +307,7 @@ void read_curvature_section(const Reader& r, const toml::table& root, Deck& d) {
   if (!c) return;
   r.check_keys(*c, "curvature",
                {"blocks", "diagonal", "update", "preconditioned", "lanczos_steps", "lanczos_chains", "lanczos_operator",
-                "top_eigenvalues", "lanczos_tolerance", "operator"});
+                "top_eigenvalues", "lanczos_tolerance", "operator", "eigenvectors"});
   d.analysis.curvature.blocks = r.boolean(*c, "curvature", "blocks", false);
   d.analysis.curvature.diagonal = r.boolean(*c, "curvature", "diagonal", false);
   d.analysis.curvature.preconditioned = r.boolean(*c, "curvature", "preconditioned", false);
@@ -318,6 +318,14 @@ void read_curvature_section(const Reader& r, const toml::table& root, Deck& d) {
   cv.top_eigenvalues = r.integer(*c, "curvature", "top_eigenvalues", 5, 1, 1 << 20);
   cv.lanczos_php = r.str(*c, "curvature", "lanczos_operator", "H", false, {"H", "PHP"}) == "PHP";
   cv.lanczos_tolerance = r.real(*c, "curvature", "lanczos_tolerance", 0.0, 0.0, 1.0);
+  cv.eigenvectors = r.integer(*c, "curvature", "eigenvectors", 0, 0, 1 << 20);
+  if (cv.eigenvectors > 0 && cv.lanczos_steps == 0)
+    fail(r.where(*c->get("eigenvectors"), "curvature.eigenvectors"),
+         ": curvature.eigenvectors > 0 takes the Ritz vectors of the spectrum's first Lanczos chain: set "
+         "curvature.lanczos_steps (at least the number of vectors)");
+  if (cv.eigenvectors > cv.lanczos_steps && cv.lanczos_steps > 0)
+    fail(r.where(*c->get("eigenvectors"), "curvature.eigenvectors"), ": curvature.eigenvectors = ", cv.eigenvectors,
+         " is more than the Ritz vectors of a chain of curvature.lanczos_steps = ", cv.lanczos_steps, " steps");
   const std::string op = r.str(*c, "curvature", "operator", "hessian", false, {"hessian", "ggn", "both"});
   cv.op = op == "ggn" ? OperatorChoice::ggn : op == "both" ? OperatorChoice::both : OperatorChoice::hessian;
   // With "ggn" the products behind the per-block values and the diagonal

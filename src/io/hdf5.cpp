@@ -229,6 +229,11 @@ void write_dataset(hid_t loc, const std::string& name, const std::vector<float>&
   write_raw(loc, name, H5T_NATIVE_FLOAT, v.data(), {static_cast<std::int64_t>(v.size())});
 }
 
+void write_dataset(hid_t loc, const std::string& name, const std::vector<float>& v,
+                   const std::vector<std::int64_t>& shape) {
+  write_raw(loc, name, H5T_NATIVE_FLOAT, v.data(), shape);
+}
+
 void write_dataset(hid_t loc, const std::string& name, const std::vector<std::string>& v) {
   Handle t = utf8_vlen_type();
   std::vector<const char*> ptrs;

@@ -73,6 +73,8 @@ void write_dataset(hid_t loc, const std::string& name, const std::vector<double>
 void write_dataset(hid_t loc, const std::string& name, const std::vector<double>& v,
                    const std::vector<std::int64_t>& shape);
 void write_dataset(hid_t loc, const std::string& name, const std::vector<float>& v);
+void write_dataset(hid_t loc, const std::string& name, const std::vector<float>& v,
+                   const std::vector<std::int64_t>& shape);
 void write_dataset(hid_t loc, const std::string& name, const std::vector<std::string>& v);
 void write_dataset(hid_t loc, const std::string& name, const std::vector<std::int64_t>& v,
                    const std::vector<std::int64_t>& shape);

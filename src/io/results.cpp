@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -79,6 +80,14 @@ void write_spectrum(hid_t parent, const std::string& name, const SpectrumStatist
   h5::write_dataset(id, "top_residuals", sp.top_residuals);
   h5::write_dataset(id, "density_grid", sp.density_grid);
   h5::write_dataset(id, "density", sp.density);
+  if (sp.eigenvectors.empty()) return;
+  const auto k = std::int64_t(sp.eigenvector_residuals.size());
+  h5::write_dataset(id, "eigenvectors", sp.eigenvectors, {k, std::int64_t(sp.eigenvectors.size()) / k});
+  h5::write_dataset(id, "eigenvector_residuals", sp.eigenvector_residuals);
+  for (const auto& [attr, value] : {std::pair<const char*, double>{"G_in_topk", sp.G_in_topk},
+                                    {"delta_in_topk", sp.delta_in_topk},
+                                    {"topk_overlap_prev", sp.topk_overlap_prev}})
+    if (std::isfinite(value)) h5::write_attr(id, attr, value);
 }
 
 void write_update(hid_t id, const UpdateStatistics& u, const std::string& where) {
@@ -310,6 +319,80 @@ RunInfo read_run_info(const std::string& path) {
   return ri;
 }
 
+namespace {
+
+// Whether every link of `path` (a/b/c) exists below `loc`.
+bool path_exists(hid_t loc, const std::string& path) {
+  std::string at;
+  std::stringstream parts(path);
+  for (std::string p; std::getline(parts, p, '/');) {
+    at += (at.empty() ? "" : "/") + p;
+    if (H5Lexists(loc, at.c_str(), H5P_DEFAULT) <= 0) return false;
+  }
+  return true;
+}
+
+// |U_a^T U_b|_F^2 / k of two (k, n) float datasets, read in column blocks
+// (bounded memory at any n); NaN where either is absent or their shapes differ.
+double subspace_overlap(hid_t file, const std::string& a, const std::string& b) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  if (!path_exists(file, a) || !path_exists(file, b)) return nan;
+  h5::Handle da(H5Dopen2(file, a.c_str(), H5P_DEFAULT)), db(H5Dopen2(file, b.c_str(), H5P_DEFAULT));
+  const std::vector<std::int64_t> sa = h5::dataset_shape(da.id()), sb = h5::dataset_shape(db.id());
+  if (sa.size() != 2 || sa != sb || sa[0] == 0) return nan;
+  const hsize_t k = hsize_t(sa[0]), n = hsize_t(sa[1]), block = hsize_t(1) << 20;
+  std::vector<double> m(k * k, 0.0);
+  std::vector<float> xa, xb;
+  for (hsize_t c0 = 0; c0 < n; c0 += block) {
+    const hsize_t len = std::min(block, n - c0);
+    xa.resize(k * len);
+    xb.resize(k * len);
+    for (auto [d, x] : {std::pair<hid_t, float*>{da.id(), xa.data()}, {db.id(), xb.data()}}) {
+      h5::Handle file_space(H5Dget_space(d));
+      const hsize_t start[2] = {0, c0}, count[2] = {k, len};
+      H5Sselect_hyperslab(file_space.id(), H5S_SELECT_SET, start, nullptr, count, nullptr);
+      h5::Handle mem(H5Screate_simple(2, count, nullptr));
+      if (H5Dread(d, H5T_NATIVE_FLOAT, mem.id(), file_space.id(), H5P_DEFAULT, x) < 0)
+        fail("cannot read ", a, " or ", b, " for topk_overlap_prev");
+    }
+    for (hsize_t i = 0; i < k; ++i)
+      for (hsize_t j = 0; j < k; ++j) {
+        double s = 0;
+        for (hsize_t l = 0; l < len; ++l) s += double(xa[i * len + l]) * double(xb[j * len + l]);
+        m[i * k + j] += s;
+      }
+  }
+  double f = 0;
+  for (const double v : m) f += v * v;
+  return f / double(k);
+}
+
+// SPEC section 10's topk_overlap_prev: on each state's spectra with
+// eigenvectors, the overlap with those of the previous state by iter_num
+// (states without iter_num have no order and get none).
+void topk_overlaps(hid_t file, const std::vector<GroupSummary>& summaries) {
+  std::vector<const GroupSummary*> ordered;
+  for (const auto& s : summaries)
+    if (s.iter_num) ordered.push_back(&s);
+  std::stable_sort(ordered.begin(), ordered.end(),
+                   [](const GroupSummary* a, const GroupSummary* b) { return *a->iter_num < *b->iter_num; });
+  for (std::size_t i = 1; i < ordered.size(); ++i) {
+    const GroupSummary &a = *ordered[i - 1], &b = *ordered[i];
+    if (*a.iter_num == *b.iter_num) continue;
+    for (const auto& [cname, attrs] : b.cases)
+      for (const char* kind : {"spectrum", "spectrum_ggn"}) {
+        const std::string tail = "/" + cname + "/" + kind;
+        const double o = subspace_overlap(file, "groups/" + a.hash + tail + "/eigenvectors",
+                                          "groups/" + b.hash + tail + "/eigenvectors");
+        if (!std::isfinite(o)) continue;
+        h5::Handle g(H5Gopen2(file, ("groups/" + b.hash + tail).c_str(), H5P_DEFAULT));
+        h5::write_attr(g.id(), "topk_overlap_prev", o);
+      }
+  }
+}
+
+}  // namespace
+
 void merge_results(const std::string& output, const RunInfo& info, const std::vector<std::string>& sources,
                    const std::vector<std::string>& expected) {
   std::vector<GroupSummary> summaries;
@@ -340,6 +423,7 @@ void merge_results(const std::string& output, const RunInfo& info, const std::ve
       if (H5Ocopy(src.id(), name.c_str(), f.id(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT) < 0)
         fail(origin[i], ": cannot copy ", name, " into ", output);
     }
+    topk_overlaps(f.id(), summaries);
     f.close();
   });
   // CSV: one row per checkpoint file name and case.

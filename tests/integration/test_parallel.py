@@ -111,13 +111,17 @@ class Parallel(unittest.TestCase):
             for name in ("seen/blocks/layer/trace_H", "seen/blocks/tensor/frob_H", "seen/hessian_diagonal",
                          "seen/Hv_sqnorm", "seen/update@dHd", "seen/update@measured_change", "seen/xiPxi",
                          "seen@B_noise_P", "seen/blocks/layer/trace_ggn", "seen/vGGNv", "seen@trace_ggn",
-                         "seen@residual_share"):
+                         "seen@residual_share", "seen/blocks/layer/B_simple_seq_se", "seen/seq_grad_sqnorm",
+                         "seen/seq_grad_sqnorm_counts", "seen@trace_sigma_seq_se",
+                         "seen@identity_noise_estimators_deviation"):
                 self.assertTrue(any(k.endswith(name) for k in base), name)
             # The report's block table and per-layer figure (doc/outputs.md).
             rep = os.path.join(self.tmp, "report-curv")
             r, manifest = gnhtest.report(os.path.join(self.tmp, "out/layout_curv_1_1.h5"), rep)
             self.assertEqual(r.returncode, 0, r.stderr)
-            self.assertEqual(manifest["figures"]["layers"]["panels"], ["B_simple", "trace_H", "trace_ggn"])
+            self.assertEqual(manifest["figures"]["layers"]["panels"],
+                             ["B_simple", "B_simple_seq", "trace_H", "trace_ggn"])
+            self.assertEqual(manifest["figures"]["sequences"]["panels"], ["seq_grad_sqnorm", "B_simple_seq"])
             self.assertIn("effective_rank", manifest["figures"])
             self.assertEqual(manifest["figures"]["update"]["panels"], ["curvature_along", "change"])
             with open(os.path.join(rep, "blocks.csv")) as f:

@@ -49,13 +49,13 @@ CONTEXT = 8
 
 
 def spectrum_deck(path, output, checkpoints, steps, chains, operator="H", tolerance=1e-10, analysis=None,
-                  unseen=None, curvature_operator="hessian"):
+                  unseen=None, curvature_operator="hessian", extra=""):
     gnhtest.write_deck(path, output, checkpoints, CONTEXT, "train.bin", unseen,
                        analysis=dict(ANALYSIS, **(analysis or {})))
     with open(path, "a") as f:
         f.write(f'\n[curvature]\nlanczos_steps = {steps}\nlanczos_chains = {chains}\n'
                 f'lanczos_operator = "{operator}"\nlanczos_tolerance = {tolerance}\ntop_eigenvalues = 5\n'
-                f'operator = "{curvature_operator}"\n')
+                f'operator = "{curvature_operator}"\n{extra}')
 
 
 def spectrum_of(path, group="spectrum"):
@@ -246,6 +246,76 @@ class SpectrumOracle(unittest.TestCase):
         self.assertEqual(ops, ["GGN", "H"])
         alone = self.small_run("ggn", "H", steps=30, curvature_operator="ggn", group="spectrum_ggn")
         self.assertEqual(alone["groups"], ["spectrum_ggn"])
+
+    def test_ritz_vectors_against_the_dense_eigenvectors(self):
+        """curvature.eigenvectors = 4: the first chain's top Ritz vectors
+        (float32, descending) against the dense Hessian's eigenvectors:
+        |cos| >= 1 - 1e-6 wherever the eigenvalue is separated from the rest
+        of the spectrum by at least 1e-3 of the largest (the angle to the
+        eigenvector is at most residual/gap, and the chain converged to
+        residuals of 1e-10 of the largest; float32 storage adds 1e-7);
+        residuals recomputed from the dense matrix within theirs plus 1e-7 of
+        |H| (float32 vectors); orthonormal (the recorded identity, and here
+        to float32 rounding); G_in_topk against the oracle's G to 1e-6; and
+        with the update to the next state, delta_in_topk against the files'
+        own Delta (1e-6: float32 vectors); topk_overlap_prev on the later
+        state."""
+        deck = os.path.join(self.tmp, "vectors.toml")
+        spectrum_deck(deck, "out/vectors.h5", ["ckpt/small.h5", "ckpt/other.h5"], 120, 2,
+                      extra="eigenvectors = 4\nupdate = true\n")
+        self.run_ok(deck, 2, ["precision.policy=fp64"])
+        dense_w, dense_v = np.linalg.eigh(0.5 * (self.H + self.H.T))
+        order = np.argsort(dense_w)[::-1]
+        dense_w, dense_v = dense_w[order], dense_v[:, order]
+        norm = np.abs(dense_w).max()
+        with h5py.File(os.path.join(self.tmp, "out", "vectors.h5"), "r") as f:
+            groups = {gnhtest.text(g.attrs["aliases"][0]): g for g in f["groups"].values()}
+            c = groups["small.h5"]["seen"]
+            sp = c["spectrum"]
+            U = sp["eigenvectors"][()]
+            res = sp["eigenvector_residuals"][()]
+            top = sp["top_eigenvalues"][()]
+            self.assertEqual(U.dtype, np.float32)
+            self.assertEqual(U.shape, (4, self.P))
+            self.assertLessEqual(float(c.attrs["identity_spectrum_eigenvectors_orthonormal_deviation"]), 1e-10)
+            np.testing.assert_allclose(U.astype(np.float64) @ U.T.astype(np.float64), np.eye(4), atol=1e-6)
+            separated = 0
+            for i in range(4):
+                gap = min(abs(dense_w[i] - dense_w[j]) for j in range(self.P) if j != i)
+                y = U[i].astype(np.float64)
+                r = np.linalg.norm(self.H @ y - top[i] * y)
+                self.assertLessEqual(r, res[i] + 1e-7 * norm, (i, r, res[i]))
+                if gap >= 1e-3 * norm:
+                    separated += 1
+                    cos = abs(y @ dense_v[:, i]) / np.linalg.norm(y)
+                    self.assertGreaterEqual(cos, 1 - 1e-6, (i, cos, gap / norm))
+            self.assertGreaterEqual(separated, 2)
+            ref = stats_reference.load_reference(self.small, os.path.join(self.tmp, "train.bin"), CONTEXT)
+            G = ref.gradient()[1].numpy()
+            want = float(np.sum((U.astype(np.float64) @ G) ** 2) / (G @ G))
+            self.assertAlmostEqual(float(sp.attrs["G_in_topk"]), want, delta=1e-6 * max(want, 1e-3))
+            theta = {}
+            for name in ("small", "other"):
+                r2 = stats_reference.load_reference(os.path.join(self.tmp, "ckpt", name + ".h5"),
+                                                    os.path.join(self.tmp, "train.bin"), CONTEXT)
+                theta[name] = r2.flat_params().numpy()
+            delta = theta["other"] - theta["small"]
+            want = float(np.sum((U.astype(np.float64) @ delta) ** 2) / (delta @ delta))
+            self.assertAlmostEqual(float(sp.attrs["delta_in_topk"]), want, delta=1e-6 * max(want, 1e-3))
+            # The last state has no next one; the first no previous one, and
+            # the second's overlap with it is |U_a^T U_b|_F^2 / k (1e-6: float32 vectors).
+            later = groups["other.h5"]["seen"]["spectrum"]
+            self.assertNotIn("delta_in_topk", later.attrs)
+            self.assertNotIn("topk_overlap_prev", sp.attrs)
+            Ub = later["eigenvectors"][()].astype(np.float64)
+            want = float(np.sum((U.astype(np.float64) @ Ub.T) ** 2) / 4)
+            self.assertAlmostEqual(float(later.attrs["topk_overlap_prev"]), want, delta=1e-6)
+            self.assertLessEqual(want, 1 + 1e-6)
+        # The report draws the three fractions against checkpoint.
+        r, manifest = gnhtest.report(os.path.join(self.tmp, "out", "vectors.h5"), os.path.join(self.tmp, "rep_vec"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(manifest["figures"]["eigenvectors"]["panels"],
+                         ["G_in_topk", "delta_in_topk", "topk_overlap_prev"])
 
     def test_report_draws_the_density_and_the_top_eigenvalues(self):
         deck = os.path.join(self.tmp, "report.toml")

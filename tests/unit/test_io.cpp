@@ -166,8 +166,8 @@ TEST_CASE("a --set that creates a section is blamed, and broken TOML in a --set 
 
 TEST_CASE("every [analysis] key of the table is read, range-checked and typed", "[deck]") {
   // The table (analysis/settings.hpp) is the only list of keys: each one is
-  // accepted, an integer below its lowest value is refused naming the key, and
-  // an enumeration takes only its names.
+  // accepted, an integer below its lowest value is refused naming the key, an
+  // enumeration takes only its names, and a boolean only true or false.
   const Deck defaults = parse_deck(kDeck, "deck.toml", "/runs");
   for_each_analysis_key(defaults.analysis, [&](const AnalysisKey& k, const auto& v) {
     using V = std::decay_t<decltype(v)>;
@@ -179,6 +179,17 @@ TEST_CASE("every [analysis] key of the table is read, range-checked and typed", 
         REQUIRE(to_string(d.analysis.curvature_method) == name);
       }
       REQUIRE_THAT(error_of(kDeck, {key + "=newton"}), Contains(key) && Contains("is not one of"));
+    } else if constexpr (std::is_same_v<V, bool>) {
+      for (const bool value : {false, true}) {
+        const Deck d = parse_deck(kDeck, "deck.toml", "/runs", {key + "=" + (value ? "true" : "false")});
+        bool got = !value;
+        for_each_analysis_key(d.analysis, [&](const AnalysisKey& k2, const auto& v2) {
+          if constexpr (std::is_same_v<std::decay_t<decltype(v2)>, bool>)
+            if (std::string(k2.name) == k.name) got = v2;
+        });
+        REQUIRE(got == value);
+      }
+      REQUIRE_THAT(error_of(kDeck, {key + "=3"}), Contains(key));
     } else {
       const Deck d = parse_deck(kDeck, "deck.toml", "/runs", {key + "=" + std::to_string(k.lowest)});
       REQUIRE(std::int64_t(v) >= k.lowest);
@@ -260,6 +271,16 @@ TEST_CASE("[curvature]: its keys are read and typed; the spectrum needs forward-
                Contains("deck.toml:13:") && Contains("operator"));
   REQUIRE_THAT(error_of(std::string(kDeck) + "[curvature]\nblocks = true\noperator = \"ggn\"\n"),
                Contains("deck.toml:14:") && Contains("set curvature.operator = \"both\""));
+  // Eigenvectors: the first chain's Ritz vectors, so they need the spectrum
+  // and at most its steps.
+  REQUIRE(parse_deck(std::string(kDeck) + "[curvature]\nlanczos_steps = 20\neigenvectors = 4\n", "deck.toml", "/runs",
+                     {"analysis.curvature_method=forward-over-reverse"})
+              .analysis.curvature.eigenvectors == 4);
+  REQUIRE_THAT(error_of(std::string(kDeck) + "[curvature]\neigenvectors = 4\n"),
+               Contains("deck.toml:13:") && Contains("set curvature.lanczos_steps"));
+  REQUIRE_THAT(error_of(std::string(kDeck) + "[curvature]\nlanczos_steps = 3\neigenvectors = 4\n",
+                        {"analysis.curvature_method=forward-over-reverse"}),
+               Contains("deck.toml:14:") && Contains("more than the Ritz vectors"));
 }
 
 TEST_CASE("the tensor and layer partitions of SPEC §10 tile the flat vector", "[blocks]") {

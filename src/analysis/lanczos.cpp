@@ -29,6 +29,32 @@ std::size_t lanczos_bytes(index_t n_params, const CurvatureSettings& c, index_t 
          k * (sizeof(double) * (std::min(local, P) + P) + sizeof(float) * P);
 }
 
+namespace {
+
+// The eigenvalues d ascending with their rows of S (first, last, and every
+// row where given), as RitzPairs.
+RitzPairs sorted_pairs(const std::vector<double>& d, const std::vector<double>& first, const std::vector<double>& last,
+                       const std::vector<std::vector<double>>& rows_of_s) {
+  const std::size_t n = d.size();
+  RitzPairs out;
+  std::vector<std::size_t> order(n);
+  std::iota(order.begin(), order.end(), std::size_t(0));
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return d[a] < d[b]; });
+  for (std::size_t i : order) {
+    out.values.push_back(d[i]);
+    out.weights.push_back(first[i] * first[i]);
+    out.last.push_back(last[i]);
+  }
+  if (!rows_of_s.empty()) {
+    out.vectors.resize(n * n);
+    for (std::size_t r = 0; r < n; ++r)
+      for (std::size_t c = 0; c < n; ++c) out.vectors[r * n + c] = rows_of_s[r][order[c]];
+  }
+  return out;
+}
+
+}  // namespace
+
 RitzPairs ritz_pairs(const std::vector<double>& alpha, const std::vector<double>& beta, bool vectors) {
   const std::size_t n = alpha.size();
   RitzPairs out;
@@ -97,20 +123,7 @@ RitzPairs ritz_pairs(const std::vector<double>& alpha, const std::vector<double>
       e[m] = 0;
     }
   }
-  std::vector<std::size_t> order(n);
-  std::iota(order.begin(), order.end(), std::size_t(0));
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return d[a] < d[b]; });
-  for (std::size_t i : order) {
-    out.values.push_back(d[i]);
-    out.weights.push_back(first[i] * first[i]);
-    out.last.push_back(last[i]);
-  }
-  if (vectors) {
-    out.vectors.resize(n * n);
-    for (std::size_t r = 0; r < n; ++r)
-      for (std::size_t c = 0; c < n; ++c) out.vectors[r * n + c] = rows_of_s[r][order[c]];
-  }
-  return out;
+  return sorted_pairs(d, first, last, rows_of_s);
 }
 
 const char* to_string(ChainStop s) {

@@ -33,8 +33,9 @@ struct CaseHooks {
   CaseVectors* keep = nullptr;                                                          // copy G and the xi_j here
   StopCheck stop;                                                                       // SIGTERM
   std::function<void(const std::string& stage, index_t done, index_t total)> progress;  // team rank 0
-  LanczosStore* lanczos = nullptr;      // the spectrum's state between steps; none: not resumable
-  LanczosStore* lanczos_ggn = nullptr;  // the Gauss-Newton spectrum's
+  LanczosStore* lanczos = nullptr;         // the spectrum's state between steps; none: not resumable
+  LanczosStore* lanczos_ggn = nullptr;     // the Gauss-Newton spectrum's
+  LanczosStore* lanczos_blocks = nullptr;  // the per-block spectra's (curvature.spectrum_blocks)
 };
 
 class Analyser {

@@ -20,4 +20,7 @@ struct Partition {
 
 std::vector<Partition> parameter_partitions(const ParamLayout& layout);
 
+// Blocks of the `layer` partition: embed, each layer, head.
+inline std::int64_t layer_blocks(const ModelConfig& cfg) { return std::int64_t(cfg.n_layer) + 2; }
+
 }  // namespace gnh

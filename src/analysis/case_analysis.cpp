@@ -153,6 +153,7 @@ struct CaseAnalysis {
     out_.timings.emplace_back("curvature", clock_.lap());
     if (plan_.spectrum && s_.curvature.op != OperatorChoice::ggn) spectrum(CurvatureOperator::hessian);
     if (plan_.spectrum && s_.curvature.gauss_newton()) spectrum(CurvatureOperator::gauss_newton);
+    if (plan_.spectrum && s_.curvature.layer_spectra) layer_spectra();
     if (plan_.update) {
       update_step();
       out_.timings.emplace_back("update", clock_.lap());
@@ -721,6 +722,25 @@ struct CaseAnalysis {
     st.eigenvectors.resize(std::size_t(k * P_));
     for (index_t i = 0; i < k * P_; ++i) st.eigenvectors[std::size_t(i)] = float(h.data()[i]);
     spectrum_checks_.push_back(sp.orthonormal);
+  }
+
+  // curvature.spectrum_blocks = "layer": Lanczos on every layer block's H_bb,
+  // the blocks' chains in shared passes.
+  void layer_spectra() {
+    meter_.begin();
+    Partition layer;
+    for (Partition& p : parameter_partitions(engines_.gradient.layout()))
+      if (p.name == "layer") layer = std::move(p);
+    SpectrumRun sp = lanczos_spectrum<T>(space_, team_, engines_, stager_, params_, precond_, ids_, plan_.n_blocks,
+                                         tokens_, s_, hooks_, CurvatureOperator::hessian, &layer);
+    out_.spectrum_blocks = std::move(sp.blocks);
+    spectrum_checks_.push_back(sp.quadrature);
+    for (std::size_t i = 0; i < sp.batch_seconds.size(); ++i)
+      meter_.add_seconds(sp.batch_seconds[i], sp.direction_seconds[i]);
+    meter_.end("spectrum_blocks", out_.measured);
+    out_.timings.emplace_back("spectrum_blocks", clock_.lap());
+    spectrum_parts_.emplace_back("spectrum_blocks_passes", sp.pass_seconds);
+    spectrum_parts_.emplace_back("spectrum_blocks_arithmetic", sp.arithmetic_seconds);
   }
 
   void spectrum(CurvatureOperator op) {

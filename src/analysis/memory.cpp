@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "analysis/blocks.hpp"
 #include "analysis/exact_sum.hpp"
 #include "analysis/sampling.hpp"
 #include "analysis/lanczos.hpp"
@@ -80,6 +81,14 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const 
         sizeof(fixed128) * P * std::size_t(c.pass_widths.front()) + sizeof(double) * P * (s.curvature.diagonal ? 2 : 1);
   if (c.spectrum) {
     m.spectrum = lanczos_bytes(index_t(P), s.curvature, s.directions_per_pass, members);
+    // The layer blocks' chains run after the spectrum's, in their own basis:
+    // one chain per block (n_layer + 2), each over the whole flat order.
+    if (s.curvature.layer_spectra) {
+      CurvatureSettings blocks = s.curvature;
+      blocks.lanczos_chains = layer_blocks(cfg);
+      blocks.eigenvectors = 0;
+      m.spectrum = std::max(m.spectrum, lanczos_bytes(index_t(P), blocks, s.directions_per_pass, members));
+    }
     // The curvature engine at the chains' width, where it is wider than the §4 passes'.
     const index_t K = std::min(s.curvature.lanczos_chains, s.directions_per_pass);
     if (K > c.pass_widths.front()) m.curvature = plan_gpt_bytes(cfg, curvature_shape(s, K), scalar);

@@ -65,6 +65,9 @@ struct CurvatureSettings {
   // The first chain's top `eigenvectors` Ritz vectors (0: none), saved with
   // what they say of G, the update and the previous state (SPEC section 10).
   index_t eigenvectors = 0;
+  // spectrum_blocks = "layer": Lanczos on each layer block's H_bb beside the
+  // spectrum (one chain per block, sharing its passes).
+  bool layer_spectra = false;
   OperatorChoice op = OperatorChoice::hessian;
   bool gauss_newton() const { return op != OperatorChoice::hessian; }
   bool any() const {

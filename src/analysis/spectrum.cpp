@@ -45,7 +45,8 @@ template <class T>
 struct LanczosChains {
   LanczosChains(const ExecSpace& space, Team& team, Engines<T>& engines, BatchStager& stager, Span1<const T> params,
                 View1<double> precond, const std::int32_t* ids, index_t n_blocks, std::int64_t tokens,
-                const AnalysisSettings& s, const CaseHooks& hooks, CurvatureOperator op)
+                const AnalysisSettings& s, const CaseHooks& hooks, CurvatureOperator op,
+                const Partition* blocks = nullptr)
       : space_(space),
         team_(team),
         engines_(engines),
@@ -55,10 +56,14 @@ struct LanczosChains {
         s_(s),
         hooks_(hooks),
         op_(op),
-        store_(op == CurvatureOperator::gauss_newton ? hooks.lanczos_ggn : hooks.lanczos),
-        name_(op == CurvatureOperator::gauss_newton ? "spectrum_ggn" : "spectrum"),
+        store_(blocks                                  ? hooks.lanczos_blocks
+               : op == CurvatureOperator::gauss_newton ? hooks.lanczos_ggn
+                                                       : hooks.lanczos),
+        name_(blocks                                  ? "spectrum_blocks"
+              : op == CurvatureOperator::gauss_newton ? "spectrum_ggn"
+                                                      : "spectrum"),
         P_(engines.gradient.layout().size()),
-        C_(s.curvature.lanczos_chains),
+        C_(blocks ? index_t(blocks->names.size()) : s.curvature.lanczos_chains),
         m_(s.curvature.lanczos_steps),
         rows_(std::min(m_, P_) + 1),
         tokens_(tokens),
@@ -75,10 +80,16 @@ struct LanczosChains {
     Hv_ = View1<double>("gnh::lanczos::Hv", P_);
     if (s.curvature.lanczos_php) scale_sqrt(precond);
     state_.chains.resize(std::size_t(C_));
+    if (blocks) {
+      block_names_ = blocks->names;
+      for (std::size_t c = 0; c < blocks->names.size(); ++c)
+        ranges_.emplace_back(index_t(blocks->offsets[c]), index_t(blocks->offsets[c + 1]));
+    }
     std::ostringstream key;
     key << "lanczos v1 op=" << operator_name() << " P=" << P_ << " chains=" << C_ << " m=" << m_
         << " chunk=" << kLanczosChunk << " tol=" << s.curvature.lanczos_tolerance
         << " top=" << s.curvature.top_eigenvalues << " seed=" << s.seed;
+    if (blocks) key << " blocks=" << blocks->name;
     state_.key = key.str();
   }
 
@@ -243,22 +254,43 @@ struct LanczosChains {
         Kokkos::parallel_for(
             "gnh::lanczos::scale", range(space_, P_), KOKKOS_LAMBDA(const index_t i) { h(i) *= sp(i); });
       }
+      if (!ranges_.empty()) restrict_to_block(Hv_, chains[std::size_t(k)]);
       gather(Hv_, chains[std::size_t(k)]);
     }
     space_.fence();
     pass_seconds_ += seconds_since(t0);
   }
 
-  // Row 0 of every chain: the SPEC §4 direction v_c, normalised.
+  // A block's chain applies H_bb: the product's entries outside the block
+  // (the off-diagonal blocks' H_ab q_b) are dropped.
+  void restrict_to_block(View1<double> x, index_t chain) {
+    const index_t lo = ranges_[std::size_t(chain)].first, hi = ranges_[std::size_t(chain)].second;
+    Kokkos::parallel_for(
+        "gnh::lanczos::block", range(space_, P_), KOKKOS_LAMBDA(const index_t i) {
+          if (i < lo || i >= hi) x(i) = 0.0;
+        });
+  }
+
+  // Row 0 of every chain: the SPEC §4 direction v_c, normalised (on a
+  // block's chain, v_c restricted to the block, normalised).
   void start() {
     View2<double> v("gnh::lanczos::start", C_, P_);
     fill_rademacher<double>(space_, Span2<double>(v.data(), C_, P_), s_.seed, 0);
-    const double scale = 1.0 / std::sqrt(double(P_));
     auto q = q_;
     const index_t P = P_;
-    Kokkos::parallel_for(
-        "gnh::lanczos::normalise", range(space_, C_ * P),
-        KOKKOS_LAMBDA(const index_t j) { q(j / P, j % P) = v(j / P, j % P) * scale; });
+    if (ranges_.empty()) {
+      const double scale = 1.0 / std::sqrt(double(P_));
+      Kokkos::parallel_for(
+          "gnh::lanczos::normalise", range(space_, C_ * P),
+          KOKKOS_LAMBDA(const index_t j) { q(j / P, j % P) = v(j / P, j % P) * scale; });
+    }
+    for (index_t c = 0; c < index_t(ranges_.size()); ++c) {
+      const index_t lo = ranges_[std::size_t(c)].first, hi = ranges_[std::size_t(c)].second;
+      const double scale = 1.0 / std::sqrt(double(hi - lo));
+      Kokkos::parallel_for(
+          "gnh::lanczos::normalise_block", range(space_, P),
+          KOKKOS_LAMBDA(const index_t i) { q(c, i) = i >= lo && i < hi ? v(c, i) * scale : 0.0; });
+    }
     for (index_t c = 0; c < C_; ++c) {
       gather(Kokkos::subview(q_, c, Kokkos::ALL), c);
       Kokkos::deep_copy(space_, Kokkos::subview(Q_, row(c, 0), Kokkos::ALL), Kokkos::subview(W_, c, Kokkos::ALL));
@@ -469,8 +501,10 @@ struct LanczosChains {
       ++st.steps;
       const index_t j = index_t(st.steps);
       const RitzPairs r = ritz_pairs(st.alpha, st.beta);
-      st.stop =
-          chain_stop(r, beta, s_.curvature.top_eigenvalues, s_.curvature.lanczos_tolerance, j, std::min(m_, rows_ - 1));
+      // A block's chain spans at most the block's dimension.
+      index_t cap = std::min(m_, rows_ - 1);
+      if (!ranges_.empty()) cap = std::min(cap, ranges_[std::size_t(c)].second - ranges_[std::size_t(c)].first);
+      st.stop = chain_stop(r, beta, s_.curvature.top_eigenvalues, s_.curvature.lanczos_tolerance, j, cap);
       if (st.stop != ChainStop::running) continue;
       auto next = Kokkos::subview(Q_, row(c, j), Kokkos::ALL);
       auto w = Kokkos::subview(W_, c, Kokkos::ALL);
@@ -557,52 +591,19 @@ struct LanczosChains {
       }
   }
 
-  // The outputs of SPEC §10 from the chains' tridiagonals.
+  // The outputs of SPEC §10 from the chains' tridiagonals: one spectrum of
+  // every chain, or on blocks one per block's chain.
   void finish(SpectrumRun& out) {
-    SpectrumStatistics& sp = out.stats;
-    sp.present = true;
-    sp.op = operator_name();
-    sp.steps = m_;
-    sp.chains = C_;
-    sp.tolerance = s_.curvature.lanczos_tolerance;
-    sp.chunk = kLanczosChunk;
-    const std::size_t width = std::size_t(m_) * std::size_t(C_);
-    sp.alpha.assign(width, 0.0);
-    sp.beta.assign(width, 0.0);
-    sp.ritz_values.assign(width, 0.0);
-    sp.ritz_weights.assign(width, 0.0);
-    std::vector<RitzPairs> ritz;
     out.quadrature = IdentityCheck{name_ + "_quadrature", 0, 1e-10, true};
     double lowest = 0, largest = 0;
-    for (index_t c = 0; c < C_; ++c) {
-      const LanczosChainState& st = state_.chains[std::size_t(c)];
-      sp.chain_steps.push_back(st.steps);
-      sp.chain_stop.push_back(to_string(st.stop));
-      sp.start_vHv.push_back(st.start_vHv);
-      sp.start_Hv_sqnorm.push_back(st.start_Hv_sqnorm);
-      ritz.push_back(ritz_pairs(st.alpha, st.beta));
-      const RitzPairs& r = ritz.back();
-      const std::size_t at = std::size_t(c) * std::size_t(m_);
-      std::copy(st.alpha.begin(), st.alpha.end(), sp.alpha.begin() + std::ptrdiff_t(at));
-      std::copy(st.beta.begin(), st.beta.end(), sp.beta.begin() + std::ptrdiff_t(at));
-      std::copy(r.values.begin(), r.values.end(), sp.ritz_values.begin() + std::ptrdiff_t(at));
-      std::copy(r.weights.begin(), r.weights.end(), sp.ritz_weights.begin() + std::ptrdiff_t(at));
-      for (double v : r.values) {
-        lowest = std::min(lowest, v);
-        largest = std::max(largest, std::abs(v));
-      }
-      // Gauss quadrature with the chain's nodes and weights is exact for the
-      // first moments: sum w theta = q^T H q and sum w theta^2 = |H q|^2.
-      // Double arithmetic on m x m matrices: 1e-10 relative.
-      double m1 = 0, m1abs = 0, m2 = 0;
-      for (std::size_t i = 0; i < r.values.size(); ++i) {
-        m1 += r.weights[i] * r.values[i];
-        m1abs += r.weights[i] * std::abs(r.values[i]);
-        m2 += r.weights[i] * r.values[i] * r.values[i];
-      }
-      out.quadrature.deviation =
-          std::max({out.quadrature.deviation, std::abs(m1 - st.start_vHv) / std::max(m1abs, 1e-300),
-                    std::abs(m2 - st.start_Hv_sqnorm) / std::max(st.start_Hv_sqnorm, 1e-300)});
+    if (ranges_.empty()) {
+      std::vector<index_t> all(static_cast<std::size_t>(C_));
+      for (index_t c = 0; c < C_; ++c) all[std::size_t(c)] = c;
+      out.stats = statistics_of(all, out.quadrature, lowest, largest);
+      ritz_vectors(out);
+    } else {
+      for (index_t c = 0; c < C_; ++c)
+        out.blocks.emplace_back(block_names_[std::size_t(c)], statistics_of({c}, out.quadrature, lowest, largest));
     }
     // The Gauss-Newton operator is positive semi-definite, and Ritz values lie
     // in its numerical range: none below zero by more than the products'
@@ -611,16 +612,69 @@ struct LanczosChains {
       const double tol = std::is_same<T, double>::value ? 1e-10 : s_.bf16() ? 1e-2 : 1e-4;
       out.nonnegative = IdentityCheck{name_ + "_nonnegative", largest > 0 ? -lowest / largest : 0.0, tol, true};
     }
+  }
+
+  // The spectrum of the listed chains (the first gives the top eigenvalues),
+  // their quadrature identity into `quadrature`, their extreme Ritz values
+  // into lowest and largest (|theta|).
+  SpectrumStatistics statistics_of(const std::vector<index_t>& chains, IdentityCheck& quadrature, double& lowest,
+                                   double& largest) const {
+    SpectrumStatistics sp;
+    sp.present = true;
+    sp.op = operator_name();
+    sp.steps = m_;
+    sp.chains = index_t(chains.size());
+    sp.tolerance = s_.curvature.lanczos_tolerance;
+    sp.chunk = kLanczosChunk;
+    const std::size_t width = std::size_t(m_) * chains.size();
+    sp.alpha.assign(width, 0.0);
+    sp.beta.assign(width, 0.0);
+    sp.ritz_values.assign(width, 0.0);
+    sp.ritz_weights.assign(width, 0.0);
+    std::vector<RitzPairs> ritz;
+    for (std::size_t k = 0; k < chains.size(); ++k) {
+      const LanczosChainState& st = state_.chains[std::size_t(chains[k])];
+      sp.chain_steps.push_back(st.steps);
+      sp.chain_stop.push_back(to_string(st.stop));
+      sp.start_vHv.push_back(st.start_vHv);
+      sp.start_Hv_sqnorm.push_back(st.start_Hv_sqnorm);
+      ritz.push_back(ritz_pairs(st.alpha, st.beta));
+      const RitzPairs& r = ritz.back();
+      const std::size_t at = k * std::size_t(m_);
+      std::copy(st.alpha.begin(), st.alpha.end(), sp.alpha.begin() + std::ptrdiff_t(at));
+      std::copy(st.beta.begin(), st.beta.end(), sp.beta.begin() + std::ptrdiff_t(at));
+      std::copy(r.values.begin(), r.values.end(), sp.ritz_values.begin() + std::ptrdiff_t(at));
+      std::copy(r.weights.begin(), r.weights.end(), sp.ritz_weights.begin() + std::ptrdiff_t(at));
+      for (double v : r.values) {
+        lowest = std::min(lowest, v);
+        largest = std::max(largest, std::abs(v));
+      }
+      quadrature.deviation = std::max(quadrature.deviation, quadrature_deviation(r, st));
+    }
+    const LanczosChainState& first = state_.chains[std::size_t(chains.front())];
     const TopRitz top =
-        top_ritz(ritz.front(), state_.chains.front().beta.empty() ? 0 : state_.chains.front().beta.back(),
-                 s_.curvature.top_eigenvalues);
+        top_ritz(ritz.front(), first.beta.empty() ? 0 : first.beta.back(), s_.curvature.top_eigenvalues);
     sp.top_eigenvalues = top.values;
     sp.top_residuals = top.residuals;
-    ritz_vectors(out);
     const SpectralDensity dens = slq_density(ritz, 1024, 0.01);
     sp.broadening = dens.broadening;
     sp.density_grid = dens.grid;
     sp.density = dens.density;
+    return sp;
+  }
+
+  // Gauss quadrature with a chain's nodes and weights is exact for the
+  // first moments: sum w theta = q^T H q and sum w theta^2 = |H q|^2.
+  // Double arithmetic on m x m matrices: 1e-10 relative.
+  static double quadrature_deviation(const RitzPairs& r, const LanczosChainState& st) {
+    double m1 = 0, m1abs = 0, m2 = 0;
+    for (std::size_t i = 0; i < r.values.size(); ++i) {
+      m1 += r.weights[i] * r.values[i];
+      m1abs += r.weights[i] * std::abs(r.values[i]);
+      m2 += r.weights[i] * r.values[i] * r.values[i];
+    }
+    return std::max(std::abs(m1 - st.start_vHv) / std::max(m1abs, 1e-300),
+                    std::abs(m2 - st.start_Hv_sqnorm) / std::max(st.start_Hv_sqnorm, 1e-300));
   }
 
   const ExecSpace& space_;
@@ -645,6 +699,9 @@ struct LanczosChains {
   double pass_seconds_ = 0, arithmetic_seconds_ = 0;
   std::vector<double> batch_seconds_, direction_seconds_;
   std::int64_t resumed_at_ = -1;
+  // spectrum_blocks: each chain's block, a range of the flat order, and its name.
+  std::vector<std::pair<index_t, index_t>> ranges_;
+  std::vector<std::string> block_names_;
 };
 
 }  // namespace
@@ -653,16 +710,18 @@ template <class T>
 SpectrumRun lanczos_spectrum(const ExecSpace& space, Team& team, Engines<T>& engines, BatchStager& stager,
                              Span1<const T> params, View1<double> precond, const std::int32_t* ids, index_t n_blocks,
                              std::int64_t tokens, const AnalysisSettings& s, const CaseHooks& hooks,
-                             CurvatureOperator op) {
-  return LanczosChains<T>(space, team, engines, stager, params, precond, ids, n_blocks, tokens, s, hooks, op).run();
+                             CurvatureOperator op, const Partition* blocks) {
+  return LanczosChains<T>(space, team, engines, stager, params, precond, ids, n_blocks, tokens, s, hooks, op, blocks)
+      .run();
 }
 
 template SpectrumRun lanczos_spectrum<float>(const ExecSpace&, Team&, Engines<float>&, BatchStager&, Span1<const float>,
                                              View1<double>, const std::int32_t*, index_t, std::int64_t,
-                                             const AnalysisSettings&, const CaseHooks&, CurvatureOperator);
+                                             const AnalysisSettings&, const CaseHooks&, CurvatureOperator,
+                                             const Partition*);
 template SpectrumRun lanczos_spectrum<double>(const ExecSpace&, Team&, Engines<double>&, BatchStager&,
                                               Span1<const double>, View1<double>, const std::int32_t*, index_t,
                                               std::int64_t, const AnalysisSettings&, const CaseHooks&,
-                                              CurvatureOperator);
+                                              CurvatureOperator, const Partition*);
 
 }  // namespace gnh

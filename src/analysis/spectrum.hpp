@@ -10,7 +10,14 @@
 // owner and combined in chunk order by every member, so every number is the
 // same bit for bit at any team size. Each step's new basis rows and the
 // chains' scalars go to a LanczosStore, from which a killed run resumes.
+//
+// With `blocks` (curvature.spectrum_blocks), one chain per block b of the
+// partition runs on the diagonal block H_bb: its start vector is v_b
+// restricted to the block, and the product's entries outside the block are
+// dropped, so its vectors stay in the block; every block's chain shares the
+// same epoch passes.
 #pragma once
+#include "analysis/blocks.hpp"
 #include "analysis/case_analysis.hpp"
 #include "analysis/lanczos.hpp"
 #include "analysis/passes.hpp"
@@ -25,6 +32,9 @@ struct SpectrumRun {
   // descending, and the identity that they are orthonormal.
   View2<double> vectors;
   IdentityCheck orthonormal;
+  // On blocks (lanczos_spectrum's `blocks`): each block's spectrum, by name;
+  // `stats` is then empty.
+  std::vector<std::pair<std::string, SpectrumStatistics>> blocks;
   double pass_seconds = 0, arithmetic_seconds = 0;
   std::int64_t resumed_at = -1;                          // the steps a saved state had done (-1: none)
   std::vector<double> batch_seconds, direction_seconds;  // each batch of every step's passes (measured)
@@ -34,6 +44,6 @@ template <class T>
 SpectrumRun lanczos_spectrum(const ExecSpace& space, Team& team, Engines<T>& engines, BatchStager& stager,
                              Span1<const T> params, View1<double> precond, const std::int32_t* ids, index_t n_blocks,
                              std::int64_t tokens, const AnalysisSettings& s, const CaseHooks& hooks,
-                             CurvatureOperator op = CurvatureOperator::hessian);
+                             CurvatureOperator op = CurvatureOperator::hessian, const Partition* blocks = nullptr);
 
 }  // namespace gnh

@@ -163,12 +163,14 @@ struct CaseStatistics {
   // Measured per stage (analysis/usage.hpp: StageMeter): batch and direction
   // time spreads, host high-water mark, device memory; attributes of `timings`.
   std::vector<std::pair<std::string, double>> measured;
-  std::int64_t peak_memory_bytes = 0;     // planned memory of the engines and vectors (analysis/memory.hpp)
-  std::vector<BlockTable> blocks;         // [curvature] blocks: one table per partition
-  std::vector<float> hessian_diagonal;    // [curvature] diagonal: mean_k v_k * (H v_k), (P)
-  UpdateStatistics update;                // [curvature] update
-  SpectrumStatistics spectrum;            // [curvature] lanczos_steps > 0
-  SpectrumStatistics spectrum_ggn;        // and operator "ggn" or "both": the Gauss-Newton part's
+  std::int64_t peak_memory_bytes = 0;   // planned memory of the engines and vectors (analysis/memory.hpp)
+  std::vector<BlockTable> blocks;       // [curvature] blocks: one table per partition
+  std::vector<float> hessian_diagonal;  // [curvature] diagonal: mean_k v_k * (H v_k), (P)
+  UpdateStatistics update;              // [curvature] update
+  SpectrumStatistics spectrum;          // [curvature] lanczos_steps > 0
+  SpectrumStatistics spectrum_ggn;      // and operator "ggn" or "both": the Gauss-Newton part's
+  // curvature.spectrum_blocks = "layer": each layer block's H_bb (or P^1/2 H P^1/2's), by block name
+  std::vector<std::pair<std::string, SpectrumStatistics>> spectrum_blocks;
   std::int64_t spectrum_resumed_at = -1;  // the Lanczos steps a saved state had done (-1: started afresh); not written
 };
 

@@ -100,6 +100,7 @@ std::string settings_fingerprint(const Deck& d, const ModelConfig& cfg, const st
                                  {"tolerance", d.analysis.curvature.lanczos_tolerance}};
   if (d.analysis.curvature.eigenvectors > 0)
     j["curvature"]["lanczos"]["eigenvectors"] = d.analysis.curvature.eigenvectors;
+  if (d.analysis.curvature.layer_spectra) j["curvature"]["lanczos"]["spectrum_blocks"] = "layer";
   // Adjoint cuts regroup the sums of every v^T H v (doc/derivatives.md):
   // which engines cut, only where one does (a plan without cuts keeps its
   // fingerprint). The rule's other inputs (model, context, widths) are above.

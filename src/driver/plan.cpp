@@ -13,6 +13,7 @@
 #include <sstream>
 #include <type_traits>
 
+#include "analysis/blocks.hpp"
 #include "analysis/memory.hpp"
 #include "core/deal.hpp"
 #include "core/build_info.hpp"
@@ -142,8 +143,10 @@ double seconds_per_group(const Campaign& c, const ProfileTimes& t) {
     const index_t spectra = a.curvature.op == OperatorChoice::both ? 2 : 1;
     // With "both" and per-block values, GGN v_k of each Rademacher direction too.
     const bool ggn_blocks = a.curvature.op == OperatorChoice::both && a.curvature.blocks && a.keeps_hv();
-    const index_t D = p.directions() + (ggn_blocks ? a.directions : 0) +
-                      (p.spectrum ? spectra * a.curvature.lanczos_steps * a.curvature.lanczos_chains : 0);
+    // With per-layer spectra, one chain per layer block besides.
+    const index_t chains = a.curvature.lanczos_chains * spectra + (a.curvature.layer_spectra ? layer_blocks(c.cfg) : 0);
+    const index_t D =
+        p.directions() + (ggn_blocks ? a.directions : 0) + (p.spectrum ? a.curvature.lanczos_steps * chains : 0);
     const index_t hvp_batches = (n + a.hvp_batch - 1) / a.hvp_batch;
     per_group += double(grad_batches + noise_batches) * t.gradient_microbatch +
                  double(D * hvp_batches) * t.hvp_batch_per_direction / double(c.deck.ranks_per_checkpoint);

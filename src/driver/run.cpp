@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <map>
 
+#include "analysis/blocks.hpp"
 #include "analysis/memory.hpp"
 #include "analysis/sampling.hpp"
 #include "core/deal.hpp"
@@ -16,6 +17,7 @@
 #include "driver/selfcheck.hpp"
 #include "io/files.hpp"
 #include "io/results.hpp"
+#include "model/layout.hpp"
 
 namespace gnh {
 namespace {
@@ -74,6 +76,15 @@ void print_plan(const Campaign& c, const std::vector<int>& team_of_group, int te
           spectrum_operators(s.curvature).c_str(),
           static_cast<long long>(balanced_passes(s.curvature.lanczos_chains, s.directions_per_pass).size()), rpc,
           gib(mem.spectrum).c_str());
+    if (p.spectrum && s.curvature.layer_spectra)
+      std::printf(
+          "         per-layer spectra: one chain on each of the %lld layer blocks' H_bb, %lld pass(es) per step\n",
+          static_cast<long long>(layer_blocks(c.cfg)),
+          static_cast<long long>(balanced_passes(layer_blocks(c.cfg), s.directions_per_pass).size()));
+    if (p.spectrum && s.curvature.eigenvectors > 0)
+      std::printf("         eigenvectors: the first chain's top %lld Ritz vectors (float32 in the output: %s)\n",
+                  static_cast<long long>(s.curvature.eigenvectors),
+                  gib(std::size_t(s.curvature.eigenvectors) * 4 * std::size_t(ParamLayout(c.cfg).size())).c_str());
   }
   std::printf("  output %s (group files in %s)\n", output.c_str(), groups_directory(output).c_str());
   std::fflush(stdout);

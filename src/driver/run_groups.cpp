@@ -66,7 +66,8 @@ class ProgressLog {
 };
 
 // The files of a case's spectrum between Lanczos steps (io/lanczos_store.hpp);
-// kind "lanczos" for H's, "lanczos_ggn" for the Gauss-Newton part's.
+// kind "lanczos" for H's, "lanczos_ggn" for the Gauss-Newton part's,
+// "lanczos_blocks" for the per-block spectra's.
 std::string lanczos_prefix(const std::string& output, const std::string& hash, const std::string& cas,
                            const std::string& kind = "lanczos") {
   return groups_directory(output) + "/" + hash + "." + cas + "." + kind;
@@ -209,7 +210,7 @@ class GroupRunner {
 
   void remove_spectrum_states(const GroupRecord& g) const {
     for (const auto& cs : c_.cases)
-      for (const char* kind : {"lanczos", "lanczos_ggn"})
+      for (const char* kind : {"lanczos", "lanczos_ggn", "lanczos_blocks"})
         FileLanczosStore::remove(lanczos_prefix(output_, g.hash, cs.name, kind));
   }
 
@@ -253,7 +254,7 @@ class GroupRunner {
       hooks.progress = [this](const std::string& stage, index_t done, index_t total) { log_(stage, done, total); };
     }
     // The spectrum's state between steps, beside the group file.
-    std::unique_ptr<FileLanczosStore> store, store_ggn;
+    std::unique_ptr<FileLanczosStore> store, store_ggn, store_blocks;
     const CurvatureSettings& cv = c_.deck.analysis.curvature;
     const std::string key = c_.info.settings_fingerprint + " " + g.hash + " " + cs.name;
     if (cv.lanczos_steps > 0 && cv.op != OperatorChoice::ggn) {
@@ -263,6 +264,11 @@ class GroupRunner {
     if (cv.lanczos_steps > 0 && cv.gauss_newton()) {
       store_ggn = std::make_unique<FileLanczosStore>(lanczos_prefix(output_, g.hash, cs.name, "lanczos_ggn"), key);
       hooks.lanczos_ggn = store_ggn.get();
+    }
+    if (cv.lanczos_steps > 0 && cv.layer_spectra) {
+      store_blocks =
+          std::make_unique<FileLanczosStore>(lanczos_prefix(output_, g.hash, cs.name, "lanczos_blocks"), key);
+      hooks.lanczos_blocks = store_blocks.get();
     }
     CaseRecord rec;
     rec.name = cs.name;

@@ -307,7 +307,7 @@ void read_curvature_section(const Reader& r, const toml::table& root, Deck& d) {
   if (!c) return;
   r.check_keys(*c, "curvature",
                {"blocks", "diagonal", "update", "preconditioned", "lanczos_steps", "lanczos_chains", "lanczos_operator",
-                "top_eigenvalues", "lanczos_tolerance", "operator", "eigenvectors"});
+                "top_eigenvalues", "lanczos_tolerance", "operator", "eigenvectors", "spectrum_blocks"});
   d.analysis.curvature.blocks = r.boolean(*c, "curvature", "blocks", false);
   d.analysis.curvature.diagonal = r.boolean(*c, "curvature", "diagonal", false);
   d.analysis.curvature.preconditioned = r.boolean(*c, "curvature", "preconditioned", false);
@@ -319,6 +319,11 @@ void read_curvature_section(const Reader& r, const toml::table& root, Deck& d) {
   cv.lanczos_php = r.str(*c, "curvature", "lanczos_operator", "H", false, {"H", "PHP"}) == "PHP";
   cv.lanczos_tolerance = r.real(*c, "curvature", "lanczos_tolerance", 0.0, 0.0, 1.0);
   cv.eigenvectors = r.integer(*c, "curvature", "eigenvectors", 0, 0, 1 << 20);
+  cv.layer_spectra = r.str(*c, "curvature", "spectrum_blocks", "none", false, {"none", "layer"}) == "layer";
+  if (cv.layer_spectra && cv.lanczos_steps == 0)
+    fail(r.where(*c->get("spectrum_blocks"), "curvature.spectrum_blocks"),
+         ": curvature.spectrum_blocks = \"layer\" runs the spectrum's Lanczos steps on every layer block: set "
+         "curvature.lanczos_steps");
   if (cv.eigenvectors > 0 && cv.lanczos_steps == 0)
     fail(r.where(*c->get("eigenvectors"), "curvature.eigenvectors"),
          ": curvature.eigenvectors > 0 takes the Ritz vectors of the spectrum's first Lanczos chain: set "

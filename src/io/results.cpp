@@ -171,6 +171,10 @@ void write_case(hid_t parent, const CaseRecord& c, const std::string& where) {
   if (!s.blocks.empty()) write_blocks(id, s.blocks, where);
   if (s.spectrum.present) write_spectrum(id, "spectrum", s.spectrum, where);
   if (s.spectrum_ggn.present) write_spectrum(id, "spectrum_ggn", s.spectrum_ggn, where);
+  if (!s.spectrum_blocks.empty()) {
+    h5::Handle sb = h5::create_group(id, "spectrum_blocks", where);
+    for (const auto& [block, sp] : s.spectrum_blocks) write_spectrum(sb.id(), block, sp, where);
+  }
   std::vector<double> t;
   std::vector<std::string> stages;
   for (const auto& [stage, sec] : s.timings) {

@@ -317,6 +317,53 @@ class SpectrumOracle(unittest.TestCase):
         self.assertEqual(manifest["figures"]["eigenvectors"]["panels"],
                          ["G_in_topk", "delta_in_topk", "topk_overlap_prev"])
 
+    def test_layer_spectra_against_the_dense_diagonal_blocks(self):
+        """curvature.spectrum_blocks = "layer": a chain per layer block on its
+        diagonal block H_bb, against the dense Hessian's blocks: the top
+        eigenvalues to 1e-6 relative (the chains converge to residuals of
+        1e-10 of the largest), each within its residual of a dense
+        eigenvalue, the quadrature identity recorded; the whole spectrum
+        beside them unchanged; a block smaller than the steps stops at its
+        dimension (an invariant subspace); the report's per-layer figure;
+        and bitwise the same on a team of two ranks."""
+        outs = {}
+        for np_ in (1, 2):
+            deck = os.path.join(self.tmp, f"layers{np_}.toml")
+            spectrum_deck(deck, f"out/layers{np_}.h5", ["ckpt/small.h5"], 60, 2, extra='spectrum_blocks = "layer"\n')
+            self.run_ok(deck, np_, ["precision.policy=fp64", f"parallel.ranks_per_checkpoint={np_}"])
+            outs[np_] = os.path.join(self.tmp, "out", f"layers{np_}.h5")
+        ref = stats_reference.load_reference(self.small, os.path.join(self.tmp, "train.bin"), CONTEXT)
+        names, offsets = stats_reference.partitions(ref)["layer"]
+        with h5py.File(outs[1], "r") as f:
+            (g,) = f["groups"].values()
+            c = g["seen"]
+            self.assertEqual(sorted(c["spectrum_blocks"]), sorted(names))
+            self.assertLessEqual(float(c.attrs["identity_spectrum_blocks_quadrature_deviation"]), 1e-10)
+            self.assertIn("spectrum", c)
+            for i, name in enumerate(names):
+                lo, hi = offsets[i], offsets[i + 1]
+                block = 0.5 * (self.H[lo:hi, lo:hi] + self.H[lo:hi, lo:hi].T)
+                dense = np.sort(np.linalg.eigvalsh(block))[::-1]
+                sp = c["spectrum_blocks"][name]
+                top, res = sp["top_eigenvalues"][()], sp["top_residuals"][()]
+                self.assertEqual(int(sp.attrs["chains"]), 1)
+                np.testing.assert_allclose(top, dense[:len(top)], rtol=1e-6, atol=1e-9 * np.abs(dense).max(),
+                                           err_msg=name)
+                for t, r in zip(top, res):
+                    self.assertLessEqual(np.abs(dense - t).min(), r + 1e-12 * np.abs(self.H).max())
+                steps = int(sp["chain_steps"][0])
+                self.assertLessEqual(steps, min(60, hi - lo), name)
+                if hi - lo < 60:
+                    self.assertIn(gnhtest.text(sp["chain_stop"][0]), ("converged", "invariant_subspace"))
+        a, b = snapshot(outs[1]), snapshot(outs[2])
+        keys = [k for k in a if "spectrum_blocks" in k]
+        self.assertGreater(len(keys), 20)
+        for k in keys:
+            self.assertEqual(a[k], b[k], k)
+        r, manifest = gnhtest.report(outs[1], os.path.join(self.tmp, "rep_layers"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(manifest["figures"]["layer_spectra"]["panels"], ["top_eigenvalue", "density"])
+
     def test_report_draws_the_density_and_the_top_eigenvalues(self):
         deck = os.path.join(self.tmp, "report.toml")
         spectrum_deck(deck, "out/report.h5", ["ckpt/small.h5", "ckpt/other.h5"], 12, 2, unseen="val.bin")

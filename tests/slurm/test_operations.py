@@ -119,8 +119,10 @@ class Operations(unittest.TestCase):
         rep = os.path.join(results, "demo.report")
         with open(os.path.join(rep, "manifest.json")) as f:
             manifest = json.load(f)
-        self.assertEqual(len(manifest["figures"]["summary"]["panels"]), 10)
-        self.assertEqual(manifest["figures"]["summary"]["axes"], 10)
+        # The ten statistics of SPEC §4 and the two from every sequence (analysis.per_sequence).
+        self.assertEqual(len(manifest["figures"]["summary"]["panels"]), 12)
+        self.assertEqual(manifest["figures"]["summary"]["axes"], 12)
+        self.assertIn("sequences", manifest["figures"])
         for fig in manifest["figures"].values():
             for p in fig["files"]:
                 self.assertGreater(os.path.getsize(p), 1000, p)

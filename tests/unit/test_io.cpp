@@ -281,6 +281,15 @@ TEST_CASE("[curvature]: its keys are read and typed; the spectrum needs forward-
   REQUIRE_THAT(error_of(std::string(kDeck) + "[curvature]\nlanczos_steps = 3\neigenvectors = 4\n",
                         {"analysis.curvature_method=forward-over-reverse"}),
                Contains("deck.toml:14:") && Contains("more than the Ritz vectors"));
+  // Per-layer spectra: "layer" or "none", and only with the spectrum's steps.
+  REQUIRE(parse_deck(std::string(kDeck) + "[curvature]\nlanczos_steps = 20\nspectrum_blocks = \"layer\"\n", "deck.toml",
+                     "/runs", {"analysis.curvature_method=forward-over-reverse"})
+              .analysis.curvature.layer_spectra);
+  REQUIRE_THAT(error_of(std::string(kDeck) + "[curvature]\nspectrum_blocks = \"layer\"\n"),
+               Contains("deck.toml:13:") && Contains("set curvature.lanczos_steps"));
+  REQUIRE_THAT(error_of(std::string(kDeck) + "[curvature]\nlanczos_steps = 20\nspectrum_blocks = \"tensor\"\n",
+                        {"analysis.curvature_method=forward-over-reverse"}),
+               Contains("deck.toml:14:") && Contains("spectrum_blocks"));
 }
 
 TEST_CASE("the tensor and layer partitions of SPEC §10 tile the flat vector", "[blocks]") {

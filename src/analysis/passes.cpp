@@ -54,6 +54,41 @@ struct AccumulateSquares {
   }
 };
 
+// The same on a host backend: a chunk per iteration, its squares summed in
+// eight interleaved lanes (element i into lane i mod 8 of the chunk, the
+// lanes then added in order), which the compiler keeps in vector registers
+// where one running sum would serialise on its latency. Deterministic for the
+// chunk; its rounding differs from the team reduction's.
+template <class T>
+struct AccumulateSquaresLanes {
+  T* g;
+  T* grad;
+  const index_t* chunks;
+  double* partial;
+  KOKKOS_INLINE_FUNCTION void operator()(const index_t c) const {
+    constexpr int lanes = 8;
+    double s[lanes] = {};
+    const index_t end = chunks[c + 1];
+    index_t i = chunks[c];
+    for (; i + lanes <= end; i += lanes)
+      for (int l = 0; l < lanes; ++l) {
+        const T x = g[i + l];
+        g[i + l] = T(0);
+        grad[i + l] += x;
+        s[l] += double(x) * double(x);
+      }
+    double total = 0;
+    for (; i < end; ++i) {
+      const T x = g[i];
+      g[i] = T(0);
+      grad[i] += x;
+      total += double(x) * double(x);
+    }
+    for (int l = 0; l < lanes; ++l) total += s[l];
+    partial[c] = total;
+  }
+};
+
 // Chunks of at most this many parameters: enough teams to fill a GPU at any
 // model size, few enough that the partial sums are a small copy per batch.
 constexpr std::int64_t sequence_chunk = std::int64_t(1) << 16;
@@ -91,8 +126,13 @@ LossSum SequenceNorms<T>::gradients(const ExecSpace& space, Span1<const T> param
     const LossSum s = engine_.gradient(space, params, tokens, targets, g_);  // g_ is zero: see AccumulateSquares
     total.sum += s.sum;
     total.count += s.count;
-    Kokkos::parallel_for("gnh::pass::sequence_squares", TeamRange(space, n_chunks, Kokkos::AUTO),
-                         AccumulateSquares<T>{g_.data(), grad.data(), chunks_.data(), partial_.data() + b * n_chunks});
+    double* partial = partial_.data() + b * n_chunks;
+    if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible)
+      Kokkos::parallel_for("gnh::pass::sequence_squares", range(space, n_chunks),
+                           AccumulateSquaresLanes<T>{g_.data(), grad.data(), chunks_.data(), partial});
+    else
+      Kokkos::parallel_for("gnh::pass::sequence_squares", TeamRange(space, n_chunks, Kokkos::AUTO),
+                           AccumulateSquares<T>{g_.data(), grad.data(), chunks_.data(), partial});
   }
   // One copy per batch: every sequence's sums, then in order per range,
   // sequence and block value on the host.

@@ -29,6 +29,15 @@ ANALYSIS = dict(grad_microbatch=4, hvp_batch=3, noise_samples=3, noise_batch=4, 
                 directions_per_pass=4, seed=77)
 
 
+def groups_by_alias(f):
+    """Every group of a results file, by each of its checkpoint aliases."""
+    groups = {}
+    for g in f["groups"].values():
+        for a in g.attrs["aliases"]:
+            groups[a.decode() if isinstance(a, bytes) else a] = g
+    return groups
+
+
 class StatisticsOracle(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -116,10 +125,7 @@ class StatisticsOracle(unittest.TestCase):
         rel = 1e-10
         with h5py.File(os.path.join(self.tmp, "out", "stats.h5"), "r") as f:
             self.assertEqual(int(f.attrs["identities_ok"]), 1)
-            groups = {}
-            for g in f["groups"].values():
-                for a in g.attrs["aliases"]:
-                    groups[a.decode() if isinstance(a, bytes) else a] = g
+            groups = groups_by_alias(f)
             for e, case, tok in ((1, "seen", "train.bin"), (3, "unseen", "val.bin")):
                 ref = stats_reference.load_reference(os.path.join(self.tmp, "ckpt", f"epoch{e}.h5"),
                                                      os.path.join(self.tmp, tok), self.context)
@@ -167,59 +173,48 @@ class StatisticsOracle(unittest.TestCase):
         Bars: `rel` relative to the quantity, or for sums of products that can
         cancel (trace_H, GHG_contrib, xiHxi_contrib) to the sum of absolute
         products; the diagonal is stored in float32, so 2^-24 relative more."""
-        r = gnhtest.run_gnh(self.deck, 2, [f"precision.policy={policy}", "analysis.curvature_method=forward-over-reverse",
-                                           "curvature.blocks=true", "curvature.diagonal=true"])
-        self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
-        with h5py.File(os.path.join(self.tmp, "out", "stats.h5"), "r") as f:
-            self.assertEqual(int(f.attrs["identities_ok"]), 1)
-            groups = {}
-            for g in f["groups"].values():
-                for a in g.attrs["aliases"]:
-                    groups[a.decode() if isinstance(a, bytes) else a] = g
-            for e in (1, 3):
-                for case, tok in (("seen", "train.bin"), ("unseen", "val.bin")):
-                    ref = stats_reference.load_reference(os.path.join(self.tmp, "ckpt", f"epoch{e}.h5"),
-                                                         os.path.join(self.tmp, tok), self.context)
-                    st = stats_reference.statistics_of(ref, ANALYSIS["noise_samples"], ANALYSIS["noise_batch"],
-                                                       ANALYSIS["directions"], ANALYSIS["seed"])
-                    want = stats_reference.block_statistics(ref, st, ANALYSIS["directions"], ANALYSIS["seed"])
-                    c = groups[f"epoch{e}.h5"][case]
-                    with self.subTest(epoch=e, case=case, policy=policy):
-                        self.assertLessEqual(c.attrs["identity_block_sums_deviation"],
-                                             c.attrs["identity_block_sums_tolerance"])
-                        for name in ("frob_H", "effective_rank"):
-                            self.assertLessEqual(abs(c.attrs[name] - want[name]), rel * abs(want[name]), name)
-                        self.assertLessEqual(abs(c.attrs["frob_H_se"] - want["frob_H_se"]),
-                                             10 * rel * max(want["frob_H_se"], want["frob_H"]))
-                        d = c["hessian_diagonal"][()]
-                        self.assertEqual(d.dtype, np.float32)
-                        self.assertEqual(d.shape, (st["P"],))
-                        # Entries with no curvature (positions past the context) are
-                        # rounding noise on both sides: each entry's bar is `rel` of
-                        # its own scale or of the largest one, whichever is larger.
-                        scale = np.maximum(want["hessian_diagonal_scale"], want["hessian_diagonal_scale"].max())
-                        dt = np.abs(d - want["hessian_diagonal"])
-                        self.assertTrue(np.all(dt <= 2.0 ** -24 * np.abs(want["hessian_diagonal"]) + rel * scale),
-                                        dt.max())
-                        for part in ("tensor", "layer"):
-                            b, w = c["blocks"][part], want["partitions"][part]
-                            names = [n.decode() if isinstance(n, bytes) else n for n in b["names"][()]]
-                            self.assertEqual(names, w["names"])
-                            self.assertEqual(b["offsets"][()].tolist(), w["offsets"])
-                            for q in ("G_sqnorm", "trace_sigma", "B_simple", "trace_H", "GHG_contrib",
-                                      "xiHxi_contrib", "frob_H"):
-                                got, exp = b[q][()], w[q]
-                                scale = np.maximum(np.abs(exp), w.get(q + "_scale", 0.0))
-                                self.assertTrue(np.all(np.abs(got - exp) <= rel * scale), (part, q, got, exp))
-                                if q + "_se" in w:
-                                    se_scale = np.maximum(w[q + "_se"], scale)
-                                    self.assertTrue(np.all(np.abs(b[q + "_se"][()] - w[q + "_se"]) <= 10 * rel * se_scale),
-                                                    (part, q + "_se"))
-                            # The layer blocks are unions of tensor blocks.
-                            if part == "layer":
-                                t = c["blocks"]["tensor"]
-                                self.assertAlmostEqual(float(np.sum(t["frob_H"][()])), float(np.sum(b["frob_H"][()])),
-                                                       delta=rel * float(np.sum(b["frob_H"][()])))
+        sets = [f"precision.policy={policy}", "analysis.curvature_method=forward-over-reverse", "curvature.blocks=true",
+                "curvature.diagonal=true"]
+        for e, case, ref, c in self.states_and_cases(sets):
+            st = stats_reference.statistics_of(ref, ANALYSIS["noise_samples"], ANALYSIS["noise_batch"],
+                                               ANALYSIS["directions"], ANALYSIS["seed"])
+            want = stats_reference.block_statistics(ref, st, ANALYSIS["directions"], ANALYSIS["seed"])
+            with self.subTest(epoch=e, case=case, policy=policy):
+                self.assertLessEqual(c.attrs["identity_block_sums_deviation"],
+                                     c.attrs["identity_block_sums_tolerance"])
+                for name in ("frob_H", "effective_rank"):
+                    self.assertLessEqual(abs(c.attrs[name] - want[name]), rel * abs(want[name]), name)
+                self.assertLessEqual(abs(c.attrs["frob_H_se"] - want["frob_H_se"]),
+                                     10 * rel * max(want["frob_H_se"], want["frob_H"]))
+                d = c["hessian_diagonal"][()]
+                self.assertEqual(d.dtype, np.float32)
+                self.assertEqual(d.shape, (st["P"],))
+                # Entries with no curvature (positions past the context) are
+                # rounding noise on both sides: each entry's bar is `rel` of
+                # its own scale or of the largest one, whichever is larger.
+                scale = np.maximum(want["hessian_diagonal_scale"], want["hessian_diagonal_scale"].max())
+                dt = np.abs(d - want["hessian_diagonal"])
+                self.assertTrue(np.all(dt <= 2.0 ** -24 * np.abs(want["hessian_diagonal"]) + rel * scale),
+                                dt.max())
+                for part in ("tensor", "layer"):
+                    b, w = c["blocks"][part], want["partitions"][part]
+                    names = [n.decode() if isinstance(n, bytes) else n for n in b["names"][()]]
+                    self.assertEqual(names, w["names"])
+                    self.assertEqual(b["offsets"][()].tolist(), w["offsets"])
+                    for q in ("G_sqnorm", "trace_sigma", "B_simple", "trace_H", "GHG_contrib",
+                              "xiHxi_contrib", "frob_H"):
+                        got, exp = b[q][()], w[q]
+                        scale = np.maximum(np.abs(exp), w.get(q + "_scale", 0.0))
+                        self.assertTrue(np.all(np.abs(got - exp) <= rel * scale), (part, q, got, exp))
+                        if q + "_se" in w:
+                            se_scale = np.maximum(w[q + "_se"], scale)
+                            self.assertTrue(np.all(np.abs(b[q + "_se"][()] - w[q + "_se"]) <= 10 * rel * se_scale),
+                                            (part, q + "_se"))
+                    # The layer blocks are unions of tensor blocks.
+                    if part == "layer":
+                        t = c["blocks"]["tensor"]
+                        self.assertAlmostEqual(float(np.sum(t["frob_H"][()])), float(np.sum(b["frob_H"][()])),
+                                               delta=rel * float(np.sum(b["frob_H"][()])))
 
     def test_fp64_gauss_newton_blocks(self):
         """Per-block trace_ggn (operator "both" with blocks) against
@@ -235,10 +230,7 @@ class StatisticsOracle(unittest.TestCase):
         rel = 1e-10
         with h5py.File(os.path.join(self.tmp, "out", "stats.h5"), "r") as f:
             self.assertEqual(int(f.attrs["identities_ok"]), 1)
-            groups = {}
-            for g in f["groups"].values():
-                for a in g.attrs["aliases"]:
-                    groups[a.decode() if isinstance(a, bytes) else a] = g
+            groups = groups_by_alias(f)
             ref = stats_reference.load_reference(os.path.join(self.tmp, "ckpt", "epoch2.h5"),
                                                  os.path.join(self.tmp, "train.bin"), self.context)
             want = stats_reference.gauss_newton_blocks(ref, ANALYSIS["directions"], ANALYSIS["seed"])
@@ -250,6 +242,20 @@ class StatisticsOracle(unittest.TestCase):
                 self.assertTrue(np.all(np.abs(got - exp) <= rel * scale), (part, got, exp))
                 self.assertTrue(np.all(np.abs(got_se - exp_se) <= 10 * rel * scale), (part, got_se, exp_se))
                 self.assertLessEqual(abs(got.sum() - c.attrs["trace_ggn"]), rel * np.abs(got).sum())
+
+    def states_and_cases(self, sets):
+        """Runs the deck on two ranks with `sets` and yields (epoch, case,
+        float64 reference, the case's group) for epochs 1 and 3 and both cases."""
+        r = gnhtest.run_gnh(self.deck, 2, sets)
+        self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
+        with h5py.File(os.path.join(self.tmp, "out", "stats.h5"), "r") as f:
+            self.assertEqual(int(f.attrs["identities_ok"]), 1)
+            groups = groups_by_alias(f)
+            for e in (1, 3):
+                for case, tok in (("seen", "train.bin"), ("unseen", "val.bin")):
+                    ref = stats_reference.load_reference(os.path.join(self.tmp, "ckpt", f"epoch{e}.h5"),
+                                                         os.path.join(self.tmp, tok), self.context)
+                    yield e, case, ref, groups[f"epoch{e}.h5"][case]
 
     def check_per_sequence(self, policy, rel, method):
         """Every sequence's |a_i|^2, tr(Sigma) and B_simple from them, their
@@ -263,44 +269,32 @@ class StatisticsOracle(unittest.TestCase):
         the same extremes) and the counts are those of the |a_i|^2 written
         (already checked) on them: the reference's own extremes may fall a
         rounding outside gnh's edges."""
-        r = gnhtest.run_gnh(self.deck, 2, [f"precision.policy={policy}", f"analysis.curvature_method={method}",
-                                           "curvature.blocks=true"])
-        self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
-        with h5py.File(os.path.join(self.tmp, "out", "stats.h5"), "r") as f:
-            self.assertEqual(int(f.attrs["identities_ok"]), 1)
-            groups = {}
-            for g in f["groups"].values():
-                for a in g.attrs["aliases"]:
-                    groups[a.decode() if isinstance(a, bytes) else a] = g
-            for e in (1, 3):
-                for case, tok in (("seen", "train.bin"), ("unseen", "val.bin")):
-                    ref = stats_reference.load_reference(os.path.join(self.tmp, "ckpt", f"epoch{e}.h5"),
-                                                         os.path.join(self.tmp, tok), self.context)
-                    want = stats_reference.sequence_statistics(ref)
-                    c = groups[f"epoch{e}.h5"][case]
-                    with self.subTest(epoch=e, case=case, policy=policy, method=method):
-                        x = c["seq_grad_sqnorm"][()]
-                        np.testing.assert_allclose(x, want["seq_grad_sqnorm"], rtol=rel)
-                        self.assertEqual(int(c.attrs["n_sequences"]), want["n_sequences"])
-                        scale = float(np.mean(want["seq_grad_sqnorm"]))
-                        self.assertLessEqual(abs(c.attrs["trace_sigma_seq"] - want["trace_sigma_seq"]), rel * scale)
-                        self.assertLessEqual(abs(c.attrs["trace_sigma_seq_se"] - want["trace_sigma_seq_se"]),
-                                             10 * rel * scale)
-                        G2 = c.attrs["G_sqnorm"]
-                        self.assertLessEqual(abs(c.attrs["B_simple_seq"] - want["B_simple_seq"]), 10 * rel * scale / G2)
-                        edges = c["seq_grad_sqnorm_edges"][()]
-                        np.testing.assert_allclose(edges, want["seq_grad_sqnorm_edges"], rtol=max(rel, 1e-12))
-                        counts, _ = np.histogram(x, bins=edges)
-                        self.assertEqual(c["seq_grad_sqnorm_counts"][()].tolist(), counts.tolist())
-                        self.assertEqual(int(np.sum(counts)), want["n_sequences"])
-                        for part in ("tensor", "layer"):
-                            t, w = c["blocks"][part], want["blocks"][part]
-                            bscale = np.maximum(np.abs(w["trace_sigma_seq"]), w["G_sqnorm"]) + scale * rel
-                            for name in ("trace_sigma_seq", "trace_sigma_seq_se"):
-                                np.testing.assert_array_less(np.abs(t[name][()] - w[name]), 10 * rel * bscale + 1e-300,
-                                                             err_msg=f"{part} {name}")
-                        # The batch and the per-sequence estimators agree (a three-SE identity).
-                        self.assertLessEqual(c.attrs["identity_noise_estimators_deviation"], 3)
+        sets = [f"precision.policy={policy}", f"analysis.curvature_method={method}", "curvature.blocks=true"]
+        for e, case, ref, c in self.states_and_cases(sets):
+            want = stats_reference.sequence_statistics(ref)
+            with self.subTest(epoch=e, case=case, policy=policy, method=method):
+                x = c["seq_grad_sqnorm"][()]
+                np.testing.assert_allclose(x, want["seq_grad_sqnorm"], rtol=rel)
+                self.assertEqual(int(c.attrs["n_sequences"]), want["n_sequences"])
+                scale = float(np.mean(want["seq_grad_sqnorm"]))
+                self.assertLessEqual(abs(c.attrs["trace_sigma_seq"] - want["trace_sigma_seq"]), rel * scale)
+                self.assertLessEqual(abs(c.attrs["trace_sigma_seq_se"] - want["trace_sigma_seq_se"]),
+                                     10 * rel * scale)
+                G2 = c.attrs["G_sqnorm"]
+                self.assertLessEqual(abs(c.attrs["B_simple_seq"] - want["B_simple_seq"]), 10 * rel * scale / G2)
+                edges = c["seq_grad_sqnorm_edges"][()]
+                np.testing.assert_allclose(edges, want["seq_grad_sqnorm_edges"], rtol=max(rel, 1e-12))
+                counts, _ = np.histogram(x, bins=edges)
+                self.assertEqual(c["seq_grad_sqnorm_counts"][()].tolist(), counts.tolist())
+                self.assertEqual(int(np.sum(counts)), want["n_sequences"])
+                for part in ("tensor", "layer"):
+                    t, w = c["blocks"][part], want["blocks"][part]
+                    bscale = np.maximum(np.abs(w["trace_sigma_seq"]), w["G_sqnorm"]) + scale * rel
+                    for name in ("trace_sigma_seq", "trace_sigma_seq_se"):
+                        np.testing.assert_array_less(np.abs(t[name][()] - w[name]), 10 * rel * bscale + 1e-300,
+                                                     err_msg=f"{part} {name}")
+                # The batch and the per-sequence estimators agree (a three-SE identity).
+                self.assertLessEqual(c.attrs["identity_noise_estimators_deviation"], 3)
 
     def test_fp64_per_sequence(self):
         self.check_per_sequence("fp64", 1e-10, "second-order-forward")

@@ -9,6 +9,7 @@
 #include "kernels/linear.hpp"
 #include "kernels/lm_head_xent.hpp"
 #include "kernels/residual.hpp"
+#include "kernels/rmsnorm.hpp"
 
 namespace gnh::kernels {
 GNH_GEMM(, double)
@@ -17,6 +18,7 @@ GNH_EMBEDDING(, double)
 GNH_RESIDUAL(, double)
 GNH_GELU(, double)
 GNH_LAYERNORM(, double)
+GNH_RMSNORM(, double)
 GNH_ATTENTION(, double)
 GNH_LM_HEAD(, double)
 }  // namespace gnh::kernels

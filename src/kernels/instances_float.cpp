@@ -9,6 +9,7 @@
 #include "kernels/linear.hpp"
 #include "kernels/lm_head_xent.hpp"
 #include "kernels/residual.hpp"
+#include "kernels/rmsnorm.hpp"
 
 namespace gnh::kernels {
 GNH_GEMM(, float)
@@ -17,6 +18,7 @@ GNH_EMBEDDING(, float)
 GNH_RESIDUAL(, float)
 GNH_GELU(, float)
 GNH_LAYERNORM(, float)
+GNH_RMSNORM(, float)
 GNH_ATTENTION(, float)
 GNH_LM_HEAD(, float)
 }  // namespace gnh::kernels

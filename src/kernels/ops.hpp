@@ -10,6 +10,7 @@
 #include "kernels/layernorm.hpp"
 #include "kernels/linear.hpp"
 #include "kernels/lm_head_xent.hpp"
+#include "kernels/rmsnorm.hpp"
 
 namespace gnh::kernels {
 
@@ -23,6 +24,6 @@ struct OpList {
   static constexpr std::size_t size = sizeof...(Ops);
 };
 
-using Ops = OpList<LinearOp, LayerNormOp, GeluOp, AttentionOp, LmHeadXentOp, EmbeddingOp>;
+using Ops = OpList<LinearOp, LayerNormOp, RmsNormOp, GeluOp, AttentionOp, LmHeadXentOp, EmbeddingOp>;
 
 }  // namespace gnh::kernels

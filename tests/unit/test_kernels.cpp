@@ -21,6 +21,7 @@
 #include "kernels/colsum.hpp"
 #include "kernels/embedding.hpp"
 #include "kernels/layernorm.hpp"
+#include "kernels/rmsnorm.hpp"
 #include "kernels/linear.hpp"
 #include "kernels/lm_head_xent.hpp"
 #include "kernels/ops.hpp"
@@ -120,6 +121,44 @@ TEMPLATE_TEST_CASE("layernorm forward matches the reference", "[kernels]", float
   check_close(host(y.v), want, tol);
   for (double r : host(op.saved[1].v)) REQUIRE(std::isfinite(r));
   for (double m : host(op.saved[0].v)) REQUIRE(std::isfinite(m));
+}
+
+TEMPLATE_TEST_CASE("rmsnorm forward matches a plain float64 forward", "[kernels]", float, double) {
+  using T = TestType;
+  const auto [N, C, bias] = GENERATE(
+      table<index_t, index_t, bool>({{1, 1, false}, {1, 2, true}, {7, 5, false}, {13, 12, true}, {3, 320, false}}));
+  CAPTURE(N, C, bias);
+  test::OpAdapter<kernels::RmsNormOp<T>> op(N, C, bias);
+  Buf<T> x(N, C), y(N, C);
+  Flat<T> p(op.P);
+  const auto xr = load<T>(x.v, ref::random_vec(N * C, 7, 2.0, 0.5));
+  auto praw = ref::random_vec(C, 8, 0.3, 1.0);
+  if (bias) {
+    const auto braw = ref::random_vec(C, 9);
+    praw.insert(praw.end(), braw.begin(), braw.end());
+  }
+  const auto pr = load<T>(p.v, praw);
+  fill_nan(y.v);
+  fill_nan(op.saved[0].v);
+  op.fwd_primal(y, x, p);
+  // y = x / sqrt(mean(x^2) + 1e-6) w + b, written here in double.
+  std::vector<double> want(std::size_t(N * C));
+  for (index_t n = 0; n < N; ++n) {
+    double s = 0;
+    for (index_t c = 0; c < C; ++c) s += xr[std::size_t(n * C + c)] * xr[std::size_t(n * C + c)];
+    const double r = 1.0 / std::sqrt(s / double(C) + 1e-6);
+    for (index_t c = 0; c < C; ++c)
+      want[std::size_t(n * C + c)] =
+          xr[std::size_t(n * C + c)] * r * pr[std::size_t(c)] + (bias ? pr[std::size_t(C + c)] : 0.0);
+  }
+  // The mean square is a length-C sum of positive terms (C eps relative),
+  // halved by the square root; the product with x and w adds a few eps.
+  std::vector<double> tol(want.size());
+  for (std::size_t i = 0; i < want.size(); ++i)
+    tol[i] = double(C + 8) * eps<T>() *
+             (std::abs(want[i]) + (bias ? std::abs(pr[std::size_t(C) + i % std::size_t(C)]) : 0.0) + 1.0);
+  check_close(host(y.v), want, tol);
+  for (double r : host(op.saved[0].v)) REQUIRE(std::isfinite(r));
 }
 
 TEMPLATE_TEST_CASE("gelu forward matches the reference", "[kernels]", float, double) {

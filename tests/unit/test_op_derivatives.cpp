@@ -204,6 +204,21 @@ TEST_CASE("layernorm: every derivative mode", "[derivatives]") {
   }
 }
 
+TEST_CASE("rmsnorm: every derivative mode", "[derivatives]") {
+  for (bool bias : {true, false}) {
+    test::OpAdapter<kernels::RmsNormOp<double>> op(5, 7, bias);
+    check_op(op, 23, 1.5, 0.3);
+  }
+  // One channel (r = 1/|x| up to eps: the statistic is the row itself), and
+  // the GPU-shaped row kernels and column sums on this host backend.
+  test::OpAdapter<kernels::RmsNormOp<double>> one(3, 1, false);
+  check_op(one, 24, 1.0, 0.5);
+  for (const index_t C : {7, 37}) {
+    test::OpAdapter<kernels::RmsNormOp<double>> teams(5, C, false, kernels::RowShape::teams);
+    check_op(teams, 25, 1.5, 0.3);
+  }
+}
+
 TEST_CASE("gelu: every derivative mode", "[derivatives]") {
   for (Gelu kind : {Gelu::erf, Gelu::tanh}) {
     test::OpAdapter<kernels::GeluOp<double>> op(6, 7, kind);

@@ -10,6 +10,7 @@
 #include "kernels/lm_head_xent.hpp"
 #include "kernels/residual.hpp"
 #include "kernels/rmsnorm.hpp"
+#include "kernels/rotary.hpp"
 
 namespace gnh::kernels {
 GNH_GEMM(, double)
@@ -19,6 +20,7 @@ GNH_RESIDUAL(, double)
 GNH_GELU(, double)
 GNH_LAYERNORM(, double)
 GNH_RMSNORM(, double)
+GNH_ROTARY(, double)
 GNH_ATTENTION(, double)
 GNH_LM_HEAD(, double)
 }  // namespace gnh::kernels

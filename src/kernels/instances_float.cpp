@@ -10,6 +10,7 @@
 #include "kernels/lm_head_xent.hpp"
 #include "kernels/residual.hpp"
 #include "kernels/rmsnorm.hpp"
+#include "kernels/rotary.hpp"
 
 namespace gnh::kernels {
 GNH_GEMM(, float)
@@ -19,6 +20,7 @@ GNH_RESIDUAL(, float)
 GNH_GELU(, float)
 GNH_LAYERNORM(, float)
 GNH_RMSNORM(, float)
+GNH_ROTARY(, float)
 GNH_ATTENTION(, float)
 GNH_LM_HEAD(, float)
 }  // namespace gnh::kernels

@@ -11,6 +11,7 @@
 #include "kernels/linear.hpp"
 #include "kernels/lm_head_xent.hpp"
 #include "kernels/rmsnorm.hpp"
+#include "kernels/rotary.hpp"
 
 namespace gnh::kernels {
 
@@ -24,6 +25,6 @@ struct OpList {
   static constexpr std::size_t size = sizeof...(Ops);
 };
 
-using Ops = OpList<LinearOp, LayerNormOp, RmsNormOp, GeluOp, AttentionOp, LmHeadXentOp, EmbeddingOp>;
+using Ops = OpList<LinearOp, LayerNormOp, RmsNormOp, GeluOp, RotaryOp, AttentionOp, LmHeadXentOp, EmbeddingOp>;
 
 }  // namespace gnh::kernels

@@ -98,9 +98,8 @@ struct RmsNormReverseRow {
   KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t n) const {
     for (int k = 0; k < K; ++k) {
       const S r = io::get(rstd, k, n);
-      S mgx = lanes.template sum<S>(C, [&](index_t c) {
-        return io::get(dy, k, n, c) * io::param(p, k, w + c) * (io::get(x, k, n, c) * r);
-      });
+      S mgx = lanes.template sum<S>(
+          C, [&](index_t c) { return io::get(dy, k, n, c) * io::param(p, k, w + c) * (io::get(x, k, n, c) * r); });
       mgx = mgx / T(C);
       lanes.each(C, [&](index_t c) {
         const S xh = io::get(x, k, n, c) * r;
@@ -124,8 +123,8 @@ void rmsnorm_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>> 
   require_extent("gnh::rmsnorm::forward", "y rows", y.rows(), N);
   require_extent("gnh::rmsnorm::forward", "y cols", y.cols(), C);
   require_extent("gnh::rmsnorm::forward", "rstd", rstd.v.extent(0), N);
-  for_rows<T>(space, "gnh::rmsnorm::forward", N, detail::RmsNormValueRow<T>{y, rstd, x, p, w, b, C, static_cast<T>(eps)},
-              rows);
+  for_rows<T>(space, "gnh::rmsnorm::forward", N,
+              detail::RmsNormValueRow<T>{y, rstd, x, p, w, b, C, static_cast<T>(eps)}, rows);
   if constexpr (has_tangents_v<S>)
     for_rows<T>(space, "gnh::rmsnorm::forward::directions", K * N,
                 detail::RmsNormDirectionRow<S>{y, rstd, x, p, w, b, C, N, P}, rows);
@@ -187,12 +186,12 @@ struct RmsNormOp {
 };
 
 // Compiled once, in gnh_core (kernels/instances.hpp).
-#define GNH_RMSNORM_FORWARD(EXT, S)                                                                                 \
-  EXT template void rmsnorm_forward<S>(const ExecSpace&, Act2<base_t<S>>, Act1<base_t<S>>, Act2<base_t<S>>,         \
+#define GNH_RMSNORM_FORWARD(EXT, S)                                                                         \
+  EXT template void rmsnorm_forward<S>(const ExecSpace&, Act2<base_t<S>>, Act1<base_t<S>>, Act2<base_t<S>>, \
                                        Params<base_t<S>>, index_t, index_t, double, RowShape);
-#define GNH_RMSNORM_REVERSE(EXT, S)                                                                                 \
-  EXT template void rmsnorm_reverse<S>(const ExecSpace&, Act2<base_t<S>>, Grads<base_t<S>>, Act2<base_t<S>>,        \
-                                       Act2<base_t<S>>, Act1<base_t<S>>, Params<base_t<S>>, index_t, index_t,      \
+#define GNH_RMSNORM_REVERSE(EXT, S)                                                                           \
+  EXT template void rmsnorm_reverse<S>(const ExecSpace&, Act2<base_t<S>>, Grads<base_t<S>>, Act2<base_t<S>>,  \
+                                       Act2<base_t<S>>, Act1<base_t<S>>, Params<base_t<S>>, index_t, index_t, \
                                        ColumnShape, RowShape);
 #define GNH_RMSNORM(EXT, T) \
   GNH_FORWARD_SCALARS(GNH_RMSNORM_FORWARD, EXT, T) GNH_REVERSE_SCALARS(GNH_RMSNORM_REVERSE, EXT, T)

@@ -22,6 +22,7 @@
 #include "kernels/embedding.hpp"
 #include "kernels/layernorm.hpp"
 #include "kernels/rmsnorm.hpp"
+#include "kernels/rotary.hpp"
 #include "kernels/linear.hpp"
 #include "kernels/lm_head_xent.hpp"
 #include "kernels/ops.hpp"
@@ -159,6 +160,38 @@ TEMPLATE_TEST_CASE("rmsnorm forward matches a plain float64 forward", "[kernels]
              (std::abs(want[i]) + (bias ? std::abs(pr[std::size_t(C) + i % std::size_t(C)]) : 0.0) + 1.0);
   check_close(host(y.v), want, tol);
   for (double r : host(op.saved[0].v)) REQUIRE(std::isfinite(r));
+}
+
+TEMPLATE_TEST_CASE("rotary forward matches a plain float64 rotate-half", "[kernels]", float, double) {
+  using T = TestType;
+  // Rows of blocks of Tc positions, H heads of D dims, the first r rotated.
+  const auto [Tc, H, D, r] = GENERATE(table<index_t, index_t, index_t, index_t>(
+      {{1, 1, 2, 2}, {7, 2, 8, 8}, {5, 3, 8, 2}, {4, 2, 6, 0}, {64, 5, 64, 64}}));
+  CAPTURE(Tc, H, D, r);
+  const index_t N = 2 * Tc, W = H * D;
+  const double base = 10000.0;
+  test::OpAdapter<kernels::RotaryOp<T>> op(N, Tc, H, D, r, base);
+  Buf<T> x(N, W), y(N, W);
+  Flat<T> p(1);
+  const auto xr = load<T>(x.v, ref::random_vec(N * W, 10, 1.0));
+  fill_nan(y.v);
+  op.fwd_primal(y, x, p);
+  // inv_j = base^(-2j/r); [c, c] and [s, s] over the r dims; rotate_half.
+  std::vector<double> want(xr);
+  for (index_t n = 0; n < N; ++n)
+    for (index_t h = 0; h < H; ++h)
+      for (index_t j = 0; j < r / 2; ++j) {
+        const double a = double(n % Tc) * std::pow(base, -2.0 * double(j) / double(r));
+        const std::size_t i1 = std::size_t(n * W + h * D + j), i2 = i1 + std::size_t(r / 2);
+        want[i1] = xr[i1] * std::cos(a) - xr[i2] * std::sin(a);
+        want[i2] = xr[i2] * std::cos(a) + xr[i1] * std::sin(a);
+      }
+  // The angle t inv_j (t < 64) is formed in T: relative eps from the
+  // exponential and the product, so an absolute error of about 4 t eps in a,
+  // hence in cos and sin; times |x| <= 1, plus the rotation's own rounding.
+  std::vector<double> tol(want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) tol[i] = (8.0 * double(Tc) + 8.0) * eps<T>();
+  check_close(host(y.v), want, tol);
 }
 
 TEMPLATE_TEST_CASE("gelu forward matches the reference", "[kernels]", float, double) {

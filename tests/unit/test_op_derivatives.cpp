@@ -219,6 +219,16 @@ TEST_CASE("rmsnorm: every derivative mode", "[derivatives]") {
   }
 }
 
+TEST_CASE("rotary: every derivative mode", "[derivatives]") {
+  // Blocks of 5 positions, 2 blocks; heads of 6 dims rotated whole, in part
+  // (r = 2, as rotary_pct 0.25 of 8 rounds) and not at all; a small base so
+  // that the angles reach several radians within the block.
+  const auto [D, r] = GENERATE(table<index_t, index_t>({{6, 6}, {8, 2}, {6, 0}, {2, 2}}));
+  CAPTURE(D, r);
+  test::OpAdapter<kernels::RotaryOp<double>> op(10, 5, 3, D, r, 7.0);
+  check_op(op, 26, 1.0);
+}
+
 TEST_CASE("gelu: every derivative mode", "[derivatives]") {
   for (Gelu kind : {Gelu::erf, Gelu::tanh}) {
     test::OpAdapter<kernels::GeluOp<double>> op(6, 7, kind);

@@ -1,0 +1,121 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Rotary position embedding (SPEC §11, Hugging Face's rotate-half
+// convention) of the q or k rows of attention: each row n is a token at
+// position t = n mod T of its block, holding H heads of D dims; the first r
+// dims of each head (r even: D for llama, floor(D rotary_pct) for gpt-neox)
+// rotate in pairs (j, j + r/2), j < r/2, by the angle a = t base^(-2j/r):
+//   forward:  y_j = x_j cos a - x_{j+r/2} sin a,  y_{j+r/2} = x_{j+r/2} cos a + x_j sin a,
+//             dims r .. D - 1 unchanged
+//   tangent / second order: the same rotation of every plane (linear in x,
+//             no parameters)
+//   reverse:  dx = R^T dy, the rotation by -a, of every plane of dy alike
+//             (the tangent of the reverse included: R does not depend on x)
+// Saves nothing. The angle is taken in T (as the reference implementation
+// does in the model's precision): cos and sin of t inv_j, inv_j =
+// exp(-(2j/r) log base).
+#pragma once
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "core/compat.hpp"
+#include "core/planes.hpp"
+#include "kernels/check.hpp"
+#include "kernels/op.hpp"
+#include "kernels/instances.hpp"
+
+namespace gnh::kernels {
+
+namespace detail {
+
+// Every plane of `in` rotated into `out` (sign +1: R, -1: R^T); planes 0
+// (value), 1..K (tangents), K+1..2K (second order) as the scalar type has them.
+template <class S>
+void rotate_planes(const ExecSpace& space, const char* label, Act2<base_t<S>> out, Act2<base_t<S>> in, index_t T,
+                   index_t D, index_t r, double base, double sign) {
+  using U = base_t<S>;
+  const index_t N = in.rows(), width = in.cols(), K = has_tangents_v<S> ? in.d.extent(0) : 0;
+  const index_t planes = 1 + K + (has_second_v<S> ? K : 0);
+  require_extent(label, "rows", out.rows(), N);
+  require_extent(label, "cols", out.cols(), width);
+  if (T <= 0 || N % T != 0) throw std::invalid_argument(std::string(label) + ": rows are not whole blocks");
+  if (D <= 0 || width % D != 0 || r < 0 || r > D || r % 2 != 0)
+    throw std::invalid_argument(std::string(label) + ": heads of " + std::to_string(D) + " dims, " +
+                                std::to_string(r) + " of them rotated, do not tile rows of " + std::to_string(width));
+  const index_t half = r / 2;
+  const U log_base = U(std::log(base)), s_sign = U(sign);
+  using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3, Kokkos::Iterate::Right, Kokkos::Iterate::Right>,
+                                       Kokkos::IndexType<index_t>>;
+  Kokkos::parallel_for(
+      label, Policy(space, {0, 0, 0}, {planes, N, width}), KOKKOS_LAMBDA(const index_t q, const index_t n, const index_t c) {
+        const U* x = q == 0 ? &in.v(n, 0) : q <= K ? &in.d(q - 1, n, 0) : &in.dd(q - 1 - K, n, 0);
+        U* y = q == 0 ? &out.v(n, 0) : q <= K ? &out.d(q - 1, n, 0) : &out.dd(q - 1 - K, n, 0);
+        const index_t d = c % D;
+        if (d >= r) {
+          y[c] = x[c];
+          return;
+        }
+        const index_t j = d < half ? d : d - half;
+        const U a = U(n % T) * kmath::exp(-(U(2 * j) / U(r)) * log_base);
+        const U cs = kmath::cos(a), sn = s_sign * kmath::sin(a);
+        y[c] = d < half ? x[c] * cs - x[c + half] * sn : x[c] * cs + x[c - half] * sn;
+      });
+}
+
+}  // namespace detail
+
+// x, y: (N, H D) rows of T-token blocks; r rotated dims per head of D.
+template <class S>
+void rotary_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x, index_t T, index_t D, index_t r,
+                    double base) {
+  keep_planes<S>(y, x);
+  detail::rotate_planes<S>(space, "gnh::rotary::forward", y, x, T, D, r, base, 1.0);
+}
+
+// dx = R^T dy, every plane S has (Dual: the tangent of the reverse).
+template <class S>
+void rotary_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Act2<base_t<S>> dy, index_t T, index_t D, index_t r,
+                    double base) {
+  keep_planes<S>(dx, dy);
+  detail::rotate_planes<S>(space, "gnh::rotary::reverse", dx, dy, T, D, r, base, -1.0);
+}
+
+// The op contract (kernels/op.hpp): no parameters, nothing saved. As the
+// models use it: the q (or k) rows, every head's dims rotated, base 10000.
+template <class U>
+struct RotaryOp {
+  static constexpr const char* name = "rotary";
+  index_t N, T, H, D, r;
+  double base;
+  RotaryOp(index_t N_, index_t T_, index_t H_, index_t D_, index_t r_, double base_)
+      : N(N_), T(T_), H(H_), D(D_), r(r_), base(base_) {}
+  static RotaryOp at(const OpDims& d, index_t) {
+    const index_t D = d.C / d.H;
+    return RotaryOp(d.B * d.T, d.T, d.H, D, D - D % 2, 10000.0);
+  }
+  OpSizes sizes() const { return {N, H * D, H * D, 0}; }
+  std::vector<OpExtent> saved() const { return {}; }
+  double flops(OpMode, index_t) const { return 0.0; }
+  template <class S>
+  void forward(const ExecSpace& space, Act2<U> y, Act2<U> x, Params<U>, const OpSaved<U>&) const {
+    rotary_forward<S>(space, y, x, T, D, r, base);
+  }
+  template <class S>
+  void reverse(const ExecSpace& space, Act2<U> dx, Grads<U>, Act2<U> dy, Act2<U>, Act2<U>, Params<U>,
+               const OpSaved<U>&) const {
+    rotary_reverse<S>(space, dx, dy, T, D, r, base);
+  }
+};
+
+// Compiled once, in gnh_core (kernels/instances.hpp).
+#define GNH_ROTARY_FORWARD(EXT, S)                                                                            \
+  EXT template void rotary_forward<S>(const ExecSpace&, Act2<base_t<S>>, Act2<base_t<S>>, index_t, index_t, \
+                                      index_t, double);
+#define GNH_ROTARY_REVERSE(EXT, S)                                                                            \
+  EXT template void rotary_reverse<S>(const ExecSpace&, Act2<base_t<S>>, Act2<base_t<S>>, index_t, index_t, \
+                                      index_t, double);
+#define GNH_ROTARY(EXT, T) GNH_FORWARD_SCALARS(GNH_ROTARY_FORWARD, EXT, T) GNH_REVERSE_SCALARS(GNH_ROTARY_REVERSE, EXT, T)
+GNH_ROTARY(extern, float)
+GNH_ROTARY(extern, double)
+
+}  // namespace gnh::kernels

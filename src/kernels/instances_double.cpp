@@ -11,6 +11,7 @@
 #include "kernels/residual.hpp"
 #include "kernels/rmsnorm.hpp"
 #include "kernels/rotary.hpp"
+#include "kernels/swiglu.hpp"
 
 namespace gnh::kernels {
 GNH_GEMM(, double)
@@ -21,6 +22,7 @@ GNH_GELU(, double)
 GNH_LAYERNORM(, double)
 GNH_RMSNORM(, double)
 GNH_ROTARY(, double)
+GNH_SWIGLU(, double)
 GNH_ATTENTION(, double)
 GNH_LM_HEAD(, double)
 }  // namespace gnh::kernels

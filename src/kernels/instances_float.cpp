@@ -11,6 +11,7 @@
 #include "kernels/residual.hpp"
 #include "kernels/rmsnorm.hpp"
 #include "kernels/rotary.hpp"
+#include "kernels/swiglu.hpp"
 
 namespace gnh::kernels {
 GNH_GEMM(, float)
@@ -21,6 +22,7 @@ GNH_GELU(, float)
 GNH_LAYERNORM(, float)
 GNH_RMSNORM(, float)
 GNH_ROTARY(, float)
+GNH_SWIGLU(, float)
 GNH_ATTENTION(, float)
 GNH_LM_HEAD(, float)
 }  // namespace gnh::kernels

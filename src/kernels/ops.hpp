@@ -12,6 +12,7 @@
 #include "kernels/lm_head_xent.hpp"
 #include "kernels/rmsnorm.hpp"
 #include "kernels/rotary.hpp"
+#include "kernels/swiglu.hpp"
 
 namespace gnh::kernels {
 
@@ -25,6 +26,7 @@ struct OpList {
   static constexpr std::size_t size = sizeof...(Ops);
 };
 
-using Ops = OpList<LinearOp, LayerNormOp, RmsNormOp, GeluOp, RotaryOp, AttentionOp, LmHeadXentOp, EmbeddingOp>;
+using Ops =
+    OpList<LinearOp, LayerNormOp, RmsNormOp, GeluOp, SwigluOp, RotaryOp, AttentionOp, LmHeadXentOp, EmbeddingOp>;
 
 }  // namespace gnh::kernels

@@ -40,14 +40,15 @@ void rotate_planes(const ExecSpace& space, const char* label, Act2<base_t<S>> ou
   require_extent(label, "cols", out.cols(), width);
   if (T <= 0 || N % T != 0) throw std::invalid_argument(std::string(label) + ": rows are not whole blocks");
   if (D <= 0 || width % D != 0 || r < 0 || r > D || r % 2 != 0)
-    throw std::invalid_argument(std::string(label) + ": heads of " + std::to_string(D) + " dims, " +
-                                std::to_string(r) + " of them rotated, do not tile rows of " + std::to_string(width));
+    throw std::invalid_argument(std::string(label) + ": heads of " + std::to_string(D) + " dims, " + std::to_string(r) +
+                                " of them rotated, do not tile rows of " + std::to_string(width));
   const index_t half = r / 2;
   const U log_base = U(std::log(base)), s_sign = U(sign);
   using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3, Kokkos::Iterate::Right, Kokkos::Iterate::Right>,
                                        Kokkos::IndexType<index_t>>;
   Kokkos::parallel_for(
-      label, Policy(space, {0, 0, 0}, {planes, N, width}), KOKKOS_LAMBDA(const index_t q, const index_t n, const index_t c) {
+      label, Policy(space, {0, 0, 0}, {planes, N, width}),
+      KOKKOS_LAMBDA(const index_t q, const index_t n, const index_t c) {
         const U* x = q == 0 ? &in.v(n, 0) : q <= K ? &in.d(q - 1, n, 0) : &in.dd(q - 1 - K, n, 0);
         U* y = q == 0 ? &out.v(n, 0) : q <= K ? &out.d(q - 1, n, 0) : &out.dd(q - 1 - K, n, 0);
         const index_t d = c % D;
@@ -108,13 +109,14 @@ struct RotaryOp {
 };
 
 // Compiled once, in gnh_core (kernels/instances.hpp).
-#define GNH_ROTARY_FORWARD(EXT, S)                                                                            \
-  EXT template void rotary_forward<S>(const ExecSpace&, Act2<base_t<S>>, Act2<base_t<S>>, index_t, index_t, \
-                                      index_t, double);
-#define GNH_ROTARY_REVERSE(EXT, S)                                                                            \
-  EXT template void rotary_reverse<S>(const ExecSpace&, Act2<base_t<S>>, Act2<base_t<S>>, index_t, index_t, \
-                                      index_t, double);
-#define GNH_ROTARY(EXT, T) GNH_FORWARD_SCALARS(GNH_ROTARY_FORWARD, EXT, T) GNH_REVERSE_SCALARS(GNH_ROTARY_REVERSE, EXT, T)
+#define GNH_ROTARY_FORWARD(EXT, S)                                                                                   \
+  EXT template void rotary_forward<S>(const ExecSpace&, Act2<base_t<S>>, Act2<base_t<S>>, index_t, index_t, index_t, \
+                                      double);
+#define GNH_ROTARY_REVERSE(EXT, S)                                                                                   \
+  EXT template void rotary_reverse<S>(const ExecSpace&, Act2<base_t<S>>, Act2<base_t<S>>, index_t, index_t, index_t, \
+                                      double);
+#define GNH_ROTARY(EXT, T) \
+  GNH_FORWARD_SCALARS(GNH_ROTARY_FORWARD, EXT, T) GNH_REVERSE_SCALARS(GNH_ROTARY_REVERSE, EXT, T)
 GNH_ROTARY(extern, float)
 GNH_ROTARY(extern, double)
 

@@ -23,6 +23,7 @@
 #include "kernels/layernorm.hpp"
 #include "kernels/rmsnorm.hpp"
 #include "kernels/rotary.hpp"
+#include "kernels/swiglu.hpp"
 #include "kernels/linear.hpp"
 #include "kernels/lm_head_xent.hpp"
 #include "kernels/ops.hpp"
@@ -191,6 +192,29 @@ TEMPLATE_TEST_CASE("rotary forward matches a plain float64 rotate-half", "[kerne
   // hence in cos and sin; times |x| <= 1, plus the rotation's own rounding.
   std::vector<double> tol(want.size());
   for (std::size_t i = 0; i < want.size(); ++i) tol[i] = (8.0 * double(Tc) + 8.0) * eps<T>();
+  check_close(host(y.v), want, tol);
+}
+
+TEMPLATE_TEST_CASE("swiglu forward matches a plain float64 silu(a) b", "[kernels]", float, double) {
+  using T = TestType;
+  const auto [N, F] = GENERATE(table<index_t, index_t>({{1, 1}, {7, 13}, {3, 64}}));
+  CAPTURE(N, F);
+  test::OpAdapter<kernels::SwigluOp<T>> op(N, F);
+  Buf<T> x(N, 2 * F), y(N, F);
+  Flat<T> p(1);
+  const auto xr = load<T>(x.v, ref::random_vec(N * 2 * F, 11, 4.0));
+  fill_nan(y.v);
+  op.fwd_primal(y, x, p);
+  std::vector<double> want(std::size_t(N * F)), tol(want.size());
+  for (index_t n = 0; n < N; ++n)
+    for (index_t f = 0; f < F; ++f) {
+      const double a = xr[std::size_t(n * 2 * F + f)], b = xr[std::size_t(n * 2 * F + F + f)];
+      const std::size_t i = std::size_t(n * F + f);
+      want[i] = a / (1.0 + std::exp(-a)) * b;
+      // exp, the division and two products: a few eps relative, and
+      // silu(a) b itself as the scale (|a|, |b| <= 4).
+      tol[i] = 8.0 * eps<T>() * (std::abs(want[i]) + 1.0);
+    }
   check_close(host(y.v), want, tol);
 }
 

@@ -229,6 +229,14 @@ TEST_CASE("rotary: every derivative mode", "[derivatives]") {
   check_op(op, 26, 1.0);
 }
 
+TEST_CASE("swiglu: every derivative mode", "[derivatives]") {
+  // Gates over both signs and a few units (silu's curvature lives there).
+  for (const index_t F : {1, 7}) {
+    test::OpAdapter<kernels::SwigluOp<double>> op(5, F);
+    check_op(op, 27, 2.0, 0.1);
+  }
+}
+
 TEST_CASE("gelu: every derivative mode", "[derivatives]") {
   for (Gelu kind : {Gelu::erf, Gelu::tanh}) {
     test::OpAdapter<kernels::GeluOp<double>> op(6, 7, kind);

@@ -97,7 +97,8 @@ struct SwigluOp {
   EXT template void swiglu_forward<S>(const ExecSpace&, Act2<base_t<S>>, Act2<base_t<S>>);
 #define GNH_SWIGLU_REVERSE(EXT, S) \
   EXT template void swiglu_reverse<S>(const ExecSpace&, Act2<base_t<S>>, Act2<base_t<S>>, Act2<base_t<S>>);
-#define GNH_SWIGLU(EXT, T) GNH_FORWARD_SCALARS(GNH_SWIGLU_FORWARD, EXT, T) GNH_REVERSE_SCALARS(GNH_SWIGLU_REVERSE, EXT, T)
+#define GNH_SWIGLU(EXT, T) \
+  GNH_FORWARD_SCALARS(GNH_SWIGLU_FORWARD, EXT, T) GNH_REVERSE_SCALARS(GNH_SWIGLU_REVERSE, EXT, T)
 GNH_SWIGLU(extern, float)
 GNH_SWIGLU(extern, double)
 

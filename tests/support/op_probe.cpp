@@ -52,11 +52,11 @@ std::unique_ptr<Op> make_op(const nlohmann::json& a) {
   const std::string name = a.at("op");
   if (name == "rmsnorm")
     return std::make_unique<test::OpAdapter<kernels::RmsNormOp<double>>>(index_t(a.at("N")), index_t(a.at("C")),
-                                                                          bool(a.at("bias")));
+                                                                         bool(a.at("bias")));
   if (name == "rotary")
-    return std::make_unique<test::OpAdapter<kernels::RotaryOp<double>>>(
-        index_t(a.at("N")), index_t(a.at("T")), index_t(a.at("H")), index_t(a.at("D")), index_t(a.at("r")),
-        double(a.at("base")));
+    return std::make_unique<test::OpAdapter<kernels::RotaryOp<double>>>(index_t(a.at("N")), index_t(a.at("T")),
+                                                                        index_t(a.at("H")), index_t(a.at("D")),
+                                                                        index_t(a.at("r")), double(a.at("base")));
   if (name == "swiglu")
     return std::make_unique<test::OpAdapter<kernels::SwigluOp<double>>>(index_t(a.at("N")), index_t(a.at("F")));
   throw std::runtime_error("op_probe: unknown op " + name);

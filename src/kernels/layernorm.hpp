@@ -5,6 +5,8 @@
 //   tangent / second order: the row statistics once, each direction by the chain rule (below)
 //   tangent of reverse:     the reverse evaluated in Dual arithmetic
 // Saves mu and r per row (with their tangents in tangent mode); the caller keeps x.
+// The row kernels take the centring as a flag: without it (mu = 0, nothing
+// saved for it) they are RMSNorm's (kernels/rmsnorm.hpp).
 #pragma once
 #include <type_traits>
 
@@ -22,8 +24,8 @@ namespace detail {
 
 // One row of the forward's values (rows.hpp): the row statistics (two
 // passes, mean then centred squares, for accuracy in float), saved for the
-// directions' rows below, and y.
-template <class T>
+// directions' rows below, and y. Not Centred: mu = 0 (RMSNorm).
+template <class T, bool Centred = true>
 struct LayerNormValueRow {
   Act2<T> y;
   Act1<T> mean, rstd;
@@ -35,11 +37,11 @@ struct LayerNormValueRow {
   KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t n) const {
     const T* xr = &x.v(n, 0);
     const T* pv = p.v.data();
-    const T mu = lanes.template sum<T>(C, [&](index_t c) { return xr[c]; }) / T(C);
+    const T mu = Centred ? lanes.template sum<T>(C, [&](index_t c) { return xr[c]; }) / T(C) : T(0);
     const T var = lanes.template sum<T>(C, [&](index_t c) { return (xr[c] - mu) * (xr[c] - mu); });
     const T r = T(1) / kmath::sqrt(var / T(C) + eps);
     lanes.single([&] {
-      mean.v(n) = mu;
+      if (Centred) mean.v(n) = mu;
       rstd.v(n) = r;
     });
     lanes.each(C, [&](index_t c) { y.v(n, c) = (xr[c] - mu) * r * pv[w + c] + (b >= 0 ? pv[b + c] : T(0)); });
@@ -59,7 +61,7 @@ struct LayerNormValueRow {
 // (N C values) at every step, and the row-major walk stalled on each first
 // touch: on the Zen 4, AVX2 build, bench_kernels --op layernorm at K = 16,
 // second order 2.8-3.7 -> 1.2-2.1 ms, tangent 0.6-1.9 -> 0.6-0.9 ms.
-template <class S>
+template <class S, bool Centred = true>
 struct LayerNormDirectionRow {
   using T = base_t<S>;
   Act2<T> y;
@@ -72,14 +74,14 @@ struct LayerNormDirectionRow {
     const index_t k = i / N, n = i - k * N;
     const T* xr = &x.v(n, 0);
     const T* pv = p.v.data();
-    const T mu = mean.v(n), r = rstd.v(n);
+    const T mu = Centred ? mean.v(n) : T(0), r = rstd.v(n);
     const T* xd = &x.d(k, n, 0);
     const T* pd = p.d.data() + k * P;
-    const T mu1 = lanes.template sum<T>(C, [&](index_t c) { return xd[c]; }) / T(C);
+    const T mu1 = Centred ? lanes.template sum<T>(C, [&](index_t c) { return xd[c]; }) / T(C) : T(0);
     const T v1 = lanes.template sum<T>(C, [&](index_t c) { return (xr[c] - mu) * (xd[c] - mu1); }) * (T(2) / T(C));
     const T r3 = r * r * r, r1 = T(-0.5) * r3 * v1;
     lanes.single([&] {
-      mean.d(k, n) = mu1;
+      if (Centred) mean.d(k, n) = mu1;
       rstd.d(k, n) = r1;
     });
     lanes.each(C, [&](index_t c) {
@@ -88,14 +90,14 @@ struct LayerNormDirectionRow {
     });
     if constexpr (has_second_v<S>) {
       const T* xdd = &x.dd(k, n, 0);
-      const T mu2 = lanes.template sum<T>(C, [&](index_t c) { return xdd[c]; }) / T(C);
+      const T mu2 = Centred ? lanes.template sum<T>(C, [&](index_t c) { return xdd[c]; }) / T(C) : T(0);
       const T v2 = lanes.template sum<T>(C, [&](index_t c) {
         const T d1 = xd[c] - mu1;
         return d1 * d1 + (xr[c] - mu) * (xdd[c] - mu2);
       }) * (T(2) / T(C));
       const T r2 = T(0.75) * r3 * r * r * v1 * v1 - T(0.5) * r3 * v2;
       lanes.single([&] {
-        mean.dd(k, n) = mu2;
+        if (Centred) mean.dd(k, n) = mu2;
         rstd.dd(k, n) = r2;
       });
       lanes.each(C, [&](index_t c) {
@@ -109,7 +111,7 @@ struct LayerNormDirectionRow {
 
 // One row of the reverse's input adjoint, in S arithmetic (Dual: the tangent
 // of the reverse), plane by plane.
-template <class S>
+template <class S, bool Centred = true>
 struct LayerNormReverseRow {
   using T = base_t<S>;
   using io = Io<S>;
@@ -120,17 +122,17 @@ struct LayerNormReverseRow {
   template <class Lanes>
   KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t n) const {
     for (int k = 0; k < K; ++k) {
-      const S mu = io::get(mean, k, n), r = io::get(rstd, k, n);
+      const S mu = Centred ? io::get(mean, k, n) : S(T(0)), r = io::get(rstd, k, n);
       S mg, mgx;
       lanes.template sum2<S>(
           C,
           [&](index_t c, S& a, S& bx) {
             const S gc = io::get(dy, k, n, c) * io::param(p, k, w + c);
-            a += gc;
+            if (Centred) a += gc;
             bx += gc * ((io::get(x, k, n, c) - mu) * r);
           },
           mg, mgx);
-      mg = mg / T(C);
+      mg = Centred ? mg / T(C) : S(T(0));
       mgx = mgx / T(C);
       lanes.each(C, [&](index_t c) {
         const S xh = (io::get(x, k, n, c) - mu) * r;
@@ -141,6 +143,50 @@ struct LayerNormReverseRow {
   }
 };
 
+// The forward and reverse of either norm; label: the two kernels' labels.
+template <class S, bool Centred>
+void norm_forward(const ExecSpace& space, const char* const (&label)[2], Act2<base_t<S>> y, Act1<base_t<S>> mean,
+                  Act1<base_t<S>> rstd, Act2<base_t<S>> x, Params<base_t<S>> p, index_t w, index_t b, double eps,
+                  RowShape rows) {
+  using T = base_t<S>;
+  const index_t N = x.rows(), C = x.cols(), K = has_tangents_v<S> ? x.d.extent(0) : 0, P = p.v.extent(0);
+  require_extent(label[0], "y rows", y.rows(), N);
+  require_extent(label[0], "y cols", y.cols(), C);
+  require_extent(label[0], "rstd", rstd.v.extent(0), N);
+  for_rows<T>(space, label[0], N, LayerNormValueRow<T, Centred>{y, mean, rstd, x, p, w, b, C, static_cast<T>(eps)},
+              rows);
+  if constexpr (has_tangents_v<S>)
+    for_rows<T>(space, label[1], K * N, LayerNormDirectionRow<S, Centred>{y, mean, rstd, x, p, w, b, C, N, P}, rows);
+}
+
+template <class S, bool Centred>
+void norm_reverse(const ExecSpace& space, const char* const (&label)[2], Act2<base_t<S>> dx, Grads<base_t<S>> g,
+                  Act2<base_t<S>> dy, Act2<base_t<S>> x, Act1<base_t<S>> mean, Act1<base_t<S>> rstd,
+                  Params<base_t<S>> p, index_t w, index_t b, ColumnShape shape, RowShape rows) {
+  using io = Io<S>;
+  using T = base_t<S>;
+  const index_t N = x.rows(), C = x.cols(), K = directions_of<S>(x);
+  require_extent(label[0], "dy rows", dy.rows(), N);
+  require_extent(label[0], "dx rows", dx.rows(), N);
+  for_rows<S>(space, label[0], N, LayerNormReverseRow<S, Centred>{dx, dy, x, mean, rstd, p, w, C, K}, rows);
+  // Weight and bias: column sums over the rows, deterministic (colsum.hpp);
+  // none for an empty g (primal only: the adjoints alone).
+  if (g.v.extent(0) == 0) return;
+  column_sums<S>(
+      space, label[1], K, N, C,
+      KOKKOS_LAMBDA(const index_t k, const index_t n, const index_t c, S& dw, S& db) {
+        const S d = io::get(dy, k, n, c);
+        const S mu = Centred ? io::get(mean, k, n) : S(T(0));
+        dw += d * ((io::get(x, k, n, c) - mu) * io::get(rstd, k, n));
+        db += d;
+      },
+      KOKKOS_LAMBDA(const index_t k, const index_t c, const S& dw, const S& db) {
+        io::accumulate(g, k, w + c, dw);
+        if (b >= 0) io::accumulate(g, k, b + c, db);
+      },
+      shape);
+}
+
 }  // namespace detail
 
 // rows: the shape of the row kernels (rows.hpp); the default suits the
@@ -150,16 +196,9 @@ void layernorm_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>
                        Act2<base_t<S>> x, Params<base_t<S>> p, index_t w, index_t b, double eps,
                        RowShape rows = default_row_shape()) {
   keep_planes<S>(y, mean, rstd, x, p);
-  using T = base_t<S>;
-  const index_t N = x.rows(), C = x.cols(), K = has_tangents_v<S> ? x.d.extent(0) : 0, P = p.v.extent(0);
-  require_extent("gnh::layernorm::forward", "y rows", y.rows(), N);
-  require_extent("gnh::layernorm::forward", "y cols", y.cols(), C);
-  require_extent("gnh::layernorm::forward", "mean", mean.v.extent(0), N);
-  for_rows<T>(space, "gnh::layernorm::forward", N,
-              detail::LayerNormValueRow<T>{y, mean, rstd, x, p, w, b, C, static_cast<T>(eps)}, rows);
-  if constexpr (has_tangents_v<S>)
-    for_rows<T>(space, "gnh::layernorm::forward::directions", K * N,
-                detail::LayerNormDirectionRow<S>{y, mean, rstd, x, p, w, b, C, N, P}, rows);
+  require_extent("gnh::layernorm::forward", "mean", mean.v.extent(0), x.rows());
+  static const char* const label[2] = {"gnh::layernorm::forward", "gnh::layernorm::forward::directions"};
+  detail::norm_forward<S, true>(space, label, y, mean, rstd, x, p, w, b, eps, rows);
 }
 
 template <class S>
@@ -167,27 +206,8 @@ void layernorm_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Grads<base_t<
                        Act2<base_t<S>> x, Act1<base_t<S>> mean, Act1<base_t<S>> rstd, Params<base_t<S>> p, index_t w,
                        index_t b, ColumnShape shape = default_column_shape(), RowShape rows = default_row_shape()) {
   keep_planes<S>(dx, g, dy, x, mean, rstd, p);
-  using io = Io<S>;
-  const index_t N = x.rows(), C = x.cols(), K = directions_of<S>(x);
-  require_extent("gnh::layernorm::reverse", "dy rows", dy.rows(), N);
-  require_extent("gnh::layernorm::reverse", "dx rows", dx.rows(), N);
-  for_rows<S>(space, "gnh::layernorm::reverse::input", N,
-              detail::LayerNormReverseRow<S>{dx, dy, x, mean, rstd, p, w, C, K}, rows);
-  // Weight and bias: column sums over the rows, deterministic (colsum.hpp);
-  // none for an empty g (primal only: the adjoints alone).
-  if (g.v.extent(0) == 0) return;
-  column_sums<S>(
-      space, "gnh::layernorm::reverse::params", K, N, C,
-      KOKKOS_LAMBDA(const index_t k, const index_t n, const index_t c, S& dw, S& db) {
-        const S d = io::get(dy, k, n, c);
-        dw += d * ((io::get(x, k, n, c) - io::get(mean, k, n)) * io::get(rstd, k, n));
-        db += d;
-      },
-      KOKKOS_LAMBDA(const index_t k, const index_t c, const S& dw, const S& db) {
-        io::accumulate(g, k, w + c, dw);
-        if (b >= 0) io::accumulate(g, k, b + c, db);
-      },
-      shape);
+  static const char* const label[2] = {"gnh::layernorm::reverse::input", "gnh::layernorm::reverse::params"};
+  detail::norm_reverse<S, true>(space, label, dx, g, dy, x, mean, rstd, p, w, b, shape, rows);
 }
 
 // The op contract (kernels/op.hpp): theta = [w | b] (C each); saves the row

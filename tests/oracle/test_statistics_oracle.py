@@ -11,6 +11,7 @@ cancellation); quadratic forms relative to max(|q|, sum of absolute
 per-batch contributions), since a Rademacher or noise form can nearly cancel."""
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -380,6 +381,54 @@ class StatisticsOracle(unittest.TestCase):
         self.assertEqual(got[("final.h5", "seen")], got[("epoch3.h5", "seen")])
         self.assertLessEqual(abs(got[("epoch2.h5", "unseen")] - self.refs[(2, "unseen")]["loss"]),
                              1e-10 * self.refs[(2, "unseen")]["loss"])
+
+
+class LargeVocabulary(unittest.TestCase):
+    """A vocabulary above 65,535: uint32 token files, ids across the whole
+    range, an untied head of 70,003 rows, end to end against float64 PyTorch
+    (1e-10: the bars of StatisticsOracle), on one rank and two, with the
+    memory plan of `--dry-run` counting the head."""
+
+    def test_uint32_tokens_and_a_head_of_70003_rows(self):
+        tmp = tempfile.mkdtemp(prefix="gnh-vocab-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        V, context = 70003, 8
+        cfg = gnhtest.gnh_model.GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=context, vocab_size=V,
+                                          bias=True, tie_embeddings=False, gelu="tanh")
+        ck = gnhtest.save_checkpoint(gnhtest.make_model(cfg, seed=3, scale=0.3), tmp, "big_vocab", iter_num=1)
+        ids = gnhtest.write_tokens(os.path.join(tmp, "train.bin"), context * 12 + 1, V, 5, dtype=np.uint32)
+        self.assertGreater(int(ids.max()), 65535)
+        deck = os.path.join(tmp, "deck.toml")
+        gnhtest.write_deck(deck, "out/v.h5", [ck], context, "train.bin", analysis=ANALYSIS)
+        with open(deck) as f:
+            text = f.read().replace('dtype = "uint16"', 'dtype = "uint32"')
+        with open(deck, "w") as f:
+            f.write(text)
+        dry = subprocess.run([gnhtest.MPIEXEC, "-np", "1", gnhtest.GNH, "run", deck, "--dry-run"], capture_output=True,
+                             text=True, timeout=300, env=gnhtest.mpi_env())
+        self.assertEqual(dry.returncode, 0, dry.stderr + dry.stdout)
+        self.assertIn("vocab_size=70003", dry.stdout)
+        ref = stats_reference.load_reference(ck, os.path.join(tmp, "train.bin"), context, dtype="uint32")
+        want = stats_reference.statistics_of(ref, ANALYSIS["noise_samples"], ANALYSIS["noise_batch"],
+                                             ANALYSIS["directions"], ANALYSIS["seed"])
+        seq = stats_reference.sequence_statistics(ref)
+        snaps = []
+        for np_ in (1, 2):
+            r = gnhtest.run_gnh(deck, np_, ["precision.policy=fp64"])
+            self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
+            with h5py.File(os.path.join(tmp, "out", "v.h5"), "r") as f:
+                self.assertEqual(int(f.attrs["identities_ok"]), 1)
+                (g,) = f["groups"].values()
+                c = g["seen"]
+                rel = 1e-10
+                self.assertEqual(int(c.attrs["tokens"]), want["tokens"])
+                self.assertLessEqual(abs(c.attrs["loss"] - want["loss"]), rel * want["loss"])
+                self.assertLessEqual(abs(c.attrs["G_sqnorm"] - want["G_sqnorm"]), rel * want["G_sqnorm"])
+                self.assertLessEqual(abs(c.attrs["GHG"] - want["GHG"]), rel * max(abs(want["GHG"]), want["GHG_abs"]))
+                np.testing.assert_allclose(c["xi_sqnorm"][()], want["xi_sqnorm"], rtol=rel)
+                np.testing.assert_allclose(c["seq_grad_sqnorm"][()], seq["seq_grad_sqnorm"], rtol=rel)
+                snaps.append({k: c.attrs[k] for k in ("loss", "G_sqnorm", "GHG", "trace_sigma_seq")})
+        self.assertEqual(snaps[0], snaps[1])
 
 
 class UpdateIdentityAndOrder(unittest.TestCase):

@@ -734,13 +734,19 @@ struct CaseAnalysis {
     SpectrumRun sp = lanczos_spectrum<T>(space_, team_, engines_, stager_, params_, precond_, ids_, plan_.n_blocks,
                                          tokens_, s_, hooks_, CurvatureOperator::hessian, &layer);
     out_.spectrum_blocks = std::move(sp.blocks);
+    record_spectrum("spectrum_blocks", sp);
+  }
+
+  // A spectrum run's identities, measured time and stage timings, under name.
+  void record_spectrum(const std::string& name, const SpectrumRun& sp) {
     spectrum_checks_.push_back(sp.quadrature);
+    if (sp.nonnegative.checked) spectrum_checks_.push_back(sp.nonnegative);
     for (std::size_t i = 0; i < sp.batch_seconds.size(); ++i)
       meter_.add_seconds(sp.batch_seconds[i], sp.direction_seconds[i]);
-    meter_.end("spectrum_blocks", out_.measured);
-    out_.timings.emplace_back("spectrum_blocks", clock_.lap());
-    spectrum_parts_.emplace_back("spectrum_blocks_passes", sp.pass_seconds);
-    spectrum_parts_.emplace_back("spectrum_blocks_arithmetic", sp.arithmetic_seconds);
+    meter_.end(name, out_.measured);
+    out_.timings.emplace_back(name, clock_.lap());
+    spectrum_parts_.emplace_back(name + "_passes", sp.pass_seconds);
+    spectrum_parts_.emplace_back(name + "_arithmetic", sp.arithmetic_seconds);
   }
 
   void spectrum(CurvatureOperator op) {
@@ -751,15 +757,8 @@ struct CaseAnalysis {
                                          tokens_, s_, hooks_, op);
     if (sp.vectors.extent(0) > 0) topk_projections(sp);
     (ggn ? out_.spectrum_ggn : out_.spectrum) = std::move(sp.stats);
-    spectrum_checks_.push_back(sp.quadrature);
-    if (sp.nonnegative.checked) spectrum_checks_.push_back(sp.nonnegative);
-    for (std::size_t i = 0; i < sp.batch_seconds.size(); ++i)
-      meter_.add_seconds(sp.batch_seconds[i], sp.direction_seconds[i]);
-    meter_.end(name, out_.measured);
     if (!ggn || out_.spectrum_resumed_at < 0) out_.spectrum_resumed_at = sp.resumed_at;
-    out_.timings.emplace_back(name, clock_.lap());
-    spectrum_parts_.emplace_back(name + "_passes", sp.pass_seconds);
-    spectrum_parts_.emplace_back(name + "_arithmetic", sp.arithmetic_seconds);
+    record_spectrum(name, sp);
   }
 
   ExactSum partition_sum_;                      // sum of the g_j when the noise batches partition the epoch

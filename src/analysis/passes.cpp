@@ -32,6 +32,16 @@ class BatchClock {
 // next sequence (one pass over it instead of two): a team per chunk, each
 // chunk's terms reduced in the team's fixed order (deterministic for a
 // backend and team size, and independent of the rank that computes it).
+// Element i of one sequence's gradient: added into the batch's, left zero,
+// its square returned.
+template <class T>
+KOKKOS_INLINE_FUNCTION double take_square(T* g, T* grad, const index_t i) {
+  const T x = g[i];
+  g[i] = T(0);
+  grad[i] += x;
+  return double(x) * double(x);
+}
+
 template <class T>
 struct AccumulateSquares {
   T* g;
@@ -43,13 +53,7 @@ struct AccumulateSquares {
     double s = 0;
     Kokkos::parallel_reduce(
         Kokkos::TeamThreadRange(m, chunks[c], chunks[c + 1]),
-        [&](const index_t i, double& acc) {
-          const T x = g[i];
-          g[i] = T(0);
-          grad[i] += x;
-          acc += double(x) * double(x);
-        },
-        s);
+        [&](const index_t i, double& acc) { acc += take_square(g, grad, i); }, s);
     Kokkos::single(Kokkos::PerTeam(m), [&]() { partial[c] = s; });
   }
 };
@@ -71,19 +75,9 @@ struct AccumulateSquaresLanes {
     const index_t end = chunks[c + 1];
     index_t i = chunks[c];
     for (; i + lanes <= end; i += lanes)
-      for (int l = 0; l < lanes; ++l) {
-        const T x = g[i + l];
-        g[i + l] = T(0);
-        grad[i + l] += x;
-        s[l] += double(x) * double(x);
-      }
+      for (int l = 0; l < lanes; ++l) s[l] += take_square(g, grad, i + l);
     double total = 0;
-    for (; i < end; ++i) {
-      const T x = g[i];
-      g[i] = T(0);
-      grad[i] += x;
-      total += double(x) * double(x);
-    }
+    for (; i < end; ++i) total += take_square(g, grad, i);
     for (int l = 0; l < lanes; ++l) total += s[l];
     partial[c] = total;
   }

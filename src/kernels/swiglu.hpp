@@ -22,10 +22,24 @@ namespace gnh::kernels {
 
 namespace detail {
 
-// silu(a) and, for the reverse, silu'(a), in any scalar of core/jet.hpp.
+// sigma(a), in any scalar of core/jet.hpp.
 template <class S>
 KOKKOS_INLINE_FUNCTION S swiglu_sigma(const S& a) {
   return base_t<S>(1) / (base_t<S>(1) + jexp(-a));
+}
+
+// f(k, n, j, a, b) for every output element (n, j) of an (N, F) gate and
+// every plane k, the element's a and b in S: one thread an element, the
+// planes in turn.
+template <class S, class F>
+void for_gate_elements(const ExecSpace& space, const char* label, Act2<base_t<S>> x, index_t N, index_t Fw, index_t K,
+                       const F& f) {
+  using io = Io<S>;
+  Kokkos::parallel_for(
+      label, range(space, N * Fw), KOKKOS_LAMBDA(const index_t i) {
+        const index_t n = i / Fw, j = i - n * Fw;
+        for (int k = 0; k < K; ++k) f(k, n, j, io::get(x, k, n, j), io::get(x, k, n, Fw + j));
+      });
 }
 
 }  // namespace detail
@@ -37,13 +51,10 @@ void swiglu_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x
   const index_t N = x.rows(), F = y.cols(), K = directions_of<S>(x);
   require_extent("gnh::swiglu::forward", "y rows", y.rows(), N);
   require_extent("gnh::swiglu::forward", "x cols (2 F)", x.cols(), 2 * F);
-  Kokkos::parallel_for(
-      "gnh::swiglu::forward", range(space, N * F), KOKKOS_LAMBDA(const index_t i) {
-        const index_t n = i / F, f = i - n * F;
-        for (int k = 0; k < K; ++k) {
-          const S a = io::get(x, k, n, f), b = io::get(x, k, n, F + f);
-          io::put(y, k, n, f, a * detail::swiglu_sigma(a) * b);
-        }
+  detail::for_gate_elements<S>(
+      space, "gnh::swiglu::forward", x, N, F, K,
+      KOKKOS_LAMBDA(const int k, const index_t n, const index_t f, const S& a, const S& b) {
+        io::put(y, k, n, f, a * detail::swiglu_sigma(a) * b);
       });
 }
 
@@ -57,16 +68,13 @@ void swiglu_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Act2<base_t<S>> 
   require_extent("gnh::swiglu::reverse", "dy rows", dy.rows(), N);
   require_extent("gnh::swiglu::reverse", "dx rows", dx.rows(), N);
   require_extent("gnh::swiglu::reverse", "x cols (2 F)", x.cols(), 2 * F);
-  Kokkos::parallel_for(
-      "gnh::swiglu::reverse", range(space, N * F), KOKKOS_LAMBDA(const index_t i) {
-        const index_t n = i / F, f = i - n * F;
-        for (int k = 0; k < K; ++k) {
-          const S a = io::get(x, k, n, f), b = io::get(x, k, n, F + f), g = io::get(dy, k, n, f);
-          const S sigma = detail::swiglu_sigma(a), silu = a * sigma;
-          const S slope = sigma * (T(1) + a * (T(1) - sigma));
-          io::put(dx, k, n, f, g * slope * b);
-          io::put(dx, k, n, F + f, g * silu);
-        }
+  detail::for_gate_elements<S>(
+      space, "gnh::swiglu::reverse", x, N, F, K,
+      KOKKOS_LAMBDA(const int k, const index_t n, const index_t f, const S& a, const S& b) {
+        const S g = io::get(dy, k, n, f), sigma = detail::swiglu_sigma(a), silu = a * sigma;
+        const S slope = sigma * (T(1) + a * (T(1) - sigma));
+        io::put(dx, k, n, f, g * slope * b);
+        io::put(dx, k, n, F + f, g * silu);
       });
 }
 

@@ -12,13 +12,13 @@ std::vector<Partition> parameter_partitions(const ParamLayout& layout) {
     tensor.offsets.push_back(t.offset);
   }
   tensor.offsets.push_back(layout.size());
-  // The layer blocks start where their first tensor does: wte, each layer's
-  // ln_1.weight, ln_f.weight.
+  // The layer blocks start where their first tensor does: the embedding, each
+  // layer's first tensor, the final norm's weight.
   layer.names.push_back("embed");
   layer.offsets.push_back(layout.wte);
   for (std::size_t i = 0; i < layout.blocks.size(); ++i) {
     layer.names.push_back("h." + std::to_string(i));
-    layer.offsets.push_back(layout.blocks[i].ln1_w);
+    layer.offsets.push_back(layout.blocks[i].first);
   }
   layer.names.push_back("head");
   layer.offsets.push_back(layout.lnf_w);

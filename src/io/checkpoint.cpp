@@ -13,6 +13,76 @@
 namespace gnh {
 namespace {
 
+// The attributes of /config, each named in the message when missing or of
+// the wrong kind.
+struct ConfigReader {
+  hid_t g;
+  std::string where;
+  int integer(const char* key) const {
+    auto v = h5::read_int_attr(g, key, where);
+    if (!v) fail(where, " lacks attribute '", key, "'");
+    return static_cast<int>(*v);
+  }
+  double real(const char* key) const {
+    auto v = h5::read_double_attr(g, key, where);
+    if (!v) fail(where, " lacks attribute '", key, "'");
+    return *v;
+  }
+  bool flag(const char* key) const { return integer(key) != 0; }
+  std::string text(const char* key) const {
+    auto v = h5::read_string_attr(g, key, where);
+    if (!v) fail(where, " lacks attribute '", key, "'");
+    return *v;
+  }
+  Gelu gelu(const char* key) const {
+    const std::string v = text(key);
+    // Hugging Face's hidden_act names: gelu is exact, gelu_new the tanh form.
+    if (v == "erf" || v == "gelu") return Gelu::erf;
+    if (v == "tanh" || v == "gelu_new") return Gelu::tanh;
+    fail(where, ": attribute ", key, " = \"", v, "\" (expected \"erf\" or \"tanh\", or gelu / gelu_new)");
+  }
+};
+
+void read_nanogpt(const ConfigReader& r, ModelConfig& c) {
+  c.n_layer = r.integer("n_layer");
+  c.n_head = r.integer("n_head");
+  c.n_embd = r.integer("n_embd");
+  c.block_size = r.integer("block_size");
+  c.vocab_size = r.integer("vocab_size");
+  c.bias = r.flag("bias");
+  c.tie_embeddings = r.flag("tie_embeddings");
+  c.gelu = r.gelu("gelu");
+  c.ln_eps = r.real("ln_eps");
+}
+
+// SPEC §11's hyperparameters, under Hugging Face's names.
+void read_hf(const ConfigReader& r, ModelConfig& c) {
+  c.vocab_size = r.integer("vocab_size");
+  c.n_embd = r.integer("hidden_size");
+  c.intermediate = r.integer("intermediate_size");
+  c.n_layer = r.integer("num_hidden_layers");
+  c.n_head = r.integer("num_attention_heads");
+  c.block_size = r.integer("max_position_embeddings");
+  c.tie_embeddings = r.flag("tie_word_embeddings");
+  c.bias = false;
+  if (c.family == Family::llama) {
+    c.n_kv_head = r.integer("num_key_value_heads");
+    c.head_dim = r.integer("head_dim");
+    c.ln_eps = r.real("rms_norm_eps");
+    c.rope_theta = r.real("rope_theta");
+    c.qkv_bias = r.flag("qkv_bias");
+    c.o_bias = r.flag("o_bias");
+    return;
+  }
+  c.head_dim = c.n_head > 0 ? c.n_embd / c.n_head : 0;
+  c.rotary_pct = r.real("rotary_pct");
+  c.rope_theta = r.real("rotary_emb_base");
+  c.ln_eps = r.real("layer_norm_eps");
+  c.parallel_residual = r.flag("use_parallel_residual");
+  c.gelu = r.gelu("hidden_act");
+  c.qkv_bias = r.flag("attention_bias");
+}
+
 ModelConfig read_config(const h5::File& f) {
   const std::string& path = f.path();
   auto format = h5::read_string_attr(f.id(), "format", path);
@@ -25,27 +95,14 @@ ModelConfig read_config(const h5::File& f) {
     fail(path, ": unsupported checkpoint format_version ", version ? *version : -1, " (expected 1)");
   h5::Handle g = h5::open_group(f.id(), "config", path);
   const std::string where = path + ": /config";
-  auto need_int = [&](const char* key) -> int {
-    auto v = h5::read_int_attr(g.id(), key, where);
-    if (!v) fail(where, " lacks attribute '", key, "'");
-    return static_cast<int>(*v);
-  };
+  ConfigReader r{g.id(), where};
   ModelConfig c;
-  c.n_layer = need_int("n_layer");
-  c.n_head = need_int("n_head");
-  c.n_embd = need_int("n_embd");
-  c.block_size = need_int("block_size");
-  c.vocab_size = need_int("vocab_size");
-  c.bias = need_int("bias") != 0;
-  c.tie_embeddings = need_int("tie_embeddings") != 0;
-  auto gelu = h5::read_string_attr(g.id(), "gelu", where);
-  if (!gelu) fail(where, " lacks attribute 'gelu'");
-  if (*gelu == "erf") c.gelu = Gelu::erf;
-  else if (*gelu == "tanh") c.gelu = Gelu::tanh;
-  else fail(where, ": attribute gelu = \"", *gelu, "\" (expected \"erf\" or \"tanh\")");
-  auto eps = h5::read_double_attr(g.id(), "ln_eps", where);
-  if (!eps) fail(where, " lacks attribute 'ln_eps'");
-  c.ln_eps = *eps;
+  // SPEC §11: family "nanogpt" when absent (files written before it).
+  const std::string family = h5::read_string_attr(g.id(), "family", where).value_or("nanogpt");
+  if (!family_from_string(family, c.family))
+    fail(where, ": attribute family = \"", family, "\" (expected \"nanogpt\", \"llama\" or \"gpt-neox\")");
+  if (c.family == Family::nanogpt) read_nanogpt(r, c);
+  else read_hf(r, c);
   c.validate(path);
   return c;
 }

@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// Causal multi-head self-attention core (between c_attn and c_proj).
-//   qkv row n = [q | k | v]; head h owns columns h*hs .. h*hs+hs-1 of each part.
+// Causal multi-head and grouped-query self-attention core (between the q, k,
+// v projections and the output projection).
+//   q, k, v: row n of each (one buffer or three) holds its heads' columns
+//   where a QkvLayout (attention_host.hpp) puts them; query head h reads
+//   key/value head floor(h G / H); y row n = the H heads' outputs side by side.
 //   forward:  s_ts = q_t.k_s / sqrt(hs) (s <= t),  p_ts = softmax_s(s_t),  y_t = sum_s p_ts v_s
 //   reverse:  D_t = dy_t.y_t,  ds_ts = p_ts (dy_t.v_s - D_t)
 //             dq_t = sum_s ds_ts k_s / sqrt(hs),  dk_s = sum_t ds_ts q_t / sqrt(hs),
@@ -12,7 +15,9 @@
 // shift, which softmax is invariant to, so it carries no derivative). It saves
 // lse_t = log sum_s exp(s_ts) (with tangents), from which the reverse recomputes
 // p_ts = exp(s_ts - lse_t). The reverse runs one pass over queries (dq and D)
-// and one over keys (dk, dv), so no two threads write the same element.
+// and one over keys (dk, dv; a key row of key/value head j visits the
+// queries of each of its query heads in turn), so no two threads write the
+// same element.
 // The portable kernels are row kernels (rows.hpp): a row is a query (forward,
 // the reverse's first pass) or a key (the second pass), its head channels on
 // the lanes: the products q.k and dy.v are lane sums, the row updates of y,
@@ -33,6 +38,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 
 namespace gnh::kernels {
@@ -59,18 +65,33 @@ namespace detail {
 // What the row kernels share: the sizes, and a row i = (b, h, t) of lse and
 // D as its sequence, position, qkv row, the head's column offsets, the
 // sequence's first qkv row and its head's first lse/D row.
+// A key row i = (b, j, s) over the B*G*Tc key rows has j its key/value head
+// and the q, y and lse offsets of its group's first query head (query()
+// gives those of the others).
 template <class S>
 struct AttentionRows {
   using T = base_t<S>;
-  index_t Tc, H, C, hs, K;
+  index_t Tc, H, G, hs, K;
   T scale;
   bool bf16;
+  index_t off[3], stride[3];
   struct Row {
-    index_t b, t, n, qo, ko, vo, base, lbase;
+    index_t b, t, n, j, qo, ko, vo, yo, base, lbase;
   };
-  KOKKOS_INLINE_FUNCTION Row row(const index_t i) const {
-    const index_t t = i % Tc, h = (i / Tc) % H, b = i / (Tc * H);
-    return {b, t, b * Tc + t, h * hs, C + h * hs, 2 * C + h * hs, b * Tc, i - t};
+  KOKKOS_INLINE_FUNCTION Row head_row(const index_t b, const index_t h, const index_t t) const {
+    const index_t j = h / (H / G);
+    return {b,      t,      b * Tc + t,      j, off[0] + h * stride[0], off[1] + j * stride[1], off[2] + j * stride[2],
+            h * hs, b * Tc, (b * H + h) * Tc};
+  }
+  // Query row i of the B*H*Tc.
+  KOKKOS_INLINE_FUNCTION Row row(const index_t i) const { return head_row(i / (Tc * H), (i / Tc) % H, i % Tc); }
+  // Key row i of the B*G*Tc.
+  KOKKOS_INLINE_FUNCTION Row key_row(const index_t i) const {
+    return head_row(i / (Tc * G), ((i / Tc) % G) * (H / G), i % Tc);
+  }
+  // The same row seen from query head r of its group.
+  KOKKOS_INLINE_FUNCTION Row query(const Row& r, const index_t in_group) const {
+    return head_row(r.b, r.j * (H / G) + in_group, r.t);
   }
 };
 
@@ -81,11 +102,11 @@ struct KeysOf {
   using T = base_t<S>;
   using io = Io<S>;
   static constexpr bool scalars = false;
-  Act2<T> qkv;
+  Act2<T> kb, vb;
   int k;
   index_t base, ko, vo;
-  KOKKOS_INLINE_FUNCTION S a(index_t s, index_t d) const { return io::get(qkv, k, base + s, ko + d); }
-  KOKKOS_INLINE_FUNCTION S b(index_t s, index_t d) const { return io::get(qkv, k, base + s, vo + d); }
+  KOKKOS_INLINE_FUNCTION S a(index_t s, index_t d) const { return io::get(kb, k, base + s, ko + d); }
+  KOKKOS_INLINE_FUNCTION S b(index_t s, index_t d) const { return io::get(vb, k, base + s, vo + d); }
 };
 // For a key row: its sequence's queries (a = q_t, b = dy_t, x = lse_t, y = D_t).
 template <class S>
@@ -93,12 +114,12 @@ struct QueriesOf {
   using T = base_t<S>;
   using io = Io<S>;
   static constexpr bool scalars = true;
-  Act2<T> qkv, dy;
+  Act2<T> q, dy;
   Act1<T> lse, D;
   int k;
-  index_t base, lbase, qo;
-  KOKKOS_INLINE_FUNCTION S a(index_t t, index_t d) const { return io::get(qkv, k, base + t, qo + d); }
-  KOKKOS_INLINE_FUNCTION S b(index_t t, index_t d) const { return io::get(dy, k, base + t, qo + d); }
+  index_t base, lbase, qo, yo;
+  KOKKOS_INLINE_FUNCTION S a(index_t t, index_t d) const { return io::get(q, k, base + t, qo + d); }
+  KOKKOS_INLINE_FUNCTION S b(index_t t, index_t d) const { return io::get(dy, k, base + t, yo + d); }
   KOKKOS_INLINE_FUNCTION S x(index_t t) const { return io::get(lse, k, lbase + t); }
   KOKKOS_INLINE_FUNCTION S y(index_t t) const { return io::get(D, k, lbase + t); }
 };
@@ -119,11 +140,16 @@ template <class S>
 struct OutRow {
   using T = base_t<S>;
   using io = Io<S>;
-  Act2<T> a;
+  Act2<T> a0, a1;
   int k;
   index_t n, o0, o1;
-  KOKKOS_INLINE_FUNCTION S get(int j, index_t d) const { return io::get(a, k, n, (j ? o1 : o0) + d); }
-  KOKKOS_INLINE_FUNCTION void put(int j, index_t d, const S& x) const { io::put(a, k, n, (j ? o1 : o0) + d, x); }
+  KOKKOS_INLINE_FUNCTION S get(int j, index_t d) const {
+    return j ? io::get(a1, k, n, o1 + d) : io::get(a0, k, n, o0 + d);
+  }
+  KOKKOS_INLINE_FUNCTION void put(int j, index_t d, const S& x) const {
+    if (j) io::put(a1, k, n, o1 + d, x);
+    else io::put(a0, k, n, o0 + d, x);
+  }
 };
 template <class S>
 struct OutTile {
@@ -133,9 +159,10 @@ struct OutTile {
   KOKKOS_INLINE_FUNCTION void put(int j, index_t d, const S& x) const { p[j * hs + d] = x; }
 };
 
-// The row bodies below run as a loop: per plane k, begin(row); per pass, visit
-// every row s of the other side in [first(t), last(t)) in increasing order,
-// then between(pass); end(row). What they read of the other side comes
+// The row bodies below run as a loop over their rows (row(i)): per plane k,
+// begin(row); per pass, visit every row s of the other side (other(row, k,
+// pass)) in [first(t), last(t)) in increasing order, then between(pass);
+// end(row). What they read of the other side comes
 // through a source (KeysOf/QueriesOf, or a TileOf copy of it), what they
 // accumulate through an OutRow/OutTile, and what they carry from one visit to
 // the next in a State. Both shapes run the same visits in the same order.
@@ -155,14 +182,15 @@ struct AttentionForwardRow {
   AttentionRows<S> g;
   Act2<T> y;
   Act1<T> lse;
-  Act2<T> qkv;
+  Act2<T> q, kb, vb;
   // bf16-amp takes three passes, so that the P V operand is the normalised
   // p_ts rounded to bfloat16: the maximum, the log-sum-exp, then the output.
   KOKKOS_INLINE_FUNCTION int passes() const { return g.bf16 ? 3 : 1; }
+  KOKKOS_INLINE_FUNCTION Row row(index_t i) const { return g.row(i); }
   KOKKOS_INLINE_FUNCTION index_t first(index_t) const { return 0; }
   KOKKOS_INLINE_FUNCTION index_t last(index_t t) const { return t + 1; }
-  KOKKOS_INLINE_FUNCTION KeysOf<S> other(const Row& r, int k) const { return {qkv, k, r.base, r.ko, r.vo}; }
-  KOKKOS_INLINE_FUNCTION OutRow<S> out(const Row& r, int k) const { return {y, k, r.n, r.qo, r.qo}; }
+  KOKKOS_INLINE_FUNCTION KeysOf<S> other(const Row& r, int k, int) const { return {kb, vb, k, r.base, r.ko, r.vo}; }
+  KOKKOS_INLINE_FUNCTION OutRow<S> out(const Row& r, int k) const { return {y, y, k, r.n, r.yo, r.yo}; }
   template <class Lanes, class Out>
   KOKKOS_INLINE_FUNCTION void begin(const Lanes& lanes, index_t, const Row&, int, State&, const Out& out) const {
     lanes.each(g.hs, [&](index_t d) { out.put(0, d, S(0)); });
@@ -172,7 +200,7 @@ struct AttentionForwardRow {
                                     const Src& src, const Out& out) const {
     const bool bf16 = g.bf16;
     const S score = lanes.template sum<S>(g.hs, [&](index_t d) {
-      return operand(io::get(qkv, k, r.n, r.qo + d), bf16) * operand(src.a(s, d), bf16);
+      return operand(io::get(q, k, r.n, r.qo + d), bf16) * operand(src.a(s, d), bf16);
     }) * g.scale;
     if (!bf16) {
       const T sv = primal_value(score);
@@ -227,20 +255,21 @@ struct AttentionQueryRow {
     S Dt = S(0), L = S(0);
   };
   AttentionRows<S> g;
-  Act2<T> dqkv;
+  Act2<T> dq;
   Act1<T> D;
-  Act2<T> dy, qkv, y;
+  Act2<T> dy, q, kb, vb, y;
   Act1<T> lse;
   KOKKOS_INLINE_FUNCTION int passes() const { return 1; }
+  KOKKOS_INLINE_FUNCTION Row row(index_t i) const { return g.row(i); }
   KOKKOS_INLINE_FUNCTION index_t first(index_t) const { return 0; }
   KOKKOS_INLINE_FUNCTION index_t last(index_t t) const { return t + 1; }
-  KOKKOS_INLINE_FUNCTION KeysOf<S> other(const Row& r, int k) const { return {qkv, k, r.base, r.ko, r.vo}; }
-  KOKKOS_INLINE_FUNCTION OutRow<S> out(const Row& r, int k) const { return {dqkv, k, r.n, r.qo, r.qo}; }
+  KOKKOS_INLINE_FUNCTION KeysOf<S> other(const Row& r, int k, int) const { return {kb, vb, k, r.base, r.ko, r.vo}; }
+  KOKKOS_INLINE_FUNCTION OutRow<S> out(const Row& r, int k) const { return {dq, dq, k, r.n, r.qo, r.qo}; }
   template <class Lanes, class Out>
   KOKKOS_INLINE_FUNCTION void begin(const Lanes& lanes, index_t i, const Row& r, int k, State& st,
                                     const Out& out) const {
     st.Dt = lanes.template sum<S>(
-        g.hs, [&](index_t d) { return io::get(dy, k, r.n, r.qo + d) * io::get(y, k, r.n, r.qo + d); });
+        g.hs, [&](index_t d) { return io::get(dy, k, r.n, r.yo + d) * io::get(y, k, r.n, r.yo + d); });
     const S Dt = st.Dt;
     lanes.single([&] { io::put(D, k, i, Dt); });
     st.L = io::get(lse, k, i);
@@ -254,8 +283,8 @@ struct AttentionQueryRow {
     lanes.template sum2<S>(
         g.hs,
         [&](index_t d, S& sc, S& dd) {
-          sc += operand(io::get(qkv, k, r.n, r.qo + d), bf16) * operand(src.a(s, d), bf16);
-          dd += operand(io::get(dy, k, r.n, r.qo + d), bf16) * operand(src.b(s, d), bf16);
+          sc += operand(io::get(q, k, r.n, r.qo + d), bf16) * operand(src.a(s, d), bf16);
+          dd += operand(io::get(dy, k, r.n, r.yo + d), bf16) * operand(src.b(s, d), bf16);
         },
         score, dp);
     const S ds = operand(jexp(score * g.scale - st.L) * (dp - st.Dt) * g.scale, bf16);
@@ -266,7 +295,8 @@ struct AttentionQueryRow {
   KOKKOS_INLINE_FUNCTION void end(const Lanes&, index_t, const Row&, int, State&, const Out&) const {}
 };
 
-// The reverse's second pass: one key row i = (b, h, s), its dk and dv.
+// The reverse's second pass: one key row i = (b, j, s) of key/value head j,
+// its dk and dv, over the queries of the group's query heads (one a pass).
 template <class S>
 struct AttentionKeyRow {
   using T = base_t<S>;
@@ -276,17 +306,19 @@ struct AttentionKeyRow {
   static constexpr int outs = 2;
   struct State {};
   AttentionRows<S> g;
-  Act2<T> dqkv;
+  Act2<T> dk, dv;
   Act1<T> D;
-  Act2<T> dy, qkv;
+  Act2<T> dy, q, kb, vb;
   Act1<T> lse;
-  KOKKOS_INLINE_FUNCTION int passes() const { return 1; }
+  KOKKOS_INLINE_FUNCTION int passes() const { return int(g.H / g.G); }
+  KOKKOS_INLINE_FUNCTION Row row(index_t i) const { return g.key_row(i); }
   KOKKOS_INLINE_FUNCTION index_t first(index_t s) const { return s; }
   KOKKOS_INLINE_FUNCTION index_t last(index_t) const { return g.Tc; }
-  KOKKOS_INLINE_FUNCTION QueriesOf<S> other(const Row& r, int k) const {
-    return {qkv, dy, lse, D, k, r.base, r.lbase, r.qo};
+  KOKKOS_INLINE_FUNCTION QueriesOf<S> other(const Row& r, int k, int pass) const {
+    const Row h = g.query(r, pass);
+    return {q, dy, lse, D, k, h.base, h.lbase, h.qo, h.yo};
   }
-  KOKKOS_INLINE_FUNCTION OutRow<S> out(const Row& r, int k) const { return {dqkv, k, r.n, r.ko, r.vo}; }
+  KOKKOS_INLINE_FUNCTION OutRow<S> out(const Row& r, int k) const { return {dk, dv, k, r.n, r.ko, r.vo}; }
   template <class Lanes, class Out>
   KOKKOS_INLINE_FUNCTION void begin(const Lanes& lanes, index_t, const Row&, int, State&, const Out& out) const {
     lanes.each(g.hs, [&](index_t d) {
@@ -303,8 +335,8 @@ struct AttentionKeyRow {
     lanes.template sum2<S>(
         g.hs,
         [&](index_t d, S& sc, S& dd) {
-          sc += operand(src.a(t, d), bf16) * operand(io::get(qkv, k, r.n, r.ko + d), bf16);
-          dd += operand(src.b(t, d), bf16) * operand(io::get(qkv, k, r.n, r.vo + d), bf16);
+          sc += operand(src.a(t, d), bf16) * operand(io::get(kb, k, r.n, r.ko + d), bf16);
+          dd += operand(src.b(t, d), bf16) * operand(io::get(vb, k, r.n, r.vo + d), bf16);
         },
         score, dp);
     const S p = jexp(score * g.scale - src.x(t));
@@ -326,13 +358,13 @@ struct AttentionRowLoop {
   Body body;
   template <class Lanes>
   KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t i) const {
-    const auto r = body.g.row(i);
+    const auto r = body.row(i);
     for (int k = 0; k < body.g.K; ++k) {
       typename Body::State st;
       const auto out = body.out(r, k);
-      const auto src = body.other(r, k);
       body.begin(lanes, i, r, k, st, out);
       for (int p = 0; p < body.passes(); ++p) {
+        const auto src = body.other(r, k, p);
         for (index_t s = body.first(r.t); s < body.last(r.t); ++s) body.visit(lanes, r, k, st, p, s, src, out);
         body.between(p, st);
       }
@@ -392,16 +424,16 @@ struct AttentionTiles {
     State* state = reinterpret_cast<State*>(Y + TK);
     auto lanes = [&](const index_t t) { return TeamLanes<Member>{team, part + 2 * t * L}; };
     auto out = [&](const index_t t) { return OutTile<S>{acc + t * Body::outs * hs, hs}; };
-    const auto r0 = g.row(i0);
+    const auto r0 = body.row(i0);
     const index_t lo = body.first(t0), hi = body.last(t0 + rows - 1);
     for (int k = 0; k < g.K; ++k) {
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows), [&](const index_t t) {
         State st;
-        body.begin(lanes(t), i0 + t, g.row(i0 + t), k, st, out(t));
+        body.begin(lanes(t), i0 + t, body.row(i0 + t), k, st, out(t));
         Kokkos::single(Kokkos::PerThread(team), [&] { state[t] = st; });
       });
-      const auto src = body.other(r0, k);
       for (int p = 0; p < body.passes(); ++p) {
+        const auto src = body.other(r0, k, p);
         for (index_t s0 = lo; s0 < hi; s0 += TK) {
           const index_t n = hi - s0 < TK ? hi - s0 : TK;
           team.team_barrier();  // every row is done with the previous tile
@@ -419,7 +451,7 @@ struct AttentionTiles {
           team.team_barrier();  // the tile is in
           const TileOf<S> tile{A, B, X, Y, s0, hs};
           Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows), [&](const index_t t) {
-            const auto r = g.row(i0 + t);
+            const auto r = body.row(i0 + t);
             const index_t a = body.first(r.t) > s0 ? body.first(r.t) : s0;
             const index_t b = body.last(r.t) < s0 + n ? body.last(r.t) : s0 + n;
             if (a >= b) return;
@@ -437,7 +469,7 @@ struct AttentionTiles {
       }
       team.team_barrier();
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows), [&](const index_t t) {
-        const auto r = g.row(i0 + t);
+        const auto r = body.row(i0 + t);
         State st = state[t];
         body.end(lanes(t), i0 + t, r, k, st, out(t));
         const auto o = body.out(r, k);
@@ -475,101 +507,200 @@ void attention_rows(const ExecSpace& space, const char* label, index_t N, const 
 }
 }  // namespace detail
 
+// q, k and v of an attention call, each with its planes: one buffer three
+// times (nanoGPT's c_attn, GPT-NeoX's query_key_value) or three (Llama).
+template <class T>
+struct QkvActs {
+  Act2<T> q, k, v;
+};
+
+namespace detail {
+template <class T>
+Qkv3<const T> host_part(const Act2<T>& q, const Act2<T>& k, const Act2<T>& v, int plane) {
+  Qkv3<const T> r;
+  const Act2<T>* a[3] = {&q, &k, &v};
+  for (int i = 0; i < 3; ++i) {
+    r.ld[i] = a[i]->cols();
+    r.p[i] = plane == 0 ? a[i]->v.data() : plane == 1 ? a[i]->d.data() : a[i]->dd.data();
+  }
+  return r;
+}
+template <class T>
+Qkv3<T> host_out(const QkvActs<T>& x, int plane) {
+  const Qkv3<const T> c = host_part(x.q, x.k, x.v, plane);
+  Qkv3<T> r;
+  for (int i = 0; i < 3; ++i) {
+    r.p[i] = const_cast<T*>(c.p[i]);
+    r.ld[i] = c.ld[i];
+  }
+  return r;
+}
+// Each part's rows hold its heads' columns.
+template <class T>
+void check_qkv(const char* who, const QkvActs<T>& x, const QkvLayout& L, index_t N) {
+  if (!L.valid())
+    throw std::invalid_argument(std::string(who) + ": " + std::to_string(L.H) + " query heads in groups over " +
+                                std::to_string(L.G) + " key/value heads of " + std::to_string(L.hs));
+  const Act2<T>* a[3] = {&x.q, &x.k, &x.v};
+  static const char* const name[3] = {"q", "k", "v"};
+  for (int i = 0; i < 3; ++i) {
+    require_extent(who, name[i], a[i]->rows(), N);
+    const index_t heads = i == 0 ? L.H : L.G;
+    if (L.off[i] + (heads - 1) * L.stride[i] + L.hs > a[i]->cols())
+      throw std::invalid_argument(std::string(who) + ": " + name[i] + " rows of " + std::to_string(a[i]->cols()) +
+                                  " columns do not hold its heads");
+  }
+}
+// Each distinct buffer among q, k, v once.
+template <class T, class F>
+void each_buffer(const QkvActs<T>& x, F&& f) {
+  f(x.q);
+  if (x.k.v.data() != x.q.v.data()) f(x.k);
+  if (x.v.v.data() != x.q.v.data() && x.v.v.data() != x.k.v.data()) f(x.v);
+}
+}  // namespace detail
+
 // shape: the portable kernels' row shape (rows.hpp); the default suits the
 // execution space.
-// qkv_second false (Jet2): qkv'' is taken as zero (the adjoint cuts of
+// x_second false (Jet2): x'' is taken as zero (the adjoint cuts of
 // model/gpt_impl.hpp); the host tiles do not read it and skip its products,
-// the portable rows overwrite qkv's second-order planes with zeros first.
+// the portable rows overwrite x's second-order planes with zeros first.
 template <class S>
-void attention_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>> lse, Act2<base_t<S>> qkv, index_t B,
-                       index_t Tc, int n_head, bool bf16 = false, RowShape shape = default_row_shape(),
-                       bool qkv_second = true, base_t<S>* keep_p = nullptr) {
-  keep_planes<S>(y, lse, qkv);
+void attention_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>> lse, QkvActs<base_t<S>> x,
+                       const QkvLayout& L, index_t B, index_t Tc, bool bf16 = false,
+                       RowShape shape = default_row_shape(), bool x_second = true, base_t<S>* keep_p = nullptr) {
+  keep_planes<S>(y, lse, x.q, x.k, x.v);
   using T = base_t<S>;
-  const index_t C = y.cols(), H = n_head, hs = C / H, K = directions_of<S>(qkv);
+  const index_t H = L.H, hs = L.hs, K = directions_of<S>(x.q);
+  detail::check_qkv("gnh::attention::forward", x, L, B * Tc);
   require_extent("gnh::attention::forward", "y rows", y.rows(), B * Tc);
-  require_extent("gnh::attention::forward", "qkv rows", qkv.rows(), B * Tc);
-  require_extent("gnh::attention::forward", "qkv cols", qkv.cols(), 3 * C);
+  require_extent("gnh::attention::forward", "y cols", y.cols(), H * hs);
   require_extent("gnh::attention::forward", "lse", lse.v.extent(0), B * H * Tc);
-  require_extent("gnh::attention::forward", "n_head * head_size", H * hs, C);
   if constexpr (std::is_same_v<T, float> && std::is_same_v<ExecSpace, Kokkos::DefaultHostExecutionSpace>) {
     if (use_host_attention<S>(space, bf16)) {
       space.fence();
+      using detail::host_part;
       host::for_ranges(space, "gnh::attention::forward::host", B * H, [=](std::int64_t bh0, std::int64_t bh1) {
+        const Qkv3<const T> x0 = host_part(x.q, x.k, x.v, 0);
         if constexpr (std::is_same_v<S, T>)
-          host::attention_forward(y.v.data(), lse.v.data(), qkv.v.data(), B, Tc, H, hs, bh0, bh1, keep_p);
+          host::attention_forward(y.v.data(), lse.v.data(), x0, L, B, Tc, bh0, bh1, keep_p);
         else if constexpr (std::is_same_v<S, Dual<T>>)
-          host::attention_forward_dual(y.v.data(), y.d.data(), lse.v.data(), lse.d.data(), qkv.v.data(), qkv.d.data(),
-                                       K, B, Tc, H, hs, bh0, bh1);
+          host::attention_forward_dual(y.v.data(), y.d.data(), lse.v.data(), lse.d.data(), x0,
+                                       host_part(x.q, x.k, x.v, 1), K, L, B, Tc, bh0, bh1);
         else
           host::attention_forward_jet2(y.v.data(), y.d.data(), y.dd.data(), lse.v.data(), lse.d.data(), lse.dd.data(),
-                                       qkv.v.data(), qkv.d.data(), qkv_second ? qkv.dd.data() : nullptr, K, B, Tc, H,
-                                       hs, bh0, bh1);
+                                       x0, host_part(x.q, x.k, x.v, 1),
+                                       x_second ? host_part(x.q, x.k, x.v, 2) : Qkv3<const T>(), K, L, B, Tc, bh0, bh1);
       });
       return;
     }
   }
   if (keep_p) throw std::logic_error("gnh::attention::forward: probabilities are kept by the host tiles only");
   if constexpr (has_second_v<S>)
-    if (!qkv_second) Kokkos::deep_copy(space, qkv.dd, T(0));
+    if (!x_second) detail::each_buffer(x, [&](const Act2<T>& a) { Kokkos::deep_copy(space, a.dd, T(0)); });
   // The matrix-multiply operands (q, k for the scores; p, v for the output)
   // are rounded to bfloat16 under bf16-amp; scores and softmax stay FP32.
-  const detail::AttentionRows<S> rows{Tc, H, C, hs, K, T(1) / kmath::sqrt(T(hs)), bf16};
+  const detail::AttentionRows<S> rows{Tc,
+                                      H,
+                                      L.G,
+                                      hs,
+                                      K,
+                                      T(1) / kmath::sqrt(T(hs)),
+                                      bf16,
+                                      {L.off[0], L.off[1], L.off[2]},
+                                      {L.stride[0], L.stride[1], L.stride[2]}};
   detail::attention_rows(space, "gnh::attention::forward", B * H * Tc,
-                         detail::AttentionForwardRow<S>{rows, y, lse, qkv}, shape);
+                         detail::AttentionForwardRow<S>{rows, y, lse, x.q, x.k, x.v}, shape);
 }
 
-// dqkv is overwritten; D is a (B*H*T) scratch of the same mode.
+// dx is overwritten (q, k and v with x's layout: the same buffer where x's
+// parts share one); D is a (B*H*T) scratch of the same mode.
 template <class S>
-void attention_reverse(const ExecSpace& space, Act2<base_t<S>> dqkv, Act1<base_t<S>> D, Act2<base_t<S>> dy,
-                       Act2<base_t<S>> qkv, Act2<base_t<S>> y, Act1<base_t<S>> lse, index_t B, index_t Tc, int n_head,
-                       bool bf16 = false, RowShape shape = default_row_shape(), const base_t<S>* kept_p = nullptr) {
-  keep_planes<S>(dqkv, D, dy, qkv, y, lse);
+void attention_reverse(const ExecSpace& space, QkvActs<base_t<S>> dx, Act1<base_t<S>> D, Act2<base_t<S>> dy,
+                       QkvActs<base_t<S>> x, Act2<base_t<S>> y, Act1<base_t<S>> lse, const QkvLayout& L, index_t B,
+                       index_t Tc, bool bf16 = false, RowShape shape = default_row_shape(),
+                       const base_t<S>* kept_p = nullptr) {
+  keep_planes<S>(dx.q, dx.k, dx.v, D, dy, x.q, x.k, x.v, y, lse);
   using T = base_t<S>;
-  const index_t C = y.cols(), H = n_head, hs = C / H, K = directions_of<S>(qkv);
-  require_extent("gnh::attention::reverse", "dqkv rows", dqkv.rows(), B * Tc);
+  const index_t H = L.H, hs = L.hs, K = directions_of<S>(x.q);
+  detail::check_qkv("gnh::attention::reverse", x, L, B * Tc);
+  detail::check_qkv("gnh::attention::reverse", dx, L, B * Tc);
   require_extent("gnh::attention::reverse", "dy rows", dy.rows(), B * Tc);
   require_extent("gnh::attention::reverse", "D", D.v.extent(0), B * H * Tc);
   if constexpr (std::is_same_v<T, float> && std::is_same_v<ExecSpace, Kokkos::DefaultHostExecutionSpace>) {
     if (use_host_attention<S>(space, bf16)) {
       space.fence();
-      host::for_ranges(space, "gnh::attention::reverse::host", B * H, [=](std::int64_t bh0, std::int64_t bh1) {
+      using detail::host_out;
+      using detail::host_part;
+      host::for_ranges(space, "gnh::attention::reverse::host", B * L.G, [=](std::int64_t u0, std::int64_t u1) {
+        const Qkv3<const T> x0 = host_part(x.q, x.k, x.v, 0);
         if constexpr (std::is_same_v<S, T>)
-          host::attention_reverse(dqkv.v.data(), D.v.data(), dy.v.data(), qkv.v.data(), y.v.data(), lse.v.data(), B, Tc,
-                                  H, hs, bh0, bh1, kept_p);
+          host::attention_reverse(host_out(dx, 0), D.v.data(), dy.v.data(), x0, y.v.data(), lse.v.data(), L, B, Tc, u0,
+                                  u1, kept_p);
         else
-          host::attention_reverse_dual(dqkv.v.data(), dqkv.d.data(), D.v.data(), D.d.data(), dy.v.data(), dy.d.data(),
-                                       qkv.v.data(), qkv.d.data(), y.v.data(), y.d.data(), lse.v.data(), lse.d.data(),
-                                       K, B, Tc, H, hs, bh0, bh1);
+          host::attention_reverse_dual(host_out(dx, 0), host_out(dx, 1), D.v.data(), D.d.data(), dy.v.data(),
+                                       dy.d.data(), x0, host_part(x.q, x.k, x.v, 1), y.v.data(), y.d.data(),
+                                       lse.v.data(), lse.d.data(), K, L, B, Tc, u0, u1);
       });
       return;
     }
   }
   if (kept_p) throw std::logic_error("gnh::attention::reverse: probabilities are kept by the host tiles only");
-  const detail::AttentionRows<S> rows{Tc, H, C, hs, K, T(1) / kmath::sqrt(T(hs)), bf16};
+  const detail::AttentionRows<S> rows{Tc,
+                                      H,
+                                      L.G,
+                                      hs,
+                                      K,
+                                      T(1) / kmath::sqrt(T(hs)),
+                                      bf16,
+                                      {L.off[0], L.off[1], L.off[2]},
+                                      {L.stride[0], L.stride[1], L.stride[2]}};
   detail::attention_rows(space, "gnh::attention::reverse::queries", B * H * Tc,
-                         detail::AttentionQueryRow<S>{rows, dqkv, D, dy, qkv, y, lse}, shape);
-  detail::attention_rows(space, "gnh::attention::reverse::keys", B * H * Tc,
-                         detail::AttentionKeyRow<S>{rows, dqkv, D, dy, qkv, lse}, shape);
+                         detail::AttentionQueryRow<S>{rows, dx.q, D, dy, x.q, x.k, x.v, y, lse}, shape);
+  detail::attention_rows(space, "gnh::attention::reverse::keys", B * L.G * Tc,
+                         detail::AttentionKeyRow<S>{rows, dx.k, dx.v, D, dy, x.q, x.k, x.v, lse}, shape);
 }
 
-// The op contract (kernels/op.hpp): qkv (B*T, 3C) -> y (B*T, C) over H heads,
-// no parameters; saves lse (B*H*T) and uses D (B*H*T) as the reverse's scratch.
+// nanoGPT's c_attn rows [q | k | v] of n_head heads each, in one buffer.
+template <class S>
+void attention_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>> lse, Act2<base_t<S>> qkv, index_t B,
+                       index_t Tc, int n_head, bool bf16 = false, RowShape shape = default_row_shape(),
+                       bool qkv_second = true, base_t<S>* keep_p = nullptr) {
+  require_extent("gnh::attention::forward", "qkv cols", qkv.cols(), 3 * y.cols());
+  attention_forward<S>(space, y, lse, {qkv, qkv, qkv}, QkvLayout::fused(n_head, n_head, y.cols() / n_head), B, Tc, bf16,
+                       shape, qkv_second, keep_p);
+}
+template <class S>
+void attention_reverse(const ExecSpace& space, Act2<base_t<S>> dqkv, Act1<base_t<S>> D, Act2<base_t<S>> dy,
+                       Act2<base_t<S>> qkv, Act2<base_t<S>> y, Act1<base_t<S>> lse, index_t B, index_t Tc, int n_head,
+                       bool bf16 = false, RowShape shape = default_row_shape(), const base_t<S>* kept_p = nullptr) {
+  attention_reverse<S>(space, {dqkv, dqkv, dqkv}, D, dy, {qkv, qkv, qkv}, y, lse,
+                       QkvLayout::fused(n_head, n_head, y.cols() / n_head), B, Tc, bf16, shape, kept_p);
+}
+
+// The op contract (kernels/op.hpp): x (B*T, width) holding q, k and v as
+// the layout says -> y (B*T, H hs), no parameters; saves lse (B*H*T) and
+// uses D (B*H*T) as the reverse's scratch. By default nanoGPT's c_attn rows
+// (width 3 H hs).
 template <class T>
 struct AttentionOp {
   static constexpr const char* name = "attention";
-  index_t B, Tc, H, hs;
+  index_t B, Tc;
+  QkvLayout L;
+  index_t width;
   RowShape shape;
   AttentionOp(index_t B_, index_t T_, index_t H_, index_t hs_, RowShape shape_ = default_row_shape())
-      : B(B_), Tc(T_), H(H_), hs(hs_), shape(shape_) {}
+      : AttentionOp(B_, T_, QkvLayout::fused(H_, H_, hs_), 3 * H_ * hs_, shape_) {}
+  AttentionOp(index_t B_, index_t T_, const QkvLayout& L_, index_t width_, RowShape shape_ = default_row_shape())
+      : B(B_), Tc(T_), L(L_), width(width_), shape(shape_) {}
   static AttentionOp at(const OpDims& d, index_t) { return AttentionOp(d.B, d.T, d.H, d.C / d.H); }
-  OpSizes sizes() const { return {B * Tc, 3 * H * hs, H * hs, 0}; }
-  std::vector<OpExtent> saved() const { return {{B * H * Tc, 1}, {B * H * Tc, 1}}; }
+  OpSizes sizes() const { return {B * Tc, width, L.H * L.hs, 0}; }
+  std::vector<OpExtent> saved() const { return {{B * L.H * Tc, 1}, {B * L.H * Tc, 1}}; }
   // Causal Q K^T and P V: 2 * 2 hs T(T+1)/2 per head and sequence; the
   // second-order planes carry one more product (the cross term q' k'), the
   // reverse recomputes P (its five products are 2.5 forwards).
   double flops(OpMode m, index_t K) const {
-    const double f1 = 2.0 * 2.0 * double(H * hs) * double(Tc) * double(Tc + 1) / 2.0 * double(B);
+    const double f1 = 2.0 * 2.0 * double(L.H * L.hs) * double(Tc) * double(Tc + 1) / 2.0 * double(B);
     switch (m) {
       case OpMode::forward:
         return f1;
@@ -586,23 +717,24 @@ struct AttentionOp {
   }
   template <class S>
   void forward(const ExecSpace& space, Act2<T> y, Act2<T> x, Params<T>, const OpSaved<T>& s) const {
-    attention_forward<S>(space, y, s.flat(0), x, B, Tc, int(H), false, shape);
+    attention_forward<S>(space, y, s.flat(0), QkvActs<T>{x, x, x}, L, B, Tc, false, shape);
   }
   template <class S>
   void reverse(const ExecSpace& space, Act2<T> dx, Grads<T>, Act2<T> dy, Act2<T> x, Act2<T> y, Params<T>,
                const OpSaved<T>& s) const {
-    attention_reverse<S>(space, dx, s.flat(1), dy, x, y, s.flat(0), B, Tc, int(H), false, shape);
+    attention_reverse<S>(space, QkvActs<T>{dx, dx, dx}, s.flat(1), dy, QkvActs<T>{x, x, x}, y, s.flat(0), L, B, Tc,
+                         false, shape);
   }
 };
 
 // Compiled once, in gnh_core (kernels/instances.hpp).
-#define GNH_ATTENTION_FORWARD(EXT, S)                                                                                  \
-  EXT template void attention_forward<S>(const ExecSpace&, Act2<base_t<S>>, Act1<base_t<S>>, Act2<base_t<S>>, index_t, \
-                                         index_t, int, bool, RowShape, bool, base_t<S>*);
-#define GNH_ATTENTION_REVERSE(EXT, S)                                                                              \
-  EXT template void attention_reverse<S>(const ExecSpace&, Act2<base_t<S>>, Act1<base_t<S>>, Act2<base_t<S>>,      \
-                                         Act2<base_t<S>>, Act2<base_t<S>>, Act1<base_t<S>>, index_t, index_t, int, \
-                                         bool, RowShape, const base_t<S>*);
+#define GNH_ATTENTION_FORWARD(EXT, S)                                                                            \
+  EXT template void attention_forward<S>(const ExecSpace&, Act2<base_t<S>>, Act1<base_t<S>>, QkvActs<base_t<S>>, \
+                                         const QkvLayout&, index_t, index_t, bool, RowShape, bool, base_t<S>*);
+#define GNH_ATTENTION_REVERSE(EXT, S)                                                                            \
+  EXT template void attention_reverse<S>(const ExecSpace&, QkvActs<base_t<S>>, Act1<base_t<S>>, Act2<base_t<S>>, \
+                                         QkvActs<base_t<S>>, Act2<base_t<S>>, Act1<base_t<S>>, const QkvLayout&, \
+                                         index_t, index_t, bool, RowShape, const base_t<S>*);
 #define GNH_ATTENTION(EXT, T) \
   GNH_FORWARD_SCALARS(GNH_ATTENTION_FORWARD, EXT, T) GNH_REVERSE_SCALARS(GNH_ATTENTION_REVERSE, EXT, T)
 GNH_ATTENTION(extern, float)

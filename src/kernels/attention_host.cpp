@@ -48,17 +48,44 @@ void mm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float 
   sgemm_vendor(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+// The sizes, and offsets into one plane of each part. Every plane of a part
+// (its value, its tangents, its adjoint) has the part's row stride.
 struct Geometry {
-  std::int64_t B, T, H, hs, C, ld;
+  std::int64_t B, T, H, G, rep, hs, C, N;
+  std::int64_t ldq, ldk, ldv, off[3], stride[3];
   float scale;
-  Geometry(std::int64_t B_, std::int64_t T_, std::int64_t H_, std::int64_t hs_)
-      : B(B_), T(T_), H(H_), hs(hs_), C(H_ * hs_), ld(3 * H_ * hs_), scale(1.0f / std::sqrt(float(hs_))) {}
-  // Offsets into a qkv plane of the tile's queries, and of its batch's keys and values.
-  std::int64_t q(std::int64_t b, std::int64_t h, std::int64_t t0) const { return (b * T + t0) * ld + h * hs; }
-  std::int64_t k(std::int64_t b, std::int64_t h) const { return b * T * ld + C + h * hs; }
-  std::int64_t v(std::int64_t b, std::int64_t h) const { return b * T * ld + 2 * C + h * hs; }
+  template <class F>
+  Geometry(const QkvLayout& L, const Qkv3<F>& x, std::int64_t B_, std::int64_t T_)
+      : B(B_),
+        T(T_),
+        H(L.H),
+        G(L.G),
+        rep(L.group()),
+        hs(L.hs),
+        C(L.H * L.hs),
+        N(B_ * T_),
+        ldq(x.ld[0]),
+        ldk(x.ld[1]),
+        ldv(x.ld[2]),
+        off{L.off[0], L.off[1], L.off[2]},
+        stride{L.stride[0], L.stride[1], L.stride[2]},
+        scale(1.0f / std::sqrt(float(L.hs))) {}
+  // Offsets of the tile's queries in a q plane, and of its sequence's keys
+  // and values (query head h's key/value head) in k and v planes.
+  std::int64_t q(std::int64_t b, std::int64_t h, std::int64_t t0) const {
+    return (b * T + t0) * ldq + off[0] + h * stride[0];
+  }
+  std::int64_t k(std::int64_t b, std::int64_t h) const { return b * T * ldk + off[1] + (h / rep) * stride[1]; }
+  std::int64_t v(std::int64_t b, std::int64_t h) const { return b * T * ldv + off[2] + (h / rep) * stride[2]; }
   std::int64_t y(std::int64_t b, std::int64_t h, std::int64_t t0) const { return (b * T + t0) * C + h * hs; }
   std::int64_t row(std::int64_t b, std::int64_t h, std::int64_t t) const { return (b * H + h) * T + t; }
+  // Plane k (from plane 0) of each part.
+  template <class F>
+  Qkv3<F> plane(const Qkv3<F>& x, std::int64_t k) const {
+    Qkv3<F> r = x;
+    for (int i = 0; i < 3; ++i) r.p[i] = x.p[i] ? x.p[i] + k * N * x.ld[i] : nullptr;
+    return r;
+  }
 };
 
 // Scores of a tile into S (tq x t1, rows ld apart), then p = exp(s - lse) in
@@ -97,12 +124,12 @@ GNH_HOST_CLONES void softmax_rows(float* S, std::int64_t tq, std::int64_t t0, st
 
 // The primal forward of one tile (rows t0..t1-1 of head h in sequence b): p
 // into P (tq x t1 with rows ldp apart, masked entries 0), lse of its rows, y = P V.
-GNH_HOST_CLONES void forward_tile(const Geometry& g, const float* qkv, float* y, float* lse, std::int64_t b,
+GNH_HOST_CLONES void forward_tile(const Geometry& g, const Qkv3<const float>& x, float* y, float* lse, std::int64_t b,
                                   std::int64_t h, std::int64_t t0, std::int64_t t1, float* P, std::int64_t ldp) {
   const std::int64_t tq = t1 - t0;
-  mm(false, true, tq, t1, g.hs, g.scale, qkv + g.q(b, h, t0), g.ld, qkv + g.k(b, h), g.ld, 0.0f, P, ldp);
+  mm(false, true, tq, t1, g.hs, g.scale, x.p[0] + g.q(b, h, t0), g.ldq, x.p[1] + g.k(b, h), g.ldk, 0.0f, P, ldp);
   softmax_rows(P, tq, t0, t1, nullptr, lse + g.row(b, h, t0), ldp);
-  mm(false, false, tq, g.hs, t1, 1.0f, P, ldp, qkv + g.v(b, h), g.ld, 0.0f, y + g.y(b, h, t0), g.C);
+  mm(false, false, tq, g.hs, t1, 1.0f, P, ldp, x.p[2] + g.v(b, h), g.ldv, 0.0f, y + g.y(b, h, t0), g.C);
 }
 
 // Copies n rows of the column blocks (each w wide, rows ld_src apart, scaled
@@ -130,30 +157,35 @@ void stacked(float* dst, std::int64_t n, std::int64_t w, std::initializer_list<s
     }
 }
 
-// Zeroes the k and v columns of head h, sequence b, in a dqkv plane (the
-// reverse accumulates into them tile by tile).
-void zero_kv(const Geometry& g, float* dqkv, std::int64_t b, std::int64_t h) {
+// Zeroes the k and v columns of query head h's key/value head, sequence b,
+// in one plane of dx (the reverse accumulates into them tile by tile, over
+// the unit's query heads).
+void zero_kv(const Geometry& g, const Qkv3<float>& dx, std::int64_t b, std::int64_t h) {
   const std::int64_t ok = g.k(b, h), ov = g.v(b, h);
   for (std::int64_t t = 0; t < g.T; ++t)
-    for (std::int64_t c = 0; c < g.hs; ++c) dqkv[ok + t * g.ld + c] = dqkv[ov + t * g.ld + c] = 0.0f;
+    for (std::int64_t c = 0; c < g.hs; ++c) {
+      dx.p[1][ok + t * g.ldk + c] = 0.0f;
+      dx.p[2][ov + t * g.ldv + c] = 0.0f;
+    }
 }
 
 // The primal reverse of one tile: P = softmax (from the saved lse), A = dp - D
 // with dp = dy V^T and D_t = dy_t.y_t (written to D), dS = P A scale; then
 // dq of the tile, and dk, dv of its keys accumulated.
 // P_ready: P already holds the tile's probabilities (kept by the forward).
-GNH_HOST_CLONES void reverse_tile(const Geometry& g, float* dqkv, float* D, const float* dy, const float* qkv,
-                                  const float* y, const float* lse, std::int64_t b, std::int64_t h, std::int64_t t0,
-                                  std::int64_t t1, const float* P_ready, float* Pbuf, float* A, float* dS) {
+GNH_HOST_CLONES void reverse_tile(const Geometry& g, const Qkv3<float>& dx, float* D, const float* dy,
+                                  const Qkv3<const float>& x, const float* y, const float* lse, std::int64_t b,
+                                  std::int64_t h, std::int64_t t0, std::int64_t t1, const float* P_ready, float* Pbuf,
+                                  float* A, float* dS) {
   const std::int64_t tq = t1 - t0, hs = g.hs;
   const std::int64_t oq = g.q(b, h, t0), ok = g.k(b, h), ov = g.v(b, h), oy = g.y(b, h, t0), orow = g.row(b, h, t0);
   const float* P = P_ready;
   if (!P) {
-    mm(false, true, tq, t1, hs, g.scale, qkv + oq, g.ld, qkv + ok, g.ld, 0.0f, Pbuf, t1);
+    mm(false, true, tq, t1, hs, g.scale, x.p[0] + oq, g.ldq, x.p[1] + ok, g.ldk, 0.0f, Pbuf, t1);
     softmax_rows(Pbuf, tq, t0, t1, lse + orow, nullptr, t1);
     P = Pbuf;
   }
-  mm(false, true, tq, t1, hs, 1.0f, dy + oy, g.C, qkv + ov, g.ld, 0.0f, A, t1);
+  mm(false, true, tq, t1, hs, 1.0f, dy + oy, g.C, x.p[2] + ov, g.ldv, 0.0f, A, t1);
   for (std::int64_t r = 0; r < tq; ++r) {
     const float* dyr = dy + oy + r * g.C;
     const float* yr = y + oy + r * g.C;
@@ -168,9 +200,9 @@ GNH_HOST_CLONES void reverse_tile(const Geometry& g, float* dqkv, float* D, cons
       ds[j] = p[j] * a[j] * g.scale;
     }
   }
-  mm(false, false, tq, hs, t1, 1.0f, dS, t1, qkv + ok, g.ld, 0.0f, dqkv + oq, g.ld);
-  mm(true, false, t1, hs, tq, 1.0f, dS, t1, qkv + oq, g.ld, 1.0f, dqkv + ok, g.ld);
-  mm(true, false, t1, hs, tq, 1.0f, P, t1, dy + oy, g.C, 1.0f, dqkv + ov, g.ld);
+  mm(false, false, tq, hs, t1, 1.0f, dS, t1, x.p[1] + ok, g.ldk, 0.0f, dx.p[0] + oq, g.ldq);
+  mm(true, false, t1, hs, tq, 1.0f, dS, t1, x.p[0] + oq, g.ldq, 1.0f, dx.p[1] + ok, g.ldk);
+  mm(true, false, t1, hs, tq, 1.0f, P, t1, dy + oy, g.C, 1.0f, dx.p[2] + ov, g.ldv);
 }
 
 }  // namespace
@@ -183,9 +215,10 @@ std::int64_t attention_kept_elements(std::int64_t T) {
   return n;
 }
 
-void attention_forward(float* y, float* lse, const float* qkv, std::int64_t B, std::int64_t T, std::int64_t H,
-                       std::int64_t hs, std::int64_t bh0, std::int64_t bh1, float* keep_p) {
-  const Geometry g(B, T, H, hs);
+void attention_forward(float* y, float* lse, Qkv3<const float> x, const QkvLayout& L, std::int64_t B, std::int64_t T,
+                       std::int64_t bh0, std::int64_t bh1, float* keep_p) {
+  const Geometry g(L, x, B, T);
+  const std::int64_t H = g.H;
   const std::int64_t E = attention_kept_elements(T);
   std::vector<float> S(keep_p ? 0 : std::size_t(std::min(TQ, T) * T));
   for (std::int64_t bh = bh0; bh < bh1; ++bh) {
@@ -193,7 +226,7 @@ void attention_forward(float* y, float* lse, const float* qkv, std::int64_t B, s
     float* P = keep_p ? keep_p + bh * E : S.data();
     for (std::int64_t t0 = 0; t0 < T; t0 += TQ) {
       const std::int64_t t1 = std::min(t0 + TQ, T);
-      forward_tile(g, qkv, y, lse, b, h, t0, t1, P, t1);
+      forward_tile(g, x, y, lse, b, h, t0, t1, P, t1);
       if (keep_p) P += (t1 - t0) * t1;
     }
   }
@@ -201,7 +234,7 @@ void attention_forward(float* y, float* lse, const float* qkv, std::int64_t B, s
 
 namespace {
 
-// Tangent (second == false: ydd, lsedd, qkvdd unused) or second-order forward.
+// Tangent (second == false: ydd, lsedd, xdd unused) or second-order forward.
 // A direction's products are concatenated along their inner dimension, so
 // that a tile costs two GEMMs of k = 2 hs and 3 hs for the scores and two of
 // k = 2 t1 and 3 t1 for the outputs instead of ten of k = hs or t1:
@@ -257,20 +290,21 @@ struct DerivativeScratch {
 };
 
 // Direction k's Q', K', V' (and Q'', K'', V'') of every row of (b, h), copied
-// once out of their planes into the operands; dd null: qkv'' is zero.
-void load_direction(DerivativeScratch& m, const Geometry& g, const float* d, const float* dd, std::int64_t oq,
-                    std::int64_t ok, std::int64_t ov, std::int64_t T, std::int64_t hs, bool second) {
-  side_by_side(m.Aq + hs, 3 * hs, T, hs, {{d + oq, 1.0f}}, g.ld);
-  side_by_side(m.Bk1 + hs, 2 * hs, T, hs, {{d + ok, 1.0f}}, g.ld);
-  stacked(m.Vd, T, hs, {{d + ov, 1.0f}}, g.ld);
-  if (second && dd) {
-    side_by_side(m.Aq, 3 * hs, T, hs, {{dd + oq, 1.0f}}, g.ld);
-    side_by_side(m.Bk2 + hs, 3 * hs, T, hs, {{d + ok, 2.0f}, {dd + ok, 1.0f}}, g.ld);
-    stacked(m.Vdd, T, hs, {{dd + ov, 1.0f}}, g.ld);
+// once out of their planes into the operands; dd's pointers null: x'' is zero.
+void load_direction(DerivativeScratch& m, const Geometry& g, const Qkv3<const float>& d, const Qkv3<const float>& dd,
+                    std::int64_t oq, std::int64_t ok, std::int64_t ov, std::int64_t T, std::int64_t hs, bool second) {
+  const bool has_dd = second && dd.p[0];
+  side_by_side(m.Aq + hs, 3 * hs, T, hs, {{d.p[0] + oq, 1.0f}}, g.ldq);
+  side_by_side(m.Bk1 + hs, 2 * hs, T, hs, {{d.p[1] + ok, 1.0f}}, g.ldk);
+  stacked(m.Vd, T, hs, {{d.p[2] + ov, 1.0f}}, g.ldv);
+  if (has_dd) {
+    side_by_side(m.Aq, 3 * hs, T, hs, {{dd.p[0] + oq, 1.0f}}, g.ldq);
+    side_by_side(m.Bk2 + hs, 3 * hs, T, hs, {{d.p[1] + ok, 2.0f}, {dd.p[1] + ok, 1.0f}}, g.ldk);
+    stacked(m.Vdd, T, hs, {{dd.p[2] + ov, 1.0f}}, g.ldv);
   } else if (second) {
-    side_by_side(m.Bk2 + hs, 3 * hs, T, hs, {{d + ok, 2.0f}}, g.ld);
+    side_by_side(m.Bk2 + hs, 3 * hs, T, hs, {{d.p[1] + ok, 2.0f}}, g.ldk);
   }
-  if (second) stacked(m.V2d, T, hs, {{d + ov, 2.0f}}, g.ld);
+  if (second) stacked(m.V2d, T, hs, {{d.p[2] + ov, 2.0f}}, g.ldv);
 }
 
 // The softmax's tangent (and second order) of a tile's tq rows, in place over
@@ -309,7 +343,7 @@ GNH_HOST_CLONES void softmax_derivatives(const float* P, float* Pd, float* Pdd, 
 
 // One tile (rows t0..t1 of (b, h)) of direction k: its scores' derivatives,
 // the softmax's, then y' (and y'') into their planes (ydk, yddk: direction
-// k's planes). dd: whether qkv'' is non-zero.
+// k's planes). dd: whether x'' is non-zero.
 GNH_HOST_CLONES void derivative_tile(DerivativeScratch& m, const Geometry& g, float* ydk, float* yddk, float* lsedk,
                                      float* lseddk, std::int64_t b, std::int64_t h, std::int64_t t0, std::int64_t i,
                                      std::int64_t T, std::int64_t hs, bool second, bool dd) {
@@ -319,7 +353,7 @@ GNH_HOST_CLONES void derivative_tile(DerivativeScratch& m, const Geometry& g, fl
   float *Pd = P + t1, *Pdd = P + 2 * t1;
   // s' (and s''): the tile's rows of Aq, [Q' | Q] from column hs.
   mm(false, true, tq, t1, 2 * hs, g.scale, m.Aq + t0 * 3 * hs + hs, 3 * hs, m.Bk1, 2 * hs, 0.0f, Pd, ldp);
-  // s'' = Q'' K^T + 2 Q' K'^T + Q K''^T; only the middle term where qkv'' is zero.
+  // s'' = Q'' K^T + 2 Q' K'^T + Q K''^T; only the middle term where x'' is zero.
   if (second && dd) mm(false, true, tq, t1, 3 * hs, g.scale, m.Aq + t0 * 3 * hs, 3 * hs, m.Bk2, 3 * hs, 0.0f, Pdd, ldp);
   else if (second)
     mm(false, true, tq, t1, hs, g.scale, m.Aq + t0 * 3 * hs + hs, 3 * hs, m.Bk2 + hs, 3 * hs, 0.0f, Pdd, ldp);
@@ -337,123 +371,140 @@ GNH_HOST_CLONES void derivative_tile(DerivativeScratch& m, const Geometry& g, fl
   else mm(false, false, tq, hs, 2 * t1, 1.0f, Pd, ldp, m.Bv2 + t1 * hs, hs, 0.0f, yddk + oy, g.C);
 }
 
-void forward_derivatives(float* y, float* yd, float* ydd, float* lse, float* lsed, float* lsedd, const float* qkv,
-                         const float* qkvd, const float* qkvdd, std::int64_t K, std::int64_t B, std::int64_t T,
-                         std::int64_t H, std::int64_t hs, std::int64_t bh0, std::int64_t bh1, bool second) {
-  const Geometry g(B, T, H, hs);
-  const std::int64_t N = B * T, R = B * H * T;
+void forward_derivatives(float* y, float* yd, float* ydd, float* lse, float* lsed, float* lsedd,
+                         const Qkv3<const float>& x, const Qkv3<const float>& xd, const Qkv3<const float>& xdd,
+                         std::int64_t K, const QkvLayout& L, std::int64_t B, std::int64_t T, std::int64_t bh0,
+                         std::int64_t bh1, bool second) {
+  const Geometry g(L, x, B, T);
+  const std::int64_t H = g.H, hs = g.hs, N = B * T, R = B * H * T;
   DerivativeScratch m(T, hs, second);
   for (std::int64_t bh = bh0; bh < bh1; ++bh) {
     const std::int64_t b = bh / H, h = bh % H;
     const std::int64_t oq = g.q(b, h, 0), ok = g.k(b, h), ov = g.v(b, h);
     for (std::int64_t t0 = 0, i = 0; t0 < T; t0 += TQ, ++i) {
       const std::int64_t t1 = std::min(t0 + TQ, T);
-      forward_tile(g, qkv, y, lse, b, h, t0, t1, m.Pall + m.tile_at[std::size_t(i)], m.w * t1);
+      forward_tile(g, x, y, lse, b, h, t0, t1, m.Pall + m.tile_at[std::size_t(i)], m.w * t1);
     }
     // The primal blocks, once (Q, K and V are the same for every direction).
-    side_by_side(m.Aq + 2 * hs, 3 * hs, T, hs, {{qkv + oq, 1.0f}}, g.ld);
-    side_by_side(m.Bk1, 2 * hs, T, hs, {{qkv + ok, 1.0f}}, g.ld);
-    stacked(m.V0, T, hs, {{qkv + ov, 1.0f}}, g.ld);
-    if (second) side_by_side(m.Bk2, 3 * hs, T, hs, {{qkv + ok, 1.0f}}, g.ld);
+    side_by_side(m.Aq + 2 * hs, 3 * hs, T, hs, {{x.p[0] + oq, 1.0f}}, g.ldq);
+    side_by_side(m.Bk1, 2 * hs, T, hs, {{x.p[1] + ok, 1.0f}}, g.ldk);
+    stacked(m.V0, T, hs, {{x.p[2] + ov, 1.0f}}, g.ldv);
+    if (second) side_by_side(m.Bk2, 3 * hs, T, hs, {{x.p[1] + ok, 1.0f}}, g.ldk);
     for (std::int64_t k = 0; k < K; ++k) {
-      const float* d = qkvd + k * N * g.ld;
-      const float* dd = second && qkvdd ? qkvdd + k * N * g.ld : nullptr;  // null: qkv'' is zero
+      // x''s pointers null: x'' is zero.
+      const Qkv3<const float> d = g.plane(xd, k), dd = second ? g.plane(xdd, k) : Qkv3<const float>();
       load_direction(m, g, d, dd, oq, ok, ov, T, hs, second);
       for (std::int64_t t0 = 0, i = 0; t0 < T; t0 += TQ, ++i)
         derivative_tile(m, g, yd + k * N * g.C, second ? ydd + k * N * g.C : nullptr, lsed + k * R,
-                        second ? lsedd + k * R : nullptr, b, h, t0, i, T, hs, second, dd != nullptr);
+                        second ? lsedd + k * R : nullptr, b, h, t0, i, T, hs, second, dd.p[0] != nullptr);
     }
   }
 }
 
 }  // namespace
 
-void attention_forward_jet2(float* y, float* yd, float* ydd, float* lse, float* lsed, float* lsedd, const float* qkv,
-                            const float* qkvd, const float* qkvdd, std::int64_t K, std::int64_t B, std::int64_t T,
-                            std::int64_t H, std::int64_t hs, std::int64_t bh0, std::int64_t bh1) {
-  forward_derivatives(y, yd, ydd, lse, lsed, lsedd, qkv, qkvd, qkvdd, K, B, T, H, hs, bh0, bh1, true);
+void attention_forward_jet2(float* y, float* yd, float* ydd, float* lse, float* lsed, float* lsedd, Qkv3<const float> x,
+                            Qkv3<const float> xd, Qkv3<const float> xdd, std::int64_t K, const QkvLayout& L,
+                            std::int64_t B, std::int64_t T, std::int64_t bh0, std::int64_t bh1) {
+  forward_derivatives(y, yd, ydd, lse, lsed, lsedd, x, xd, xdd, K, L, B, T, bh0, bh1, true);
 }
 
-void attention_forward_dual(float* y, float* yd, float* lse, float* lsed, const float* qkv, const float* qkvd,
-                            std::int64_t K, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs,
-                            std::int64_t bh0, std::int64_t bh1) {
-  forward_derivatives(y, yd, nullptr, lse, lsed, nullptr, qkv, qkvd, nullptr, K, B, T, H, hs, bh0, bh1, false);
+void attention_forward_dual(float* y, float* yd, float* lse, float* lsed, Qkv3<const float> x, Qkv3<const float> xd,
+                            std::int64_t K, const QkvLayout& L, std::int64_t B, std::int64_t T, std::int64_t bh0,
+                            std::int64_t bh1) {
+  forward_derivatives(y, yd, nullptr, lse, lsed, nullptr, x, xd, Qkv3<const float>(), K, L, B, T, bh0, bh1, false);
 }
 
-void attention_reverse(float* dqkv, float* D, const float* dy, const float* qkv, const float* y, const float* lse,
-                       std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t hs, std::int64_t bh0,
-                       std::int64_t bh1, const float* kept_p) {
-  const Geometry g(B, T, H, hs);
+void attention_reverse(Qkv3<float> dx, float* D, const float* dy, Qkv3<const float> x, const float* y, const float* lse,
+                       const QkvLayout& L, std::int64_t B, std::int64_t T, std::int64_t u0, std::int64_t u1,
+                       const float* kept_p) {
+  const Geometry g(L, x, B, T);
   const std::int64_t tile = std::min(TQ, T) * T, E = attention_kept_elements(T);
   std::vector<float> buf(std::size_t(3 * tile));
   float *P = buf.data(), *A = P + tile, *dS = A + tile;
-  for (std::int64_t bh = bh0; bh < bh1; ++bh) {
-    const std::int64_t b = bh / H, h = bh % H;
-    const float* kept = kept_p ? kept_p + bh * E : nullptr;
-    zero_kv(g, dqkv, b, h);
-    for (std::int64_t t0 = 0; t0 < T; t0 += TQ) {
-      const std::int64_t t1 = std::min(t0 + TQ, T);
-      reverse_tile(g, dqkv, D, dy, qkv, y, lse, b, h, t0, t1, kept, P, A, dS);
-      if (kept) kept += (t1 - t0) * t1;
+  for (std::int64_t u = u0; u < u1; ++u) {
+    const std::int64_t b = u / g.G, h0 = (u % g.G) * g.rep;
+    zero_kv(g, dx, b, h0);
+    for (std::int64_t h = h0; h < h0 + g.rep; ++h) {
+      const float* kept = kept_p ? kept_p + (b * g.H + h) * E : nullptr;
+      for (std::int64_t t0 = 0; t0 < T; t0 += TQ) {
+        const std::int64_t t1 = std::min(t0 + TQ, T);
+        reverse_tile(g, dx, D, dy, x, y, lse, b, h, t0, t1, kept, P, A, dS);
+        if (kept) kept += (t1 - t0) * t1;
+      }
     }
   }
 }
 
+namespace {
+// The rows of one tile's tangent: D'_t = dy'_t.y_t + dy_t.y'_t (into Dd),
+// p' = p (s' - lse') over s' in Pd, and ds' = (p' a + p a') scale over dp'
+// in dSd, with a = dp - D in A and a' = dp' - D'.
+GNH_HOST_CLONES void tangent_rows(const Geometry& g, const float* P, const float* A, float* Pd, float* dSd,
+                                  const float* dy, const float* dyk, const float* y, const float* yk, const float* lsed,
+                                  float* Dd, std::int64_t tq, std::int64_t t1) {
+  for (std::int64_t r = 0; r < tq; ++r) {
+    const float* dyr = dy + r * g.C;
+    const float* dykr = dyk + r * g.C;
+    const float* yr = y + r * g.C;
+    const float* ykr = yk + r * g.C;
+    float s = 0.0f;
+    for (std::int64_t c = 0; c < g.hs; ++c) s += dykr[c] * yr[c] + dyr[c] * ykr[c];
+    Dd[r] = s;
+    const float L1 = lsed[r];
+    const float* p = P + r * t1;
+    const float* a = A + r * t1;
+    float* pd = Pd + r * t1;
+    float* dsd = dSd + r * t1;
+    for (std::int64_t j = 0; j < t1; ++j) {
+      pd[j] = p[j] * (pd[j] - L1);
+      dsd[j] = (pd[j] * a[j] + p[j] * (dsd[j] - s)) * g.scale;
+    }
+  }
+}
+}  // namespace
+
 // With a = dp - D (per element) and its tangent a' = dp' - D':
 //   ds = p a scale,  ds' = (p' a + p a') scale.
-void attention_reverse_dual(float* dqkv, float* dqkvd, float* D, float* Dd, const float* dy, const float* dyd,
-                            const float* qkv, const float* qkvd, const float* y, const float* yd, const float* lse,
-                            const float* lsed, std::int64_t K, std::int64_t B, std::int64_t T, std::int64_t H,
-                            std::int64_t hs, std::int64_t bh0, std::int64_t bh1) {
-  const Geometry g(B, T, H, hs);
-  const std::int64_t N = B * T, R = B * H * T, tile = std::min(TQ, T) * T;
+void attention_reverse_dual(Qkv3<float> dx, Qkv3<float> dxd, float* D, float* Dd, const float* dy, const float* dyd,
+                            Qkv3<const float> x, Qkv3<const float> xd, const float* y, const float* yd,
+                            const float* lse, const float* lsed, std::int64_t K, const QkvLayout& L, std::int64_t B,
+                            std::int64_t T, std::int64_t u0, std::int64_t u1) {
+  const Geometry g(L, x, B, T);
+  const std::int64_t N = B * T, R = B * g.H * T, tile = std::min(TQ, T) * T, hs = g.hs;
   std::vector<float> buf(std::size_t(5 * tile));
   float *P = buf.data(), *A = P + tile, *Pd = A + tile, *dS = Pd + tile, *dSd = dS + tile;
-  for (std::int64_t bh = bh0; bh < bh1; ++bh) {
-    const std::int64_t b = bh / H, h = bh % H;
-    const std::int64_t ok = g.k(b, h), ov = g.v(b, h);
-    zero_kv(g, dqkv, b, h);
-    for (std::int64_t k = 0; k < K; ++k) zero_kv(g, dqkvd + k * N * g.ld, b, h);
-    for (std::int64_t t0 = 0; t0 < T; t0 += TQ) {
-      const std::int64_t t1 = std::min(t0 + TQ, T), tq = t1 - t0;
-      const std::int64_t oq = g.q(b, h, t0), oy = g.y(b, h, t0), orow = g.row(b, h, t0);
-      // The primal reverse of the tile; A keeps dp - D for the tangents.
-      reverse_tile(g, dqkv, D, dy, qkv, y, lse, b, h, t0, t1, nullptr, P, A, dS);
-      for (std::int64_t k = 0; k < K; ++k) {
-        const float* qd = qkvd + k * N * g.ld;
-        const float* dyk = dyd + k * N * g.C;
-        const float* yk = yd + k * N * g.C;
-        float* out = dqkvd + k * N * g.ld;
-        // p' = p (s' - lse'), with s' = scale (q' k + q k').
-        mm(false, true, tq, t1, hs, g.scale, qd + oq, g.ld, qkv + ok, g.ld, 0.0f, Pd, t1);
-        mm(false, true, tq, t1, hs, g.scale, qkv + oq, g.ld, qd + ok, g.ld, 1.0f, Pd, t1);
-        // dp' = dy' v + dy v'.
-        mm(false, true, tq, t1, hs, 1.0f, dyk + oy, g.C, qkv + ov, g.ld, 0.0f, dSd, t1);
-        mm(false, true, tq, t1, hs, 1.0f, dy + oy, g.C, qd + ov, g.ld, 1.0f, dSd, t1);
-        for (std::int64_t r = 0; r < tq; ++r) {
-          const float* dyr = dy + oy + r * g.C;
-          const float* dykr = dyk + oy + r * g.C;
-          const float* yr = y + oy + r * g.C;
-          const float* ykr = yk + oy + r * g.C;
-          float s = 0.0f;
-          for (std::int64_t c = 0; c < hs; ++c) s += dykr[c] * yr[c] + dyr[c] * ykr[c];
-          Dd[k * R + orow + r] = s;
-          const float L1 = lsed[k * R + orow + r];
-          const float* p = P + r * t1;
-          const float* a = A + r * t1;
-          float* pd = Pd + r * t1;
-          float* dsd = dSd + r * t1;
-          for (std::int64_t j = 0; j < t1; ++j) {
-            pd[j] = p[j] * (pd[j] - L1);
-            dsd[j] = (pd[j] * a[j] + p[j] * (dsd[j] - s)) * g.scale;
-          }
+  for (std::int64_t u = u0; u < u1; ++u) {
+    const std::int64_t b = u / g.G, h0 = (u % g.G) * g.rep;
+    zero_kv(g, dx, b, h0);
+    for (std::int64_t k = 0; k < K; ++k) zero_kv(g, g.plane(dxd, k), b, h0);
+    for (std::int64_t h = h0; h < h0 + g.rep; ++h) {
+      const std::int64_t ok = g.k(b, h), ov = g.v(b, h);
+      for (std::int64_t t0 = 0; t0 < T; t0 += TQ) {
+        const std::int64_t t1 = std::min(t0 + TQ, T), tq = t1 - t0;
+        const std::int64_t oq = g.q(b, h, t0), oy = g.y(b, h, t0), orow = g.row(b, h, t0);
+        // The primal reverse of the tile; A keeps dp - D for the tangents.
+        reverse_tile(g, dx, D, dy, x, y, lse, b, h, t0, t1, nullptr, P, A, dS);
+        for (std::int64_t k = 0; k < K; ++k) {
+          const Qkv3<const float> d = g.plane(xd, k);
+          const Qkv3<float> out = g.plane(dxd, k);
+          const float* dyk = dyd + k * N * g.C;
+          const float* yk = yd + k * N * g.C;
+          // p' = p (s' - lse'), with s' = scale (q' k + q k').
+          mm(false, true, tq, t1, hs, g.scale, d.p[0] + oq, g.ldq, x.p[1] + ok, g.ldk, 0.0f, Pd, t1);
+          mm(false, true, tq, t1, hs, g.scale, x.p[0] + oq, g.ldq, d.p[1] + ok, g.ldk, 1.0f, Pd, t1);
+          // dp' = dy' v + dy v'.
+          mm(false, true, tq, t1, hs, 1.0f, dyk + oy, g.C, x.p[2] + ov, g.ldv, 0.0f, dSd, t1);
+          mm(false, true, tq, t1, hs, 1.0f, dy + oy, g.C, d.p[2] + ov, g.ldv, 1.0f, dSd, t1);
+          tangent_rows(g, P, A, Pd, dSd, dy + oy, dyk + oy, y + oy, yk + oy, lsed + k * R + orow, Dd + k * R + orow, tq,
+                       t1);
+          mm(false, false, tq, hs, t1, 1.0f, dSd, t1, x.p[1] + ok, g.ldk, 0.0f, out.p[0] + oq, g.ldq);
+          mm(false, false, tq, hs, t1, 1.0f, dS, t1, d.p[1] + ok, g.ldk, 1.0f, out.p[0] + oq, g.ldq);
+          mm(true, false, t1, hs, tq, 1.0f, dSd, t1, x.p[0] + oq, g.ldq, 1.0f, out.p[1] + ok, g.ldk);
+          mm(true, false, t1, hs, tq, 1.0f, dS, t1, d.p[0] + oq, g.ldq, 1.0f, out.p[1] + ok, g.ldk);
+          mm(true, false, t1, hs, tq, 1.0f, Pd, t1, dy + oy, g.C, 1.0f, out.p[2] + ov, g.ldv);
+          mm(true, false, t1, hs, tq, 1.0f, P, t1, dyk + oy, g.C, 1.0f, out.p[2] + ov, g.ldv);
         }
-        mm(false, false, tq, hs, t1, 1.0f, dSd, t1, qkv + ok, g.ld, 0.0f, out + oq, g.ld);
-        mm(false, false, tq, hs, t1, 1.0f, dS, t1, qd + ok, g.ld, 1.0f, out + oq, g.ld);
-        mm(true, false, t1, hs, tq, 1.0f, dSd, t1, qkv + oq, g.ld, 1.0f, out + ok, g.ld);
-        mm(true, false, t1, hs, tq, 1.0f, dS, t1, qd + oq, g.ld, 1.0f, out + ok, g.ld);
-        mm(true, false, t1, hs, tq, 1.0f, Pd, t1, dy + oy, g.C, 1.0f, out + ov, g.ld);
-        mm(true, false, t1, hs, tq, 1.0f, P, t1, dyk + oy, g.C, 1.0f, out + ov, g.ld);
       }
     }
   }

@@ -25,7 +25,7 @@
 
 namespace gnh::kernels {
 
-// The mode follows from S (planes_of).
+// The mode follows from S (planes_of). wpe < 0: no position embedding (SPEC §11).
 template <class S>
 void embedding_forward(const ExecSpace& space, Act2<base_t<S>> x, Span2<const std::int32_t> tokens, Params<base_t<S>> p,
                        index_t wte, index_t wpe) {
@@ -44,8 +44,8 @@ void embedding_forward(const ExecSpace& space, Act2<base_t<S>> x, Span2<const st
       KOKKOS_LAMBDA(const index_t q, const index_t n, const index_t c) {
         const index_t t = n % Tc;
         const index_t iw = wte + index_t(tokens(n / Tc, t)) * C + c, ip = wpe + t * C + c;
-        if (q == 0) x.v(n, c) = p.v(iw) + p.v(ip);
-        else x.d(q - 1, n, c) = p.d(q - 1, iw) + p.d(q - 1, ip);
+        if (q == 0) x.v(n, c) = wpe >= 0 ? p.v(iw) + p.v(ip) : p.v(iw);
+        else x.d(q - 1, n, c) = wpe >= 0 ? p.d(q - 1, iw) + p.d(q - 1, ip) : p.d(q - 1, iw);
       });
   if (x.dd.extent(0) > 0) Kokkos::deep_copy(space, x.dd, base_t<S>(0));
 }
@@ -124,11 +124,12 @@ void embedding_reverse(const ExecSpace& space, Grads<base_t<S>> g, Act2<base_t<S
   using Policy = TeamRange;
   using Member = typename Policy::member_type;
   // Positions: team t adds rows b * Tc + t for b = 0, 1, ...
-  Kokkos::parallel_for(
-      "gnh::embedding::reverse::wpe", Policy(space, Tc, Kokkos::AUTO), KOKKOS_LAMBDA(const Member& team) {
-        const index_t t = team.league_rank(), base = wpe + t * C;
-        for (index_t b = 0; b < B; ++b) detail::add_row(team, g, dx, base, b * Tc + t, C, K);
-      });
+  if (wpe >= 0)
+    Kokkos::parallel_for(
+        "gnh::embedding::reverse::wpe", Policy(space, Tc, Kokkos::AUTO), KOKKOS_LAMBDA(const Member& team) {
+          const index_t t = team.league_rank(), base = wpe + t * C;
+          for (index_t b = 0; b < B; ++b) detail::add_row(team, g, dx, base, b * Tc + t, C, K);
+        });
   // Tokens: team u adds the rows of its token in increasing order.
   const detail::TokenGroups groups = detail::group_rows_by_token(space, tokens);
   const View1<index_t> start = groups.start, rows = groups.rows, token = groups.token;

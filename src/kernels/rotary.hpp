@@ -26,59 +26,81 @@
 
 namespace gnh::kernels {
 
+// Which heads of a row rotate: the row is segments of D columns, and
+// segment s rotates when s mod period < count (the others pass unchanged).
+// A row of q (or k) alone: period 1, count 1. GPT-NeoX's query_key_value
+// rows, per head [q | k | v]: period 3, count 2.
+struct RotarySegments {
+  index_t period = 1, count = 1;
+};
+
 namespace detail {
 
 // Every plane of `in` rotated into `out` (sign +1: R, -1: R^T); planes 0
-// (value), 1..K (tangents), K+1..2K (second order) as the scalar type has them.
+// (value), 1..K (tangents), K+1..2K (second order) as the scalar type has
+// them. Each thread takes a rotated pair of one segment (both of its
+// elements), or one column of a segment that does not rotate, so out may be in.
 template <class S>
 void rotate_planes(const ExecSpace& space, const char* label, Act2<base_t<S>> out, Act2<base_t<S>> in, index_t T,
-                   index_t D, index_t r, double base, double sign) {
+                   index_t D, index_t r, double base, double sign, RotarySegments seg) {
   using U = base_t<S>;
   const index_t N = in.rows(), width = in.cols(), K = has_tangents_v<S> ? in.d.extent(0) : 0;
   const index_t planes = 1 + K + (has_second_v<S> ? K : 0);
   require_extent(label, "rows", out.rows(), N);
   require_extent(label, "cols", out.cols(), width);
   if (T <= 0 || N % T != 0) throw std::invalid_argument(std::string(label) + ": rows are not whole blocks");
-  if (D <= 0 || width % D != 0 || r < 0 || r > D || r % 2 != 0)
+  if (D <= 0 || width % D != 0 || r < 0 || r > D || r % 2 != 0 || seg.period <= 0 || seg.count < 0)
     throw std::invalid_argument(std::string(label) + ": heads of " + std::to_string(D) + " dims, " + std::to_string(r) +
                                 " of them rotated, do not tile rows of " + std::to_string(width));
-  const index_t half = r / 2;
+  const index_t half = r / 2, segments = width / D, per = half + (D - r);  // threads per segment
   const U log_base = U(std::log(base)), s_sign = U(sign);
+  const bool same = out.v.data() == in.v.data();
   using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3, Kokkos::Iterate::Right, Kokkos::Iterate::Right>,
                                        Kokkos::IndexType<index_t>>;
   Kokkos::parallel_for(
-      label, Policy(space, {0, 0, 0}, {planes, N, width}),
-      KOKKOS_LAMBDA(const index_t q, const index_t n, const index_t c) {
+      label, Policy(space, {0, 0, 0}, {planes, N, segments * per}),
+      KOKKOS_LAMBDA(const index_t q, const index_t n, const index_t e) {
         const U* x = q == 0 ? &in.v(n, 0) : q <= K ? &in.d(q - 1, n, 0) : &in.dd(q - 1 - K, n, 0);
         U* y = q == 0 ? &out.v(n, 0) : q <= K ? &out.d(q - 1, n, 0) : &out.dd(q - 1 - K, n, 0);
-        const index_t d = c % D;
-        if (d >= r) {
+        const index_t s = e / per, j = e - s * per, c = s * D + j;
+        const bool rotates = s % seg.period < seg.count;
+        if (j >= half || !rotates) {
+          // A column that passes: dims r.. of the segment (j >= half), or
+          // the first `per` of a segment that does not rotate (then the rest).
+          if (same) return;
+          if (j >= half) {
+            y[c + half] = x[c + half];
+            return;
+          }
           y[c] = x[c];
+          y[c + half] = x[c + half];
           return;
         }
-        const index_t j = d < half ? d : d - half;
         const U a = U(n % T) * kmath::exp(-(U(2 * j) / U(r)) * log_base);
         const U cs = kmath::cos(a), sn = s_sign * kmath::sin(a);
-        y[c] = d < half ? x[c] * cs - x[c + half] * sn : x[c] * cs + x[c - half] * sn;
+        const U x1 = x[c], x2 = x[c + half];
+        y[c] = x1 * cs - x2 * sn;
+        y[c + half] = x2 * cs + x1 * sn;
       });
 }
 
 }  // namespace detail
 
-// x, y: (N, H D) rows of T-token blocks; r rotated dims per head of D.
+// x, y: (N, width) rows of T-token blocks, segments of D dims, those that
+// seg rotates turned by their first r dims; y may be x (in place).
 template <class S>
 void rotary_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x, index_t T, index_t D, index_t r,
-                    double base) {
+                    double base, RotarySegments seg = {}) {
   keep_planes<S>(y, x);
-  detail::rotate_planes<S>(space, "gnh::rotary::forward", y, x, T, D, r, base, 1.0);
+  detail::rotate_planes<S>(space, "gnh::rotary::forward", y, x, T, D, r, base, 1.0, seg);
 }
 
-// dx = R^T dy, every plane S has (Dual: the tangent of the reverse).
+// dx = R^T dy, every plane S has (Dual: the tangent of the reverse); dx may be dy.
 template <class S>
 void rotary_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Act2<base_t<S>> dy, index_t T, index_t D, index_t r,
-                    double base) {
+                    double base, RotarySegments seg = {}) {
   keep_planes<S>(dx, dy);
-  detail::rotate_planes<S>(space, "gnh::rotary::reverse", dx, dy, T, D, r, base, -1.0);
+  detail::rotate_planes<S>(space, "gnh::rotary::reverse", dx, dy, T, D, r, base, -1.0, seg);
 }
 
 // The op contract (kernels/op.hpp): no parameters, nothing saved. As the
@@ -86,10 +108,11 @@ void rotary_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Act2<base_t<S>> 
 template <class U>
 struct RotaryOp {
   static constexpr const char* name = "rotary";
-  index_t N, T, H, D, r;
+  index_t N, T, H, D, r;  // H: segments of D in a row
   double base;
-  RotaryOp(index_t N_, index_t T_, index_t H_, index_t D_, index_t r_, double base_)
-      : N(N_), T(T_), H(H_), D(D_), r(r_), base(base_) {}
+  RotarySegments seg;
+  RotaryOp(index_t N_, index_t T_, index_t H_, index_t D_, index_t r_, double base_, RotarySegments seg_ = {})
+      : N(N_), T(T_), H(H_), D(D_), r(r_), base(base_), seg(seg_) {}
   static RotaryOp at(const OpDims& d, index_t) {
     const index_t D = d.C / d.H;
     return RotaryOp(d.B * d.T, d.T, d.H, D, D - D % 2, 10000.0);
@@ -99,22 +122,22 @@ struct RotaryOp {
   double flops(OpMode, index_t) const { return 0.0; }
   template <class S>
   void forward(const ExecSpace& space, Act2<U> y, Act2<U> x, Params<U>, const OpSaved<U>&) const {
-    rotary_forward<S>(space, y, x, T, D, r, base);
+    rotary_forward<S>(space, y, x, T, D, r, base, seg);
   }
   template <class S>
   void reverse(const ExecSpace& space, Act2<U> dx, Grads<U>, Act2<U> dy, Act2<U>, Act2<U>, Params<U>,
                const OpSaved<U>&) const {
-    rotary_reverse<S>(space, dx, dy, T, D, r, base);
+    rotary_reverse<S>(space, dx, dy, T, D, r, base, seg);
   }
 };
 
 // Compiled once, in gnh_core (kernels/instances.hpp).
 #define GNH_ROTARY_FORWARD(EXT, S)                                                                                   \
   EXT template void rotary_forward<S>(const ExecSpace&, Act2<base_t<S>>, Act2<base_t<S>>, index_t, index_t, index_t, \
-                                      double);
+                                      double, RotarySegments);
 #define GNH_ROTARY_REVERSE(EXT, S)                                                                                   \
   EXT template void rotary_reverse<S>(const ExecSpace&, Act2<base_t<S>>, Act2<base_t<S>>, index_t, index_t, index_t, \
-                                      double);
+                                      double, RotarySegments);
 #define GNH_ROTARY(EXT, T) \
   GNH_FORWARD_SCALARS(GNH_ROTARY_FORWARD, EXT, T) GNH_REVERSE_SCALARS(GNH_ROTARY_REVERSE, EXT, T)
 GNH_ROTARY(extern, float)

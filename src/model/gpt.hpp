@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/planes.hpp"
+#include "kernels/attention_host.hpp"
 #include "kernels/blas.hpp"
 #include "model/config.hpp"
 #include "model/layout.hpp"
@@ -111,6 +112,12 @@ class Gpt {
                Span2<const std::int32_t> targets, bool gauss_newton = false);
   template <class S>
   void forward_block(const ExecSpace& space, Params<T> p, int layer, bool cut);
+  template <class S>
+  void forward_block_llama(const ExecSpace& space, Params<T> p, int layer);
+  template <class S>
+  void reverse_block(const ExecSpace& space, Params<T> p, Grads<T> g, int layer);
+  template <class S>
+  void reverse_block_llama(const ExecSpace& space, Params<T> p, Grads<T> g, int layer);
   void cut_at(const ExecSpace& space, bool cut, const Act2<T>& adj, const Act2<T>& x);
   template <class S>
   LossSum loss_sums(Span1<const std::int32_t> flat_targets, bool cut) const;
@@ -133,6 +140,8 @@ class Gpt {
 
   ModelConfig cfg_;
   ParamLayout layout_;
+  kernels::QkvLayout qkv_layout_;  // where attention finds the heads (by family)
+  index_t rotary_dims_ = 0;        // dims of each head rotated (0: no rotary embedding)
   Shape shape_;
   index_t N_;
   std::vector<View1<T>> owned_;

@@ -13,23 +13,32 @@
 #include "kernels/linear.hpp"
 #include "kernels/lm_head_xent.hpp"
 #include "kernels/residual.hpp"
+#include "kernels/rmsnorm.hpp"
+#include "kernels/rotary.hpp"
 #include "kernels/rows.hpp"
+#include "kernels/swiglu.hpp"
 #include "model/gpt.hpp"
 
 namespace gnh {
 
+// Widths: C = n_embd, A = n_head head_size (C in nanoGPT), F the MLP's
+// width (4C in nanoGPT), Q = 3A (nanoGPT's c_attn, GPT-NeoX's
+// query_key_value), and for Llama A_kv = n_kv_head head_size.
 template <class T>
 struct LayerActivations {
   Act2<T> ln1;                 // (N, C) one buffer for every layer and ln2 (recomputed in reverse)
-  Act1<T> ln1_mean, ln1_rstd;  // (N)
-  Act2<T> qkv;                 // (N, 3C)
-  Act2<T> att;                 // (N, C) attention output before c_proj
+  Act1<T> ln1_mean, ln1_rstd;  // (N) (RMSNorm: rstd only)
+  Act2<T> qkv;                 // (N, Q), rotated in place where the family rotates (GPT-NeoX)
+  Act2<T> q, k, v;             // Llama: (N, A), (N, A_kv), (N, A_kv); q and k rotated in place
+  Act2<T> att;                 // (N, A) attention output before its projection
   Act1<T> att_lse;             // (B*H*T)
   Act2<T> x_mid;               // (N, C) residual stream after attention
   Act2<T> ln2;                 // (N, C) the same buffer as ln1
   Act1<T> ln2_mean, ln2_rstd;  // (N)
-  Act2<T> fc;                  // (N, 4C) MLP pre-activation (keep_gelu_: the GELU's slope after the forward)
-  Act2<T> fc_gelu;             // (N, 4C) one buffer for every layer (recomputed in reverse) but with keep_gelu_
+  Act2<T> fc;                  // (N, F) MLP pre-activation (keep_gelu_: the GELU's slope after the forward);
+                               // Llama (N, 2F): [gate | up]
+  Act2<T> fc_gelu;             // (N, F) one buffer for every layer (recomputed in reverse) but with keep_gelu_;
+                               // Llama: SiLU(gate) up
   Act2<T> x_out;               // (N, C) block output
   Act1<T> att_p;               // keep_attention_: the attention's probabilities (host tiles), else empty
 };
@@ -38,10 +47,11 @@ template <class T>
 struct Adjoints {
   Act2<T> res;      // (N, C) adjoint of the residual stream
   Act2<T> c1, c2;   // (N, C) scratch
-  Act2<T> att;      // (N, C)
-  Act2<T> qkv;      // (N, 3C)
-  Act2<T> fc_gelu;  // (N, 4C)
-  Act2<T> fc;       // (N, 4C)
+  Act2<T> att;      // (N, A)
+  Act2<T> qkv;      // (N, Q)
+  Act2<T> q, k, v;  // Llama
+  Act2<T> fc_gelu;  // (N, F)
+  Act2<T> fc;       // (N, F), Llama (N, 2F)
   Act1<T> D;        // (B*H*T) attention row terms
 };
 
@@ -184,6 +194,11 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate, std::vect
       allocate_(allocate) {
   validate_shape();
   N_ = shape.batch * shape.context;
+  const index_t H = cfg.n_head, Dh = cfg.head_size();
+  if (cfg.family == Family::llama) qkv_layout_ = kernels::QkvLayout::separate(H, cfg.kv_heads(), Dh);
+  else if (cfg.family == Family::gpt_neox) qkv_layout_ = kernels::QkvLayout::interleaved(H, Dh);
+  else qkv_layout_ = kernels::QkvLayout::fused(H, H, Dh);
+  rotary_dims_ = cfg.rotary_dims();
   const GptTiles plan = gpt_tiles(cfg, shape);
   const index_t att_e = choose_kept(plan);
   plan_layers(att_e);
@@ -232,19 +247,21 @@ index_t Gpt<T>::choose_kept(const GptTiles& plan) {
   // erf and exp of each of the 4C values: 0.5-0.6 ms a layer at preset
   // small (Zen 4, AVX2 build), about a tenth of the reverse's time besides
   // its GEMMs.
-  keep_gelu_ = shape_.reverse && !tan;
+  // (Llama's SwiGLU is recomputed: its reverse reads the gate and up values.)
+  const bool primal_reverse = shape_.reverse && !tan;
+  keep_gelu_ = primal_reverse && cfg_.family != Family::llama;
   // Likewise the head's exponentials, when one tile holds the batch's logits
   // (kernels/lm_head_xent.hpp, keep_exponentials): one exp per logit, not two.
-  head_kept_ = keep_gelu_ && plan.logits_rows >= N && plan.logits_vocab >= cfg_.vocab_size;
+  head_kept_ = primal_reverse && plan.logits_rows >= N && plan.logits_vocab >= cfg_.vocab_size;
   // And the attention's probabilities (the host tiles' causal blocks), where
   // they take no more memory than the GELU output kept per layer (H E <= 4 C
   // T for E floats per sequence and head): short contexts, T <= 256 at
   // preset small and medium, not the reference's 1024 (where they would add
   // 60%). The reverse then forms neither the scores nor their softmax again.
   index_t att_e = 0;
-  if (keep_gelu_ && kernels::use_host_attention<T>(ExecSpace(), shape_.bf16)) {
+  if (primal_reverse && kernels::use_host_attention<T>(ExecSpace(), shape_.bf16)) {
     att_e = kernels::host::attention_kept_elements(shape_.context);
-    if (H * att_e > 4 * C * shape_.context) att_e = 0;
+    if (H * att_e > std::max<index_t>(cfg_.mlp_width(), 4 * C) * shape_.context) att_e = 0;
   }
   keep_attention_ = att_e > 0;
   return att_e;
@@ -253,25 +270,33 @@ index_t Gpt<T>::choose_kept(const GptTiles& plan) {
 // Every layer's activations (reverse: one slot per layer, else one shared).
 template <class T>
 void Gpt<T>::plan_layers(index_t att_e) {
-  const index_t C = cfg_.n_embd, H = cfg_.n_head, N = N_;
+  const index_t C = cfg_.n_embd, H = cfg_.n_head, N = N_, F = cfg_.mlp_width();
+  const index_t A = H * cfg_.head_size(), Akv = index_t(cfg_.kv_heads()) * cfg_.head_size();
   const bool tan = shape_.directions > 0, sec = shape_.second_order && tan;
+  const bool llama = cfg_.family == Family::llama;
   const int slots = shape_.reverse ? cfg_.n_layer : 1;
   const Act2<T> ln_shared = act2("ln", N, C, tan, sec);
-  const Act2<T> gelu_shared = keep_gelu_ ? Act2<T>() : act2("fc_gelu", N, 4 * C, tan, sec);
+  const Act2<T> gelu_shared = keep_gelu_ ? Act2<T>() : act2("fc_gelu", N, F, tan, sec);
   for (int l = 0; l < slots; ++l) {
     LayerActivations<T> a;
     a.ln1 = ln_shared;
-    a.ln1_mean = act1("ln1_mean", N, tan, sec);
+    if (!llama) a.ln1_mean = act1("ln1_mean", N, tan, sec);
     a.ln1_rstd = act1("ln1_rstd", N, tan, sec);
-    a.qkv = act2("qkv", N, 3 * C, tan, sec);
-    a.att = act2("att", N, C, tan, sec);
+    if (llama) {
+      a.q = act2("q", N, A, tan, sec);
+      a.k = act2("k", N, Akv, tan, sec);
+      a.v = act2("v", N, Akv, tan, sec);
+    } else {
+      a.qkv = act2("qkv", N, 3 * A, tan, sec);
+    }
+    a.att = act2("att", N, A, tan, sec);
     a.att_lse = act1("att_lse", shape_.batch * H * shape_.context, tan, sec);
     a.x_mid = act2("x_mid", N, C, tan, sec);
     a.ln2 = ln_shared;
-    a.ln2_mean = act1("ln2_mean", N, tan, sec);
+    if (!llama) a.ln2_mean = act1("ln2_mean", N, tan, sec);
     a.ln2_rstd = act1("ln2_rstd", N, tan, sec);
-    a.fc = act2("fc", N, 4 * C, tan, sec);
-    a.fc_gelu = keep_gelu_ ? act2("fc_gelu", N, 4 * C, tan, sec) : gelu_shared;
+    a.fc = act2("fc", N, llama ? 2 * F : F, tan, sec);
+    a.fc_gelu = keep_gelu_ ? act2("fc_gelu", N, F, tan, sec) : gelu_shared;
     a.x_out = act2("x_out", N, C, tan, sec);
     if (keep_attention_) a.att_p = act1("att_p", shape_.batch * H * att_e, false, false);
     buf_->acts.push_back(a);
@@ -302,15 +327,22 @@ void Gpt<T>::plan_head(const GptTiles& plan) {
 // The reverse's adjoints (and their tangents, forward-over-reverse).
 template <class T>
 void Gpt<T>::plan_adjoints() {
-  const index_t C = cfg_.n_embd, H = cfg_.n_head, N = N_;
-  const bool tan = shape_.directions > 0;
+  const index_t C = cfg_.n_embd, H = cfg_.n_head, N = N_, F = cfg_.mlp_width();
+  const index_t A = H * cfg_.head_size(), Akv = index_t(cfg_.kv_heads()) * cfg_.head_size();
+  const bool tan = shape_.directions > 0, llama = cfg_.family == Family::llama;
   buf_->adj.res = act2("d_res", N, C, tan, false);
   buf_->adj.c1 = act2("d_c1", N, C, tan, false);
   buf_->adj.c2 = act2("d_c2", N, C, tan, false);
-  buf_->adj.att = act2("d_att", N, C, tan, false);
-  buf_->adj.qkv = act2("d_qkv", N, 3 * C, tan, false);
-  buf_->adj.fc_gelu = act2("d_fc_gelu", N, 4 * C, tan, false);
-  buf_->adj.fc = act2("d_fc", N, 4 * C, tan, false);
+  buf_->adj.att = act2("d_att", N, A, tan, false);
+  if (llama) {
+    buf_->adj.q = act2("d_q", N, A, tan, false);
+    buf_->adj.k = act2("d_k", N, Akv, tan, false);
+    buf_->adj.v = act2("d_v", N, Akv, tan, false);
+  } else {
+    buf_->adj.qkv = act2("d_qkv", N, 3 * A, tan, false);
+  }
+  buf_->adj.fc_gelu = act2("d_fc_gelu", N, F, tan, false);
+  buf_->adj.fc = act2("d_fc", N, llama ? 2 * F : F, tan, false);
   buf_->adj.D = act1("d_D", shape_.batch * H * shape_.context, tan, false);
 }
 
@@ -390,8 +422,14 @@ LossSum Gpt<T>::forward(const ExecSpace& space, Params<T> p, Span2<const std::in
   const bool cut = std::is_same<S, Jet2<T>>::value && cuts_;
   if (cut) Kokkos::deep_copy(space, cut_dd_, 0.0);
   embedding_forward<S>(space, x_in(0), tokens, p, L.wte, L.wpe);
-  for (int l = 0; l < cfg_.n_layer; ++l) forward_block<S>(space, p, l, cut);
-  layernorm_forward<S>(space, buf_->lnf, buf_->lnf_mean, buf_->lnf_rstd, x_final(), p, L.lnf_w, L.lnf_b, cfg_.ln_eps);
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    if (cfg_.family == Family::llama) forward_block_llama<S>(space, p, l);
+    else forward_block<S>(space, p, l, cut);
+  }
+  if (cfg_.family == Family::llama)
+    rmsnorm_forward<S>(space, buf_->lnf, buf_->lnf_rstd, x_final(), p, L.lnf_w, -1, cfg_.ln_eps);
+  else
+    layernorm_forward<S>(space, buf_->lnf, buf_->lnf_mean, buf_->lnf_rstd, x_final(), p, L.lnf_w, L.lnf_b, cfg_.ln_eps);
   Act1<double> loss;
   loss.v = row_loss_v_;
   loss.d = row_loss_d_;
@@ -414,8 +452,11 @@ void Gpt<T>::cut_at(const ExecSpace& space, bool cut, const Act2<T>& adj, const 
   kernels::for_rows<T>(space, "gnh::gpt::cut", K * N_, gpt_detail::CutRow<T>{adj, x, cut_dd_, N_, x.cols()});
 }
 
-// Block l of the forward: attention and MLP, each after its LayerNorm and
-// added to the residual stream.
+// Block l of the forward (nanoGPT, GPT-NeoX): attention and MLP, each after
+// its LayerNorm and added to the residual stream. GPT-NeoX rotates the q and
+// k of its query_key_value rows in place (per head [q | k | v]) and, with the
+// parallel residual, takes the MLP's LayerNorm of the block's input:
+// x_out = x + attn(LN1(x)) + mlp(LN2(x)).
 template <class T>
 template <class S>
 void Gpt<T>::forward_block(const ExecSpace& space, Params<T> p, int l, bool cut) {
@@ -432,13 +473,17 @@ void Gpt<T>::forward_block(const ExecSpace& space, Params<T> p, int l, bool cut)
   layernorm_forward<S>(space, ln1, a0.ln1_mean, a0.ln1_rstd, x, p, o.ln1_w, o.ln1_b, cfg_.ln_eps);
   cut_at(space, cut, cuts.ln1, ln1);
   linear_forward<S>(space, qkv, ln1, p, o.attn_w, o.attn_b, gemm_, !cut);
+  if (rotary_dims_ > 0)
+    rotary_forward<S>(space, qkv, qkv, Tc, cfg_.head_size(), rotary_dims_, cfg_.rope_theta, RotarySegments{3, 2});
   cut_at(space, cut, cuts.qkv, qkv);
   T* const keep_p = std::is_same<S, T>::value && keep_attention_ ? a0.att_p.v.data() : nullptr;
-  attention_forward<S>(space, att, a0.att_lse, qkv, B, Tc, cfg_.n_head, gemm_.bf16, default_row_shape(), !cut, keep_p);
+  attention_forward<S>(space, att, a0.att_lse, QkvActs<T>{qkv, qkv, qkv}, qkv_layout_, B, Tc, gemm_.bf16,
+                       default_row_shape(), !cut, keep_p);
   cut_at(space, cut, cuts.att, att);
   linear_forward<S>(space, proj, att, p, o.attn_proj_w, o.attn_proj_b, gemm_, !cut);
   residual_forward<S>(space, x_mid, x, proj);
-  layernorm_forward<S>(space, ln2, a0.ln2_mean, a0.ln2_rstd, x_mid, p, o.ln2_w, o.ln2_b, cfg_.ln_eps);
+  const Act2<T> mlp_in = cfg_.parallel_residual ? x : x_mid;
+  layernorm_forward<S>(space, ln2, a0.ln2_mean, a0.ln2_rstd, mlp_in, p, o.ln2_w, o.ln2_b, cfg_.ln_eps);
   cut_at(space, cut, cuts.ln2, ln2);
   linear_forward<S>(space, fc, ln2, p, o.fc_w, o.fc_b, gemm_, !cut);
   if constexpr (std::is_same<S, T>::value) {
@@ -450,6 +495,37 @@ void Gpt<T>::forward_block(const ExecSpace& space, Params<T> p, int l, bool cut)
   cut_at(space, cut, cuts.fc_gelu, fc_gelu);
   linear_forward<S>(space, proj, fc_gelu, p, o.fc_proj_w, o.fc_proj_b, gemm_, !cut);
   residual_forward<S>(space, x_out, x_mid, proj);
+}
+
+// Block l of the Llama forward (SPEC §11): RMSNorm, the q, k, v projections
+// (k and v of n_kv_head heads), q and k rotated in place, grouped-query
+// attention, o_proj; RMSNorm, the gate and up projections as one (2F, C)
+// block, SwiGLU, down_proj; each added to the residual stream.
+template <class T>
+template <class S>
+void Gpt<T>::forward_block_llama(const ExecSpace& space, Params<T> p, int l) {
+  using namespace kernels;
+  const index_t B = shape_.batch, Tc = shape_.context, D = cfg_.head_size();
+  const Act2<T> proj = buf_->proj;
+  const BlockOffsets& o = layout_.blocks[l];
+  const LayerActivations<T>& a = buf_->acts[shape_.reverse ? l : 0];
+  const Act2<T> x = x_in(l);
+  rmsnorm_forward<S>(space, a.ln1, a.ln1_rstd, x, p, o.ln1_w, -1, cfg_.ln_eps);
+  linear_forward<S>(space, a.q, a.ln1, p, o.q_w, o.q_b, gemm_);
+  linear_forward<S>(space, a.k, a.ln1, p, o.k_w, o.k_b, gemm_);
+  linear_forward<S>(space, a.v, a.ln1, p, o.v_w, o.v_b, gemm_);
+  rotary_forward<S>(space, a.q, a.q, Tc, D, rotary_dims_, cfg_.rope_theta);
+  rotary_forward<S>(space, a.k, a.k, Tc, D, rotary_dims_, cfg_.rope_theta);
+  T* const keep_p = std::is_same<S, T>::value && keep_attention_ ? a.att_p.v.data() : nullptr;
+  attention_forward<S>(space, a.att, a.att_lse, QkvActs<T>{a.q, a.k, a.v}, qkv_layout_, B, Tc, gemm_.bf16,
+                       default_row_shape(), true, keep_p);
+  linear_forward<S>(space, proj, a.att, p, o.attn_proj_w, o.attn_proj_b, gemm_);
+  residual_forward<S>(space, a.x_mid, x, proj);
+  rmsnorm_forward<S>(space, a.ln2, a.ln2_rstd, a.x_mid, p, o.ln2_w, -1, cfg_.ln_eps);
+  linear_forward<S>(space, a.fc, a.ln2, p, o.fc_w, -1, gemm_);
+  swiglu_forward<S>(space, a.fc_gelu, a.fc);
+  linear_forward<S>(space, proj, a.fc_gelu, p, o.fc_proj_w, -1, gemm_);
+  residual_forward<S>(space, a.x_out, a.x_mid, proj);
 }
 
 // The batch's loss over its valid targets and, by mode, its first and second
@@ -509,64 +585,121 @@ void Gpt<T>::reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<cons
   using namespace kernels;
   Kokkos::Profiling::pushRegion("gnh::gpt::reverse");
   const ParamLayout& L = layout_;
-  const index_t B = shape_.batch, Tc = shape_.context;
-  const Act2<T> res = buf_->adj.res, c1 = buf_->adj.c1, c2 = buf_->adj.c2;
-  const Act2<T> d_att = buf_->adj.att, d_qkv = buf_->adj.qkv;
-  const Act2<T> d_fcg = buf_->adj.fc_gelu, d_fc = buf_->adj.fc;
-  const Act1<T> D = buf_->adj.D;
+  const Act2<T> res = buf_->adj.res, c1 = buf_->adj.c1;
   Span1<const std::int32_t> flat_targets(targets.data(), N_);
-  // With keep_into_ set (the primal reverse of an engine with adjoint cuts),
-  // the adjoint of each linear layer's and the attention's input is copied
-  // out for the cut.
-  auto keep = [&](Act2<T> CutAdjoints<T>::*which, int l, const Act2<T>& adj) {
-    if (std::is_same<S, T>::value && keep_into_) Kokkos::deep_copy(space, (keep_into_->cuts[l].*which).v, adj.v);
-  };
   // reverse<S> always follows forward<S> of the same batch (gradient, hvp).
   const Span2<const T> kept =
       std::is_same<S, T>::value && head_kept_ ? Span2<const T>(buf_->head_stats) : Span2<const T>();
   lm_head_xent_reverse<S>(space, c1, g, buf_->head_lse, buf_->lnf, p, L.lm_head, cfg_.vocab_size, flat_targets,
                           buf_->logits, gemm_, /*logits_current=*/true, kept, default_row_shape(), gauss_newton);
-  layernorm_reverse<S>(space, res, g, c1, x_final(), buf_->lnf_mean, buf_->lnf_rstd, p, L.lnf_w, L.lnf_b);
+  if (cfg_.family == Family::llama) rmsnorm_reverse<S>(space, res, g, c1, x_final(), buf_->lnf_rstd, p, L.lnf_w, -1);
+  else layernorm_reverse<S>(space, res, g, c1, x_final(), buf_->lnf_mean, buf_->lnf_rstd, p, L.lnf_w, L.lnf_b);
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
-    const BlockOffsets& o = L.blocks[l];
-    const LayerActivations<T>& a = buf_->acts[l];
-    // x_out = x_mid + c_proj(gelu(c_fc(ln_2(x_mid)))); res holds d x_out.
-    // ln_2(x_mid) is recomputed (a shared buffer, see the planner), and so is
-    // gelu(fc) except where the forward kept it and left gelu'(fc) in fc
-    // (keep_gelu_). Without directions the recomputation leaves gelu'(fc) in
-    // d_fc, which the GELU's reverse then scales by d fc_gelu in place.
-    if constexpr (std::is_same<S, T>::value) {
-      if (!keep_gelu_) gelu_forward_slope<T>(space, a.fc_gelu.v, d_fc.v, a.fc.v, cfg_.gelu);
-      linear_reverse<S>(space, d_fcg, g, res, a.fc_gelu, p, o.fc_proj_w, o.fc_proj_b, gemm_);
-      keep(&CutAdjoints<T>::fc_gelu, l, d_fcg);
-      gelu_reverse_slope<T>(space, d_fc.v, d_fcg.v, keep_gelu_ ? a.fc.v : d_fc.v);  // where the slope is
-    } else {
-      gelu_forward<S>(space, a.fc_gelu, a.fc, cfg_.gelu);
-      linear_reverse<S>(space, d_fcg, g, res, a.fc_gelu, p, o.fc_proj_w, o.fc_proj_b, gemm_);
-      gelu_reverse<S>(space, d_fc, d_fcg, a.fc, cfg_.gelu);
-    }
-    layernorm_forward<S>(space, a.ln2, a.ln2_mean, a.ln2_rstd, a.x_mid, p, o.ln2_w, o.ln2_b, cfg_.ln_eps);
-    linear_reverse<S>(space, c1, g, d_fc, a.ln2, p, o.fc_w, o.fc_b, gemm_);
-    keep(&CutAdjoints<T>::ln2, l, c1);
-    layernorm_reverse<S>(space, c2, g, c1, a.x_mid, a.ln2_mean, a.ln2_rstd, p, o.ln2_w, o.ln2_b);
-    accumulate<S>(space, res, c2);  // d x_mid
-    // x_mid = x_in + c_proj(attn(c_attn(ln_1(x_in)))).
-    linear_reverse<S>(space, d_att, g, res, a.att, p, o.attn_proj_w, o.attn_proj_b, gemm_);
-    keep(&CutAdjoints<T>::att, l, d_att);
-    const T* const kept_p = std::is_same<S, T>::value && keep_attention_ ? a.att_p.v.data() : nullptr;
-    attention_reverse<S>(space, d_qkv, D, d_att, a.qkv, a.att, a.att_lse, B, Tc, cfg_.n_head, gemm_.bf16,
-                         default_row_shape(), kept_p);
-    keep(&CutAdjoints<T>::qkv, l, d_qkv);
-    layernorm_forward<S>(space, a.ln1, a.ln1_mean, a.ln1_rstd, x_in(l), p, o.ln1_w, o.ln1_b, cfg_.ln_eps);
-    linear_reverse<S>(space, c1, g, d_qkv, a.ln1, p, o.attn_w, o.attn_b, gemm_);
-    keep(&CutAdjoints<T>::ln1, l, c1);
-    layernorm_reverse<S>(space, c2, g, c1, x_in(l), a.ln1_mean, a.ln1_rstd, p, o.ln1_w, o.ln1_b);
-    accumulate<S>(space, res, c2);  // d x_in
+    if (cfg_.family == Family::llama) reverse_block_llama<S>(space, p, g, l);
+    else reverse_block<S>(space, p, g, l);
   }
   // The tied head's contribution is already in g[wte]; the embedding adds its own.
   if (g.v.extent(0) > 0) embedding_reverse<S>(space, g, res, tokens, L.wte, L.wpe);
   space.fence();
   Kokkos::Profiling::popRegion();
+}
+
+// Block l of the reverse (nanoGPT, GPT-NeoX); res holds d x_out and leaves
+// holding d x_in.
+template <class T>
+template <class S>
+void Gpt<T>::reverse_block(const ExecSpace& space, Params<T> p, Grads<T> g, int l) {
+  using namespace kernels;
+  const index_t B = shape_.batch, Tc = shape_.context;
+  const Act2<T> res = buf_->adj.res, c1 = buf_->adj.c1, c2 = buf_->adj.c2;
+  const Act2<T> d_att = buf_->adj.att, d_qkv = buf_->adj.qkv;
+  const Act2<T> d_fcg = buf_->adj.fc_gelu, d_fc = buf_->adj.fc;
+  const Act1<T> D = buf_->adj.D;
+  const BlockOffsets& o = layout_.blocks[l];
+  const LayerActivations<T>& a = buf_->acts[l];
+  const bool parallel = cfg_.parallel_residual;
+  // With keep_into_ set (the primal reverse of an engine with adjoint cuts),
+  // the adjoint of each linear layer's and the attention's input is copied
+  // out for the cut.
+  auto keep = [&](Act2<T> CutAdjoints<T>::*which, const Act2<T>& adj) {
+    if (std::is_same<S, T>::value && keep_into_) Kokkos::deep_copy(space, (keep_into_->cuts[l].*which).v, adj.v);
+  };
+  // The parallel residual's attention reads d x_out before the MLP's adjoint
+  // is added to res.
+  if (parallel) linear_reverse<S>(space, d_att, g, res, a.att, p, o.attn_proj_w, o.attn_proj_b, gemm_);
+  // x_out = x_mid + c_proj(gelu(c_fc(ln_2(m)))), m = x_mid (x_in when
+  // parallel); res holds d x_out. ln_2(m) is recomputed (a shared buffer, see
+  // the planner), and so is gelu(fc) except where the forward kept it and
+  // left gelu'(fc) in fc (keep_gelu_). Without directions the recomputation
+  // leaves gelu'(fc) in d_fc, which the GELU's reverse then scales by d
+  // fc_gelu in place.
+  if constexpr (std::is_same<S, T>::value) {
+    if (!keep_gelu_) gelu_forward_slope<T>(space, a.fc_gelu.v, d_fc.v, a.fc.v, cfg_.gelu);
+    linear_reverse<S>(space, d_fcg, g, res, a.fc_gelu, p, o.fc_proj_w, o.fc_proj_b, gemm_);
+    keep(&CutAdjoints<T>::fc_gelu, d_fcg);
+    gelu_reverse_slope<T>(space, d_fc.v, d_fcg.v, keep_gelu_ ? a.fc.v : d_fc.v);  // where the slope is
+  } else {
+    gelu_forward<S>(space, a.fc_gelu, a.fc, cfg_.gelu);
+    linear_reverse<S>(space, d_fcg, g, res, a.fc_gelu, p, o.fc_proj_w, o.fc_proj_b, gemm_);
+    gelu_reverse<S>(space, d_fc, d_fcg, a.fc, cfg_.gelu);
+  }
+  const Act2<T> mlp_in = parallel ? x_in(l) : a.x_mid;
+  layernorm_forward<S>(space, a.ln2, a.ln2_mean, a.ln2_rstd, mlp_in, p, o.ln2_w, o.ln2_b, cfg_.ln_eps);
+  linear_reverse<S>(space, c1, g, d_fc, a.ln2, p, o.fc_w, o.fc_b, gemm_);
+  keep(&CutAdjoints<T>::ln2, c1);
+  layernorm_reverse<S>(space, c2, g, c1, mlp_in, a.ln2_mean, a.ln2_rstd, p, o.ln2_w, o.ln2_b);
+  accumulate<S>(space, res, c2);  // d x_mid (parallel: the MLP's part of d x_in)
+  // x_mid = x_in + c_proj(attn(c_attn(ln_1(x_in)))).
+  if (!parallel) linear_reverse<S>(space, d_att, g, res, a.att, p, o.attn_proj_w, o.attn_proj_b, gemm_);
+  keep(&CutAdjoints<T>::att, d_att);
+  const T* const kept_p = std::is_same<S, T>::value && keep_attention_ ? a.att_p.v.data() : nullptr;
+  attention_reverse<S>(space, QkvActs<T>{d_qkv, d_qkv, d_qkv}, D, d_att, QkvActs<T>{a.qkv, a.qkv, a.qkv}, a.att,
+                       a.att_lse, qkv_layout_, B, Tc, gemm_.bf16, default_row_shape(), kept_p);
+  keep(&CutAdjoints<T>::qkv, d_qkv);
+  if (rotary_dims_ > 0)
+    rotary_reverse<S>(space, d_qkv, d_qkv, Tc, cfg_.head_size(), rotary_dims_, cfg_.rope_theta, RotarySegments{3, 2});
+  layernorm_forward<S>(space, a.ln1, a.ln1_mean, a.ln1_rstd, x_in(l), p, o.ln1_w, o.ln1_b, cfg_.ln_eps);
+  linear_reverse<S>(space, c1, g, d_qkv, a.ln1, p, o.attn_w, o.attn_b, gemm_);
+  keep(&CutAdjoints<T>::ln1, c1);
+  layernorm_reverse<S>(space, c2, g, c1, x_in(l), a.ln1_mean, a.ln1_rstd, p, o.ln1_w, o.ln1_b);
+  accumulate<S>(space, res, c2);  // d x_in
+}
+
+// Block l of the Llama reverse; res holds d x_out and leaves holding d x_in.
+// RMSNorm outputs and SwiGLU are recomputed (shared buffers); q and k hold
+// their rotated values, which the attention's reverse reads, and their
+// adjoints are rotated back before the projections' reverse.
+template <class T>
+template <class S>
+void Gpt<T>::reverse_block_llama(const ExecSpace& space, Params<T> p, Grads<T> g, int l) {
+  using namespace kernels;
+  const index_t B = shape_.batch, Tc = shape_.context, Dh = cfg_.head_size();
+  const Adjoints<T>& d = buf_->adj;
+  const BlockOffsets& o = layout_.blocks[l];
+  const LayerActivations<T>& a = buf_->acts[l];
+  // x_out = x_mid + down(silu(gate(n2)) up(n2)), n2 = rmsnorm_2(x_mid).
+  swiglu_forward<S>(space, a.fc_gelu, a.fc);
+  linear_reverse<S>(space, d.fc_gelu, g, d.res, a.fc_gelu, p, o.fc_proj_w, -1, gemm_);
+  swiglu_reverse<S>(space, d.fc, d.fc_gelu, a.fc);
+  rmsnorm_forward<S>(space, a.ln2, a.ln2_rstd, a.x_mid, p, o.ln2_w, -1, cfg_.ln_eps);
+  linear_reverse<S>(space, d.c1, g, d.fc, a.ln2, p, o.fc_w, -1, gemm_);
+  rmsnorm_reverse<S>(space, d.c2, g, d.c1, a.x_mid, a.ln2_rstd, p, o.ln2_w, -1);
+  accumulate<S>(space, d.res, d.c2);  // d x_mid
+  // x_mid = x_in + o_proj(attn(rope(q(n1)), rope(k(n1)), v(n1))), n1 = rmsnorm_1(x_in).
+  linear_reverse<S>(space, d.att, g, d.res, a.att, p, o.attn_proj_w, o.attn_proj_b, gemm_);
+  const T* const kept_p = std::is_same<S, T>::value && keep_attention_ ? a.att_p.v.data() : nullptr;
+  attention_reverse<S>(space, QkvActs<T>{d.q, d.k, d.v}, d.D, d.att, QkvActs<T>{a.q, a.k, a.v}, a.att, a.att_lse,
+                       qkv_layout_, B, Tc, gemm_.bf16, default_row_shape(), kept_p);
+  rotary_reverse<S>(space, d.q, d.q, Tc, Dh, rotary_dims_, cfg_.rope_theta);
+  rotary_reverse<S>(space, d.k, d.k, Tc, Dh, rotary_dims_, cfg_.rope_theta);
+  rmsnorm_forward<S>(space, a.ln1, a.ln1_rstd, x_in(l), p, o.ln1_w, -1, cfg_.ln_eps);
+  linear_reverse<S>(space, d.c1, g, d.q, a.ln1, p, o.q_w, o.q_b, gemm_);
+  linear_reverse<S>(space, d.c2, g, d.k, a.ln1, p, o.k_w, o.k_b, gemm_);
+  accumulate<S>(space, d.c1, d.c2);
+  linear_reverse<S>(space, d.c2, g, d.v, a.ln1, p, o.v_w, o.v_b, gemm_);
+  accumulate<S>(space, d.c1, d.c2);  // d n1
+  rmsnorm_reverse<S>(space, d.c2, g, d.c1, x_in(l), a.ln1_rstd, p, o.ln1_w, -1);
+  accumulate<S>(space, d.res, d.c2);  // d x_in
 }
 
 template <class T>

@@ -12,6 +12,9 @@ namespace gnh {
 
 bool adjoint_cuts_of(const ModelConfig& cfg, const Shape& shape) {
   if (!shape.second_order || shape.directions <= 0) return false;
+  // The cuts are placed in nanoGPT's block (model/gpt_impl.hpp); the Llama
+  // and GPT-NeoX blocks run the plain second-order forward.
+  if (cfg.family != Family::nanogpt) return false;
   if (shape.adjoint_cuts >= 0) return shape.adjoint_cuts > 0;
   // GNH_ADJOINT_CUTS=0 keeps the plain second-order forward (no gradient pass,
   // no stored activations: SPEC §5's memory), 1 cuts at any K.
@@ -36,11 +39,14 @@ std::string adjoint_cuts_setting() {
 }
 
 ForwardFlops forward_flops_per_token(const ModelConfig& cfg, index_t context) {
-  const double C = double(cfg.n_embd), L = double(cfg.n_layer);
+  const double C = double(cfg.n_embd), L = double(cfg.n_layer), F = double(cfg.mlp_width());
+  const double A = double(cfg.n_head) * cfg.head_size(), Akv = double(cfg.kv_heads()) * cfg.head_size();
+  // Per layer: q, k, v and the output projection; the MLP's two (SwiGLU's three) products.
+  const double mlp = (cfg.family == Family::llama ? 3.0 : 2.0) * C * F;
   ForwardFlops f;
-  f.dense = 2.0 * L * 12.0 * C * C;
+  f.dense = 2.0 * L * (C * (A + 2.0 * Akv) + A * C + mlp);
   f.head = 2.0 * double(cfg.vocab_size) * C;
-  f.attention = L * 2.0 * 2.0 * C * (double(context) + 1.0) / 2.0;
+  f.attention = L * 2.0 * 2.0 * A * (double(context) + 1.0) / 2.0;
   return f;
 }
 
@@ -73,10 +79,14 @@ GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape) {
     // products side by side (kernels/blas.hpp, bf16_batched), so each buffer
     // holds K of them: K weight blocks of up to 4096 vocabulary rows (a
     // larger logits tile batches fewer directions per call, not more memory).
-    const index_t G = std::max<index_t>(1, K);
-    t.bf16_chunk = std::min<index_t>(index_t(1) << 22, N * std::max<index_t>(4 * C, t.logits_vocab));
+    // The widest activation and the largest weight block of a layer: nanoGPT's
+    // 4C; the MLP's F (Llama's gate and up: 2F rows), the fused q, k, v.
+    const index_t G = std::max<index_t>(1, K), F = cfg.mlp_width();
+    const index_t A = index_t(cfg.n_head) * cfg.head_size();
+    const index_t wide = std::max<index_t>({4 * C, 2 * F, 3 * A});
+    t.bf16_chunk = std::min<index_t>(index_t(1) << 22, N * std::max<index_t>(wide, t.logits_vocab));
     t.bf16_scratch_a = G * t.bf16_chunk;
-    const index_t block = std::max<index_t>(4 * C * C, std::min<index_t>(t.logits_vocab, 4096) * C);
+    const index_t block = std::max<index_t>(wide * C, std::min<index_t>(t.logits_vocab, 4096) * C);
     t.bf16_scratch_b = std::max(G * std::max(t.bf16_chunk, block), V * C);
   }
   return t;

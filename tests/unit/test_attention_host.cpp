@@ -228,17 +228,28 @@ TEST_CASE("tiled host attention: any split of the (sequence, head) pairs gives t
     std::vector<float> yd((1 + K) * N * C, std::nanf("")), lsed((1 + K) * R, std::nanf(""));
     std::vector<float> dqkv((1 + K) * N * 3 * C, std::nanf("")), D((1 + K) * R, std::nanf(""));
     const float* q = qkv.f.data();
+    const QkvLayout L = QkvLayout::fused(H, H, hs);
+    auto part = [&](const float* p) {
+      Qkv3<const float> r;
+      for (int i = 0; i < 3; ++i) r.p[i] = p, r.ld[i] = 3 * C;
+      return r;
+    };
+    auto out = [&](float* p) {
+      Qkv3<float> r;
+      for (int i = 0; i < 3; ++i) r.p[i] = p, r.ld[i] = 3 * C;
+      return r;
+    };
     for (std::size_t i = 0; i + 1 < cut.size(); ++i) {
       host::attention_forward_jet2(y.data(), y.data() + N * C, y.data() + (1 + K) * N * C, lse.data(), lse.data() + R,
-                                   lse.data() + (1 + K) * R, q, q + N * 3 * C, q + (1 + K) * N * 3 * C, K, B, T, H, hs,
-                                   cut[i], cut[i + 1]);
-      host::attention_forward_dual(yd.data(), yd.data() + N * C, lsed.data(), lsed.data() + R, q, q + N * 3 * C, K, B,
-                                   T, H, hs, cut[i], cut[i + 1]);
+                                   lse.data() + (1 + K) * R, part(q), part(q + N * 3 * C),
+                                   part(q + (1 + K) * N * 3 * C), K, L, B, T, cut[i], cut[i + 1]);
+      host::attention_forward_dual(yd.data(), yd.data() + N * C, lsed.data(), lsed.data() + R, part(q),
+                                   part(q + N * 3 * C), K, L, B, T, cut[i], cut[i + 1]);
     }
     for (std::size_t i = 0; i + 1 < cut.size(); ++i)
-      host::attention_reverse_dual(dqkv.data(), dqkv.data() + N * 3 * C, D.data(), D.data() + R, dy.f.data(),
-                                   dy.f.data() + N * C, q, q + N * 3 * C, yd.data(), yd.data() + N * C, lsed.data(),
-                                   lsed.data() + R, K, B, T, H, hs, cut[i], cut[i + 1]);
+      host::attention_reverse_dual(out(dqkv.data()), out(dqkv.data() + N * 3 * C), D.data(), D.data() + R, dy.f.data(),
+                                   dy.f.data() + N * C, part(q), part(q + N * 3 * C), yd.data(), yd.data() + N * C,
+                                   lsed.data(), lsed.data() + R, K, L, B, T, cut[i], cut[i + 1]);
     std::vector<float> all;
     for (const auto* v : {&y, &lse, &yd, &lsed, &dqkv, &D}) {
       REQUIRE(std::all_of(v->begin(), v->end(), [](float x) { return std::isfinite(x); }));

@@ -971,15 +971,21 @@ TEST_CASE("attention: the GPU-shaped row kernels agree with the host's kernels i
   // products: within (T + hs + 8) eps (|y| + 1) of exact, the derivative planes a few times that, so 4 (T + hs + 8) eps
   // (|y| + 1) between the shapes. A wrong query, key, head, lane or plane is O(1) off. And the teams shape repeats its
   // bits.
+  // Grouped-query (G < H key/value heads, rows [q | k | v]) and GPT-NeoX's
+  // per-head [q | k | v] rows (G = 0 below) likewise.
   struct Shape {
-    gnh::index_t B, T, H, hs;
+    gnh::index_t B, T, H, hs, G;
   };
-  for (const Shape a : {Shape{2, 5, 2, 3}, Shape{1, 7, 2, 20}, Shape{2, 37, 2, 5}}) {
-    CAPTURE(a.B, a.T, a.H, a.hs);
+  for (const Shape a : {Shape{2, 5, 2, 3, 2}, Shape{1, 7, 2, 20, 2}, Shape{2, 37, 2, 5, 2}, Shape{2, 37, 4, 5, 1},
+                        Shape{1, 21, 6, 4, 2}, Shape{2, 19, 3, 4, 0}}) {
+    CAPTURE(a.B, a.T, a.H, a.hs, a.G);
+    using kernels::QkvLayout;
+    const QkvLayout L = a.G > 0 ? QkvLayout::fused(a.H, a.G, a.hs) : QkvLayout::interleaved(a.H, a.hs);
+    const gnh::index_t width = a.G > 0 ? (a.H + 2 * a.G) * a.hs : 3 * a.H * a.hs;
     auto compare = [&](auto zero) {
       using T = decltype(zero);
       auto run = [&](kernels::RowShape shape) {
-        kernels::AttentionOp<T> op(a.B, a.T, a.H, a.hs, shape);
+        kernels::AttentionOp<T> op(a.B, a.T, L, width, shape);
         return rows_test::op_all_modes(op, 3);
       };
       const auto host = run(kernels::RowShape::host);

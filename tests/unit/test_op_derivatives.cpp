@@ -227,6 +227,9 @@ TEST_CASE("rotary: every derivative mode", "[derivatives]") {
   CAPTURE(D, r);
   test::OpAdapter<kernels::RotaryOp<double>> op(10, 5, 3, D, r, 7.0);
   check_op(op, 26, 1.0);
+  // GPT-NeoX's query_key_value rows: 2 heads of [q | k | v], q and k rotated, v passing.
+  test::OpAdapter<kernels::RotaryOp<double>> neox(10, 5, 6, D, r, 7.0, kernels::RotarySegments{3, 2});
+  check_op(neox, 28, 1.0);
 }
 
 TEST_CASE("swiglu: every derivative mode", "[derivatives]") {
@@ -265,6 +268,18 @@ TEST_CASE("attention: every derivative mode", "[derivatives]") {
   check_op(d, 43, 1.0);
   check_op(e, 44, 1.0);
   check_op(f, 45, 1.0);
+  // Grouped-query attention, rows [q (H hs) | k (G hs) | v (G hs)]: one
+  // key/value head for 4 query heads, 2 for 4, and GPT-NeoX's per-head
+  // [q | k | v] rows; both shapes (the key rows of the reverse visit each
+  // query head of their group).
+  using kernels::QkvLayout;
+  for (const kernels::RowShape shape : {kernels::RowShape::host, kernels::RowShape::teams}) {
+    test::OpAdapter<kernels::AttentionOp<double>> g1(2, 5, QkvLayout::fused(4, 1, 2), 6 * 2, shape),
+        g2(1, 19, QkvLayout::fused(4, 2, 3), 8 * 3, shape), nx(2, 5, QkvLayout::interleaved(3, 2), 9 * 2, shape);
+    check_op(g1, 46, 1.0);
+    check_op(g2, 47, 1.0);
+    check_op(nx, 48, 1.0);
+  }
 }
 
 TEST_CASE("fused lm head and cross-entropy: every derivative mode", "[derivatives]") {

@@ -10,7 +10,10 @@ unpickler, so no pickled code is ever executed.  Accepted layouts:
   'best_val_loss', 'config'}`` (``_orig_mod.`` key prefixes from
   ``torch.compile`` are dropped);
 * a bare state_dict or safetensors file, with the configuration taken from
-  the command line and inferred from tensor shapes (``--n-head`` is required).
+  the command line and inferred from tensor shapes (``--n-head`` is required);
+* a Hugging Face checkpoint directory of the Llama or GPT-NeoX family (SPEC
+  section 11: config.json, model.safetensors or pytorch_model.bin, either
+  possibly sharded with its index JSON), read by ``gnh_hf``.
 
 Weights may be float32, float16, bfloat16 or float64.  AdamW state is written
 to ``/optimizer`` when its parameter ids provably map onto the canonical
@@ -46,6 +49,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
+import gnh_hf
 import gnh_layout
 import gnh_ptfile
 from gnh_layout import GPTConfig, canonical_names, canonical_shapes
@@ -596,15 +600,18 @@ def _write_tree(f, cfg: GPTConfig, params: Dict[str, np.ndarray], source_file: s
     if iter_num is not None:
         f.attrs["iter_num"] = np.int64(iter_num)
     c = f.create_group("config")
-    for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
-        c.attrs[key] = np.int64(getattr(cfg, key))
-    c.attrs["bias"] = np.int64(int(cfg.bias))
-    c.attrs["tie_embeddings"] = np.int64(int(cfg.tie_embeddings))
-    c.attrs["gelu"] = cfg.gelu
-    c.attrs["ln_eps"] = np.float64(cfg.ln_eps)
+    if isinstance(cfg, gnh_layout.HFConfig):
+        cfg.write_attrs(c.attrs)
+    else:
+        for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
+            c.attrs[key] = np.int64(getattr(cfg, key))
+        c.attrs["bias"] = np.int64(int(cfg.bias))
+        c.attrs["tie_embeddings"] = np.int64(int(cfg.tie_embeddings))
+        c.attrs["gelu"] = cfg.gelu
+        c.attrs["ln_eps"] = np.float64(cfg.ln_eps)
     # track_order keeps the canonical (creation) order on iteration.
     p = f.create_group("params", track_order=True)
-    for name in canonical_names(cfg):
+    for name in gnh_layout.names_of(cfg):
         p.create_dataset(name, data=params[name])  # contiguous, no filters
     if optimizer is not None:
         o = f.create_group("optimizer")
@@ -613,7 +620,7 @@ def _write_tree(f, cfg: GPTConfig, params: Dict[str, np.ndarray], source_file: s
             o.attrs[key] = np.float64(getattr(optimizer, key))
         for key in ("exp_avg", "exp_avg_sq"):
             g = o.create_group(key, track_order=True)
-            for name in canonical_names(cfg):
+            for name in gnh_layout.names_of(cfg):
                 g.create_dataset(name, data=getattr(optimizer, key)[name])
 
 
@@ -697,6 +704,8 @@ def convert(in_path: str, out_path: str, opts: argparse.Namespace,
     ``warn`` (default: one ``gnh-convert: warning:`` line on stderr).
     """
     _check_not_input(in_path, out_path)
+    if os.path.isdir(in_path):
+        return convert_hf(in_path, out_path)
     loaded = load_checkpoint(in_path)
     digest, limit = loaded.sha256, output_limit(loaded.size)
     src = split_checkpoint(loaded.obj)
@@ -722,6 +731,24 @@ def convert(in_path: str, out_path: str, opts: argparse.Namespace,
     return cfg, n_params, digest
 
 
+def convert_hf(in_dir: str, out_path: str) -> Tuple[gnh_layout.HFConfig, int, str]:
+    """A Hugging Face checkpoint directory of the Llama or GPT-NeoX family
+    (SPEC section 11; gnh_hf) to ``out_path``.  Published checkpoints carry
+    no optimizer state: none is written."""
+    try:
+        cfg = gnh_hf.read_config(in_dir)
+        state, digest = gnh_hf.read_weights(in_dir)
+        params = gnh_hf.collect(state, cfg, _float32)
+    except gnh_hf.HFError as exc:
+        raise ConvertError(str(exc)) from None
+    try:
+        write_h5(out_path, cfg, params, os.path.basename(os.path.normpath(in_dir)), digest,
+                 gnh_hf.iter_num_of(in_dir), None)
+    except OSError as exc:
+        raise ConvertError(f"cannot write {out_path}: {exc.strerror or exc}") from None
+    return cfg, int(sum(a.size for a in params.values())), digest
+
+
 # --------------------------------------------------------------------------- #
 # Command line
 # --------------------------------------------------------------------------- #
@@ -732,7 +759,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "file, or safetensors; nanoGPT layout or bare state_dict) "
                     "into a gnh HDF5 checkpoint (SPEC section 2), without "
                     "PyTorch and without running pickled code.")
-    p.add_argument("input", metavar="IN.pt")
+    p.add_argument("input", metavar="IN.pt",
+                   help="a nanoGPT checkpoint or state_dict file, or a Hugging Face checkpoint directory "
+                        "(Llama or GPT-NeoX family)")
     p.add_argument("output", metavar="OUT.h5")
     p.add_argument("--n-head", type=int, dest="n_head",
                    help="attention heads (required for a bare state_dict)")

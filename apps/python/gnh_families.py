@@ -232,6 +232,11 @@ def canonical_params(model: CausalLM) -> List[torch.Tensor]:
     return [named[n] for n in hf_canonical_shapes(model.config)]
 
 
+def canonical_named(model: CausalLM) -> Dict[str, torch.Tensor]:
+    """Canonical name -> parameter (live, for autograd), in canonical order."""
+    return dict(zip(hf_canonical_shapes(model.config), canonical_params(model)))
+
+
 def canonical_state(model: CausalLM) -> Dict[str, torch.Tensor]:
     """Canonical name -> tensor (detached), Hugging Face's names."""
     return {n: p.detach() for n, p in zip(hf_canonical_shapes(model.config), canonical_params(model))}

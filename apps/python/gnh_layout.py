@@ -214,6 +214,11 @@ class HFConfig:
             setattr(self, name, bool(getattr(self, name)))
 
     @property
+    def block_size(self) -> int:
+        """The longest context analysed (nanoGPT's name for it)."""
+        return self.max_position_embeddings
+
+    @property
     def rotary_dims(self) -> int:
         """Dims of each head that rotate (HF: all for llama, int(head_dim rotary_pct) for gpt-neox)."""
         if self.family == "llama":

@@ -32,6 +32,7 @@ products (Pearlmutter, double backward) batch by batch.
 
 import math
 import os
+import re
 import sys
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -46,6 +47,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+import gnh_families  # noqa: E402
 import gnh_model  # noqa: E402
 
 torch.set_num_threads(1)
@@ -116,6 +118,33 @@ def noise_batches(n_blocks: int, noise_batch: int, noise_samples: int, seed: int
 
 
 # --------------------------------------------------------------------------- #
+# Every model family (SPEC sections 1 and 11)
+# --------------------------------------------------------------------------- #
+def load_model(ckpt_h5):
+    """The float64 PyTorch model of a gnh checkpoint of any family."""
+    import h5py
+    with h5py.File(ckpt_h5, "r") as f:
+        family = f["config"].attrs.get("family", "nanogpt")
+    family = family.decode() if isinstance(family, bytes) else str(family)
+    if family == "nanogpt":
+        cfg, state = gnh_model.load_gnh_h5(ckpt_h5)
+        model = gnh_model.GPT(cfg).double()
+        gnh_model.load_canonical_state(model, {k: v.double() for k, v in state.items()})
+        return model
+    cfg, state = gnh_families.load_h5(ckpt_h5)
+    model = gnh_families.CausalLM(cfg).double()
+    gnh_families.load_state(model, state)
+    return model
+
+
+def canonical_named(model):
+    """Canonical name -> live parameter, in SPEC's canonical order."""
+    if isinstance(model, gnh_families.CausalLM):
+        return gnh_families.canonical_named(model)
+    return gnh_model.canonical_state_dict(model)
+
+
+# --------------------------------------------------------------------------- #
 # Double-backward building blocks
 # --------------------------------------------------------------------------- #
 class EpochReference:
@@ -147,7 +176,7 @@ class EpochReference:
                              f"0..vocab_size-1 (vocab_size {cfg.vocab_size})")
         self.model = model.double()
         self.model.eval()
-        self.params = list(gnh_model.canonical_state_dict(self.model).values())
+        self.params = list(canonical_named(self.model).values())
         self.P = sum(p.numel() for p in self.params)
         self.ids = torch.from_numpy(used)
         self.T = T
@@ -357,9 +386,7 @@ def derived_statistics(n_blocks, noise_batch, G_sqnorm, GHG, xi_sqnorm, xiHxi, v
 # --------------------------------------------------------------------------- #
 def load_reference(ckpt_h5, tokens_path, context, dtype="uint16", max_blocks=0, batch=4):
     """An :class:`EpochReference` for a gnh HDF5 checkpoint and a token file."""
-    cfg, state = gnh_model.load_gnh_h5(ckpt_h5)
-    model = gnh_model.GPT(cfg).double()
-    gnh_model.load_canonical_state(model, {k: v.double() for k, v in state.items()})
+    model = load_model(ckpt_h5)
     ids = np.asarray(gnh_model.load_tokens(tokens_path, dtype))
     try:
         return EpochReference(model, ids, context, max_blocks, batch)
@@ -442,16 +469,18 @@ def reference_statistics(ckpt_h5: str, tokens_path: str, context: int, noise_sam
 def partitions(ref):
     """The `tensor` and `layer` partitions of SPEC §10 as {name: (names, offsets)},
     from the canonical tensor order of the reference's model."""
-    sd = gnh_model.canonical_state_dict(ref.model)
+    sd = canonical_named(ref.model)
     names, offsets, off = [], [], 0
     layer_names, layer_offsets = [], []
     for name, t in sd.items():
         names.append(name)
         offsets.append(off)
-        if name in ("transformer.wte.weight", "transformer.wpe.weight"):
+        layer = re.match(r"^(transformer\.h|model\.layers|gpt_neox\.layers)\.(\d+)\.", name)
+        if name in ("transformer.wte.weight", "transformer.wpe.weight", "model.embed_tokens.weight",
+                    "gpt_neox.embed_in.weight"):
             block = "embed"
-        elif name.startswith("transformer.h."):
-            block = "h." + name.split(".")[2]
+        elif layer:
+            block = "h." + layer.group(2)
         else:
             block = "head"
         if not layer_names or layer_names[-1] != block:
@@ -535,8 +564,7 @@ def adam_preconditioner(ckpt_h5):
             return None
         o = f["optimizer"]
         step, beta2, eps = int(o.attrs["step"]), float(o.attrs["beta2"]), float(o.attrs["eps"])
-        cfg, _ = gnh_model.load_gnh_h5(ckpt_h5)
-        names = list(gnh_model.canonical_state_dict(gnh_model.GPT(cfg)).keys())
+        names = list(canonical_named(load_model(ckpt_h5)).keys())
         v = np.concatenate([np.asarray(o["exp_avg_sq"][n][()], dtype=np.float64).reshape(-1) for n in names])
     return 1.0 / (np.sqrt(v / (1.0 - beta2 ** step)) + eps)
 
@@ -636,8 +664,7 @@ def update_statistics(ref_a, stats_a, ckpt_b):
     reference's case: |Delta|^2, G^T Delta, Delta^T H Delta (with its
     Cauchy-Schwarz scale |Delta| |H Delta|), the quadratic model's predicted
     change, the measured L(theta_b) - L(theta_a) and the curvature along."""
-    _, state = gnh_model.load_gnh_h5(ckpt_b)
-    theta_b = torch.cat([state[n].double().reshape(-1) for n in gnh_model.canonical_state_dict(ref_a.model)])
+    theta_b = torch.cat([t.detach().reshape(-1) for t in canonical_named(load_model(ckpt_b)).values()])
     theta_a = ref_a.flat_params()
     delta = theta_b - theta_a
     G = torch.from_numpy(stats_a["G"])

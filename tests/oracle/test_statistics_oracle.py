@@ -431,6 +431,139 @@ class LargeVocabulary(unittest.TestCase):
         self.assertEqual(snaps[0], snaps[1])
 
 
+class FamilyStatistics(unittest.TestCase):
+    """`gnh run` on the Llama and GPT-NeoX families (SPEC section 11), two
+    checkpoints each converted from Hugging Face directories, against float64
+    PyTorch models written from the published definitions: SPEC §4's
+    statistics by both curvature methods, the per-block statistics of the
+    layer partition (embed, h.i, head), the per-sequence noise and the update
+    between the checkpoints, on two ranks and bit for bit the same on one;
+    then the float policies (fp32, tf32, bf16-amp) against the fp64 values.
+    Bars as StatisticsOracle's; bf16-amp within 5% of fp32's loss and G (its
+    operands carry 8 bits)."""
+
+    CONFIGS = {
+        "llama": dict(family="llama", vocab_size=29, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16, norm_eps=1e-5,
+                      rope_theta=10.0, hidden_act="silu"),
+        "gpt-neox": dict(family="gpt-neox", vocab_size=29, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, max_position_embeddings=16, norm_eps=1e-5, rope_theta=10.0,
+                         rotary_pct=0.25, use_parallel_residual=True, hidden_act="gelu", qkv_bias=True),
+    }
+
+    @classmethod
+    def setUpClass(cls):
+        import gnh_families
+        import gnh_hf
+        from gnh_layout import HFConfig
+        cls.tmp = tempfile.mkdtemp(prefix="gnh-family-stats-")
+        cls.context = 9
+        cls.dirs = {}
+        for fam, kw in cls.CONFIGS.items():
+            d = os.path.join(cls.tmp, fam)
+            ck = os.path.join(d, "ckpt")
+            os.makedirs(ck)
+            cfg = HFConfig(**kw)
+            for e in (1, 2):
+                model = gnh_families.init_random(gnh_families.CausalLM(cfg).double(), 10 * e, 0.3)
+                state = {n: p.numpy().astype(np.float32) for n, p in gnh_families.canonical_state(model).items()}
+                gnh_hf.save_dir(os.path.join(d, f"hf-step{e}"), cfg, state)
+                gnhtest.gnh_convert.convert(os.path.join(d, f"hf-step{e}"), os.path.join(ck, f"epoch{e}.h5"),
+                                            gnhtest.gnh_convert.default_options())
+            gnhtest.write_tokens(os.path.join(d, "train.bin"), cls.context * 14 + 5, cfg.vocab_size, 1)
+            gnhtest.write_deck(os.path.join(d, "deck.toml"), "out/stats.h5", ["ckpt/*.h5"], cls.context,
+                               "train.bin", analysis=ANALYSIS)
+            cls.dirs[fam] = d
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def run_case(self, fam, np_, sets):
+        d = self.dirs[fam]
+        shutil.rmtree(os.path.join(d, "out"), ignore_errors=True)
+        r = gnhtest.run_gnh(os.path.join(d, "deck.toml"), np_, sets)
+        self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
+        with h5py.File(os.path.join(d, "out", "stats.h5"), "r") as f:
+            self.assertEqual(int(f.attrs["identities_ok"]), 1)
+            groups = groups_by_alias(f)
+            return {e: {k: (v[()] if hasattr(v, "shape") else v) for k, v in self.flatten(groups[f"epoch{e}.h5"]["seen"])}
+                    for e in (1, 2)}
+
+    @staticmethod
+    def flatten(c):
+        out = [(k, c.attrs[k]) for k in c.attrs]
+        c.visititems(lambda name, obj: out.append((name, obj[()])) if isinstance(obj, h5py.Dataset) else None)
+        out += [("update/" + k, c["update"].attrs[k]) for k in c["update"].attrs] if "update" in c else []
+        out += [("blocks/layer/" + k, c["blocks"]["layer"][k][()]) for k in c["blocks"]["layer"]] \
+            if "blocks" in c else []
+        return out
+
+    def test_fp64_every_statistic_both_methods(self):
+        rel = 1e-10
+        for fam, d in self.dirs.items():
+            ck = os.path.join(d, "ckpt")
+            refs = {e: stats_reference.load_reference(os.path.join(ck, f"epoch{e}.h5"), os.path.join(d, "train.bin"),
+                                                      self.context) for e in (1, 2)}
+            want = {e: stats_reference.statistics_of(refs[e], ANALYSIS["noise_samples"], ANALYSIS["noise_batch"],
+                                                     ANALYSIS["directions"], ANALYSIS["seed"]) for e in (1, 2)}
+            blocks = stats_reference.block_statistics(refs[1], want[1], ANALYSIS["directions"], ANALYSIS["seed"])
+            seq = stats_reference.sequence_statistics(refs[1])
+            upd = stats_reference.update_statistics(refs[1], want[1], os.path.join(ck, "epoch2.h5"))
+            snaps = {}
+            for method in ("second-order-forward", "forward-over-reverse"):
+                sets = ["precision.policy=fp64", f"analysis.curvature_method={method}", "curvature.blocks=true",
+                        "curvature.update=true"]
+                got = self.run_case(fam, 2, sets)
+                snaps[method] = got
+                for e in (1, 2):
+                    g, w = got[e], want[e]
+                    with self.subTest(family=fam, method=method, epoch=e):
+                        self.assertEqual(int(g["tokens"]), w["tokens"])
+                        self.assertLessEqual(abs(g["loss"] - w["loss"]), rel * w["loss"])
+                        self.assertLessEqual(abs(g["G_sqnorm"] - w["G_sqnorm"]), rel * w["G_sqnorm"])
+                        self.assertLessEqual(abs(g["GHG"] - w["GHG"]), rel * max(abs(w["GHG"]), w["GHG_abs"]))
+                        np.testing.assert_allclose(g["xi_sqnorm"], w["xi_sqnorm"], rtol=rel)
+                        vs = np.maximum(np.abs(w["vHv"]), w["vHv_abs"])
+                        self.assertTrue(np.all(np.abs(g["vHv"] - w["vHv"]) <= rel * vs))
+                        for name in ("trace_sigma", "B_simple", "trace_HSigma", "B_noise", "trace_H"):
+                            self.assertLessEqual(abs(g[name] - w[name]), 10 * rel * max(w[name + "_se"], abs(w[name])),
+                                                 name)
+                g = got[1]
+                with self.subTest(family=fam, method=method, what="blocks, sequences, update"):
+                    names = [gnhtest.text(n) for n in g["blocks/layer/names"]]
+                    self.assertEqual(names, ["embed", "h.0", "h.1", "head"])
+                    self.assertEqual(names, blocks["partitions"]["layer"]["names"])
+                    # H v per block: forward-over-reverse only.
+                    for q in ("G_sqnorm", "trace_sigma") + (("trace_H",) if method == "forward-over-reverse" else ()):
+                        exp = blocks["partitions"]["layer"][q]
+                        scale = np.maximum(np.abs(exp), blocks["partitions"]["layer"].get(q + "_scale", 0.0))
+                        self.assertTrue(np.all(np.abs(g["blocks/layer/" + q] - exp) <= rel * scale), q)
+                    np.testing.assert_allclose(g["seq_grad_sqnorm"], seq["seq_grad_sqnorm"], rtol=rel)
+                    self.assertLessEqual(abs(g["update/delta_sqnorm"] - upd["delta_sqnorm"]), rel * upd["delta_sqnorm"])
+                    self.assertLessEqual(abs(g["update/dHd"] - upd["dHd"]), rel * upd["dHd_scale"])
+            # One rank gives the bits of two.
+            one = self.run_case(fam, 1, ["precision.policy=fp64", "analysis.curvature_method=forward-over-reverse",
+                                         "curvature.blocks=true", "curvature.update=true"])
+            for k in ("loss", "G_sqnorm", "GHG", "trace_sigma", "trace_sigma_seq"):
+                self.assertEqual(one[1][k], snaps["forward-over-reverse"][1][k], (fam, k))
+
+    def test_float_policies(self):
+        for fam in self.dirs:
+            ref = self.run_case(fam, 2, ["precision.policy=fp64"])
+            fp32 = None
+            for policy in ("fp32", "tf32", "bf16-amp"):
+                got = self.run_case(fam, 2, [f"precision.policy={policy}"])
+                with self.subTest(family=fam, policy=policy):
+                    rel = 5e-2 if policy == "bf16-amp" else 1e-4
+                    base = fp32 if policy == "bf16-amp" else ref
+                    for e in (1, 2):
+                        for k in ("loss", "G_sqnorm"):
+                            self.assertLessEqual(abs(got[e][k] - base[e][k]), rel * abs(base[e][k]), (k, got[e][k]))
+                if policy == "fp32":
+                    fp32 = got
+
+
 class UpdateIdentityAndOrder(unittest.TestCase):
     """SPEC §10 along the update: on two nearby states the quadratic model
     predicts the measured loss change to third order; checkpoints that cannot

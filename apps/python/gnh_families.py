@@ -269,3 +269,18 @@ def load_state(model: CausalLM, state: Dict[str, torch.Tensor]) -> None:
     with torch.no_grad():
         for name, p in zip(hf_canonical_shapes(model.config), canonical_params(model)):
             p.copy_(state[name].to(p.dtype))
+
+
+def init_standard(model: CausalLM, seed: int, std: float = 0.02) -> CausalLM:
+    """Initialisation for training, seeded: matrices and embeddings N(0, std²),
+    biases zero, norm weights one."""
+    g = torch.Generator().manual_seed(int(seed))
+    with torch.no_grad():
+        for name, p in canonical_named(model).items():
+            if name.endswith(".bias"):
+                p.zero_()
+            elif "norm" in name:
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * std)
+    return model

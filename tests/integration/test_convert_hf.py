@@ -225,5 +225,44 @@ class HFConvertTests(unittest.TestCase):
         self.refused(d, "model.norm.weight", "not a file of this directory")
 
 
+class FamilyDemoTests(unittest.TestCase):
+    """apps/gnh-demo-campaign --family: each epoch in Hugging Face layout, the
+    step in the directory's name, converted with the model's values."""
+
+    def test_family_demo_checkpoints(self):
+        import contextlib
+        import importlib.machinery
+        import importlib.util
+        import io
+        loader = importlib.machinery.SourceFileLoader("gnh_demo_campaign", os.path.join(ROOT, "apps",
+                                                                                       "gnh-demo-campaign"))
+        demo = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+        loader.exec_module(demo)
+        demo.SETTINGS.update(epochs=2, max_steps_per_epoch=3, batch_blocks=4, eval_batch_blocks=8)
+        rng = np.random.default_rng(7)
+        train_tokens = rng.integers(0, 256, 40 * 64).astype("<u2")
+        val_tokens = rng.integers(0, 256, 9 * 64).astype("<u2")
+        for family in ("llama", "gpt-neox"):
+            with self.subTest(family=family):
+                tmp = tempfile.mkdtemp(prefix="gnh-demo-family-")
+                self.addCleanup(shutil.rmtree, tmp, True)
+                with contextlib.redirect_stdout(io.StringIO()):
+                    dirs = demo.train_family(tmp, family, train_tokens, val_tokens)
+                self.assertEqual([os.path.basename(d) for d in dirs], ["step3", "step6"])
+                for d in dirs:
+                    self.assertEqual(sorted(os.listdir(d)), ["config.json", "model.safetensors"])
+                    cfg = gnh_hf.read_config(d)
+                    self.assertEqual(cfg.family, family)
+                    h5 = os.path.join(tmp, os.path.basename(d) + ".h5")
+                    r = subprocess.run([sys.executable, CONVERT, d, h5], capture_output=True, text=True)
+                    self.assertEqual(r.returncode, 0, r.stderr)
+                    state, _ = gnh_hf.read_weights(d)
+                    with h5py.File(h5, "r") as f:
+                        self.assertEqual(int(f.attrs["iter_num"]), int(os.path.basename(d)[4:]))
+                        self.assertNotIn("optimizer", f)
+                        for name in hf_canonical_shapes(cfg):
+                            self.assertTrue(np.array_equal(f["params"][name][()], state[name].array), name)
+
+
 if __name__ == "__main__":
     unittest.main()

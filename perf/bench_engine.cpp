@@ -5,6 +5,7 @@
 //
 //   bench_engine CKPT.h5 TOKENS.bin --context T --batch B [options]   (needs the I/O layer)
 //   bench_engine --synthetic tiny|small|medium|reference|L,H,C,V [--context T] --batch B [options]
+//                [--family nanogpt|llama|gpt-neox]
 //
 // options: --directions 1,4,16   directions per primal pass of the curvature passes
 //          --methods second-order-forward,forward-over-reverse
@@ -27,6 +28,10 @@
 //          --dump-batch B        sequences of tokens to dump (synthetic; default --batch)
 //          --inject-slowdown F   stretch every timed run by F (tests of perf/compare.py)
 //
+// --family: the synthetic model at the preset's sizes in that family, as
+// perf/side_by_side.py's family_config: Llama with n_head/2 key/value heads and a
+// SwiGLU of width 8d/3 rounded up to 16, tied; GPT-NeoX as Pythia (parallel
+// residual, rotary_pct 0.25, biases, untied).
 // A synthetic model is bias-free, tied, GELU-erf, with N(0, 0.02) weights and
 // unit LayerNorm scales drawn from splitmix64 (the same numbers on every
 // machine), and tokens drawn the same way: what perf/device/run.sh uses, with
@@ -73,7 +78,7 @@ using namespace gnh;
 namespace {
 
 struct Options {
-  std::string ckpt, tokens, synthetic, precision = "fp32";
+  std::string ckpt, tokens, synthetic, precision = "fp32", family = "nanogpt";
   Precision policy = Precision::fp32;  // precision, parsed
   index_t context = 0, batch = 4;
   std::vector<int> K = {1, 4, 16};
@@ -232,7 +237,7 @@ std::vector<std::int32_t> synthetic_ids(index_t n, int vocab) {
   return ids;
 }
 
-Model synthetic(const std::string& spec, index_t B, index_t& T) {
+Model synthetic(const std::string& spec, index_t B, index_t& T, const std::string& family = "nanogpt") {
   static const std::map<std::string, std::vector<int>> presets = {
       // n_layer, n_head, n_embd, vocab, context (as perf/side_by_side.py)
       {"tiny", {1, 2, 16, 64, 16}},
@@ -257,15 +262,33 @@ Model synthetic(const std::string& spec, index_t B, index_t& T) {
   m.config.block_size = int(T);
   m.config.bias = false;
   m.config.tie_embeddings = true;
+  if (family == "llama") {
+    m.config.family = Family::llama;
+    m.config.n_kv_head = std::max(1, v[1] / 2);
+    m.config.intermediate = (8 * v[2] / 3 + 15) / 16 * 16;
+    m.config.ln_eps = 1e-6;
+  } else if (family == "gpt-neox") {
+    m.config.family = Family::gpt_neox;
+    m.config.intermediate = 4 * v[2];
+    m.config.rotary_pct = 0.25;
+    m.config.parallel_residual = true;
+    m.config.qkv_bias = true;
+    m.config.tie_embeddings = false;
+  } else if (family != "nanogpt") {
+    throw Error("--family: expected nanogpt, llama or gpt-neox, got '" + family + "'");
+  }
   m.config.validate("--synthetic");
   const ParamLayout layout(m.config);
   m.params.assign(std::size_t(layout.size()), 0.0);
   for (const TensorInfo& t : layout.tensors()) {
-    const bool ln = t.name.find("ln_") != std::string::npos;
+    const bool ln = t.name.find("ln_") != std::string::npos || t.name.find("norm.weight") != std::string::npos;
+    const bool bias = t.name.size() > 5 && t.name.compare(t.name.size() - 5, 5, ".bias") == 0;
     for (std::int64_t i = 0; i < t.size; ++i) {
       const std::uint64_t j = std::uint64_t(t.offset + i);
-      if (ln) {
+      if (ln && !bias) {
         m.params[j] = 1.0;
+      } else if (bias) {
+        m.params[j] = 0.0;
       } else {  // Box-Muller on two splitmix64 uniforms in (0, 1]
         const double u1 = (double(mix(1, 2 * j) >> 11) + 1.0) * 0x1p-53;
         const double u2 = double(mix(1, 2 * j + 1) >> 11) * 0x1p-53;
@@ -415,7 +438,7 @@ void run(const Options& o) {
   index_t Tc = o.context;
   Model model;
   if (!o.synthetic.empty()) {
-    model = synthetic(o.synthetic, o.batch, Tc);
+    model = synthetic(o.synthetic, o.batch, Tc, o.family);
   } else {
 #ifdef GNH_BENCH_WITH_IO
     const Checkpoint ck = read_checkpoint(o.ckpt);
@@ -634,7 +657,7 @@ void run(const Options& o) {
 template <class T>
 void plan(const Options& o) {
   index_t Tc = o.context;
-  const Model model = synthetic(o.synthetic.empty() ? "small" : o.synthetic, 1, Tc);
+  const Model model = synthetic(o.synthetic.empty() ? "small" : o.synthetic, 1, Tc, o.family);
   std::printf("{\"model\": \"%s\", \"batch\": %ld, \"seq_len\": %ld, \"workspace_bytes\": {", o.synthetic.c_str(),
               long(o.batch), long(Tc));
   auto one = [&](const std::string& name, const Shape& s, bool comma) {
@@ -678,6 +701,7 @@ int main(int argc, char** argv) {
       else if (a == "--repeats") o.repeats = std::stoi(next());
       else if (a == "--precision") o.precision = next();
       else if (a == "--synthetic") o.synthetic = next();
+      else if (a == "--family") o.family = next();
       else if (a == "--validation") o.validation = true;
       else if (a == "--plan-only") o.plan_only = true;
       else if (a == "--profile") o.profile = true;

@@ -84,6 +84,108 @@ def loss_sum(params, names, cfg, idx, tgt):
     return (lse - picked).sum()
 
 
+def _softmax_rows(s):
+    s = s - s.max(-1, keepdim=True).values.detach()
+    e = torch.exp(s)
+    return e / e.sum(-1, keepdim=True)
+
+
+def _rotate(x, cos, sin):
+    h = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., h:], x[..., :h]), dim=-1) * sin
+
+
+def _rope(T, dim, base, dtype):
+    inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    ang = torch.outer(torch.arange(T, dtype=torch.float64), inv)
+    emb = torch.cat((ang, ang), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _causal(q, k, v, mask):
+    s = (q @ k.transpose(-2, -1)) * (1.0 / q.shape[-1] ** 0.5)
+    return _softmax_rows(s.masked_fill(~mask, float("-inf"))) @ v
+
+
+def _xent_sum(z, tgt):
+    m = z.max(-1, keepdim=True).values.detach()
+    lse = torch.log(torch.exp(z - m).sum(-1)) + m.squeeze(-1)
+    return (lse - z.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)).sum()
+
+
+def family_loss_sum(params, names, cfg, idx, tgt):
+    """Summed token cross-entropy of a SPEC section 11 model (gnh_layout.HFConfig),
+    functional in params and written with elementary ops (functorch's forward
+    mode), as Hugging Face defines the families."""
+    p = dict(zip(names, params))
+    B, T = idx.shape
+    H, G, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+
+    def lin(x, name, bias=True):
+        y = x @ p[name + ".weight"].t()
+        return y + p[name + ".bias"] if bias and name + ".bias" in p else y
+
+    if cfg.family == "llama":
+        def rms(x, w):
+            return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + cfg.norm_eps) * w
+        cos, sin = _rope(T, hd, cfg.rope_theta, params[0].dtype)
+        x = p["model.embed_tokens.weight"][idx]
+        for i in range(cfg.num_hidden_layers):
+            q = f"model.layers.{i}."
+            h = rms(x, p[q + "input_layernorm.weight"])
+            qq = _rotate(lin(h, q + "self_attn.q_proj").view(B, T, H, hd).transpose(1, 2), cos, sin)
+            kk = _rotate(lin(h, q + "self_attn.k_proj").view(B, T, G, hd).transpose(1, 2), cos, sin)
+            vv = lin(h, q + "self_attn.v_proj").view(B, T, G, hd).transpose(1, 2)
+            kk, vv = kk.repeat_interleave(H // G, dim=1), vv.repeat_interleave(H // G, dim=1)
+            x = x + lin(_causal(qq, kk, vv, mask).transpose(1, 2).reshape(B, T, H * hd), q + "self_attn.o_proj")
+            h = rms(x, p[q + "post_attention_layernorm.weight"])
+            gate = lin(h, q + "mlp.gate_proj")
+            x = x + lin(gate * torch.sigmoid(gate) * lin(h, q + "mlp.up_proj"), q + "mlp.down_proj")
+        x = rms(x, p["model.norm.weight"])
+        w = p["model.embed_tokens.weight"] if cfg.tie_word_embeddings else p["lm_head.weight"]
+        return _xent_sum(x @ w.t(), tgt)
+    r = cfg.rotary_dims
+    cos, sin = _rope(T, r, cfg.rope_theta, params[0].dtype) if r else (None, None)
+    x = p["gpt_neox.embed_in.weight"][idx]
+    for i in range(cfg.num_hidden_layers):
+        q = f"gpt_neox.layers.{i}."
+        h = layer_norm(x, p[q + "input_layernorm.weight"], p[q + "input_layernorm.bias"], cfg.norm_eps)
+        qkv = lin(h, q + "attention.query_key_value").view(B, T, H, 3 * hd).transpose(1, 2)
+        qq, kk, vv = qkv[..., :hd], qkv[..., hd:2 * hd], qkv[..., 2 * hd:]
+        if r:
+            qq = torch.cat((_rotate(qq[..., :r], cos, sin), qq[..., r:]), dim=-1)
+            kk = torch.cat((_rotate(kk[..., :r], cos, sin), kk[..., r:]), dim=-1)
+        a = lin(_causal(qq, kk, vv, mask).transpose(1, 2).reshape(B, T, H * hd), q + "attention.dense")
+        m_in = x if cfg.use_parallel_residual else x + a
+        h = layer_norm(m_in, p[q + "post_attention_layernorm.weight"], p[q + "post_attention_layernorm.bias"],
+                       cfg.norm_eps)
+        f = lin(gelu(lin(h, q + "mlp.dense_h_to_4h"), "tanh" if cfg.hidden_act == "gelu_new" else "erf"),
+                q + "mlp.dense_4h_to_h")
+        x = x + a + f
+    x = layer_norm(x, p["gpt_neox.final_layer_norm.weight"], p["gpt_neox.final_layer_norm.bias"], cfg.norm_eps)
+    w = p["gpt_neox.embed_in.weight"] if cfg.tie_word_embeddings else p["embed_out.weight"]
+    return _xent_sum(x @ w.t(), tgt)
+
+
+def family_synthetic_case(cfg, directory, n_tokens):
+    """synthetic_case for a SPEC section 11 family: a standard-initialised
+    model saved as a Hugging Face directory and converted."""
+    import numpy as np
+    import gnh_convert
+    import gnh_families
+    import gnh_hf
+    from gnh_layout import hf_canonical_shapes
+    model = gnh_families.init_standard(gnh_families.CausalLM(cfg), 0)
+    hf, h5, tok = (os.path.join(directory, n) for n in ("hf", "m.h5", "tokens.bin"))
+    gnh_hf.save_dir(hf, cfg, {n: t.numpy() for n, t in gnh_families.canonical_state(model).items()})
+    gnh_convert.convert(hf, h5, gnh_convert.default_options())
+    ids = np.random.default_rng(0).integers(0, cfg.vocab_size, size=n_tokens).astype(np.uint16)
+    ids.tofile(tok)
+    _, state = gnh_families.load_h5(h5)
+    return h5, tok, ids, state, list(hf_canonical_shapes(cfg))
+
+
 def synthetic_case(cfg, directory, n_tokens):
     """A standard-initialised model of cfg (bias-free, tied) saved as a
     nanoGPT checkpoint and converted to gnh's HDF5 in directory, and n_tokens
@@ -120,6 +222,7 @@ def bench(cfg, state, names, idx, tgt, directions, repeats, dtype=torch.float32,
     """The passes named (forward, gradient, curvature at each K of directions),
     each the median of repeats after a warm-up."""
     torch.set_num_threads(1)
+    loss_sum = globals()["loss_sum"] if not hasattr(cfg, "family") else family_loss_sum
     params = [state[n].to(dtype).clone().requires_grad_(True) for n in names]
     ntok = idx.numel()
     out = {"context": {"tool": "torch", "version": torch.__version__, "threads": torch.get_num_threads(),

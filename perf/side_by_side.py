@@ -26,7 +26,7 @@ of PyTorch's, the two sides of a ratio a minute apart.) A slow stretch of a
 shared machine then falls on both sides of a ratio instead of on one side's
 whole run.
 
-  perf/side_by_side.py [--preset small|medium|reference] [--directions 1,16]
+  perf/side_by_side.py [--preset small|medium|reference] [--family nanogpt|llama|gpt-neox] [--directions 1,16]
                        [--repeats 3] [--rounds 3] [--pairing pass|round] [--json OUT.json]
                        [--bench build/bin/bench_engine] [--torch-setting fastest|as-is]
 """
@@ -63,6 +63,22 @@ PRESETS = {
 }
 
 
+def family_config(family, preset):
+    """A preset's sizes in a SPEC section 11 family: Llama with grouped-query
+    attention (n_head/2 key/value heads, n_head/2 rounded up to 1) and SwiGLU
+    of width 8d/3 rounded to 16 (its parameters those of a 4d GELU MLP);
+    GPT-NeoX as Pythia (parallel residual, rotary_pct 0.25, untied, biases)."""
+    from gnh_layout import HFConfig
+    nl, nh, ne, vocab, T, _ = PRESETS[preset]
+    if family == "llama":
+        return HFConfig(family="llama", vocab_size=vocab, hidden_size=ne, intermediate_size=(8 * ne // 3 + 15) // 16 * 16,
+                        num_hidden_layers=nl, num_attention_heads=nh, num_key_value_heads=max(1, nh // 2),
+                        max_position_embeddings=T, tie_word_embeddings=True)
+    return HFConfig(family="gpt-neox", vocab_size=vocab, hidden_size=ne, intermediate_size=4 * ne, num_hidden_layers=nl,
+                    num_attention_heads=nh, max_position_embeddings=T, rotary_pct=0.25, use_parallel_residual=True,
+                    hidden_act="gelu", qkv_bias=True, norm_eps=1e-5)
+
+
 def per_dir(results, method, K):
     return next(c["seconds_per_direction"] for c in results["curvature"] if c["method"] == method and c["K"] == K)
 
@@ -84,6 +100,8 @@ def ratios_of(ours, theirs, Ks):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="small", choices=sorted(PRESETS))
+    ap.add_argument("--family", default="nanogpt", choices=("nanogpt", "llama", "gpt-neox"),
+                    help="the model family at the preset's sizes (family_config)")
     ap.add_argument("--directions", default="1,16")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of both sides (ratios: their median)")
@@ -110,10 +128,14 @@ def main():
     setting["cpu_capability"] = torch_setting.cpu_capability(torch)
     nl, nh, ne, vocab, T, B = PRESETS[args.preset]
     Ks = [int(k) for k in args.directions.split(",")]
-    cfg = gnh_model.GPTConfig(n_layer=nl, n_head=nh, n_embd=ne, block_size=T, vocab_size=vocab,
-                              bias=False, tie_embeddings=True)
+    if args.family == "nanogpt":
+        cfg = gnh_model.GPTConfig(n_layer=nl, n_head=nh, n_embd=ne, block_size=T, vocab_size=vocab,
+                                  bias=False, tie_embeddings=True)
+    else:
+        cfg = family_config(args.family, args.preset)
     with tempfile.TemporaryDirectory(prefix="gnh-bench-") as d:
-        h5, tok, ids, state, names = bench_torch.synthetic_case(cfg, d, B * T + 1)
+        make = bench_torch.synthetic_case if args.family == "nanogpt" else bench_torch.family_synthetic_case
+        h5, tok, ids, state, names = make(cfg, d, B * T + 1)
         idx = torch.from_numpy(ids[:B * T].astype(np.int64)).view(B, T)
         tgt = torch.from_numpy(ids[1:B * T + 1].astype(np.int64)).view(B, T)
         if args.no_functorch:
@@ -160,7 +182,7 @@ def main():
         return f"{ratios[k]:8.2f}  ({lo:.2f}-{hi:.2f})" if len(rounds) > 1 else f"{ratios[k]:8.2f}"
 
     ours = rounds[0]["gnh"]
-    print(f"preset {args.preset}: {ours['context']['n_params']} parameters, batch {B} x {T} tokens, one thread; "
+    print(f"preset {args.preset} ({args.family}): {ours['context']['n_params']} parameters, batch {B} x {T} tokens, one thread; "
           f"{len(rounds)} interleaved round(s), medians (ratio range over rounds)")
     print("torch setting (" + setting["chosen_by"] + "): " + ", ".join(
         f"{k}={v if v is not None else '(unset)'}" for k, v in setting["setting"].items()) +
@@ -182,7 +204,7 @@ def main():
                 continue
             print(f"{'torch ' + m + f' K={K} s/dir':38s} {'':12s} {med('torch', lambda x: per_dir(x, m, K)):12.4f} "
                   f"{shown(key)}")
-    out = {"preset": args.preset, "gnh": rounds[0]["gnh"], "torch": rounds[0]["torch"], "torch_setting": setting,
+    out = {"preset": args.preset, "family": args.family, "gnh": rounds[0]["gnh"], "torch": rounds[0]["torch"], "torch_setting": setting,
            "ratios": ratios, "ratio_ranges": ranges, "rounds": rounds}
     if args.json:
         with open(args.json, "w") as f:

@@ -28,6 +28,49 @@ std::string host_name() {
   return gethostname(buf, sizeof(buf) - 1) == 0 ? std::string(buf) : std::string("?");
 }
 
+// One shipped model's values against reference.json's: what is off, or "".
+std::string check_model(const std::string& dir, const nlohmann::json& ref, const nlohmann::json& m, Precision precision,
+                        CurvatureMethod method) {
+  const std::string file = m.at("file").get<std::string>();
+  const Checkpoint ck = read_checkpoint(dir + "/" + file);
+  const TokenFile tokens =
+      read_tokens(dir + "/tokens.bin", ref.at("dtype").get<std::string>(), "", int(ck.config.vocab_size));
+  AnalysisSettings s;
+  s.context = ref.at("context").get<index_t>();
+  s.grad_microbatch = 2;
+  s.hvp_batch = 2;
+  s.noise_samples = 0;
+  s.directions = ref.at("directions").get<index_t>();
+  s.directions_per_pass = 1 + s.directions;
+  s.seed = ref.at("seed").get<std::uint64_t>();
+  s.precision = precision;
+  s.curvature_method = method;
+  const index_t blocks = epoch_blocks(index_t(tokens.ids.size()), s.context, 0);
+  Analyser analyser(ck.config, s);
+  analyser.set_parameters(ck.params);
+  SoloTeam team;
+  const CaseStatistics st = analyser.analyse(team, tokens.ids.data(), blocks, CaseHooks{});
+  const double tol = ref.at("tolerance_relative").at(to_string(precision)).get<double>();
+  std::string off;
+  auto compare = [&](const std::string& name, double got, double want, double scale) {
+    const double dev = std::abs(got - want) / std::max(std::abs(want), scale);
+    if (!(dev <= tol)) {
+      char buf[320];
+      std::snprintf(buf, sizeof(buf), "%s: %s %.9g against %.9g (relative %.2e > %.0e)", file.c_str(), name.c_str(),
+                    got, want, dev, tol);
+      off += (off.empty() ? "" : "; ") + std::string(buf);
+    }
+  };
+  compare("loss", st.loss, m.at("loss"), 0);
+  compare("|G|^2", st.m.G_sqnorm, m.at("G_sqnorm"), 0);
+  // Quadratic forms relative to |d| |H d| where they cancel (reference.json says why).
+  compare("G^T H G", st.m.GHG, m.at("GHG"), m.at("GHG_scale"));
+  for (std::size_t k = 0; k < st.m.vHv.size(); ++k)
+    compare("v_" + std::to_string(k) + "^T H v_" + std::to_string(k), st.m.vHv[k], m.at("vHv").at(k),
+            m.at("vHv_scale").at(k));
+  return off;
+}
+
 }  // namespace
 
 void self_check(const Comm& comm, Precision precision, CurvatureMethod method, bool quiet) {
@@ -42,42 +85,8 @@ void self_check(const Comm& comm, Precision precision, CurvatureMethod method, b
     } catch (const std::exception& e) {
       fail(dir, "/reference.json: not valid JSON (", e.what(), ")");
     }
-    const Checkpoint ck = read_checkpoint(dir + "/model.h5");
-    const TokenFile tokens =
-        read_tokens(dir + "/tokens.bin", ref.at("dtype").get<std::string>(), "", int(ck.config.vocab_size));
-    AnalysisSettings s;
-    s.context = ref.at("context").get<index_t>();
-    s.grad_microbatch = 2;
-    s.hvp_batch = 2;
-    s.noise_samples = 0;
-    s.directions = ref.at("directions").get<index_t>();
-    s.directions_per_pass = 1 + s.directions;
-    s.seed = ref.at("seed").get<std::uint64_t>();
-    s.precision = precision;
-    s.curvature_method = method;
-    const index_t blocks = epoch_blocks(index_t(tokens.ids.size()), s.context, 0);
-    Analyser analyser(ck.config, s);
-    analyser.set_parameters(ck.params);
-    SoloTeam team;
-    const CaseStatistics st = analyser.analyse(team, tokens.ids.data(), blocks, CaseHooks{});
-    const double tol = ref.at("tolerance_relative").at(to_string(precision)).get<double>();
     std::string off;
-    auto compare = [&](const std::string& name, double got, double want, double scale) {
-      const double dev = std::abs(got - want) / std::max(std::abs(want), scale);
-      if (!(dev <= tol)) {
-        char buf[256];
-        std::snprintf(buf, sizeof(buf), "%s %.9g against %.9g (relative %.2e > %.0e)", name.c_str(), got, want, dev,
-                      tol);
-        off += (off.empty() ? "" : "; ") + std::string(buf);
-      }
-    };
-    compare("loss", st.loss, ref.at("loss"), 0);
-    compare("|G|^2", st.m.G_sqnorm, ref.at("G_sqnorm"), 0);
-    // Quadratic forms relative to |d| |H d| where they cancel (reference.json says why).
-    compare("G^T H G", st.m.GHG, ref.at("GHG"), ref.at("GHG_scale"));
-    for (std::size_t k = 0; k < st.m.vHv.size(); ++k)
-      compare("v_" + std::to_string(k) + "^T H v_" + std::to_string(k), st.m.vHv[k], ref.at("vHv").at(k),
-              ref.at("vHv_scale").at(k));
+    for (const nlohmann::json& m : ref.at("models")) off += check_model(dir, ref, m, precision, method);
     if (!off.empty())
       fail("self-check failed on rank ", comm.rank(), " (host ", host_name(), ", ", to_string(precision), ", ",
            to_string(method), "): ", off,

@@ -324,5 +324,96 @@ class Parallel(unittest.TestCase):
         self.assertIn("too few for noise batches of 15", r.stderr)
 
 
+class FamilyLayouts(unittest.TestCase):
+    """The Llama and GPT-NeoX families (SPEC section 11) through every layout:
+    1 rank, 2 ranks, and ranks_per_checkpoint = 2 on 2 and 4 ranks (the
+    parameters sharded) give bitwise-identical results, the curvature blocks,
+    the update, the spectrum with its eigenvectors and the per-layer spectra
+    included; the report draws them; and a run killed mid-way completes on
+    rerun with the uninterrupted run's bits."""
+
+    CONFIGS = {
+        "llama": dict(family="llama", vocab_size=41, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=1, head_dim=6, max_position_embeddings=16,
+                      norm_eps=1e-5, rope_theta=100.0, hidden_act="silu", qkv_bias=True),
+        "gpt-neox": dict(family="gpt-neox", vocab_size=41, hidden_size=16, intermediate_size=32,
+                         num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=16, norm_eps=1e-5,
+                         rope_theta=100.0, rotary_pct=0.25, use_parallel_residual=False, hidden_act="gelu_new",
+                         qkv_bias=True),
+    }
+
+    @classmethod
+    def setUpClass(cls):
+        import gnh_families
+        import gnh_hf
+        from gnh_layout import HFConfig
+        cls.tmp = tempfile.mkdtemp(prefix="gnh-par-family-")
+        for fam, kw in cls.CONFIGS.items():
+            d = os.path.join(cls.tmp, fam)
+            os.makedirs(os.path.join(d, "ckpt"))
+            cfg = HFConfig(**kw)
+            for i in range(3):
+                model = gnh_families.init_random(gnh_families.CausalLM(cfg).double(), 20 + i, 0.3)
+                hf = os.path.join(d, "hf", f"step{i + 1}")
+                gnh_hf.save_dir(hf, cfg, {n: t.numpy().astype(np.float32)
+                                          for n, t in gnh_families.canonical_state(model).items()})
+                gnhtest.gnh_convert.convert(hf, os.path.join(d, "ckpt", f"step{i + 1}.h5"),
+                                            gnhtest.gnh_convert.default_options())
+            gnhtest.write_tokens(os.path.join(d, "train.bin"), 12 * 30 + 7, 41, 1)
+            deck = os.path.join(d, "deck.toml")
+            gnhtest.write_deck(deck, "out/r.h5", ["ckpt/*.h5"], 12, "train.bin",
+                               analysis=dict(noise_samples=3, noise_batch=5, directions=3, directions_per_pass=3,
+                                             curvature_method="forward-over-reverse", seed=5))
+            with open(deck, "a") as f:
+                f.write("\n[curvature]\nblocks = true\ndiagonal = true\nupdate = true\nlanczos_steps = 4\n"
+                        'eigenvectors = 2\nspectrum_blocks = "layer"\noperator = "both"\n')
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_layouts_report_and_resume(self):
+        for fam in self.CONFIGS:
+            d = os.path.join(self.tmp, fam)
+            deck = os.path.join(d, "deck.toml")
+            snaps = {}
+            for np_, rpc in ((1, 1), (2, 1), (2, 2), (4, 2)):
+                out = f"out/r_{np_}_{rpc}.h5"
+                r = gnhtest.run_gnh(deck, np_, [f"parallel.ranks_per_checkpoint={rpc}", f"run.output={out}"])
+                self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
+                snaps[(np_, rpc)] = snapshot(os.path.join(d, out))
+            base = snaps[(1, 1)]
+            for name in ("seen/blocks/layer/trace_H", "seen/update@dHd", "seen/spectrum/eigenvectors",
+                         "seen/spectrum_blocks/h.1/ritz_values", "seen/hessian_diagonal", "seen@trace_ggn"):
+                self.assertTrue(any(k.endswith(name) for k in base), (fam, name))
+            for key, snap in snaps.items():
+                with self.subTest(family=fam, ranks=key[0], ranks_per_checkpoint=key[1]):
+                    self.assertEqual([k for k in base if snap.get(k) != base[k]], [])
+            with h5py.File(os.path.join(d, "out/r_1_1.h5"), "r") as f:
+                g = next(iter(f["groups"].values()))
+                names = [gnhtest.text(n) for n in g["seen/blocks/layer/names"][()]]
+                self.assertEqual(names, ["embed", "h.0", "h.1", "head"])
+            r, manifest = gnhtest.report(os.path.join(d, "out/r_1_1.h5"), os.path.join(d, "report"))
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("layer_spectra", manifest["figures"])
+            # Killed after the first group, then rerun: the uninterrupted run's bits.
+            out = os.path.join(d, "out", "killed.h5")
+            cmd = [gnhtest.MPIEXEC, "-np", "1", gnhtest.GNH, "run", deck, "--quiet", "--set", "run.output=out/killed.h5"]
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=gnhtest.mpi_env(),
+                                 start_new_session=True)
+            groups = os.path.join(d, "out", "killed.groups")
+            deadline = time.time() + 120
+            while time.time() < deadline and not (os.path.isdir(groups) and
+                                                  any(f.endswith(".h5") for f in os.listdir(groups))):
+                time.sleep(0.05)
+            # The rank itself, as Slurm delivers the signal, then mpirun.
+            subprocess.run(["pkill", "-KILL", "-f", f"^{gnhtest.GNH} run {deck}"], check=False)
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate(timeout=120)
+            r = gnhtest.run_gnh(deck, 2, ["run.output=out/killed.h5"])
+            self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
+            self.assertEqual(snapshot(out), base)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -62,6 +62,41 @@ class SideBySide(unittest.TestCase):
             self.assertEqual(sorted({c["K"] for c in t["curvature"]}), [1, 16])
         self.assertEqual(res["gnh"], rounds[0]["gnh"])  # perf/compare.py reads the engine's results here
 
+    def test_families(self):
+        """--family llama and gpt-neox: both sides on the family's model, and
+        the PyTorch side's functional loss (elementary ops, for functorch) is
+        the published model's: float64, 1e-12 relative (the same sums in
+        another order)."""
+        sys.path.insert(0, os.path.join(gnhtest.ROOT, "perf"))
+        import bench_torch
+        import gnh_families
+        import side_by_side
+        import torch
+        bench = os.environ["GNH_BENCH"]
+        for family in ("llama", "gpt-neox"):
+            with self.subTest(family=family):
+                cfg = side_by_side.family_config(family, "tiny")
+                model = gnh_families.init_random(gnh_families.CausalLM(cfg).double(), 5, 0.3)
+                idx = torch.randint(0, cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
+                tgt = idx.roll(-1, dims=1)
+                named = gnh_families.canonical_named(model)
+                want = torch.nn.functional.cross_entropy(model(idx).reshape(-1, cfg.vocab_size), tgt.reshape(-1),
+                                                         reduction="sum")
+                got = bench_torch.family_loss_sum(list(named.values()), list(named), cfg, idx, tgt)
+                self.assertLessEqual(abs(float(got) - float(want)), 1e-12 * abs(float(want)))
+                with tempfile.TemporaryDirectory(prefix="gnh-sbs-") as d:
+                    out = os.path.join(d, "tiny.json")
+                    r = subprocess.run([sys.executable, os.path.join(gnhtest.ROOT, "perf", "side_by_side.py"),
+                                        "--preset", "tiny", "--family", family, "--repeats", "1", "--rounds", "1",
+                                        "--torch-setting", "as-is", "--bench", bench, "--json", out],
+                                       capture_output=True, text=True)
+                    self.assertEqual(r.returncode, 0, r.stderr)
+                    with open(out) as f:
+                        res = json.load(f)
+                self.assertEqual(res["family"], family)
+                self.assertEqual(res["gnh"]["context"]["n_params"], res["torch"]["context"]["n_params"])
+                self.assertIn("functorch-forward-over-reverse_K16_vs_best", res["ratios"])
+
 
 if __name__ == "__main__":
     unittest.main()

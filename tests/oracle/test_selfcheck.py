@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: BSD-3-Clause
 """The device self-check (doc/operations.md): the values shipped in
-jobscripts/selfcheck/ are PyTorch's float64 values of the shipped model and
-tokens (recomputed here, 1e-12 relative: the same double-backward sums);
+jobscripts/selfcheck/ are PyTorch's float64 values of the shipped models (one
+of each family) and tokens (recomputed here, 1e-12 relative: the same double-backward sums);
 `gnh self-check` passes in every precision and curvature method, on one rank
 and two; a copy of the installed tree whose stored loss is off by 0.1% fails
 it with a message naming the value, the rank and the host, and `gnh run
@@ -41,12 +41,15 @@ class SelfCheck(unittest.TestCase):
     def test_shipped_values_are_the_oracles(self):
         with open(os.path.join(SHIPPED, "reference.json")) as f:
             shipped = json.load(f)
-        fresh = make_selfcheck.reference(SHIPPED)
-        for key in ("loss", "G_sqnorm", "GHG", "GHG_scale"):
-            self.assertAlmostEqual(shipped[key], fresh[key], delta=1e-12 * abs(fresh[key]), msg=key)
-        for key in ("vHv", "vHv_scale"):
-            for a, b in zip(shipped[key], fresh[key]):
-                self.assertAlmostEqual(a, b, delta=1e-12 * abs(b), msg=key)
+        self.assertEqual([(m["file"], m["family"]) for m in shipped["models"]],
+                         [("model.h5", "nanogpt"), ("llama.h5", "llama"), ("gpt-neox.h5", "gpt-neox")])
+        for m in shipped["models"]:
+            fresh = make_selfcheck.reference(SHIPPED, m["file"])
+            for key in ("loss", "G_sqnorm", "GHG", "GHG_scale"):
+                self.assertAlmostEqual(m[key], fresh[key], delta=1e-12 * abs(fresh[key]), msg=(m["file"], key))
+            for key in ("vHv", "vHv_scale"):
+                for a, b in zip(m[key], fresh[key]):
+                    self.assertAlmostEqual(a, b, delta=1e-12 * abs(b), msg=(m["file"], key))
 
     def test_passes_in_every_precision_and_method(self):
         for precision in ("fp64", "fp32", "tf32", "bf16-amp"):
@@ -66,14 +69,14 @@ class SelfCheck(unittest.TestCase):
         ref = os.path.join(tree, "share", "gnh", "jobscripts", "selfcheck", "reference.json")
         with open(ref) as f:
             doc = json.load(f)
-        doc["loss"] *= 1.001
+        doc["models"][1]["loss"] *= 1.001  # the llama model's
         with open(ref, "w") as f:
             json.dump(doc, f)
         gnh = os.path.join(tree, "bin", "gnh")
         r = self.run_gnh(gnh, ["self-check", "--precision", "fp32"])
         self.assertNotEqual(r.returncode, 0)
         self.assertNotIn("Traceback", r.stderr)
-        for part in ("self-check failed on rank 0", "host ", "loss ", "(relative 9.99e-04 > 1e-04)"):
+        for part in ("self-check failed on rank 0", "host ", "llama.h5", "loss ", "(relative 9.99e-04 > 1e-04)"):
             self.assertIn(part, r.stderr)
         self.assertNotIn("|G|^2", r.stderr)
         # gnh run --self-check stops before computing: no group file.

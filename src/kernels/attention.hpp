@@ -727,6 +727,18 @@ struct AttentionOp {
   }
 };
 
+// The same op as the Llama family uses it: grouped-query attention with
+// n_head/2 key/value heads (one, for an odd n_head), rows [q | k | v].
+template <class T>
+struct GqaAttentionOp : AttentionOp<T> {
+  static constexpr const char* name = "attention_gqa";
+  explicit GqaAttentionOp(const AttentionOp<T>& a) : AttentionOp<T>(a) {}
+  static GqaAttentionOp at(const OpDims& d, index_t) {
+    const index_t H = d.H, G = H % 2 == 0 ? H / 2 : 1, hs = d.C / H;
+    return GqaAttentionOp(AttentionOp<T>(d.B, d.T, QkvLayout::fused(H, G, hs), (H + 2 * G) * hs));
+  }
+};
+
 // Compiled once, in gnh_core (kernels/instances.hpp).
 #define GNH_ATTENTION_FORWARD(EXT, S)                                                                            \
   EXT template void attention_forward<S>(const ExecSpace&, Act2<base_t<S>>, Act1<base_t<S>>, QkvActs<base_t<S>>, \

@@ -26,7 +26,7 @@ struct OpList {
   static constexpr std::size_t size = sizeof...(Ops);
 };
 
-using Ops =
-    OpList<LinearOp, LayerNormOp, RmsNormOp, GeluOp, SwigluOp, RotaryOp, AttentionOp, LmHeadXentOp, EmbeddingOp>;
+using Ops = OpList<LinearOp, LayerNormOp, RmsNormOp, GeluOp, SwigluOp, RotaryOp, AttentionOp, GqaAttentionOp,
+                   LmHeadXentOp, EmbeddingOp>;
 
 }  // namespace gnh::kernels

@@ -21,6 +21,7 @@
 #include "core/compat.hpp"
 #include "core/planes.hpp"
 #include "kernels/check.hpp"
+#include "kernels/cloned.hpp"
 #include "kernels/op.hpp"
 #include "kernels/instances.hpp"
 
@@ -36,13 +37,18 @@ struct RotarySegments {
 
 namespace detail {
 
+// The angle of pair j at position t: t base^(-2j/r), in U.
+template <class U>
+KOKKOS_INLINE_FUNCTION U rotary_angle(index_t t, index_t j, index_t r, U log_base) {
+  return U(t) * kmath::exp(-(U(2 * j) / U(r)) * log_base);
+}
+
 // Every plane of `in` rotated into `out` (sign +1: R, -1: R^T); planes 0
 // (value), 1..K (tangents), K+1..2K (second order) as the scalar type has
-// them. Each thread takes a rotated pair of one segment (both of its
-// elements), or one column of a segment that does not rotate, so out may be in.
+// them. A pair's two elements are read before either is written, so out may be in.
 template <class S>
 void rotate_planes(const ExecSpace& space, const char* label, Act2<base_t<S>> out, Act2<base_t<S>> in, index_t T,
-                   index_t D, index_t r, double base, double sign, RotarySegments seg) {
+                   index_t D, index_t r, double base, double sign, RotarySegments seg, View2<base_t<S>> table) {
   using U = base_t<S>;
   const index_t N = in.rows(), width = in.cols(), K = has_tangents_v<S> ? in.d.extent(0) : 0;
   const index_t planes = 1 + K + (has_second_v<S> ? K : 0);
@@ -52,55 +58,79 @@ void rotate_planes(const ExecSpace& space, const char* label, Act2<base_t<S>> ou
   if (D <= 0 || width % D != 0 || r < 0 || r > D || r % 2 != 0 || seg.period <= 0 || seg.count < 0)
     throw std::invalid_argument(std::string(label) + ": heads of " + std::to_string(D) + " dims, " + std::to_string(r) +
                                 " of them rotated, do not tile rows of " + std::to_string(width));
-  const index_t half = r / 2, segments = width / D, per = half + (D - r);  // threads per segment
+  const index_t half = r / 2, segments = width / D;
   const U log_base = U(std::log(base)), s_sign = U(sign);
-  const bool same = out.v.data() == in.v.data();
-  using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3, Kokkos::Iterate::Right, Kokkos::Iterate::Right>,
-                                       Kokkos::IndexType<index_t>>;
+  const bool same = out.v.data() == in.v.data(), tabled = table.extent(0) > 0;
+  if (tabled && (index_t(table.extent(0)) < T || index_t(table.extent(1)) != r))
+    throw std::invalid_argument(std::string(label) + ": the rotary table is not (T, r)");
+  // A task is one segment of one row of one plane: its pairs along the row
+  // (contiguous, the table's row alike), then the dims that pass.
   Kokkos::parallel_for(
-      label, Policy(space, {0, 0, 0}, {planes, N, segments * per}),
-      KOKKOS_LAMBDA(const index_t q, const index_t n, const index_t e) {
-        const U* x = q == 0 ? &in.v(n, 0) : q <= K ? &in.d(q - 1, n, 0) : &in.dd(q - 1 - K, n, 0);
-        U* y = q == 0 ? &out.v(n, 0) : q <= K ? &out.d(q - 1, n, 0) : &out.dd(q - 1 - K, n, 0);
-        const index_t s = e / per, j = e - s * per, c = s * D + j;
+      label, range(space, planes * N * segments), cloned(KOKKOS_LAMBDA(const index_t i) {
+        const index_t q = i / (N * segments), n = (i / segments) % N, s = i % segments;
+        const U* x = (q == 0 ? &in.v(n, 0) : q <= K ? &in.d(q - 1, n, 0) : &in.dd(q - 1 - K, n, 0)) + s * D;
+        U* y = (q == 0 ? &out.v(n, 0) : q <= K ? &out.d(q - 1, n, 0) : &out.dd(q - 1 - K, n, 0)) + s * D;
         const bool rotates = s % seg.period < seg.count;
-        if (j >= half || !rotates) {
-          // A column that passes: dims r.. of the segment (j >= half), or
-          // the first `per` of a segment that does not rotate (then the rest).
-          if (same) return;
-          if (j >= half) {
-            y[c + half] = x[c + half];
-            return;
+        const index_t t = n % T, first = rotates ? r : 0;  // the dims from `first` on pass
+        if (rotates && tabled) {
+          const U* cs = &table(t, 0);
+          const U* sn = cs + half;
+          for (index_t j = 0; j < half; ++j) {
+            const U x1 = x[j], x2 = x[j + half];
+            y[j] = x1 * cs[j] - s_sign * x2 * sn[j];
+            y[j + half] = x2 * cs[j] + s_sign * x1 * sn[j];
           }
-          y[c] = x[c];
-          y[c + half] = x[c + half];
-          return;
+        } else if (rotates) {
+          for (index_t j = 0; j < half; ++j) {
+            const U a = rotary_angle<U>(t, j, r, log_base);
+            const U cs = kmath::cos(a), sn = s_sign * kmath::sin(a);
+            const U x1 = x[j], x2 = x[j + half];
+            y[j] = x1 * cs - x2 * sn;
+            y[j + half] = x2 * cs + x1 * sn;
+          }
         }
-        const U a = U(n % T) * kmath::exp(-(U(2 * j) / U(r)) * log_base);
-        const U cs = kmath::cos(a), sn = s_sign * kmath::sin(a);
-        const U x1 = x[c], x2 = x[c + half];
-        y[c] = x1 * cs - x2 * sn;
-        y[c + half] = x2 * cs + x1 * sn;
-      });
+        if (!same)
+          for (index_t c = first; c < D; ++c) y[c] = x[c];
+      }));
 }
 
 }  // namespace detail
 
+// cos and sin of every angle of positions 0 .. T-1: (T, r), row t = [cos
+// a_t0 .. cos a_t(r/2-1) | sin ...], the values the kernels would form (an
+// engine builds it once, so that no pass evaluates a transcendental per element).
+template <class U>
+View2<U> rotary_table(const ExecSpace& space, index_t T, index_t r, double base) {
+  View2<U> t(Kokkos::view_alloc(space, "gnh::rotary::table", Kokkos::WithoutInitializing), T, r);
+  const index_t half = r / 2;
+  const U log_base = U(std::log(base));
+  using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<index_t>>;
+  if (T > 0 && half > 0)
+    Kokkos::parallel_for(
+        "gnh::rotary::table", Policy(space, {0, 0}, {T, half}), KOKKOS_LAMBDA(const index_t p, const index_t j) {
+          const U a = detail::rotary_angle<U>(p, j, r, log_base);
+          t(p, j) = kmath::cos(a);
+          t(p, half + j) = kmath::sin(a);
+        });
+  return t;
+}
+
 // x, y: (N, width) rows of T-token blocks, segments of D dims, those that
-// seg rotates turned by their first r dims; y may be x (in place).
+// seg rotates turned by their first r dims; y may be x (in place). table:
+// rotary_table(T, r, base), or empty (the angles formed per element).
 template <class S>
 void rotary_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x, index_t T, index_t D, index_t r,
-                    double base, RotarySegments seg = {}) {
+                    double base, RotarySegments seg = {}, View2<base_t<S>> table = {}) {
   keep_planes<S>(y, x);
-  detail::rotate_planes<S>(space, "gnh::rotary::forward", y, x, T, D, r, base, 1.0, seg);
+  detail::rotate_planes<S>(space, "gnh::rotary::forward", y, x, T, D, r, base, 1.0, seg, table);
 }
 
 // dx = R^T dy, every plane S has (Dual: the tangent of the reverse); dx may be dy.
 template <class S>
 void rotary_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Act2<base_t<S>> dy, index_t T, index_t D, index_t r,
-                    double base, RotarySegments seg = {}) {
+                    double base, RotarySegments seg = {}, View2<base_t<S>> table = {}) {
   keep_planes<S>(dx, dy);
-  detail::rotate_planes<S>(space, "gnh::rotary::reverse", dx, dy, T, D, r, base, -1.0, seg);
+  detail::rotate_planes<S>(space, "gnh::rotary::reverse", dx, dy, T, D, r, base, -1.0, seg, table);
 }
 
 // The op contract (kernels/op.hpp): no parameters, nothing saved. As the
@@ -134,10 +164,10 @@ struct RotaryOp {
 // Compiled once, in gnh_core (kernels/instances.hpp).
 #define GNH_ROTARY_FORWARD(EXT, S)                                                                                   \
   EXT template void rotary_forward<S>(const ExecSpace&, Act2<base_t<S>>, Act2<base_t<S>>, index_t, index_t, index_t, \
-                                      double, RotarySegments);
+                                      double, RotarySegments, View2<base_t<S>>);
 #define GNH_ROTARY_REVERSE(EXT, S)                                                                                   \
   EXT template void rotary_reverse<S>(const ExecSpace&, Act2<base_t<S>>, Act2<base_t<S>>, index_t, index_t, index_t, \
-                                      double, RotarySegments);
+                                      double, RotarySegments, View2<base_t<S>>);
 #define GNH_ROTARY(EXT, T) \
   GNH_FORWARD_SCALARS(GNH_ROTARY_FORWARD, EXT, T) GNH_REVERSE_SCALARS(GNH_ROTARY_REVERSE, EXT, T)
 GNH_ROTARY(extern, float)

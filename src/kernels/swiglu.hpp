@@ -8,13 +8,19 @@
 //   second:   y'' = silu''(a) a'^2 b + silu'(a) a'' b + 2 silu'(a) a' b' + silu(a) b''
 //   reverse:  da = dy silu'(a) b,  db = dy silu(a)
 //   tangent of reverse: the reverse in Dual arithmetic
-// Every mode evaluates the element in its own scalar (core/jet.hpp), one
-// thread per output element over the directions in turn. Saves nothing; the
-// caller keeps x.
+// Every mode evaluates silu, silu' and silu'' once per element at the primal
+// point (the float exponential of core/fastmath.hpp) and applies them to
+// every direction's planes, as GELU does: on a host space a task is a chunk
+// of 64 elements of one row, its coefficients kept while the K planes stream
+// past (vectorised along the row); on a GPU one element per thread. Saves
+// nothing; the caller keeps x.
 #pragma once
-#include "core/jet.hpp"
+#include <type_traits>
+
+#include "core/fastmath.hpp"
 #include "core/planes.hpp"
 #include "kernels/check.hpp"
+#include "kernels/cloned.hpp"
 #include "kernels/op.hpp"
 #include "kernels/instances.hpp"
 
@@ -22,24 +28,33 @@ namespace gnh::kernels {
 
 namespace detail {
 
-// sigma(a), in any scalar of core/jet.hpp.
-template <class S>
-KOKKOS_INLINE_FUNCTION S swiglu_sigma(const S& a) {
-  return base_t<S>(1) / (base_t<S>(1) + jexp(-a));
+// Elements of a row per host task (1 on a GPU: an element per thread).
+constexpr index_t swiglu_chunk() {
+  return std::is_same_v<ExecSpace, Kokkos::DefaultHostExecutionSpace> &&
+                 Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible
+             ? 64
+             : 1;
 }
 
-// f(k, n, j, a, b) for every output element (n, j) of an (N, F) gate and
-// every plane k, the element's a and b in S: one thread an element, the
-// planes in turn.
-template <class S, class F>
-void for_gate_elements(const ExecSpace& space, const char* label, Act2<base_t<S>> x, index_t N, index_t Fw, index_t K,
-                       const F& f) {
-  using io = Io<S>;
-  Kokkos::parallel_for(
-      label, range(space, N * Fw), KOKKOS_LAMBDA(const index_t i) {
-        const index_t n = i / Fw, j = i - n * Fw;
-        for (int k = 0; k < K; ++k) f(k, n, j, io::get(x, k, n, j), io::get(x, k, n, Fw + j));
-      });
+// silu(a), silu'(a) and silu''(a) = sigma (1 - sigma) (2 + a (1 - 2 sigma)).
+template <class T>
+KOKKOS_INLINE_FUNCTION void silu_coefficients(const T a, T& silu, T& s1, T& s2) {
+  const T sg = T(1) / (T(1) + fast_exp(-a));
+  silu = a * sg;
+  s1 = sg * (T(1) + a * (T(1) - sg));
+  s2 = sg * (T(1) - sg) * (T(2) + a * (T(1) - T(2) * sg));
+}
+
+// f(n, j0, m) for every chunk of m <= swiglu_chunk() elements (n, j0 .. j0 +
+// m - 1) of the (N, F) gate.
+template <class F>
+void for_gate_chunks(const ExecSpace& space, const char* label, index_t N, index_t Fw, const F& f) {
+  constexpr index_t L = swiglu_chunk();
+  const index_t per_row = (Fw + L - 1) / L;
+  Kokkos::parallel_for(label, range(space, N * per_row), cloned(KOKKOS_LAMBDA(const index_t i) {
+                         const index_t n = i / per_row, j0 = (i - n * per_row) * L;
+                         f(n, j0, Fw - j0 < L ? Fw - j0 : L);
+                       }));
 }
 
 }  // namespace detail
@@ -47,34 +62,72 @@ void for_gate_elements(const ExecSpace& space, const char* label, Act2<base_t<S>
 template <class S>
 void swiglu_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x) {
   keep_planes<S>(y, x);
-  using io = Io<S>;
-  const index_t N = x.rows(), F = y.cols(), K = directions_of<S>(x);
+  using T = base_t<S>;
+  const index_t N = x.rows(), F = y.cols(), K = has_tangents_v<S> ? x.d.extent(0) : 0;
+  const bool second = has_second_v<S>;
   require_extent("gnh::swiglu::forward", "y rows", y.rows(), N);
   require_extent("gnh::swiglu::forward", "x cols (2 F)", x.cols(), 2 * F);
-  detail::for_gate_elements<S>(
-      space, "gnh::swiglu::forward", x, N, F, K,
-      KOKKOS_LAMBDA(const int k, const index_t n, const index_t f, const S& a, const S& b) {
-        io::put(y, k, n, f, a * detail::swiglu_sigma(a) * b);
+  constexpr index_t L = detail::swiglu_chunk();
+  detail::for_gate_chunks(
+      space, "gnh::swiglu::forward", N, F, KOKKOS_LAMBDA(const index_t n, const index_t j0, const index_t m) {
+        T silu[L], s1[L], s2[L];
+        const T* a = &x.v(n, j0);
+        const T* b = a + F;
+        T* out = &y.v(n, j0);
+        for (index_t j = 0; j < m; ++j) {
+          detail::silu_coefficients(a[j], silu[j], s1[j], s2[j]);
+          out[j] = silu[j] * b[j];
+        }
+        for (index_t k = 0; k < K; ++k) {
+          const T* ad = &x.d(k, n, j0);
+          const T* bd = ad + F;
+          T* yd = &y.d(k, n, j0);
+          for (index_t j = 0; j < m; ++j) yd[j] = s1[j] * ad[j] * b[j] + silu[j] * bd[j];
+          if (!second) continue;
+          const T* add = &x.dd(k, n, j0);
+          const T* bdd = add + F;
+          T* ydd = &y.dd(k, n, j0);
+          for (index_t j = 0; j < m; ++j)
+            ydd[j] = (s2[j] * ad[j] * ad[j] + s1[j] * add[j]) * b[j] + T(2) * s1[j] * ad[j] * bd[j] + silu[j] * bdd[j];
+        }
       });
 }
 
-// dx (N, 2F) = [dy silu'(a) b | dy silu(a)], overwritten.
+// dx (N, 2F) = [dy silu'(a) b | dy silu(a)], overwritten; with tangents
+// (Dual), da' = dy' silu' b + dy (silu'' a' b + silu' b') and db' = dy' silu + dy silu' a'.
 template <class S>
 void swiglu_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Act2<base_t<S>> dy, Act2<base_t<S>> x) {
   keep_planes<S>(dx, dy, x);
-  using io = Io<S>;
   using T = base_t<S>;
-  const index_t N = x.rows(), F = dy.cols(), K = directions_of<S>(x);
+  const index_t N = x.rows(), F = dy.cols(), K = has_tangents_v<S> ? x.d.extent(0) : 0;
   require_extent("gnh::swiglu::reverse", "dy rows", dy.rows(), N);
   require_extent("gnh::swiglu::reverse", "dx rows", dx.rows(), N);
   require_extent("gnh::swiglu::reverse", "x cols (2 F)", x.cols(), 2 * F);
-  detail::for_gate_elements<S>(
-      space, "gnh::swiglu::reverse", x, N, F, K,
-      KOKKOS_LAMBDA(const int k, const index_t n, const index_t f, const S& a, const S& b) {
-        const S g = io::get(dy, k, n, f), sigma = detail::swiglu_sigma(a), silu = a * sigma;
-        const S slope = sigma * (T(1) + a * (T(1) - sigma));
-        io::put(dx, k, n, f, g * slope * b);
-        io::put(dx, k, n, F + f, g * silu);
+  constexpr index_t L = detail::swiglu_chunk();
+  detail::for_gate_chunks(
+      space, "gnh::swiglu::reverse", N, F, KOKKOS_LAMBDA(const index_t n, const index_t j0, const index_t m) {
+        T silu[L], s1[L], s2[L];
+        const T* a = &x.v(n, j0);
+        const T* b = a + F;
+        const T* g = &dy.v(n, j0);
+        T* da = &dx.v(n, j0);
+        T* db = da + F;
+        for (index_t j = 0; j < m; ++j) {
+          detail::silu_coefficients(a[j], silu[j], s1[j], s2[j]);
+          da[j] = g[j] * s1[j] * b[j];
+          db[j] = g[j] * silu[j];
+        }
+        for (index_t k = 0; k < K; ++k) {
+          const T* ad = &x.d(k, n, j0);
+          const T* bd = ad + F;
+          const T* gd = &dy.d(k, n, j0);
+          T* dad = &dx.d(k, n, j0);
+          T* dbd = dad + F;
+          for (index_t j = 0; j < m; ++j) {
+            dad[j] = gd[j] * s1[j] * b[j] + g[j] * (s2[j] * ad[j] * b[j] + s1[j] * bd[j]);
+            dbd[j] = gd[j] * silu[j] + g[j] * s1[j] * ad[j];
+          }
+        }
       });
 }
 

@@ -113,7 +113,7 @@ class Gpt {
   template <class S>
   void forward_block(const ExecSpace& space, Params<T> p, int layer, bool cut);
   template <class S>
-  void forward_block_llama(const ExecSpace& space, Params<T> p, int layer);
+  void forward_block_llama(const ExecSpace& space, Params<T> p, int layer, bool cut);
   template <class S>
   void reverse_block(const ExecSpace& space, Params<T> p, Grads<T> g, int layer);
   template <class S>
@@ -142,6 +142,7 @@ class Gpt {
   ParamLayout layout_;
   kernels::QkvLayout qkv_layout_;  // where attention finds the heads (by family)
   index_t rotary_dims_ = 0;        // dims of each head rotated (0: no rotary embedding)
+  View2<T> rotary_table_;          // cos and sin of every position's angles (kernels/rotary.hpp)
   Shape shape_;
   index_t N_;
   std::vector<View1<T>> owned_;

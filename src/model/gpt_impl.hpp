@@ -59,9 +59,10 @@ struct Adjoints {
 // one block's four linear layers and its attention, from the batch's adjoint pass.
 template <class T>
 struct CutAdjoints {
-  Act2<T> ln1, att, ln2;  // (N, C): inputs of c_attn, attn.c_proj, c_fc
-  Act2<T> qkv;            // (N, 3C): input of the attention
-  Act2<T> fc_gelu;        // (N, 4C): input of mlp.c_proj
+  Act2<T> ln1, att, ln2;  // (N, C), (N, A), (N, C): inputs of c_attn, attn.c_proj, c_fc (and their §11 likes)
+  Act2<T> qkv;            // (N, Q): input of the attention (nanoGPT, GPT-NeoX: after the rotation)
+  Act2<T> q, k, v;        // Llama: the attention's three inputs (q and k rotated)
+  Act2<T> fc_gelu;        // (N, F): input of mlp.c_proj (dense_4h_to_h, down_proj)
 };
 
 namespace gpt_detail {
@@ -199,6 +200,10 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate, std::vect
   else if (cfg.family == Family::gpt_neox) qkv_layout_ = kernels::QkvLayout::interleaved(H, Dh);
   else qkv_layout_ = kernels::QkvLayout::fused(H, H, Dh);
   rotary_dims_ = cfg.rotary_dims();
+  if (rotary_dims_ > 0) {
+    workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(shape.context * rotary_dims_);
+    if (allocate) rotary_table_ = kernels::rotary_table<T>(ExecSpace(), shape.context, rotary_dims_, cfg.rope_theta);
+  }
   const GptTiles plan = gpt_tiles(cfg, shape);
   const index_t att_e = choose_kept(plan);
   plan_layers(att_e);
@@ -373,10 +378,23 @@ void Gpt<T>::plan_adjoint_cuts() {
   g.reverse = true;
   g.second_order = false;
   g.adjoint_cuts = 0;
-  for (int l = 0; l < cfg_.n_layer; ++l)
-    buf_->cuts.push_back({act2("cut_ln1", N, C, false, false), act2("cut_att", N, C, false, false),
-                          act2("cut_ln2", N, C, false, false), act2("cut_qkv", N, 3 * C, false, false),
-                          act2("cut_fc_gelu", N, 4 * C, false, false)});
+  const index_t A = index_t(cfg_.n_head) * cfg_.head_size(), Akv = index_t(cfg_.kv_heads()) * cfg_.head_size();
+  const bool llama = cfg_.family == Family::llama;
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    CutAdjoints<T> c;
+    c.ln1 = act2("cut_ln1", N, C, false, false);
+    c.att = act2("cut_att", N, A, false, false);
+    c.ln2 = act2("cut_ln2", N, C, false, false);
+    if (llama) {
+      c.q = act2("cut_q", N, A, false, false);
+      c.k = act2("cut_k", N, Akv, false, false);
+      c.v = act2("cut_v", N, Akv, false, false);
+    } else {
+      c.qkv = act2("cut_qkv", N, 3 * A, false, false);
+    }
+    c.fc_gelu = act2("cut_fc_gelu", N, cfg_.mlp_width(), false, false);
+    buf_->cuts.push_back(c);
+  }
   workspace_bytes_ += Gpt<T>::planned_bytes(cfg_, g) + sizeof(double) * static_cast<std::size_t>(shape_.directions * N);
   if (allocate_) {
     adjoint_engine_.reset(new Gpt<T>(cfg_, g, true, std::move(reusable_)));
@@ -423,7 +441,7 @@ LossSum Gpt<T>::forward(const ExecSpace& space, Params<T> p, Span2<const std::in
   if (cut) Kokkos::deep_copy(space, cut_dd_, 0.0);
   embedding_forward<S>(space, x_in(0), tokens, p, L.wte, L.wpe);
   for (int l = 0; l < cfg_.n_layer; ++l) {
-    if (cfg_.family == Family::llama) forward_block_llama<S>(space, p, l);
+    if (cfg_.family == Family::llama) forward_block_llama<S>(space, p, l, cut);
     else forward_block<S>(space, p, l, cut);
   }
   if (cfg_.family == Family::llama)
@@ -474,7 +492,8 @@ void Gpt<T>::forward_block(const ExecSpace& space, Params<T> p, int l, bool cut)
   cut_at(space, cut, cuts.ln1, ln1);
   linear_forward<S>(space, qkv, ln1, p, o.attn_w, o.attn_b, gemm_, !cut);
   if (rotary_dims_ > 0)
-    rotary_forward<S>(space, qkv, qkv, Tc, cfg_.head_size(), rotary_dims_, cfg_.rope_theta, RotarySegments{3, 2});
+    rotary_forward<S>(space, qkv, qkv, Tc, cfg_.head_size(), rotary_dims_, cfg_.rope_theta, RotarySegments{3, 2},
+                      rotary_table_);
   cut_at(space, cut, cuts.qkv, qkv);
   T* const keep_p = std::is_same<S, T>::value && keep_attention_ ? a0.att_p.v.data() : nullptr;
   attention_forward<S>(space, att, a0.att_lse, QkvActs<T>{qkv, qkv, qkv}, qkv_layout_, B, Tc, gemm_.bf16,
@@ -503,28 +522,37 @@ void Gpt<T>::forward_block(const ExecSpace& space, Params<T> p, int l, bool cut)
 // block, SwiGLU, down_proj; each added to the residual stream.
 template <class T>
 template <class S>
-void Gpt<T>::forward_block_llama(const ExecSpace& space, Params<T> p, int l) {
+void Gpt<T>::forward_block_llama(const ExecSpace& space, Params<T> p, int l, bool cut) {
   using namespace kernels;
   const index_t B = shape_.batch, Tc = shape_.context, D = cfg_.head_size();
   const Act2<T> proj = buf_->proj;
   const BlockOffsets& o = layout_.blocks[l];
   const LayerActivations<T>& a = buf_->acts[shape_.reverse ? l : 0];
   const Act2<T> x = x_in(l);
+  // Adjoint cuts (second_order): at the projections' inputs and the attention's.
+  const CutAdjoints<T> cuts = cut ? buf_->cuts[l] : CutAdjoints<T>();
   rmsnorm_forward<S>(space, a.ln1, a.ln1_rstd, x, p, o.ln1_w, -1, cfg_.ln_eps);
-  linear_forward<S>(space, a.q, a.ln1, p, o.q_w, o.q_b, gemm_);
-  linear_forward<S>(space, a.k, a.ln1, p, o.k_w, o.k_b, gemm_);
-  linear_forward<S>(space, a.v, a.ln1, p, o.v_w, o.v_b, gemm_);
-  rotary_forward<S>(space, a.q, a.q, Tc, D, rotary_dims_, cfg_.rope_theta);
-  rotary_forward<S>(space, a.k, a.k, Tc, D, rotary_dims_, cfg_.rope_theta);
+  cut_at(space, cut, cuts.ln1, a.ln1);
+  linear_forward<S>(space, a.q, a.ln1, p, o.q_w, o.q_b, gemm_, !cut);
+  linear_forward<S>(space, a.k, a.ln1, p, o.k_w, o.k_b, gemm_, !cut);
+  linear_forward<S>(space, a.v, a.ln1, p, o.v_w, o.v_b, gemm_, !cut);
+  rotary_forward<S>(space, a.q, a.q, Tc, D, rotary_dims_, cfg_.rope_theta, {}, rotary_table_);
+  rotary_forward<S>(space, a.k, a.k, Tc, D, rotary_dims_, cfg_.rope_theta, {}, rotary_table_);
+  cut_at(space, cut, cuts.q, a.q);
+  cut_at(space, cut, cuts.k, a.k);
+  cut_at(space, cut, cuts.v, a.v);
   T* const keep_p = std::is_same<S, T>::value && keep_attention_ ? a.att_p.v.data() : nullptr;
   attention_forward<S>(space, a.att, a.att_lse, QkvActs<T>{a.q, a.k, a.v}, qkv_layout_, B, Tc, gemm_.bf16,
-                       default_row_shape(), true, keep_p);
-  linear_forward<S>(space, proj, a.att, p, o.attn_proj_w, o.attn_proj_b, gemm_);
+                       default_row_shape(), !cut, keep_p);
+  cut_at(space, cut, cuts.att, a.att);
+  linear_forward<S>(space, proj, a.att, p, o.attn_proj_w, o.attn_proj_b, gemm_, !cut);
   residual_forward<S>(space, a.x_mid, x, proj);
   rmsnorm_forward<S>(space, a.ln2, a.ln2_rstd, a.x_mid, p, o.ln2_w, -1, cfg_.ln_eps);
-  linear_forward<S>(space, a.fc, a.ln2, p, o.fc_w, -1, gemm_);
+  cut_at(space, cut, cuts.ln2, a.ln2);
+  linear_forward<S>(space, a.fc, a.ln2, p, o.fc_w, -1, gemm_, !cut);
   swiglu_forward<S>(space, a.fc_gelu, a.fc);
-  linear_forward<S>(space, proj, a.fc_gelu, p, o.fc_proj_w, -1, gemm_);
+  cut_at(space, cut, cuts.fc_gelu, a.fc_gelu);
+  linear_forward<S>(space, proj, a.fc_gelu, p, o.fc_proj_w, -1, gemm_, !cut);
   residual_forward<S>(space, a.x_out, a.x_mid, proj);
 }
 
@@ -657,7 +685,8 @@ void Gpt<T>::reverse_block(const ExecSpace& space, Params<T> p, Grads<T> g, int 
                        a.att_lse, qkv_layout_, B, Tc, gemm_.bf16, default_row_shape(), kept_p);
   keep(&CutAdjoints<T>::qkv, d_qkv);
   if (rotary_dims_ > 0)
-    rotary_reverse<S>(space, d_qkv, d_qkv, Tc, cfg_.head_size(), rotary_dims_, cfg_.rope_theta, RotarySegments{3, 2});
+    rotary_reverse<S>(space, d_qkv, d_qkv, Tc, cfg_.head_size(), rotary_dims_, cfg_.rope_theta, RotarySegments{3, 2},
+                      rotary_table_);
   layernorm_forward<S>(space, a.ln1, a.ln1_mean, a.ln1_rstd, x_in(l), p, o.ln1_w, o.ln1_b, cfg_.ln_eps);
   linear_reverse<S>(space, c1, g, d_qkv, a.ln1, p, o.attn_w, o.attn_b, gemm_);
   keep(&CutAdjoints<T>::ln1, c1);
@@ -677,27 +706,38 @@ void Gpt<T>::reverse_block_llama(const ExecSpace& space, Params<T> p, Grads<T> g
   const Adjoints<T>& d = buf_->adj;
   const BlockOffsets& o = layout_.blocks[l];
   const LayerActivations<T>& a = buf_->acts[l];
+  // The cut adjoints, as reverse_block keeps them.
+  auto keep = [&](Act2<T> CutAdjoints<T>::*which, const Act2<T>& adj) {
+    if (std::is_same<S, T>::value && keep_into_) Kokkos::deep_copy(space, (keep_into_->cuts[l].*which).v, adj.v);
+  };
   // x_out = x_mid + down(silu(gate(n2)) up(n2)), n2 = rmsnorm_2(x_mid).
   swiglu_forward<S>(space, a.fc_gelu, a.fc);
   linear_reverse<S>(space, d.fc_gelu, g, d.res, a.fc_gelu, p, o.fc_proj_w, -1, gemm_);
+  keep(&CutAdjoints<T>::fc_gelu, d.fc_gelu);
   swiglu_reverse<S>(space, d.fc, d.fc_gelu, a.fc);
   rmsnorm_forward<S>(space, a.ln2, a.ln2_rstd, a.x_mid, p, o.ln2_w, -1, cfg_.ln_eps);
   linear_reverse<S>(space, d.c1, g, d.fc, a.ln2, p, o.fc_w, -1, gemm_);
+  keep(&CutAdjoints<T>::ln2, d.c1);
   rmsnorm_reverse<S>(space, d.c2, g, d.c1, a.x_mid, a.ln2_rstd, p, o.ln2_w, -1);
   accumulate<S>(space, d.res, d.c2);  // d x_mid
   // x_mid = x_in + o_proj(attn(rope(q(n1)), rope(k(n1)), v(n1))), n1 = rmsnorm_1(x_in).
   linear_reverse<S>(space, d.att, g, d.res, a.att, p, o.attn_proj_w, o.attn_proj_b, gemm_);
+  keep(&CutAdjoints<T>::att, d.att);
   const T* const kept_p = std::is_same<S, T>::value && keep_attention_ ? a.att_p.v.data() : nullptr;
   attention_reverse<S>(space, QkvActs<T>{d.q, d.k, d.v}, d.D, d.att, QkvActs<T>{a.q, a.k, a.v}, a.att, a.att_lse,
                        qkv_layout_, B, Tc, gemm_.bf16, default_row_shape(), kept_p);
-  rotary_reverse<S>(space, d.q, d.q, Tc, Dh, rotary_dims_, cfg_.rope_theta);
-  rotary_reverse<S>(space, d.k, d.k, Tc, Dh, rotary_dims_, cfg_.rope_theta);
+  keep(&CutAdjoints<T>::q, d.q);
+  keep(&CutAdjoints<T>::k, d.k);
+  keep(&CutAdjoints<T>::v, d.v);
+  rotary_reverse<S>(space, d.q, d.q, Tc, Dh, rotary_dims_, cfg_.rope_theta, {}, rotary_table_);
+  rotary_reverse<S>(space, d.k, d.k, Tc, Dh, rotary_dims_, cfg_.rope_theta, {}, rotary_table_);
   rmsnorm_forward<S>(space, a.ln1, a.ln1_rstd, x_in(l), p, o.ln1_w, -1, cfg_.ln_eps);
   linear_reverse<S>(space, d.c1, g, d.q, a.ln1, p, o.q_w, o.q_b, gemm_);
   linear_reverse<S>(space, d.c2, g, d.k, a.ln1, p, o.k_w, o.k_b, gemm_);
   accumulate<S>(space, d.c1, d.c2);
   linear_reverse<S>(space, d.c2, g, d.v, a.ln1, p, o.v_w, o.v_b, gemm_);
   accumulate<S>(space, d.c1, d.c2);  // d n1
+  keep(&CutAdjoints<T>::ln1, d.c1);
   rmsnorm_reverse<S>(space, d.c2, g, d.c1, x_in(l), a.ln1_rstd, p, o.ln1_w, -1);
   accumulate<S>(space, d.res, d.c2);  // d x_in
 }

@@ -12,9 +12,6 @@ namespace gnh {
 
 bool adjoint_cuts_of(const ModelConfig& cfg, const Shape& shape) {
   if (!shape.second_order || shape.directions <= 0) return false;
-  // The cuts are placed in nanoGPT's block (model/gpt_impl.hpp); the Llama
-  // and GPT-NeoX blocks run the plain second-order forward.
-  if (cfg.family != Family::nanogpt) return false;
   if (shape.adjoint_cuts >= 0) return shape.adjoint_cuts > 0;
   // GNH_ADJOINT_CUTS=0 keeps the plain second-order forward (no gradient pass,
   // no stored activations: SPEC §5's memory), 1 cuts at any K.

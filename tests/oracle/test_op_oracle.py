@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: BSD-3-Clause
-"""The ops of SPEC §11's families that no model graph uses yet (RMSNorm, the
-rotary embedding, the SwiGLU gate), each alone in float64 against PyTorch
+"""The elementwise and row ops of SPEC §11's families (RMSNorm, the rotary
+embedding, the SwiGLU gate; test_family_oracle.py checks them, and
+grouped-query attention, inside the models), each alone in float64 against PyTorch
 float64 written from the published definitions: the forward, its tangent and
 second-order plane (functorch's nested jvp), the reverse (vjp) and its
 tangent (jvp of the vjp), through tests/support/op_probe.

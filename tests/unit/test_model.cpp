@@ -218,26 +218,37 @@ TEST_CASE("the engine allocates exactly its plan (model/plan.hpp), for every mod
   // The dry run prints plan_gpt_bytes, counted by the constructor without
   // allocating: it is what the engine allocates, for every mode, tiling and
   // the bf16 scratch.
-  const ModelConfig cfg = make_config(2, 2, 16, 16, 37, true, true, Gelu::erf);
-  for (int K : {0, 1, 3})
-    for (bool reverse : {false, true})
-      for (bool second : {false, true})
-        for (bool bf16 : {false, true})
-          for (index_t vocab_tile : {index_t(0), index_t(7)}) {
-            Shape s;
-            s.batch = 3;
-            s.context = 5;
-            s.directions = K;
-            s.reverse = reverse;
-            s.second_order = second;
-            s.bf16 = bf16;
-            s.head_chunk_vocab = vocab_tile;
-            CAPTURE(K, reverse, second, bf16, vocab_tile);
-            const Gpt<float> f(cfg, s);
-            REQUIRE(f.workspace_bytes() == plan_gpt_bytes(cfg, s, sizeof(float)));
-            if (!bf16) {
-              const Gpt<double> d(cfg, s);
-              REQUIRE(d.workspace_bytes() == plan_gpt_bytes(cfg, s, sizeof(double)));
+  // Every family (SPEC §11): Llama's q, k, v and gate|up buffers, GPT-NeoX's
+  // widths, the rotary table.
+  ModelConfig llama = make_config(2, 4, 16, 16, 37, false, false, Gelu::erf), neox = llama;
+  llama.family = Family::llama;
+  llama.n_kv_head = 2;
+  llama.head_dim = 6;
+  llama.intermediate = 24;
+  neox.family = Family::gpt_neox;
+  neox.intermediate = 40;
+  neox.rotary_pct = 0.5;
+  neox.parallel_residual = true;
+  for (const ModelConfig& cfg : {make_config(2, 2, 16, 16, 37, true, true, Gelu::erf), llama, neox})
+    for (int K : {0, 1, 3})
+      for (bool reverse : {false, true})
+        for (bool second : {false, true})
+          for (bool bf16 : {false, true})
+            for (index_t vocab_tile : {index_t(0), index_t(7)}) {
+              Shape s;
+              s.batch = 3;
+              s.context = 5;
+              s.directions = K;
+              s.reverse = reverse;
+              s.second_order = second;
+              s.bf16 = bf16;
+              s.head_chunk_vocab = vocab_tile;
+              CAPTURE(K, reverse, second, bf16, vocab_tile);
+              const Gpt<float> f(cfg, s);
+              REQUIRE(f.workspace_bytes() == plan_gpt_bytes(cfg, s, sizeof(float)));
+              if (!bf16) {
+                const Gpt<double> d(cfg, s);
+                REQUIRE(d.workspace_bytes() == plan_gpt_bytes(cfg, s, sizeof(double)));
+              }
             }
-          }
 }

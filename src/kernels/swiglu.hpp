@@ -29,12 +29,10 @@ namespace gnh::kernels {
 namespace detail {
 
 // Elements of a row per host task (1 on a GPU: an element per thread).
-constexpr index_t swiglu_chunk() {
-  return std::is_same_v<ExecSpace, Kokkos::DefaultHostExecutionSpace> &&
-                 Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible
-             ? 64
-             : 1;
-}
+inline constexpr index_t kSwigluChunk = std::is_same_v<ExecSpace, Kokkos::DefaultHostExecutionSpace> &&
+                                                Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible
+                                            ? 64
+                                            : 1;
 
 // silu(a), silu'(a) and silu''(a) = sigma (1 - sigma) (2 + a (1 - 2 sigma)).
 template <class T>
@@ -45,15 +43,14 @@ KOKKOS_INLINE_FUNCTION void silu_coefficients(const T a, T& silu, T& s1, T& s2) 
   s2 = sg * (T(1) - sg) * (T(2) + a * (T(1) - T(2) * sg));
 }
 
-// f(n, j0, m) for every chunk of m <= swiglu_chunk() elements (n, j0 .. j0 +
+// f(n, j0, m) for every chunk of m <= kSwigluChunk elements (n, j0 .. j0 +
 // m - 1) of the (N, F) gate.
 template <class F>
 void for_gate_chunks(const ExecSpace& space, const char* label, index_t N, index_t Fw, const F& f) {
-  constexpr index_t L = swiglu_chunk();
-  const index_t per_row = (Fw + L - 1) / L;
+  const index_t per_row = (Fw + kSwigluChunk - 1) / kSwigluChunk;
   Kokkos::parallel_for(label, range(space, N * per_row), cloned(KOKKOS_LAMBDA(const index_t i) {
-                         const index_t n = i / per_row, j0 = (i - n * per_row) * L;
-                         f(n, j0, Fw - j0 < L ? Fw - j0 : L);
+                         const index_t n = i / per_row, j0 = (i - n * per_row) * kSwigluChunk;
+                         f(n, j0, Fw - j0 < kSwigluChunk ? Fw - j0 : kSwigluChunk);
                        }));
 }
 
@@ -67,10 +64,9 @@ void swiglu_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x
   const bool second = has_second_v<S>;
   require_extent("gnh::swiglu::forward", "y rows", y.rows(), N);
   require_extent("gnh::swiglu::forward", "x cols (2 F)", x.cols(), 2 * F);
-  constexpr index_t L = detail::swiglu_chunk();
   detail::for_gate_chunks(
       space, "gnh::swiglu::forward", N, F, KOKKOS_LAMBDA(const index_t n, const index_t j0, const index_t m) {
-        T silu[L], s1[L], s2[L];
+        T silu[detail::kSwigluChunk], s1[detail::kSwigluChunk], s2[detail::kSwigluChunk];
         const T* a = &x.v(n, j0);
         const T* b = a + F;
         T* out = &y.v(n, j0);
@@ -103,10 +99,9 @@ void swiglu_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Act2<base_t<S>> 
   require_extent("gnh::swiglu::reverse", "dy rows", dy.rows(), N);
   require_extent("gnh::swiglu::reverse", "dx rows", dx.rows(), N);
   require_extent("gnh::swiglu::reverse", "x cols (2 F)", x.cols(), 2 * F);
-  constexpr index_t L = detail::swiglu_chunk();
   detail::for_gate_chunks(
       space, "gnh::swiglu::reverse", N, F, KOKKOS_LAMBDA(const index_t n, const index_t j0, const index_t m) {
-        T silu[L], s1[L], s2[L];
+        T silu[detail::kSwigluChunk], s1[detail::kSwigluChunk], s2[detail::kSwigluChunk];
         const T* a = &x.v(n, j0);
         const T* b = a + F;
         const T* g = &dy.v(n, j0);

@@ -141,6 +141,7 @@ class Gpt {
   ModelConfig cfg_;
   ParamLayout layout_;
   kernels::QkvLayout qkv_layout_;  // where attention finds the heads (by family)
+  bool fused_qkv_ = false;         // Llama's q, k, v projections as one GEMM (gpt_impl.hpp)
   index_t rotary_dims_ = 0;        // dims of each head rotated (0: no rotary embedding)
   View2<T> rotary_table_;          // cos and sin of every position's angles (kernels/rotary.hpp)
   Shape shape_;

@@ -28,8 +28,9 @@ template <class T>
 struct LayerActivations {
   Act2<T> ln1;                 // (N, C) one buffer for every layer and ln2 (recomputed in reverse)
   Act1<T> ln1_mean, ln1_rstd;  // (N) (RMSNorm: rstd only)
-  Act2<T> qkv;                 // (N, Q), rotated in place where the family rotates (GPT-NeoX)
-  Act2<T> q, k, v;             // Llama: (N, A), (N, A_kv), (N, A_kv); q and k rotated in place
+  Act2<T> qkv;                 // (N, Q), rotated in place where the family rotates (GPT-NeoX);
+                               // Llama without q/k/v biases (N, A + 2 A_kv): [q | k | v]
+  Act2<T> q, k, v;             // Llama with q/k/v biases: (N, A), (N, A_kv), (N, A_kv); q and k rotated in place
   Act2<T> att;                 // (N, A) attention output before its projection
   Act1<T> att_lse;             // (B*H*T)
   Act2<T> x_mid;               // (N, C) residual stream after attention
@@ -196,7 +197,12 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate, std::vect
   validate_shape();
   N_ = shape.batch * shape.context;
   const index_t H = cfg.n_head, Dh = cfg.head_size();
-  if (cfg.family == Family::llama) qkv_layout_ = kernels::QkvLayout::separate(H, cfg.kv_heads(), Dh);
+  // Llama's q, k and v projections: one (A + 2 A_kv, C) block when their
+  // weights are adjacent (no q/k/v biases between them), one buffer [q | k | v]
+  // of one GEMM; three buffers otherwise (Qwen2).
+  fused_qkv_ = cfg.family == Family::llama && !cfg.qkv_bias;
+  if (fused_qkv_) qkv_layout_ = kernels::QkvLayout::fused(H, cfg.kv_heads(), Dh);
+  else if (cfg.family == Family::llama) qkv_layout_ = kernels::QkvLayout::separate(H, cfg.kv_heads(), Dh);
   else if (cfg.family == Family::gpt_neox) qkv_layout_ = kernels::QkvLayout::interleaved(H, Dh);
   else qkv_layout_ = kernels::QkvLayout::fused(H, H, Dh);
   rotary_dims_ = cfg.rotary_dims();
@@ -252,9 +258,10 @@ index_t Gpt<T>::choose_kept(const GptTiles& plan) {
   // erf and exp of each of the 4C values: 0.5-0.6 ms a layer at preset
   // small (Zen 4, AVX2 build), about a tenth of the reverse's time besides
   // its GEMMs.
-  // (Llama's SwiGLU is recomputed: its reverse reads the gate and up values.)
+  // Llama's SwiGLU output likewise (its reverse reads the gate and up values
+  // in fc, so no slope is written there).
   const bool primal_reverse = shape_.reverse && !tan;
-  keep_gelu_ = primal_reverse && cfg_.family != Family::llama;
+  keep_gelu_ = primal_reverse;
   // Likewise the head's exponentials, when one tile holds the batch's logits
   // (kernels/lm_head_xent.hpp, keep_exponentials): one exp per logit, not two.
   head_kept_ = primal_reverse && plan.logits_rows >= N && plan.logits_vocab >= cfg_.vocab_size;
@@ -287,12 +294,12 @@ void Gpt<T>::plan_layers(index_t att_e) {
     a.ln1 = ln_shared;
     if (!llama) a.ln1_mean = act1("ln1_mean", N, tan, sec);
     a.ln1_rstd = act1("ln1_rstd", N, tan, sec);
-    if (llama) {
+    if (llama && !fused_qkv_) {
       a.q = act2("q", N, A, tan, sec);
       a.k = act2("k", N, Akv, tan, sec);
       a.v = act2("v", N, Akv, tan, sec);
     } else {
-      a.qkv = act2("qkv", N, 3 * A, tan, sec);
+      a.qkv = act2("qkv", N, llama ? A + 2 * Akv : 3 * A, tan, sec);
     }
     a.att = act2("att", N, A, tan, sec);
     a.att_lse = act1("att_lse", shape_.batch * H * shape_.context, tan, sec);
@@ -339,12 +346,12 @@ void Gpt<T>::plan_adjoints() {
   buf_->adj.c1 = act2("d_c1", N, C, tan, false);
   buf_->adj.c2 = act2("d_c2", N, C, tan, false);
   buf_->adj.att = act2("d_att", N, A, tan, false);
-  if (llama) {
+  if (llama && !fused_qkv_) {
     buf_->adj.q = act2("d_q", N, A, tan, false);
     buf_->adj.k = act2("d_k", N, Akv, tan, false);
     buf_->adj.v = act2("d_v", N, Akv, tan, false);
   } else {
-    buf_->adj.qkv = act2("d_qkv", N, 3 * A, tan, false);
+    buf_->adj.qkv = act2("d_qkv", N, llama ? A + 2 * Akv : 3 * A, tan, false);
   }
   buf_->adj.fc_gelu = act2("d_fc_gelu", N, F, tan, false);
   buf_->adj.fc = act2("d_fc", N, llama ? 2 * F : F, tan, false);
@@ -385,12 +392,12 @@ void Gpt<T>::plan_adjoint_cuts() {
     c.ln1 = act2("cut_ln1", N, C, false, false);
     c.att = act2("cut_att", N, A, false, false);
     c.ln2 = act2("cut_ln2", N, C, false, false);
-    if (llama) {
+    if (llama && !fused_qkv_) {
       c.q = act2("cut_q", N, A, false, false);
       c.k = act2("cut_k", N, Akv, false, false);
       c.v = act2("cut_v", N, Akv, false, false);
     } else {
-      c.qkv = act2("cut_qkv", N, 3 * A, false, false);
+      c.qkv = act2("cut_qkv", N, llama ? A + 2 * Akv : 3 * A, false, false);
     }
     c.fc_gelu = act2("cut_fc_gelu", N, cfg_.mlp_width(), false, false);
     buf_->cuts.push_back(c);
@@ -533,17 +540,26 @@ void Gpt<T>::forward_block_llama(const ExecSpace& space, Params<T> p, int l, boo
   const CutAdjoints<T> cuts = cut ? buf_->cuts[l] : CutAdjoints<T>();
   rmsnorm_forward<S>(space, a.ln1, a.ln1_rstd, x, p, o.ln1_w, -1, cfg_.ln_eps);
   cut_at(space, cut, cuts.ln1, a.ln1);
-  linear_forward<S>(space, a.q, a.ln1, p, o.q_w, o.q_b, gemm_, !cut);
-  linear_forward<S>(space, a.k, a.ln1, p, o.k_w, o.k_b, gemm_, !cut);
-  linear_forward<S>(space, a.v, a.ln1, p, o.v_w, o.v_b, gemm_, !cut);
-  rotary_forward<S>(space, a.q, a.q, Tc, D, rotary_dims_, cfg_.rope_theta, {}, rotary_table_);
-  rotary_forward<S>(space, a.k, a.k, Tc, D, rotary_dims_, cfg_.rope_theta, {}, rotary_table_);
-  cut_at(space, cut, cuts.q, a.q);
-  cut_at(space, cut, cuts.k, a.k);
-  cut_at(space, cut, cuts.v, a.v);
+  if (fused_qkv_) {
+    // One GEMM into [q | k | v]; the first n_head + n_kv_head segments rotate.
+    const index_t H = cfg_.n_head, G = cfg_.kv_heads();
+    linear_forward<S>(space, a.qkv, a.ln1, p, o.q_w, -1, gemm_, !cut);
+    rotary_forward<S>(space, a.qkv, a.qkv, Tc, D, rotary_dims_, cfg_.rope_theta, RotarySegments{H + 2 * G, H + G},
+                      rotary_table_);
+    cut_at(space, cut, cuts.qkv, a.qkv);
+  } else {
+    linear_forward<S>(space, a.q, a.ln1, p, o.q_w, o.q_b, gemm_, !cut);
+    linear_forward<S>(space, a.k, a.ln1, p, o.k_w, o.k_b, gemm_, !cut);
+    linear_forward<S>(space, a.v, a.ln1, p, o.v_w, o.v_b, gemm_, !cut);
+    rotary_forward<S>(space, a.q, a.q, Tc, D, rotary_dims_, cfg_.rope_theta, {}, rotary_table_);
+    rotary_forward<S>(space, a.k, a.k, Tc, D, rotary_dims_, cfg_.rope_theta, {}, rotary_table_);
+    cut_at(space, cut, cuts.q, a.q);
+    cut_at(space, cut, cuts.k, a.k);
+    cut_at(space, cut, cuts.v, a.v);
+  }
+  const QkvActs<T> x3 = fused_qkv_ ? QkvActs<T>{a.qkv, a.qkv, a.qkv} : QkvActs<T>{a.q, a.k, a.v};
   T* const keep_p = std::is_same<S, T>::value && keep_attention_ ? a.att_p.v.data() : nullptr;
-  attention_forward<S>(space, a.att, a.att_lse, QkvActs<T>{a.q, a.k, a.v}, qkv_layout_, B, Tc, gemm_.bf16,
-                       default_row_shape(), !cut, keep_p);
+  attention_forward<S>(space, a.att, a.att_lse, x3, qkv_layout_, B, Tc, gemm_.bf16, default_row_shape(), !cut, keep_p);
   cut_at(space, cut, cuts.att, a.att);
   linear_forward<S>(space, proj, a.att, p, o.attn_proj_w, o.attn_proj_b, gemm_, !cut);
   residual_forward<S>(space, a.x_mid, x, proj);
@@ -710,8 +726,9 @@ void Gpt<T>::reverse_block_llama(const ExecSpace& space, Params<T> p, Grads<T> g
   auto keep = [&](Act2<T> CutAdjoints<T>::*which, const Act2<T>& adj) {
     if (std::is_same<S, T>::value && keep_into_) Kokkos::deep_copy(space, (keep_into_->cuts[l].*which).v, adj.v);
   };
-  // x_out = x_mid + down(silu(gate(n2)) up(n2)), n2 = rmsnorm_2(x_mid).
-  swiglu_forward<S>(space, a.fc_gelu, a.fc);
+  // x_out = x_mid + down(silu(gate(n2)) up(n2)), n2 = rmsnorm_2(x_mid); the
+  // gate's output is recomputed (a shared buffer) but where the forward kept it.
+  if (!keep_gelu_) swiglu_forward<S>(space, a.fc_gelu, a.fc);
   linear_reverse<S>(space, d.fc_gelu, g, d.res, a.fc_gelu, p, o.fc_proj_w, -1, gemm_);
   keep(&CutAdjoints<T>::fc_gelu, d.fc_gelu);
   swiglu_reverse<S>(space, d.fc, d.fc_gelu, a.fc);
@@ -724,20 +741,30 @@ void Gpt<T>::reverse_block_llama(const ExecSpace& space, Params<T> p, Grads<T> g
   linear_reverse<S>(space, d.att, g, d.res, a.att, p, o.attn_proj_w, o.attn_proj_b, gemm_);
   keep(&CutAdjoints<T>::att, d.att);
   const T* const kept_p = std::is_same<S, T>::value && keep_attention_ ? a.att_p.v.data() : nullptr;
-  attention_reverse<S>(space, QkvActs<T>{d.q, d.k, d.v}, d.D, d.att, QkvActs<T>{a.q, a.k, a.v}, a.att, a.att_lse,
-                       qkv_layout_, B, Tc, gemm_.bf16, default_row_shape(), kept_p);
-  keep(&CutAdjoints<T>::q, d.q);
-  keep(&CutAdjoints<T>::k, d.k);
-  keep(&CutAdjoints<T>::v, d.v);
-  rotary_reverse<S>(space, d.q, d.q, Tc, Dh, rotary_dims_, cfg_.rope_theta, {}, rotary_table_);
-  rotary_reverse<S>(space, d.k, d.k, Tc, Dh, rotary_dims_, cfg_.rope_theta, {}, rotary_table_);
+  const QkvActs<T> x3 = fused_qkv_ ? QkvActs<T>{a.qkv, a.qkv, a.qkv} : QkvActs<T>{a.q, a.k, a.v};
+  const QkvActs<T> d3 = fused_qkv_ ? QkvActs<T>{d.qkv, d.qkv, d.qkv} : QkvActs<T>{d.q, d.k, d.v};
+  attention_reverse<S>(space, d3, d.D, d.att, x3, a.att, a.att_lse, qkv_layout_, B, Tc, gemm_.bf16, default_row_shape(),
+                       kept_p);
   rmsnorm_forward<S>(space, a.ln1, a.ln1_rstd, x_in(l), p, o.ln1_w, -1, cfg_.ln_eps);
-  linear_reverse<S>(space, d.c1, g, d.q, a.ln1, p, o.q_w, o.q_b, gemm_);
-  linear_reverse<S>(space, d.c2, g, d.k, a.ln1, p, o.k_w, o.k_b, gemm_);
-  accumulate<S>(space, d.c1, d.c2);
-  linear_reverse<S>(space, d.c2, g, d.v, a.ln1, p, o.v_w, o.v_b, gemm_);
-  accumulate<S>(space, d.c1, d.c2);  // d n1
-  keep(&CutAdjoints<T>::ln1, d.c1);
+  if (fused_qkv_) {
+    const index_t H = cfg_.n_head, G = cfg_.kv_heads();
+    keep(&CutAdjoints<T>::qkv, d.qkv);
+    rotary_reverse<S>(space, d.qkv, d.qkv, Tc, Dh, rotary_dims_, cfg_.rope_theta, RotarySegments{H + 2 * G, H + G},
+                      rotary_table_);
+    linear_reverse<S>(space, d.c1, g, d.qkv, a.ln1, p, o.q_w, -1, gemm_);
+  } else {
+    keep(&CutAdjoints<T>::q, d.q);
+    keep(&CutAdjoints<T>::k, d.k);
+    keep(&CutAdjoints<T>::v, d.v);
+    rotary_reverse<S>(space, d.q, d.q, Tc, Dh, rotary_dims_, cfg_.rope_theta, {}, rotary_table_);
+    rotary_reverse<S>(space, d.k, d.k, Tc, Dh, rotary_dims_, cfg_.rope_theta, {}, rotary_table_);
+    linear_reverse<S>(space, d.c1, g, d.q, a.ln1, p, o.q_w, o.q_b, gemm_);
+    linear_reverse<S>(space, d.c2, g, d.k, a.ln1, p, o.k_w, o.k_b, gemm_);
+    accumulate<S>(space, d.c1, d.c2);
+    linear_reverse<S>(space, d.c2, g, d.v, a.ln1, p, o.v_w, o.v_b, gemm_);
+    accumulate<S>(space, d.c1, d.c2);
+  }
+  keep(&CutAdjoints<T>::ln1, d.c1);  // d n1
   rmsnorm_reverse<S>(space, d.c2, g, d.c1, x_in(l), a.ln1_rstd, p, o.ln1_w, -1);
   accumulate<S>(space, d.res, d.c2);  // d x_in
 }

@@ -34,6 +34,9 @@ struct Campaign {
   ModelConfig cfg;
   std::vector<LoadedCase> cases;
   std::vector<GroupRecord> groups;  // identical states grouped, first appearance order
+  // A shard's campaign (gnh run --shard): every group of the campaign, which
+  // GroupRecord::partner indexes (the update's partner may be another shard's).
+  std::vector<GroupRecord> all_groups;
   RunInfo info;
   std::string output;  // run.output resolved
 };

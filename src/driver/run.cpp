@@ -138,6 +138,7 @@ void fit_campaign_to_memory(const Comm& comm, Campaign& c, const MemoryBudget& b
 void take_shard(Campaign& c, int index, int count) {
   std::vector<GroupRecord> share;
   for (const index_t g : dealt_share(index_t(c.groups.size()), count, index)) share.push_back(c.groups[std::size_t(g)]);
+  c.all_groups = std::move(c.groups);
   c.groups = share;
   c.output = shard_output(c.output, index, count);
   c.info.shard = std::to_string(index) + "/" + std::to_string(count);

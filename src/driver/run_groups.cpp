@@ -239,7 +239,8 @@ class GroupRunner {
       // (its hash checked against the plan) and shared.
       std::vector<float> target;
       if (g.partner >= 0) {
-        const GroupRecord& b = c_.groups[std::size_t(g.partner)];
+        // partner indexes the whole campaign's groups (a shard holds a share).
+        const GroupRecord& b = (c_.all_groups.empty() ? c_.groups : c_.all_groups)[std::size_t(g.partner)];
         target = group_parameters(team_, b, std::vector<bool>(b.alias_paths.size(), true), rank_, quiet_);
       }
       analyser_->set_update_target(target);

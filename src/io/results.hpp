@@ -31,7 +31,8 @@ struct GroupRecord {
   // [curvature] preconditioned: which alias's AdamW state gave P, or why none.
   std::string preconditioner;
   // [curvature] update: the next state by iter_num (an index into the
-  // campaign's groups), -1 for the last; and its hash, as written.
+  // whole campaign's groups, Campaign::all_groups in a shard), -1 for the
+  // last; and its hash, as written.
   bool ordered = false;  // the campaign asked for updates: partner_hash is recorded
   int partner = -1;
   std::string partner_hash;

@@ -329,8 +329,9 @@ class FamilyLayouts(unittest.TestCase):
     1 rank, 2 ranks, and ranks_per_checkpoint = 2 on 2 and 4 ranks (the
     parameters sharded) give bitwise-identical results, the curvature blocks,
     the update, the spectrum with its eigenvectors and the per-layer spectra
-    included; the report draws them; and a run killed mid-way completes on
-    rerun with the uninterrupted run's bits."""
+    included; the report draws them; `gnh plan` writes the campaign's Slurm
+    shards, whose runs merge into the same bits; and a run killed mid-way
+    completes on rerun with the uninterrupted run's bits."""
 
     CONFIGS = {
         "llama": dict(family="llama", vocab_size=41, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
@@ -396,6 +397,23 @@ class FamilyLayouts(unittest.TestCase):
             r, manifest = gnhtest.report(os.path.join(d, "out/r_1_1.h5"), os.path.join(d, "report"))
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertIn("layer_spectra", manifest["figures"])
+            # The campaign planned as two Slurm shards, each run alone, then merged: the same bits.
+            env = gnhtest.mpi_env()
+            r = subprocess.run([gnhtest.GNH, "plan", deck, "--jobs", "2", "--time", "00:10:00"], capture_output=True,
+                               text=True, env=env)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertTrue(os.path.exists(os.path.join(d, "out", "r.plan", "shard-1.sbatch")))
+            shards = []
+            for i in range(2):
+                r = subprocess.run(
+                    [gnhtest.MPIEXEC, "-np", "1", gnhtest.GNH, "run", deck, "--quiet", "--shard", f"{i}/2", "--set",
+                     "run.output=out/sharded.h5"], capture_output=True, text=True, env=env, timeout=300)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                shards.append(os.path.join(d, "out", f"sharded.shard-{i}-of-2.h5"))
+            merged = os.path.join(d, "out", "merged.h5")
+            r = subprocess.run([gnhtest.GNH, "merge", merged, *shards], capture_output=True, text=True, env=env)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(snapshot(merged), base)
             # Killed after the first group, then rerun: the uninterrupted run's bits.
             out = os.path.join(d, "out", "killed.h5")
             cmd = [gnhtest.MPIEXEC, "-np", "1", gnhtest.GNH, "run", deck, "--quiet", "--set", "run.output=out/killed.h5"]

@@ -551,6 +551,20 @@ void check_qkv(const char* who, const QkvActs<T>& x, const QkvLayout& L, index_t
                                   " columns do not hold its heads");
   }
 }
+// The row kernels' sizes and the layout's offsets.
+template <class S>
+AttentionRows<S> attention_rows_of(const QkvLayout& L, index_t Tc, index_t K, bool bf16) {
+  using T = base_t<S>;
+  return {Tc,
+          L.H,
+          L.G,
+          L.hs,
+          K,
+          T(1) / kmath::sqrt(T(L.hs)),
+          bf16,
+          {L.off[0], L.off[1], L.off[2]},
+          {L.stride[0], L.stride[1], L.stride[2]}};
+}
 // Each distinct buffer among q, k, v once.
 template <class T, class F>
 void each_buffer(const QkvActs<T>& x, F&& f) {
@@ -600,15 +614,7 @@ void attention_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>
     if (!x_second) detail::each_buffer(x, [&](const Act2<T>& a) { Kokkos::deep_copy(space, a.dd, T(0)); });
   // The matrix-multiply operands (q, k for the scores; p, v for the output)
   // are rounded to bfloat16 under bf16-amp; scores and softmax stay FP32.
-  const detail::AttentionRows<S> rows{Tc,
-                                      H,
-                                      L.G,
-                                      hs,
-                                      K,
-                                      T(1) / kmath::sqrt(T(hs)),
-                                      bf16,
-                                      {L.off[0], L.off[1], L.off[2]},
-                                      {L.stride[0], L.stride[1], L.stride[2]}};
+  const detail::AttentionRows<S> rows = detail::attention_rows_of<S>(L, Tc, K, bf16);
   detail::attention_rows(space, "gnh::attention::forward", B * H * Tc,
                          detail::AttentionForwardRow<S>{rows, y, lse, x.q, x.k, x.v}, shape);
 }
@@ -622,7 +628,7 @@ void attention_reverse(const ExecSpace& space, QkvActs<base_t<S>> dx, Act1<base_
                        const base_t<S>* kept_p = nullptr) {
   keep_planes<S>(dx.q, dx.k, dx.v, D, dy, x.q, x.k, x.v, y, lse);
   using T = base_t<S>;
-  const index_t H = L.H, hs = L.hs, K = directions_of<S>(x.q);
+  const index_t H = L.H, K = directions_of<S>(x.q);
   detail::check_qkv("gnh::attention::reverse", x, L, B * Tc);
   detail::check_qkv("gnh::attention::reverse", dx, L, B * Tc);
   require_extent("gnh::attention::reverse", "dy rows", dy.rows(), B * Tc);
@@ -646,15 +652,7 @@ void attention_reverse(const ExecSpace& space, QkvActs<base_t<S>> dx, Act1<base_
     }
   }
   if (kept_p) throw std::logic_error("gnh::attention::reverse: probabilities are kept by the host tiles only");
-  const detail::AttentionRows<S> rows{Tc,
-                                      H,
-                                      L.G,
-                                      hs,
-                                      K,
-                                      T(1) / kmath::sqrt(T(hs)),
-                                      bf16,
-                                      {L.off[0], L.off[1], L.off[2]},
-                                      {L.stride[0], L.stride[1], L.stride[2]}};
+  const detail::AttentionRows<S> rows = detail::attention_rows_of<S>(L, Tc, K, bf16);
   detail::attention_rows(space, "gnh::attention::reverse::queries", B * H * Tc,
                          detail::AttentionQueryRow<S>{rows, dx.q, D, dy, x.q, x.k, x.v, y, lse}, shape);
   detail::attention_rows(space, "gnh::attention::reverse::keys", B * L.G * Tc,

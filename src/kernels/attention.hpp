@@ -515,23 +515,15 @@ struct QkvActs {
 };
 
 namespace detail {
-template <class T>
-Qkv3<const T> host_part(const Act2<T>& q, const Act2<T>& k, const Act2<T>& v, int plane) {
-  Qkv3<const T> r;
-  const Act2<T>* a[3] = {&q, &k, &v};
+// Plane `plane` (0 value, 1 first tangent, 2 first second-order) of q, k and
+// v for the host tiles, F = const T (inputs) or T (outputs).
+template <class F, class T>
+Qkv3<F> host_planes(const QkvActs<T>& x, int plane) {
+  Qkv3<F> r;
+  const Act2<T>* a[3] = {&x.q, &x.k, &x.v};
   for (int i = 0; i < 3; ++i) {
     r.ld[i] = a[i]->cols();
     r.p[i] = plane == 0 ? a[i]->v.data() : plane == 1 ? a[i]->d.data() : a[i]->dd.data();
-  }
-  return r;
-}
-template <class T>
-Qkv3<T> host_out(const QkvActs<T>& x, int plane) {
-  const Qkv3<const T> c = host_part(x.q, x.k, x.v, plane);
-  Qkv3<T> r;
-  for (int i = 0; i < 3; ++i) {
-    r.p[i] = const_cast<T*>(c.p[i]);
-    r.ld[i] = c.ld[i];
   }
   return r;
 }
@@ -593,18 +585,18 @@ void attention_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>
   if constexpr (std::is_same_v<T, float> && std::is_same_v<ExecSpace, Kokkos::DefaultHostExecutionSpace>) {
     if (use_host_attention<S>(space, bf16)) {
       space.fence();
-      using detail::host_part;
+      using detail::host_planes;
       host::for_ranges(space, "gnh::attention::forward::host", B * H, [=](std::int64_t bh0, std::int64_t bh1) {
-        const Qkv3<const T> x0 = host_part(x.q, x.k, x.v, 0);
+        const Qkv3<const T> x0 = host_planes<const T>(x, 0);
         if constexpr (std::is_same_v<S, T>)
           host::attention_forward(y.v.data(), lse.v.data(), x0, L, B, Tc, bh0, bh1, keep_p);
         else if constexpr (std::is_same_v<S, Dual<T>>)
           host::attention_forward_dual(y.v.data(), y.d.data(), lse.v.data(), lse.d.data(), x0,
-                                       host_part(x.q, x.k, x.v, 1), K, L, B, Tc, bh0, bh1);
+                                       host_planes<const T>(x, 1), K, L, B, Tc, bh0, bh1);
         else
           host::attention_forward_jet2(y.v.data(), y.d.data(), y.dd.data(), lse.v.data(), lse.d.data(), lse.dd.data(),
-                                       x0, host_part(x.q, x.k, x.v, 1),
-                                       x_second ? host_part(x.q, x.k, x.v, 2) : Qkv3<const T>(), K, L, B, Tc, bh0, bh1);
+                                       x0, host_planes<const T>(x, 1),
+                                       x_second ? host_planes<const T>(x, 2) : Qkv3<const T>(), K, L, B, Tc, bh0, bh1);
       });
       return;
     }
@@ -636,16 +628,15 @@ void attention_reverse(const ExecSpace& space, QkvActs<base_t<S>> dx, Act1<base_
   if constexpr (std::is_same_v<T, float> && std::is_same_v<ExecSpace, Kokkos::DefaultHostExecutionSpace>) {
     if (use_host_attention<S>(space, bf16)) {
       space.fence();
-      using detail::host_out;
-      using detail::host_part;
+      using detail::host_planes;
       host::for_ranges(space, "gnh::attention::reverse::host", B * L.G, [=](std::int64_t u0, std::int64_t u1) {
-        const Qkv3<const T> x0 = host_part(x.q, x.k, x.v, 0);
+        const Qkv3<const T> x0 = host_planes<const T>(x, 0);
         if constexpr (std::is_same_v<S, T>)
-          host::attention_reverse(host_out(dx, 0), D.v.data(), dy.v.data(), x0, y.v.data(), lse.v.data(), L, B, Tc, u0,
-                                  u1, kept_p);
+          host::attention_reverse(host_planes<T>(dx, 0), D.v.data(), dy.v.data(), x0, y.v.data(), lse.v.data(), L, B,
+                                  Tc, u0, u1, kept_p);
         else
-          host::attention_reverse_dual(host_out(dx, 0), host_out(dx, 1), D.v.data(), D.d.data(), dy.v.data(),
-                                       dy.d.data(), x0, host_part(x.q, x.k, x.v, 1), y.v.data(), y.d.data(),
+          host::attention_reverse_dual(host_planes<T>(dx, 0), host_planes<T>(dx, 1), D.v.data(), D.d.data(),
+                                       dy.v.data(), dy.d.data(), x0, host_planes<const T>(x, 1), y.v.data(), y.d.data(),
                                        lse.v.data(), lse.d.data(), K, L, B, Tc, u0, u1);
       });
       return;

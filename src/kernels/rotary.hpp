@@ -10,9 +10,9 @@
 //             no parameters)
 //   reverse:  dx = R^T dy, the rotation by -a, of every plane of dy alike
 //             (the tangent of the reverse included: R does not depend on x)
-// Saves nothing. The angle is taken in T (as the reference implementation
-// does in the model's precision): cos and sin of t inv_j, inv_j =
-// exp(-(2j/r) log base).
+// Saves nothing. The angle is taken in the engine's precision (as the
+// reference implementation does in the model's): cos and sin of t inv_j,
+// inv_j = exp(-(2j/r) log base), tabulated once (rotary_table).
 #pragma once
 #include <cmath>
 #include <stdexcept>
@@ -37,31 +37,26 @@ struct RotarySegments {
 
 namespace detail {
 
-// The angle of pair j at position t: t base^(-2j/r), in U.
-template <class U>
-KOKKOS_INLINE_FUNCTION U rotary_angle(index_t t, index_t j, index_t r, U log_base) {
-  return U(t) * kmath::exp(-(U(2 * j) / U(r)) * log_base);
-}
-
 // Every plane of `in` rotated into `out` (sign +1: R, -1: R^T); planes 0
 // (value), 1..K (tangents), K+1..2K (second order) as the scalar type has
 // them. A pair's two elements are read before either is written, so out may be in.
 template <class S>
-void rotate_planes(const ExecSpace& space, const char* label, Act2<base_t<S>> out, Act2<base_t<S>> in, index_t T,
-                   index_t D, index_t r, double base, double sign, RotarySegments seg, View2<base_t<S>> table) {
+void rotate_planes(const ExecSpace& space, const char* label, Act2<base_t<S>> out, Act2<base_t<S>> in, index_t D,
+                   index_t r, View2<base_t<S>> table, double sign, RotarySegments seg) {
   using U = base_t<S>;
   const index_t N = in.rows(), width = in.cols(), K = has_tangents_v<S> ? in.d.extent(0) : 0;
   const index_t planes = 1 + K + (has_second_v<S> ? K : 0);
   require_extent(label, "rows", out.rows(), N);
   require_extent(label, "cols", out.cols(), width);
+  const index_t T = table.extent(0);  // positions: rows are blocks of T tokens
   if (T <= 0 || N % T != 0) throw std::invalid_argument(std::string(label) + ": rows are not whole blocks");
   if (D <= 0 || width % D != 0 || r < 0 || r > D || r % 2 != 0 || seg.period <= 0 || seg.count < 0)
     throw std::invalid_argument(std::string(label) + ": heads of " + std::to_string(D) + " dims, " + std::to_string(r) +
                                 " of them rotated, do not tile rows of " + std::to_string(width));
   const index_t half = r / 2, segments = width / D;
-  const U log_base = U(std::log(base)), s_sign = U(sign);
-  const bool same = out.v.data() == in.v.data(), tabled = table.extent(0) > 0;
-  if (tabled && (index_t(table.extent(0)) < T || index_t(table.extent(1)) != r))
+  const U s_sign = U(sign);
+  const bool same = out.v.data() == in.v.data();
+  if (index_t(table.extent(1)) != r)
     throw std::invalid_argument(std::string(label) + ": the rotary table is not (T, r)");
   // A task is one segment of one row of one plane: its pairs along the row
   // (contiguous, the table's row alike), then the dims that pass.
@@ -71,22 +66,14 @@ void rotate_planes(const ExecSpace& space, const char* label, Act2<base_t<S>> ou
         const U* x = (q == 0 ? &in.v(n, 0) : q <= K ? &in.d(q - 1, n, 0) : &in.dd(q - 1 - K, n, 0)) + s * D;
         U* y = (q == 0 ? &out.v(n, 0) : q <= K ? &out.d(q - 1, n, 0) : &out.dd(q - 1 - K, n, 0)) + s * D;
         const bool rotates = s % seg.period < seg.count;
-        const index_t t = n % T, first = rotates ? r : 0;  // the dims from `first` on pass
-        if (rotates && tabled) {
-          const U* cs = &table(t, 0);
+        const index_t first = rotates ? r : 0;  // the dims from `first` on pass
+        if (rotates) {
+          const U* cs = &table(n % T, 0);
           const U* sn = cs + half;
           for (index_t j = 0; j < half; ++j) {
             const U x1 = x[j], x2 = x[j + half];
             y[j] = x1 * cs[j] - s_sign * x2 * sn[j];
             y[j + half] = x2 * cs[j] + s_sign * x1 * sn[j];
-          }
-        } else if (rotates) {
-          for (index_t j = 0; j < half; ++j) {
-            const U a = rotary_angle<U>(t, j, r, log_base);
-            const U cs = kmath::cos(a), sn = s_sign * kmath::sin(a);
-            const U x1 = x[j], x2 = x[j + half];
-            y[j] = x1 * cs - x2 * sn;
-            y[j + half] = x2 * cs + x1 * sn;
           }
         }
         if (!same)
@@ -97,8 +84,8 @@ void rotate_planes(const ExecSpace& space, const char* label, Act2<base_t<S>> ou
 }  // namespace detail
 
 // cos and sin of every angle of positions 0 .. T-1: (T, r), row t = [cos
-// a_t0 .. cos a_t(r/2-1) | sin ...], the values the kernels would form (an
-// engine builds it once, so that no pass evaluates a transcendental per element).
+// a_t0 .. cos a_t(r/2-1) | sin ...]. Built once by whoever rotates (the
+// engine, the op), so that no pass evaluates a transcendental per element.
 template <class U>
 View2<U> rotary_table(const ExecSpace& space, index_t T, index_t r, double base) {
   View2<U> t(Kokkos::view_alloc(space, "gnh::rotary::table", Kokkos::WithoutInitializing), T, r);
@@ -108,29 +95,29 @@ View2<U> rotary_table(const ExecSpace& space, index_t T, index_t r, double base)
   if (T > 0 && half > 0)
     Kokkos::parallel_for(
         "gnh::rotary::table", Policy(space, {0, 0}, {T, half}), KOKKOS_LAMBDA(const index_t p, const index_t j) {
-          const U a = detail::rotary_angle<U>(p, j, r, log_base);
+          const U a = U(p) * kmath::exp(-(U(2 * j) / U(r)) * log_base);
           t(p, j) = kmath::cos(a);
           t(p, half + j) = kmath::sin(a);
         });
   return t;
 }
 
-// x, y: (N, width) rows of T-token blocks, segments of D dims, those that
-// seg rotates turned by their first r dims; y may be x (in place). table:
-// rotary_table(T, r, base), or empty (the angles formed per element).
+// x, y: (N, width) rows of T-token blocks (T = the table's rows), segments
+// of D dims, those that seg rotates turned by their first r dims (the
+// table's columns); y may be x (in place).
 template <class S>
-void rotary_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x, index_t T, index_t D, index_t r,
-                    double base, RotarySegments seg = {}, View2<base_t<S>> table = {}) {
+void rotary_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x, index_t D, index_t r,
+                    View2<base_t<S>> table, RotarySegments seg = {}) {
   keep_planes<S>(y, x);
-  detail::rotate_planes<S>(space, "gnh::rotary::forward", y, x, T, D, r, base, 1.0, seg, table);
+  detail::rotate_planes<S>(space, "gnh::rotary::forward", y, x, D, r, table, 1.0, seg);
 }
 
 // dx = R^T dy, every plane S has (Dual: the tangent of the reverse); dx may be dy.
 template <class S>
-void rotary_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Act2<base_t<S>> dy, index_t T, index_t D, index_t r,
-                    double base, RotarySegments seg = {}, View2<base_t<S>> table = {}) {
+void rotary_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Act2<base_t<S>> dy, index_t D, index_t r,
+                    View2<base_t<S>> table, RotarySegments seg = {}) {
   keep_planes<S>(dx, dy);
-  detail::rotate_planes<S>(space, "gnh::rotary::reverse", dx, dy, T, D, r, base, -1.0, seg, table);
+  detail::rotate_planes<S>(space, "gnh::rotary::reverse", dx, dy, D, r, table, -1.0, seg);
 }
 
 // The op contract (kernels/op.hpp): no parameters, nothing saved. As the
@@ -141,8 +128,9 @@ struct RotaryOp {
   index_t N, T, H, D, r;  // H: segments of D in a row
   double base;
   RotarySegments seg;
+  View2<U> table;
   RotaryOp(index_t N_, index_t T_, index_t H_, index_t D_, index_t r_, double base_, RotarySegments seg_ = {})
-      : N(N_), T(T_), H(H_), D(D_), r(r_), base(base_), seg(seg_) {}
+      : N(N_), T(T_), H(H_), D(D_), r(r_), base(base_), seg(seg_), table(rotary_table<U>(ExecSpace(), T_, r_, base_)) {}
   static RotaryOp at(const OpDims& d, index_t) {
     const index_t D = d.C / d.H;
     return RotaryOp(d.B * d.T, d.T, d.H, D, D - D % 2, 10000.0);
@@ -152,22 +140,22 @@ struct RotaryOp {
   double flops(OpMode, index_t) const { return 0.0; }
   template <class S>
   void forward(const ExecSpace& space, Act2<U> y, Act2<U> x, Params<U>, const OpSaved<U>&) const {
-    rotary_forward<S>(space, y, x, T, D, r, base, seg);
+    rotary_forward<S>(space, y, x, D, r, table, seg);
   }
   template <class S>
   void reverse(const ExecSpace& space, Act2<U> dx, Grads<U>, Act2<U> dy, Act2<U>, Act2<U>, Params<U>,
                const OpSaved<U>&) const {
-    rotary_reverse<S>(space, dx, dy, T, D, r, base, seg);
+    rotary_reverse<S>(space, dx, dy, D, r, table, seg);
   }
 };
 
 // Compiled once, in gnh_core (kernels/instances.hpp).
-#define GNH_ROTARY_FORWARD(EXT, S)                                                                                   \
-  EXT template void rotary_forward<S>(const ExecSpace&, Act2<base_t<S>>, Act2<base_t<S>>, index_t, index_t, index_t, \
-                                      double, RotarySegments, View2<base_t<S>>);
-#define GNH_ROTARY_REVERSE(EXT, S)                                                                                   \
-  EXT template void rotary_reverse<S>(const ExecSpace&, Act2<base_t<S>>, Act2<base_t<S>>, index_t, index_t, index_t, \
-                                      double, RotarySegments, View2<base_t<S>>);
+#define GNH_ROTARY_FORWARD(EXT, S)                                                                          \
+  EXT template void rotary_forward<S>(const ExecSpace&, Act2<base_t<S>>, Act2<base_t<S>>, index_t, index_t, \
+                                      View2<base_t<S>>, RotarySegments);
+#define GNH_ROTARY_REVERSE(EXT, S)                                                                          \
+  EXT template void rotary_reverse<S>(const ExecSpace&, Act2<base_t<S>>, Act2<base_t<S>>, index_t, index_t, \
+                                      View2<base_t<S>>, RotarySegments);
 #define GNH_ROTARY(EXT, T) \
   GNH_FORWARD_SCALARS(GNH_ROTARY_FORWARD, EXT, T) GNH_REVERSE_SCALARS(GNH_ROTARY_REVERSE, EXT, T)
 GNH_ROTARY(extern, float)

@@ -499,8 +499,7 @@ void Gpt<T>::forward_block(const ExecSpace& space, Params<T> p, int l, bool cut)
   cut_at(space, cut, cuts.ln1, ln1);
   linear_forward<S>(space, qkv, ln1, p, o.attn_w, o.attn_b, gemm_, !cut);
   if (rotary_dims_ > 0)
-    rotary_forward<S>(space, qkv, qkv, Tc, cfg_.head_size(), rotary_dims_, cfg_.rope_theta, RotarySegments{3, 2},
-                      rotary_table_);
+    rotary_forward<S>(space, qkv, qkv, cfg_.head_size(), rotary_dims_, rotary_table_, RotarySegments{3, 2});
   cut_at(space, cut, cuts.qkv, qkv);
   T* const keep_p = std::is_same<S, T>::value && keep_attention_ ? a0.att_p.v.data() : nullptr;
   attention_forward<S>(space, att, a0.att_lse, QkvActs<T>{qkv, qkv, qkv}, qkv_layout_, B, Tc, gemm_.bf16,
@@ -544,15 +543,14 @@ void Gpt<T>::forward_block_llama(const ExecSpace& space, Params<T> p, int l, boo
     // One GEMM into [q | k | v]; the first n_head + n_kv_head segments rotate.
     const index_t H = cfg_.n_head, G = cfg_.kv_heads();
     linear_forward<S>(space, a.qkv, a.ln1, p, o.q_w, -1, gemm_, !cut);
-    rotary_forward<S>(space, a.qkv, a.qkv, Tc, D, rotary_dims_, cfg_.rope_theta, RotarySegments{H + 2 * G, H + G},
-                      rotary_table_);
+    rotary_forward<S>(space, a.qkv, a.qkv, D, rotary_dims_, rotary_table_, RotarySegments{H + 2 * G, H + G});
     cut_at(space, cut, cuts.qkv, a.qkv);
   } else {
     linear_forward<S>(space, a.q, a.ln1, p, o.q_w, o.q_b, gemm_, !cut);
     linear_forward<S>(space, a.k, a.ln1, p, o.k_w, o.k_b, gemm_, !cut);
     linear_forward<S>(space, a.v, a.ln1, p, o.v_w, o.v_b, gemm_, !cut);
-    rotary_forward<S>(space, a.q, a.q, Tc, D, rotary_dims_, cfg_.rope_theta, {}, rotary_table_);
-    rotary_forward<S>(space, a.k, a.k, Tc, D, rotary_dims_, cfg_.rope_theta, {}, rotary_table_);
+    rotary_forward<S>(space, a.q, a.q, D, rotary_dims_, rotary_table_);
+    rotary_forward<S>(space, a.k, a.k, D, rotary_dims_, rotary_table_);
     cut_at(space, cut, cuts.q, a.q);
     cut_at(space, cut, cuts.k, a.k);
     cut_at(space, cut, cuts.v, a.v);
@@ -701,8 +699,7 @@ void Gpt<T>::reverse_block(const ExecSpace& space, Params<T> p, Grads<T> g, int 
                        a.att_lse, qkv_layout_, B, Tc, gemm_.bf16, default_row_shape(), kept_p);
   keep(&CutAdjoints<T>::qkv, d_qkv);
   if (rotary_dims_ > 0)
-    rotary_reverse<S>(space, d_qkv, d_qkv, Tc, cfg_.head_size(), rotary_dims_, cfg_.rope_theta, RotarySegments{3, 2},
-                      rotary_table_);
+    rotary_reverse<S>(space, d_qkv, d_qkv, cfg_.head_size(), rotary_dims_, rotary_table_, RotarySegments{3, 2});
   layernorm_forward<S>(space, a.ln1, a.ln1_mean, a.ln1_rstd, x_in(l), p, o.ln1_w, o.ln1_b, cfg_.ln_eps);
   linear_reverse<S>(space, c1, g, d_qkv, a.ln1, p, o.attn_w, o.attn_b, gemm_);
   keep(&CutAdjoints<T>::ln1, c1);
@@ -749,15 +746,14 @@ void Gpt<T>::reverse_block_llama(const ExecSpace& space, Params<T> p, Grads<T> g
   if (fused_qkv_) {
     const index_t H = cfg_.n_head, G = cfg_.kv_heads();
     keep(&CutAdjoints<T>::qkv, d.qkv);
-    rotary_reverse<S>(space, d.qkv, d.qkv, Tc, Dh, rotary_dims_, cfg_.rope_theta, RotarySegments{H + 2 * G, H + G},
-                      rotary_table_);
+    rotary_reverse<S>(space, d.qkv, d.qkv, Dh, rotary_dims_, rotary_table_, RotarySegments{H + 2 * G, H + G});
     linear_reverse<S>(space, d.c1, g, d.qkv, a.ln1, p, o.q_w, -1, gemm_);
   } else {
     keep(&CutAdjoints<T>::q, d.q);
     keep(&CutAdjoints<T>::k, d.k);
     keep(&CutAdjoints<T>::v, d.v);
-    rotary_reverse<S>(space, d.q, d.q, Tc, Dh, rotary_dims_, cfg_.rope_theta, {}, rotary_table_);
-    rotary_reverse<S>(space, d.k, d.k, Tc, Dh, rotary_dims_, cfg_.rope_theta, {}, rotary_table_);
+    rotary_reverse<S>(space, d.q, d.q, Dh, rotary_dims_, rotary_table_);
+    rotary_reverse<S>(space, d.k, d.k, Dh, rotary_dims_, rotary_table_);
     linear_reverse<S>(space, d.c1, g, d.q, a.ln1, p, o.q_w, o.q_b, gemm_);
     linear_reverse<S>(space, d.c2, g, d.k, a.ln1, p, o.k_w, o.k_b, gemm_);
     accumulate<S>(space, d.c1, d.c2);

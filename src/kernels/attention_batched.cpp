@@ -1,0 +1,388 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Attention as batched GEMMs and row kernels; see attention_batched.hpp.
+#include "kernels/attention_batched.hpp"
+
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+namespace gnh::kernels {
+
+namespace {
+
+// Threads per row team: one on a host backend (a row per thread), 128 on a
+// GPU (a 1,024-key row is eight entries a thread; the sums reduce in the
+// team's tree order, the same every run).
+constexpr int kScoreTeam = std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value ? 1 : 128;
+
+using Team = Kokkos::TeamPolicy<ExecSpace, Kokkos::IndexType<index_t>>;
+using Member = Team::member_type;
+
+template <class T>
+KOKKOS_INLINE_FUNCTION T team_max(const Member& team, index_t n, const T* x) {
+  T m = x[0];
+  Kokkos::parallel_reduce(
+      Kokkos::TeamThreadRange(team, n), [&](const index_t s, T& a) { a = x[s] > a ? x[s] : a; }, Kokkos::Max<T>(m));
+  return m;
+}
+template <class T, class F>
+KOKKOS_INLINE_FUNCTION T team_sum(const Member& team, index_t n, const F& f) {
+  T total = T(0);
+  Kokkos::parallel_reduce(
+      Kokkos::TeamThreadRange(team, n), [&](const index_t s, T& a) { a += f(s); }, total);
+  return total;
+}
+
+// One chunk of sequences [b0, b0 + Bc): where every operand of its products
+// sits. Batch index (direction k, sequence, key/value head j, query head r of
+// the group), query head h = j rep + r.
+template <class T>
+struct Chunk {
+  QkvLayout L;
+  index_t Tc, K, b0, Bc, N, rep, C, PE;
+  T* scores;
+  BatchExtents ext(bool directions, bool group = true) const {
+    return {{directions ? K : 1, Bc, L.G, group ? rep : 1}};
+  }
+  // Part i (0 q, 1 k, 2 v) of buffer a, plane p (0 value, 1 tangents, 2 second order).
+  Mapped<T> part(const Act2<T>& a, int i, int p) const {
+    Mapped<T> m;
+    const index_t ld = a.cols();
+    m.base = (p == 0 ? a.v.data() : p == 1 ? a.d.data() : a.dd.data()) + b0 * Tc * ld + L.off[i];
+    m.ld = ld;
+    m.stride[0] = p ? N * ld : 0;
+    m.stride[1] = Tc * ld;
+    m.stride[2] = i == 0 ? rep * L.stride[0] : L.stride[i];
+    m.stride[3] = i == 0 ? L.stride[0] : 0;
+    return m;
+  }
+  // Rows of the H heads' outputs side by side (y, dy), plane p.
+  Mapped<T> heads(const Act2<T>& a, int p) const {
+    Mapped<T> m;
+    m.base = (p == 0 ? a.v.data() : p == 1 ? a.d.data() : a.dd.data()) + b0 * Tc * C;
+    m.ld = C;
+    m.stride[0] = p ? N * C : 0;
+    m.stride[1] = Tc * C;
+    m.stride[2] = rep * L.hs;
+    m.stride[3] = L.hs;
+    return m;
+  }
+  // Score plane `first`; per direction: plane first + k for direction k.
+  Mapped<T> plane(index_t first, bool per_direction) const {
+    Mapped<T> m;
+    m.base = scores + first * PE;
+    m.ld = Tc;
+    m.stride[0] = per_direction ? PE : 0;
+    m.stride[1] = L.H * Tc * Tc;
+    m.stride[2] = rep * Tc * Tc;
+    m.stride[3] = Tc * Tc;
+    return m;
+  }
+};
+
+template <class T>
+Mapped<const T> in(const Mapped<T>& m) {
+  Mapped<const T> r;
+  r.base = m.base;
+  r.ld = m.ld;
+  for (int j = 0; j < 4; ++j) r.stride[j] = m.stride[j];
+  return r;
+}
+// The same map at query head r of each group (a batch over (k, b, j) only).
+template <class T>
+Mapped<T> at_r(Mapped<T> m, index_t r) {
+  m.base += r * m.stride[3];
+  return m;
+}
+
+// The mapped products of one call: the space, the precision, the scratch.
+template <class T>
+struct Products {
+  const ExecSpace& space;
+  bool tf32;
+  const MappedScratch& scratch;
+  // C = alpha op(A) op(B) + beta C over e; m x n, inner k.
+  void operator()(bool ta, bool tb, index_t m, index_t n, index_t k, T alpha, const Mapped<T>& A, const Mapped<T>& B,
+                  T beta, const Mapped<T>& C, const BatchExtents& e) const {
+    gemm_mapped<T>(space, tf32, ta, tb, m, n, k, alpha, in(A), in(B), beta, C, e, scratch);
+  }
+};
+
+// The forward's rows: from the scores of every plane, p (and p', p''), lse
+// (and lse', lse''), in place: plane 0 holds S then P; plane 1 + k holds S'_k
+// then P'_k; plane 1 + K + k holds S''_k then P''_k.
+template <class T>
+struct ForwardRows {
+  T* sc;
+  index_t PE, Tc, K, g0;
+  bool tangents, second;
+  Act1<T> lse;
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
+    const index_t i = team.league_rank(), n = i % Tc + 1, gi = g0 + i;
+    T* s0 = sc + i * Tc;
+    const T m = team_max(team, n, s0);
+    const T L = jlog(team_sum<T>(team, n, [&](index_t s) { return jexp(s0[s] - m); })) + m;
+    Kokkos::single(Kokkos::PerTeam(team), [&] { lse.v(gi) = L; });
+    for (index_t k = 0; tangents && k < K; ++k) {
+      T* s1 = sc + (1 + k) * PE + i * Tc;
+      T* s2 = second ? sc + (1 + K + k) * PE + i * Tc : nullptr;
+      const T l1 = team_sum<T>(team, n, [&](index_t s) { return jexp(s0[s] - L) * s1[s]; });
+      const T l2 =
+          second ? team_sum<T>(team, n, [&](index_t s) { return jexp(s0[s] - L) * (s2[s] + s1[s] * s1[s]); }) - l1 * l1
+                 : T(0);
+      Kokkos::single(Kokkos::PerTeam(team), [&] {
+        lse.d(k, gi) = l1;
+        if (second) lse.dd(k, gi) = l2;
+      });
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, Tc), [&](const index_t s) {
+        const T p = s < n ? jexp(s0[s] - L) : T(0), e = s1[s] - l1;
+        if (second) s2[s] = s < n ? p * (e * e + s2[s] - l2) : T(0);
+        s1[s] = p * e;
+      });
+    }
+    team.team_barrier();
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, Tc),
+                         [&](const index_t s) { s0[s] = s < n ? jexp(s0[s] - L) : T(0); });
+  }
+};
+
+// The reverse's rows: plane 0 holds S then P, plane 1 dP then dS; with
+// tangents plane 2 + k holds S'_k then P'_k and plane 2 + K + k dP'_k then
+// dS'_k. D (and D') from dy, y (and their tangents).
+template <class T>
+struct ReverseRows {
+  T* sc;
+  index_t PE, Tc, H, hs, K, g0, n0;
+  bool tangents;
+  T scale;
+  Act1<T> lse, D;
+  Act2<T> dy, y;
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
+    const index_t i = team.league_rank(), t = i % Tc, n = t + 1, gi = g0 + i, h = (i / Tc) % H;
+    const index_t row = n0 + (i / (Tc * H)) * Tc + t, c0 = h * hs;
+    T *s0 = sc + i * Tc, *dp = sc + PE + i * Tc;
+    const T L = lse.v(gi);
+    const T Dt = team_sum<T>(team, hs, [&](index_t c) { return dy.v(row, c0 + c) * y.v(row, c0 + c); });
+    for (index_t k = 0; tangents && k < K; ++k) {
+      T* st = sc + (2 + k) * PE + i * Tc;
+      T* sa = sc + (2 + K + k) * PE + i * Tc;
+      const T Dk = team_sum<T>(team, hs, [&](index_t c) {
+        return dy.d(k, row, c0 + c) * y.v(row, c0 + c) + dy.v(row, c0 + c) * y.d(k, row, c0 + c);
+      });
+      const T l1 = lse.d(k, gi);
+      Kokkos::single(Kokkos::PerTeam(team), [&] { D.d(k, gi) = Dk; });
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, Tc), [&](const index_t s) {
+        const T p = s < n ? jexp(s0[s] - L) : T(0), pd = p * (st[s] - l1);
+        sa[s] = (pd * (dp[s] - Dt) + p * (sa[s] - Dk)) * scale;
+        st[s] = pd;
+      });
+    }
+    team.team_barrier();
+    Kokkos::single(Kokkos::PerTeam(team), [&] { D.v(gi) = Dt; });
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, Tc), [&](const index_t s) {
+      const T p = s < n ? jexp(s0[s] - L) : T(0);
+      dp[s] = p * (dp[s] - Dt) * scale;
+      s0[s] = p;
+    });
+  }
+};
+
+template <class T>
+Chunk<T> chunk_of(const QkvLayout& L, index_t B, index_t Tc, index_t K, index_t b0, index_t Bc,
+                  const AttentionScratch<T>& scratch) {
+  return {L, Tc, K, b0, Bc, B * Tc, L.group(), L.H * L.hs, Bc * L.H * Tc * Tc, scratch.scores.data()};
+}
+
+// Sequences per chunk for `planes` planes, or a clear line where not one fits.
+template <class T>
+index_t chunk_sequences(const char* who, const AttentionScratch<T>& scratch, index_t planes, const QkvLayout& L,
+                        index_t B, index_t Tc) {
+  const index_t per = scratch.sequences(planes, L.H, Tc);
+  if (per < 1)
+    throw std::logic_error(std::string(who) + ": the score scratch of " + std::to_string(scratch.scores.extent(0)) +
+                           " values holds no sequence of " + std::to_string(planes) + " planes of " +
+                           std::to_string(L.H) + " x " + std::to_string(Tc) + "^2");
+  return std::min(per, B);
+}
+
+// The forward of one chunk: scores, rows, outputs.
+template <class T>
+void forward_chunk(const Products<T>& mm, const Chunk<T>& c, const QkvActs<T>& x, const Act2<T>& y, const Act1<T>& lse,
+                   bool tangents, bool second, bool xs) {
+  const index_t Tc = c.Tc, hs = c.L.hs;
+  const T scale = T(1) / kmath::sqrt(T(hs));
+  const BatchExtents e1 = c.ext(false), eK = c.ext(true);
+  const Mapped<T> Q0 = c.part(x.q, 0, 0), K0 = c.part(x.k, 1, 0), V0 = c.part(x.v, 2, 0);
+  const Mapped<T> P0 = c.plane(0, false), P1 = c.plane(1, true), P2 = c.plane(1 + c.K, true);
+  mm(false, true, Tc, Tc, hs, scale, Q0, K0, T(0), P0, e1);
+  if (tangents) {
+    const Mapped<T> Q1 = c.part(x.q, 0, 1), K1 = c.part(x.k, 1, 1);
+    mm(false, true, Tc, Tc, hs, scale, Q1, K0, T(0), P1, eK);
+    mm(false, true, Tc, Tc, hs, scale, Q0, K1, T(1), P1, eK);
+    if (second) {
+      if (xs) mm(false, true, Tc, Tc, hs, scale, c.part(x.q, 0, 2), K0, T(0), P2, eK);
+      mm(false, true, Tc, Tc, hs, T(2) * scale, Q1, K1, xs ? T(1) : T(0), P2, eK);
+      if (xs) mm(false, true, Tc, Tc, hs, scale, Q0, c.part(x.k, 1, 2), T(1), P2, eK);
+    }
+  }
+  Kokkos::parallel_for("gnh::attention::batched::softmax", Team(mm.space, c.Bc * c.L.H * Tc, kScoreTeam),
+                       ForwardRows<T>{c.scores, c.PE, Tc, c.K, c.b0 * c.L.H * Tc, tangents, second, lse});
+  mm(false, false, Tc, hs, Tc, T(1), P0, V0, T(0), c.heads(y, 0), e1);
+  if (!tangents) return;
+  const Mapped<T> V1 = c.part(x.v, 2, 1), Y1 = c.heads(y, 1);
+  mm(false, false, Tc, hs, Tc, T(1), P1, V0, T(0), Y1, eK);
+  mm(false, false, Tc, hs, Tc, T(1), P0, V1, T(1), Y1, eK);
+  if (!second) return;
+  const Mapped<T> Y2 = c.heads(y, 2);
+  mm(false, false, Tc, hs, Tc, T(1), P2, V0, T(0), Y2, eK);
+  mm(false, false, Tc, hs, Tc, T(2), P1, V1, T(1), Y2, eK);
+  if (xs) mm(false, false, Tc, hs, Tc, T(1), P0, c.part(x.v, 2, 2), T(1), Y2, eK);
+}
+
+// The scores of the reverse (and their tangents): S, dP = dy V^T into planes
+// 0 and 1; S'_k and dP'_k into planes 2 + k and 2 + K + k.
+template <class T>
+void reverse_scores(const Products<T>& mm, const Chunk<T>& c, const QkvActs<T>& x, const Act2<T>& dy, bool tangents) {
+  const index_t Tc = c.Tc, hs = c.L.hs;
+  const T scale = T(1) / kmath::sqrt(T(hs));
+  const BatchExtents e1 = c.ext(false), eK = c.ext(true);
+  const Mapped<T> Q0 = c.part(x.q, 0, 0), K0 = c.part(x.k, 1, 0), V0 = c.part(x.v, 2, 0), dY0 = c.heads(dy, 0);
+  mm(false, true, Tc, Tc, hs, scale, Q0, K0, T(0), c.plane(0, false), e1);
+  mm(false, true, Tc, Tc, hs, T(1), dY0, V0, T(0), c.plane(1, false), e1);
+  if (!tangents) return;
+  const Mapped<T> Pt = c.plane(2, true), Pa = c.plane(2 + c.K, true);
+  mm(false, true, Tc, Tc, hs, scale, c.part(x.q, 0, 1), K0, T(0), Pt, eK);
+  mm(false, true, Tc, Tc, hs, scale, Q0, c.part(x.k, 1, 1), T(1), Pt, eK);
+  mm(false, true, Tc, Tc, hs, T(1), c.heads(dy, 1), V0, T(0), Pa, eK);
+  mm(false, true, Tc, Tc, hs, T(1), dY0, c.part(x.v, 2, 1), T(1), Pa, eK);
+}
+
+// The reverse's outputs from P, dS (and P', dS'): dq, and dk, dv summed over
+// each group's query heads in order.
+template <class T>
+void reverse_outputs(const Products<T>& mm, const Chunk<T>& c, const QkvActs<T>& dx, const QkvActs<T>& x,
+                     const Act2<T>& dy, bool tangents) {
+  const index_t Tc = c.Tc, hs = c.L.hs;
+  const BatchExtents e1 = c.ext(false), eK = c.ext(true), g1 = c.ext(false, false), gK = c.ext(true, false);
+  const Mapped<T> Q0 = c.part(x.q, 0, 0), K0 = c.part(x.k, 1, 0), dY0 = c.heads(dy, 0);
+  const Mapped<T> P = c.plane(0, false), dS = c.plane(1, false), Pt = c.plane(2, true), dSt = c.plane(2 + c.K, true);
+  mm(false, false, Tc, hs, Tc, T(1), dS, K0, T(0), c.part(dx.q, 0, 0), e1);
+  if (tangents) {
+    const Mapped<T> dQ1 = c.part(dx.q, 0, 1);
+    mm(false, false, Tc, hs, Tc, T(1), dSt, K0, T(0), dQ1, eK);
+    mm(false, false, Tc, hs, Tc, T(1), dS, c.part(x.k, 1, 1), T(1), dQ1, eK);
+  }
+  const Mapped<T> dK0 = c.part(dx.k, 1, 0), dV0 = c.part(dx.v, 2, 0), dK1 = c.part(dx.k, 1, 1),
+                  dV1 = c.part(dx.v, 2, 1), Q1 = c.part(x.q, 0, 1), dY1 = c.heads(dy, 1);
+  for (index_t r = 0; r < c.rep; ++r) {
+    const T beta = r ? T(1) : T(0);
+    mm(true, false, Tc, hs, Tc, T(1), at_r(dS, r), at_r(Q0, r), beta, dK0, g1);
+    mm(true, false, Tc, hs, Tc, T(1), at_r(P, r), at_r(dY0, r), beta, dV0, g1);
+    if (!tangents) continue;
+    mm(true, false, Tc, hs, Tc, T(1), at_r(dSt, r), at_r(Q0, r), beta, dK1, gK);
+    mm(true, false, Tc, hs, Tc, T(1), at_r(dS, r), at_r(Q1, r), T(1), dK1, gK);
+    mm(true, false, Tc, hs, Tc, T(1), at_r(Pt, r), at_r(dY0, r), beta, dV1, gK);
+    mm(true, false, Tc, hs, Tc, T(1), at_r(P, r), at_r(dY1, r), T(1), dV1, gK);
+  }
+}
+
+template <class T>
+void require_batched(const char* who, const QkvLayout& L, const AttentionScratch<T>& scratch, index_t count) {
+#ifdef GNH_CUBLAS_MATH_MODE
+  if (scratch.pointers.capacity() < 1)
+    throw std::logic_error(std::string(who) + ": no pointer scratch for " + std::to_string(count) + " products");
+#else
+  (void)scratch, (void)count;
+#endif
+  if (!L.valid())
+    throw std::invalid_argument(std::string(who) + ": " + std::to_string(L.H) + " query heads in groups over " +
+                                std::to_string(L.G) + " key/value heads of " + std::to_string(L.hs));
+}
+
+}  // namespace
+
+template <class S>
+void attention_forward_batched(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>> lse, QkvActs<base_t<S>> x,
+                               const QkvLayout& L, index_t B, index_t Tc, bool tf32, bool x_second,
+                               const AttentionScratch<base_t<S>>& scratch) {
+  using T = base_t<S>;
+  keep_planes<S>(y, lse, x.q, x.k, x.v);
+  constexpr bool tangents = has_tangents_v<S>, second = has_second_v<S>;
+  const index_t K = tangents ? directions_of<S>(x.q) : 0;
+  const char* who = "gnh::attention::forward (batched)";
+  require_batched(who, L, scratch, K * B * L.H);
+  detail::check_qkv(who, x, L, B * Tc);
+  require_extent(who, "y rows", y.rows(), B * Tc);
+  require_extent(who, "y cols", y.cols(), L.H * L.hs);
+  require_extent(who, "lse", lse.v.extent(0), B * L.H * Tc);
+  const index_t Bc = chunk_sequences(who, scratch, attention_score_planes(false, tangents, second, K), L, B, Tc);
+  const Products<T> mm{space, tf32, scratch.pointers};
+  for (index_t b0 = 0; b0 < B; b0 += Bc)
+    forward_chunk(mm, chunk_of(L, B, Tc, K, b0, std::min(Bc, B - b0), scratch), x, y, lse, tangents, second, x_second);
+}
+
+template <class S>
+void attention_reverse_batched(const ExecSpace& space, QkvActs<base_t<S>> dx, Act1<base_t<S>> D, Act2<base_t<S>> dy,
+                               QkvActs<base_t<S>> x, Act2<base_t<S>> y, Act1<base_t<S>> lse, const QkvLayout& L,
+                               index_t B, index_t Tc, bool tf32, const AttentionScratch<base_t<S>>& scratch) {
+  using T = base_t<S>;
+  keep_planes<S>(dx.q, dx.k, dx.v, D, dy, x.q, x.k, x.v, y, lse);
+  constexpr bool tangents = has_tangents_v<S>;
+  const index_t K = tangents ? directions_of<S>(x.q) : 0;
+  const char* who = "gnh::attention::reverse (batched)";
+  require_batched(who, L, scratch, K * B * L.H);
+  detail::check_qkv(who, x, L, B * Tc);
+  detail::check_qkv(who, dx, L, B * Tc);
+  require_extent(who, "dy rows", dy.rows(), B * Tc);
+  require_extent(who, "D", D.v.extent(0), B * L.H * Tc);
+  const index_t Bc = chunk_sequences(who, scratch, attention_score_planes(true, tangents, false, K), L, B, Tc);
+  const Products<T> mm{space, tf32, scratch.pointers};
+  const T scale = T(1) / kmath::sqrt(T(L.hs));
+  for (index_t b0 = 0; b0 < B; b0 += Bc) {
+    const Chunk<T> c = chunk_of(L, B, Tc, K, b0, std::min(Bc, B - b0), scratch);
+    reverse_scores(mm, c, x, dy, tangents);
+    Kokkos::parallel_for(
+        "gnh::attention::batched::softmax_reverse", Team(space, c.Bc * L.H * Tc, kScoreTeam),
+        ReverseRows<T>{c.scores, c.PE, Tc, L.H, L.hs, K, b0 * L.H * Tc, b0 * Tc, tangents, scale, lse, D, dy, y});
+    reverse_outputs(mm, c, dx, x, dy, tangents);
+  }
+}
+
+const char* attention_path_name(AttentionPath p) {
+  switch (p) {
+    case AttentionPath::tiles:
+      return "tiles";
+    case AttentionPath::batched:
+      return "batched";
+    case AttentionPath::rows:
+      return "rows";
+  }
+  return "?";
+}
+
+template <class T>
+AttentionPath attention_path(bool bf16) {
+  constexpr bool host = std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value;
+#ifdef GNH_CUBLAS_MATH_MODE
+  constexpr bool batched_here = true;
+#else
+  constexpr bool batched_here = host;
+#endif
+  const bool tiles_ok = use_host_attention<T>(ExecSpace(), bf16), batched_ok = batched_here && !bf16;
+  if (const char* env = std::getenv("GNH_ATTENTION"); env && *env) {
+    const std::string want = env;
+    if (want == "batched") {
+      if (batched_ok) return AttentionPath::batched;
+    } else if (want != "auto") {
+      throw std::invalid_argument("GNH_ATTENTION=" + want + ": expected auto or batched");
+    }
+  }
+  if (tiles_ok) return AttentionPath::tiles;
+  return !host && batched_ok ? AttentionPath::batched : AttentionPath::rows;
+}
+
+GNH_ATTENTION_BATCHED(, float)
+GNH_ATTENTION_BATCHED(, double)
+
+}  // namespace gnh::kernels

@@ -1,0 +1,96 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Causal attention as batched GEMMs and row kernels: the GPU's shape of the
+// host tiles' formulation (attention_host.cpp), the same quantities as
+// attention.hpp's row kernels to rounding.
+//
+// The sequences are taken in chunks of Bc (as many as the caller's score
+// scratch holds). For a chunk, each (direction, sequence, query head) has
+// whole Tc x Tc score blocks, one per plane the mode needs; every product of
+// the chunk is one mapped batched GEMM (gemm_mapped.hpp: cuBLAS batched on a
+// GPU, tensor cores in TF32 under the tf32 policy) over (direction, sequence,
+// key/value head, query head of its group), all K directions in the same
+// call; a row kernel of one team per score row (Bc H Tc teams) does the
+// softmax and its derivatives across every plane, its sums in the team's
+// fixed tree order. The primal is formed once per chunk, not per direction.
+// Entries after the query (the causal mask) are computed by the score GEMMs
+// and zeroed by the row kernel, so the products that follow are dense.
+//
+//   forward:   S = scale Q K^T                        P, lse   y = P V
+//              S' = scale (Q' K^T + Q K'^T)           P', lse' y' = P' V + P V'
+//              S'' = scale (Q'' K^T + 2 Q' K'^T + Q K''^T)
+//                                                     P'', lse'' y'' = P'' V + 2 P' V' + P V''
+//   reverse:   S, dP = dy V^T                         P, D, dS = P (dP - D) scale
+//              dq = dS K,  dk = sum_r dS^T Q,  dv = sum_r P^T dy   (r: the group's query heads)
+//   tangent of the reverse: S', dP' = dy' V^T + dy V'^T, and
+//              dS' = (P' (dP - D) + P (dP' - D')) scale,  D' = dy'.y + dy.y',
+//              dq' = dS' K + dS K',  dk' = sum_r dS'^T Q + dS^T Q',  dv' = sum_r P'^T dy + P^T dy'
+// With GQA a key/value head's dk, dv accumulate over its query heads in
+// order r = 0, 1, ..., one batched call each, so no two products of a call
+// write the same output and the bits do not depend on the thread count.
+//
+// Memory: attention_score_planes() planes of Bc H Tc^2 values, and the
+// pointer arrays of the largest call (3 K Bc H pointers).
+#pragma once
+#include "kernels/attention.hpp"
+#include "kernels/gemm_mapped.hpp"
+
+namespace gnh::kernels {
+
+// Score blocks per (sequence, query head) that a call keeps: the forward 1
+// plane, with tangents 1 + K, second order 1 + 2K; the reverse 2, its
+// tangent 2 + 2K.
+inline index_t attention_score_planes(bool reverse, bool tangents, bool second, index_t K) {
+  if (reverse) return tangents ? 2 + 2 * K : 2;
+  return !tangents ? 1 : second ? 1 + 2 * K : 1 + K;
+}
+
+// The working memory of the batched path: the score planes of one chunk of
+// sequences, and the mapped GEMMs' pointer arrays.
+template <class T>
+struct AttentionScratch {
+  View1<T> scores;
+  MappedScratch pointers;
+  // Sequences per chunk for this many planes of H Tc^2 values (0: none fit).
+  index_t sequences(index_t planes, index_t H, index_t Tc) const {
+    return index_t(scores.extent(0)) / (planes * H * Tc * Tc);
+  }
+};
+
+// x_second false (Jet2): x'' is taken as zero (its products skipped).
+template <class S>
+void attention_forward_batched(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>> lse, QkvActs<base_t<S>> x,
+                               const QkvLayout& L, index_t B, index_t Tc, bool tf32, bool x_second,
+                               const AttentionScratch<base_t<S>>& scratch);
+
+// dx is overwritten; D is a (B*H*T) scratch of the same mode.
+template <class S>
+void attention_reverse_batched(const ExecSpace& space, QkvActs<base_t<S>> dx, Act1<base_t<S>> D, Act2<base_t<S>> dy,
+                               QkvActs<base_t<S>> x, Act2<base_t<S>> y, Act1<base_t<S>> lse, const QkvLayout& L,
+                               index_t B, index_t Tc, bool tf32, const AttentionScratch<base_t<S>>& scratch);
+
+// Which attention kernels a call takes: the host tiles (FP32 on a host with
+// its sgemm, outside bf16-amp), the batched GEMMs (the default on a GPU), or
+// the portable row kernels. GNH_ATTENTION=batched in the environment takes
+// the batched GEMMs wherever they can run (the tests, the benchmarks);
+// auto, or unset, the default.
+enum class AttentionPath { tiles, batched, rows };
+const char* attention_path_name(AttentionPath p);
+template <class T>
+AttentionPath attention_path(bool bf16);
+
+#define GNH_ATTENTION_BATCHED_FORWARD(EXT, S)                                                                        \
+  EXT template void attention_forward_batched<S>(const ExecSpace&, Act2<base_t<S>>, Act1<base_t<S>>,                 \
+                                                 QkvActs<base_t<S>>, const QkvLayout&, index_t, index_t, bool, bool, \
+                                                 const AttentionScratch<base_t<S>>&);
+#define GNH_ATTENTION_BATCHED_REVERSE(EXT, S)                                                                      \
+  EXT template void attention_reverse_batched<S>(                                                                  \
+      const ExecSpace&, QkvActs<base_t<S>>, Act1<base_t<S>>, Act2<base_t<S>>, QkvActs<base_t<S>>, Act2<base_t<S>>, \
+      Act1<base_t<S>>, const QkvLayout&, index_t, index_t, bool, const AttentionScratch<base_t<S>>&);
+#define GNH_ATTENTION_BATCHED(EXT, T)                        \
+  GNH_FORWARD_SCALARS(GNH_ATTENTION_BATCHED_FORWARD, EXT, T) \
+  GNH_REVERSE_SCALARS(GNH_ATTENTION_BATCHED_REVERSE, EXT, T) \
+  EXT template AttentionPath attention_path<T>(bool);
+GNH_ATTENTION_BATCHED(extern, float)
+GNH_ATTENTION_BATCHED(extern, double)
+
+}  // namespace gnh::kernels

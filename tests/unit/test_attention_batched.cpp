@@ -1,0 +1,246 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Attention as batched GEMMs and row kernels (attention_batched.hpp), the GPU's
+// path run on the host, against the portable row kernels in double on the
+// same inputs: every mode (forward, tangent, second order with and without
+// x'', reverse, tangent of the reverse), every layout (nanoGPT's fused q|k|v,
+// grouped-query, GPT-NeoX's interleaved heads, three buffers), in float and
+// double, with the sequences in chunks that do not divide the batch. Its bits
+// do not depend on the chunk size or on a second run.
+#include <catch2/catch.hpp>
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/attention.hpp"
+#include "kernels/attention_batched.hpp"
+
+using namespace gnh;
+using namespace gnh::kernels;
+
+namespace {
+
+constexpr index_t B = 3, Tc = 13, K = 3;
+
+// One activation with every plane (value, K tangents, K second order) in one
+// flat buffer, in double and float with the same values.
+struct Buf {
+  index_t N = 0, C = 0;
+  View1<double> d;
+  View1<float> f;
+  Buf() = default;
+  Buf(index_t N_, index_t C_, std::mt19937& g, double amp)
+      : N(N_), C(C_), d("d", (1 + 2 * K) * N_ * C_), f("f", d.extent(0)) {
+    std::uniform_real_distribution<double> u(-amp, amp);
+    for (std::size_t i = 0; i < d.extent(0); ++i) {
+      f(i) = float(u(g));
+      d(i) = f(i);
+    }
+  }
+  template <class T>
+  const View1<T>& view() const {
+    if constexpr (std::is_same_v<T, double>) return d;
+    else return f;
+  }
+  template <class T>
+  Act2<T> act() const {
+    const View1<T>& b = view<T>();
+    Act2<T> a;
+    a.v = Span2<T>(b.data(), N, C);
+    a.d = Span3<T>(b.data() + N * C, K, N, C);
+    a.dd = Span3<T>(b.data() + (1 + K) * N * C, K, N, C);
+    return a;
+  }
+  template <class T>
+  Act1<T> act1() const {
+    const View1<T>& b = view<T>();
+    Act1<T> a;
+    a.v = Span1<T>(b.data(), N);
+    a.d = Span2<T>(b.data() + N, K, N);
+    a.dd = Span2<T>(b.data() + (1 + K) * N, K, N);
+    return a;
+  }
+  void zero_second() {
+    for (index_t i = (1 + K) * N * C; i < index_t(d.extent(0)); ++i) d(i) = f(i) = 0;
+  }
+  void from(const Buf& o) {  // the double values of o, in both
+    for (std::size_t i = 0; i < d.extent(0); ++i) {
+      d(i) = o.d(i);
+      f(i) = float(o.d(i));
+    }
+  }
+};
+
+struct Layout {
+  const char* name;
+  QkvLayout L;
+  bool separate;
+  index_t width;  // columns of the one buffer, or of q (separate)
+};
+
+std::vector<Layout> layouts() {
+  return {{"fused", QkvLayout::fused(4, 4, 5), false, 12 * 5},
+          {"grouped", QkvLayout::fused(4, 2, 5), false, 8 * 5},
+          {"interleaved", QkvLayout::interleaved(3, 6), false, 9 * 6},
+          {"separate, one key/value head", QkvLayout::separate(4, 1, 5), true, 4 * 5}};
+}
+
+struct Inputs {
+  Buf q, k, v;  // q holds every part unless separate
+  bool separate;
+  template <class T>
+  QkvActs<T> acts() const {
+    if (!separate) return {q.act<T>(), q.act<T>(), q.act<T>()};
+    return {q.act<T>(), k.act<T>(), v.act<T>()};
+  }
+  void zero_second() {
+    q.zero_second();
+    if (separate) k.zero_second(), v.zero_second();
+  }
+};
+
+Inputs inputs(const Layout& l, std::mt19937& g, double amp) {
+  Inputs in;
+  in.separate = l.separate;
+  in.q = Buf(B * Tc, l.width, g, amp);
+  if (l.separate) {
+    in.k = Buf(B * Tc, l.L.G * l.L.hs, g, amp);
+    in.v = Buf(B * Tc, l.L.G * l.L.hs, g, amp);
+  }
+  return in;
+}
+
+template <class T>
+AttentionScratch<T> scratch(index_t planes, index_t H, index_t seqs) {
+  AttentionScratch<T> s;
+  s.scores = View1<T>("scores", planes * H * Tc * Tc * seqs);
+  s.pointers.pointers = View1<std::uintptr_t>("pointers", 3 * K * B * H);
+  return s;
+}
+
+// Got (T) against the double reference, plane by plane of `len` values: in
+// double within 8 (hs + Tc) 2^-53 of the plane's largest magnitude (the two
+// paths add the same terms in different orders: a dot of hs terms, a sum of
+// Tc, and the softmax's recurrences, each a few roundings); in float the same
+// with 2^-24 (the float path rounds every one of those values).
+template <class T>
+void compare(const View1<T>& got, const View1<double>& ref, index_t planes, index_t len, index_t hs,
+             const std::string& what) {
+  const double u = std::is_same_v<T, double> ? std::ldexp(1.0, -53) : std::ldexp(1.0, -24);
+  for (index_t p = 0; p < planes; ++p) {
+    double scale = 1, err = 0;
+    for (index_t i = 0; i < len; ++i) scale = std::max(scale, std::fabs(ref(p * len + i)));
+    for (index_t i = 0; i < len; ++i) {
+      REQUIRE(std::isfinite(double(got(p * len + i))));
+      err = std::max(err, std::fabs(double(got(p * len + i)) - ref(p * len + i)));
+    }
+    INFO(what << " plane " << p << " max error " << err << " scale " << scale);
+    REQUIRE(err <= 8.0 * double(hs + Tc) * u * scale);
+  }
+}
+
+template <class T>
+bool same_bits(const View1<T>& a, const View1<T>& b) {
+  for (std::size_t i = 0; i < a.extent(0); ++i)
+    if (!(a(i) == b(i))) return false;
+  return true;
+}
+
+template <class S>
+constexpr index_t value_planes() {
+  return has_second_v<S> ? 1 + 2 * K : has_tangents_v<S> ? 1 + K : 1;
+}
+
+// The forward in mode S: batched (T) against the rows (double).
+template <class T, template <class> class M>
+void check_forward(const Layout& l, bool x_second, std::mt19937& g) {
+  using S = M<T>;
+  using R = M<double>;
+  const QkvLayout& L = l.L;
+  const index_t N = B * Tc, C = L.H * L.hs, R1 = B * L.H * Tc;
+  Inputs x = inputs(l, g, 1.5);
+  Buf y(N, C, g, 0), lse(R1, 1, g, 0), yr(N, C, g, 0), lser(R1, 1, g, 0);
+  const index_t planes = attention_score_planes(false, has_tangents_v<S>, has_second_v<S>, K);
+  // Chunks of 2, 1 sequences; then all three at once.
+  attention_forward_batched<S>(ExecSpace(), y.act<T>(), lse.act1<T>(), x.acts<T>(), L, B, Tc, false, x_second,
+                               scratch<T>(planes, L.H, 2));
+  if (!x_second) x.zero_second();
+  attention_forward<R>(ExecSpace(), yr.act<double>(), lser.act1<double>(), x.acts<double>(), L, B, Tc);
+  ExecSpace().fence();
+  const std::string what = std::string(l.name) + (x_second ? "" : ", x'' = 0");
+  compare(y.view<T>(), yr.d, value_planes<S>(), N * C, L.hs, what + ": y");
+  compare(lse.view<T>(), lser.d, value_planes<S>(), R1, L.hs, what + ": lse");
+  Buf y2(N, C, g, 0), lse2(R1, 1, g, 0);
+  attention_forward_batched<S>(ExecSpace(), y2.act<T>(), lse2.act1<T>(), x.acts<T>(), L, B, Tc, false, true,
+                               scratch<T>(planes, L.H, B));
+  ExecSpace().fence();
+  if (x_second) {
+    INFO(what << ": one chunk and chunks of two give the same bits");
+    REQUIRE(same_bits(y.view<T>(), y2.view<T>()));
+    REQUIRE(same_bits(lse.view<T>(), lse2.view<T>()));
+  }
+}
+
+// The reverse in mode S (T or Dual<T>): y, lse from the rows' tangent
+// forward in double; batched (T) against the rows (double).
+template <class T, template <class> class M>
+void check_reverse(const Layout& l, std::mt19937& g) {
+  using S = M<T>;
+  using R = M<double>;
+  const QkvLayout& L = l.L;
+  const index_t N = B * Tc, C = L.H * L.hs, R1 = B * L.H * Tc;
+  Inputs x = inputs(l, g, 1.5);
+  Buf y(N, C, g, 0), lse(R1, 1, g, 0), dy(N, C, g, 1.0);
+  attention_forward<Dual<double>>(ExecSpace(), y.act<double>(), lse.act1<double>(), x.acts<double>(), L, B, Tc);
+  ExecSpace().fence();
+  y.from(y);
+  lse.from(lse);
+  Inputs dx = inputs(l, g, 0), dxr = inputs(l, g, 0);
+  Buf D(R1, 1, g, 0), Dr(R1, 1, g, 0);
+  attention_reverse_batched<S>(ExecSpace(), dx.acts<T>(), D.act1<T>(), dy.act<T>(), x.acts<T>(), y.act<T>(),
+                               lse.act1<T>(), L, B, Tc, false,
+                               scratch<T>(attention_score_planes(true, has_tangents_v<S>, false, K), L.H, 2));
+  attention_reverse<R>(ExecSpace(), dxr.acts<double>(), Dr.act1<double>(), dy.act<double>(), x.acts<double>(),
+                       y.act<double>(), lse.act1<double>(), L, B, Tc);
+  ExecSpace().fence();
+  const index_t planes = has_tangents_v<S> ? 1 + K : 1;
+  const std::string what = std::string(l.name) + ": reverse";
+  compare(dx.q.view<T>(), dxr.q.d, planes, N * dx.q.C, L.hs, what + " d(q)");
+  if (l.separate) {
+    compare(dx.k.view<T>(), dxr.k.d, planes, N * dx.k.C, L.hs, what + " dk");
+    compare(dx.v.view<T>(), dxr.v.d, planes, N * dx.v.C, L.hs, what + " dv");
+  }
+  compare(D.view<T>(), Dr.d, planes, R1, L.hs, what + " D");
+}
+
+template <class T>
+using Primal = T;
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("batched attention equals the row kernels in every mode and layout", "[attention][batched]", float,
+                   double) {
+  using T = TestType;
+  std::mt19937 g(7);
+  for (const Layout& l : layouts()) {
+    check_forward<T, Primal>(l, true, g);
+    check_forward<T, Dual>(l, true, g);
+    check_forward<T, Jet2>(l, true, g);
+    check_forward<T, Jet2>(l, false, g);
+    check_reverse<T, Primal>(l, g);
+    check_reverse<T, Dual>(l, g);
+  }
+}
+
+TEST_CASE("the batched path is chosen on request and refuses a bad name", "[attention][batched]") {
+  REQUIRE(std::string(attention_path_name(AttentionPath::batched)) == "batched");
+  setenv("GNH_ATTENTION", "batched", 1);
+  REQUIRE(attention_path<double>(false) == AttentionPath::batched);
+  REQUIRE(attention_path<float>(false) == AttentionPath::batched);
+  REQUIRE(attention_path<float>(true) != AttentionPath::batched);  // bf16-amp: not on this path
+  setenv("GNH_ATTENTION", "fastest", 1);
+  REQUIRE_THROWS_WITH(attention_path<float>(false), Catch::Contains("GNH_ATTENTION=fastest"));
+  unsetenv("GNH_ATTENTION");
+  REQUIRE(attention_path<double>(false) == AttentionPath::rows);
+}

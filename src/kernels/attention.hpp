@@ -29,6 +29,7 @@
 #include "core/bf16.hpp"
 #include "core/planes.hpp"
 #include "kernels/attention_host.hpp"
+#include "kernels/attention_types.hpp"
 #include "kernels/host_parallel.hpp"
 #include "kernels/check.hpp"
 #include "kernels/op.hpp"
@@ -506,13 +507,6 @@ void attention_rows(const ExecSpace& space, const char* label, index_t N, const 
   for_rows<S>(space, label, N, AttentionRowLoop<Body>{body}, shape);
 }
 }  // namespace detail
-
-// q, k and v of an attention call, each with its planes: one buffer three
-// times (nanoGPT's c_attn, GPT-NeoX's query_key_value) or three (Llama).
-template <class T>
-struct QkvActs {
-  Act2<T> q, k, v;
-};
 
 namespace detail {
 // Plane `plane` (0 value, 1 first tangent, 2 first second-order) of q, k and

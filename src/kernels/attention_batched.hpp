@@ -36,26 +36,6 @@
 
 namespace gnh::kernels {
 
-// Score blocks per (sequence, query head) that a call keeps: the forward 1
-// plane, with tangents 1 + K, second order 1 + 2K; the reverse 2, its
-// tangent 2 + 2K.
-inline index_t attention_score_planes(bool reverse, bool tangents, bool second, index_t K) {
-  if (reverse) return tangents ? 2 + 2 * K : 2;
-  return !tangents ? 1 : second ? 1 + 2 * K : 1 + K;
-}
-
-// The working memory of the batched path: the score planes of one chunk of
-// sequences, and the mapped GEMMs' pointer arrays.
-template <class T>
-struct AttentionScratch {
-  View1<T> scores;
-  MappedScratch pointers;
-  // Sequences per chunk for this many planes of H Tc^2 values (0: none fit).
-  index_t sequences(index_t planes, index_t H, index_t Tc) const {
-    return index_t(scores.extent(0)) / (planes * H * Tc * Tc);
-  }
-};
-
 // x_second false (Jet2): x'' is taken as zero (its products skipped).
 template <class S>
 void attention_forward_batched(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>> lse, QkvActs<base_t<S>> x,
@@ -68,12 +48,6 @@ void attention_reverse_batched(const ExecSpace& space, QkvActs<base_t<S>> dx, Ac
                                QkvActs<base_t<S>> x, Act2<base_t<S>> y, Act1<base_t<S>> lse, const QkvLayout& L,
                                index_t B, index_t Tc, bool tf32, const AttentionScratch<base_t<S>>& scratch);
 
-// Which attention kernels a call takes: the host tiles (FP32 on a host with
-// its sgemm, outside bf16-amp), the batched GEMMs (the default on a GPU), or
-// the portable row kernels. GNH_ATTENTION=batched in the environment takes
-// the batched GEMMs wherever they can run (the tests, the benchmarks);
-// auto, or unset, the default.
-enum class AttentionPath { tiles, batched, rows };
 const char* attention_path_name(AttentionPath p);
 template <class T>
 AttentionPath attention_path(bool bf16);

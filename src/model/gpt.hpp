@@ -18,6 +18,7 @@
 
 #include "core/planes.hpp"
 #include "kernels/attention_host.hpp"
+#include "kernels/attention_types.hpp"
 #include "kernels/blas.hpp"
 #include "model/config.hpp"
 #include "model/layout.hpp"
@@ -83,6 +84,7 @@ class Gpt {
   // Whether the gradient's reverse reads the attention's probabilities kept
   // by its forward (host tiles, short contexts: gpt_impl.hpp).
   bool keeps_attention() const { return keep_attention_; }
+  kernels::AttentionPath attention_path() const { return att_path_; }
 
   // tokens, targets: (B, T) device views; a target < 0 is ignored.
   LossSum forward_loss(const ExecSpace& space, Span1<const T> params, Span2<const std::int32_t> tokens,
@@ -126,6 +128,13 @@ class Gpt {
   void validate_shape() const;
   index_t choose_kept(const GptTiles& plan);
   void plan_layers(index_t att_elements);
+  void plan_attention();
+  template <class S>
+  void attend(const ExecSpace& space, const Act2<T>& y, const Act1<T>& lse, const kernels::QkvActs<T>& x, bool cut,
+              T* keep_p);
+  template <class S>
+  void attend_reverse(const ExecSpace& space, const kernels::QkvActs<T>& dx, const Act1<T>& D, const Act2<T>& dy,
+                      const kernels::QkvActs<T>& x, const Act2<T>& y, const Act1<T>& lse, const T* kept_p);
   void plan_head(const GptTiles& plan);
   void plan_adjoints();
   void plan_gemm(const GptTiles& plan);
@@ -140,10 +149,12 @@ class Gpt {
 
   ModelConfig cfg_;
   ParamLayout layout_;
-  kernels::QkvLayout qkv_layout_;  // where attention finds the heads (by family)
-  bool fused_qkv_ = false;         // Llama's q, k, v projections as one GEMM (gpt_impl.hpp)
-  index_t rotary_dims_ = 0;        // dims of each head rotated (0: no rotary embedding)
-  View2<T> rotary_table_;          // cos and sin of every position's angles (kernels/rotary.hpp)
+  kernels::QkvLayout qkv_layout_;                                   // where attention finds the heads (by family)
+  kernels::AttentionPath att_path_ = kernels::AttentionPath::rows;  // which attention kernels run
+  kernels::AttentionScratch<T> att_scratch_;                        // the batched path's score planes
+  bool fused_qkv_ = false;   // Llama's q, k, v projections as one GEMM (gpt_impl.hpp)
+  index_t rotary_dims_ = 0;  // dims of each head rotated (0: no rotary embedding)
+  View2<T> rotary_table_;    // cos and sin of every position's angles (kernels/rotary.hpp)
   Shape shape_;
   index_t N_;
   std::vector<View1<T>> owned_;

@@ -7,6 +7,7 @@
 
 #include "core/error.hpp"
 #include "kernels/attention.hpp"
+#include "kernels/attention_batched.hpp"
 #include "kernels/embedding.hpp"
 #include "kernels/gelu.hpp"
 #include "kernels/layernorm.hpp"
@@ -211,8 +212,10 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate, std::vect
     if (allocate) rotary_table_ = kernels::rotary_table<T>(ExecSpace(), shape.context, rotary_dims_, cfg.rope_theta);
   }
   const GptTiles plan = gpt_tiles(cfg, shape);
+  att_path_ = kernels::attention_path<T>(shape.bf16);
   const index_t att_e = choose_kept(plan);
   plan_layers(att_e);
+  plan_attention();
   plan_head(plan);
   if (shape.reverse) plan_adjoints();
   plan_gemm(plan);
@@ -271,7 +274,7 @@ index_t Gpt<T>::choose_kept(const GptTiles& plan) {
   // preset small and medium, not the reference's 1024 (where they would add
   // 60%). The reverse then forms neither the scores nor their softmax again.
   index_t att_e = 0;
-  if (primal_reverse && kernels::use_host_attention<T>(ExecSpace(), shape_.bf16)) {
+  if (primal_reverse && att_path_ == kernels::AttentionPath::tiles) {
     att_e = kernels::host::attention_kept_elements(shape_.context);
     if (H * att_e > std::max<index_t>(cfg_.mlp_width(), 4 * C) * shape_.context) att_e = 0;
   }
@@ -313,6 +316,50 @@ void Gpt<T>::plan_layers(index_t att_e) {
     if (keep_attention_) a.att_p = act1("att_p", shape_.batch * H * att_e, false, false);
     buf_->acts.push_back(a);
   }
+}
+
+// The batched attention's score planes for a chunk of sequences (as many as
+// attention_score_budget allows, at least one) and its pointer arrays.
+template <class T>
+void Gpt<T>::plan_attention() {
+  if (att_path_ != kernels::AttentionPath::batched) return;
+  const index_t H = cfg_.n_head, Tc = shape_.context, B = shape_.batch;
+  const bool tan = shape_.directions > 0, sec = shape_.second_order && tan;
+  const index_t K = tan ? shape_.directions : 0;
+  const index_t planes = std::max(kernels::attention_score_planes(false, tan, sec, K),
+                                  shape_.reverse ? kernels::attention_score_planes(true, tan, false, K) : index_t(0));
+  const index_t per = planes * H * Tc * Tc;
+  const index_t seqs = std::clamp<index_t>(
+      attention_score_budget(!std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value) / per, 1, B);
+  const index_t pointers = 3 * std::max<index_t>(1, K) * seqs * H;
+  workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(seqs * per) + sizeof(std::uintptr_t) * pointers;
+  if (!allocate_) return;
+  att_scratch_.scores = View1<T>(Kokkos::view_alloc("gnh::gpt::att_scores", Kokkos::WithoutInitializing), seqs * per);
+  att_scratch_.pointers.pointers = View1<std::uintptr_t>("gnh::gpt::att_pointers", pointers);
+}
+
+// Attention on the engine's path: the batched GEMMs or attention.hpp's
+// kernels (the host tiles or the rows); cut: x'' is taken as zero.
+template <class T>
+template <class S>
+void Gpt<T>::attend(const ExecSpace& space, const Act2<T>& y, const Act1<T>& lse, const kernels::QkvActs<T>& x,
+                    bool cut, T* keep_p) {
+  const index_t B = shape_.batch, Tc = shape_.context;
+  if (att_path_ == kernels::AttentionPath::batched)
+    return kernels::attention_forward_batched<S>(space, y, lse, x, qkv_layout_, B, Tc, gemm_.tf32, !cut, att_scratch_);
+  kernels::attention_forward<S>(space, y, lse, x, qkv_layout_, B, Tc, gemm_.bf16, kernels::default_row_shape(), !cut,
+                                keep_p);
+}
+template <class T>
+template <class S>
+void Gpt<T>::attend_reverse(const ExecSpace& space, const kernels::QkvActs<T>& dx, const Act1<T>& D, const Act2<T>& dy,
+                            const kernels::QkvActs<T>& x, const Act2<T>& y, const Act1<T>& lse, const T* kept_p) {
+  const index_t B = shape_.batch, Tc = shape_.context;
+  if (att_path_ == kernels::AttentionPath::batched)
+    return kernels::attention_reverse_batched<S>(space, dx, D, dy, x, y, lse, qkv_layout_, B, Tc, gemm_.tf32,
+                                                 att_scratch_);
+  kernels::attention_reverse<S>(space, dx, D, dy, x, y, lse, qkv_layout_, B, Tc, gemm_.bf16,
+                                kernels::default_row_shape(), kept_p);
 }
 
 // The embedding's output (reverse), the c_proj outputs, the final LayerNorm
@@ -502,8 +549,7 @@ void Gpt<T>::forward_block(const ExecSpace& space, Params<T> p, int l, bool cut)
     rotary_forward<S>(space, qkv, qkv, cfg_.head_size(), rotary_dims_, rotary_table_, RotarySegments{3, 2});
   cut_at(space, cut, cuts.qkv, qkv);
   T* const keep_p = std::is_same<S, T>::value && keep_attention_ ? a0.att_p.v.data() : nullptr;
-  attention_forward<S>(space, att, a0.att_lse, QkvActs<T>{qkv, qkv, qkv}, qkv_layout_, B, Tc, gemm_.bf16,
-                       default_row_shape(), !cut, keep_p);
+  attend<S>(space, att, a0.att_lse, QkvActs<T>{qkv, qkv, qkv}, cut, keep_p);
   cut_at(space, cut, cuts.att, att);
   linear_forward<S>(space, proj, att, p, o.attn_proj_w, o.attn_proj_b, gemm_, !cut);
   residual_forward<S>(space, x_mid, x, proj);
@@ -557,7 +603,7 @@ void Gpt<T>::forward_block_llama(const ExecSpace& space, Params<T> p, int l, boo
   }
   const QkvActs<T> x3 = fused_qkv_ ? QkvActs<T>{a.qkv, a.qkv, a.qkv} : QkvActs<T>{a.q, a.k, a.v};
   T* const keep_p = std::is_same<S, T>::value && keep_attention_ ? a.att_p.v.data() : nullptr;
-  attention_forward<S>(space, a.att, a.att_lse, x3, qkv_layout_, B, Tc, gemm_.bf16, default_row_shape(), !cut, keep_p);
+  attend<S>(space, a.att, a.att_lse, x3, cut, keep_p);
   cut_at(space, cut, cuts.att, a.att);
   linear_forward<S>(space, proj, a.att, p, o.attn_proj_w, o.attn_proj_b, gemm_, !cut);
   residual_forward<S>(space, a.x_mid, x, proj);
@@ -695,8 +741,8 @@ void Gpt<T>::reverse_block(const ExecSpace& space, Params<T> p, Grads<T> g, int 
   if (!parallel) linear_reverse<S>(space, d_att, g, res, a.att, p, o.attn_proj_w, o.attn_proj_b, gemm_);
   keep(&CutAdjoints<T>::att, d_att);
   const T* const kept_p = std::is_same<S, T>::value && keep_attention_ ? a.att_p.v.data() : nullptr;
-  attention_reverse<S>(space, QkvActs<T>{d_qkv, d_qkv, d_qkv}, D, d_att, QkvActs<T>{a.qkv, a.qkv, a.qkv}, a.att,
-                       a.att_lse, qkv_layout_, B, Tc, gemm_.bf16, default_row_shape(), kept_p);
+  attend_reverse<S>(space, QkvActs<T>{d_qkv, d_qkv, d_qkv}, D, d_att, QkvActs<T>{a.qkv, a.qkv, a.qkv}, a.att, a.att_lse,
+                    kept_p);
   keep(&CutAdjoints<T>::qkv, d_qkv);
   if (rotary_dims_ > 0)
     rotary_reverse<S>(space, d_qkv, d_qkv, cfg_.head_size(), rotary_dims_, rotary_table_, RotarySegments{3, 2});
@@ -740,8 +786,7 @@ void Gpt<T>::reverse_block_llama(const ExecSpace& space, Params<T> p, Grads<T> g
   const T* const kept_p = std::is_same<S, T>::value && keep_attention_ ? a.att_p.v.data() : nullptr;
   const QkvActs<T> x3 = fused_qkv_ ? QkvActs<T>{a.qkv, a.qkv, a.qkv} : QkvActs<T>{a.q, a.k, a.v};
   const QkvActs<T> d3 = fused_qkv_ ? QkvActs<T>{d.qkv, d.qkv, d.qkv} : QkvActs<T>{d.q, d.k, d.v};
-  attention_reverse<S>(space, d3, d.D, d.att, x3, a.att, a.att_lse, qkv_layout_, B, Tc, gemm_.bf16, default_row_shape(),
-                       kept_p);
+  attend_reverse<S>(space, d3, d.D, d.att, x3, a.att, a.att_lse, kept_p);
   rmsnorm_forward<S>(space, a.ln1, a.ln1_rstd, x_in(l), p, o.ln1_w, -1, cfg_.ln_eps);
   if (fused_qkv_) {
     const index_t H = cfg_.n_head, G = cfg_.kv_heads();

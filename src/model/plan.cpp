@@ -89,6 +89,8 @@ GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape) {
   return t;
 }
 
+index_t attention_score_budget(bool device) { return index_t(1) << (device ? 28 : 24); }
+
 std::size_t plan_gpt_bytes(const ModelConfig& cfg, const Shape& shape, std::size_t scalar_bytes) {
   return scalar_bytes == sizeof(double) ? Gpt<double>::planned_bytes(cfg, shape)
                                         : Gpt<float>::planned_bytes(cfg, shape);

@@ -59,6 +59,13 @@ struct GptTiles {
   index_t bf16_chunk = 0, bf16_scratch_a = 0, bf16_scratch_b = 0;
 };
 GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape);
+// Values of the batched attention's score planes (kernels/attention_batched.hpp)
+// that an engine holds at once: as many sequences per chunk as fit, at least
+// one. On a device 2^28 (1 GiB in float): at the reference shape (12 heads,
+// T = 1024) a sequence's second order at K = 16 is 33 planes, 1.7 GB, so one
+// sequence a chunk and 192 products a batched call; the primal forward 21
+// sequences a chunk. On a host 2^24 (64 MiB), where the path serves checks.
+index_t attention_score_budget(bool device);
 
 // Every buffer an engine whose scalar has `scalar_bytes` bytes (4 or 8)
 // allocates, counted by running its constructor without allocating

@@ -20,6 +20,7 @@
 
 #include "analysis/derivatives.hpp"
 #include "core/random.hpp"
+#include "kernels/attention_batched.hpp"
 #include "kernels/attention_host.hpp"
 #include "model/gpt.hpp"
 #include "model/plan.hpp"
@@ -388,7 +389,8 @@ TEST_CASE("curvature does not depend on the batch size; float agrees with double
   gs.reverse = true;
   Gpt<float> gf(cfg, gs);
   Gpt<double> gd(cfg, gs);
-  REQUIRE(gf.keeps_attention() == kernels::host::attention_available());
+  REQUIRE(gf.keeps_attention() == (gf.attention_path() == kernels::AttentionPath::tiles));
+  REQUIRE(gf.attention_path() == kernels::attention_path<float>(false));
   REQUIRE_FALSE(gd.keeps_attention());  // the host tiles are float only
   View1<double> Gf("Gf", P);            // epoch sums are double
   View1<double> Gd("Gd", P);

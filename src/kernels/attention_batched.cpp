@@ -42,27 +42,39 @@ struct Chunk {
   QkvLayout L;
   index_t Tc, K, b0, Bc, N, rep, C, PE;
   T* scores;
+  // Where the products read q, k, v and dy: the call's buffers (in_b0 = b0,
+  // in_N = N), or under bf16-amp the chunk's rounded copies (0, Bc Tc).
+  QkvActs<T> xin;
+  Act2<T> dyin;
+  index_t in_b0, in_N;
+  bool bf16;
   BatchExtents ext(bool directions, bool group = true) const {
     return {{directions ? K : 1, Bc, L.G, group ? rep : 1}};
   }
-  // Part i (0 q, 1 k, 2 v) of buffer a, plane p (0 value, 1 tangents, 2 second order).
-  Mapped<T> part(const Act2<T>& a, int i, int p) const {
+  // Part i (0 q, 1 k, 2 v) of buffer a, plane p (0 value, 1 tangents, 2
+  // second order); rows from sequence first of n rows a plane.
+  Mapped<T> part(const Act2<T>& a, int i, int p, index_t first, index_t n) const {
     Mapped<T> m;
     const index_t ld = a.cols();
-    m.base = (p == 0 ? a.v.data() : p == 1 ? a.d.data() : a.dd.data()) + b0 * Tc * ld + L.off[i];
+    m.base = (p == 0 ? a.v.data() : p == 1 ? a.d.data() : a.dd.data()) + first * Tc * ld + L.off[i];
     m.ld = ld;
-    m.stride[0] = p ? N * ld : 0;
+    m.stride[0] = p ? n * ld : 0;
     m.stride[1] = Tc * ld;
     m.stride[2] = i == 0 ? rep * L.stride[0] : L.stride[i];
     m.stride[3] = i == 0 ? L.stride[0] : 0;
     return m;
   }
-  // Rows of the H heads' outputs side by side (y, dy), plane p.
-  Mapped<T> heads(const Act2<T>& a, int p) const {
+  // An output part (dx), and an input part (q, k, v: the operands).
+  Mapped<T> out(const Act2<T>& a, int i, int p) const { return part(a, i, p, b0, N); }
+  Mapped<T> in(int i, int p) const { return part(i == 0 ? xin.q : i == 1 ? xin.k : xin.v, i, p, in_b0, in_N); }
+  // Rows of the H heads side by side, plane p: y (an output) and dy (an operand).
+  Mapped<T> heads(const Act2<T>& a, int p) const { return heads_of(a, p, b0, N); }
+  Mapped<T> dy(int p) const { return heads_of(dyin, p, in_b0, in_N); }
+  Mapped<T> heads_of(const Act2<T>& a, int p, index_t first, index_t n) const {
     Mapped<T> m;
-    m.base = (p == 0 ? a.v.data() : p == 1 ? a.d.data() : a.dd.data()) + b0 * Tc * C;
+    m.base = (p == 0 ? a.v.data() : p == 1 ? a.d.data() : a.dd.data()) + first * Tc * C;
     m.ld = C;
-    m.stride[0] = p ? N * C : 0;
+    m.stride[0] = p ? n * C : 0;
     m.stride[1] = Tc * C;
     m.stride[2] = rep * L.hs;
     m.stride[3] = L.hs;
@@ -96,17 +108,29 @@ Mapped<T> at_r(Mapped<T> m, index_t r) {
   return m;
 }
 
-// The mapped products of one call: the space, the precision, the scratch.
+// The mapped products of one call, queued (gemm_mapped.hpp): on a GPU one
+// small kernel writes the pointers of up to MappedQueue::kMax of them.
 template <class T>
 struct Products {
-  const ExecSpace& space;
-  bool tf32;
-  const MappedScratch& scratch;
+  MappedQueue<T>& q;
   // C = alpha op(A) op(B) + beta C over e; m x n, inner k.
   void operator()(bool ta, bool tb, index_t m, index_t n, index_t k, T alpha, const Mapped<T>& A, const Mapped<T>& B,
                   T beta, const Mapped<T>& C, const BatchExtents& e) const {
-    gemm_mapped<T>(space, tf32, ta, tb, m, n, k, alpha, in(A), in(B), beta, C, e, scratch);
+    MappedProduct<T> p;
+    p.ta = ta;
+    p.tb = tb;
+    p.m = m;
+    p.n = n;
+    p.k = k;
+    p.alpha = alpha;
+    p.beta = beta;
+    p.A = in(A);
+    p.B = in(B);
+    p.C = C;
+    p.e = e;
+    q.add(p);
   }
+  const ExecSpace& space() const { return q.space(); }
 };
 
 // The forward's rows: from the scores of every plane, p (and p', p''), lse
@@ -116,7 +140,7 @@ template <class T>
 struct ForwardRows {
   T* sc;
   index_t PE, Tc, K, g0;
-  bool tangents, second;
+  bool tangents, second, bf16;  // bf16: p, p', p'' rounded (they are GEMM operands)
   Act1<T> lse;
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
     const index_t i = team.league_rank(), n = i % Tc + 1, gi = g0 + i;
@@ -137,13 +161,13 @@ struct ForwardRows {
       });
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, Tc), [&](const index_t s) {
         const T p = s < n ? jexp(s0[s] - L) : T(0), e = s1[s] - l1;
-        if (second) s2[s] = s < n ? p * (e * e + s2[s] - l2) : T(0);
-        s1[s] = p * e;
+        if (second) s2[s] = s < n ? operand(p * (e * e + s2[s] - l2), bf16) : T(0);
+        s1[s] = operand(p * e, bf16);
       });
     }
     team.team_barrier();
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, Tc),
-                         [&](const index_t s) { s0[s] = s < n ? jexp(s0[s] - L) : T(0); });
+                         [&](const index_t s) { s0[s] = s < n ? operand(jexp(s0[s] - L), bf16) : T(0); });
   }
 };
 
@@ -154,7 +178,7 @@ template <class T>
 struct ReverseRows {
   T* sc;
   index_t PE, Tc, H, hs, K, g0, n0;
-  bool tangents;
+  bool tangents, bf16;  // bf16: P, dS, P', dS' rounded (they are GEMM operands)
   T scale;
   Act1<T> lse, D;
   Act2<T> dy, y;
@@ -174,24 +198,77 @@ struct ReverseRows {
       Kokkos::single(Kokkos::PerTeam(team), [&] { D.d(k, gi) = Dk; });
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, Tc), [&](const index_t s) {
         const T p = s < n ? jexp(s0[s] - L) : T(0), pd = p * (st[s] - l1);
-        sa[s] = (pd * (dp[s] - Dt) + p * (sa[s] - Dk)) * scale;
-        st[s] = pd;
+        sa[s] = operand((pd * (dp[s] - Dt) + p * (sa[s] - Dk)) * scale, bf16);
+        st[s] = operand(pd, bf16);
       });
     }
     team.team_barrier();
     Kokkos::single(Kokkos::PerTeam(team), [&] { D.v(gi) = Dt; });
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, Tc), [&](const index_t s) {
       const T p = s < n ? jexp(s0[s] - L) : T(0);
-      dp[s] = p * (dp[s] - Dt) * scale;
-      s0[s] = p;
+      dp[s] = operand(p * (dp[s] - Dt) * scale, bf16);
+      s0[s] = operand(p, bf16);
     });
   }
 };
 
+// Rows r0 .. r0 + n - 1 of `planes` planes of a (the value, then tangents,
+// then second-order planes) rounded to bfloat16 into dst, n rows a plane.
 template <class T>
-Chunk<T> chunk_of(const QkvLayout& L, index_t B, index_t Tc, index_t K, index_t b0, index_t Bc,
-                  const AttentionScratch<T>& scratch) {
-  return {L, Tc, K, b0, Bc, B * Tc, L.group(), L.H * L.hs, Bc * L.H * Tc * Tc, scratch.scores.data()};
+struct RoundRows {
+  Act2<T> a;
+  T* dst;
+  index_t r0, n, cols, K;
+  KOKKOS_INLINE_FUNCTION void operator()(const index_t p, const index_t r, const index_t c) const {
+    const T x = p == 0 ? a.v(r0 + r, c) : p <= K ? a.d(p - 1, r0 + r, c) : a.dd(p - 1 - K, r0 + r, c);
+    dst[(p * n + r) * cols + c] = round_bf16(x);
+  }
+};
+
+// The copy as an activation of n rows (its planes where a has them), and the
+// cursor moved past it; one launch.
+template <class T>
+Act2<T> rounded_rows(const ExecSpace& space, const Act2<T>& a, index_t r0, index_t n, index_t planes, index_t K,
+                     T*& cursor) {
+  const index_t cols = a.cols();
+  using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>, Kokkos::IndexType<index_t>>;
+  Kokkos::parallel_for("gnh::attention::batched::round_bf16", Policy(space, {0, 0, 0}, {planes, n, cols}),
+                       RoundRows<T>{a, cursor, r0, n, cols, K});
+  Act2<T> r;
+  r.v = Span2<T>(cursor, n, cols);
+  if (planes > 1) r.d = Span3<T>(cursor + n * cols, K, n, cols);
+  if (planes > 1 + K) r.dd = Span3<T>(cursor + (1 + K) * n * cols, K, n, cols);
+  cursor += planes * n * cols;
+  return r;
+}
+
+template <class T>
+Chunk<T> chunk_of(const ExecSpace& space, const QkvLayout& L, index_t B, index_t Tc, index_t K, index_t b0, index_t Bc,
+                  const AttentionScratch<T>& scratch, const QkvActs<T>& x, const Act2<T>& dy, bool bf16,
+                  index_t planes) {
+  Chunk<T> c{L, Tc, K,  b0,     Bc,  B * Tc, L.group(), L.H * L.hs, Bc * L.H * Tc * Tc, scratch.scores.data(),
+             x, dy, b0, B * Tc, bf16};
+  if (!bf16) return c;
+  // Each distinct buffer among q, k, v once, and dy (the reverse), the
+  // chunk's rows of the planes the call reads.
+  const index_t r0 = b0 * Tc, n = Bc * Tc;
+  const bool k_own = x.k.v.data() != x.q.v.data(), v_own = x.v.v.data() != x.q.v.data() && x.v.v.data() != x.k.v.data();
+  const index_t need = n * planes * (x.q.cols() + (k_own ? x.k.cols() : 0) + (v_own ? x.v.cols() : 0)) +
+                       (dy.rows() > 0 ? n * std::min<index_t>(planes, 1 + K) * dy.cols() : 0);
+  if (need > index_t(scratch.operands.extent(0)))
+    throw std::logic_error("gnh::attention (batched): the bf16 operand scratch of " +
+                           std::to_string(scratch.operands.extent(0)) + " values holds no chunk of " +
+                           std::to_string(Bc) + " sequences (" + std::to_string(need) + ")");
+  T* cursor = scratch.operands.data();
+  c.xin.q = rounded_rows(space, x.q, r0, n, planes, K, cursor);
+  c.xin.k = k_own ? rounded_rows(space, x.k, r0, n, planes, K, cursor) : c.xin.q;
+  c.xin.v = v_own                          ? rounded_rows(space, x.v, r0, n, planes, K, cursor)
+            : x.v.v.data() == x.k.v.data() ? c.xin.k
+                                           : c.xin.q;
+  if (dy.rows() > 0) c.dyin = rounded_rows(space, dy, r0, n, std::min<index_t>(planes, 1 + K), K, cursor);
+  c.in_b0 = 0;
+  c.in_N = n;
+  return c;
 }
 
 // Sequences per chunk for `planes` planes, or a clear line where not one fits.
@@ -206,75 +283,88 @@ index_t chunk_sequences(const char* who, const AttentionScratch<T>& scratch, ind
   return std::min(per, B);
 }
 
+template <class T>
+void forward_derivative_outputs(const Products<T>& mm, const Chunk<T>& c, const Act2<T>& y, const Mapped<T>& P0,
+                                const Mapped<T>& P1, const Mapped<T>& P2, const Mapped<T>& V0, bool second, bool xs);
+
 // The forward of one chunk: scores, rows, outputs.
 template <class T>
-void forward_chunk(const Products<T>& mm, const Chunk<T>& c, const QkvActs<T>& x, const Act2<T>& y, const Act1<T>& lse,
-                   bool tangents, bool second, bool xs) {
+void forward_chunk(const Products<T>& mm, const Chunk<T>& c, const Act2<T>& y, const Act1<T>& lse, bool tangents,
+                   bool second, bool xs) {
   const index_t Tc = c.Tc, hs = c.L.hs;
   const T scale = T(1) / kmath::sqrt(T(hs));
   const BatchExtents e1 = c.ext(false), eK = c.ext(true);
-  const Mapped<T> Q0 = c.part(x.q, 0, 0), K0 = c.part(x.k, 1, 0), V0 = c.part(x.v, 2, 0);
+  const Mapped<T> Q0 = c.in(0, 0), K0 = c.in(1, 0), V0 = c.in(2, 0);
   const Mapped<T> P0 = c.plane(0, false), P1 = c.plane(1, true), P2 = c.plane(1 + c.K, true);
   mm(false, true, Tc, Tc, hs, scale, Q0, K0, T(0), P0, e1);
   if (tangents) {
-    const Mapped<T> Q1 = c.part(x.q, 0, 1), K1 = c.part(x.k, 1, 1);
+    const Mapped<T> Q1 = c.in(0, 1), K1 = c.in(1, 1);
     mm(false, true, Tc, Tc, hs, scale, Q1, K0, T(0), P1, eK);
     mm(false, true, Tc, Tc, hs, scale, Q0, K1, T(1), P1, eK);
     if (second) {
-      if (xs) mm(false, true, Tc, Tc, hs, scale, c.part(x.q, 0, 2), K0, T(0), P2, eK);
+      if (xs) mm(false, true, Tc, Tc, hs, scale, c.in(0, 2), K0, T(0), P2, eK);
       mm(false, true, Tc, Tc, hs, T(2) * scale, Q1, K1, xs ? T(1) : T(0), P2, eK);
-      if (xs) mm(false, true, Tc, Tc, hs, scale, Q0, c.part(x.k, 1, 2), T(1), P2, eK);
+      if (xs) mm(false, true, Tc, Tc, hs, scale, Q0, c.in(1, 2), T(1), P2, eK);
     }
   }
-  Kokkos::parallel_for("gnh::attention::batched::softmax", Team(mm.space, c.Bc * c.L.H * Tc, kScoreTeam),
-                       ForwardRows<T>{c.scores, c.PE, Tc, c.K, c.b0 * c.L.H * Tc, tangents, second, lse});
+  mm.q.flush();
+  Kokkos::parallel_for("gnh::attention::batched::softmax", Team(mm.space(), c.Bc * c.L.H * Tc, kScoreTeam),
+                       ForwardRows<T>{c.scores, c.PE, Tc, c.K, c.b0 * c.L.H * Tc, tangents, second, c.bf16, lse});
   mm(false, false, Tc, hs, Tc, T(1), P0, V0, T(0), c.heads(y, 0), e1);
-  if (!tangents) return;
-  const Mapped<T> V1 = c.part(x.v, 2, 1), Y1 = c.heads(y, 1);
+  if (tangents) forward_derivative_outputs(mm, c, y, P0, P1, P2, V0, second, xs);
+  mm.q.flush();
+}
+
+// The outputs' tangents (and second order) from P, P' (and P'').
+template <class T>
+void forward_derivative_outputs(const Products<T>& mm, const Chunk<T>& c, const Act2<T>& y, const Mapped<T>& P0,
+                                const Mapped<T>& P1, const Mapped<T>& P2, const Mapped<T>& V0, bool second, bool xs) {
+  const index_t Tc = c.Tc, hs = c.L.hs;
+  const BatchExtents eK = c.ext(true);
+  const Mapped<T> V1 = c.in(2, 1), Y1 = c.heads(y, 1);
   mm(false, false, Tc, hs, Tc, T(1), P1, V0, T(0), Y1, eK);
   mm(false, false, Tc, hs, Tc, T(1), P0, V1, T(1), Y1, eK);
   if (!second) return;
   const Mapped<T> Y2 = c.heads(y, 2);
   mm(false, false, Tc, hs, Tc, T(1), P2, V0, T(0), Y2, eK);
   mm(false, false, Tc, hs, Tc, T(2), P1, V1, T(1), Y2, eK);
-  if (xs) mm(false, false, Tc, hs, Tc, T(1), P0, c.part(x.v, 2, 2), T(1), Y2, eK);
+  if (xs) mm(false, false, Tc, hs, Tc, T(1), P0, c.in(2, 2), T(1), Y2, eK);
 }
 
 // The scores of the reverse (and their tangents): S, dP = dy V^T into planes
 // 0 and 1; S'_k and dP'_k into planes 2 + k and 2 + K + k.
 template <class T>
-void reverse_scores(const Products<T>& mm, const Chunk<T>& c, const QkvActs<T>& x, const Act2<T>& dy, bool tangents) {
+void reverse_scores(const Products<T>& mm, const Chunk<T>& c, bool tangents) {
   const index_t Tc = c.Tc, hs = c.L.hs;
   const T scale = T(1) / kmath::sqrt(T(hs));
   const BatchExtents e1 = c.ext(false), eK = c.ext(true);
-  const Mapped<T> Q0 = c.part(x.q, 0, 0), K0 = c.part(x.k, 1, 0), V0 = c.part(x.v, 2, 0), dY0 = c.heads(dy, 0);
+  const Mapped<T> Q0 = c.in(0, 0), K0 = c.in(1, 0), V0 = c.in(2, 0), dY0 = c.dy(0);
   mm(false, true, Tc, Tc, hs, scale, Q0, K0, T(0), c.plane(0, false), e1);
   mm(false, true, Tc, Tc, hs, T(1), dY0, V0, T(0), c.plane(1, false), e1);
   if (!tangents) return;
   const Mapped<T> Pt = c.plane(2, true), Pa = c.plane(2 + c.K, true);
-  mm(false, true, Tc, Tc, hs, scale, c.part(x.q, 0, 1), K0, T(0), Pt, eK);
-  mm(false, true, Tc, Tc, hs, scale, Q0, c.part(x.k, 1, 1), T(1), Pt, eK);
-  mm(false, true, Tc, Tc, hs, T(1), c.heads(dy, 1), V0, T(0), Pa, eK);
-  mm(false, true, Tc, Tc, hs, T(1), dY0, c.part(x.v, 2, 1), T(1), Pa, eK);
+  mm(false, true, Tc, Tc, hs, scale, c.in(0, 1), K0, T(0), Pt, eK);
+  mm(false, true, Tc, Tc, hs, scale, Q0, c.in(1, 1), T(1), Pt, eK);
+  mm(false, true, Tc, Tc, hs, T(1), c.dy(1), V0, T(0), Pa, eK);
+  mm(false, true, Tc, Tc, hs, T(1), dY0, c.in(2, 1), T(1), Pa, eK);
 }
 
 // The reverse's outputs from P, dS (and P', dS'): dq, and dk, dv summed over
 // each group's query heads in order.
 template <class T>
-void reverse_outputs(const Products<T>& mm, const Chunk<T>& c, const QkvActs<T>& dx, const QkvActs<T>& x,
-                     const Act2<T>& dy, bool tangents) {
+void reverse_outputs(const Products<T>& mm, const Chunk<T>& c, const QkvActs<T>& dx, bool tangents) {
   const index_t Tc = c.Tc, hs = c.L.hs;
   const BatchExtents e1 = c.ext(false), eK = c.ext(true), g1 = c.ext(false, false), gK = c.ext(true, false);
-  const Mapped<T> Q0 = c.part(x.q, 0, 0), K0 = c.part(x.k, 1, 0), dY0 = c.heads(dy, 0);
+  const Mapped<T> Q0 = c.in(0, 0), K0 = c.in(1, 0), dY0 = c.dy(0);
   const Mapped<T> P = c.plane(0, false), dS = c.plane(1, false), Pt = c.plane(2, true), dSt = c.plane(2 + c.K, true);
-  mm(false, false, Tc, hs, Tc, T(1), dS, K0, T(0), c.part(dx.q, 0, 0), e1);
+  mm(false, false, Tc, hs, Tc, T(1), dS, K0, T(0), c.out(dx.q, 0, 0), e1);
   if (tangents) {
-    const Mapped<T> dQ1 = c.part(dx.q, 0, 1);
+    const Mapped<T> dQ1 = c.out(dx.q, 0, 1);
     mm(false, false, Tc, hs, Tc, T(1), dSt, K0, T(0), dQ1, eK);
-    mm(false, false, Tc, hs, Tc, T(1), dS, c.part(x.k, 1, 1), T(1), dQ1, eK);
+    mm(false, false, Tc, hs, Tc, T(1), dS, c.in(1, 1), T(1), dQ1, eK);
   }
-  const Mapped<T> dK0 = c.part(dx.k, 1, 0), dV0 = c.part(dx.v, 2, 0), dK1 = c.part(dx.k, 1, 1),
-                  dV1 = c.part(dx.v, 2, 1), Q1 = c.part(x.q, 0, 1), dY1 = c.heads(dy, 1);
+  const Mapped<T> dK0 = c.out(dx.k, 1, 0), dV0 = c.out(dx.v, 2, 0), dK1 = c.out(dx.k, 1, 1), dV1 = c.out(dx.v, 2, 1),
+                  Q1 = c.in(0, 1), dY1 = c.dy(1);
   for (index_t r = 0; r < c.rep; ++r) {
     const T beta = r ? T(1) : T(0);
     mm(true, false, Tc, hs, Tc, T(1), at_r(dS, r), at_r(Q0, r), beta, dK0, g1);
@@ -304,7 +394,7 @@ void require_batched(const char* who, const QkvLayout& L, const AttentionScratch
 
 template <class S>
 void attention_forward_batched(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>> lse, QkvActs<base_t<S>> x,
-                               const QkvLayout& L, index_t B, index_t Tc, bool tf32, bool x_second,
+                               const QkvLayout& L, index_t B, index_t Tc, bool tf32, bool bf16, bool x_second,
                                const AttentionScratch<base_t<S>>& scratch) {
   using T = base_t<S>;
   keep_planes<S>(y, lse, x.q, x.k, x.v);
@@ -317,15 +407,20 @@ void attention_forward_batched(const ExecSpace& space, Act2<base_t<S>> y, Act1<b
   require_extent(who, "y cols", y.cols(), L.H * L.hs);
   require_extent(who, "lse", lse.v.extent(0), B * L.H * Tc);
   const index_t Bc = chunk_sequences(who, scratch, attention_score_planes(false, tangents, second, K), L, B, Tc);
-  const Products<T> mm{space, tf32, scratch.pointers};
+  MappedQueue<T> queue(space, tf32, scratch.pointers);
+  const Products<T> mm{queue};
   for (index_t b0 = 0; b0 < B; b0 += Bc)
-    forward_chunk(mm, chunk_of(L, B, Tc, K, b0, std::min(Bc, B - b0), scratch), x, y, lse, tangents, second, x_second);
+    forward_chunk(mm,
+                  chunk_of(space, L, B, Tc, K, b0, std::min(Bc, B - b0), scratch, x, Act2<T>(), bf16,
+                           second && x_second ? 1 + 2 * K : 1 + K),
+                  y, lse, tangents, second, x_second);
 }
 
 template <class S>
 void attention_reverse_batched(const ExecSpace& space, QkvActs<base_t<S>> dx, Act1<base_t<S>> D, Act2<base_t<S>> dy,
                                QkvActs<base_t<S>> x, Act2<base_t<S>> y, Act1<base_t<S>> lse, const QkvLayout& L,
-                               index_t B, index_t Tc, bool tf32, const AttentionScratch<base_t<S>>& scratch) {
+                               index_t B, index_t Tc, bool tf32, bool bf16,
+                               const AttentionScratch<base_t<S>>& scratch) {
   using T = base_t<S>;
   keep_planes<S>(dx.q, dx.k, dx.v, D, dy, x.q, x.k, x.v, y, lse);
   constexpr bool tangents = has_tangents_v<S>;
@@ -337,15 +432,18 @@ void attention_reverse_batched(const ExecSpace& space, QkvActs<base_t<S>> dx, Ac
   require_extent(who, "dy rows", dy.rows(), B * Tc);
   require_extent(who, "D", D.v.extent(0), B * L.H * Tc);
   const index_t Bc = chunk_sequences(who, scratch, attention_score_planes(true, tangents, false, K), L, B, Tc);
-  const Products<T> mm{space, tf32, scratch.pointers};
+  MappedQueue<T> queue(space, tf32, scratch.pointers);
+  const Products<T> mm{queue};
   const T scale = T(1) / kmath::sqrt(T(L.hs));
   for (index_t b0 = 0; b0 < B; b0 += Bc) {
-    const Chunk<T> c = chunk_of(L, B, Tc, K, b0, std::min(Bc, B - b0), scratch);
-    reverse_scores(mm, c, x, dy, tangents);
-    Kokkos::parallel_for(
-        "gnh::attention::batched::softmax_reverse", Team(space, c.Bc * L.H * Tc, kScoreTeam),
-        ReverseRows<T>{c.scores, c.PE, Tc, L.H, L.hs, K, b0 * L.H * Tc, b0 * Tc, tangents, scale, lse, D, dy, y});
-    reverse_outputs(mm, c, dx, x, dy, tangents);
+    const Chunk<T> c = chunk_of(space, L, B, Tc, K, b0, std::min(Bc, B - b0), scratch, x, dy, bf16, 1 + K);
+    reverse_scores(mm, c, tangents);
+    queue.flush();
+    Kokkos::parallel_for("gnh::attention::batched::softmax_reverse", Team(space, c.Bc * L.H * Tc, kScoreTeam),
+                         ReverseRows<T>{c.scores, c.PE, Tc, L.H, L.hs, K, b0 * L.H * Tc, b0 * Tc, tangents, c.bf16,
+                                        scale, lse, D, dy, y});
+    reverse_outputs(mm, c, dx, tangents);
+    queue.flush();
   }
 }
 
@@ -362,14 +460,15 @@ const char* attention_path_name(AttentionPath p) {
 }
 
 template <class T>
-AttentionPath attention_path(bool bf16) {
+AttentionPath attention_path(bool bf16, bool gpu_shaped) {
   constexpr bool host = std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value;
 #ifdef GNH_CUBLAS_MATH_MODE
   constexpr bool batched_here = true;
 #else
   constexpr bool batched_here = host;
 #endif
-  const bool tiles_ok = use_host_attention<T>(ExecSpace(), bf16), batched_ok = batched_here && !bf16;
+  const bool batched_ok = batched_here;
+  (void)bf16;
   if (const char* env = std::getenv("GNH_ATTENTION"); env && *env) {
     const std::string want = env;
     if (want == "batched") {
@@ -378,8 +477,8 @@ AttentionPath attention_path(bool bf16) {
       throw std::invalid_argument("GNH_ATTENTION=" + want + ": expected auto or batched");
     }
   }
-  if (tiles_ok) return AttentionPath::tiles;
-  return !host && batched_ok ? AttentionPath::batched : AttentionPath::rows;
+  if ((gpu_shaped || !host) && batched_ok) return AttentionPath::batched;
+  return use_host_attention<T>(ExecSpace(), bf16) ? AttentionPath::tiles : AttentionPath::rows;
 }
 
 GNH_ATTENTION_BATCHED(, float)

@@ -37,33 +37,41 @@
 namespace gnh::kernels {
 
 // x_second false (Jet2): x'' is taken as zero (its products skipped).
+// bf16 (bf16-amp): every GEMM operand (q, k, v, dy, and the probabilities
+// and score adjoints the row kernels write) rounded to bfloat16, the scores,
+// softmax and accumulation FP32: the rounding of the row kernels in
+// attention.hpp. Rounded operands are exact in TF32, so on cuBLAS the
+// products run on TF32 tensor cores (tf32 or not) with the bits of bfloat16
+// products.
 template <class S>
 void attention_forward_batched(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>> lse, QkvActs<base_t<S>> x,
-                               const QkvLayout& L, index_t B, index_t Tc, bool tf32, bool x_second,
+                               const QkvLayout& L, index_t B, index_t Tc, bool tf32, bool bf16, bool x_second,
                                const AttentionScratch<base_t<S>>& scratch);
 
 // dx is overwritten; D is a (B*H*T) scratch of the same mode.
 template <class S>
 void attention_reverse_batched(const ExecSpace& space, QkvActs<base_t<S>> dx, Act1<base_t<S>> D, Act2<base_t<S>> dy,
                                QkvActs<base_t<S>> x, Act2<base_t<S>> y, Act1<base_t<S>> lse, const QkvLayout& L,
-                               index_t B, index_t Tc, bool tf32, const AttentionScratch<base_t<S>>& scratch);
+                               index_t B, index_t Tc, bool tf32, bool bf16, const AttentionScratch<base_t<S>>& scratch);
 
 const char* attention_path_name(AttentionPath p);
+// gpu_shaped: the engine runs the GPU's kernels and tiles (on a GPU always;
+// on a host for the launch count of bench_engine --predict).
 template <class T>
-AttentionPath attention_path(bool bf16);
+AttentionPath attention_path(bool bf16, bool gpu_shaped);
 
 #define GNH_ATTENTION_BATCHED_FORWARD(EXT, S)                                                                        \
   EXT template void attention_forward_batched<S>(const ExecSpace&, Act2<base_t<S>>, Act1<base_t<S>>,                 \
                                                  QkvActs<base_t<S>>, const QkvLayout&, index_t, index_t, bool, bool, \
-                                                 const AttentionScratch<base_t<S>>&);
+                                                 bool, const AttentionScratch<base_t<S>>&);
 #define GNH_ATTENTION_BATCHED_REVERSE(EXT, S)                                                                      \
   EXT template void attention_reverse_batched<S>(                                                                  \
       const ExecSpace&, QkvActs<base_t<S>>, Act1<base_t<S>>, Act2<base_t<S>>, QkvActs<base_t<S>>, Act2<base_t<S>>, \
-      Act1<base_t<S>>, const QkvLayout&, index_t, index_t, bool, const AttentionScratch<base_t<S>>&);
+      Act1<base_t<S>>, const QkvLayout&, index_t, index_t, bool, bool, const AttentionScratch<base_t<S>>&);
 #define GNH_ATTENTION_BATCHED(EXT, T)                        \
   GNH_FORWARD_SCALARS(GNH_ATTENTION_BATCHED_FORWARD, EXT, T) \
   GNH_REVERSE_SCALARS(GNH_ATTENTION_BATCHED_REVERSE, EXT, T) \
-  EXT template AttentionPath attention_path<T>(bool);
+  EXT template AttentionPath attention_path<T>(bool, bool);
 GNH_ATTENTION_BATCHED(extern, float)
 GNH_ATTENTION_BATCHED(extern, double)
 

@@ -30,12 +30,22 @@ inline index_t attention_score_planes(bool reverse, bool tangents, bool second, 
   return !tangents ? 1 : second ? 1 + 2 * K : 1 + K;
 }
 
+// Values of the rounded operands (bf16-amp) per sequence: q, k and v (of
+// `width` columns in all; one buffer or three) and, in the reverse, dy (H hs
+// columns), each with `planes` planes (1, 1 + K, or 1 + 2K).
+inline index_t attention_operand_values(index_t Tc, index_t width, index_t heads_width, bool reverse, index_t planes) {
+  return Tc * (width + (reverse ? heads_width : 0)) * planes;
+}
+
 // The working memory of the batched path: the score planes of one chunk of
 // sequences, and the mapped GEMMs' pointer arrays.
 template <class T>
 struct AttentionScratch {
   View1<T> scores;
   MappedScratch pointers;
+  // bf16-amp: the chunk's q, k, v (and the reverse's dy) rounded to bfloat16,
+  // every plane the call reads (attention_operand_values per sequence).
+  View1<T> operands;
   // Sequences per chunk for this many planes of H Tc^2 values (0: none fit).
   index_t sequences(index_t planes, index_t H, index_t Tc) const {
     return index_t(scores.extent(0)) / (planes * H * Tc * Tc);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include "kernels/blas.hpp"
@@ -67,74 +68,124 @@ void gemm_one(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, 
 }
 }  // namespace host
 
-#ifdef GNH_CUBLAS_MATH_MODE
 namespace {
-// Writes the group's pointer arrays: A's at 0, B's at cap, C's at 2 cap.
+// Writes the pointer arrays of the queued products: product j's A at
+// first[j], its B and C count[j] and 2 count[j] after.
 template <class T>
-struct MappedPointers {
-  Mapped<const T> A, B;
-  Mapped<T> C;
-  BatchExtents e;
-  index_t first, cap;
+struct QueuedPointers {
+  MappedProduct<T> q[MappedQueue<T>::kMax];
+  index_t first[MappedQueue<T>::kMax + 1];
+  int n;
   View1<std::uintptr_t> p;
   KOKKOS_INLINE_FUNCTION void operator()(const index_t i) const {
-    p(i) = reinterpret_cast<std::uintptr_t>(A.at(e, first + i));
-    p(cap + i) = reinterpret_cast<std::uintptr_t>(B.at(e, first + i));
-    p(2 * cap + i) = reinterpret_cast<std::uintptr_t>(C.at(e, first + i));
+    int j = 0;
+    while (j + 1 < n && i >= first[j + 1]) ++j;
+    const index_t c = (first[j + 1] - first[j]) / 3, r = i - first[j], item = r % c;
+    const MappedProduct<T>& m = q[j];
+    const void* a = r < c       ? static_cast<const void*>(m.A.at(m.e, item))
+                    : r < 2 * c ? static_cast<const void*>(m.B.at(m.e, item))
+                                : static_cast<const void*>(m.C.at(m.e, item));
+    p(i) = reinterpret_cast<std::uintptr_t>(a);
   }
 };
-}  // namespace
-#endif
 
-template <class T>
-void gemm_mapped(const ExecSpace& space, bool tf32, bool ta, bool tb, index_t m, index_t n, index_t k, T alpha,
-                 const Mapped<const T>& A, const Mapped<const T>& B, T beta, const Mapped<T>& C, const BatchExtents& e,
-                 const MappedScratch& scratch) {
-  const index_t count = e.count();
-  if (count <= 0 || m <= 0 || n <= 0) return;
-  const detail::GemmRegion region("gnh::gemm_mapped");
 #ifdef GNH_CUBLAS_MATH_MODE
-  const index_t cap = scratch.capacity();
-  if (cap < 1) throw std::logic_error("gnh::gemm_mapped: no pointer scratch");
+
+// One product's call on its pointer arrays at p (A, B, C: count each).
+template <class T>
+void cublas_mapped(const ExecSpace& space, bool tf32, const MappedProduct<T>& m, const std::uintptr_t* p,
+                   index_t count) {
   const cublasHandle_t handle = detail::cublas_on(space, false, "gnh::gemm_mapped");
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
-  const cublasOperation_t oa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, ob = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t oa = m.tb ? CUBLAS_OP_T : CUBLAS_OP_N, ob = m.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   constexpr bool is_float = std::is_same_v<T, float>;
   const cudaDataType_t type = is_float ? CUDA_R_32F : CUDA_R_64F;
   const cublasComputeType_t compute =
       is_float ? (tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F) : CUBLAS_COMPUTE_64F;
-  for (index_t first = 0; first < count; first += cap) {
-    const index_t g = std::min(cap, count - first);
-    Kokkos::parallel_for("gnh::gemm_mapped::pointers", range(space, g),
-                         MappedPointers<T>{A, B, C, e, first, cap, scratch.pointers});
-    const void* const* p = reinterpret_cast<const void* const*>(scratch.pointers.data());
-    detail::cublas_check(cublasGemmBatchedEx(handle, oa, ob, int(n), int(m), int(k), &alpha, p + cap, type, int(B.ld),
-                                             p, type, int(A.ld), &beta, const_cast<void* const*>(p + 2 * cap), type,
-                                             int(C.ld), int(g), compute, CUBLAS_GEMM_DEFAULT),
-                         "gnh::gemm_mapped", "mapped products", g, m, n, k);
-  }
+  const void* const* a = reinterpret_cast<const void* const*>(p);
+  void* const* c = reinterpret_cast<void* const*>(p + 2 * count);
+  detail::cublas_check(
+      cublasGemmBatchedEx(handle, oa, ob, int(m.n), int(m.m), int(m.k), &m.alpha, a + count, type, int(m.B.ld), a, type,
+                          int(m.A.ld), &m.beta, c, type, int(m.C.ld), int(count), compute, CUBLAS_GEMM_DEFAULT),
+      "gnh::gemm_mapped", "mapped products", count, m.m, m.n, m.k);
+}
 #else
-  (void)tf32, (void)scratch;
+// One product's items on the host, from its pointer arrays at p (A, B, C:
+// count each): in parallel over the space's threads, one item a thread.
+template <class T>
+void host_mapped(const ExecSpace& space, const MappedProduct<T>& m, const std::uintptr_t* p, index_t count) {
   static_assert(Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible,
                 "gnh::gemm_mapped runs on cuBLAS or on a host backend");
   const auto body = [=](const index_t i) {
-    host::gemm_one(ta, tb, m, n, k, alpha, A.at(e, i), A.ld, B.at(e, i), B.ld, beta, C.at(e, i), C.ld);
+    host::gemm_one(m.ta, m.tb, m.m, m.n, m.k, m.alpha, reinterpret_cast<const T*>(p[i]), m.A.ld,
+                   reinterpret_cast<const T*>(p[count + i]), m.B.ld, m.beta, reinterpret_cast<T*>(p[2 * count + i]),
+                   m.C.ld);
   };
   if (space.concurrency() <= 1 || count == 1) {
-    space.fence();
     for (index_t i = 0; i < count; ++i) body(i);
-  } else {
-    Kokkos::parallel_for("gnh::gemm_mapped::host",
-                         Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t> >(space, 0, count), body);
+    return;
   }
+  Kokkos::parallel_for("gnh::gemm_mapped::host",
+                       Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t> >(space, 0, count), body);
+  space.fence();
+}
 #endif
+}  // namespace
+
+template <class T>
+void MappedQueue<T>::add(const MappedProduct<T>& p) {
+  const index_t need = 3 * p.e.count();
+  if (p.e.count() <= 0 || p.m <= 0 || p.n <= 0) return;
+  if (n_ == kMax || used_ + need > scratch_.capacity()) flush();
+  if (need > scratch_.capacity())
+    throw std::logic_error("gnh::gemm_mapped: pointer scratch of " + std::to_string(scratch_.capacity()) +
+                           " holds no batch of " + std::to_string(p.e.count()) + " products");
+  q_[n_++] = p;
+  used_ += need;
 }
 
-template void gemm_mapped<float>(const ExecSpace&, bool, bool, bool, index_t, index_t, index_t, float,
-                                 const Mapped<const float>&, const Mapped<const float>&, float, const Mapped<float>&,
-                                 const BatchExtents&, const MappedScratch&);
-template void gemm_mapped<double>(const ExecSpace&, bool, bool, bool, index_t, index_t, index_t, double,
-                                  const Mapped<const double>&, const Mapped<const double>&, double,
-                                  const Mapped<double>&, const BatchExtents&, const MappedScratch&);
+template <class T>
+void MappedQueue<T>::flush() {
+  if (n_ == 0) return;
+  // The pointers of every queued product in one kernel, on every backend
+  // (the host reads its products' operands from them too, so that the path
+  // and its launches are the GPU's).
+  QueuedPointers<T> f{};
+  f.n = n_;
+  f.p = scratch_.pointers;
+  f.first[0] = 0;
+  for (int j = 0; j < n_; ++j) {
+    f.q[j] = q_[j];
+    f.first[j + 1] = f.first[j] + 3 * q_[j].e.count();
+  }
+  Kokkos::parallel_for("gnh::gemm_mapped::pointers", range(space_, used_), f);
+#ifndef GNH_CUBLAS_MATH_MODE
+  space_.fence();
+#endif
+  for (int j = 0; j < n_; ++j) {
+    // A region per product: what profilers and the launch count see of a library call.
+    const detail::GemmRegion region("gnh::gemm_mapped");
+#ifdef GNH_CUBLAS_MATH_MODE
+    cublas_mapped(space_, tf32_, q_[j], scratch_.pointers.data() + f.first[j], q_[j].e.count());
+#else
+    (void)tf32_;
+    host_mapped(space_, q_[j], scratch_.pointers.data() + f.first[j], q_[j].e.count());
+#endif
+  }
+  n_ = 0;
+  used_ = 0;
+}
+
+template <class T>
+void gemm_mapped(const ExecSpace& space, bool tf32, const MappedProduct<T>& p, const MappedScratch& scratch) {
+  MappedQueue<T> q(space, tf32, scratch);
+  q.add(p);
+  q.flush();
+}
+
+template class MappedQueue<float>;
+template class MappedQueue<double>;
+template void gemm_mapped<float>(const ExecSpace&, bool, const MappedProduct<float>&, const MappedScratch&);
+template void gemm_mapped<double>(const ExecSpace&, bool, const MappedProduct<double>&, const MappedScratch&);
 
 }  // namespace gnh::kernels

@@ -7,10 +7,10 @@
 // stride apart (a head's columns are strided within a row, a sequence's rows
 // are a block, a direction's plane is another).
 //
-// On CUDA with cuBLAS: per group of at most `capacity` products, one kernel
-// writes the three pointer arrays into the caller's scratch and one
-// cublasGemmBatchedEx call runs them (tensor cores: TF32 math for float under
-// the tf32 policy; FP64 for double). No host round trip, no fence.
+// On CUDA with cuBLAS: one kernel writes the pointer arrays of a queue of
+// such batches into the caller's scratch, and one cublasGemmBatchedEx call
+// runs each batch (tensor cores: TF32 math for float under the tf32 policy;
+// FP64 for double). No host round trip, no fence.
 // On host backends: the products in parallel over the space's threads, each
 // on one thread (gnh's sgemm for float where the CPU has one, else the vendor
 // BLAS; a plain loop for double where the link has no BLAS), so the bits do
@@ -40,21 +40,58 @@ struct Mapped {
   }
 };
 
-// The products per pointer-array group on CUDA: the scratch holds three
-// arrays of this many pointers. Host backends need none.
+// The pointer arrays on CUDA: three per queued product, this many pointers
+// in all. Host backends need none.
 // (Addresses as integers: a View's element type cannot be a pointer.)
 struct MappedScratch {
   View1<std::uintptr_t> pointers;
-  index_t capacity() const { return index_t(pointers.extent(0)) / 3; }
+  index_t capacity() const { return index_t(pointers.extent(0)); }
 };
 
-// C_i = alpha op(A_i) op(B_i) + beta C_i, each m x n with inner dimension k,
-// for every i of e. tf32: float products in TF32 tensor-core math where that
-// is what the backend has (cuBLAS), exact FP32 elsewhere.
+// One batch of products: C_i = alpha op(A_i) op(B_i) + beta C_i, each m x n
+// with inner dimension k, for every i of e.
 template <class T>
-void gemm_mapped(const ExecSpace& space, bool tf32, bool ta, bool tb, index_t m, index_t n, index_t k, T alpha,
-                 const Mapped<const T>& A, const Mapped<const T>& B, T beta, const Mapped<T>& C, const BatchExtents& e,
-                 const MappedScratch& scratch);
+struct MappedProduct {
+  bool ta = false, tb = false;
+  index_t m = 0, n = 0, k = 0;
+  T alpha = T(1), beta = T(0);
+  Mapped<const T> A, B;
+  Mapped<T> C;
+  BatchExtents e;
+};
+
+// Products issued in order on one execution-space instance. On CUDA, flush()
+// writes the pointer arrays of every queued product in one kernel and then
+// makes one cublasGemmBatchedEx call per product: kMax products for one
+// small launch. A product that reads the C of another queued product must
+// come after it in the queue (they run in order). tf32: float products in
+// TF32 tensor-core math where the backend has it (cuBLAS), exact FP32
+// elsewhere.
+template <class T>
+class MappedQueue {
+ public:
+  static constexpr int kMax = 8;
+  MappedQueue(const ExecSpace& space, bool tf32, const MappedScratch& scratch)
+      : space_(space), tf32_(tf32), scratch_(scratch) {}
+  MappedQueue(const MappedQueue&) = delete;
+  MappedQueue& operator=(const MappedQueue&) = delete;
+  // Flushes first when the queue or the pointer scratch is full.
+  void add(const MappedProduct<T>& p);
+  void flush();
+  const ExecSpace& space() const { return space_; }
+
+ private:
+  ExecSpace space_;
+  bool tf32_;
+  MappedScratch scratch_;
+  MappedProduct<T> q_[kMax];
+  int n_ = 0;
+  index_t used_ = 0;  // pointers the queued products need
+};
+
+// One product, issued at once.
+template <class T>
+void gemm_mapped(const ExecSpace& space, bool tf32, const MappedProduct<T>& p, const MappedScratch& scratch);
 
 namespace host {
 // One product on the calling thread (row-major, lda/ldb/ldc the row strides).

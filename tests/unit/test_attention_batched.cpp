@@ -124,9 +124,13 @@ AttentionScratch<T> scratch(index_t planes, index_t H, index_t seqs) {
 // paths add the same terms in different orders: a dot of hs terms, a sum of
 // Tc, and the softmax's recurrences, each a few roundings); in float the same
 // with 2^-24 (the float path rounds every one of those values).
+// Under bf16-amp (bf16 true) both paths round the same operands, but where
+// their FP32 sums differ in the last bit an operand may round the other way,
+// a relative 2^-8 of one term; the bound is 2^-7 of the plane's largest
+// magnitude (every term of a sum flipping, with room).
 template <class T>
 void compare(const View1<T>& got, const View1<double>& ref, index_t planes, index_t len, index_t hs,
-             const std::string& what) {
+             const std::string& what, bool bf16 = false) {
   const double u = std::is_same_v<T, double> ? std::ldexp(1.0, -53) : std::ldexp(1.0, -24);
   for (index_t p = 0; p < planes; ++p) {
     double scale = 1, err = 0;
@@ -136,8 +140,18 @@ void compare(const View1<T>& got, const View1<double>& ref, index_t planes, inde
       err = std::max(err, std::fabs(double(got(p * len + i)) - ref(p * len + i)));
     }
     INFO(what << " plane " << p << " max error " << err << " scale " << scale);
-    REQUIRE(err <= 8.0 * double(hs + Tc) * u * scale);
+    REQUIRE(err <= (bf16 ? std::ldexp(1.0, -7) : 8.0 * double(hs + Tc) * u) * scale);
   }
+}
+
+// The largest difference between two float results, relative to b's largest magnitude.
+double relative_difference(const View1<float>& a, const View1<float>& b) {
+  double scale = 1e-30, err = 0;
+  for (std::size_t i = 0; i < a.extent(0); ++i) {
+    scale = std::max(scale, double(std::fabs(b(i))));
+    err = std::max(err, double(std::fabs(a(i) - b(i))));
+  }
+  return err / scale;
 }
 
 template <class T>
@@ -163,7 +177,7 @@ void check_forward(const Layout& l, bool x_second, std::mt19937& g) {
   Buf y(N, C, g, 0), lse(R1, 1, g, 0), yr(N, C, g, 0), lser(R1, 1, g, 0);
   const index_t planes = attention_score_planes(false, has_tangents_v<S>, has_second_v<S>, K);
   // Chunks of 2, 1 sequences; then all three at once.
-  attention_forward_batched<S>(ExecSpace(), y.act<T>(), lse.act1<T>(), x.acts<T>(), L, B, Tc, false, x_second,
+  attention_forward_batched<S>(ExecSpace(), y.act<T>(), lse.act1<T>(), x.acts<T>(), L, B, Tc, false, false, x_second,
                                scratch<T>(planes, L.H, 2));
   if (!x_second) x.zero_second();
   attention_forward<R>(ExecSpace(), yr.act<double>(), lser.act1<double>(), x.acts<double>(), L, B, Tc);
@@ -172,7 +186,7 @@ void check_forward(const Layout& l, bool x_second, std::mt19937& g) {
   compare(y.view<T>(), yr.d, value_planes<S>(), N * C, L.hs, what + ": y");
   compare(lse.view<T>(), lser.d, value_planes<S>(), R1, L.hs, what + ": lse");
   Buf y2(N, C, g, 0), lse2(R1, 1, g, 0);
-  attention_forward_batched<S>(ExecSpace(), y2.act<T>(), lse2.act1<T>(), x.acts<T>(), L, B, Tc, false, true,
+  attention_forward_batched<S>(ExecSpace(), y2.act<T>(), lse2.act1<T>(), x.acts<T>(), L, B, Tc, false, false, true,
                                scratch<T>(planes, L.H, B));
   ExecSpace().fence();
   if (x_second) {
@@ -199,7 +213,7 @@ void check_reverse(const Layout& l, std::mt19937& g) {
   Inputs dx = inputs(l, g, 0), dxr = inputs(l, g, 0);
   Buf D(R1, 1, g, 0), Dr(R1, 1, g, 0);
   attention_reverse_batched<S>(ExecSpace(), dx.acts<T>(), D.act1<T>(), dy.act<T>(), x.acts<T>(), y.act<T>(),
-                               lse.act1<T>(), L, B, Tc, false,
+                               lse.act1<T>(), L, B, Tc, false, false,
                                scratch<T>(attention_score_planes(true, has_tangents_v<S>, false, K), L.H, 2));
   attention_reverse<R>(ExecSpace(), dxr.acts<double>(), Dr.act1<double>(), dy.act<double>(), x.acts<double>(),
                        y.act<double>(), lse.act1<double>(), L, B, Tc);
@@ -217,6 +231,56 @@ void check_reverse(const Layout& l, std::mt19937& g) {
 template <class T>
 using Primal = T;
 
+// Under bf16-amp, in float: batched against the rows with the same policy,
+// forward (mode M) and its reverse (mode R: T or Dual); and the rounding is
+// really there: the batched bf16 result is not the FP32 one.
+template <template <class> class M>
+void check_bf16_forward(const Layout& l, std::mt19937& g) {
+  using S = M<float>;
+  const QkvLayout& L = l.L;
+  const index_t N = B * Tc, C = L.H * L.hs, R1 = B * L.H * Tc;
+  Inputs x = inputs(l, g, 1.5);
+  Buf y(N, C, g, 0), lse(R1, 1, g, 0), yr(N, C, g, 0), lser(R1, 1, g, 0), y32(N, C, g, 0), lse32(R1, 1, g, 0);
+  const index_t planes = attention_score_planes(false, has_tangents_v<S>, has_second_v<S>, K);
+  AttentionScratch<float> sc = scratch<float>(planes, L.H, 2);
+  sc.operands = View1<float>("operands", 2 * attention_operand_values(Tc, 3 * l.width, C, false, 1 + 2 * K));
+  attention_forward_batched<S>(ExecSpace(), y.act<float>(), lse.act1<float>(), x.acts<float>(), L, B, Tc, false, true,
+                               true, sc);
+  attention_forward_batched<S>(ExecSpace(), y32.act<float>(), lse32.act1<float>(), x.acts<float>(), L, B, Tc, false,
+                               false, true, sc);
+  attention_forward<S>(ExecSpace(), yr.act<float>(), lser.act1<float>(), x.acts<float>(), L, B, Tc, true);
+  ExecSpace().fence();
+  for (std::size_t i = 0; i < yr.d.extent(0); ++i) yr.d(i) = yr.f(i);
+  const std::string what = std::string(l.name) + ", bf16-amp";
+  compare(y.view<float>(), yr.d, value_planes<S>(), N * C, L.hs, what + ": y", true);
+  INFO(what << ": bf16-amp against FP32, relative " << relative_difference(y.f, y32.f));
+  REQUIRE(relative_difference(y.f, y32.f) > 1e-4);  // bfloat16 operands: 2^-9 relative each
+}
+
+template <template <class> class M>
+void check_bf16_reverse(const Layout& l, std::mt19937& g) {
+  using S = M<float>;
+  const QkvLayout& L = l.L;
+  const index_t N = B * Tc, C = L.H * L.hs, R1 = B * L.H * Tc;
+  Inputs x = inputs(l, g, 1.5);
+  Buf y(N, C, g, 0), lse(R1, 1, g, 0), dy(N, C, g, 1.0);
+  attention_forward<Dual<float>>(ExecSpace(), y.act<float>(), lse.act1<float>(), x.acts<float>(), L, B, Tc, true);
+  ExecSpace().fence();
+  Inputs dx = inputs(l, g, 0), dxr = inputs(l, g, 0);
+  Buf D(R1, 1, g, 0), Dr(R1, 1, g, 0);
+  AttentionScratch<float> sc = scratch<float>(attention_score_planes(true, has_tangents_v<S>, false, K), L.H, 2);
+  sc.operands = View1<float>("operands", 2 * attention_operand_values(Tc, 3 * l.width, C, true, 1 + K));
+  attention_reverse_batched<S>(ExecSpace(), dx.acts<float>(), D.act1<float>(), dy.act<float>(), x.acts<float>(),
+                               y.act<float>(), lse.act1<float>(), L, B, Tc, false, true, sc);
+  attention_reverse<S>(ExecSpace(), dxr.acts<float>(), Dr.act1<float>(), dy.act<float>(), x.acts<float>(),
+                       y.act<float>(), lse.act1<float>(), L, B, Tc, true);
+  ExecSpace().fence();
+  for (std::size_t i = 0; i < dxr.q.d.extent(0); ++i) dxr.q.d(i) = dxr.q.f(i);
+  const index_t planes = has_tangents_v<S> ? 1 + K : 1;
+  compare(dx.q.view<float>(), dxr.q.d, planes, N * dx.q.C, L.hs, std::string(l.name) + ", bf16-amp: reverse d(q)",
+          true);
+}
+
 }  // namespace
 
 TEMPLATE_TEST_CASE("batched attention equals the row kernels in every mode and layout", "[attention][batched]", float,
@@ -233,14 +297,27 @@ TEMPLATE_TEST_CASE("batched attention equals the row kernels in every mode and l
   }
 }
 
+TEST_CASE("batched attention under bf16-amp rounds the operands the row kernels round", "[attention][batched][bf16]") {
+  std::mt19937 g(11);
+  for (const Layout& l : layouts()) {
+    check_bf16_forward<Primal>(l, g);
+    check_bf16_forward<Dual>(l, g);
+    check_bf16_forward<Jet2>(l, g);
+    check_bf16_reverse<Primal>(l, g);
+    check_bf16_reverse<Dual>(l, g);
+  }
+}
+
 TEST_CASE("the batched path is chosen on request and refuses a bad name", "[attention][batched]") {
   REQUIRE(std::string(attention_path_name(AttentionPath::batched)) == "batched");
   setenv("GNH_ATTENTION", "batched", 1);
-  REQUIRE(attention_path<double>(false) == AttentionPath::batched);
-  REQUIRE(attention_path<float>(false) == AttentionPath::batched);
-  REQUIRE(attention_path<float>(true) != AttentionPath::batched);  // bf16-amp: not on this path
+  REQUIRE(attention_path<double>(false, false) == AttentionPath::batched);
+  REQUIRE(attention_path<float>(false, false) == AttentionPath::batched);
+  REQUIRE(attention_path<float>(true, false) == AttentionPath::batched);  // bf16-amp too
   setenv("GNH_ATTENTION", "fastest", 1);
-  REQUIRE_THROWS_WITH(attention_path<float>(false), Catch::Contains("GNH_ATTENTION=fastest"));
+  REQUIRE_THROWS_WITH(attention_path<float>(false, false), Catch::Contains("GNH_ATTENTION=fastest"));
   unsetenv("GNH_ATTENTION");
-  REQUIRE(attention_path<double>(false) == AttentionPath::rows);
+  REQUIRE(attention_path<double>(false, false) == AttentionPath::rows);
+  REQUIRE(attention_path<float>(true, false) == AttentionPath::rows);      // bf16-amp on a host: the rows
+  REQUIRE(attention_path<double>(false, true) == AttentionPath::batched);  // GPU-shaped on the host
 }

@@ -21,6 +21,9 @@
 //          --head-tile ROWS,VOCAB    the LM head's logits tile (default: the plan's)
 //          --profile             after the timed repeats, one more run of each pass with
 //                                every kernel and region fenced and timed by label
+//          --gpu-shaped          the GPU's kernels and tiles on this backend (Shape::gpu_shaped:
+//                                the batched attention, the head's whole vocabulary rows): with
+//                                --profile, the launches of each label a GPU would see
 //          --no-probe            skip the host GEMM probe and the sgemm rates (always
 //                                skipped where the execution space is not the host's)
 //          --dump DIR            write the model, tokens and validation directions for
@@ -90,6 +93,7 @@ struct Options {
   bool validation = false;
   bool plan_only = false;
   bool profile = false;
+  bool gpu_shaped = false;
   bool probe = true;
   std::string dump;
   index_t dump_batch = 0;  // sequences of tokens.i32 (0: --batch)
@@ -314,6 +318,7 @@ Shape shape_of(const Options& o, index_t context, bool reverse, int K = 0, bool 
   s.head_chunk_vocab = o.head_vocab;
   s.bf16 = o.policy == Precision::bf16_amp;
   s.tf32 = o.policy == Precision::tf32;
+  s.gpu_shaped = o.gpu_shaped || !std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value;
   return s;
 }
 
@@ -490,7 +495,8 @@ void run(const Options& o) {
   js.precision(6);
   js << "{\n  \"context\": {\"tool\": \"gnh\", \"git_commit\": \"" << git_commit() << "\", \"build\": \""
      << build_configuration() << "\", \"execution_space\": \"" << ExecSpace::name()
-     << "\", \"concurrency\": " << ExecSpace().concurrency() << ", \"precision\": \"" << o.precision
+     << "\", \"concurrency\": " << ExecSpace().concurrency()
+     << ", \"gpu_shaped\": " << (o.gpu_shaped ? "true" : "false") << ", \"precision\": \"" << o.precision
      << "\", \"model\": \"" << (o.synthetic.empty() ? o.ckpt : "synthetic " + o.synthetic)
      << "\", \"n_layer\": " << cfg.n_layer << ", \"n_head\": " << cfg.n_head << ", \"n_embd\": " << cfg.n_embd
      << ", \"vocab_size\": " << cfg.vocab_size << ", \"n_params\": " << P << ", \"batch\": " << B
@@ -705,6 +711,7 @@ int main(int argc, char** argv) {
       else if (a == "--validation") o.validation = true;
       else if (a == "--plan-only") o.plan_only = true;
       else if (a == "--profile") o.profile = true;
+      else if (a == "--gpu-shaped") o.gpu_shaped = true;
       else if (a == "--no-probe") o.probe = false;
       else if (a == "--dump") o.dump = next();
       else if (a == "--dump-batch") o.dump_batch = std::stol(next());

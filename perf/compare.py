@@ -65,6 +65,9 @@ def main():
     for key in ("n_params", "batch", "seq_len", "precision"):
         if base["context"].get(key) != cur["context"].get(key):
             sys.exit(f"compare: the runs differ in {key} ({base['context'].get(key)} vs {cur['context'].get(key)})")
+    # The GPU-shaped path on a host (bench_engine --gpu-shaped) is another program's time.
+    if base["context"].get("gpu_shaped", False) != cur["context"].get("gpu_shaped", False):
+        sys.exit("compare: one run is GPU-shaped (bench_engine --gpu-shaped) and the other is not")
     rows, regressed = compare(base, cur, args.min_threshold)
     print(f"{'pass':44s} {'baseline s':>11s} {'current s':>11s} {'change':>8s} {'threshold':>9s}")
     for name, b, c, change, thr, bad in rows:

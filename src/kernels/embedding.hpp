@@ -4,13 +4,17 @@
 //   forward:  x[b,t,:] = wte[idx[b,t],:] + wpe[t,:]
 //   tangent:  x.d[k] = v_k[wte][idx] + v_k[wpe][t];  second: x.dd = 0 (theta'' = 0)
 //   reverse:  g[wte][idx[b,t],:] += dx[b,t,:],  g[wpe][t,:] += dx[b,t,:]
-// Saves nothing. The reverse is a two-stage scatter without atomics: the rows
-// of the batch are grouped by token (a stable counting sort of the token ids
-// on the host, the copies on the caller's instance), then one team per token
-// (and one per position) adds its rows in increasing row order, lanes over
-// the channels. Every g element receives
-// its terms in the order of the rows, whatever the backend: the same bits as a
-// serial loop over the rows.
+// Saves nothing. The reverse is a two-stage scatter without atomics on the
+// values: the rows of the batch are grouped by token (a stable counting
+// sort of the token ids), then one team per token (and one per position)
+// adds its rows in increasing row order, lanes over the channels. Every g
+// element receives its terms in the order of the rows, whatever the backend:
+// the same bits as a serial loop over the rows. The sort runs on the host
+// (the tokens copied there and the groups back), or with a TokenWork on the
+// device: integer counts per block of rows and token, their scans, and each
+// row's rank among its block's rows of its token, in six kernels on the
+// caller's instance, no fence, no allocation (the GPU's path; GPU-shaped
+// engines take it on a host too).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -103,6 +107,94 @@ inline TokenGroups group_rows_by_token(const ExecSpace& space, Span2<const std::
   return g;
 }
 
+// The device grouping's working memory for N rows over a vocabulary of V:
+// rows in blocks of kGroupRows, per block and token a count (then its
+// offset), per token its rows (then its first place), per row its rank in
+// its block among the rows of its token, and the grouped rows.
+struct TokenWork {
+  static constexpr index_t kGroupRows = 512;
+  index_t N = 0, V = 0;
+  View1<std::int32_t> counts, start, rank, rows;
+  static index_t blocks(index_t N) { return (N + kGroupRows - 1) / kGroupRows; }
+  static std::size_t bytes(index_t N, index_t V) {
+    return sizeof(std::int32_t) * std::size_t(blocks(N) * V + (V + 1) + 2 * N);
+  }
+  TokenWork() = default;
+  TokenWork(index_t N_, index_t V_)
+      : N(N_),
+        V(V_),
+        counts(Kokkos::view_alloc(Kokkos::WithoutInitializing, "gnh::embedding::counts"), blocks(N_) * V_),
+        start(Kokkos::view_alloc(Kokkos::WithoutInitializing, "gnh::embedding::start"), V_ + 1),
+        rank(Kokkos::view_alloc(Kokkos::WithoutInitializing, "gnh::embedding::rank"), N_),
+        rows(Kokkos::view_alloc(Kokkos::WithoutInitializing, "gnh::embedding::rows"), N_) {}
+};
+
+// Ids outside [0, V) (the token files are checked when read) take no part.
+struct CountTokens {
+  Span1<const std::int32_t> tok;
+  TokenWork w;
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
+    const index_t b = team.league_rank(), n0 = b * TokenWork::kGroupRows;
+    const index_t n1 = n0 + TokenWork::kGroupRows < w.N ? n0 + TokenWork::kGroupRows : w.N;
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n0, n1), [&](const index_t n) {
+      const std::int32_t v = tok(n);
+      if (v < 0 || index_t(v) >= w.V) return;
+      std::int32_t r = 0;
+      for (index_t m = n0; m < n; ++m) r += tok(m) == v ? 1 : 0;
+      w.rank(n) = r;
+      Kokkos::atomic_add(&w.counts(b * w.V + v), std::int32_t(1));  // integers: any order, the same count
+    });
+  }
+};
+// Per token: its blocks' counts into their offsets, and its total.
+struct TokenOffsets {
+  TokenWork w;
+  index_t blocks;
+  KOKKOS_INLINE_FUNCTION void operator()(const index_t v) const {
+    std::int32_t run = 0;
+    for (index_t b = 0; b < blocks; ++b) {
+      const std::int32_t c = w.counts(b * w.V + v);
+      w.counts(b * w.V + v) = run;
+      run += c;
+    }
+    w.start(v) = run;
+  }
+};
+// The totals into each token's first place (an exclusive scan; start(V) = rows).
+struct TokenStarts {
+  using value_type = std::int32_t;
+  TokenWork w;
+  KOKKOS_INLINE_FUNCTION void operator()(const index_t v, std::int32_t& sum, const bool final) const {
+    const std::int32_t c = v < w.V ? w.start(v) : 0;
+    if (final) w.start(v) = sum;
+    sum += c;
+  }
+};
+struct PlaceRows {
+  Span1<const std::int32_t> tok;
+  TokenWork w;
+  KOKKOS_INLINE_FUNCTION void operator()(const index_t n) const {
+    const std::int32_t v = tok(n);
+    if (v < 0 || index_t(v) >= w.V) return;
+    w.rows(w.start(v) + w.counts((n / TokenWork::kGroupRows) * w.V + v) + w.rank(n)) = std::int32_t(n);
+  }
+};
+
+// The rows of the batch grouped by token on the device, into w.start and w.rows.
+inline void group_rows_on_device(const ExecSpace& space, Span2<const std::int32_t> tokens, const TokenWork& w) {
+  const index_t N = tokens.extent(0) * tokens.extent(1), blocks = TokenWork::blocks(N);
+  if (N != w.N)
+    throw std::logic_error("gnh::embedding::reverse: token work for " + std::to_string(w.N) + " rows, batch of " +
+                           std::to_string(N));
+  const Span1<const std::int32_t> tok(tokens.data(), N);
+  Kokkos::deep_copy(space, w.counts, std::int32_t(0));
+  Kokkos::parallel_for("gnh::embedding::count_tokens", TeamRange(space, blocks, Kokkos::AUTO), CountTokens{tok, w});
+  Kokkos::parallel_for("gnh::embedding::token_offsets", range(space, w.V), TokenOffsets{w, blocks});
+  Kokkos::parallel_scan("gnh::embedding::token_starts", range(space, w.V + 1), TokenStarts{w});
+  Kokkos::parallel_for("gnh::embedding::place_rows", range(space, N), PlaceRows{tok, w});
+}
+
 // Row n of dx (all planes) added to the gradient at base, lanes over the channels.
 template <class Member, class T>
 KOKKOS_INLINE_FUNCTION void add_row(const Member& team, const Grads<T>& g, const Act2<T>& dx, index_t base, index_t n,
@@ -112,11 +204,27 @@ KOKKOS_INLINE_FUNCTION void add_row(const Member& team, const Grads<T>& g, const
     for (index_t k = 0; k < K; ++k) g.d(k, base + c) += dx.d(k, n, c);
   });
 }
+
+// Team v adds the rows of token v (grouped on the device) in increasing order.
+template <class T>
+struct AddTokenRows {
+  Grads<T> g;
+  Act2<T> dx;
+  View1<std::int32_t> start, rows;
+  index_t wte, C, K;
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
+    const index_t v = team.league_rank(), base = wte + v * C;
+    for (index_t j = start(v); j < start(v + 1); ++j) add_row(team, g, dx, base, index_t(rows(j)), C, K);
+  }
+};
 }  // namespace detail
 
+// work: the device grouping (a TokenWork for this batch's rows and the
+// model's vocabulary), else the host's.
 template <class S>
 void embedding_reverse(const ExecSpace& space, Grads<base_t<S>> g, Act2<base_t<S>> dx, Span2<const std::int32_t> tokens,
-                       index_t wte, index_t wpe) {
+                       index_t wte, index_t wpe, const detail::TokenWork* work = nullptr) {
   keep_planes<S>(g, dx);
   const index_t B = tokens.extent(0), Tc = tokens.extent(1), C = dx.cols();
   const index_t K = dx.d.extent(0);
@@ -130,6 +238,13 @@ void embedding_reverse(const ExecSpace& space, Grads<base_t<S>> g, Act2<base_t<S
           const index_t t = team.league_rank(), base = wpe + t * C;
           for (index_t b = 0; b < B; ++b) detail::add_row(team, g, dx, base, b * Tc + t, C, K);
         });
+  if (work) {
+    // Tokens: team v adds the rows of token v in increasing order.
+    detail::group_rows_on_device(space, tokens, *work);
+    Kokkos::parallel_for("gnh::embedding::reverse::wte", Policy(space, work->V, Kokkos::AUTO),
+                         detail::AddTokenRows<base_t<S>>{g, dx, work->start, work->rows, wte, C, K});
+    return;
+  }
   // Tokens: team u adds the rows of its token in increasing order.
   const detail::TokenGroups groups = detail::group_rows_by_token(space, tokens);
   const View1<index_t> start = groups.start, rows = groups.rows, token = groups.token;
@@ -174,7 +289,7 @@ struct EmbeddingOp {
                                          Params<base_t<S>>, index_t, index_t);
 #define GNH_EMBEDDING_REVERSE(EXT, S)                                                         \
   EXT template void embedding_reverse<S>(const ExecSpace&, Grads<base_t<S>>, Act2<base_t<S>>, \
-                                         Span2<const std::int32_t>, index_t, index_t);
+                                         Span2<const std::int32_t>, index_t, index_t, const detail::TokenWork*);
 #define GNH_EMBEDDING(EXT, T) \
   GNH_FORWARD_SCALARS(GNH_EMBEDDING_FORWARD, EXT, T) GNH_REVERSE_SCALARS(GNH_EMBEDDING_REVERSE, EXT, T)
 GNH_EMBEDDING(extern, float)

@@ -20,6 +20,7 @@
 #include "kernels/attention_host.hpp"
 #include "kernels/attention_types.hpp"
 #include "kernels/blas.hpp"
+#include "kernels/embedding.hpp"
 #include "model/config.hpp"
 #include "model/layout.hpp"
 #include "model/plan.hpp"
@@ -152,9 +153,10 @@ class Gpt {
   kernels::QkvLayout qkv_layout_;                                   // where attention finds the heads (by family)
   kernels::AttentionPath att_path_ = kernels::AttentionPath::rows;  // which attention kernels run
   kernels::AttentionScratch<T> att_scratch_;                        // the batched path's score planes
-  bool fused_qkv_ = false;   // Llama's q, k, v projections as one GEMM (gpt_impl.hpp)
-  index_t rotary_dims_ = 0;  // dims of each head rotated (0: no rotary embedding)
-  View2<T> rotary_table_;    // cos and sin of every position's angles (kernels/rotary.hpp)
+  kernels::detail::TokenWork token_work_;  // GPU-shaped reverse: the embedding's rows grouped on the device
+  bool fused_qkv_ = false;                 // Llama's q, k, v projections as one GEMM (gpt_impl.hpp)
+  index_t rotary_dims_ = 0;                // dims of each head rotated (0: no rotary embedding)
+  View2<T> rotary_table_;                  // cos and sin of every position's angles (kernels/rotary.hpp)
   Shape shape_;
   index_t N_;
   std::vector<View1<T>> owned_;

@@ -196,6 +196,8 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate, std::vect
       buf_(std::make_unique<GptBuffers<T>>()),
       allocate_(allocate) {
   validate_shape();
+  shape_.gpu_shaped =
+      shape.gpu_shaped || !std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value || gpu_shaped_from_env();
   N_ = shape.batch * shape.context;
   const index_t H = cfg.n_head, Dh = cfg.head_size();
   // Llama's q, k and v projections: one (A + 2 A_kv, C) block when their
@@ -211,8 +213,8 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate, std::vect
     workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(shape.context * rotary_dims_);
     if (allocate) rotary_table_ = kernels::rotary_table<T>(ExecSpace(), shape.context, rotary_dims_, cfg.rope_theta);
   }
-  const GptTiles plan = gpt_tiles(cfg, shape);
-  att_path_ = kernels::attention_path<T>(shape.bf16);
+  const GptTiles plan = gpt_tiles(cfg, shape_);
+  att_path_ = kernels::attention_path<T>(shape.bf16, shape_.gpu_shaped);
   const index_t att_e = choose_kept(plan);
   plan_layers(att_e);
   plan_attention();
@@ -319,7 +321,8 @@ void Gpt<T>::plan_layers(index_t att_e) {
 }
 
 // The batched attention's score planes for a chunk of sequences (as many as
-// attention_score_budget allows, at least one) and its pointer arrays.
+// attention_score_budget allows, at least one) and the pointer arrays of a
+// queue of its products (kernels/gemm_mapped.hpp).
 template <class T>
 void Gpt<T>::plan_attention() {
   if (att_path_ != kernels::AttentionPath::batched) return;
@@ -329,11 +332,18 @@ void Gpt<T>::plan_attention() {
   const index_t planes = std::max(kernels::attention_score_planes(false, tan, sec, K),
                                   shape_.reverse ? kernels::attention_score_planes(true, tan, false, K) : index_t(0));
   const index_t per = planes * H * Tc * Tc;
-  const index_t seqs = std::clamp<index_t>(
-      attention_score_budget(!std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value) / per, 1, B);
-  const index_t pointers = 3 * std::max<index_t>(1, K) * seqs * H;
-  workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(seqs * per) + sizeof(std::uintptr_t) * pointers;
+  const index_t seqs = std::clamp<index_t>(attention_score_budget(shape_.gpu_shaped, planes) / per, 1, B);
+  const index_t pointers = 3 * kernels::MappedQueue<T>::kMax * std::max<index_t>(1, K) * seqs * H;
+  // bf16-amp: the chunk's q, k, v (and dy) rounded, every plane a call reads.
+  const index_t A = H * cfg_.head_size(), Akv = index_t(cfg_.kv_heads()) * cfg_.head_size();
+  const index_t operands = shape_.bf16 ? seqs * kernels::attention_operand_values(Tc, A + 2 * Akv, A, shape_.reverse,
+                                                                                  sec ? 1 + 2 * K : 1 + K)
+                                       : 0;
+  workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(seqs * per + operands) + sizeof(std::uintptr_t) * pointers;
   if (!allocate_) return;
+  if (operands > 0)
+    att_scratch_.operands =
+        View1<T>(Kokkos::view_alloc("gnh::gpt::att_operands", Kokkos::WithoutInitializing), operands);
   att_scratch_.scores = View1<T>(Kokkos::view_alloc("gnh::gpt::att_scores", Kokkos::WithoutInitializing), seqs * per);
   att_scratch_.pointers.pointers = View1<std::uintptr_t>("gnh::gpt::att_pointers", pointers);
 }
@@ -346,7 +356,8 @@ void Gpt<T>::attend(const ExecSpace& space, const Act2<T>& y, const Act1<T>& lse
                     bool cut, T* keep_p) {
   const index_t B = shape_.batch, Tc = shape_.context;
   if (att_path_ == kernels::AttentionPath::batched)
-    return kernels::attention_forward_batched<S>(space, y, lse, x, qkv_layout_, B, Tc, gemm_.tf32, !cut, att_scratch_);
+    return kernels::attention_forward_batched<S>(space, y, lse, x, qkv_layout_, B, Tc, gemm_.tf32, gemm_.bf16, !cut,
+                                                 att_scratch_);
   kernels::attention_forward<S>(space, y, lse, x, qkv_layout_, B, Tc, gemm_.bf16, kernels::default_row_shape(), !cut,
                                 keep_p);
 }
@@ -357,7 +368,7 @@ void Gpt<T>::attend_reverse(const ExecSpace& space, const kernels::QkvActs<T>& d
   const index_t B = shape_.batch, Tc = shape_.context;
   if (att_path_ == kernels::AttentionPath::batched)
     return kernels::attention_reverse_batched<S>(space, dx, D, dy, x, y, lse, qkv_layout_, B, Tc, gemm_.tf32,
-                                                 att_scratch_);
+                                                 gemm_.bf16, att_scratch_);
   kernels::attention_reverse<S>(space, dx, D, dy, x, y, lse, qkv_layout_, B, Tc, gemm_.bf16,
                                 kernels::default_row_shape(), kept_p);
 }
@@ -403,6 +414,10 @@ void Gpt<T>::plan_adjoints() {
   buf_->adj.fc_gelu = act2("d_fc_gelu", N, F, tan, false);
   buf_->adj.fc = act2("d_fc", N, llama ? 2 * F : F, tan, false);
   buf_->adj.D = act1("d_D", shape_.batch * H * shape_.context, tan, false);
+  // GPU-shaped: the embedding's reverse groups the rows by token on the device.
+  if (!shape_.gpu_shaped) return;
+  workspace_bytes_ += kernels::detail::TokenWork::bytes(N, cfg_.vocab_size);
+  if (allocate_) token_work_ = kernels::detail::TokenWork(N, cfg_.vocab_size);
 }
 
 // The operand precision of every matrix multiply, and bf16-amp's scratch.
@@ -687,7 +702,8 @@ void Gpt<T>::reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<cons
     else reverse_block<S>(space, p, g, l);
   }
   // The tied head's contribution is already in g[wte]; the embedding adds its own.
-  if (g.v.extent(0) > 0) embedding_reverse<S>(space, g, res, tokens, L.wte, L.wpe);
+  if (g.v.extent(0) > 0)
+    embedding_reverse<S>(space, g, res, tokens, L.wte, L.wpe, token_work_.N > 0 ? &token_work_ : nullptr);
   space.fence();
   Kokkos::Profiling::popRegion();
 }

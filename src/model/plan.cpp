@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 
 #include "core/error.hpp"
@@ -52,15 +53,21 @@ GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape) {
   const index_t N = shape.batch * shape.context, C = cfg.n_embd, V = cfg.vocab_size;
   const bool tan = shape.directions > 0, sec = shape.second_order && tan;
   const index_t K = tan ? shape.directions : 0;
-  // Logits tile: at most 2^24 elements over all planes (64 MiB in float). The
+  // Logits tile on a host: at most 2^24 elements over all planes (64 MiB in
+  // float). The
   // whole (N, V) block when it fits (the reverse then reuses the forward's
   // logits); otherwise vocabulary chunks of up to 4096 entries and as many
   // rows as fit, so that the head GEMMs keep large shapes for any K.
   // Second order: one plane of exponentials, and (K + 1) moment planes of
   // (rows, C) counted as up to K + 1 more logit planes.
-  const index_t planes = 1 + K + (sec ? 2 + K : 0), budget = index_t(1) << 24;
+  // GPU-shaped: 2^29 elements (2 GiB in float) of whole vocabulary rows, so
+  // that a tile's row kernels have hundreds of rows to spread over the
+  // multiprocessors and a batch few tiles: at the reference shape (V =
+  // 32000, 64 x 1024 rows) 4 tiles in the gradient, 16 at K = 1 and 138 at
+  // K = 16 second order (35 planes).
+  const index_t planes = 1 + K + (sec ? 2 + K : 0), budget = index_t(1) << (shape.gpu_shaped ? 29 : 24);
   index_t vchunk = shape.head_chunk_vocab > 0 ? std::min<index_t>(shape.head_chunk_vocab, V) : V;
-  if (shape.head_chunk_vocab <= 0 && N * V * planes > budget) vchunk = std::min<index_t>(V, 4096);
+  if (shape.head_chunk_vocab <= 0 && !shape.gpu_shaped && N * V * planes > budget) vchunk = std::min<index_t>(V, 4096);
   const index_t rows =
       shape.head_chunk_rows > 0 ? shape.head_chunk_rows : std::max<index_t>(1, budget / (vchunk * planes));
   t.logits_rows = std::min<index_t>(rows, N);
@@ -89,7 +96,14 @@ GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape) {
   return t;
 }
 
-index_t attention_score_budget(bool device) { return index_t(1) << (device ? 28 : 24); }
+bool gpu_shaped_from_env() {
+  const char* env = std::getenv("GNH_GPU_SHAPED");
+  if (!env || !*env || std::string(env) == "0") return false;
+  if (std::string(env) == "1") return true;
+  throw std::invalid_argument(std::string("GNH_GPU_SHAPED=") + env + ": expected 0 or 1");
+}
+
+index_t attention_score_budget(bool device, index_t planes) { return planes * (index_t(1) << (device ? 25 : 20)); }
 
 std::size_t plan_gpt_bytes(const ModelConfig& cfg, const Shape& shape, std::size_t scalar_bytes) {
   return scalar_bytes == sizeof(double) ? Gpt<double>::planned_bytes(cfg, shape)

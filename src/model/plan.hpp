@@ -27,7 +27,15 @@ struct Shape {
   index_t head_chunk_vocab = 0;  // vocabulary entries of a logits tile (0: automatic)
   bool bf16 = false;             // bf16-amp: matrix-multiply operands rounded to bfloat16 (float only)
   bool tf32 = false;             // tf32: TF32 tensor-core GEMMs where the backend has them (cuBLAS)
+  // The GPU's kernels and tiles (the batched attention, the head's whole
+  // vocabulary rows): always on a GPU; on a host for bench_engine --predict,
+  // which counts the launches of that path.
+  bool gpu_shaped = false;
 };
+// GNH_GPU_SHAPED=1 in the environment makes every engine GPU-shaped (the
+// tests run the GPU's path on a host so); unset or 0, only those asked to be.
+// Another value is an error naming it.
+bool gpu_shaped_from_env();
 
 // Forward FLOPs of one token at context T: the dense layers, the LM head and
 // the causal attention (QK^T and PV over the s <= t pairs, on average (T+1)/2).
@@ -50,7 +58,9 @@ bool adjoint_cuts_of(const ModelConfig& cfg, const Shape& shape);
 // setting is recorded in the outputs; another value is an error naming it.
 std::string adjoint_cuts_setting();
 
-// The engine's tiles: the head's logits tile and the bf16-amp operand scratch.
+// The engine's tiles: the head's logits tile and the bf16-amp operand scratch,
+// sized for the host's caches or, GPU-shaped, for a GPU's memory and
+// multiprocessors.
 struct GptTiles {
   index_t logits_rows = 0, logits_vocab = 0;  // the head's logits tile
   // bf16-amp operand scratch (elements; 0 without bf16): rows of A per chunk
@@ -60,12 +70,13 @@ struct GptTiles {
 };
 GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape);
 // Values of the batched attention's score planes (kernels/attention_batched.hpp)
-// that an engine holds at once: as many sequences per chunk as fit, at least
-// one. On a device 2^28 (1 GiB in float): at the reference shape (12 heads,
-// T = 1024) a sequence's second order at K = 16 is 33 planes, 1.7 GB, so one
-// sequence a chunk and 192 products a batched call; the primal forward 21
-// sequences a chunk. On a host 2^24 (64 MiB), where the path serves checks.
-index_t attention_score_budget(bool device);
+// that an engine holds at once, for `planes` planes per (sequence, head): as
+// many sequences per chunk as fit, at least one. On a device 2^25 a plane
+// (128 MiB in float): at the reference shape (5 heads, T = 1024: 5.2 M values
+// a plane and sequence) 6 sequences a chunk, 11 chunks a batch of 64, in
+// every mode; the second order at K = 16 (33 planes) holds 4.4 GB of them,
+// K = 1 (3 planes) 0.4 GB. On a host 2^20 a plane, where the path serves checks.
+index_t attention_score_budget(bool device, index_t planes);
 
 // Every buffer an engine whose scalar has `scalar_bytes` bytes (4 or 8)
 // allocates, counted by running its constructor without allocating

@@ -374,7 +374,8 @@ struct ColumnData {
   float b(gnh::index_t k, gnh::index_t n, gnh::index_t c) const { return Y((k * N + n) * C + c); }
 };
 
-std::pair<View1<float>, View1<float>> run_column_sums(const ColumnData& d, kernels::ColumnShape shape) {
+std::pair<View1<float>, View1<float>> run_column_sums(const ColumnData& d, kernels::ColumnShape shape,
+                                                      gnh::index_t row_blocks = 0) {
   const gnh::index_t N = d.N, C = d.C;
   View1<float> A("A", std::size_t(d.K * C)), B("B", std::size_t(d.K * C));
   Kokkos::deep_copy(A, std::nanf(""));
@@ -391,7 +392,7 @@ std::pair<View1<float>, View1<float>> run_column_sums(const ColumnData& d, kerne
         A(k * C + c) = a;
         B(k * C + c) = b;
       },
-      shape);
+      shape, row_blocks);
   Kokkos::fence();
   return {A, B};
 }
@@ -421,36 +422,54 @@ TEST_CASE("the GPU-shaped teams run their threads side by side on a host backend
 
 TEST_CASE("column sums: both shapes keep their fixed order and match the double sums", "[kernels][colsum]") {
   const ColumnData d;
+  // 9 teams of columns: the teams shape adds row blocks (3 of 334 rows) to fill a GPU.
+  const gnh::index_t nb = kernels::column_row_blocks(d.K, d.N, d.C);
+  REQUIRE(nb == 3);
   const auto host = run_column_sums(d, kernels::ColumnShape::host);
   const auto teams = run_column_sums(d, kernels::ColumnShape::teams);
+  const auto one_block = run_column_sums(d, kernels::ColumnShape::teams, 1);
   const double u = std::ldexp(1.0, -24);
-  for (gnh::index_t k = 0; k < d.K; ++k)
-    for (gnh::index_t c = 0; c < d.C; ++c) {
-      // The orders the shapes promise, replayed in float: rows in order
-      // (host); R strided partials added in order of r (teams).
-      float ha = 0, hb = 0;
-      for (gnh::index_t n = 0; n < d.N; ++n) ha += d.a(k, n, c), hb += d.b(k, n, c);
-      float ta = 0, tb = 0;
+  // The teams' order, replayed in float: in each row block, R strided
+  // partials added in order of r; then the blocks in order.
+  auto teams_order = [&](gnh::index_t k, gnh::index_t c, gnh::index_t blocks, float& ta, float& tb) {
+    const gnh::index_t rows = kernels::column_block_rows(d.N, blocks);
+    for (gnh::index_t rb = 0; rb < blocks; ++rb) {
+      const gnh::index_t n0 = rb * rows, n1 = std::min(d.N, n0 + rows);
+      float ba = 0, bb = 0;
       for (int r = 0; r < kernels::kTeamPartials; ++r) {
         float pa = 0, pb = 0;
-        for (gnh::index_t n = r; n < d.N; n += kernels::kTeamPartials) pa += d.a(k, n, c), pb += d.b(k, n, c);
-        ta = r == 0 ? pa : ta + pa;
-        tb = r == 0 ? pb : tb + pb;
+        for (gnh::index_t n = n0 + r; n < n1; n += kernels::kTeamPartials) pa += d.a(k, n, c), pb += d.b(k, n, c);
+        ba = r == 0 ? pa : ba + pa;
+        bb = r == 0 ? pb : bb + pb;
       }
+      ta = rb == 0 ? ba : ta + ba;
+      tb = rb == 0 ? bb : tb + bb;
+    }
+  };
+  for (gnh::index_t k = 0; k < d.K; ++k)
+    for (gnh::index_t c = 0; c < d.C; ++c) {
+      // Rows in order (host).
+      float ha = 0, hb = 0;
+      for (gnh::index_t n = 0; n < d.N; ++n) ha += d.a(k, n, c), hb += d.b(k, n, c);
+      float ta = 0, tb = 0, oa = 0, ob = 0;
+      teams_order(k, c, nb, ta, tb);
+      teams_order(k, c, 1, oa, ob);
       const gnh::index_t i = k * d.C + c;
       INFO("plane " << k << " column " << c);
       REQUIRE(host.first(i) == ha);
       REQUIRE(host.second(i) == hb);
       REQUIRE(teams.first(i) == ta);
       REQUIRE(teams.second(i) == tb);
-      // And both within the recursive-summation bound N u sum|x| (Higham
+      REQUIRE(one_block.first(i) == oa);
+      REQUIRE(one_block.second(i) == ob);
+      // And each within the recursive-summation bound N u sum|x| (Higham
       // Thm 4.3, first order) of the exact sum.
       double ea = 0, eb = 0, sa = 0, sb = 0;
       for (gnh::index_t n = 0; n < d.N; ++n) {
         ea += double(d.a(k, n, c)), sa += std::fabs(double(d.a(k, n, c)));
         eb += double(d.b(k, n, c)), sb += std::fabs(double(d.b(k, n, c)));
       }
-      for (const auto* out : {&host, &teams}) {
+      for (const auto* out : {&host, &teams, &one_block}) {
         REQUIRE(std::fabs(double(out->first(i)) - ea) <= double(d.N) * u * sa);
         REQUIRE(std::fabs(double(out->second(i)) - eb) <= double(d.N) * u * sb);
       }
@@ -555,6 +574,44 @@ TEST_CASE("embedding reverse: the grouped scatter gives the bits of a serial loo
   REQUIRE_THROWS_WITH(
       kernels::embedding_reverse<float>(ExecSpace(), g.grads<float>(), dx.act<float>(), tokens, 0, V * C),
       Catch::Contains("negative token id at row 4"));
+}
+
+// The same scatter with the rows grouped on the device (TokenWork: counts per
+// block of 512 rows, scans, ranks): the bits of the serial loop, over three
+// blocks of rows with tokens that repeat within and across blocks, and
+// again (the work reused, nothing left over from the first batch).
+TEST_CASE("embedding reverse: the device grouping gives the bits of a serial loop over the rows",
+          "[kernels][embedding]") {
+  const index_t B = 5, Tc = 260, C = 7, V = 97, N = B * Tc, P = (V + Tc) * C;
+  REQUIRE(kernels::detail::TokenWork::blocks(N) == 3);
+  View2<std::int32_t> tokens("tokens", B, Tc);
+  const kernels::detail::TokenWork work(N, V);
+  for (int round = 0; round < 2; ++round) {
+    std::mt19937 gen(31 + round);
+    for (index_t n = 0; n < N; ++n)
+      tokens.data()[n] = std::int32_t(n % 5 == 0 ? 3 : std::uniform_int_distribution<int>(0, int(V) - 9)(gen));
+    Buf<float> dx(N, C);
+    Flat<float> g(P);
+    load<float>(dx.v, ref::random_vec(N * C, 41 + round));
+    load<float>(dx.d, ref::random_vec(N * C, 42 + round));
+    load<float>(g.v, ref::random_vec(P, 43));
+    load<float>(g.d, ref::random_vec(P, 44));
+    std::vector<float> want_v(g.v.data(), g.v.data() + P), want_d(g.d.data(), g.d.data() + P);
+    for (index_t n = 0; n < N; ++n)
+      for (index_t c = 0; c < C; ++c) {
+        const index_t iw = index_t(tokens.data()[n]) * C + c, ip = V * C + (n % Tc) * C + c;
+        want_v[iw] += dx.v(n * C + c);
+        want_v[ip] += dx.v(n * C + c);
+        want_d[iw] += dx.d(n * C + c);
+        want_d[ip] += dx.d(n * C + c);
+      }
+    kernels::embedding_reverse<Dual<float>>(ExecSpace(), g.grads<Dual<float>>(), dx.act<Dual<float>>(), tokens, 0,
+                                            V * C, &work);
+    Kokkos::fence();
+    INFO("round " << round);
+    REQUIRE(std::memcmp(want_v.data(), g.v.data(), sizeof(float) * P) == 0);
+    REQUIRE(std::memcmp(want_d.data(), g.d.data(), sizeof(float) * P) == 0);
+  }
 }
 
 namespace rows_test {  // named: nvcc wants extended lambdas in functions with external linkage

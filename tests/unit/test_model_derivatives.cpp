@@ -390,7 +390,7 @@ TEST_CASE("curvature does not depend on the batch size; float agrees with double
   Gpt<float> gf(cfg, gs);
   Gpt<double> gd(cfg, gs);
   REQUIRE(gf.keeps_attention() == (gf.attention_path() == kernels::AttentionPath::tiles));
-  REQUIRE(gf.attention_path() == kernels::attention_path<float>(false));
+  REQUIRE(gf.attention_path() == kernels::attention_path<float>(false, gf.shape().gpu_shaped));
   REQUIRE_FALSE(gd.keeps_attention());  // the host tiles are float only
   View1<double> Gf("Gf", P);            // epoch sums are double
   View1<double> Gd("Gd", P);

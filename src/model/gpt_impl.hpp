@@ -548,7 +548,6 @@ template <class T>
 template <class S>
 void Gpt<T>::forward_block(const ExecSpace& space, Params<T> p, int l, bool cut) {
   using namespace kernels;
-  const index_t B = shape_.batch, Tc = shape_.context;
   const Act2<T> proj = buf_->proj;
   const BlockOffsets& o = layout_.blocks[l];
   const LayerActivations<T>& a0 = buf_->acts[shape_.reverse ? l : 0];
@@ -591,7 +590,7 @@ template <class T>
 template <class S>
 void Gpt<T>::forward_block_llama(const ExecSpace& space, Params<T> p, int l, bool cut) {
   using namespace kernels;
-  const index_t B = shape_.batch, Tc = shape_.context, D = cfg_.head_size();
+  const index_t D = cfg_.head_size();
   const Act2<T> proj = buf_->proj;
   const BlockOffsets& o = layout_.blocks[l];
   const LayerActivations<T>& a = buf_->acts[shape_.reverse ? l : 0];
@@ -714,7 +713,6 @@ template <class T>
 template <class S>
 void Gpt<T>::reverse_block(const ExecSpace& space, Params<T> p, Grads<T> g, int l) {
   using namespace kernels;
-  const index_t B = shape_.batch, Tc = shape_.context;
   const Act2<T> res = buf_->adj.res, c1 = buf_->adj.c1, c2 = buf_->adj.c2;
   const Act2<T> d_att = buf_->adj.att, d_qkv = buf_->adj.qkv;
   const Act2<T> d_fcg = buf_->adj.fc_gelu, d_fc = buf_->adj.fc;
@@ -777,7 +775,7 @@ template <class T>
 template <class S>
 void Gpt<T>::reverse_block_llama(const ExecSpace& space, Params<T> p, Grads<T> g, int l) {
   using namespace kernels;
-  const index_t B = shape_.batch, Tc = shape_.context, Dh = cfg_.head_size();
+  const index_t Dh = cfg_.head_size();
   const Adjoints<T>& d = buf_->adj;
   const BlockOffsets& o = layout_.blocks[l];
   const LayerActivations<T>& a = buf_->acts[l];

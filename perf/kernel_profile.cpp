@@ -48,14 +48,23 @@ double fenced_now() {
 struct Open {
   std::string label;
   double start = 0, nested = 0;
+  bool kernel = false;  // a parallel_for/_reduce/_scan, not a region
 };
 std::vector<Open> g_stack;
 std::map<std::string, LabelTime> g_labels;
 bool g_recording = false;
 
-void open(const char* name) {
+// A GEMM entry point's region (kernels/blas.hpp, gemm_mapped.cpp): one library call.
+bool gemm_region(const std::string& label) { return label.rfind("gnh::gemm", 0) == 0; }
+bool inside_gemm() {
+  for (const Open& o : g_stack)
+    if (!o.kernel && gemm_region(o.label)) return true;
+  return false;
+}
+
+void open(const char* name, bool kernel) {
   if (!g_recording) return;
-  g_stack.push_back({name, fenced_now(), 0.0});
+  g_stack.push_back({name, fenced_now(), 0.0, kernel});
 }
 
 void close() {
@@ -68,15 +77,16 @@ void close() {
   l.label = o.label;
   l.seconds += elapsed - o.nested;
   l.launches += 1;
+  if ((o.kernel || gemm_region(o.label)) && !inside_gemm()) l.device_launches += 1;
   if (!g_stack.empty()) g_stack.back().nested += elapsed;
 }
 
 void on_begin_kernel(const char* name, const std::uint32_t, std::uint64_t* id) {
   *id = g_stack.size();
-  open(name);
+  open(name, true);
 }
 void on_end_kernel(const std::uint64_t) { close(); }
-void on_push(const char* name) { open(name); }
+void on_push(const char* name) { open(name, false); }
 void on_pop() { close(); }
 
 // The kernel and region callbacks are set only while a profile records: a

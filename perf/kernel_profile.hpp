@@ -9,8 +9,9 @@
 //   - KernelProfile: while recording, each kernel (parallel_for, _reduce,
 //     _scan) and each region (the GEMM entry points are regions) is fenced
 //     before and after, and its exclusive time and launch count are summed
-//     by label. Fencing serialises the pass, so a profile is run apart from
-//     the timed repeats and its total is reported beside theirs.
+//     by label, and the launches a GPU would see of it (LabelTime). Fencing
+//     serialises the pass, so a profile is run apart from the timed repeats
+//     and its total is reported beside theirs.
 #pragma once
 
 #include <cstddef>
@@ -37,6 +38,12 @@ struct LabelTime {
   std::string label;
   double seconds = 0;  // exclusive: minus the time of kernels and regions nested in it
   long launches = 0;
+  // What a GPU launches of it: a kernel, or a GEMM entry point's region (one
+  // library call), not nested in a GEMM entry point (whose host loops,
+  // panels and bf16 roundings are the library's business); other regions 0.
+  // bf16-amp's operand copies, launches on a GPU, run nested on a host and
+  // are not counted.
+  long device_launches = 0;
 };
 
 class KernelProfile {

@@ -66,6 +66,39 @@ class PerfSuite(unittest.TestCase):
             # Both printed to 6 significant digits (relative rounding 5e-6 each).
             self.assertAlmostEqual(c["seconds_per_direction"] * c["K"], c["seconds"], delta=1e-5 * c["seconds"])
 
+    def test_gpu_shaped_profile_counts_what_a_gpu_launches(self):
+        # bench_engine --gpu-shaped runs the GPU's kernels on this host; its
+        # profile counts each kernel and each GEMM entry point's call once
+        # (device_launches), not the host loops nested in a GEMM.
+        cmd = [os.path.join(BIN, "bench_engine"), "--synthetic", "tiny", "--batch", "2", "--passes",
+               "gradient,curvature", "--directions", "2", "--methods", "second-order-forward", "--repeats", "0",
+               "--profile", "--no-probe"]
+        gpu, host = run_json(cmd + ["--gpu-shaped"]), run_json(cmd)
+        self.assertTrue(gpu["context"]["gpu_shaped"])
+        self.assertFalse(host["context"]["gpu_shaped"])
+        L = gpu["context"]["n_layer"]
+
+        def labels(p):
+            return {x["label"]: x for x in p["profile"]["labels"]}
+
+        g, h = labels(gpu["gradient"]), labels(host["gradient"])
+        # One chunk of sequences: a softmax row kernel per layer each way.
+        self.assertEqual(g["gnh::attention::batched::softmax"]["device_launches"], L)
+        self.assertEqual(g["gnh::attention::batched::softmax_reverse"]["device_launches"], L)
+        self.assertNotIn("gnh::attention::batched::softmax", h)
+        # The embedding's rows grouped on the device, once in the reverse.
+        self.assertEqual(g["gnh::embedding::count_tokens"]["device_launches"], 1)
+        self.assertNotIn("gnh::embedding::count_tokens", h)
+        # A flush writes the pointers of up to eight batched products.
+        mapped = g["gnh::gemm_mapped"]["device_launches"]
+        self.assertGreaterEqual(g["gnh::gemm_mapped::pointers"]["device_launches"] * 8, mapped)
+        for run in (gpu, host):
+            for p in [run["gradient"]] + run["curvature"]:
+                prof = p["profile"]
+                self.assertEqual(prof["device_launches"], sum(x["device_launches"] for x in prof["labels"]))
+                self.assertLessEqual(prof["device_launches"], prof["launches"])
+                self.assertEqual(labels(p)["gnh::gpt::forward"]["device_launches"], 0)  # a region, not a launch
+
     def test_plan_only_reports_workspace_without_running(self):
         d = run_json([os.path.join(BIN, "bench_engine"), "--synthetic", "small", "--batch", "2", "--directions", "1",
                       "--plan-only"])

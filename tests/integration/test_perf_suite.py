@@ -99,6 +99,24 @@ class PerfSuite(unittest.TestCase):
                 self.assertLessEqual(prof["device_launches"], prof["launches"])
                 self.assertEqual(labels(p)["gnh::gpt::forward"]["device_launches"], 0)  # a region, not a launch
 
+    def test_gpu_shaped_plan_fits_a_gh200_at_the_reference_shape(self):
+        # The engine's plan with the GPU's buffers (score planes, bf16-amp's
+        # rounded operands, pointer arrays, the embedding's token work) at
+        # the reference model and a 64 x 1024 batch: the second-order forward
+        # at K = 16 within 80% of a 96 GB GH200, at K = 1 within 8 GB, in
+        # every precision. The plan is the engine's own list of buffers.
+        for precision in ("fp32", "tf32", "bf16-amp"):
+            d = run_json([os.path.join(BIN, "bench_engine"), "--synthetic", "reference", "--batch", "64",
+                          "--directions", "1,16", "--plan-only", "--gpu-shaped", "--no-probe", "--precision",
+                          precision])
+            w = d["workspace_bytes"]
+            self.assertLessEqual(w["second-order-forward K=16"], 0.8 * 96e9, (precision, w))
+            self.assertLessEqual(w["second-order-forward K=1"], 8e9, (precision, w))
+            host = run_json([os.path.join(BIN, "bench_engine"), "--synthetic", "reference", "--batch", "64",
+                             "--directions", "1,16", "--plan-only", "--no-probe", "--precision", precision])
+            # The GPU's buffers are in it: more than the host-shaped plan.
+            self.assertGreater(w["second-order-forward K=16"], host["workspace_bytes"]["second-order-forward K=16"])
+
     def test_plan_only_reports_workspace_without_running(self):
         d = run_json([os.path.join(BIN, "bench_engine"), "--synthetic", "small", "--batch", "2", "--directions", "1",
                       "--plan-only"])

@@ -321,3 +321,75 @@ TEST_CASE("the batched path is chosen on request and refuses a bad name", "[atte
   REQUIRE(attention_path<float>(true, false) == AttentionPath::rows);      // bf16-amp on a host: the rows
   REQUIRE(attention_path<double>(false, true) == AttentionPath::batched);  // GPU-shaped on the host
 }
+
+// The mapped batches themselves (gemm_mapped.hpp): products over a
+// four-part batch index with strides of every kind (a shared operand, a
+// column offset, a block, a plane), both operands transposed, queued past the
+// queue's length and its pointer scratch (so that it flushes on its own),
+// each against a plain triple loop in double. Products that accumulate into
+// the same C run in their queued order.
+TEST_CASE("mapped batched products equal the loops, queued past the queue's length", "[batched][gemm]") {
+  const index_t m = 5, n = 4, k = 3;
+  const BatchExtents e{{2, 3, 1, 2}};  // 12 products
+  const index_t count = e.count();
+  std::mt19937 g(5);
+  std::uniform_real_distribution<double> u(-1, 1);
+  // A: (k x m) blocks transposed, a column offset per i3; B: one shared (n x k) block, transposed.
+  View1<double> A("A", 4096), Bm("B", n * k), C("C", 4096), want("want", 4096);
+  for (std::size_t i = 0; i < A.extent(0); ++i) A(i) = u(g);
+  for (std::size_t i = 0; i < Bm.extent(0); ++i) Bm(i) = u(g);
+  Mapped<const double> a{A.data(), 2 * m, {700, 60, 0, m}};  // ld 2m: two products side by side in a row
+  Mapped<const double> b{Bm.data(), k, {0, 0, 0, 0}};
+  Mapped<double> c{C.data(), n, {1000, 100, 0, 30}};
+  MappedProduct<double> p;
+  p.ta = true;
+  p.tb = true;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.A = a;
+  p.B = b;
+  p.C = c;
+  p.e = e;
+  for (index_t i = 0; i < count; ++i) {
+    const double* Ai = a.at(e, i);
+    const double* Bi = b.at(e, i);
+    double* Wi = want.data() + (c.at(e, i) - C.data());
+    for (index_t r = 0; r < m; ++r)
+      for (index_t s = 0; s < n; ++s) {
+        double dot = 0;
+        for (index_t t = 0; t < k; ++t) dot += Ai[t * a.ld + r] * Bi[s * b.ld + t];
+        Wi[r * c.ld + s] = dot * 23.0;  // 1 + 11 x 2
+      }
+  }
+  // Pointer room for twenty batches (the queue flushes at its eight
+  // products), then for one (it flushes before every product).
+  for (const index_t room : {20 * 3 * count, 3 * count + 5}) {
+    MappedScratch scratch;
+    scratch.pointers = View1<std::uintptr_t>("pointers", room);
+    MappedQueue<double> q(ExecSpace(), false, scratch);
+    // C = A^T B^T, then C += 2 A^T B^T eleven times.
+    for (int rep = 0; rep < 12; ++rep) {
+      p.alpha = rep == 0 ? 1.0 : 2.0;
+      p.beta = rep == 0 ? 0.0 : 1.0;
+      q.add(p);
+    }
+    q.flush();
+    ExecSpace().fence();
+    for (index_t i = 0; i < count; ++i) {
+      const double* Ci = c.at(e, i);
+      const double* Wi = want.data() + (Ci - C.data());
+      for (index_t r = 0; r < m; ++r)
+        for (index_t s = 0; s < n; ++s) {
+          INFO("room " << room << " product " << i << " entry " << r << "," << s);
+          // Twelve passes over a 3-term dot, each within a few roundings of 2^-53 of values below 30.
+          REQUIRE(std::fabs(Ci[r * c.ld + s] - Wi[r * c.ld + s]) <= 1e-13);
+        }
+    }
+  }
+  // A batch larger than the pointer scratch: one clear line.
+  MappedScratch small;
+  small.pointers = View1<std::uintptr_t>("small", 3 * count - 1);
+  MappedQueue<double> q2(ExecSpace(), false, small);
+  REQUIRE_THROWS_WITH(q2.add(p), Catch::Contains("holds no batch of 12 products"));
+}

@@ -28,8 +28,9 @@
 // order r = 0, 1, ..., one batched call each, so no two products of a call
 // write the same output and the bits do not depend on the thread count.
 //
-// Memory: attention_score_planes() planes of Bc H Tc^2 values, and the
-// pointer arrays of the largest call (3 K Bc H pointers).
+// Memory: attention_score_planes() planes of Bc H Tc^2 values; the pointer
+// arrays of a queue of products (3 MappedQueue::kMax K Bc H pointers); under
+// bf16-amp the chunk's rounded operands (attention_operand_values).
 #pragma once
 #include "kernels/attention.hpp"
 #include "kernels/gemm_mapped.hpp"

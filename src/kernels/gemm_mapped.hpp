@@ -11,11 +11,12 @@
 // such batches into the caller's scratch, and one cublasGemmBatchedEx call
 // runs each batch (tensor cores: TF32 math for float under the tf32 policy;
 // FP64 for double). No host round trip, no fence.
-// On host backends: the products in parallel over the space's threads, each
+// On host backends: the same kernel writes the same pointers, and each
+// batch's products run in parallel over the space's threads from them, each
 // on one thread (gnh's sgemm for float where the CPU has one, else the vendor
 // BLAS; a plain loop for double where the link has no BLAS), so the bits do
-// not depend on the thread count. Two products of one call must not write the
-// same C.
+// not depend on the thread count. Two products of one batch must not write
+// the same C.
 #pragma once
 #include <cstdint>
 

@@ -116,18 +116,7 @@ struct Products {
   // C = alpha op(A) op(B) + beta C over e; m x n, inner k.
   void operator()(bool ta, bool tb, index_t m, index_t n, index_t k, T alpha, const Mapped<T>& A, const Mapped<T>& B,
                   T beta, const Mapped<T>& C, const BatchExtents& e) const {
-    MappedProduct<T> p;
-    p.ta = ta;
-    p.tb = tb;
-    p.m = m;
-    p.n = n;
-    p.k = k;
-    p.alpha = alpha;
-    p.beta = beta;
-    p.A = in(A);
-    p.B = in(B);
-    p.C = C;
-    p.e = e;
+    const MappedProduct<T> p(ta, tb, m, n, k, alpha, in(A), in(B), beta, C, e);
     q.add(p);
   }
   const ExecSpace& space() const { return q.space(); }

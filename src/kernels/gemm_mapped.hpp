@@ -59,6 +59,10 @@ struct MappedProduct {
   Mapped<const T> A, B;
   Mapped<T> C;
   BatchExtents e;
+  MappedProduct() = default;
+  MappedProduct(bool ta_, bool tb_, index_t m_, index_t n_, index_t k_, T alpha_, const Mapped<const T>& A_,
+                const Mapped<const T>& B_, T beta_, const Mapped<T>& C_, const BatchExtents& e_)
+      : ta(ta_), tb(tb_), m(m_), n(n_), k(k_), alpha(alpha_), beta(beta_), A(A_), B(B_), C(C_), e(e_) {}
 };
 
 // Products issued in order on one execution-space instance. On CUDA, flush()

@@ -341,16 +341,7 @@ TEST_CASE("mapped batched products equal the loops, queued past the queue's leng
   Mapped<const double> a{A.data(), 2 * m, {700, 60, 0, m}};  // ld 2m: two products side by side in a row
   Mapped<const double> b{Bm.data(), k, {0, 0, 0, 0}};
   Mapped<double> c{C.data(), n, {1000, 100, 0, 30}};
-  MappedProduct<double> p;
-  p.ta = true;
-  p.tb = true;
-  p.m = m;
-  p.n = n;
-  p.k = k;
-  p.A = a;
-  p.B = b;
-  p.C = c;
-  p.e = e;
+  MappedProduct<double> p(true, true, m, n, k, 1.0, a, b, 0.0, c, e);
   for (index_t i = 0; i < count; ++i) {
     const double* Ai = a.at(e, i);
     const double* Bi = b.at(e, i);

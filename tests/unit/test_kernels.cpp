@@ -541,6 +541,24 @@ TEST_CASE("linear and LayerNorm reverse: GPU-shaped column sums give the host sh
   REQUIRE(grads[0] != grads[1]);
 }
 
+// The embedding's reverse as a serial loop over the rows: g (value and
+// tangent planes) plus each row of dx at its token's and its position's rows.
+template <class G, class X>
+void serial_embedding_reverse(const View2<std::int32_t>& tokens, const X& dx, const G& g, index_t V, index_t C,
+                              std::vector<float>& want_v, std::vector<float>& want_d) {
+  const index_t Tc = tokens.extent(1), N = tokens.extent(0) * Tc, P = index_t(g.v.extent(0));
+  want_v.assign(g.v.data(), g.v.data() + P);
+  want_d.assign(g.d.data(), g.d.data() + P);
+  for (index_t n = 0; n < N; ++n)
+    for (index_t c = 0; c < C; ++c) {
+      const index_t iw = index_t(tokens.data()[n]) * C + c, ip = V * C + (n % Tc) * C + c;
+      want_v[iw] += dx.v(n * C + c);
+      want_v[ip] += dx.v(n * C + c);
+      want_d[iw] += dx.d(n * C + c);
+      want_d[ip] += dx.d(n * C + c);
+    }
+}
+
 // The two-stage embedding scatter (rows grouped by token, one team per token
 // and per position) adds every row in increasing row order: the bits of a
 // serial loop over the rows, for the value and the tangent planes. Tokens
@@ -556,15 +574,8 @@ TEST_CASE("embedding reverse: the grouped scatter gives the bits of a serial loo
   load<float>(dx.d, ref::random_vec(N * C, 22));
   load<float>(g.v, ref::random_vec(P, 23));
   load<float>(g.d, ref::random_vec(P, 24));
-  std::vector<float> want_v(g.v.data(), g.v.data() + P), want_d(g.d.data(), g.d.data() + P);
-  for (index_t n = 0; n < N; ++n)
-    for (index_t c = 0; c < C; ++c) {
-      const index_t iw = index_t(tokens.data()[n]) * C + c, ip = V * C + (n % Tc) * C + c;
-      want_v[iw] += dx.v(n * C + c);
-      want_v[ip] += dx.v(n * C + c);
-      want_d[iw] += dx.d(n * C + c);
-      want_d[ip] += dx.d(n * C + c);
-    }
+  std::vector<float> want_v, want_d;
+  serial_embedding_reverse(tokens, dx, g, V, C, want_v, want_d);
   kernels::embedding_reverse<Dual<float>>(ExecSpace(), g.grads<Dual<float>>(), dx.act<Dual<float>>(), tokens, 0, V * C);
   Kokkos::fence();
   REQUIRE(std::memcmp(want_v.data(), g.v.data(), sizeof(float) * P) == 0);
@@ -596,15 +607,8 @@ TEST_CASE("embedding reverse: the device grouping gives the bits of a serial loo
     load<float>(dx.d, ref::random_vec(N * C, 42 + round));
     load<float>(g.v, ref::random_vec(P, 43));
     load<float>(g.d, ref::random_vec(P, 44));
-    std::vector<float> want_v(g.v.data(), g.v.data() + P), want_d(g.d.data(), g.d.data() + P);
-    for (index_t n = 0; n < N; ++n)
-      for (index_t c = 0; c < C; ++c) {
-        const index_t iw = index_t(tokens.data()[n]) * C + c, ip = V * C + (n % Tc) * C + c;
-        want_v[iw] += dx.v(n * C + c);
-        want_v[ip] += dx.v(n * C + c);
-        want_d[iw] += dx.d(n * C + c);
-        want_d[ip] += dx.d(n * C + c);
-      }
+    std::vector<float> want_v, want_d;
+    serial_embedding_reverse(tokens, dx, g, V, C, want_v, want_d);
     kernels::embedding_reverse<Dual<float>>(ExecSpace(), g.grads<Dual<float>>(), dx.act<Dual<float>>(), tokens, 0,
                                             V * C, &work);
     Kokkos::fence();

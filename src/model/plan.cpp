@@ -63,7 +63,7 @@ GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape) {
   // GPU-shaped: 2^29 elements (2 GiB in float) of whole vocabulary rows, so
   // that a tile's row kernels have hundreds of rows to spread over the
   // multiprocessors and a batch few tiles: at the reference shape (V =
-  // 32000, 64 x 1024 rows) 4 tiles in the gradient, 16 at K = 1 and 138 at
+  // 32000, 64 x 1024 rows) 4 tiles in the gradient, 20 at K = 1 and 137 at
   // K = 16 second order (35 planes).
   const index_t planes = 1 + K + (sec ? 2 + K : 0), budget = index_t(1) << (shape.gpu_shaped ? 29 : 24);
   index_t vchunk = shape.head_chunk_vocab > 0 ? std::min<index_t>(shape.head_chunk_vocab, V) : V;

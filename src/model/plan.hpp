@@ -74,7 +74,7 @@ GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape);
 // many sequences per chunk as fit, at least one. On a device 2^25 a plane
 // (128 MiB in float): at the reference shape (5 heads, T = 1024: 5.2 M values
 // a plane and sequence) 6 sequences a chunk, 11 chunks a batch of 64, in
-// every mode; the second order at K = 16 (33 planes) holds 4.4 GB of them,
+// every mode; the second order at K = 16 (33 planes) holds 4.2 GB of them,
 // K = 1 (3 planes) 0.4 GB. On a host 2^20 a plane, where the path serves checks.
 index_t attention_score_budget(bool device, index_t planes);
 

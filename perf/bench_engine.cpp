@@ -61,6 +61,7 @@
 #include <vector>
 
 #include "analysis/passes.hpp"
+#include "kernels/gemm_ledger.hpp"
 #include "analysis/settings.hpp"
 #include "core/build_info.hpp"
 #include "core/error.hpp"
@@ -341,19 +342,26 @@ Gpt<T> poisoned(Gpt<T>& timed, const ModelConfig& cfg, const Shape& shape) {
 }
 
 // One profiled run of a pass: the fenced time and launches of each label
-// (and those a GPU would see: perf::LabelTime), longest first.
+// (and those a GPU would see: perf::LabelTime), longest first, and the GEMM
+// FLOPs the pass issued by the unit a GPU runs them on (kernels/gemm_ledger.hpp).
 template <class F>
 std::string profile_json(F&& pass) {
   perf::KernelProfile p;
+  kernels::GemmWork& work = kernels::gemm_work();
+  work = kernels::GemmWork();
+  work.on = true;
   p.start();
   pass();
   const std::vector<perf::LabelTime> labels = p.stop();
+  work.on = false;
   std::ostringstream s;
   s.precision(6);
   long launches = 0, device = 0;
   for (const perf::LabelTime& l : labels) launches += l.launches, device += l.device_launches;
   s << "{\"seconds\": " << p.total_seconds() << ", \"launches\": " << launches << ", \"device_launches\": " << device
-    << ", \"sampled_device_peak_bytes\": " << perf::MemoryWatch::sampled_device_peak_bytes() << ", \"labels\": [";
+    << ", \"sampled_device_peak_bytes\": " << perf::MemoryWatch::sampled_device_peak_bytes()
+    << ", \"gemm_flops\": {\"tensor\": " << work.tensor << ", \"fp32\": " << work.fp32 << ", \"fp64\": " << work.fp64
+    << "}, \"labels\": [";
   for (std::size_t i = 0; i < labels.size(); ++i)
     s << (i ? ", " : "") << "{\"label\": \"" << labels[i].label << "\", \"seconds\": " << labels[i].seconds
       << ", \"launches\": " << labels[i].launches << ", \"device_launches\": " << labels[i].device_launches << "}";

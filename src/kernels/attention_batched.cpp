@@ -396,7 +396,8 @@ void attention_forward_batched(const ExecSpace& space, Act2<base_t<S>> y, Act1<b
   require_extent(who, "y cols", y.cols(), L.H * L.hs);
   require_extent(who, "lse", lse.v.extent(0), B * L.H * Tc);
   const index_t Bc = chunk_sequences(who, scratch, attention_score_planes(false, tangents, second, K), L, B, Tc);
-  MappedQueue<T> queue(space, tf32, scratch.pointers);
+  // bf16-amp's rounded operands are exact in TF32: tensor cores either way.
+  MappedQueue<T> queue(space, tf32 || bf16, scratch.pointers);
   const Products<T> mm{queue};
   for (index_t b0 = 0; b0 < B; b0 += Bc)
     forward_chunk(mm,
@@ -421,7 +422,8 @@ void attention_reverse_batched(const ExecSpace& space, QkvActs<base_t<S>> dx, Ac
   require_extent(who, "dy rows", dy.rows(), B * Tc);
   require_extent(who, "D", D.v.extent(0), B * L.H * Tc);
   const index_t Bc = chunk_sequences(who, scratch, attention_score_planes(true, tangents, false, K), L, B, Tc);
-  MappedQueue<T> queue(space, tf32, scratch.pointers);
+  // bf16-amp's rounded operands are exact in TF32: tensor cores either way.
+  MappedQueue<T> queue(space, tf32 || bf16, scratch.pointers);
   const Products<T> mm{queue};
   const T scale = T(1) / kmath::sqrt(T(L.hs));
   for (index_t b0 = 0; b0 < B; b0 += Bc) {

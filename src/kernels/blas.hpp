@@ -10,6 +10,7 @@
 
 #include "core/bf16.hpp"
 #include "core/types.hpp"
+#include "kernels/gemm_ledger.hpp"
 #include "kernels/host_gemm.hpp"
 #include "kernels/host_parallel.hpp"
 #include "kernels/check.hpp"
@@ -247,6 +248,10 @@ template <class T>
 void gemm(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, const char* tb, T alpha, Span2<const T> A,
           Span2<const T> B, T beta, Span2<T> C) {
   const detail::GemmRegion region("gnh::gemm");
+  if (gemm_work().on) {
+    const detail::ProductShape sh = detail::product_shape("gnh::gemm", ta, tb, A, B, C);
+    record_gemm<T>(pol.tf32 || pol.bf16, sh.m, sh.n, sh.k, 1);
+  }
   if (!pol.bf16) {
 #ifdef GNH_CUBLAS_MATH_MODE
     if constexpr (std::is_same_v<T, float>) {
@@ -402,6 +407,11 @@ void gemm_batched(const ExecSpace& space, const GemmPolicy<T>& pol, const char* 
                   index_t stride_c, index_t count) {
   if (count <= 0) return;
   const detail::GemmRegion region("gnh::gemm_batch");
+  if (gemm_work().on) {
+    const detail::ProductShape sh = detail::product_shape("gnh::gemm_batched", ta, tb, A, B, C);
+    record_gemm<T>(pol.tf32 || pol.bf16, sh.m, sh.n, sh.k, count);
+  }
+  const GemmWorkPause recorded;  // the products below, one by one on a host, are counted above
 #ifdef GNH_CUBLAS_MATH_MODE
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     const detail::ProductShape sh = detail::product_shape("gnh::gemm_batched", ta, tb, A, B, C);

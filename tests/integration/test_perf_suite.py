@@ -99,6 +99,30 @@ class PerfSuite(unittest.TestCase):
                 self.assertLessEqual(prof["device_launches"], prof["launches"])
                 self.assertEqual(labels(p)["gnh::gpt::forward"]["device_launches"], 0)  # a region, not a launch
 
+    def test_profile_counts_gemm_flops_by_the_unit_a_gpu_runs_them_on(self):
+        # The same products in every precision: FP32 without tensor cores,
+        # all on tensor cores under tf32 and bf16-amp, the batched
+        # attention's included (its bf16-amp operands go through TF32).
+        cmd = [os.path.join(BIN, "bench_engine"), "--synthetic", "tiny", "--batch", "2", "--passes",
+               "gradient,curvature", "--directions", "2", "--methods", "second-order-forward", "--repeats", "0",
+               "--profile", "--no-probe", "--gpu-shaped", "--precision"]
+        runs = {p: run_json(cmd + [p]) for p in ("fp32", "tf32", "bf16-amp")}
+        for precision, d in runs.items():
+            for p in [d["gradient"]] + d["curvature"]:
+                f = p["profile"]["gemm_flops"]
+                self.assertEqual(f["fp64"], 0)
+                if precision == "fp32":
+                    self.assertEqual(f["tensor"], 0, precision)
+                    self.assertGreater(f["fp32"], 0)
+                else:
+                    self.assertEqual(f["fp32"], 0, precision)
+                    self.assertGreater(f["tensor"], 0)
+        # Integer FLOP counts summed exactly: the same work in each precision.
+        totals = {p: [sum(x["profile"]["gemm_flops"].values()) for x in [d["gradient"]] + d["curvature"]]
+                  for p, d in runs.items()}
+        self.assertEqual(totals["fp32"], totals["tf32"])
+        self.assertEqual(totals["fp32"], totals["bf16-amp"])
+
     def test_gpu_shaped_plan_fits_a_gh200_at_the_reference_shape(self):
         # The engine's plan with the GPU's buffers (score planes, bf16-amp's
         # rounded operands, pointer arrays, the embedding's token work) at

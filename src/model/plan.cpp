@@ -103,7 +103,10 @@ bool gpu_shaped_from_env() {
   throw std::invalid_argument(std::string("GNH_GPU_SHAPED=") + env + ": expected 0 or 1");
 }
 
-index_t attention_score_budget(bool device, index_t planes) { return planes * (index_t(1) << (device ? 25 : 20)); }
+index_t attention_score_budget(bool device, index_t planes) {
+  if (!device) return planes * (index_t(1) << 20);
+  return std::max(planes * (index_t(1) << 25), index_t(1) << 28);
+}
 
 std::size_t plan_gpt_bytes(const ModelConfig& cfg, const Shape& shape, std::size_t scalar_bytes) {
   return scalar_bytes == sizeof(double) ? Gpt<double>::planned_bytes(cfg, shape)

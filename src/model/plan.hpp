@@ -72,10 +72,13 @@ GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape);
 // Values of the batched attention's score planes (kernels/attention_batched.hpp)
 // that an engine holds at once, for `planes` planes per (sequence, head): as
 // many sequences per chunk as fit, at least one. On a device 2^25 a plane
-// (128 MiB in float): at the reference shape (5 heads, T = 1024: 5.2 M values
-// a plane and sequence) 6 sequences a chunk, 11 chunks a batch of 64, in
-// every mode; the second order at K = 16 (33 planes) holds 4.2 GB of them,
-// K = 1 (3 planes) 0.4 GB. On a host 2^20 a plane, where the path serves checks.
+// (128 MiB in float), and at least 2^28 values (1 GiB): at the reference
+// shape (5 heads, T = 1024: 5.2 M values a plane and sequence) the second
+// order at K = 16 (33 planes) takes 6 sequences a chunk, 11 chunks a batch
+// of 64, in 4.2 GB; with fewer planes the floor takes more sequences a
+// chunk (fewer launches a batch): the gradient (2 planes) 25, 3 chunks; the
+// second order at K = 1 (3 planes) 17, in 1.1 GB. On a host 2^20 a plane,
+// where the path serves checks.
 index_t attention_score_budget(bool device, index_t planes);
 
 // Every buffer an engine whose scalar has `scalar_bytes` bytes (4 or 8)

@@ -35,19 +35,6 @@ namespace {
 // K = 4, AVX-512: second order 1130 -> 1119 ms, reverse 118 -> 105 ms.
 constexpr std::int64_t TQ = 48;
 
-void mm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* A, std::int64_t lda,
-        const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
-  // Tiles of TQ queries: gnh's kernel whatever the dense GEMMs use, or the
-  // vendor BLAS where gnh has none for this CPU (Arm) or GNH_HOST_GEMM=vendor
-  // pins it; one thread of it per caller, the callers being gnh's threads.
-  if (native_kernel() != GemmKernel::none) {
-    sgemm_using(native_kernel(), ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
-    return;
-  }
-  vendor_single_threaded();
-  sgemm_vendor(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
-}
-
 // The sizes, and offsets into one plane of each part. Every plane of a part
 // (its value, its tangents, its adjoint) has the part's row stride.
 struct Geometry {
@@ -127,9 +114,9 @@ GNH_HOST_CLONES void softmax_rows(float* S, std::int64_t tq, std::int64_t t0, st
 GNH_HOST_CLONES void forward_tile(const Geometry& g, const Qkv3<const float>& x, float* y, float* lse, std::int64_t b,
                                   std::int64_t h, std::int64_t t0, std::int64_t t1, float* P, std::int64_t ldp) {
   const std::int64_t tq = t1 - t0;
-  mm(false, true, tq, t1, g.hs, g.scale, x.p[0] + g.q(b, h, t0), g.ldq, x.p[1] + g.k(b, h), g.ldk, 0.0f, P, ldp);
+  gemm_one(false, true, tq, t1, g.hs, g.scale, x.p[0] + g.q(b, h, t0), g.ldq, x.p[1] + g.k(b, h), g.ldk, 0.0f, P, ldp);
   softmax_rows(P, tq, t0, t1, nullptr, lse + g.row(b, h, t0), ldp);
-  mm(false, false, tq, g.hs, t1, 1.0f, P, ldp, x.p[2] + g.v(b, h), g.ldv, 0.0f, y + g.y(b, h, t0), g.C);
+  gemm_one(false, false, tq, g.hs, t1, 1.0f, P, ldp, x.p[2] + g.v(b, h), g.ldv, 0.0f, y + g.y(b, h, t0), g.C);
 }
 
 // Copies n rows of the column blocks (each w wide, rows ld_src apart, scaled
@@ -181,11 +168,11 @@ GNH_HOST_CLONES void reverse_tile(const Geometry& g, const Qkv3<float>& dx, floa
   const std::int64_t oq = g.q(b, h, t0), ok = g.k(b, h), ov = g.v(b, h), oy = g.y(b, h, t0), orow = g.row(b, h, t0);
   const float* P = P_ready;
   if (!P) {
-    mm(false, true, tq, t1, hs, g.scale, x.p[0] + oq, g.ldq, x.p[1] + ok, g.ldk, 0.0f, Pbuf, t1);
+    gemm_one(false, true, tq, t1, hs, g.scale, x.p[0] + oq, g.ldq, x.p[1] + ok, g.ldk, 0.0f, Pbuf, t1);
     softmax_rows(Pbuf, tq, t0, t1, lse + orow, nullptr, t1);
     P = Pbuf;
   }
-  mm(false, true, tq, t1, hs, 1.0f, dy + oy, g.C, x.p[2] + ov, g.ldv, 0.0f, A, t1);
+  gemm_one(false, true, tq, t1, hs, 1.0f, dy + oy, g.C, x.p[2] + ov, g.ldv, 0.0f, A, t1);
   for (std::int64_t r = 0; r < tq; ++r) {
     const float* dyr = dy + oy + r * g.C;
     const float* yr = y + oy + r * g.C;
@@ -200,9 +187,9 @@ GNH_HOST_CLONES void reverse_tile(const Geometry& g, const Qkv3<float>& dx, floa
       ds[j] = p[j] * a[j] * g.scale;
     }
   }
-  mm(false, false, tq, hs, t1, 1.0f, dS, t1, x.p[1] + ok, g.ldk, 0.0f, dx.p[0] + oq, g.ldq);
-  mm(true, false, t1, hs, tq, 1.0f, dS, t1, x.p[0] + oq, g.ldq, 1.0f, dx.p[1] + ok, g.ldk);
-  mm(true, false, t1, hs, tq, 1.0f, P, t1, dy + oy, g.C, 1.0f, dx.p[2] + ov, g.ldv);
+  gemm_one(false, false, tq, hs, t1, 1.0f, dS, t1, x.p[1] + ok, g.ldk, 0.0f, dx.p[0] + oq, g.ldq);
+  gemm_one(true, false, t1, hs, tq, 1.0f, dS, t1, x.p[0] + oq, g.ldq, 1.0f, dx.p[1] + ok, g.ldk);
+  gemm_one(true, false, t1, hs, tq, 1.0f, P, t1, dy + oy, g.C, 1.0f, dx.p[2] + ov, g.ldv);
 }
 
 }  // namespace
@@ -352,23 +339,24 @@ GNH_HOST_CLONES void derivative_tile(DerivativeScratch& m, const Geometry& g, fl
   float* P = m.Pall + m.tile_at[std::size_t(i)];
   float *Pd = P + t1, *Pdd = P + 2 * t1;
   // s' (and s''): the tile's rows of Aq, [Q' | Q] from column hs.
-  mm(false, true, tq, t1, 2 * hs, g.scale, m.Aq + t0 * 3 * hs + hs, 3 * hs, m.Bk1, 2 * hs, 0.0f, Pd, ldp);
+  gemm_one(false, true, tq, t1, 2 * hs, g.scale, m.Aq + t0 * 3 * hs + hs, 3 * hs, m.Bk1, 2 * hs, 0.0f, Pd, ldp);
   // s'' = Q'' K^T + 2 Q' K'^T + Q K''^T; only the middle term where x'' is zero.
-  if (second && dd) mm(false, true, tq, t1, 3 * hs, g.scale, m.Aq + t0 * 3 * hs, 3 * hs, m.Bk2, 3 * hs, 0.0f, Pdd, ldp);
+  if (second && dd)
+    gemm_one(false, true, tq, t1, 3 * hs, g.scale, m.Aq + t0 * 3 * hs, 3 * hs, m.Bk2, 3 * hs, 0.0f, Pdd, ldp);
   else if (second)
-    mm(false, true, tq, t1, hs, g.scale, m.Aq + t0 * 3 * hs + hs, 3 * hs, m.Bk2 + hs, 3 * hs, 0.0f, Pdd, ldp);
+    gemm_one(false, true, tq, t1, hs, g.scale, m.Aq + t0 * 3 * hs + hs, 3 * hs, m.Bk2 + hs, 3 * hs, 0.0f, Pdd, ldp);
   softmax_derivatives(P, Pd, Pdd, tq, t1, ldp, lsedk + orow, second ? lseddk + orow : nullptr, second);
   const std::size_t block = std::size_t(t1) * std::size_t(hs) * sizeof(float);
   std::memcpy(m.Bv1, m.Vd, block);
   std::memcpy(m.Bv1 + t1 * hs, m.V0, block);
-  mm(false, false, tq, hs, 2 * t1, 1.0f, P, ldp, m.Bv1, hs, 0.0f, ydk + oy, g.C);
+  gemm_one(false, false, tq, hs, 2 * t1, 1.0f, P, ldp, m.Bv1, hs, 0.0f, ydk + oy, g.C);
   if (!second) return;
   // y'' = [P | P' | P''] [V''; 2V'; V], or [P' | P''] [2V'; V] where V'' is zero.
   if (dd) std::memcpy(m.Bv2, m.Vdd, block);
   std::memcpy(m.Bv2 + t1 * hs, m.V2d, block);
   std::memcpy(m.Bv2 + 2 * t1 * hs, m.V0, block);
-  if (dd) mm(false, false, tq, hs, 3 * t1, 1.0f, P, ldp, m.Bv2, hs, 0.0f, yddk + oy, g.C);
-  else mm(false, false, tq, hs, 2 * t1, 1.0f, Pd, ldp, m.Bv2 + t1 * hs, hs, 0.0f, yddk + oy, g.C);
+  if (dd) gemm_one(false, false, tq, hs, 3 * t1, 1.0f, P, ldp, m.Bv2, hs, 0.0f, yddk + oy, g.C);
+  else gemm_one(false, false, tq, hs, 2 * t1, 1.0f, Pd, ldp, m.Bv2 + t1 * hs, hs, 0.0f, yddk + oy, g.C);
 }
 
 void forward_derivatives(float* y, float* yd, float* ydd, float* lse, float* lsed, float* lsedd,
@@ -491,19 +479,19 @@ void attention_reverse_dual(Qkv3<float> dx, Qkv3<float> dxd, float* D, float* Dd
           const float* dyk = dyd + k * N * g.C;
           const float* yk = yd + k * N * g.C;
           // p' = p (s' - lse'), with s' = scale (q' k + q k').
-          mm(false, true, tq, t1, hs, g.scale, d.p[0] + oq, g.ldq, x.p[1] + ok, g.ldk, 0.0f, Pd, t1);
-          mm(false, true, tq, t1, hs, g.scale, x.p[0] + oq, g.ldq, d.p[1] + ok, g.ldk, 1.0f, Pd, t1);
+          gemm_one(false, true, tq, t1, hs, g.scale, d.p[0] + oq, g.ldq, x.p[1] + ok, g.ldk, 0.0f, Pd, t1);
+          gemm_one(false, true, tq, t1, hs, g.scale, x.p[0] + oq, g.ldq, d.p[1] + ok, g.ldk, 1.0f, Pd, t1);
           // dp' = dy' v + dy v'.
-          mm(false, true, tq, t1, hs, 1.0f, dyk + oy, g.C, x.p[2] + ov, g.ldv, 0.0f, dSd, t1);
-          mm(false, true, tq, t1, hs, 1.0f, dy + oy, g.C, d.p[2] + ov, g.ldv, 1.0f, dSd, t1);
+          gemm_one(false, true, tq, t1, hs, 1.0f, dyk + oy, g.C, x.p[2] + ov, g.ldv, 0.0f, dSd, t1);
+          gemm_one(false, true, tq, t1, hs, 1.0f, dy + oy, g.C, d.p[2] + ov, g.ldv, 1.0f, dSd, t1);
           tangent_rows(g, P, A, Pd, dSd, dy + oy, dyk + oy, y + oy, yk + oy, lsed + k * R + orow, Dd + k * R + orow, tq,
                        t1);
-          mm(false, false, tq, hs, t1, 1.0f, dSd, t1, x.p[1] + ok, g.ldk, 0.0f, out.p[0] + oq, g.ldq);
-          mm(false, false, tq, hs, t1, 1.0f, dS, t1, d.p[1] + ok, g.ldk, 1.0f, out.p[0] + oq, g.ldq);
-          mm(true, false, t1, hs, tq, 1.0f, dSd, t1, x.p[0] + oq, g.ldq, 1.0f, out.p[1] + ok, g.ldk);
-          mm(true, false, t1, hs, tq, 1.0f, dS, t1, d.p[0] + oq, g.ldq, 1.0f, out.p[1] + ok, g.ldk);
-          mm(true, false, t1, hs, tq, 1.0f, Pd, t1, dy + oy, g.C, 1.0f, out.p[2] + ov, g.ldv);
-          mm(true, false, t1, hs, tq, 1.0f, P, t1, dyk + oy, g.C, 1.0f, out.p[2] + ov, g.ldv);
+          gemm_one(false, false, tq, hs, t1, 1.0f, dSd, t1, x.p[1] + ok, g.ldk, 0.0f, out.p[0] + oq, g.ldq);
+          gemm_one(false, false, tq, hs, t1, 1.0f, dS, t1, d.p[1] + ok, g.ldk, 1.0f, out.p[0] + oq, g.ldq);
+          gemm_one(true, false, t1, hs, tq, 1.0f, dSd, t1, x.p[0] + oq, g.ldq, 1.0f, out.p[1] + ok, g.ldk);
+          gemm_one(true, false, t1, hs, tq, 1.0f, dS, t1, d.p[0] + oq, g.ldq, 1.0f, out.p[1] + ok, g.ldk);
+          gemm_one(true, false, t1, hs, tq, 1.0f, Pd, t1, dy + oy, g.C, 1.0f, out.p[2] + ov, g.ldv);
+          gemm_one(true, false, t1, hs, tq, 1.0f, P, t1, dyk + oy, g.C, 1.0f, out.p[2] + ov, g.ldv);
         }
       }
     }

@@ -41,8 +41,9 @@ struct Mapped {
   }
 };
 
-// The pointer arrays on CUDA: three per queued product, this many pointers
-// in all. Host backends need none.
+// The pointer arrays of a queue: three per queued product, this many
+// pointers in all (written on every backend; cuBLAS reads them on a GPU, the
+// host's loop on a host).
 // (Addresses as integers: a View's element type cannot be a pointer.)
 struct MappedScratch {
   View1<std::uintptr_t> pointers;
@@ -93,17 +94,5 @@ class MappedQueue {
   int n_ = 0;
   index_t used_ = 0;  // pointers the queued products need
 };
-
-// One product, issued at once.
-template <class T>
-void gemm_mapped(const ExecSpace& space, bool tf32, const MappedProduct<T>& p, const MappedScratch& scratch);
-
-namespace host {
-// One product on the calling thread (row-major, lda/ldb/ldc the row strides).
-void gemm_one(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* A,
-              std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc);
-void gemm_one(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, double alpha, const double* A,
-              std::int64_t lda, const double* B, std::int64_t ldb, double beta, double* C, std::int64_t ldc);
-}  // namespace host
 
 }  // namespace gnh::kernels

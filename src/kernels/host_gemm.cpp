@@ -31,6 +31,9 @@ extern "C" {
 void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k, const float* alpha,
             const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c, const int* ldc)
     __attribute__((weak));
+void dgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k, const double* alpha,
+            const double* a, const int* lda, const double* b, const int* ldb, const double* beta, double* c,
+            const int* ldc) __attribute__((weak));
 void openblas_set_num_threads(int threads) __attribute__((weak));
 int openblas_get_num_threads(void) __attribute__((weak));
 }
@@ -490,6 +493,51 @@ bool sgemm_panel(GemmKernel kernel, const Panel& p, bool ta, bool tb, std::int64
   return sgemm_using(kernel, ta, tb, p.m, p.n, k, alpha, Ap, lda, Bp, ldb, beta, C + p.i0 * ldc + p.j0, ldc);
 }
 
+namespace {
+// Row-major C = alpha op(A) op(B) + beta C in plain loops (the order of
+// additions: p = 0..k-1 for each element).
+template <class T>
+void gemm_loops(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* A, std::int64_t lda,
+                const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      T s = T(0);
+      for (std::int64_t p = 0; p < k; ++p)
+        s += (ta ? A[p * lda + i] : A[i * lda + p]) * (tb ? B[j * ldb + p] : B[p * ldb + j]);
+      T& c = C[i * ldc + j];
+      c = beta == T(0) ? alpha * s : alpha * s + beta * c;
+    }
+}
+}  // namespace
+
+void gemm_one(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* A,
+              std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (native_kernel() != GemmKernel::none &&
+      sgemm_using(native_kernel(), ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc))
+    return;
+  vendor_single_threaded();
+  if (sgemm_vendor(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc)) return;
+  gemm_loops(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void gemm_one(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, double alpha, const double* A,
+              std::int64_t lda, const double* B, std::int64_t ldb, double beta, double* C, std::int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  constexpr std::int64_t big = std::int64_t(1) << 31;
+  if (dgemm_ && std::max({m, n, k, lda, ldb, ldc}) < big) {
+    vendor_single_threaded();
+    // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
+    const int mi = int(n), ni = int(m), ki = int(k), la = int(std::max<std::int64_t>(1, ldb)),
+              lb = int(std::max<std::int64_t>(1, lda)), lc = int(std::max<std::int64_t>(1, ldc));
+    const char oa = tb ? 'T' : 'N', ob = ta ? 'T' : 'N';
+    if (k > 0) {
+      dgemm_(&oa, &ob, &mi, &ni, &ki, &alpha, B, &la, A, &lb, &beta, C, &lc);
+      return;
+    }
+  }
+  gemm_loops(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+}
 }  // namespace gnh::kernels::host
 
 namespace gnh {

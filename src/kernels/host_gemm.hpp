@@ -76,4 +76,14 @@ bool sgemm_using(GemmKernel kernel, bool trans_a, bool trans_b, std::int64_t m, 
                  float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
                  std::int64_t ldc);
 
+// One product on the calling thread (row-major, lda/ldb/ldc the row strides),
+// whatever the dense GEMMs use: gnh's kernel for this CPU, else the vendor
+// BLAS on one thread (Arm; GNH_HOST_GEMM=vendor pins it), else plain loops;
+// for double the vendor's dgemm where the link has one, else the loops. The
+// callers (attention's host tiles, the mapped batches) are gnh's threads.
+void gemm_one(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* A,
+              std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc);
+void gemm_one(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, double alpha, const double* A,
+              std::int64_t lda, const double* B, std::int64_t ldb, double beta, double* C, std::int64_t ldc);
+
 }  // namespace gnh::kernels::host

@@ -19,6 +19,7 @@
 //                                --directions, Rademacher seed 1234) by both methods
 //          --adjoint-cuts auto|0|1   the second-order forward's adjoint cuts (default auto)
 //          --head-tile ROWS,VOCAB    the LM head's logits tile (default: the plan's)
+//          --attention-sequences N   the batched attention's sequences per chunk (default: the plan's)
 //          --profile             after the timed repeats, one more run of each pass with
 //                                every kernel and region fenced and timed by label
 //          --gpu-shaped          the GPU's kernels and tiles on this backend (Shape::gpu_shaped:
@@ -30,6 +31,14 @@
 //                                another program (perf/device/torch_seed.py)
 //          --dump-batch B        sequences of tokens to dump (synthetic; default --batch)
 //          --inject-slowdown F   stretch every timed run by F (tests of perf/compare.py)
+//          --predict h200        predict the gradient and the second-order forward (bf16-amp, K of
+//                                --directions, else 16) on one H200, per batch, epoch and label, from
+//                                the GPU-shaped path run here on a miniature of the shape (below);
+//                                the last line: "predicted h200: gradient X s/epoch, second-order
+//                                K=16 bf16-amp Y s/direction, launches per pass N"
+//          --predict-scale S     the miniature's scale (a power of two; default the largest up to 32
+//                                that divides the context and widths; 1: the shape itself)
+//          --epoch-tokens N      tokens of a full epoch (default 10,202,112, SPEC §9's)
 //
 // --family: the synthetic model at the preset's sizes in that family, as
 // perf/side_by_side.py's family_config: Llama with n_head/2 key/value heads and a
@@ -71,6 +80,7 @@
 #include "kernels/host_gemm.hpp"
 #include "model/gpt.hpp"
 #include "model/layout.hpp"
+#include "cost_model.hpp"
 #include "kernel_profile.hpp"
 #ifdef GNH_BENCH_WITH_IO
 #include "io/checkpoint.hpp"
@@ -91,13 +101,18 @@ struct Options {
   int repeats = 3;
   int adjoint_cuts = -1;                  // Shape::adjoint_cuts
   index_t head_rows = 0, head_vocab = 0;  // Shape::head_chunk_rows, head_chunk_vocab
+  index_t attention_sequences = 0;        // Shape::attention_sequences
   bool validation = false;
   bool plan_only = false;
   bool profile = false;
   bool gpu_shaped = false;
   bool probe = true;
   std::string dump;
-  index_t dump_batch = 0;  // sequences of tokens.i32 (0: --batch)
+  index_t dump_batch = 0;          // sequences of tokens.i32 (0: --batch)
+  std::string predict;             // --predict: the GPU whose time to predict
+  int predict_scale = 0;           // the miniature's scale (0: the largest up to 32)
+  double epoch_tokens = 10202112;  // a full epoch (SPEC §9's reference run)
+  bool precision_given = false, directions_given = false;
   bool has(const std::string& p) const { return std::find(passes.begin(), passes.end(), p) != passes.end(); }
 };
 
@@ -242,6 +257,8 @@ std::vector<std::int32_t> synthetic_ids(index_t n, int vocab) {
   return ids;
 }
 
+Model synthetic_model(const ModelConfig& cfg, index_t B, index_t T);
+
 Model synthetic(const std::string& spec, index_t B, index_t& T, const std::string& family = "nanogpt") {
   static const std::map<std::string, std::vector<int>> presets = {
       // n_layer, n_head, n_embd, vocab, context (as perf/side_by_side.py)
@@ -282,6 +299,13 @@ Model synthetic(const std::string& spec, index_t B, index_t& T, const std::strin
   } else if (family != "nanogpt") {
     throw Error("--family: expected nanogpt, llama or gpt-neox, got '" + family + "'");
   }
+  return synthetic_model(m.config, B, T);
+}
+
+// The synthetic weights and tokens of a model of this configuration.
+Model synthetic_model(const ModelConfig& cfg, index_t B, index_t T) {
+  Model m;
+  m.config = cfg;
   m.config.validate("--synthetic");
   const ParamLayout layout(m.config);
   m.params.assign(std::size_t(layout.size()), 0.0);
@@ -317,6 +341,7 @@ Shape shape_of(const Options& o, index_t context, bool reverse, int K = 0, bool 
   s.adjoint_cuts = o.adjoint_cuts;
   s.head_chunk_rows = o.head_rows;
   s.head_chunk_vocab = o.head_vocab;
+  s.attention_sequences = o.attention_sequences;
   s.bf16 = o.policy == Precision::bf16_amp;
   s.tf32 = o.policy == Precision::tf32;
   s.gpu_shaped = o.gpu_shaped || !std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value;
@@ -655,6 +680,220 @@ void run(const Options& o) {
   std::fputs(js.str().c_str(), stdout);
 }
 
+// --predict: a pass's time on a GPU, from the GPU-shaped path run on this
+// backend at a miniature of the shape (perf/cost_model.hpp). The miniature
+// is the model with every scalable extent s times smaller (the context, the
+// embedding, the heads' width, the MLP's, the vocabulary), the same batch,
+// layers, heads and directions, and the full shape's plan imposed where a
+// plan counts extents: its attention chunks, head tiles, bf16 operand chunks
+// and adjoint cuts. It then issues the full shape's launches, label by
+// label, and s^3 times fewer GEMM FLOPs and s^d times fewer bytes spanning d
+// extents (kernels/gemm_ledger.hpp), so that it is the full pass's work, at
+// a cost of about 1/s^2 of it. --predict-scale 1 runs the shape itself.
+struct Recorded {
+  std::vector<perf::LabelTime> labels;
+  kernels::GemmWork work;
+};
+
+template <class F>
+Recorded record(F&& pass) {
+  perf::KernelProfile p;
+  kernels::GemmWork& w = kernels::gemm_work();
+  w = kernels::GemmWork();
+  w.on = true;
+  p.start();
+  pass();
+  Recorded r{p.stop(), {}};
+  w.on = false;
+  r.work = w;
+  return r;
+}
+
+struct Miniature {
+  ModelConfig config;
+  Shape shape;
+};
+
+// Whether extents all divide by s, and the rotary dims scale with them.
+bool scalable(const ModelConfig& c, index_t T, int s) {
+  const int hs = c.head_size();
+  if (T % s || c.n_embd % s || hs % s || c.mlp_width() % s || c.vocab_size % s) return false;
+  ModelConfig m = c;
+  m.n_embd /= s;
+  if (c.head_dim > 0) m.head_dim /= s;
+  if (m.head_size() * s != hs) return false;
+  return m.rotary_dims() * s == c.rotary_dims();
+}
+
+// The largest power of two up to `most` that scales this model (1 at least).
+int miniature_scale(const ModelConfig& c, index_t T, int most) {
+  int s = 1;
+  while (2 * s <= most && scalable(c, T, 2 * s)) s *= 2;
+  return s;
+}
+
+Miniature miniature_of(const ModelConfig& c, const Shape& full, int s) {
+  if (!scalable(c, full.context, s))
+    throw Error("--predict-scale " + std::to_string(s) +
+                ": the context, widths and vocabulary of this model do not all divide by it");
+  Miniature m{c, full};
+  m.config.n_embd /= s;
+  if (c.head_dim > 0) m.config.head_dim /= s;
+  if (c.intermediate > 0) m.config.intermediate /= s;
+  m.config.vocab_size /= s;
+  m.config.block_size = int(full.context / s);
+  m.shape.context = full.context / s;
+  m.shape.attention_sequences = attention_chunk_sequences(c, full);
+  m.shape.adjoint_cuts = adjoint_cuts_of(c, full) ? 1 : 0;
+  const GptTiles t = gpt_tiles(c, full);
+  const index_t N = full.batch * full.context, n = N / s;
+  const index_t tiles = (N + t.logits_rows - 1) / t.logits_rows;
+  m.shape.head_chunk_rows = (n + tiles - 1) / tiles;
+  if ((n + m.shape.head_chunk_rows - 1) / m.shape.head_chunk_rows != tiles)
+    throw Error("--predict-scale " + std::to_string(s) + ": " + std::to_string(n) +
+                " rows cannot make the full shape's " + std::to_string(tiles) + " head tiles; take a smaller scale");
+  if (full.bf16) m.shape.bf16_chunk = t.bf16_chunk / (index_t(s) * s);
+  return m;
+}
+
+// One run of the pass (the gradient, or the second-order forward along K
+// directions) on the miniature, recorded.
+Recorded run_miniature(const Miniature& mini) {
+  using T = float;
+  const ExecSpace space;
+  const index_t B = mini.shape.batch, Tc = mini.shape.context;
+  const Model model = synthetic_model(mini.config, B, Tc);
+  const index_t P = ParamLayout(mini.config).size();
+  View1<T> params("params", P);
+  {
+    auto h = Kokkos::create_mirror_view(params);
+    for (index_t i = 0; i < P; ++i) h(i) = static_cast<T>(model.params[std::size_t(i)]);
+    Kokkos::deep_copy(params, h);
+  }
+  View2<std::int32_t> tokens("tokens", B, Tc), targets("targets", B, Tc);
+  {
+    auto ht = Kokkos::create_mirror_view(tokens);
+    auto hg = Kokkos::create_mirror_view(targets);
+    for (index_t b = 0; b < B; ++b)
+      for (index_t t = 0; t < Tc; ++t) {
+        ht(b, t) = model.ids[std::size_t(b * Tc + t)];
+        hg(b, t) = model.ids[std::size_t(b * Tc + t + 1)];
+      }
+    Kokkos::deep_copy(tokens, ht);
+    Kokkos::deep_copy(targets, hg);
+  }
+  Gpt<T> engine(mini.config, mini.shape);
+  if (mini.shape.directions == 0) {
+    View1<T> grad("grad", P);
+    return record([&] { engine.gradient(space, params, tokens, targets, grad); });
+  }
+  View2<T> dirs("dirs", mini.shape.directions, P);
+  fill_rademacher<T>(space, dirs, 1234, 0);
+  return record([&] { engine.second_order(space, params, dirs, tokens, targets); });
+}
+
+// Kokkos's fills, whatever their rank (and a memset on a GPU), as one label.
+std::string cost_label(const std::string& label) {
+  return label.rfind("Kokkos::ViewFill", 0) == 0 ? "Kokkos::ViewFill" : label;
+}
+
+struct PassPrediction {
+  std::string json;
+  double seconds = 0;
+  long device_launches = 0;
+};
+
+PassPrediction predict_pass(const std::string& name, const Recorded& r, double s, const perf::Ceilings& c,
+                            double batches, double per) {
+  std::map<std::string, long> launches;
+  long kokkos = 0;
+  for (const perf::LabelTime& l : r.labels) {
+    if (l.device_launches > 0) launches[cost_label(l.label)] += l.device_launches;
+    kokkos += l.kernels;
+  }
+  for (const auto& [label, w] : r.work.labels) launches.emplace(cost_label(label), 0L);
+  std::map<std::string, kernels::LabelWork> work;
+  for (const auto& [label, w] : r.work.labels) {
+    kernels::LabelWork& t = work[cost_label(label)];
+    t.tensor += w.tensor, t.fp32 += w.fp32, t.fp64 += w.fp64;
+    for (int d = 0; d < kernels::kScaledDims; ++d) t.bytes[std::size_t(d)] += w.bytes[std::size_t(d)];
+    for (const auto& [k, n] : w.products) t.products[k] += n;
+  }
+  std::vector<perf::LabelCost> costs;
+  PassPrediction p;
+  double tensor = 0, fp32 = 0, fp64 = 0, bytes = 0;
+  for (const auto& [label, n] : launches) {
+    costs.push_back(perf::label_cost(label, n, work[label], s, c));
+    const perf::LabelCost& l = costs.back();
+    p.seconds += l.seconds();
+    p.device_launches += l.launches;
+    tensor += l.tensor, fp32 += l.fp32, fp64 += l.fp64, bytes += l.bytes;
+  }
+  std::sort(costs.begin(), costs.end(),
+            [](const perf::LabelCost& a, const perf::LabelCost& b) { return a.seconds() > b.seconds(); });
+  std::ostringstream js;
+  js.precision(17);  // exact counts: a miniature's scaled work compares equal to the pass's
+  js << "{\"pass\": \"" << name << "\", \"seconds_per_batch\": " << p.seconds << ", \"batches_per_epoch\": " << batches
+     << ", \"seconds_per_epoch\": " << p.seconds * batches
+     << ", \"seconds_per_epoch_direction\": " << p.seconds * batches / per
+     << ", \"device_launches\": " << p.device_launches
+     << ", \"launch_share\": " << double(p.device_launches) * c.launch / p.seconds
+     << ", \"launch_budget\": " << perf::kLaunchShare << ", \"kokkos_kernels\": " << kokkos
+     << ", \"gemm_flops\": {\"tensor\": " << tensor << ", \"fp32\": " << fp32 << ", \"fp64\": " << fp64
+     << "}, \"bytes\": " << bytes << ", \"labels\": [";
+  for (std::size_t i = 0; i < costs.size(); ++i) {
+    const perf::LabelCost& l = costs[i];
+    js << (i ? ", " : "") << "{\"label\": \"" << l.label << "\", \"seconds\": " << l.seconds()
+       << ", \"launches\": " << l.launches << ", \"tensor\": " << l.tensor << ", \"fp32\": " << l.fp32
+       << ", \"fp64\": " << l.fp64 << ", \"bytes\": " << l.bytes << ", \"compute_s\": " << l.compute_s
+       << ", \"memory_s\": " << l.memory_s << ", \"launch_s\": " << l.launch_s << "}";
+  }
+  js << "]}";
+  p.json = js.str();
+  return p;
+}
+
+void predict(const Options& o) {
+  if (o.predict != "h200") throw Error("--predict: the cost model knows h200, not '" + o.predict + "'");
+  index_t Tc = o.context;
+  const Model full = synthetic(o.synthetic.empty() ? "reference" : o.synthetic, 1, Tc, o.family);
+  const ModelConfig& c = full.config;
+  const perf::Ceilings ceilings = perf::h200();
+  const int s = o.predict_scale > 0 ? o.predict_scale : miniature_scale(c, Tc, 32);
+  const index_t B = o.batch;
+  const double batches = std::ceil(o.epoch_tokens / double(B * Tc));
+  // The gradient at --precision where given, else TF32 (the FP32 class's
+  // tensor-core policy); the second-order forward under bf16-amp at K (16
+  // unless --directions gives it).
+  Options og = o;
+  og.gpu_shaped = true;
+  og.policy = o.precision_given ? o.policy : Precision::tf32;
+  const Shape gs = shape_of(og, Tc, true);
+  const Recorded rg = run_miniature(miniature_of(c, gs, s));
+  const PassPrediction pg = predict_pass("gradient", rg, s, ceilings, batches, 1.0);
+  Options os = o;
+  os.gpu_shaped = true;
+  os.policy = Precision::bf16_amp;
+  const int K = o.directions_given ? o.K.front() : 16;
+  const Shape ss = shape_of(os, Tc, false, K, true);
+  const Recorded rs = run_miniature(miniature_of(c, ss, s));
+  const PassPrediction ps = predict_pass("second-order", rs, s, ceilings, batches, double(K));
+  const std::string gp = og.policy == Precision::tf32 ? "tf32" : o.precision;
+  std::printf(
+      "{\"predict\": \"%s\", \"model\": \"%s\", \"family\": \"%s\", \"batch\": %ld, \"seq_len\": %ld, "
+      "\"epoch_tokens\": %.0f, \"scale\": %d, \"execution_space\": \"%s\",\n \"ceilings\": {\"bf16\": %g, "
+      "\"tf32\": %g, \"fp32\": %g, \"fp64\": %g, \"copy\": %g, \"memory\": %g, \"launch\": %g, "
+      "\"sms\": %d},\n \"gradient\": {\"precision\": \"%s\", \"prediction\": %s},\n \"second_order\": {\"K\": %d, "
+      "\"precision\": \"bf16-amp\", \"adjoint_cuts\": %s, \"prediction\": %s}}\n",
+      o.predict.c_str(), o.synthetic.empty() ? "reference" : o.synthetic.c_str(), o.family.c_str(), long(B), long(Tc),
+      o.epoch_tokens, s, ExecSpace::name(), ceilings.bf16, ceilings.tf32, ceilings.fp32, ceilings.fp64, ceilings.copy,
+      ceilings.memory, ceilings.launch, ceilings.sms, gp.c_str(), pg.json.c_str(), K,
+      adjoint_cuts_of(c, ss) ? "true" : "false", ps.json.c_str());
+  std::printf(
+      "predicted %s: gradient %.3g s/epoch, second-order K=%d bf16-amp %.3g s/direction, launches per pass %ld\n",
+      o.predict.c_str(), pg.seconds * batches, K, ps.seconds * batches / K, ps.device_launches);
+}
+
 // The workspace each pass's engine plans (allocated without being touched).
 template <class T>
 void plan(const Options& o) {
@@ -701,7 +940,11 @@ int main(int argc, char** argv) {
       if (a == "--context") o.context = std::stol(next());
       else if (a == "--batch") o.batch = std::stol(next());
       else if (a == "--repeats") o.repeats = std::stoi(next());
-      else if (a == "--precision") o.precision = next();
+      else if (a == "--precision") o.precision = next(), o.precision_given = true;
+      else if (a == "--predict") o.predict = next();
+      else if (a == "--attention-sequences") o.attention_sequences = std::stol(next());
+      else if (a == "--predict-scale") o.predict_scale = std::stoi(next());
+      else if (a == "--epoch-tokens") o.epoch_tokens = std::stod(next());
       else if (a == "--synthetic") o.synthetic = next();
       else if (a == "--family") o.family = next();
       else if (a == "--validation") o.validation = true;
@@ -724,6 +967,7 @@ int main(int argc, char** argv) {
       else if (a == "--methods") o.methods = split(next());
       else if (a == "--passes") o.passes = split(next());
       else if (a == "--directions") {
+        o.directions_given = true;
         o.K.clear();
         for (const std::string& k : split(next())) o.K.push_back(std::stoi(k));
       } else pos.push_back(a);
@@ -756,6 +1000,10 @@ int main(int argc, char** argv) {
     o.tokens = pos[1];
   }
   try {
+    if (!o.predict.empty()) {
+      predict(o);
+      return 0;
+    }
     if (o.plan_only) {
       if (o.policy == Precision::fp64) plan<double>(o);
       else plan<float>(o);

@@ -56,6 +56,9 @@ bool g_recording = false;
 
 // A GEMM entry point's region (kernels/blas.hpp, gemm_mapped.cpp): one library call.
 bool gemm_region(const std::string& label) { return label.rfind("gnh::gemm", 0) == 0; }
+// bf16-amp's operand copies (kernels/blas.hpp): kernels of their own on a GPU
+// too, before the library call, the same copies on every backend.
+bool bf16_copy(const std::string& label) { return label == "gnh::gemm::round_bf16" || label == "gnh::gemm::to_bf16"; }
 bool inside_gemm() {
   for (const Open& o : g_stack)
     if (!o.kernel && gemm_region(o.label)) return true;
@@ -77,7 +80,9 @@ void close() {
   l.label = o.label;
   l.seconds += elapsed - o.nested;
   l.launches += 1;
-  if ((o.kernel || gemm_region(o.label)) && !inside_gemm()) l.device_launches += 1;
+  if (o.kernel) l.kernels += 1;
+  if ((o.kernel || gemm_region(o.label)) && (!inside_gemm() || (o.kernel && bf16_copy(o.label))))
+    l.device_launches += 1;
   if (!g_stack.empty()) g_stack.back().nested += elapsed;
 }
 

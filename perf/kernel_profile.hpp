@@ -40,10 +40,12 @@ struct LabelTime {
   long launches = 0;
   // What a GPU launches of it: a kernel, or a GEMM entry point's region (one
   // library call), not nested in a GEMM entry point (whose host loops,
-  // panels and bf16 roundings are the library's business); other regions 0.
-  // bf16-amp's operand copies, launches on a GPU, run nested on a host and
-  // are not counted.
+  // panels are the library's business), or one of bf16-amp's operand copies
+  // (kernels of their own before the call, on every backend); other regions 0.
   long device_launches = 0;
+  // Kernels alone (parallel_for, _reduce, _scan), nested or not: what a
+  // Kokkos Tools library's kernel callbacks count.
+  long kernels = 0;
 };
 
 class KernelProfile {

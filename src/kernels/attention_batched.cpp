@@ -2,6 +2,8 @@
 // Attention as batched GEMMs and row kernels; see attention_batched.hpp.
 #include "kernels/attention_batched.hpp"
 
+#include "kernels/gemm_ledger.hpp"
+
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -221,6 +223,7 @@ Act2<T> rounded_rows(const ExecSpace& space, const Act2<T>& a, index_t r0, index
                      T*& cursor) {
   const index_t cols = a.cols();
   using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>, Kokkos::IndexType<index_t>>;
+  Traffic("gnh::attention::batched::round_bf16").add(double(planes * n * cols), 2 * sizeof(T), 2);
   Kokkos::parallel_for("gnh::attention::batched::round_bf16", Policy(space, {0, 0, 0}, {planes, n, cols}),
                        RoundRows<T>{a, cursor, r0, n, cols, K});
   Act2<T> r;
@@ -297,6 +300,11 @@ void forward_chunk(const Products<T>& mm, const Chunk<T>& c, const Act2<T>& y, c
     }
   }
   mm.q.flush();
+  // Each plane's scores read and its probabilities written; lse per row.
+  const index_t planes = attention_score_planes(false, tangents, second, c.K), rows = c.Bc * c.L.H * Tc;
+  Traffic("gnh::attention::batched::softmax")
+      .add(double(planes * rows * Tc), 2 * sizeof(T), 2)
+      .add(double(rows), sizeof(T), 1);
   Kokkos::parallel_for("gnh::attention::batched::softmax", Team(mm.space(), c.Bc * c.L.H * Tc, kScoreTeam),
                        ForwardRows<T>{c.scores, c.PE, Tc, c.K, c.b0 * c.L.H * Tc, tangents, second, c.bf16, lse});
   mm(false, false, Tc, hs, Tc, T(1), P0, V0, T(0), c.heads(y, 0), e1);
@@ -430,6 +438,13 @@ void attention_reverse_batched(const ExecSpace& space, QkvActs<base_t<S>> dx, Ac
     const Chunk<T> c = chunk_of(space, L, B, Tc, K, b0, std::min(Bc, B - b0), scratch, x, dy, bf16, 1 + K);
     reverse_scores(mm, c, tangents);
     queue.flush();
+    // The probabilities and their adjoints read, the scores' adjoints
+    // written, in each plane; lse and D per row; dy and y of the heads.
+    const index_t planes = attention_score_planes(true, tangents, false, K), rows = c.Bc * L.H * Tc;
+    Traffic("gnh::attention::batched::softmax_reverse")
+        .add(double(planes * rows * Tc), 3 * sizeof(T) / 2, 2)
+        .add(double(2 * rows), sizeof(T), 1)
+        .add(double(2 * (1 + K) * c.Bc * Tc * L.H * L.hs), sizeof(T), 2);
     Kokkos::parallel_for("gnh::attention::batched::softmax_reverse", Team(space, c.Bc * L.H * Tc, kScoreTeam),
                          ReverseRows<T>{c.scores, c.PE, Tc, L.H, L.hs, K, b0 * L.H * Tc, b0 * Tc, tangents, c.bf16,
                                         scale, lse, D, dy, y});

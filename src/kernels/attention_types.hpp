@@ -3,6 +3,7 @@
 // buffers, which kernels it takes, and the batched path's working memory
 // (attention.hpp, attention_batched.hpp).
 #pragma once
+#include <algorithm>
 #include "core/planes.hpp"
 #include "kernels/gemm_mapped.hpp"
 
@@ -46,9 +47,15 @@ struct AttentionScratch {
   // bf16-amp: the chunk's q, k, v (and the reverse's dy) rounded to bfloat16,
   // every plane the call reads (attention_operand_values per sequence).
   View1<T> operands;
+  // The most sequences a chunk takes (0: as many as the score planes hold):
+  // the owner's plan, for which it sized the operands and pointer arrays.
+  // Without it a call of fewer planes (a reverse engine's forward) would
+  // take chunks of more sequences than those were sized for.
+  index_t max_sequences = 0;
   // Sequences per chunk for this many planes of H Tc^2 values (0: none fit).
   index_t sequences(index_t planes, index_t H, index_t Tc) const {
-    return index_t(scores.extent(0)) / (planes * H * Tc * Tc);
+    const index_t fit = index_t(scores.extent(0)) / (planes * H * Tc * Tc);
+    return max_sequences > 0 ? std::min(fit, max_sequences) : fit;
   }
 };
 

@@ -166,23 +166,56 @@ template <class T>
 Span2<const T> rounded_copy(const ExecSpace& space, Span2<const T> src, index_t r0, index_t rows, T* dst) {
   const index_t cols = src.extent(1);
   const T* s = src.data() + r0 * cols;
+  // As the GPU's copy moves it: T read, a bfloat16 written.
+  Traffic("gnh::gemm::round_bf16").add(double(rows * cols), sizeof(T) + 2, 2);
   Kokkos::parallel_for(
       "gnh::gemm::round_bf16", range(space, rows * cols),
       KOKKOS_LAMBDA(const index_t i) { dst[i] = round_bf16(s[i]); });
   return Span2<const T>(dst, rows, cols);
 }
 
-// Rows of A per chunk under bf16-amp (gemm and gemm_batched): the policy's
-// chunk_elements over the wider of A's and B's rows, at least one; scratch_a
-// must hold one chunk of A's rows, else the owner sized it wrong.
+// Rows of A per chunk under bf16-amp (gemm and gemm_batched): A's rows in
+// equal chunks (the last one shorter), as few as keep a chunk of rows of the
+// wider of A and B within the policy's chunk_elements but for one row. The
+// count of chunks, ceil(rows w / chunk_elements), depends on the product
+// rows w alone, so a model s times narrower and shorter with chunk_elements
+// s^2 times smaller makes as many (bench_engine --predict's miniature).
+// scratch_a must hold one chunk of A's rows, else the owner sized it wrong.
 template <class T>
 index_t bf16_chunk_rows(const GemmPolicy<T>& pol, Span2<const T> A, Span2<const T> B, const char* who) {
   const index_t rows = A.extent(0), cols = A.extent(1);
-  const index_t chunk =
-      std::max<index_t>(1, pol.chunk_elements / std::max<index_t>(1, std::max<index_t>(cols, B.extent(1))));
+  const index_t w = std::max<index_t>(1, std::max<index_t>(cols, B.extent(1)));
+  const index_t per = std::max<index_t>(1, pol.chunk_elements);
+  const index_t chunks = std::max<index_t>(1, (rows * w + per - 1) / per);
+  const index_t chunk = std::max<index_t>(1, (rows + chunks - 1) / chunks);
   if (pol.scratch_a.extent(0) < std::size_t(std::min(rows, chunk) * cols))
     throw std::logic_error(std::string(who) + ": bf16 scratch too small");
   return chunk;
+}
+
+// Rows r0 .. r0 + rows - 1 of `count` operands of `cols` columns, operand i
+// at src + i src_stride, rounded to bfloat16 side by side into dst (operand i
+// at dst + i dst_stride): one launch for the group's operands. D is T (the
+// host: rounded values) or std::uint16_t (CUDA: bfloat16 storage).
+template <class T, class D>
+struct RoundedCopies {
+  const T* src;
+  D* dst;
+  index_t src_stride, dst_stride, cols, r0, n;
+  KOKKOS_INLINE_FUNCTION void operator()(const index_t i, const index_t e) const {
+    const T x = src[i * src_stride + r0 * cols + e];
+    if constexpr (std::is_same_v<D, std::uint16_t>) dst[i * dst_stride + e] = bf16_bits(x);
+    else dst[i * dst_stride + e] = round_bf16(x);
+  }
+};
+template <class T, class D>
+void rounded_copies(const ExecSpace& space, const char* label, const T* src, index_t src_stride, index_t cols,
+                    index_t r0, index_t rows, index_t count, D* dst, index_t dst_stride) {
+  // As the GPU's copy moves them: T read, a bfloat16 written.
+  Traffic(label).add(double(count * rows * cols), sizeof(T) + 2, 2);
+  using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<index_t>>;
+  Kokkos::parallel_for(label, Policy(space, {0, 0}, {count, rows * cols}),
+                       RoundedCopies<T, D>{src, dst, src_stride, dst_stride, cols, r0, rows});
 }
 }  // namespace detail
 
@@ -196,6 +229,7 @@ Span2<const std::uint16_t> bf16_copy(const ExecSpace& space, Span2<const T> src,
   static_assert(std::is_same_v<T, float>, "bfloat16 operands come from float");
   const index_t cols = src.extent(1);
   const T* s = src.data() + r0 * cols;
+  Traffic("gnh::gemm::to_bf16").add(double(rows * cols), sizeof(T) + 2, 2);
   Kokkos::parallel_for(
       "gnh::gemm::to_bf16", range(space, rows * cols), KOKKOS_LAMBDA(const index_t i) { d[i] = bf16_bits(s[i]); });
   return Span2<const std::uint16_t>(d, rows, cols);
@@ -250,7 +284,7 @@ void gemm(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, cons
   const detail::GemmRegion region("gnh::gemm");
   if (gemm_work().on) {
     const detail::ProductShape sh = detail::product_shape("gnh::gemm", ta, tb, A, B, C);
-    record_gemm<T>(pol.tf32 || pol.bf16, sh.m, sh.n, sh.k, 1);
+    record_gemm<T>("gnh::gemm", pol.tf32 || pol.bf16, sh.m, sh.n, sh.k, 1, pol.bf16 ? 2 : sizeof(T));
   }
   if (!pol.bf16) {
 #ifdef GNH_CUBLAS_MATH_MODE
@@ -359,8 +393,6 @@ bool bf16_batched(const ExecSpace& space, const GemmPolicy<T>& pol, const char* 
       // (rounded with the first chunk) for op(A) = A, else its chunk of rows.
       const index_t astep = n * acols, bstep = at ? n * bcols : bsize, brows = at ? n : B.extent(0);
       const T beta_ = at && r0 > 0 ? T(1) : beta;  // op(A) = A^T: C accumulates over the chunks
-      auto a_i = [&](index_t i) { return Span2<const T>(A.data() + (g0 + i) * stride_a, rows, acols); };
-      auto b_i = [&](index_t i) { return Span2<const T>(B.data() + (g0 + i) * stride_b, B.extent(0), bcols); };
       T* const c0 = C.data() + g0 * stride_c + (at ? 0 : r0 * ncols);
       const index_t crows = at ? C.extent(0) : n;
 #ifdef GNH_CUBLAS_MATH_MODE
@@ -372,17 +404,19 @@ bool bf16_batched(const ExecSpace& space, const GemmPolicy<T>& pol, const char* 
 #ifdef GNH_CUBLAS_MATH_MODE
         std::uint16_t* const as = reinterpret_cast<std::uint16_t*>(pol.scratch_a.data());
         std::uint16_t* const bs = reinterpret_cast<std::uint16_t*>(pol.scratch_b.data());
-        for (index_t i = 0; i < na; ++i) bf16_copy(space, a_i(i), r0, n, as + i * astep);
+        rounded_copies(space, "gnh::gemm::to_bf16", A.data() + g0 * stride_a, stride_a, acols, r0, n, na, as, astep);
         if (at || r0 == 0)
-          for (index_t i = 0; i < nb; ++i) bf16_copy(space, b_i(i), at ? r0 : 0, brows, bs + i * bstep);
+          rounded_copies(space, "gnh::gemm::to_bf16", B.data() + g0 * stride_b, stride_b, bcols, at ? r0 : 0, brows, nb,
+                         bs, bstep);
         cublas_gemm_bf16_batched(space, at, bt, at ? acols : n, ncols, at ? n : acols, alpha, as, acols,
                                  na == 1 ? 0 : astep, bs, bcols, nb == 1 ? 0 : bstep, beta_, c0, ncols, stride_c, gn);
 #endif
       } else {
-        for (index_t i = 0; i < na; ++i) rounded_copy(space, a_i(i), r0, n, pol.scratch_a.data() + i * astep);
+        rounded_copies(space, "gnh::gemm::round_bf16", A.data() + g0 * stride_a, stride_a, acols, r0, n, na,
+                       pol.scratch_a.data(), astep);
         if (at || r0 == 0)
-          for (index_t i = 0; i < nb; ++i)
-            rounded_copy(space, b_i(i), at ? r0 : 0, brows, pol.scratch_b.data() + i * bstep);
+          rounded_copies(space, "gnh::gemm::round_bf16", B.data() + g0 * stride_b, stride_b, bcols, at ? r0 : 0, brows,
+                         nb, pol.scratch_b.data(), bstep);
         for (index_t i = 0; i < gn; ++i)
           gemm<T>(space, ta, tb, alpha, Span2<const T>(pol.scratch_a.data() + (na == 1 ? 0 : i * astep), n, acols),
                   Span2<const T>(pol.scratch_b.data() + (nb == 1 ? 0 : i * bstep), brows, bcols), beta_,
@@ -409,7 +443,7 @@ void gemm_batched(const ExecSpace& space, const GemmPolicy<T>& pol, const char* 
   const detail::GemmRegion region("gnh::gemm_batch");
   if (gemm_work().on) {
     const detail::ProductShape sh = detail::product_shape("gnh::gemm_batched", ta, tb, A, B, C);
-    record_gemm<T>(pol.tf32 || pol.bf16, sh.m, sh.n, sh.k, count);
+    record_gemm<T>("gnh::gemm_batch", pol.tf32 || pol.bf16, sh.m, sh.n, sh.k, count, pol.bf16 ? 2 : sizeof(T));
   }
   const GemmWorkPause recorded;  // the products below, one by one on a host, are counted above
 #ifdef GNH_CUBLAS_MATH_MODE

@@ -24,6 +24,7 @@
 
 #include "core/planes.hpp"
 #include "kernels/check.hpp"
+#include "kernels/gemm_ledger.hpp"
 #include "kernels/op.hpp"
 #include "kernels/instances.hpp"
 
@@ -43,6 +44,11 @@ void embedding_forward(const ExecSpace& space, Act2<base_t<S>> x, Span2<const st
   // element: 5% of the second-order forward at K = 16 (Zen 5, preset small).
   using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3, Kokkos::Iterate::Right, Kokkos::Iterate::Right>,
                                        Kokkos::IndexType<index_t>>;
+  // Each plane's rows written and their wte and wpe rows read; the tokens.
+  Traffic("gnh::embedding::forward")
+      .add(double((K + 1) * B * Tc * C), (wpe >= 0 ? 3 : 2) * sizeof(base_t<S>), 2)
+      .add(double(B * Tc), sizeof(std::int32_t), 1);
+  if (x.dd.extent(0) > 0) record_fill(double(x.dd.size()), sizeof(base_t<S>), 2);
   Kokkos::parallel_for(
       "gnh::embedding::forward", Policy(space, {0, 0, 0}, {K + 1, B * Tc, C}),
       KOKKOS_LAMBDA(const index_t q, const index_t n, const index_t c) {
@@ -188,6 +194,12 @@ inline void group_rows_on_device(const ExecSpace& space, Span2<const std::int32_
     throw std::logic_error("gnh::embedding::reverse: token work for " + std::to_string(w.N) + " rows, batch of " +
                            std::to_string(N));
   const Span1<const std::int32_t> tok(tokens.data(), N);
+  // Counts per block of 512 rows and token: they span the rows and the vocabulary.
+  record_fill(double(w.counts.size()), sizeof(std::int32_t), 2);
+  Traffic("gnh::embedding::count_tokens").add(double(N), sizeof(std::int32_t), 1);
+  Traffic("gnh::embedding::token_offsets").add(double(w.counts.size()), 2 * sizeof(std::int32_t), 2);
+  Traffic("gnh::embedding::token_starts").add(double(2 * w.V), sizeof(std::int32_t), 1).add(2, sizeof(std::int32_t), 0);
+  Traffic("gnh::embedding::place_rows").add(double(3 * N), sizeof(std::int32_t), 1);
   Kokkos::deep_copy(space, w.counts, std::int32_t(0));
   Kokkos::parallel_for("gnh::embedding::count_tokens", TeamRange(space, blocks, Kokkos::AUTO), CountTokens{tok, w});
   Kokkos::parallel_for("gnh::embedding::token_offsets", range(space, w.V), TokenOffsets{w, blocks});
@@ -231,7 +243,15 @@ void embedding_reverse(const ExecSpace& space, Grads<base_t<S>> g, Act2<base_t<S
   require_extent("gnh::embedding::reverse", "dx rows", dx.rows(), B * Tc);
   using Policy = TeamRange;
   using Member = typename Policy::member_type;
-  // Positions: team t adds rows b * Tc + t for b = 0, 1, ...
+  // Positions: team t adds rows b * Tc + t for b = 0, 1, ...: each plane's
+  // rows read, the gradient's rows read and written once a row.
+  if (wpe >= 0)
+    Traffic("gnh::embedding::reverse::wpe")
+        .add(double((K + 1) * B * Tc * C), sizeof(base_t<S>), 2)
+        .add(double(2 * (K + 1) * Tc * C), sizeof(base_t<S>), 2);
+  Traffic("gnh::embedding::reverse::wte")
+      .add(double((K + 1) * B * Tc * C), 3 * sizeof(base_t<S>), 2)
+      .add(double(B * Tc), 2 * sizeof(std::int32_t), 1);
   if (wpe >= 0)
     Kokkos::parallel_for(
         "gnh::embedding::reverse::wpe", Policy(space, Tc, Kokkos::AUTO), KOKKOS_LAMBDA(const Member& team) {

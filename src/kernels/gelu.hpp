@@ -13,6 +13,7 @@
 #include "core/gelu_kind.hpp"
 #include "core/planes.hpp"
 #include "kernels/check.hpp"
+#include "kernels/gemm_ledger.hpp"
 #include "kernels/cloned.hpp"
 #include "kernels/host_vec.hpp"
 #include "kernels/op.hpp"
@@ -130,7 +131,11 @@ void gelu_forward_kind(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>
   const index_t L = gelu_chunk(space, NC);
   const T* xv = x.v.data();
   T* yv = y.v.data();
-  if (K == 0) return gelu_value_plane<E, T>(space, xv, yv, NC);
+  if (K == 0) {
+    Traffic("gnh::gelu::forward").add(double(NC), 2 * sizeof(T), 2);
+    return gelu_value_plane<E, T>(space, xv, yv, NC);
+  }
+  Traffic("gnh::gelu::forward::directions").add(double((2 + (second ? 4 : 2) * K) * NC), sizeof(T), 2);
   const T* xd = x.d.data();
   T* yd = y.d.data();
   const T* xdd = second ? x.dd.data() : nullptr;
@@ -162,6 +167,7 @@ void gelu_reverse_kind(const ExecSpace& space, Act2<base_t<S>> dx, Act2<base_t<S
   const index_t L = gelu_chunk(space, NC);
   const T *xv = x.v.data(), *dyv = dy.v.data();
   T* dxv = dx.v.data();
+  Traffic(K == 0 ? "gnh::gelu::reverse" : "gnh::gelu::reverse::directions").add(double((3 + 3 * K) * NC), sizeof(T), 2);
   if (K == 0) {
     Kokkos::parallel_for(
         "gnh::gelu::reverse", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
@@ -235,6 +241,7 @@ void gelu_forward_slope(const ExecSpace& space, Span2<T> y, Span2<T> slope, Span
   require_extent("gnh::gelu::forward_slope", "y cols", y.extent(1), C);
   require_extent("gnh::gelu::forward_slope", "slope rows", slope.extent(0), N);
   require_extent("gnh::gelu::forward_slope", "slope cols", slope.extent(1), C);
+  Traffic("gnh::gelu::forward::slope").add(double(3 * N * C), sizeof(T), 2);
   if (kind == Gelu::erf) detail::gelu_value_slope_kind<true, T>(space, y.data(), slope.data(), x.data(), N * C);
   else detail::gelu_value_slope_kind<false, T>(space, y.data(), slope.data(), x.data(), N * C);
 }
@@ -247,6 +254,7 @@ void gelu_forward_slope_in_place(const ExecSpace& space, Span2<T> y, Span2<T> x_
   const index_t N = x_slope.extent(0), C = x_slope.extent(1);
   require_extent("gnh::gelu::forward_slope_in_place", "y rows", y.extent(0), N);
   require_extent("gnh::gelu::forward_slope_in_place", "y cols", y.extent(1), C);
+  Traffic("gnh::gelu::forward::slope").add(double(3 * N * C), sizeof(T), 2);
   // The same loop as gelu_forward_slope's, its slope over its input: each
   // element is read before it is written, and the compiler's alias check
   // for the vector loop passes equal pointers (measured as fast as distinct ones).
@@ -263,6 +271,7 @@ void gelu_reverse_slope(const ExecSpace& space, Span2<T> dx, Span2<const T> dy, 
   require_extent("gnh::gelu::reverse_slope", "slope rows", slope.extent(0), N);
   T* out = dx.data();
   const T *g = dy.data(), *f1 = slope.data();
+  Traffic("gnh::gelu::reverse::slope").add(double(3 * N * C), sizeof(T), 2);
   Kokkos::parallel_for(
       "gnh::gelu::reverse::slope", range(space, N * C), KOKKOS_LAMBDA(const index_t i) { out[i] = g[i] * f1[i]; });
 }

@@ -101,6 +101,7 @@ void MappedQueue<T>::flush() {
     f.q[j] = q_[j];
     f.first[j + 1] = f.first[j] + 3 * q_[j].e.count();
   }
+  record_traffic("gnh::gemm_mapped::pointers", double(used_ * sizeof(std::uintptr_t)), 0);
   Kokkos::parallel_for("gnh::gemm_mapped::pointers", range(space_, used_), f);
 #ifndef GNH_CUBLAS_MATH_MODE
   space_.fence();
@@ -108,7 +109,7 @@ void MappedQueue<T>::flush() {
   for (int j = 0; j < n_; ++j) {
     // A region per product: what profilers and the launch count see of a library call.
     const detail::GemmRegion region("gnh::gemm_mapped");
-    record_gemm<T>(tf32_, q_[j].m, q_[j].n, q_[j].k, q_[j].e.count());
+    record_gemm<T>("gnh::gemm_mapped", tf32_, q_[j].m, q_[j].n, q_[j].k, q_[j].e.count());
 #ifdef GNH_CUBLAS_MATH_MODE
     cublas_mapped(space_, tf32_, q_[j], scratch_.pointers.data() + f.first[j], q_[j].e.count());
 #else

@@ -14,6 +14,7 @@
 #include "core/planes.hpp"
 #include "kernels/check.hpp"
 #include "kernels/colsum.hpp"
+#include "kernels/gemm_ledger.hpp"
 #include "kernels/op.hpp"
 #include "kernels/rows.hpp"
 #include "kernels/instances.hpp"
@@ -153,6 +154,13 @@ void norm_forward(const ExecSpace& space, const char* const (&label)[2], Act2<ba
   require_extent(label[0], "y rows", y.rows(), N);
   require_extent(label[0], "y cols", y.cols(), C);
   require_extent(label[0], "rstd", rstd.v.extent(0), N);
+  // x read, y written; the row statistics written, and read by the planes of
+  // the directions with x again (a second-order plane beside each).
+  Traffic(label[0]).add(double(2 * N * C), sizeof(T), 2).add(double(2 * N), sizeof(T), 1);
+  if (K > 0)
+    Traffic(label[1])
+        .add(double((1 + 2 * K * (std::is_same<S, Jet2<T>>::value ? 2 : 1)) * N * C), sizeof(T), 2)
+        .add(double(2 * N), sizeof(T), 1);
   for_rows<T>(space, label[0], N, LayerNormValueRow<T, Centred>{y, mean, rstd, x, p, w, b, C, static_cast<T>(eps)},
               rows);
   if constexpr (has_tangents_v<S>)
@@ -168,6 +176,10 @@ void norm_reverse(const ExecSpace& space, const char* const (&label)[2], Act2<ba
   const index_t N = x.rows(), C = x.cols(), K = directions_of<S>(x);
   require_extent(label[0], "dy rows", dy.rows(), N);
   require_extent(label[0], "dx rows", dx.rows(), N);
+  // dy and x read, dx written, in each plane; the statistics read.
+  Traffic(label[0]).add(double(3 * (1 + K) * N * C), sizeof(T), 2).add(double(2 * N), sizeof(T), 1);
+  if (g.v.extent(0) > 0)
+    Traffic(label[1]).add(double(2 * (1 + K) * N * C), sizeof(T), 2).add(double(2 * (1 + K) * C), sizeof(T), 1);
   for_rows<S>(space, label[0], N, LayerNormReverseRow<S, Centred>{dx, dy, x, mean, rstd, p, w, C, K}, rows);
   // Weight and bias: column sums over the rows, deterministic (colsum.hpp);
   // none for an empty g (primal only: the adjoints alone).

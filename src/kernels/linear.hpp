@@ -30,6 +30,7 @@ template <class T>
 void add_bias(const ExecSpace& space, T* y, const T* b, index_t N, index_t out, index_t K = 1, index_t b_stride = 0) {
   using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3, Kokkos::Iterate::Right, Kokkos::Iterate::Right>,
                                        Kokkos::IndexType<index_t>>;
+  Traffic("gnh::linear::bias").add(double(2 * K * N * out), sizeof(T), 2).add(double(K * out), sizeof(T), 1);
   Kokkos::parallel_for(
       "gnh::linear::bias", Policy(space, {0, 0, 0}, {K, N, out}),
       KOKKOS_LAMBDA(const index_t k, const index_t n, const index_t o) {
@@ -42,6 +43,7 @@ void add_bias(const ExecSpace& space, T* y, const T* b, index_t N, index_t out, 
 template <class T>
 void add_colsum(const ExecSpace& space, T* g, const T* dy, index_t N, index_t out, index_t K = 1, index_t g_stride = 0,
                 ColumnShape shape = default_column_shape()) {
+  Traffic("gnh::linear::reverse::bias").add(double(K * N * out), sizeof(T), 2).add(double(2 * K * out), sizeof(T), 1);
   column_sums<T>(
       space, "gnh::linear::reverse::bias", K, N, out,
       KOKKOS_LAMBDA(const index_t k, const index_t n, const index_t o, T& s, T&) { s += dy[(k * N + n) * out + o]; },

@@ -33,6 +33,7 @@
 #include "core/fastmath.hpp"
 #include "core/planes.hpp"
 #include "kernels/blas.hpp"
+#include "kernels/gemm_ledger.hpp"
 #include "kernels/op.hpp"
 #include "kernels/instances.hpp"
 #include "kernels/rows.hpp"
@@ -377,11 +378,20 @@ void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t
       const Act2<T> zc = detail::chunk_view(z, K, nr, vc);
       detail::chunk_logits(space, zc, h, p, w, r0, nr, v0, vc, tangents, pol);
       const bool first = v0 == 0;
+      // The tile's logit planes read and written (exponentials in place, a
+      // second-order plane of them); per row the running statistics.
+      Traffic("gnh::lm_head_xent::forward")
+          .add(double((1 + K + (second ? 1 : 0)) * nr * vc), 2 * sizeof(T), 2)
+          .add(double((2 + K) * nr), 2 * sizeof(T), 1);
       for_rows<T>(space, "gnh::lm_head_xent::forward", nr,
                   detail::HeadChunkRow<S>{loss, lse, zc, mc, stats, targets, r0, v0, vc, K, C, first, keep, gn}, shape);
       if (second) detail::chunk_moments(space, mc, zc.dd.data(), p, w, nr, v0, vc, first, pol);
     }
-    // The rows of this block are complete: lse and the losses.
+    // The rows of this block are complete: lse and the losses (the moments
+    // and h read with the second order).
+    Traffic("gnh::lm_head_xent::forward::finish")
+        .add(double(second ? 2 * (1 + K) * nr * C : 0), sizeof(T), 2)
+        .add(double((3 + K) * nr), 2 * sizeof(T), 1);
     for_rows<T>(space, "gnh::lm_head_xent::forward::finish", nr,
                 detail::HeadFinishRow<S>{loss, lse, h, mc, p, stats, targets, r0, K, C, P, w, keep, gn}, shape);
   }
@@ -422,7 +432,10 @@ void lm_head_xent_reverse(const ExecSpace& space, Act2<base_t<S>> dh, Grads<base
       // these logits (value and tangent planes) in z.
       if (!(logits_current && nr == N && vc == V) && kept.extent(0) == 0)
         detail::chunk_logits(space, zc, h, p, w, r0, nr, v0, vc, tangents, pol);
-      // dz = softmax - onehot, in place.
+      // dz = softmax - onehot, in place, in each plane.
+      Traffic("gnh::lm_head_xent::reverse::softmax")
+          .add(double((1 + K) * nr * vc), 2 * sizeof(T), 2)
+          .add(double(2 * nr), sizeof(T), 1);
       for_rows<T>(space, "gnh::lm_head_xent::reverse::softmax", nr,
                   detail::HeadSoftmaxRow<S>{zc, lse, targets, r0, v0, vc, K, kept, gauss_newton && tangents}, shape);
       const T beta = v0 == 0 ? T(0) : T(1);  // dh sums over the vocabulary chunks

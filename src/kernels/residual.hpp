@@ -6,6 +6,7 @@
 #pragma once
 #include "core/planes.hpp"
 #include "kernels/check.hpp"
+#include "kernels/gemm_ledger.hpp"
 #include "kernels/instances.hpp"
 
 namespace gnh::kernels {
@@ -14,6 +15,7 @@ namespace detail {
 template <class T>
 void add_plane(const ExecSpace& space, const char* label, T* y, const T* a, const T* b, index_t n) {
   if (n == 0) return;
+  Traffic(label).add(double(3 * n), sizeof(T), 2);  // a plane of (rows, C)
   Kokkos::parallel_for(
       label, range(space, n), KOKKOS_LAMBDA(const index_t i) { y[i] = a[i] + b[i]; });
 }

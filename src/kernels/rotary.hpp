@@ -21,6 +21,7 @@
 #include "core/compat.hpp"
 #include "core/planes.hpp"
 #include "kernels/check.hpp"
+#include "kernels/gemm_ledger.hpp"
 #include "kernels/cloned.hpp"
 #include "kernels/op.hpp"
 #include "kernels/instances.hpp"
@@ -60,6 +61,7 @@ void rotate_planes(const ExecSpace& space, const char* label, Act2<base_t<S>> ou
     throw std::invalid_argument(std::string(label) + ": the rotary table is not (T, r)");
   // A task is one segment of one row of one plane: its pairs along the row
   // (contiguous, the table's row alike), then the dims that pass.
+  Traffic(label).add(double(2 * planes * N * width), sizeof(U), 2).add(double(T * r), sizeof(U), 2);
   Kokkos::parallel_for(
       label, range(space, planes * N * segments), cloned(KOKKOS_LAMBDA(const index_t i) {
         const index_t q = i / (N * segments), n = (i / segments) % N, s = i % segments;

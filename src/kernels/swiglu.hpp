@@ -20,6 +20,7 @@
 #include "core/fastmath.hpp"
 #include "core/planes.hpp"
 #include "kernels/check.hpp"
+#include "kernels/gemm_ledger.hpp"
 #include "kernels/cloned.hpp"
 #include "kernels/op.hpp"
 #include "kernels/instances.hpp"
@@ -64,6 +65,7 @@ void swiglu_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x
   const bool second = has_second_v<S>;
   require_extent("gnh::swiglu::forward", "y rows", y.rows(), N);
   require_extent("gnh::swiglu::forward", "x cols (2 F)", x.cols(), 2 * F);
+  Traffic("gnh::swiglu::forward").add(double(3 * (1 + K * (second ? 2 : 1)) * N * F), sizeof(T), 2);
   detail::for_gate_chunks(
       space, "gnh::swiglu::forward", N, F, KOKKOS_LAMBDA(const index_t n, const index_t j0, const index_t m) {
         T silu[detail::kSwigluChunk], s1[detail::kSwigluChunk], s2[detail::kSwigluChunk];
@@ -99,6 +101,7 @@ void swiglu_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Act2<base_t<S>> 
   require_extent("gnh::swiglu::reverse", "dy rows", dy.rows(), N);
   require_extent("gnh::swiglu::reverse", "dx rows", dx.rows(), N);
   require_extent("gnh::swiglu::reverse", "x cols (2 F)", x.cols(), 2 * F);
+  Traffic("gnh::swiglu::reverse").add(double(5 * (1 + K) * N * F), sizeof(T), 2);
   detail::for_gate_chunks(
       space, "gnh::swiglu::reverse", N, F, KOKKOS_LAMBDA(const index_t n, const index_t j0, const index_t m) {
         T silu[detail::kSwigluChunk], s1[detail::kSwigluChunk], s2[detail::kSwigluChunk];

@@ -326,13 +326,11 @@ void Gpt<T>::plan_layers(index_t att_e) {
 template <class T>
 void Gpt<T>::plan_attention() {
   if (att_path_ != kernels::AttentionPath::batched) return;
-  const index_t H = cfg_.n_head, Tc = shape_.context, B = shape_.batch;
+  const index_t H = cfg_.n_head, Tc = shape_.context;
   const bool tan = shape_.directions > 0, sec = shape_.second_order && tan;
   const index_t K = tan ? shape_.directions : 0;
-  const index_t planes = std::max(kernels::attention_score_planes(false, tan, sec, K),
-                                  shape_.reverse ? kernels::attention_score_planes(true, tan, false, K) : index_t(0));
-  const index_t per = planes * H * Tc * Tc;
-  const index_t seqs = std::clamp<index_t>(attention_score_budget(shape_.gpu_shaped, planes) / per, 1, B);
+  const index_t per = attention_planes_per_sequence(cfg_, shape_);
+  const index_t seqs = attention_chunk_sequences(cfg_, shape_);
   const index_t pointers = 3 * kernels::MappedQueue<T>::kMax * std::max<index_t>(1, K) * seqs * H;
   // bf16-amp: the chunk's q, k, v (and dy) rounded, every plane a call reads.
   const index_t A = H * cfg_.head_size(), Akv = index_t(cfg_.kv_heads()) * cfg_.head_size();
@@ -345,6 +343,7 @@ void Gpt<T>::plan_attention() {
     att_scratch_.operands =
         View1<T>(Kokkos::view_alloc("gnh::gpt::att_operands", Kokkos::WithoutInitializing), operands);
   att_scratch_.scores = View1<T>(Kokkos::view_alloc("gnh::gpt::att_scores", Kokkos::WithoutInitializing), seqs * per);
+  att_scratch_.max_sequences = seqs;
   att_scratch_.pointers.pointers = View1<std::uintptr_t>("gnh::gpt::att_pointers", pointers);
 }
 
@@ -507,7 +506,10 @@ LossSum Gpt<T>::forward(const ExecSpace& space, Params<T> p, Span2<const std::in
   // contracted with the input's primal adjoint (into cut_dd_) and the layer
   // takes it as zero.
   const bool cut = std::is_same<S, Jet2<T>>::value && cuts_;
-  if (cut) Kokkos::deep_copy(space, cut_dd_, 0.0);
+  if (cut) {
+    kernels::record_fill(double(cut_dd_.size()), sizeof(double), 1);
+    Kokkos::deep_copy(space, cut_dd_, 0.0);
+  }
   embedding_forward<S>(space, x_in(0), tokens, p, L.wte, L.wpe);
   for (int l = 0; l < cfg_.n_layer; ++l) {
     if (cfg_.family == Family::llama) forward_block_llama<S>(space, p, l, cut);
@@ -536,6 +538,10 @@ template <class T>
 void Gpt<T>::cut_at(const ExecSpace& space, bool cut, const Act2<T>& adj, const Act2<T>& x) {
   if (!cut) return;
   const index_t K = shape_.directions;
+  // Each direction's x'' and the adjoint read; a double a row and direction.
+  kernels::Traffic("gnh::gpt::cut")
+      .add(double((K + 1) * N_ * x.cols()), sizeof(T), 2)
+      .add(double(2 * K * N_), sizeof(double), 1);
   kernels::for_rows<T>(space, "gnh::gpt::cut", K * N_, gpt_detail::CutRow<T>{adj, x, cut_dd_, N_, x.cols()});
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "kernels/attention_types.hpp"
 #include "model/gpt.hpp"
 
 namespace gnh {
@@ -88,10 +89,14 @@ GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape) {
     const index_t G = std::max<index_t>(1, K), F = cfg.mlp_width();
     const index_t A = index_t(cfg.n_head) * cfg.head_size();
     const index_t wide = std::max<index_t>({4 * C, 2 * F, 3 * A});
-    t.bf16_chunk = std::min<index_t>(index_t(1) << 22, N * std::max<index_t>(wide, t.logits_vocab));
-    t.bf16_scratch_a = G * t.bf16_chunk;
+    // A chunk is bf16_chunk elements but for one row of the widest operand
+    // (kernels/blas.hpp, bf16_chunk_rows: equal chunks of rows).
+    const index_t widest = std::max<index_t>(wide, t.logits_vocab);
+    t.bf16_chunk = std::min<index_t>(index_t(1) << 22, N * widest);
+    if (shape.bf16_chunk > 0) t.bf16_chunk = shape.bf16_chunk;
+    t.bf16_scratch_a = G * (t.bf16_chunk + widest);
     const index_t block = std::max<index_t>(wide * C, std::min<index_t>(t.logits_vocab, 4096) * C);
-    t.bf16_scratch_b = std::max(G * std::max(t.bf16_chunk, block), V * C);
+    t.bf16_scratch_b = std::max(G * std::max(t.bf16_chunk + widest, block), V * C);
   }
   return t;
 }
@@ -106,6 +111,21 @@ bool gpu_shaped_from_env() {
 index_t attention_score_budget(bool device, index_t planes) {
   if (!device) return planes * (index_t(1) << 20);
   return std::max(planes * (index_t(1) << 25), index_t(1) << 28);
+}
+
+index_t attention_planes_per_sequence(const ModelConfig& cfg, const Shape& shape) {
+  const bool tan = shape.directions > 0, sec = shape.second_order && tan;
+  const index_t K = tan ? shape.directions : 0;
+  const index_t planes = std::max(kernels::attention_score_planes(false, tan, sec, K),
+                                  shape.reverse ? kernels::attention_score_planes(true, tan, false, K) : index_t(0));
+  return planes * index_t(cfg.n_head) * shape.context * shape.context;
+}
+
+index_t attention_chunk_sequences(const ModelConfig& cfg, const Shape& shape) {
+  if (shape.attention_sequences > 0) return std::min(shape.attention_sequences, shape.batch);
+  const index_t per = attention_planes_per_sequence(cfg, shape);
+  const index_t planes = per / (index_t(cfg.n_head) * shape.context * shape.context);
+  return std::clamp<index_t>(attention_score_budget(shape.gpu_shaped, planes) / per, 1, shape.batch);
 }
 
 std::size_t plan_gpt_bytes(const ModelConfig& cfg, const Shape& shape, std::size_t scalar_bytes) {

@@ -25,8 +25,14 @@ struct Shape {
   int adjoint_cuts = -1;
   index_t head_chunk_rows = 0;   // rows of a logits tile (0: automatic)
   index_t head_chunk_vocab = 0;  // vocabulary entries of a logits tile (0: automatic)
-  bool bf16 = false;             // bf16-amp: matrix-multiply operands rounded to bfloat16 (float only)
-  bool tf32 = false;             // tf32: TF32 tensor-core GEMMs where the backend has them (cuBLAS)
+  // The batched attention's sequences per chunk of score planes (0: as
+  // attention_score_budget allows) and bf16-amp's elements of an operand
+  // rounded per chunk (0: the plan's, GptTiles::bf16_chunk): bench_engine
+  // --predict's miniature takes the full shape's.
+  index_t attention_sequences = 0;
+  index_t bf16_chunk = 0;
+  bool bf16 = false;  // bf16-amp: matrix-multiply operands rounded to bfloat16 (float only)
+  bool tf32 = false;  // tf32: TF32 tensor-core GEMMs where the backend has them (cuBLAS)
   // The GPU's kernels and tiles (the batched attention, the head's whole
   // vocabulary rows): always on a GPU; on a host for bench_engine --predict,
   // which counts the launches of that path.
@@ -80,6 +86,11 @@ GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape);
 // second order at K = 1 (3 planes) 17, in 1.1 GB. On a host 2^20 a plane,
 // where the path serves checks.
 index_t attention_score_budget(bool device, index_t planes);
+// The batched attention's score planes per sequence of an engine of this
+// shape, and its sequences per chunk: Shape::attention_sequences where set,
+// else as many as attention_score_budget allows, at least one, at most the batch.
+index_t attention_planes_per_sequence(const ModelConfig& cfg, const Shape& shape);
+index_t attention_chunk_sequences(const ModelConfig& cfg, const Shape& shape);
 
 // Every buffer an engine whose scalar has `scalar_bytes` bytes (4 or 8)
 // allocates, counted by running its constructor without allocating

@@ -1,0 +1,128 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The cost model of bench_engine --predict: a pass's time on a GPU from what
+// the GPU-shaped path issues, label by label (kernels/gemm_ledger.hpp's work,
+// kernel_profile.hpp's launches), against the GPU's ceilings.
+//
+// A label's time is its launches times a per-launch cost, plus
+//   - for a GEMM entry point, per product shape, the longer of its FLOPs at
+//     the unit's rate times the shape's efficiency and its operands' bytes at
+//     the memory rate (a roofline per shape: the batched attention's T x T x
+//     head-width products are memory-bound on an H200);
+//   - for any other kernel, its bytes at the memory rate.
+// Work recorded by a miniature s times smaller in every scalable extent
+// (gemm_ledger.hpp) is scaled back: each product's m, n and k by s, bytes
+// spanning d extents by s^d.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <string>
+
+#include "kernels/gemm_ledger.hpp"
+
+namespace gnh::perf {
+
+struct Ceilings {
+  std::string name;
+  double bf16 = 0;    // tensor-core FLOP/s with bfloat16 operands
+  double tf32 = 0;    // tensor-core FLOP/s with 4-byte operands (TF32)
+  double fp32 = 0;    // FP32 FLOP/s on the CUDA cores
+  double fp64 = 0;    // FP64 FLOP/s
+  double copy = 0;    // bytes/s read and written by a device-to-device copy
+  double memory = 0;  // the share of `copy` a streaming kernel reaches
+  double launch = 0;  // s a launch costs: issue, and a kernel's ramp and tail
+  int sms = 0;        // multiprocessors
+};
+
+// One H200 (SXM) as measured on this workplace's machines where it was, the
+// datasheet's ratios elsewhere:
+//   - bf16: 788 TFLOP/s measured (8192^3 products on random data, PyTorch,
+//     two machines: 769-798); taken as 790;
+//   - tf32: half of bf16, the datasheet's ratio (495 against 990 dense);
+//   - fp32 and fp64: 90% and 75% of the datasheet's 67 TFLOP/s;
+//   - copy: 4.3 TB/s measured (bytes read plus written, device to device);
+//     a streaming kernel reaches 80% of it;
+//   - launch: 4 us a launch, kernel or library call, without CUDA graphs (the
+//     issue rate of back-to-back launches on a stream, 2-3 us, plus a small
+//     kernel's ramp and tail).
+inline Ceilings h200() {
+  Ceilings c;
+  c.name = "h200";
+  c.bf16 = 790e12;
+  c.tf32 = 395e12;
+  c.fp32 = 60e12;
+  c.fp64 = 50e12;
+  c.copy = 4.3e12;
+  c.memory = 0.8;
+  c.launch = 4e-6;
+  c.sms = 132;
+  return c;
+}
+
+// The launch budget of a pass: its launches cost at most this share of its
+// predicted time (at the reference shape, 64 x 1024 tokens: the gradient
+// about 2%, the second-order forward at K = 16 under bf16-amp about 3%), so
+// that a faster pass must launch less.
+constexpr double kLaunchShare = 0.05;
+
+// The share of a unit's rate that `count` products of (m x k) by (k x n)
+// reach in one call: 85% of the rate on large shapes, times how well their
+// 128 x 128 output tiles fill the multiprocessors (a library splits a deep
+// contraction over more tiles: one more split per 512 of k), times the depth
+// of the contraction up to 128.
+inline double gemm_efficiency(double m, double n, double k, double count, int sms) {
+  const double tiles = std::ceil(m / 128.0) * std::ceil(n / 128.0) * count;
+  const double split = std::max(1.0, std::floor(k / 512.0));
+  const double work = tiles * split;
+  const double waves = std::ceil(work / double(sms));
+  const double fill = work / (waves * double(sms));
+  return 0.85 * fill * std::min(1.0, k / 128.0);
+}
+
+struct LabelCost {
+  std::string label;
+  long launches = 0;
+  double tensor = 0, fp32 = 0, fp64 = 0;  // GEMM FLOPs
+  double bytes = 0;
+  // FLOPs at their rates, bytes at the memory rate, the roofline of the two
+  // (per product shape for a GEMM), the launches.
+  double compute_s = 0, memory_s = 0, work_s = 0, launch_s = 0;
+  double seconds() const { return work_s + launch_s; }
+};
+
+// A label's work at scale s (the full shape from a miniature s times smaller;
+// 1: as recorded) on the ceilings c.
+inline LabelCost label_cost(const std::string& label, long launches, const kernels::LabelWork& w, double s,
+                            const Ceilings& c) {
+  LabelCost r;
+  r.label = label;
+  r.launches = launches;
+  r.launch_s = double(launches) * c.launch;
+  const double bw = c.copy * c.memory;
+  if (w.products.empty()) {
+    for (int d = 0; d < kernels::kScaledDims; ++d) r.bytes += w.bytes[std::size_t(d)] * std::pow(s, d);
+    r.memory_s = r.work_s = r.bytes / bw;
+    return r;
+  }
+  // A GEMM entry point: a roofline per product shape.
+  for (const auto& [key, count] : w.products) {
+    const double m = double(key[0]) * s, n = double(key[1]) * s, k = double(key[2]) * s;
+    const auto unit = kernels::GemmUnit(key[3]);
+    const double ob = double(key[4]);
+    const double flops = 2.0 * m * n * k * count;
+    const double bytes = count * (ob * (m * k + k * n) + 2.0 * 4.0 * m * n);
+    const double rate = unit == kernels::GemmUnit::tensor ? (ob <= 2.0 ? c.bf16 : c.tf32)
+                        : unit == kernels::GemmUnit::fp32 ? c.fp32
+                                                          : c.fp64;
+    const double tc = flops / (rate * gemm_efficiency(m, n, k, count, c.sms)), tm = bytes / bw;
+    (unit == kernels::GemmUnit::tensor ? r.tensor : unit == kernels::GemmUnit::fp32 ? r.fp32 : r.fp64) += flops;
+    r.bytes += bytes;
+    r.compute_s += tc;
+    r.memory_s += tm;
+    r.work_s += std::max(tc, tm);
+  }
+  return r;
+}
+
+}  // namespace gnh::perf

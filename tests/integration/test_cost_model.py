@@ -1,0 +1,126 @@
+"""The GPU cost model (bench_engine --predict h200, perf/cost_model.hpp).
+
+The prediction runs the GPU-shaped path on this host at a miniature of the
+shape, s times smaller in every scalable extent, with the full shape's plan
+imposed, and scales its work back. These tests check that the miniature
+issues exactly the full pass's launches, label by label, and exactly its
+GEMM FLOPs and bytes once scaled (against the pass itself, run at scale 1,
+in each family, with several attention chunks and head tiles), that every
+launch carries the work it moves, and the prediction at the reference shape:
+its last line, and its launches within the stated budget.
+"""
+import json
+import math
+import os
+import re
+import subprocess
+import unittest
+
+import gnhtest
+
+BENCH = os.environ.get("GNH_BENCH", os.path.join(gnhtest.ROOT, "build", "bin", "bench_engine"))
+LAST = re.compile(r"^predicted h200: gradient ([0-9.e+-]+) s/epoch, second-order K=(\d+) bf16-amp ([0-9.e+-]+) "
+                  r"s/direction, launches per pass (\d+)$")
+
+
+def predict(*args):
+    r = subprocess.run([BENCH, "--predict", "h200", "--no-probe", *args], capture_output=True, text=True,
+                       env=gnhtest.mpi_env())
+    if r.returncode != 0:
+        raise AssertionError(f"bench_engine --predict {args} failed: {r.stderr}")
+    body, last = r.stdout.rstrip("\n").rsplit("\n", 1)
+    return json.loads(body), last
+
+
+def labels(d, name):
+    return {l["label"]: l for l in d[name]["prediction"]["labels"]}
+
+
+class CostModel(unittest.TestCase):
+    def test_a_miniature_issues_the_full_pass(self):
+        # Preset small (T = 128, C = 128, V = 1024) at 16 sequences, the head
+        # in 7 tiles of 300 rows and the attention in chunks of 5 sequences
+        # (4 chunks): at scale 4 the miniature (T = 32, C = 32, V = 256) must
+        # launch what the pass itself launches, label by label, and its GEMM
+        # FLOPs and bytes times 4^3 and 4^d must equal the pass's. Every count
+        # is an integer below 2^53 scaled by a power of two and printed with
+        # 17 digits, so they compare exactly.
+        for family in ("nanogpt", "llama", "gpt-neox"):
+            common = ["--synthetic", "small", "--family", family, "--batch", "16", "--directions", "4",
+                      "--head-tile", "300,1024", "--attention-sequences", "5"]
+            full, _ = predict(*common, "--predict-scale", "1")
+            mini, _ = predict(*common, "--predict-scale", "4")
+            self.assertEqual(full["scale"], 1)
+            self.assertEqual(mini["scale"], 4)
+            for name in ("gradient", "second_order"):
+                a, b = labels(full, name), labels(mini, name)
+                self.assertEqual(set(a), set(b), (family, name))
+                for label in a:
+                    for field in ("launches", "tensor", "fp32", "fp64", "bytes"):
+                        self.assertEqual(a[label][field], b[label][field], (family, name, label, field))
+                self.assertEqual(full[name]["prediction"]["device_launches"],
+                                 mini[name]["prediction"]["device_launches"])
+                # The structure imposed is exercised: several chunks and tiles.
+                self.assertGreaterEqual(a["gnh::attention::batched::softmax"]["launches"], 4 * 2, (family, name))
+                self.assertGreaterEqual(a["gnh::lm_head_xent::forward"]["launches"], 7, (family, name))
+
+    def test_every_launch_moves_its_bytes(self):
+        # A label that launches and records no work would cost only its
+        # launches: every kernel records the bytes it moves (and a GEMM its
+        # FLOPs), in every family and both passes, under bf16-amp's copies too.
+        for family in ("nanogpt", "llama", "gpt-neox"):
+            d, _ = predict("--synthetic", "small", "--family", family, "--batch", "4", "--directions", "2",
+                           "--predict-scale", "1")
+            for name in ("gradient", "second_order"):
+                for label, l in labels(d, name).items():
+                    if l["launches"] > 0:
+                        self.assertGreater(l["bytes"], 0, (family, name, label))
+                    if label.startswith("gnh::gemm") and "::" not in label[5:]:
+                        self.assertGreater(l["tensor"] + l["fp32"] + l["fp64"], 0, (family, name, label))
+
+    def test_reference_prediction_and_launch_budget(self):
+        d, last = predict("--synthetic", "reference", "--batch", "64")
+        m = LAST.match(last)
+        self.assertIsNotNone(m, last)
+        gradient, K, second, launches = float(m.group(1)), int(m.group(2)), float(m.group(3)), int(m.group(4))
+        self.assertEqual(K, 16)
+        self.assertEqual(d["scale"], 32)
+        self.assertEqual(d["batch"], 64)
+        self.assertEqual(d["seq_len"], 1024)
+        batches = math.ceil(10202112 / (64 * 1024))
+        g, s = d["gradient"]["prediction"], d["second_order"]["prediction"]
+        self.assertEqual(g["batches_per_epoch"], batches)
+        self.assertEqual(d["second_order"]["precision"], "bf16-amp")
+        self.assertEqual(launches, s["device_launches"])
+        # The last line is the passes' per-batch time over the epoch, to its
+        # three printed digits.
+        self.assertAlmostEqual(gradient, g["seconds_per_batch"] * batches, delta=0.005 * gradient)
+        self.assertAlmostEqual(second, s["seconds_per_batch"] * batches / K, delta=0.005 * second)
+        for p in (g, s):
+            # The stated launch budget: launches cost at most 5% of the pass.
+            self.assertLessEqual(p["launch_share"], p["launch_budget"], p["pass"])
+            self.assertLessEqual(p["launch_budget"], 0.05)
+            # The labels add up to the pass.
+            self.assertAlmostEqual(sum(l["seconds"] for l in p["labels"]), p["seconds_per_batch"],
+                                   delta=1e-9 * p["seconds_per_batch"])
+            self.assertEqual(sum(l["launches"] for l in p["labels"]), p["device_launches"])
+        # Every dense, head and attention product on tensor cores at these
+        # precisions (tf32 gradient, bf16-amp second order).
+        self.assertEqual(g["gemm_flops"]["fp32"], 0)
+        self.assertEqual(s["gemm_flops"]["fp32"], 0)
+        self.assertGreater(s["gemm_flops"]["tensor"], g["gemm_flops"]["tensor"])
+
+    def test_bad_scale_is_one_line(self):
+        r = subprocess.run([BENCH, "--predict", "h200", "--synthetic", "reference", "--batch", "64",
+                            "--predict-scale", "3"], capture_output=True, text=True, env=gnhtest.mpi_env())
+        self.assertEqual(r.returncode, 1)
+        self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+        self.assertIn("--predict-scale 3", r.stderr)
+        r = subprocess.run([BENCH, "--predict", "a100", "--synthetic", "tiny", "--batch", "2"], capture_output=True,
+                           text=True, env=gnhtest.mpi_env())
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("knows h200", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

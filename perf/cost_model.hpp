@@ -109,9 +109,9 @@ inline LabelCost label_cost(const std::string& label, long launches, const kerne
   for (const auto& [key, count] : w.products) {
     const double m = double(key[0]) * s, n = double(key[1]) * s, k = double(key[2]) * s;
     const auto unit = kernels::GemmUnit(key[3]);
-    const double ob = double(key[4]);
+    const double ob = double(key[4]), cb = double(key[5]);
     const double flops = 2.0 * m * n * k * count;
-    const double bytes = count * (ob * (m * k + k * n) + 2.0 * 4.0 * m * n);
+    const double bytes = count * (ob * (m * k + k * n) + cb * m * n);
     const double rate = unit == kernels::GemmUnit::tensor ? (ob <= 2.0 ? c.bf16 : c.tf32)
                         : unit == kernels::GemmUnit::fp32 ? c.fp32
                                                           : c.fp64;

@@ -99,6 +99,13 @@ if [ "${1:-}" = "--step" ]; then
       done
       exit $rc
       ;;
+    predict)
+      # The cost model's prediction of the timed passes (the gradient in
+      # TF32, the second order at K = 16 under bf16-amp) at the timing batch,
+      # label by label, for the summary to set beside the measured profile.
+      bench --batch "$TBATCH" --predict h200 --no-probe > predict.txt || exit 1
+      tail -1 predict.txt
+      ;;
     time-*)
       p="${step#time-}"
       bench --batch "$TBATCH" --passes gradient,curvature --methods second-order-forward --directions 1,16 \
@@ -148,7 +155,7 @@ if [ "$REHEARSE" = 1 ]; then
   [ -n "$PY" ] || { [ -x /usr/bin/python3 ] && PY=/usr/bin/python3; }
   CONFIG=tiny VBATCH=2 VK=16 HEAD_TILE=8,16 TBATCH=4 FBATCH=2 REPEATS=5 GEMM_N=256 COPY_BYTES=$((16 << 20))
   DEADLINE="${DEADLINE:-240}"
-  LIMITS="machine=20 ceilings=60 validate=60 time-bf16-amp=60 torch=90 time-tf32=60 time-fp32=60"
+  LIMITS="machine=20 ceilings=60 validate=60 predict=30 time-bf16-amp=60 torch=90 time-tf32=60 time-fp32=60"
 else
   BENCH="${BENCH:-$ROOT/build-device/bin/bench_engine}"
   # Validation: 2 sequences, 4 row tiles of 512 and 8 vocabulary chunks of
@@ -156,7 +163,7 @@ else
   # reverse at 16 (it keeps every layer for 1 + K planes).
   CONFIG=reference VBATCH=2 VK=16 HEAD_TILE=512,4096 TBATCH=64 FBATCH=16 REPEATS=5 GEMM_N=8192 COPY_BYTES=$((4 << 30))
   DEADLINE="${DEADLINE:-470}"
-  LIMITS="machine=20 ceilings=40 validate=90 time-bf16-amp=110 torch=150 time-tf32=90 time-fp32=90"
+  LIMITS="machine=20 ceilings=40 validate=90 predict=20 time-bf16-amp=110 torch=150 time-tf32=90 time-fp32=90"
 fi
 PY="${PY:-python3}"
 REHEARSE_FLAG=$REHEARSE

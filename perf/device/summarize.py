@@ -123,6 +123,39 @@ def pass_rows(run, ceilings, precision):
     return rows
 
 
+def load_prediction(path):
+    """bench_engine --predict's JSON (every line but its last), or None."""
+    try:
+        text = open(path).read().rstrip("\n")
+        return json.loads(text.rsplit("\n", 1)[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def measured_against_predicted(s, best):
+    """Lines of the profiled passes' time per label beside the cost model's
+    prediction of it (ms a batch; Kokkos's fills as one label)."""
+    pred = s.get("predicted")
+    if not pred:
+        return []
+    L = ["", "measured against predicted (perf/cost_model.hpp), ms a batch, label: measured / predicted:"]
+    for key, name in ((("tf32", "gradient", 0), "gradient"),
+                      (("bf16-amp", "second-order-forward", 16), "second_order")):
+        r, p = best.get(key), pred.get(name, {}).get("prediction")
+        if not r or not p or not r["profile"].get("labels"):
+            continue
+        measured = {}
+        for l in r["profile"]["labels"]:
+            label = "Kokkos::ViewFill" if l["label"].startswith("Kokkos::ViewFill") else l["label"]
+            measured[label] = measured.get(label, 0.0) + l["seconds"]
+        L.append(f"  {key[0]} {key[1]} K={key[2]}: pass {1e3 * r['seconds_per_batch']:.4g} / "
+                 f"{1e3 * p['seconds_per_batch']:.4g}")
+        for l in p["labels"][:12]:
+            L.append(f"    {l['label']:45s} {1e3 * measured.get(l['label'], 0.0):9.4g} / {1e3 * l['seconds']:9.4g}"
+                     f"  ({l['launches']} launches)")
+    return L
+
+
 def summary(work, out, rehearse):
     steps = []
     for line in open(os.path.join(work, "steps.jsonl")):
@@ -146,6 +179,7 @@ def summary(work, out, rehearse):
             ok &= passed
             s["validation"][p] = {"pass": passed, "checked": len(rows), "worst": worst[0],
                                   "worst_relative": worst[3], "tolerance": worst[4]}
+    s["predicted"] = load_prediction(os.path.join(work, "predict.txt"))
     for p in ("bf16-amp", "tf32", "fp32"):
         for kind in ("sof", "for"):
             s["passes"] += pass_rows(load(os.path.join(work, f"time_{kind}_{p}.json")), ceilings, p)
@@ -232,6 +266,7 @@ def render(s, best):
                      f"{fmt_bytes(r['plan_bytes']):>9s} {fmt_bytes(r['measured_peak_bytes']):>9s}")
         L.append("(epoch s: the gradient per epoch, a curvature pass per direction and epoch, "
                  f"{EPOCH_BLOCKS} blocks)")
+    L += measured_against_predicted(s, best)
     rt = s["ratios"]
     if rt:
         L.append("")

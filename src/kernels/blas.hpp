@@ -284,7 +284,7 @@ void gemm(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, cons
   const detail::GemmRegion region("gnh::gemm");
   if (gemm_work().on) {
     const detail::ProductShape sh = detail::product_shape("gnh::gemm", ta, tb, A, B, C);
-    record_gemm<T>("gnh::gemm", pol.tf32 || pol.bf16, sh.m, sh.n, sh.k, 1, pol.bf16 ? 2 : sizeof(T));
+    record_gemm<T>("gnh::gemm", pol.tf32 || pol.bf16, sh.m, sh.n, sh.k, 1, pol.bf16 ? 2 : sizeof(T), beta != T(0));
   }
   if (!pol.bf16) {
 #ifdef GNH_CUBLAS_MATH_MODE
@@ -443,7 +443,8 @@ void gemm_batched(const ExecSpace& space, const GemmPolicy<T>& pol, const char* 
   const detail::GemmRegion region("gnh::gemm_batch");
   if (gemm_work().on) {
     const detail::ProductShape sh = detail::product_shape("gnh::gemm_batched", ta, tb, A, B, C);
-    record_gemm<T>("gnh::gemm_batch", pol.tf32 || pol.bf16, sh.m, sh.n, sh.k, count, pol.bf16 ? 2 : sizeof(T));
+    record_gemm<T>("gnh::gemm_batch", pol.tf32 || pol.bf16, sh.m, sh.n, sh.k, count, pol.bf16 ? 2 : sizeof(T),
+                   beta != T(0));
   }
   const GemmWorkPause recorded;  // the products below, one by one on a host, are counted above
 #ifdef GNH_CUBLAS_MATH_MODE

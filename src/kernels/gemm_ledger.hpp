@@ -36,9 +36,10 @@ enum class GemmUnit { tensor = 0, fp32 = 1, fp64 = 2 };
 struct LabelWork {
   double tensor = 0, fp32 = 0, fp64 = 0;  // GEMM FLOPs (spanning 3 extents)
   std::array<double, kScaledDims> bytes{};
-  // Products by shape: {m, n, k, unit, operand bytes} -> how many (a cost
-  // model's efficiency depends on the shape).
-  std::map<std::array<index_t, 5>, double> products;
+  // Products by shape: {m, n, k, unit, bytes an operand value, bytes a
+  // result value moves} -> how many (a cost model's efficiency depends on
+  // the shape).
+  std::map<std::array<index_t, 6>, double> products;
   double gemm() const { return tensor + fp32 + fp64; }
   double total_bytes() const { return bytes[0] + bytes[1] + bytes[2] + bytes[3]; }
 };
@@ -57,10 +58,10 @@ inline GemmWork& gemm_work() {
 
 // `count` products of (m x k) by (k x n) under `label`; their operands of
 // `operand_bytes` a value (2 for bfloat16 copies), the result of sizeof(T)
-// read and written.
+// written, and read first where it accumulates (beta != 0).
 template <class T>
 void record_gemm(const char* label, bool tensor, index_t m, index_t n, index_t k, index_t count,
-                 std::size_t operand_bytes = sizeof(T)) {
+                 std::size_t operand_bytes, bool accumulate) {
   GemmWork& w = gemm_work();
   if (!w.on || w.paused > 0) return;
   const double f = 2.0 * double(m) * double(n) * double(k) * double(count);
@@ -70,9 +71,10 @@ void record_gemm(const char* label, bool tensor, index_t m, index_t n, index_t k
   else if (tensor) w.tensor += f, l.tensor += f, unit = GemmUnit::tensor;
   else w.fp32 += f, l.fp32 += f;
   const double c = double(count);
-  l.products[{m, n, k, index_t(unit), index_t(operand_bytes)}] += c;
+  const index_t result = index_t(sizeof(T)) * (accumulate ? 2 : 1);
+  l.products[{m, n, k, index_t(unit), index_t(operand_bytes), result}] += c;
   l.bytes[2] += c * (double(operand_bytes) * (double(m) * double(k) + double(k) * double(n)) +
-                     2.0 * sizeof(T) * double(m) * double(n));
+                     double(result) * double(m) * double(n));
 }
 
 // `bytes` that the kernel `label` moves, spanning `dims` scalable extents.

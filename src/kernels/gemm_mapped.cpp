@@ -109,7 +109,8 @@ void MappedQueue<T>::flush() {
   for (int j = 0; j < n_; ++j) {
     // A region per product: what profilers and the launch count see of a library call.
     const detail::GemmRegion region("gnh::gemm_mapped");
-    record_gemm<T>("gnh::gemm_mapped", tf32_, q_[j].m, q_[j].n, q_[j].k, q_[j].e.count());
+    record_gemm<T>("gnh::gemm_mapped", tf32_, q_[j].m, q_[j].n, q_[j].k, q_[j].e.count(), sizeof(T),
+                   q_[j].beta != T(0));
 #ifdef GNH_CUBLAS_MATH_MODE
     cublas_mapped(space_, tf32_, q_[j], scratch_.pointers.data() + f.first[j], q_[j].e.count());
 #else

@@ -33,10 +33,19 @@
 
 namespace gnh::kernels {
 
-enum class RowShape { host, teams };
+//  - wide (GPU-shaped, for few long rows: the head's tiles of whole
+//    vocabulary rows): a team a row, kWideThreads threads of kRowLanes lanes
+//    over its columns, column c on lane c mod kWideLanes; the kWideLanes
+//    partials added in order by one lane. A tile of 479 rows (the reference
+//    head at K = 16) is then 479 teams of 128 threads where the teams shape
+//    made 60. Another order of additions than lane_sum's: it agrees with the
+//    other shapes to rounding, and repeats its own bits.
+enum class RowShape { host, teams, wide };
 
-constexpr int kRowLanes = 16;  // lane_sum's partials: the same order of additions
-constexpr int kTeamRows = 8;   // rows (team threads) per team on a GPU: 8 x 16 = 128 threads a block
+constexpr int kRowLanes = 16;    // lane_sum's partials: the same order of additions
+constexpr int kTeamRows = 8;     // rows (team threads) per team on a GPU: 8 x 16 = 128 threads a block
+constexpr int kWideThreads = 8;  // threads a row in the wide shape
+constexpr int kWideLanes = kWideThreads * kRowLanes;  // the row's lanes: 128
 
 constexpr RowShape default_row_shape() {
   return std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value ? RowShape::host : RowShape::teams;
@@ -157,6 +166,95 @@ struct TeamLanes {
   }
 };
 
+// A whole team's lanes over one row (the wide shape): thread t's lane j is
+// the row's lane t kRowLanes + j; part points at 2 kWideLanes + 1 scratch
+// values of the widest type a body sums in, the last one a value broadcast
+// through the team's scratch (a scalar with planes has no volatile
+// assignment for Kokkos's broadcast).
+// The body runs on every thread and lane; what one lane computes (one,
+// single, the sums' totals) is seen by all before any goes on.
+template <class Member>
+struct WideLanes {
+  const Member& team;
+  void* part;
+  template <class F>
+  KOKKOS_INLINE_FUNCTION void lanes(const F& f) const {
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, kWideThreads), [&](const int t) {
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, kRowLanes),
+                           [&](const int j) { f(index_t(t) * kRowLanes + j); });
+    });
+  }
+  // f() on one lane once every lane has arrived, its value seen by all.
+  template <class T, class F>
+  KOKKOS_INLINE_FUNCTION T broadcast(const F& f) const {
+    T* slot = static_cast<T*>(part) + 2 * kWideLanes;
+    team.team_barrier();
+    Kokkos::single(Kokkos::PerTeam(team), [&]() { *slot = f(); });
+    team.team_barrier();
+    return *slot;
+  }
+  template <class T>
+  KOKKOS_INLINE_FUNCTION T in_order(const T* p) const {
+    return broadcast<T>([&] {
+      T v = T(0);
+      for (int g = 0; g < kWideLanes; ++g) v += p[g];
+      return v;
+    });
+  }
+  template <class T, class F>
+  KOKKOS_INLINE_FUNCTION T sum(index_t n, const F& f) const {
+    T* p = static_cast<T*>(part);
+    lanes([&](const index_t g) {
+      T s = T(0);
+      for (index_t c = g; c < n; c += kWideLanes) s += f(c);
+      p[g] = s;
+    });
+    return in_order(p);
+  }
+  template <class T, class F>
+  KOKKOS_INLINE_FUNCTION void sum2(index_t n, const F& f, T& a, T& b) const {
+    T* p = static_cast<T*>(part);
+    lanes([&](const index_t g) {
+      T sa = T(0), sb = T(0);
+      for (index_t c = g; c < n; c += kWideLanes) f(c, sa, sb);
+      p[g] = sa;
+      p[kWideLanes + g] = sb;
+    });
+    a = in_order(p);
+    b = in_order(p + kWideLanes);
+  }
+  template <class T>
+  KOKKOS_INLINE_FUNCTION T max(index_t n, const T* x) const {
+    T* p = static_cast<T*>(part);
+    lanes([&](const index_t g) {
+      T m = x[0];
+      for (index_t c = g; c < n; c += kWideLanes) m = x[c] > m ? x[c] : m;
+      p[g] = m;
+    });
+    return broadcast<T>([&] {
+      T v = p[0];
+      for (int g = 1; g < kWideLanes; ++g) v = p[g] > v ? p[g] : v;
+      return v;
+    });
+  }
+  template <class F>
+  KOKKOS_INLINE_FUNCTION void each(index_t n, const F& f) const {
+    lanes([&](const index_t g) {
+      for (index_t c = g; c < n; c += kWideLanes) f(c);
+    });
+  }
+  template <class T, class F>
+  KOKKOS_INLINE_FUNCTION T one(const F& f) const {
+    return broadcast<T>(f);
+  }
+  template <class F>
+  KOKKOS_INLINE_FUNCTION void single(const F& f) const {
+    team.team_barrier();
+    Kokkos::single(Kokkos::PerTeam(team), f);
+    team.team_barrier();
+  }
+};
+
 // The policy of `league` teams of R threads with L vector lanes running
 // functor f: so on a GPU; on a host backend as many threads as its teams can
 // have, at most R (one on Serial; on OpenMP the team's threads, barriers and
@@ -206,6 +304,24 @@ struct TeamRows {
   }
 };
 
+// A team a row (the wide shape).
+// Its scratch holds 2 kWideLanes + 1 values of T or of double, the larger
+// (a body may sum or broadcast in double, as the head's losses are).
+template <class Body, class T>
+struct WideRows {
+  using Policy = TeamRange;
+  using Member = typename Policy::member_type;
+  using Scratch = TeamScratch<double>;
+  static constexpr std::size_t kWords =
+      ((2 * kWideLanes + 1) * (sizeof(T) > sizeof(double) ? sizeof(T) : sizeof(double)) + sizeof(double) - 1) /
+      sizeof(double);
+  Body body;
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
+    Scratch part(team.team_scratch(0), kWords);
+    body(WideLanes<Member>{team, part.data()}, team.league_rank());
+  }
+};
+
 }  // namespace detail
 
 // body(lanes, n) for every row n < N, in the given shape; T is the scalar
@@ -216,6 +332,14 @@ void for_rows(const ExecSpace& space, const char* label, index_t N, const Body& 
   if (N <= 0) return;
   if (shape == RowShape::host) {
     Kokkos::parallel_for(label, range(space, N), detail::HostRows<Body>{body});
+    return;
+  }
+  if (shape == RowShape::wide) {
+    using F = detail::WideRows<Body, T>;
+    const F f{body};
+    const typename F::Policy policy = detail::team_policy<typename F::Policy>(space, N, f, kWideThreads, kRowLanes)
+                                          .set_scratch_size(0, Kokkos::PerTeam(F::Scratch::shmem_size(F::kWords)));
+    Kokkos::parallel_for(label, policy, f);
     return;
   }
   using F = detail::TeamRows<Body, T>;

@@ -21,6 +21,7 @@
 #include "kernels/attention_types.hpp"
 #include "kernels/blas.hpp"
 #include "kernels/embedding.hpp"
+#include "kernels/rows.hpp"
 #include "model/config.hpp"
 #include "model/layout.hpp"
 #include "model/plan.hpp"
@@ -86,6 +87,11 @@ class Gpt {
   // by its forward (host tiles, short contexts: gpt_impl.hpp).
   bool keeps_attention() const { return keep_attention_; }
   kernels::AttentionPath attention_path() const { return att_path_; }
+  // The head's row kernels: a team a vocabulary row when GPU-shaped (tiles
+  // of a few hundred whole rows), else the backend's default shape.
+  kernels::RowShape head_rows() const {
+    return shape_.gpu_shaped ? kernels::RowShape::wide : kernels::default_row_shape();
+  }
 
   // tokens, targets: (B, T) device views; a target < 0 is ignored.
   LossSum forward_loss(const ExecSpace& space, Span1<const T> params, Span2<const std::int32_t> tokens,

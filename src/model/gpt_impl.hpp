@@ -525,7 +525,7 @@ LossSum Gpt<T>::forward(const ExecSpace& space, Params<T> p, Span2<const std::in
   loss.dd = row_loss_dd_;
   Span1<const std::int32_t> flat_targets(targets.data(), N_);
   lm_head_xent_forward<S>(space, loss, buf_->head_lse, buf_->lnf, p, L.lm_head, cfg_.vocab_size, flat_targets,
-                          buf_->logits, buf_->head_stats, buf_->head_moments, gemm_, default_row_shape(),
+                          buf_->logits, buf_->head_stats, buf_->head_moments, gemm_, head_rows(),
                           std::is_same<S, T>::value && head_kept_, row_loss_gn_);
   space.fence();
   const LossSum out = loss_sums<S>(flat_targets, cut);
@@ -699,7 +699,7 @@ void Gpt<T>::reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<cons
   const Span2<const T> kept =
       std::is_same<S, T>::value && head_kept_ ? Span2<const T>(buf_->head_stats) : Span2<const T>();
   lm_head_xent_reverse<S>(space, c1, g, buf_->head_lse, buf_->lnf, p, L.lm_head, cfg_.vocab_size, flat_targets,
-                          buf_->logits, gemm_, /*logits_current=*/true, kept, default_row_shape(), gauss_newton);
+                          buf_->logits, gemm_, /*logits_current=*/true, kept, head_rows(), gauss_newton);
   if (cfg_.family == Family::llama) rmsnorm_reverse<S>(space, res, g, c1, x_final(), buf_->lnf_rstd, p, L.lnf_w, -1);
   else layernorm_reverse<S>(space, res, g, c1, x_final(), buf_->lnf_mean, buf_->lnf_rstd, p, L.lnf_w, L.lnf_b);
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {

@@ -56,8 +56,17 @@ class DeviceCheck(unittest.TestCase):
         self.assertTrue(text.rstrip().endswith("RESULT: PASS"), text)
         s = json.load(open(os.path.join(out, "summary.json")))
         self.assertEqual([st["step"] for st in s["steps"]],
-                         ["machine", "ceilings", "validate", "time-bf16-amp", "torch", "time-tf32", "time-fp32"])
+                         ["machine", "ceilings", "validate", "predict", "time-bf16-amp", "torch", "time-tf32",
+                          "time-fp32"])
         self.assertTrue(all(st["status"] == "ok" for st in s["steps"]), s["steps"])
+        # The cost model's prediction of the timed passes, set beside their
+        # profiles label by label, so that a GPU's first run corrects it.
+        self.assertEqual(s["predicted"]["batch"], 4)
+        self.assertEqual(s["predicted"]["second_order"]["K"], 16)
+        self.assertIn("measured against predicted", text)
+        self.assertIn("tf32 gradient K=0: pass", text)
+        self.assertIn("bf16-amp second-order-forward K=16: pass", text)
+        self.assertIn("gnh::gemm_mapped", text.split("measured against predicted")[1])
         self.assertIn("bench_engine", s["machine"])
         self.assertGreater(s["ceilings"]["gemm_fp32_tflops"], 0)
         self.assertGreater(s["ceilings"]["copy_tb_per_s"], 0)

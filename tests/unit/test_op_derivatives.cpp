@@ -296,6 +296,12 @@ TEST_CASE("fused lm head and cross-entropy: every derivative mode", "[derivative
       f(5, 37, 40, 2, 17, kernels::RowShape::teams);
   check_op(e, 54, 1.0);
   check_op(f, 55, 1.0);
+  // The wide shape (a team a vocabulary row, as GPU-shaped engines run the
+  // head): a chunk narrower than its 128 lanes, and a vocabulary past them.
+  test::OpAdapter<kernels::LmHeadXentOp<double>> g(7, 5, 11, 3, 4, kernels::RowShape::wide),
+      h(3, 6, 300, 2, 0, kernels::RowShape::wide);
+  check_op(g, 56, 1.0);
+  check_op(h, 57, 1.0);
 }
 
 TEST_CASE("embedding: every derivative mode", "[derivatives]") {

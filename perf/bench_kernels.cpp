@@ -3,7 +3,8 @@
 // modes (forward, reverse, tangent, tangent of reverse, second-order forward),
 // on one shape, printing JSON: seconds (median of repeats, with the samples),
 // elements per second, and for the matrix-multiply ops achieved GFLOP/s
-// against an analytic count and against this run's sgemm rate.
+// against an analytic count and against this run's sgemm rate; and each
+// call's cost as recorded: launches, GEMM FLOPs by unit, bytes moved.
 //
 //   bench_kernels [--shape tiny|small|reference] [--directions K] [--repeats R] [--op NAME] [--mode MODE]
 //   bench_kernels --list          the registered ops, one per line
@@ -26,6 +27,7 @@
 #include "kernels/gemm_probe.hpp"
 #include "kernels/host_gemm.hpp"
 #include "kernels/ops.hpp"
+#include "kernel_profile.hpp"
 
 using namespace gnh;
 using namespace gnh::kernels;
@@ -99,6 +101,31 @@ double median_seconds(int repeats, const std::function<void()>& f, std::vector<d
   return s[s.size() / 2];
 }
 
+// What one call costs, recorded (kernel_profile.hpp, kernels/gemm_ledger.hpp):
+// the launches a GPU would see of it and every kernel, the GEMM FLOPs by the
+// unit a GPU runs them on, the bytes its kernels and products move; beside
+// the op's analytic count of its GEMM FLOPs (O::flops).
+std::string cost_json(double analytic, const std::function<void()>& f) {
+  perf::KernelProfile p;
+  kernels::GemmWork& w = kernels::gemm_work();
+  w = kernels::GemmWork();
+  w.on = true;
+  p.start();
+  f();
+  const std::vector<perf::LabelTime> labels = p.stop();
+  w.on = false;
+  long device = 0, kernels_run = 0;
+  for (const perf::LabelTime& l : labels) device += l.device_launches, kernels_run += l.kernels;
+  double bytes = 0;
+  for (const auto& [label, lw] : w.labels) bytes += lw.total_bytes();
+  std::ostringstream s;
+  s.precision(17);
+  s << "{\"device_launches\": " << device << ", \"kernels\": " << kernels_run << ", \"tensor\": " << w.tensor
+    << ", \"fp32\": " << w.fp32 << ", \"fp64\": " << w.fp64 << ", \"bytes\": " << bytes
+    << ", \"analytic_gemm_flops\": " << analytic << "}";
+  return s.str();
+}
+
 struct Report {
   std::ostringstream js;
   int repeats;
@@ -109,13 +136,14 @@ struct Report {
            const std::function<void()>& f) {
     std::vector<double> samples;
     const double t = median_seconds(repeats, f, samples);
+    const std::string cost = cost_json(flops, f);
     js << (first ? "\n" : ",\n") << "    {\"op\": \"" << op << "\", \"mode\": \"" << mode << "\", \"seconds\": " << t
        << ", \"samples\": [";
     for (std::size_t i = 0; i < samples.size(); ++i) js << (i ? ", " : "") << samples[i];
     js << "], \"elements_per_s\": " << elements / t;
     if (flops > 0)
       js << ", \"gflops\": " << flops / t * 1e-9 << ", \"fraction_of_sgemm\": " << flops / t * 1e-9 / sgemm_rate;
-    js << "}";
+    js << ", \"cost\": " << cost << "}";
     first = false;
     std::fprintf(stderr, "%-14s %-17s %10.3f ms%s\n", op.c_str(), mode.c_str(), t * 1e3,
                  flops > 0 ? (" " + std::to_string(flops / t * 1e-9) + " GFLOP/s").c_str() : "");

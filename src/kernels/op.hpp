@@ -21,6 +21,10 @@
 //                                             planes of S, in this order
 //   double flops(OpMode, index_t K) const;    analytic count of a GEMM-bound
 //                                             op, 0 for the others
+//   (What a call costs is recorded as it runs: its kernels' and products'
+//   bytes and its GEMM FLOPs by unit in the work ledger (gemm_ledger.hpp),
+//   its launches by the profiler; bench_kernels prints them for every op,
+//   mode and K beside flops(), and bench_engine --predict prices them.)
 //   static O at(const OpDims&, index_t K);    the op as the model uses it at
 //                                             a model's sizes (benchmarks)
 //   template <class S> void forward(space, Act2<T> y, Act2<T> x, Params<T> p,

@@ -49,6 +49,22 @@ class PerfSuite(unittest.TestCase):
             self.assertGreater(k["elements_per_s"], 0)
             if k["op"] in ("linear", "attention", "lm_head_xent"):
                 self.assertGreater(k["gflops"], 0)
+            # Each call's cost as recorded: on a host backend the products run
+            # in FP32 (no tensor cores), and the GEMM-bound ops record exactly
+            # their analytic count (integers below 2^53, printed with 17
+            # digits). The attention op runs the host's tiles in the host's
+            # threads, outside Kokkos and any GPU; the GPU's batched attention
+            # is priced by bench_engine --predict (test_cost_model.py).
+            c = k["cost"]
+            self.assertEqual(c["tensor"], 0, k)
+            if k["op"].startswith("attention"):
+                continue
+            self.assertGreaterEqual(c["device_launches"], 1, k)
+            self.assertGreaterEqual(c["kernels"], 1, k)
+            self.assertGreater(c["bytes"], 0, k)
+            self.assertEqual(c["fp32"], c["analytic_gemm_flops"], k)
+            if k["op"] in ("linear", "lm_head_xent"):
+                self.assertGreater(c["fp32"], 0, k)
 
     def test_model_benchmark_reports_rates_memory_and_context(self):
         d = run_json([os.path.join(BIN, "bench_engine"), "--synthetic", "tiny", "--batch", "2", "--repeats", "1"])

@@ -846,7 +846,18 @@ PassPrediction predict_pass(const std::string& name, const Recorded& r, double s
     js << (i ? ", " : "") << "{\"label\": \"" << l.label << "\", \"seconds\": " << l.seconds()
        << ", \"launches\": " << l.launches << ", \"tensor\": " << l.tensor << ", \"fp32\": " << l.fp32
        << ", \"fp64\": " << l.fp64 << ", \"bytes\": " << l.bytes << ", \"compute_s\": " << l.compute_s
-       << ", \"memory_s\": " << l.memory_s << ", \"launch_s\": " << l.launch_s << "}";
+       << ", \"memory_s\": " << l.memory_s << ", \"launch_s\": " << l.launch_s << ", \"shapes\": [";
+    // A GEMM label's longest product shapes (m, n, k at the full scale).
+    for (std::size_t j = 0; j < std::min<std::size_t>(l.shapes.size(), 6); ++j) {
+      const perf::ShapeCost& h = l.shapes[j];
+      js << (j ? ", " : "") << "{\"m\": " << h.m << ", \"n\": " << h.n << ", \"k\": " << h.k
+         << ", \"count\": " << h.count << ", \"unit\": \""
+         << (h.unit == 0   ? "tensor"
+             : h.unit == 1 ? "fp32"
+                           : "fp64")
+         << "\", \"bytes\": " << h.bytes << ", \"seconds\": " << h.seconds << "}";
+    }
+    js << "]}";
   }
   js << "]}";
   p.json = js.str();

@@ -18,6 +18,7 @@
 #include <array>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "kernels/gemm_ledger.hpp"
 
@@ -80,8 +81,15 @@ inline double gemm_efficiency(double m, double n, double k, double count, int sm
   return 0.85 * fill * std::min(1.0, k / 128.0);
 }
 
+// One product shape of a GEMM label, at the full scale.
+struct ShapeCost {
+  double m = 0, n = 0, k = 0, count = 0, flops = 0, bytes = 0, seconds = 0;
+  int unit = 0;  // kernels::GemmUnit
+};
+
 struct LabelCost {
   std::string label;
+  std::vector<ShapeCost> shapes;  // a GEMM label's products by shape, longest first
   long launches = 0;
   double tensor = 0, fp32 = 0, fp64 = 0;  // GEMM FLOPs
   double bytes = 0;
@@ -121,7 +129,10 @@ inline LabelCost label_cost(const std::string& label, long launches, const kerne
     r.compute_s += tc;
     r.memory_s += tm;
     r.work_s += std::max(tc, tm);
+    r.shapes.push_back({m, n, k, count, flops, bytes, std::max(tc, tm), int(key[3])});
   }
+  std::sort(r.shapes.begin(), r.shapes.end(),
+            [](const ShapeCost& a, const ShapeCost& b) { return a.seconds > b.seconds; });
   return r;
 }
 

@@ -329,6 +329,29 @@ Model synthetic_model(const ModelConfig& cfg, index_t B, index_t T) {
   return m;
 }
 
+// A model's parameters and a batch of its tokens (targets one further) in
+// the execution space's memory.
+template <class T>
+struct DeviceCase {
+  View1<T> params;
+  View2<std::int32_t> tokens, targets;
+  DeviceCase(const Model& m, index_t B, index_t Tc)
+      : params("params", index_t(m.params.size())), tokens("tokens", B, Tc), targets("targets", B, Tc) {
+    auto h = Kokkos::create_mirror_view(params);
+    for (std::size_t i = 0; i < m.params.size(); ++i) h(i) = static_cast<T>(m.params[i]);
+    Kokkos::deep_copy(params, h);
+    auto ht = Kokkos::create_mirror_view(tokens);
+    auto hg = Kokkos::create_mirror_view(targets);
+    for (index_t b = 0; b < B; ++b)
+      for (index_t t = 0; t < Tc; ++t) {
+        ht(b, t) = m.ids[std::size_t(b * Tc + t)];
+        hg(b, t) = m.ids[std::size_t(b * Tc + t + 1)];
+      }
+    Kokkos::deep_copy(tokens, ht);
+    Kokkos::deep_copy(targets, hg);
+  }
+};
+
 // An engine shape of this run: batch, context, precision; reverse mode and
 // K directions by the pass.
 Shape shape_of(const Options& o, index_t context, bool reverse, int K = 0, bool second = false) {
@@ -371,19 +394,14 @@ Gpt<T> poisoned(Gpt<T>& timed, const ModelConfig& cfg, const Shape& shape) {
 // FLOPs the pass issued by the unit a GPU runs them on (kernels/gemm_ledger.hpp).
 template <class F>
 std::string profile_json(F&& pass) {
-  perf::KernelProfile p;
-  kernels::GemmWork& work = kernels::gemm_work();
-  work = kernels::GemmWork();
-  work.on = true;
-  p.start();
-  pass();
-  const std::vector<perf::LabelTime> labels = p.stop();
-  work.on = false;
+  const perf::RecordedRun run = perf::record_run(pass);
+  const std::vector<perf::LabelTime>& labels = run.labels;
+  const kernels::GemmWork& work = run.work;
   std::ostringstream s;
   s.precision(6);
   long launches = 0, device = 0;
   for (const perf::LabelTime& l : labels) launches += l.launches, device += l.device_launches;
-  s << "{\"seconds\": " << p.total_seconds() << ", \"launches\": " << launches << ", \"device_launches\": " << device
+  s << "{\"seconds\": " << run.seconds << ", \"launches\": " << launches << ", \"device_launches\": " << device
     << ", \"sampled_device_peak_bytes\": " << perf::MemoryWatch::sampled_device_peak_bytes()
     << ", \"gemm_flops\": {\"tensor\": " << work.tensor << ", \"fp32\": " << work.fp32 << ", \"fp64\": " << work.fp64
     << "}, \"labels\": [";
@@ -481,24 +499,9 @@ void run(const Options& o) {
   const double read_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_setup).count();
   const ModelConfig& cfg = model.config;
   const index_t P = ParamLayout(cfg).size(), B = o.batch;
-  View1<T> params("params", P);
-  {
-    auto h = Kokkos::create_mirror_view(params);
-    for (index_t i = 0; i < P; ++i) h(i) = static_cast<T>(model.params[i]);
-    Kokkos::deep_copy(params, h);
-  }
-  View2<std::int32_t> tokens("tokens", B, Tc), targets("targets", B, Tc);
-  {
-    auto ht = Kokkos::create_mirror_view(tokens);
-    auto hg = Kokkos::create_mirror_view(targets);
-    for (index_t b = 0; b < B; ++b)
-      for (index_t t = 0; t < Tc; ++t) {
-        ht(b, t) = model.ids[b * Tc + t];
-        hg(b, t) = model.ids[b * Tc + t + 1];
-      }
-    Kokkos::deep_copy(tokens, ht);
-    Kokkos::deep_copy(targets, hg);
-  }
+  const DeviceCase<T> dc(model, B, Tc);
+  const View1<T> params = dc.params;
+  const View2<std::int32_t> tokens = dc.tokens, targets = dc.targets;
   const double ntok = double(B * Tc);
   const Flops fl = flops_of(cfg, B, Tc);
   const bool float_run = std::is_same<T, float>::value;
@@ -690,25 +693,6 @@ void run(const Options& o) {
 // label, and s^3 times fewer GEMM FLOPs and s^d times fewer bytes spanning d
 // extents (kernels/gemm_ledger.hpp), so that it is the full pass's work, at
 // a cost of about 1/s^2 of it. --predict-scale 1 runs the shape itself.
-struct Recorded {
-  std::vector<perf::LabelTime> labels;
-  kernels::GemmWork work;
-};
-
-template <class F>
-Recorded record(F&& pass) {
-  perf::KernelProfile p;
-  kernels::GemmWork& w = kernels::gemm_work();
-  w = kernels::GemmWork();
-  w.on = true;
-  p.start();
-  pass();
-  Recorded r{p.stop(), {}};
-  w.on = false;
-  r.work = w;
-  return r;
-}
-
 struct Miniature {
   ModelConfig config;
   Shape shape;
@@ -758,38 +742,23 @@ Miniature miniature_of(const ModelConfig& c, const Shape& full, int s) {
 
 // One run of the pass (the gradient, or the second-order forward along K
 // directions) on the miniature, recorded.
-Recorded run_miniature(const Miniature& mini) {
+perf::RecordedRun run_miniature(const Miniature& mini) {
   using T = float;
   const ExecSpace space;
   const index_t B = mini.shape.batch, Tc = mini.shape.context;
   const Model model = synthetic_model(mini.config, B, Tc);
   const index_t P = ParamLayout(mini.config).size();
-  View1<T> params("params", P);
-  {
-    auto h = Kokkos::create_mirror_view(params);
-    for (index_t i = 0; i < P; ++i) h(i) = static_cast<T>(model.params[std::size_t(i)]);
-    Kokkos::deep_copy(params, h);
-  }
-  View2<std::int32_t> tokens("tokens", B, Tc), targets("targets", B, Tc);
-  {
-    auto ht = Kokkos::create_mirror_view(tokens);
-    auto hg = Kokkos::create_mirror_view(targets);
-    for (index_t b = 0; b < B; ++b)
-      for (index_t t = 0; t < Tc; ++t) {
-        ht(b, t) = model.ids[std::size_t(b * Tc + t)];
-        hg(b, t) = model.ids[std::size_t(b * Tc + t + 1)];
-      }
-    Kokkos::deep_copy(tokens, ht);
-    Kokkos::deep_copy(targets, hg);
-  }
+  const DeviceCase<T> dc(model, B, Tc);
+  const View1<T> params = dc.params;
+  const View2<std::int32_t> tokens = dc.tokens, targets = dc.targets;
   Gpt<T> engine(mini.config, mini.shape);
   if (mini.shape.directions == 0) {
     View1<T> grad("grad", P);
-    return record([&] { engine.gradient(space, params, tokens, targets, grad); });
+    return perf::record_run([&] { engine.gradient(space, params, tokens, targets, grad); });
   }
   View2<T> dirs("dirs", mini.shape.directions, P);
   fill_rademacher<T>(space, dirs, 1234, 0);
-  return record([&] { engine.second_order(space, params, dirs, tokens, targets); });
+  return perf::record_run([&] { engine.second_order(space, params, dirs, tokens, targets); });
 }
 
 // Kokkos's fills, whatever their rank (and a memset on a GPU), as one label.
@@ -803,7 +772,7 @@ struct PassPrediction {
   long device_launches = 0;
 };
 
-PassPrediction predict_pass(const std::string& name, const Recorded& r, double s, const perf::Ceilings& c,
+PassPrediction predict_pass(const std::string& name, const perf::RecordedRun& r, double s, const perf::Ceilings& c,
                             double batches, double per) {
   std::map<std::string, long> launches;
   long kokkos = 0;
@@ -880,14 +849,14 @@ void predict(const Options& o) {
   og.gpu_shaped = true;
   og.policy = o.precision_given ? o.policy : Precision::tf32;
   const Shape gs = shape_of(og, Tc, true);
-  const Recorded rg = run_miniature(miniature_of(c, gs, s));
+  const perf::RecordedRun rg = run_miniature(miniature_of(c, gs, s));
   const PassPrediction pg = predict_pass("gradient", rg, s, ceilings, batches, 1.0);
   Options os = o;
   os.gpu_shaped = true;
   os.policy = Precision::bf16_amp;
   const int K = o.directions_given ? o.K.front() : 16;
   const Shape ss = shape_of(os, Tc, false, K, true);
-  const Recorded rs = run_miniature(miniature_of(c, ss, s));
+  const perf::RecordedRun rs = run_miniature(miniature_of(c, ss, s));
   const PassPrediction ps = predict_pass("second-order", rs, s, ceilings, batches, double(K));
   const std::string gp = og.policy == Precision::tf32 ? "tf32" : o.precision;
   std::printf(

@@ -106,16 +106,10 @@ double median_seconds(int repeats, const std::function<void()>& f, std::vector<d
 // unit a GPU runs them on, the bytes its kernels and products move; beside
 // the op's analytic count of its GEMM FLOPs (O::flops).
 std::string cost_json(double analytic, const std::function<void()>& f) {
-  perf::KernelProfile p;
-  kernels::GemmWork& w = kernels::gemm_work();
-  w = kernels::GemmWork();
-  w.on = true;
-  p.start();
-  f();
-  const std::vector<perf::LabelTime> labels = p.stop();
-  w.on = false;
+  const perf::RecordedRun r = perf::record_run(f);
+  const kernels::GemmWork& w = r.work;
   long device = 0, kernels_run = 0;
-  for (const perf::LabelTime& l : labels) device += l.device_launches, kernels_run += l.kernels;
+  for (const perf::LabelTime& l : r.labels) device += l.device_launches, kernels_run += l.kernels;
   double bytes = 0;
   for (const auto& [label, lw] : w.labels) bytes += lw.total_bytes();
   std::ostringstream s;

@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/gemm_ledger.hpp"
+
 namespace gnh::perf {
 
 struct MemoryWatch {
@@ -60,5 +62,29 @@ class KernelProfile {
  private:
   double t0_ = 0, total_ = 0;
 };
+
+// One run of a pass with every kernel and region profiled and the work
+// ledger (kernels/gemm_ledger.hpp) recording: its labels, longest first, and
+// the work it issued.
+struct RecordedRun {
+  std::vector<LabelTime> labels;
+  kernels::GemmWork work;
+  double seconds = 0;  // fenced, with the profile's fences
+};
+template <class F>
+RecordedRun record_run(F&& pass) {
+  KernelProfile p;
+  kernels::GemmWork& w = kernels::gemm_work();
+  w = kernels::GemmWork();
+  w.on = true;
+  p.start();
+  pass();
+  RecordedRun r;
+  r.labels = p.stop();
+  w.on = false;
+  r.work = w;
+  r.seconds = p.total_seconds();
+  return r;
+}
 
 }  // namespace gnh::perf

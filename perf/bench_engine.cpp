@@ -727,16 +727,17 @@ Miniature miniature_of(const ModelConfig& c, const Shape& full, int s) {
   m.config.vocab_size /= s;
   m.config.block_size = int(full.context / s);
   m.shape.context = full.context / s;
-  m.shape.attention_sequences = attention_chunk_sequences(c, full);
+  m.shape.scale = s;  // plans as the full shape (Shape::scale), its inner engines too
   m.shape.adjoint_cuts = adjoint_cuts_of(c, full) ? 1 : 0;
-  const GptTiles t = gpt_tiles(c, full);
-  const index_t N = full.batch * full.context, n = N / s;
-  const index_t tiles = (N + t.logits_rows - 1) / t.logits_rows;
-  m.shape.head_chunk_rows = (n + tiles - 1) / tiles;
-  if ((n + m.shape.head_chunk_rows - 1) / m.shape.head_chunk_rows != tiles)
-    throw Error("--predict-scale " + std::to_string(s) + ": " + std::to_string(n) +
-                " rows cannot make the full shape's " + std::to_string(tiles) + " head tiles; take a smaller scale");
-  if (full.bf16) m.shape.bf16_chunk = t.bf16_chunk / (index_t(s) * s);
+  if (full.head_chunk_rows > 0) {
+    // Tiles asked for at the full shape: as many of the miniature's rows.
+    const index_t N = full.batch * full.context, n = N / s;
+    const index_t tiles = (N + full.head_chunk_rows - 1) / full.head_chunk_rows;
+    m.shape.head_chunk_rows = (n + tiles - 1) / tiles;
+    if ((n + m.shape.head_chunk_rows - 1) / m.shape.head_chunk_rows != tiles)
+      throw Error("--predict-scale " + std::to_string(s) + ": " + std::to_string(n) +
+                  " rows cannot make the full shape's " + std::to_string(tiles) + " head tiles; take a smaller scale");
+  }
   return m;
 }
 
@@ -759,6 +760,26 @@ perf::RecordedRun run_miniature(const Miniature& mini) {
   View2<T> dirs("dirs", mini.shape.directions, P);
   fill_rademacher<T>(space, dirs, 1234, 0);
   return perf::record_run([&] { engine.second_order(space, params, dirs, tokens, targets); });
+}
+
+// What a plan counts of an engine: attention chunks and head tiles a batch.
+std::string plan_counts(const ModelConfig& c, const Shape& s) {
+  const index_t N = s.batch * s.context, seqs = attention_chunk_sequences(c, s);
+  const index_t rows = gpt_tiles(c, s).logits_rows;
+  return "[" + std::to_string((s.batch + seqs - 1) / seqs) + ", " + std::to_string((N + rows - 1) / rows) + "]";
+}
+
+// The plans of the full engine and of its miniature, side by side (they
+// must count alike), and of the adjoint cuts' gradient engine inside each.
+std::string plans_json(const ModelConfig& c, const Shape& full, const Miniature& m) {
+  auto inner = [](Shape g) {
+    g.directions = 0, g.reverse = true, g.second_order = false, g.adjoint_cuts = 0;
+    return g;
+  };
+  std::string js = "{\"engine\": [" + plan_counts(c, full) + ", " + plan_counts(m.config, m.shape) + "]";
+  if (adjoint_cuts_of(c, full))
+    js += ", \"cut_gradient\": [" + plan_counts(c, inner(full)) + ", " + plan_counts(m.config, inner(m.shape)) + "]";
+  return js + "}";
 }
 
 // Kokkos's fills, whatever their rank (and a memset on a GPU), as one label.
@@ -849,26 +870,29 @@ void predict(const Options& o) {
   og.gpu_shaped = true;
   og.policy = o.precision_given ? o.policy : Precision::tf32;
   const Shape gs = shape_of(og, Tc, true);
-  const perf::RecordedRun rg = run_miniature(miniature_of(c, gs, s));
+  const Miniature mg = miniature_of(c, gs, s);
+  const perf::RecordedRun rg = run_miniature(mg);
   const PassPrediction pg = predict_pass("gradient", rg, s, ceilings, batches, 1.0);
   Options os = o;
   os.gpu_shaped = true;
   os.policy = Precision::bf16_amp;
   const int K = o.directions_given ? o.K.front() : 16;
   const Shape ss = shape_of(os, Tc, false, K, true);
-  const perf::RecordedRun rs = run_miniature(miniature_of(c, ss, s));
+  const Miniature ms = miniature_of(c, ss, s);
+  const perf::RecordedRun rs = run_miniature(ms);
   const PassPrediction ps = predict_pass("second-order", rs, s, ceilings, batches, double(K));
   const std::string gp = og.policy == Precision::tf32 ? "tf32" : o.precision;
   std::printf(
       "{\"predict\": \"%s\", \"model\": \"%s\", \"family\": \"%s\", \"batch\": %ld, \"seq_len\": %ld, "
       "\"epoch_tokens\": %.0f, \"scale\": %d, \"execution_space\": \"%s\",\n \"ceilings\": {\"bf16\": %g, "
       "\"tf32\": %g, \"fp32\": %g, \"fp64\": %g, \"copy\": %g, \"memory\": %g, \"launch\": %g, "
-      "\"sms\": %d},\n \"gradient\": {\"precision\": \"%s\", \"prediction\": %s},\n \"second_order\": {\"K\": %d, "
-      "\"precision\": \"bf16-amp\", \"adjoint_cuts\": %s, \"prediction\": %s}}\n",
+      "\"sms\": %d},\n \"gradient\": {\"precision\": \"%s\", \"plans\": %s, \"prediction\": %s},\n "
+      "\"second_order\": {\"K\": %d, \"precision\": \"bf16-amp\", \"adjoint_cuts\": %s, \"plans\": %s, "
+      "\"prediction\": %s}}\n",
       o.predict.c_str(), o.synthetic.empty() ? "reference" : o.synthetic.c_str(), o.family.c_str(), long(B), long(Tc),
       o.epoch_tokens, s, ExecSpace::name(), ceilings.bf16, ceilings.tf32, ceilings.fp32, ceilings.fp64, ceilings.copy,
-      ceilings.memory, ceilings.launch, ceilings.sms, gp.c_str(), pg.json.c_str(), K,
-      adjoint_cuts_of(c, ss) ? "true" : "false", ps.json.c_str());
+      ceilings.memory, ceilings.launch, ceilings.sms, gp.c_str(), plans_json(c, gs, mg).c_str(), pg.json.c_str(), K,
+      adjoint_cuts_of(c, ss) ? "true" : "false", plans_json(c, ss, ms).c_str(), ps.json.c_str());
   std::printf(
       "predicted %s: gradient %.3g s/epoch, second-order K=%d bf16-amp %.3g s/direction, launches per pass %ld\n",
       o.predict.c_str(), pg.seconds * batches, K, ps.seconds * batches / K, ps.device_launches);

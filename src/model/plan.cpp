@@ -69,8 +69,15 @@ GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape) {
   const index_t planes = 1 + K + (sec ? 2 + K : 0), budget = index_t(1) << (shape.gpu_shaped ? 29 : 24);
   index_t vchunk = shape.head_chunk_vocab > 0 ? std::min<index_t>(shape.head_chunk_vocab, V) : V;
   if (shape.head_chunk_vocab <= 0 && !shape.gpu_shaped && N * V * planes > budget) vchunk = std::min<index_t>(V, 4096);
-  const index_t rows =
-      shape.head_chunk_rows > 0 ? shape.head_chunk_rows : std::max<index_t>(1, budget / (vchunk * planes));
+  const index_t sc = std::max(1, shape.scale);
+  index_t rows = shape.head_chunk_rows > 0 ? shape.head_chunk_rows : std::max<index_t>(1, budget / (vchunk * planes));
+  if (shape.head_chunk_rows <= 0 && sc > 1) {
+    // A miniature: the full engine's tiles (of its sc times more rows and
+    // vocabulary), each sc times fewer rows.
+    const index_t full = std::max<index_t>(1, budget / (vchunk * sc * planes));
+    const index_t tiles = (N * sc + full - 1) / full;
+    rows = std::max<index_t>(1, (N + tiles - 1) / tiles);
+  }
   t.logits_rows = std::min<index_t>(rows, N);
   t.logits_vocab = vchunk;
   if (shape.bf16) {
@@ -92,8 +99,7 @@ GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape) {
     // A chunk is bf16_chunk elements but for one row of the widest operand
     // (kernels/blas.hpp, bf16_chunk_rows: equal chunks of rows).
     const index_t widest = std::max<index_t>(wide, t.logits_vocab);
-    t.bf16_chunk = std::min<index_t>(index_t(1) << 22, N * widest);
-    if (shape.bf16_chunk > 0) t.bf16_chunk = shape.bf16_chunk;
+    t.bf16_chunk = std::min<index_t>((index_t(1) << 22) / (sc * sc), N * widest);
     t.bf16_scratch_a = G * (t.bf16_chunk + widest);
     const index_t block = std::max<index_t>(wide * C, std::min<index_t>(t.logits_vocab, 4096) * C);
     t.bf16_scratch_b = std::max(G * std::max(t.bf16_chunk + widest, block), V * C);
@@ -123,8 +129,10 @@ index_t attention_planes_per_sequence(const ModelConfig& cfg, const Shape& shape
 
 index_t attention_chunk_sequences(const ModelConfig& cfg, const Shape& shape) {
   if (shape.attention_sequences > 0) return std::min(shape.attention_sequences, shape.batch);
-  const index_t per = attention_planes_per_sequence(cfg, shape);
-  const index_t planes = per / (index_t(cfg.n_head) * shape.context * shape.context);
+  // A miniature plans as the full engine: its planes of sc^2 times more values.
+  const index_t sc = std::max(1, shape.scale);
+  const index_t per = attention_planes_per_sequence(cfg, shape) * sc * sc;
+  const index_t planes = per / (index_t(cfg.n_head) * shape.context * shape.context * sc * sc);
   return std::clamp<index_t>(attention_score_budget(shape.gpu_shaped, planes) / per, 1, shape.batch);
 }
 

@@ -26,11 +26,14 @@ struct Shape {
   index_t head_chunk_rows = 0;   // rows of a logits tile (0: automatic)
   index_t head_chunk_vocab = 0;  // vocabulary entries of a logits tile (0: automatic)
   // The batched attention's sequences per chunk of score planes (0: as
-  // attention_score_budget allows) and bf16-amp's elements of an operand
-  // rounded per chunk (0: the plan's, GptTiles::bf16_chunk): bench_engine
-  // --predict's miniature takes the full shape's.
+  // attention_score_budget allows).
   index_t attention_sequences = 0;
-  index_t bf16_chunk = 0;
+  // A miniature (bench_engine --predict): this engine's context, widths and
+  // vocabulary are `scale` times smaller than those of the engine it stands
+  // for, whose plan it takes where a plan counts extents: as many attention
+  // chunks and head tiles, bf16-amp chunks scale^2 times smaller. Engines it
+  // plans inside (the adjoint cuts' gradient engine) are miniatures too.
+  int scale = 1;
   bool bf16 = false;  // bf16-amp: matrix-multiply operands rounded to bfloat16 (float only)
   bool tf32 = false;  // tf32: TF32 tensor-core GEMMs where the backend has them (cuBLAS)
   // The GPU's kernels and tiles (the batched attention, the head's whole

@@ -104,6 +104,15 @@ class CostModel(unittest.TestCase):
             self.assertAlmostEqual(sum(l["seconds"] for l in p["labels"]), p["seconds_per_batch"],
                                    delta=1e-9 * p["seconds_per_batch"])
             self.assertEqual(sum(l["launches"] for l in p["labels"]), p["device_launches"])
+        # The miniature's engines plan the full ones' attention chunks and
+        # head tiles a batch (the adjoint cuts' gradient engine inside the
+        # second order too), several of each where the full shape has them.
+        for name in ("gradient", "second_order"):
+            for engine, (full, mini) in d[name]["plans"].items():
+                self.assertEqual(full, mini, (name, engine))
+        self.assertIn("cut_gradient", d["second_order"]["plans"])
+        self.assertEqual(d["second_order"]["plans"]["engine"][0], [11, 137])
+        self.assertGreater(d["second_order"]["plans"]["cut_gradient"][0][1], 1)
         # Every dense, head and attention product on tensor cores at these
         # precisions (tf32 gradient, bf16-amp second order).
         self.assertEqual(g["gemm_flops"]["fp32"], 0)

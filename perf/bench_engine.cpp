@@ -403,7 +403,8 @@ std::string profile_json(F&& pass) {
   for (const perf::LabelTime& l : labels) launches += l.launches, device += l.device_launches;
   s << "{\"seconds\": " << run.seconds << ", \"launches\": " << launches << ", \"device_launches\": " << device
     << ", \"sampled_device_peak_bytes\": " << perf::MemoryWatch::sampled_device_peak_bytes()
-    << ", \"gemm_flops\": {\"tensor\": " << work.tensor << ", \"fp32\": " << work.fp32 << ", \"fp64\": " << work.fp64
+    << ", \"gemm_flops\": {\"tensor\": " << work.flops(kernels::GemmUnit::tensor)
+    << ", \"fp32\": " << work.flops(kernels::GemmUnit::fp32) << ", \"fp64\": " << work.flops(kernels::GemmUnit::fp64)
     << "}, \"labels\": [";
   for (std::size_t i = 0; i < labels.size(); ++i)
     s << (i ? ", " : "") << "{\"label\": \"" << labels[i].label << "\", \"seconds\": " << labels[i].seconds
@@ -716,6 +717,13 @@ int miniature_scale(const ModelConfig& c, index_t T, int most) {
   return s;
 }
 
+// What a plan counts of an engine: attention chunks and head tiles a batch.
+std::string plan_counts(const ModelConfig& c, const Shape& s) {
+  const index_t N = s.batch * s.context, seqs = attention_chunk_sequences(c, s);
+  const index_t rows = gpt_tiles(c, s).logits_rows;
+  return "[" + std::to_string((s.batch + seqs - 1) / seqs) + ", " + std::to_string((N + rows - 1) / rows) + "]";
+}
+
 Miniature miniature_of(const ModelConfig& c, const Shape& full, int s) {
   if (!scalable(c, full.context, s))
     throw Error("--predict-scale " + std::to_string(s) +
@@ -729,15 +737,12 @@ Miniature miniature_of(const ModelConfig& c, const Shape& full, int s) {
   m.shape.context = full.context / s;
   m.shape.scale = s;  // plans as the full shape (Shape::scale), its inner engines too
   m.shape.adjoint_cuts = adjoint_cuts_of(c, full) ? 1 : 0;
-  if (full.head_chunk_rows > 0) {
-    // Tiles asked for at the full shape: as many of the miniature's rows.
-    const index_t N = full.batch * full.context, n = N / s;
-    const index_t tiles = (N + full.head_chunk_rows - 1) / full.head_chunk_rows;
-    m.shape.head_chunk_rows = (n + tiles - 1) / tiles;
-    if ((n + m.shape.head_chunk_rows - 1) / m.shape.head_chunk_rows != tiles)
-      throw Error("--predict-scale " + std::to_string(s) + ": " + std::to_string(n) +
-                  " rows cannot make the full shape's " + std::to_string(tiles) + " head tiles; take a smaller scale");
-  }
+  if (plan_counts(c, full) != plan_counts(m.config, m.shape))
+    throw Error("--predict-scale " + std::to_string(s) + ": the miniature's " +
+                std::to_string(full.batch * full.context / s) +
+                " rows cannot make the full shape's attention chunks "
+                "and head tiles " +
+                plan_counts(c, full) + "; take a smaller scale");
   return m;
 }
 
@@ -760,13 +765,6 @@ perf::RecordedRun run_miniature(const Miniature& mini) {
   View2<T> dirs("dirs", mini.shape.directions, P);
   fill_rademacher<T>(space, dirs, 1234, 0);
   return perf::record_run([&] { engine.second_order(space, params, dirs, tokens, targets); });
-}
-
-// What a plan counts of an engine: attention chunks and head tiles a batch.
-std::string plan_counts(const ModelConfig& c, const Shape& s) {
-  const index_t N = s.batch * s.context, seqs = attention_chunk_sequences(c, s);
-  const index_t rows = gpt_tiles(c, s).logits_rows;
-  return "[" + std::to_string((s.batch + seqs - 1) / seqs) + ", " + std::to_string((N + rows - 1) / rows) + "]";
 }
 
 // The plans of the full engine and of its miniature, side by side (they
@@ -805,7 +803,6 @@ PassPrediction predict_pass(const std::string& name, const perf::RecordedRun& r,
   std::map<std::string, kernels::LabelWork> work;
   for (const auto& [label, w] : r.work.labels) {
     kernels::LabelWork& t = work[cost_label(label)];
-    t.tensor += w.tensor, t.fp32 += w.fp32, t.fp64 += w.fp64;
     for (int d = 0; d < kernels::kScaledDims; ++d) t.bytes[std::size_t(d)] += w.bytes[std::size_t(d)];
     for (const auto& [k, n] : w.products) t.products[k] += n;
   }

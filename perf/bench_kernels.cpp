@@ -114,8 +114,9 @@ std::string cost_json(double analytic, const std::function<void()>& f) {
   for (const auto& [label, lw] : w.labels) bytes += lw.total_bytes();
   std::ostringstream s;
   s.precision(17);
-  s << "{\"device_launches\": " << device << ", \"kernels\": " << kernels_run << ", \"tensor\": " << w.tensor
-    << ", \"fp32\": " << w.fp32 << ", \"fp64\": " << w.fp64 << ", \"bytes\": " << bytes
+  s << "{\"device_launches\": " << device << ", \"kernels\": " << kernels_run
+    << ", \"tensor\": " << w.flops(kernels::GemmUnit::tensor) << ", \"fp32\": " << w.flops(kernels::GemmUnit::fp32)
+    << ", \"fp64\": " << w.flops(kernels::GemmUnit::fp64) << ", \"bytes\": " << bytes
     << ", \"analytic_gemm_flops\": " << analytic << "}";
   return s.str();
 }

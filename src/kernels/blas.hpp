@@ -162,18 +162,6 @@ struct GemmPolicy {
 };
 
 namespace detail {
-template <class T>
-Span2<const T> rounded_copy(const ExecSpace& space, Span2<const T> src, index_t r0, index_t rows, T* dst) {
-  const index_t cols = src.extent(1);
-  const T* s = src.data() + r0 * cols;
-  // As the GPU's copy moves it: T read, a bfloat16 written.
-  Traffic("gnh::gemm::round_bf16").add(double(rows * cols), sizeof(T) + 2, 2);
-  Kokkos::parallel_for(
-      "gnh::gemm::round_bf16", range(space, rows * cols),
-      KOKKOS_LAMBDA(const index_t i) { dst[i] = round_bf16(s[i]); });
-  return Span2<const T>(dst, rows, cols);
-}
-
 // Rows of A per chunk under bf16-amp (gemm and gemm_batched): A's rows in
 // equal chunks (the last one shorter), as few as keep a chunk of rows of the
 // wider of A and B within the policy's chunk_elements but for one row. The
@@ -217,6 +205,13 @@ void rounded_copies(const ExecSpace& space, const char* label, const T* src, ind
   Kokkos::parallel_for(label, Policy(space, {0, 0}, {count, rows * cols}),
                        RoundedCopies<T, D>{src, dst, src_stride, dst_stride, cols, r0, rows});
 }
+
+// Rows r0 .. r0 + rows - 1 of src rounded to bfloat16 values in dst.
+template <class T>
+Span2<const T> rounded_copy(const ExecSpace& space, Span2<const T> src, index_t r0, index_t rows, T* dst) {
+  rounded_copies(space, "gnh::gemm::round_bf16", src.data(), 0, src.extent(1), r0, rows, 1, dst, 0);
+  return Span2<const T>(dst, rows, src.extent(1));
+}
 }  // namespace detail
 
 #ifdef GNH_CUBLAS_MATH_MODE
@@ -227,12 +222,8 @@ template <class T>
 Span2<const std::uint16_t> bf16_copy(const ExecSpace& space, Span2<const T> src, index_t r0, index_t rows,
                                      std::uint16_t* d) {
   static_assert(std::is_same_v<T, float>, "bfloat16 operands come from float");
-  const index_t cols = src.extent(1);
-  const T* s = src.data() + r0 * cols;
-  Traffic("gnh::gemm::to_bf16").add(double(rows * cols), sizeof(T) + 2, 2);
-  Kokkos::parallel_for(
-      "gnh::gemm::to_bf16", range(space, rows * cols), KOKKOS_LAMBDA(const index_t i) { d[i] = bf16_bits(s[i]); });
-  return Span2<const std::uint16_t>(d, rows, cols);
+  rounded_copies(space, "gnh::gemm::to_bf16", src.data(), 0, src.extent(1), r0, rows, 1, d, 0);
+  return Span2<const std::uint16_t>(d, rows, src.extent(1));
 }
 template <class T>
 Span2<const std::uint16_t> bf16_copy(const ExecSpace& space, Span2<const T> src, index_t r0, index_t rows, T* dst) {

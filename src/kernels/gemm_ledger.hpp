@@ -34,21 +34,30 @@ constexpr int kScaledDims = 4;
 enum class GemmUnit { tensor = 0, fp32 = 1, fp64 = 2 };
 
 struct LabelWork {
-  double tensor = 0, fp32 = 0, fp64 = 0;  // GEMM FLOPs (spanning 3 extents)
   std::array<double, kScaledDims> bytes{};
   // Products by shape: {m, n, k, unit, bytes an operand value, bytes a
   // result value moves} -> how many (a cost model's efficiency depends on
   // the shape).
   std::map<std::array<index_t, 6>, double> products;
-  double gemm() const { return tensor + fp32 + fp64; }
+  // GEMM FLOPs on a unit (spanning 3 extents).
+  double flops(GemmUnit unit) const {
+    double f = 0;
+    for (const auto& [key, count] : products)
+      if (GemmUnit(key[3]) == unit) f += 2.0 * double(key[0]) * double(key[1]) * double(key[2]) * count;
+    return f;
+  }
   double total_bytes() const { return bytes[0] + bytes[1] + bytes[2] + bytes[3]; }
 };
 
 struct GemmWork {
-  double tensor = 0, fp32 = 0, fp64 = 0;  // FLOPs
   bool on = false;
   int paused = 0;  // inside an entry point that recorded its products already
   std::map<std::string, LabelWork> labels;
+  double flops(GemmUnit unit) const {
+    double f = 0;
+    for (const auto& [label, l] : labels) f += l.flops(unit);
+    return f;
+  }
 };
 
 inline GemmWork& gemm_work() {
@@ -64,12 +73,8 @@ void record_gemm(const char* label, bool tensor, index_t m, index_t n, index_t k
                  std::size_t operand_bytes, bool accumulate) {
   GemmWork& w = gemm_work();
   if (!w.on || w.paused > 0) return;
-  const double f = 2.0 * double(m) * double(n) * double(k) * double(count);
   LabelWork& l = w.labels[label];
-  GemmUnit unit = GemmUnit::fp32;
-  if (std::is_same<T, double>::value) w.fp64 += f, l.fp64 += f, unit = GemmUnit::fp64;
-  else if (tensor) w.tensor += f, l.tensor += f, unit = GemmUnit::tensor;
-  else w.fp32 += f, l.fp32 += f;
+  const GemmUnit unit = std::is_same<T, double>::value ? GemmUnit::fp64 : tensor ? GemmUnit::tensor : GemmUnit::fp32;
   const double c = double(count);
   const index_t result = index_t(sizeof(T)) * (accumulate ? 2 : 1);
   l.products[{m, n, k, index_t(unit), index_t(operand_bytes), result}] += c;

@@ -69,13 +69,14 @@ GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape) {
   const index_t planes = 1 + K + (sec ? 2 + K : 0), budget = index_t(1) << (shape.gpu_shaped ? 29 : 24);
   index_t vchunk = shape.head_chunk_vocab > 0 ? std::min<index_t>(shape.head_chunk_vocab, V) : V;
   if (shape.head_chunk_vocab <= 0 && !shape.gpu_shaped && N * V * planes > budget) vchunk = std::min<index_t>(V, 4096);
+  // A miniature (Shape::scale) takes the full engine's tiles, of its sc times
+  // more rows and vocabulary (head_chunk_rows counts the full engine's rows),
+  // each sc times fewer rows.
   const index_t sc = std::max(1, shape.scale);
-  index_t rows = shape.head_chunk_rows > 0 ? shape.head_chunk_rows : std::max<index_t>(1, budget / (vchunk * planes));
-  if (shape.head_chunk_rows <= 0 && sc > 1) {
-    // A miniature: the full engine's tiles (of its sc times more rows and
-    // vocabulary), each sc times fewer rows.
-    const index_t full = std::max<index_t>(1, budget / (vchunk * sc * planes));
-    const index_t tiles = (N * sc + full - 1) / full;
+  index_t rows =
+      shape.head_chunk_rows > 0 ? shape.head_chunk_rows : std::max<index_t>(1, budget / (vchunk * sc * planes));
+  if (sc > 1) {
+    const index_t tiles = (N * sc + rows - 1) / rows;
     rows = std::max<index_t>(1, (N + tiles - 1) / tiles);
   }
   t.logits_rows = std::min<index_t>(rows, N);
@@ -119,20 +120,26 @@ index_t attention_score_budget(bool device, index_t planes) {
   return std::max(planes * (index_t(1) << 25), index_t(1) << 28);
 }
 
-index_t attention_planes_per_sequence(const ModelConfig& cfg, const Shape& shape) {
+namespace {
+// The score planes of the engine's largest attention call (its forward's, or
+// its reverse's).
+index_t score_planes(const Shape& shape) {
   const bool tan = shape.directions > 0, sec = shape.second_order && tan;
   const index_t K = tan ? shape.directions : 0;
-  const index_t planes = std::max(kernels::attention_score_planes(false, tan, sec, K),
-                                  shape.reverse ? kernels::attention_score_planes(true, tan, false, K) : index_t(0));
-  return planes * index_t(cfg.n_head) * shape.context * shape.context;
+  return std::max(kernels::attention_score_planes(false, tan, sec, K),
+                  shape.reverse ? kernels::attention_score_planes(true, tan, false, K) : index_t(0));
+}
+}  // namespace
+
+index_t attention_planes_per_sequence(const ModelConfig& cfg, const Shape& shape) {
+  return score_planes(shape) * index_t(cfg.n_head) * shape.context * shape.context;
 }
 
 index_t attention_chunk_sequences(const ModelConfig& cfg, const Shape& shape) {
   if (shape.attention_sequences > 0) return std::min(shape.attention_sequences, shape.batch);
   // A miniature plans as the full engine: its planes of sc^2 times more values.
-  const index_t sc = std::max(1, shape.scale);
+  const index_t sc = std::max(1, shape.scale), planes = score_planes(shape);
   const index_t per = attention_planes_per_sequence(cfg, shape) * sc * sc;
-  const index_t planes = per / (index_t(cfg.n_head) * shape.context * shape.context * sc * sc);
   return std::clamp<index_t>(attention_score_budget(shape.gpu_shaped, planes) / per, 1, shape.batch);
 }
 

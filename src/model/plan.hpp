@@ -31,8 +31,9 @@ struct Shape {
   // A miniature (bench_engine --predict): this engine's context, widths and
   // vocabulary are `scale` times smaller than those of the engine it stands
   // for, whose plan it takes where a plan counts extents: as many attention
-  // chunks and head tiles, bf16-amp chunks scale^2 times smaller. Engines it
-  // plans inside (the adjoint cuts' gradient engine) are miniatures too.
+  // chunks and head tiles (head_chunk_rows, where set, counts that engine's
+  // rows), bf16-amp chunks scale^2 times smaller. Engines it plans inside
+  // (the adjoint cuts' gradient engine) are miniatures too.
   int scale = 1;
   bool bf16 = false;  // bf16-amp: matrix-multiply operands rounded to bfloat16 (float only)
   bool tf32 = false;  // tf32: TF32 tensor-core GEMMs where the backend has them (cuBLAS)

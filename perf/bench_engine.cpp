@@ -20,6 +20,7 @@
 //          --adjoint-cuts auto|0|1   the second-order forward's adjoint cuts (default auto)
 //          --head-tile ROWS,VOCAB    the LM head's logits tile (default: the plan's)
 //          --attention-sequences N   the batched attention's sequences per chunk (default: the plan's)
+//          --attention-blocks N      the batched attention's causal query blocks (default: the plan's)
 //          --profile             after the timed repeats, one more run of each pass with
 //                                every kernel and region fenced and timed by label
 //          --gpu-shaped          the GPU's kernels and tiles on this backend (Shape::gpu_shaped:
@@ -102,6 +103,7 @@ struct Options {
   int adjoint_cuts = -1;                  // Shape::adjoint_cuts
   index_t head_rows = 0, head_vocab = 0;  // Shape::head_chunk_rows, head_chunk_vocab
   index_t attention_sequences = 0;        // Shape::attention_sequences
+  index_t attention_blocks = 0;           // Shape::attention_blocks
   bool validation = false;
   bool plan_only = false;
   bool profile = false;
@@ -365,6 +367,7 @@ Shape shape_of(const Options& o, index_t context, bool reverse, int K = 0, bool 
   s.head_chunk_rows = o.head_rows;
   s.head_chunk_vocab = o.head_vocab;
   s.attention_sequences = o.attention_sequences;
+  s.attention_blocks = o.attention_blocks;
   s.bf16 = o.policy == Precision::bf16_amp;
   s.tf32 = o.policy == Precision::tf32;
   s.gpu_shaped = o.gpu_shaped || !std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value;
@@ -717,11 +720,15 @@ int miniature_scale(const ModelConfig& c, index_t T, int most) {
   return s;
 }
 
-// What a plan counts of an engine: attention chunks and head tiles a batch.
+// What a plan counts of an engine: attention chunks and head tiles a batch,
+// the attention's causal query blocks and their rows (counted at the full
+// extents: a miniature's times its scale).
 std::string plan_counts(const ModelConfig& c, const Shape& s) {
   const index_t N = s.batch * s.context, seqs = attention_chunk_sequences(c, s);
-  const index_t rows = gpt_tiles(c, s).logits_rows;
-  return "[" + std::to_string((s.batch + seqs - 1) / seqs) + ", " + std::to_string((N + rows - 1) / rows) + "]";
+  const index_t rows = gpt_tiles(c, s).logits_rows, blocks = attention_query_blocks(s);
+  const index_t block_rows = kernels::attention_block_rows(s.context, blocks) * std::max(1, s.scale);
+  return "[" + std::to_string((s.batch + seqs - 1) / seqs) + ", " + std::to_string((N + rows - 1) / rows) + ", " +
+         std::to_string(blocks) + ", " + std::to_string(block_rows) + "]";
 }
 
 Miniature miniature_of(const ModelConfig& c, const Shape& full, int s) {
@@ -740,8 +747,8 @@ Miniature miniature_of(const ModelConfig& c, const Shape& full, int s) {
   if (plan_counts(c, full) != plan_counts(m.config, m.shape))
     throw Error("--predict-scale " + std::to_string(s) + ": the miniature's " +
                 std::to_string(full.batch * full.context / s) +
-                " rows cannot make the full shape's attention chunks "
-                "and head tiles " +
+                " rows cannot make the full shape's attention chunks, "
+                "head tiles and query blocks " +
                 plan_counts(c, full) + "; take a smaller scale");
   return m;
 }
@@ -944,6 +951,7 @@ int main(int argc, char** argv) {
       else if (a == "--precision") o.precision = next(), o.precision_given = true;
       else if (a == "--predict") o.predict = next();
       else if (a == "--attention-sequences") o.attention_sequences = std::stol(next());
+      else if (a == "--attention-blocks") o.attention_blocks = std::stol(next());
       else if (a == "--predict-scale") o.predict_scale = std::stoi(next());
       else if (a == "--epoch-tokens") o.epoch_tokens = std::stod(next());
       else if (a == "--synthetic") o.synthetic = next();

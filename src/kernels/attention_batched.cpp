@@ -42,7 +42,7 @@ KOKKOS_INLINE_FUNCTION T team_sum(const Member& team, index_t n, const F& f) {
 template <class T>
 struct Chunk {
   QkvLayout L;
-  index_t Tc, K, b0, Bc, N, rep, C, PE;
+  index_t Tc, Tb, K, b0, Bc, N, rep, C, PE;  // Tb: rows of a causal query block
   T* scores;
   // Where the products read q, k, v and dy: the call's buffers (in_b0 = b0,
   // in_N = N), or under bf16-amp the chunk's rounded copies (0, Bc Tc).
@@ -124,17 +124,45 @@ struct Products {
   const ExecSpace& space() const { return q.space(); }
 };
 
+// A chunk's products by causal query blocks of Tb rows (attention_block_rows),
+// block [r, e) at a time, each block one mapped batch: the scores C = A B^T
+// of the block's queries against the keys up to e; the outputs C = A B of
+// the block's rows from the planes' first e columns; the key side C = A^T B
+// of the block's keys from the rows r to Tc of the planes' columns [r, e)
+// (the queries that see those keys) and of B. hs: the head width (the
+// scores' inner dimension, the others' columns).
+template <class T>
+struct Causal {
+  const Products<T>& mm;
+  index_t Tc, Tb, hs;
+  enum Kind { scores, outputs, keys };
+  void operator()(Kind kind, T alpha, const Mapped<T>& A, const Mapped<T>& B, T beta, const Mapped<T>& C,
+                  const BatchExtents& e) const {
+    for (index_t r = 0; r < Tc; r += Tb) {
+      const index_t end = std::min(r + Tb, Tc), m = end - r;
+      Mapped<T> a = A, b = B, c = C;
+      a.base += r * A.ld + (kind == keys ? r : 0);
+      b.base += kind == keys ? r * B.ld : 0;
+      c.base += r * C.ld;
+      if (kind == scores) mm(false, true, m, end, hs, alpha, a, b, beta, c, e);
+      else if (kind == outputs) mm(false, false, m, hs, end, alpha, a, b, beta, c, e);
+      else mm(true, false, m, hs, Tc - r, alpha, a, b, beta, c, e);
+    }
+  }
+};
+
 // The forward's rows: from the scores of every plane, p (and p', p''), lse
 // (and lse', lse''), in place: plane 0 holds S then P; plane 1 + k holds S'_k
 // then P'_k; plane 1 + K + k holds S''_k then P''_k.
 template <class T>
 struct ForwardRows {
   T* sc;
-  index_t PE, Tc, K, g0;
+  index_t PE, Tc, Tb, K, g0;
   bool tangents, second, bf16;  // bf16: p, p', p'' rounded (they are GEMM operands)
   Act1<T> lse;
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
     const index_t i = team.league_rank(), n = i % Tc + 1, gi = g0 + i;
+    const index_t end = ((n - 1) / Tb + 1) * Tb, w = end < Tc ? end : Tc;  // the row's block's end
     T* s0 = sc + i * Tc;
     const T m = team_max(team, n, s0);
     const T L = jlog(team_sum<T>(team, n, [&](index_t s) { return jexp(s0[s] - m); })) + m;
@@ -150,14 +178,14 @@ struct ForwardRows {
         lse.d(k, gi) = l1;
         if (second) lse.dd(k, gi) = l2;
       });
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, Tc), [&](const index_t s) {
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, w), [&](const index_t s) {
         const T p = s < n ? jexp(s0[s] - L) : T(0), e = s1[s] - l1;
         if (second) s2[s] = s < n ? operand(p * (e * e + s2[s] - l2), bf16) : T(0);
         s1[s] = operand(p * e, bf16);
       });
     }
     team.team_barrier();
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, Tc),
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, w),
                          [&](const index_t s) { s0[s] = s < n ? operand(jexp(s0[s] - L), bf16) : T(0); });
   }
 };
@@ -168,13 +196,14 @@ struct ForwardRows {
 template <class T>
 struct ReverseRows {
   T* sc;
-  index_t PE, Tc, H, hs, K, g0, n0;
+  index_t PE, Tc, Tb, H, hs, K, g0, n0;
   bool tangents, bf16;  // bf16: P, dS, P', dS' rounded (they are GEMM operands)
   T scale;
   Act1<T> lse, D;
   Act2<T> dy, y;
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
     const index_t i = team.league_rank(), t = i % Tc, n = t + 1, gi = g0 + i, h = (i / Tc) % H;
+    const index_t end = (t / Tb + 1) * Tb, w = end < Tc ? end : Tc;  // the row's block's end
     const index_t row = n0 + (i / (Tc * H)) * Tc + t, c0 = h * hs;
     T *s0 = sc + i * Tc, *dp = sc + PE + i * Tc;
     const T L = lse.v(gi);
@@ -187,7 +216,7 @@ struct ReverseRows {
       });
       const T l1 = lse.d(k, gi);
       Kokkos::single(Kokkos::PerTeam(team), [&] { D.d(k, gi) = Dk; });
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, Tc), [&](const index_t s) {
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, w), [&](const index_t s) {
         const T p = s < n ? jexp(s0[s] - L) : T(0), pd = p * (st[s] - l1);
         sa[s] = operand((pd * (dp[s] - Dt) + p * (sa[s] - Dk)) * scale, bf16);
         st[s] = operand(pd, bf16);
@@ -195,7 +224,7 @@ struct ReverseRows {
     }
     team.team_barrier();
     Kokkos::single(Kokkos::PerTeam(team), [&] { D.v(gi) = Dt; });
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, Tc), [&](const index_t s) {
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, w), [&](const index_t s) {
       const T p = s < n ? jexp(s0[s] - L) : T(0);
       dp[s] = operand(p * (dp[s] - Dt) * scale, bf16);
       s0[s] = operand(p, bf16);
@@ -238,8 +267,22 @@ template <class T>
 Chunk<T> chunk_of(const ExecSpace& space, const QkvLayout& L, index_t B, index_t Tc, index_t K, index_t b0, index_t Bc,
                   const AttentionScratch<T>& scratch, const QkvActs<T>& x, const Act2<T>& dy, bool bf16,
                   index_t planes) {
-  Chunk<T> c{L, Tc, K,  b0,     Bc,  B * Tc, L.group(), L.H * L.hs, Bc * L.H * Tc * Tc, scratch.scores.data(),
-             x, dy, b0, B * Tc, bf16};
+  Chunk<T> c{L,
+             Tc,
+             attention_block_rows(Tc, scratch.query_blocks),
+             K,
+             b0,
+             Bc,
+             B * Tc,
+             L.group(),
+             L.H * L.hs,
+             Bc * L.H * Tc * Tc,
+             scratch.scores.data(),
+             x,
+             dy,
+             b0,
+             B * Tc,
+             bf16};
   if (!bf16) return c;
   // Each distinct buffer among q, k, v once, and dy (the reverse), the
   // chunk's rows of the planes the call reads.
@@ -276,101 +319,109 @@ index_t chunk_sequences(const char* who, const AttentionScratch<T>& scratch, ind
 }
 
 template <class T>
-void forward_derivative_outputs(const Products<T>& mm, const Chunk<T>& c, const Act2<T>& y, const Mapped<T>& P0,
+void forward_derivative_outputs(const Causal<T>& mm, const Chunk<T>& c, const Act2<T>& y, const Mapped<T>& P0,
                                 const Mapped<T>& P1, const Mapped<T>& P2, const Mapped<T>& V0, bool second, bool xs);
+
+// Score values of the chunk's rows that the blocks compute, per plane.
+template <class T>
+double block_values(const Chunk<T>& c) {
+  return double(c.Bc * c.L.H) * double(attention_block_values(c.Tc, c.Tb));
+}
 
 // The forward of one chunk: scores, rows, outputs.
 template <class T>
-void forward_chunk(const Products<T>& mm, const Chunk<T>& c, const Act2<T>& y, const Act1<T>& lse, bool tangents,
+void forward_chunk(const Products<T>& q, const Chunk<T>& c, const Act2<T>& y, const Act1<T>& lse, bool tangents,
                    bool second, bool xs) {
   const index_t Tc = c.Tc, hs = c.L.hs;
+  const Causal<T> mm{q, Tc, c.Tb, hs};
+  using C = Causal<T>;
   const T scale = T(1) / kmath::sqrt(T(hs));
   const BatchExtents e1 = c.ext(false), eK = c.ext(true);
   const Mapped<T> Q0 = c.in(0, 0), K0 = c.in(1, 0), V0 = c.in(2, 0);
   const Mapped<T> P0 = c.plane(0, false), P1 = c.plane(1, true), P2 = c.plane(1 + c.K, true);
-  mm(false, true, Tc, Tc, hs, scale, Q0, K0, T(0), P0, e1);
+  mm(C::scores, scale, Q0, K0, T(0), P0, e1);
   if (tangents) {
     const Mapped<T> Q1 = c.in(0, 1), K1 = c.in(1, 1);
-    mm(false, true, Tc, Tc, hs, scale, Q1, K0, T(0), P1, eK);
-    mm(false, true, Tc, Tc, hs, scale, Q0, K1, T(1), P1, eK);
+    mm(C::scores, scale, Q1, K0, T(0), P1, eK);
+    mm(C::scores, scale, Q0, K1, T(1), P1, eK);
     if (second) {
-      if (xs) mm(false, true, Tc, Tc, hs, scale, c.in(0, 2), K0, T(0), P2, eK);
-      mm(false, true, Tc, Tc, hs, T(2) * scale, Q1, K1, xs ? T(1) : T(0), P2, eK);
-      if (xs) mm(false, true, Tc, Tc, hs, scale, Q0, c.in(1, 2), T(1), P2, eK);
+      if (xs) mm(C::scores, scale, c.in(0, 2), K0, T(0), P2, eK);
+      mm(C::scores, T(2) * scale, Q1, K1, xs ? T(1) : T(0), P2, eK);
+      if (xs) mm(C::scores, scale, Q0, c.in(1, 2), T(1), P2, eK);
     }
   }
-  mm.q.flush();
-  // Each plane's scores read and its probabilities written; lse per row.
+  q.q.flush();
+  // Each plane's block scores read and its probabilities written; lse per row.
   const index_t planes = attention_score_planes(false, tangents, second, c.K), rows = c.Bc * c.L.H * Tc;
   Traffic("gnh::attention::batched::softmax")
-      .add(double(planes * rows * Tc), 2 * sizeof(T), 2)
+      .add(double(planes) * block_values(c), 2 * sizeof(T), 2)
       .add(double(rows), sizeof(T), 1);
-  Kokkos::parallel_for("gnh::attention::batched::softmax", Team(mm.space(), c.Bc * c.L.H * Tc, kScoreTeam),
-                       ForwardRows<T>{c.scores, c.PE, Tc, c.K, c.b0 * c.L.H * Tc, tangents, second, c.bf16, lse});
-  mm(false, false, Tc, hs, Tc, T(1), P0, V0, T(0), c.heads(y, 0), e1);
+  Kokkos::parallel_for("gnh::attention::batched::softmax", Team(q.space(), rows, kScoreTeam),
+                       ForwardRows<T>{c.scores, c.PE, Tc, c.Tb, c.K, c.b0 * c.L.H * Tc, tangents, second, c.bf16, lse});
+  mm(C::outputs, T(1), P0, V0, T(0), c.heads(y, 0), e1);
   if (tangents) forward_derivative_outputs(mm, c, y, P0, P1, P2, V0, second, xs);
-  mm.q.flush();
+  q.q.flush();
 }
 
 // The outputs' tangents (and second order) from P, P' (and P'').
 template <class T>
-void forward_derivative_outputs(const Products<T>& mm, const Chunk<T>& c, const Act2<T>& y, const Mapped<T>& P0,
+void forward_derivative_outputs(const Causal<T>& mm, const Chunk<T>& c, const Act2<T>& y, const Mapped<T>& P0,
                                 const Mapped<T>& P1, const Mapped<T>& P2, const Mapped<T>& V0, bool second, bool xs) {
-  const index_t Tc = c.Tc, hs = c.L.hs;
+  using C = Causal<T>;
   const BatchExtents eK = c.ext(true);
   const Mapped<T> V1 = c.in(2, 1), Y1 = c.heads(y, 1);
-  mm(false, false, Tc, hs, Tc, T(1), P1, V0, T(0), Y1, eK);
-  mm(false, false, Tc, hs, Tc, T(1), P0, V1, T(1), Y1, eK);
+  mm(C::outputs, T(1), P1, V0, T(0), Y1, eK);
+  mm(C::outputs, T(1), P0, V1, T(1), Y1, eK);
   if (!second) return;
   const Mapped<T> Y2 = c.heads(y, 2);
-  mm(false, false, Tc, hs, Tc, T(1), P2, V0, T(0), Y2, eK);
-  mm(false, false, Tc, hs, Tc, T(2), P1, V1, T(1), Y2, eK);
-  if (xs) mm(false, false, Tc, hs, Tc, T(1), P0, c.in(2, 2), T(1), Y2, eK);
+  mm(C::outputs, T(1), P2, V0, T(0), Y2, eK);
+  mm(C::outputs, T(2), P1, V1, T(1), Y2, eK);
+  if (xs) mm(C::outputs, T(1), P0, c.in(2, 2), T(1), Y2, eK);
 }
 
 // The scores of the reverse (and their tangents): S, dP = dy V^T into planes
 // 0 and 1; S'_k and dP'_k into planes 2 + k and 2 + K + k.
 template <class T>
-void reverse_scores(const Products<T>& mm, const Chunk<T>& c, bool tangents) {
-  const index_t Tc = c.Tc, hs = c.L.hs;
-  const T scale = T(1) / kmath::sqrt(T(hs));
+void reverse_scores(const Causal<T>& mm, const Chunk<T>& c, bool tangents) {
+  using C = Causal<T>;
+  const T scale = T(1) / kmath::sqrt(T(c.L.hs));
   const BatchExtents e1 = c.ext(false), eK = c.ext(true);
   const Mapped<T> Q0 = c.in(0, 0), K0 = c.in(1, 0), V0 = c.in(2, 0), dY0 = c.dy(0);
-  mm(false, true, Tc, Tc, hs, scale, Q0, K0, T(0), c.plane(0, false), e1);
-  mm(false, true, Tc, Tc, hs, T(1), dY0, V0, T(0), c.plane(1, false), e1);
+  mm(C::scores, scale, Q0, K0, T(0), c.plane(0, false), e1);
+  mm(C::scores, T(1), dY0, V0, T(0), c.plane(1, false), e1);
   if (!tangents) return;
   const Mapped<T> Pt = c.plane(2, true), Pa = c.plane(2 + c.K, true);
-  mm(false, true, Tc, Tc, hs, scale, c.in(0, 1), K0, T(0), Pt, eK);
-  mm(false, true, Tc, Tc, hs, scale, Q0, c.in(1, 1), T(1), Pt, eK);
-  mm(false, true, Tc, Tc, hs, T(1), c.dy(1), V0, T(0), Pa, eK);
-  mm(false, true, Tc, Tc, hs, T(1), dY0, c.in(2, 1), T(1), Pa, eK);
+  mm(C::scores, scale, c.in(0, 1), K0, T(0), Pt, eK);
+  mm(C::scores, scale, Q0, c.in(1, 1), T(1), Pt, eK);
+  mm(C::scores, T(1), c.dy(1), V0, T(0), Pa, eK);
+  mm(C::scores, T(1), dY0, c.in(2, 1), T(1), Pa, eK);
 }
 
 // The reverse's outputs from P, dS (and P', dS'): dq, and dk, dv summed over
 // each group's query heads in order.
 template <class T>
-void reverse_outputs(const Products<T>& mm, const Chunk<T>& c, const QkvActs<T>& dx, bool tangents) {
-  const index_t Tc = c.Tc, hs = c.L.hs;
+void reverse_outputs(const Causal<T>& mm, const Chunk<T>& c, const QkvActs<T>& dx, bool tangents) {
+  using C = Causal<T>;
   const BatchExtents e1 = c.ext(false), eK = c.ext(true), g1 = c.ext(false, false), gK = c.ext(true, false);
   const Mapped<T> Q0 = c.in(0, 0), K0 = c.in(1, 0), dY0 = c.dy(0);
   const Mapped<T> P = c.plane(0, false), dS = c.plane(1, false), Pt = c.plane(2, true), dSt = c.plane(2 + c.K, true);
-  mm(false, false, Tc, hs, Tc, T(1), dS, K0, T(0), c.out(dx.q, 0, 0), e1);
+  mm(C::outputs, T(1), dS, K0, T(0), c.out(dx.q, 0, 0), e1);
   if (tangents) {
     const Mapped<T> dQ1 = c.out(dx.q, 0, 1);
-    mm(false, false, Tc, hs, Tc, T(1), dSt, K0, T(0), dQ1, eK);
-    mm(false, false, Tc, hs, Tc, T(1), dS, c.in(1, 1), T(1), dQ1, eK);
+    mm(C::outputs, T(1), dSt, K0, T(0), dQ1, eK);
+    mm(C::outputs, T(1), dS, c.in(1, 1), T(1), dQ1, eK);
   }
   const Mapped<T> dK0 = c.out(dx.k, 1, 0), dV0 = c.out(dx.v, 2, 0), dK1 = c.out(dx.k, 1, 1), dV1 = c.out(dx.v, 2, 1),
                   Q1 = c.in(0, 1), dY1 = c.dy(1);
   for (index_t r = 0; r < c.rep; ++r) {
     const T beta = r ? T(1) : T(0);
-    mm(true, false, Tc, hs, Tc, T(1), at_r(dS, r), at_r(Q0, r), beta, dK0, g1);
-    mm(true, false, Tc, hs, Tc, T(1), at_r(P, r), at_r(dY0, r), beta, dV0, g1);
+    mm(C::keys, T(1), at_r(dS, r), at_r(Q0, r), beta, dK0, g1);
+    mm(C::keys, T(1), at_r(P, r), at_r(dY0, r), beta, dV0, g1);
     if (!tangents) continue;
-    mm(true, false, Tc, hs, Tc, T(1), at_r(dSt, r), at_r(Q0, r), beta, dK1, gK);
-    mm(true, false, Tc, hs, Tc, T(1), at_r(dS, r), at_r(Q1, r), T(1), dK1, gK);
-    mm(true, false, Tc, hs, Tc, T(1), at_r(Pt, r), at_r(dY0, r), beta, dV1, gK);
-    mm(true, false, Tc, hs, Tc, T(1), at_r(P, r), at_r(dY1, r), T(1), dV1, gK);
+    mm(C::keys, T(1), at_r(dSt, r), at_r(Q0, r), beta, dK1, gK);
+    mm(C::keys, T(1), at_r(dS, r), at_r(Q1, r), T(1), dK1, gK);
+    mm(C::keys, T(1), at_r(Pt, r), at_r(dY0, r), beta, dV1, gK);
+    mm(C::keys, T(1), at_r(P, r), at_r(dY1, r), T(1), dV1, gK);
   }
 }
 
@@ -436,19 +487,20 @@ void attention_reverse_batched(const ExecSpace& space, QkvActs<base_t<S>> dx, Ac
   const T scale = T(1) / kmath::sqrt(T(L.hs));
   for (index_t b0 = 0; b0 < B; b0 += Bc) {
     const Chunk<T> c = chunk_of(space, L, B, Tc, K, b0, std::min(Bc, B - b0), scratch, x, dy, bf16, 1 + K);
-    reverse_scores(mm, c, tangents);
+    const Causal<T> blocks{mm, Tc, c.Tb, L.hs};
+    reverse_scores(blocks, c, tangents);
     queue.flush();
     // The probabilities and their adjoints read, the scores' adjoints
     // written, in each plane; lse and D per row; dy and y of the heads.
     const index_t planes = attention_score_planes(true, tangents, false, K), rows = c.Bc * L.H * Tc;
     Traffic("gnh::attention::batched::softmax_reverse")
-        .add(double(planes * rows * Tc), 3 * sizeof(T) / 2, 2)
+        .add(double(planes) * block_values(c), 3 * sizeof(T) / 2, 2)
         .add(double(2 * rows), sizeof(T), 1)
         .add(double(2 * (1 + K) * c.Bc * Tc * L.H * L.hs), sizeof(T), 2);
     Kokkos::parallel_for("gnh::attention::batched::softmax_reverse", Team(space, c.Bc * L.H * Tc, kScoreTeam),
-                         ReverseRows<T>{c.scores, c.PE, Tc, L.H, L.hs, K, b0 * L.H * Tc, b0 * Tc, tangents, c.bf16,
-                                        scale, lse, D, dy, y});
-    reverse_outputs(mm, c, dx, tangents);
+                         ReverseRows<T>{c.scores, c.PE, Tc, c.Tb, L.H, L.hs, K, b0 * L.H * Tc, b0 * Tc, tangents,
+                                        c.bf16, scale, lse, D, dy, y});
+    reverse_outputs(blocks, c, dx, tangents);
     queue.flush();
   }
 }

@@ -31,6 +31,32 @@ inline index_t attention_score_planes(bool reverse, bool tangents, bool second, 
   return !tangents ? 1 : second ? 1 + 2 * K : 1 + K;
 }
 
+// The causal query blocks of the batched path: a block of Tb query rows
+// needs the keys up to its last row only, so its score products are Tb x e
+// (e its end) instead of Tb x Tc, and the products that read the planes
+// stop there too; the blocks' products cover (nb + 1) / (2 nb) of the
+// square (5/8 at nb = 4). Each block is one more launch per product and
+// reads the keys and values up to its end again, so blocks are large:
+// kAttentionQueryRows rows of the context (at the reference shape, T = 1024,
+// the H200 cost model predicts 256-row blocks 1.5-3.5% faster a pass than 128
+// or 512). nb blocks of Tc rows have ceil(Tc / nb) rows each, the last what
+// remains.
+constexpr index_t kAttentionQueryRows = 256;
+inline index_t attention_block_rows(index_t Tc, index_t blocks) {
+  const index_t nb = std::clamp<index_t>(blocks, 1, Tc);
+  return (Tc + nb - 1) / nb;
+}
+// Score values per (sequence, head) that the blocks of Tb rows compute: the
+// sum over blocks of rows x end.
+inline index_t attention_block_values(index_t Tc, index_t Tb) {
+  index_t total = 0;
+  for (index_t r = 0; r < Tc; r += Tb) {
+    const index_t e = std::min(r + Tb, Tc);
+    total += (e - r) * e;
+  }
+  return total;
+}
+
 // Values of the rounded operands (bf16-amp) per sequence: q, k and v (of
 // `width` columns in all; one buffer or three) and, in the reverse, dy (H hs
 // columns), each with `planes` planes (1, 1 + K, or 1 + 2K).
@@ -52,6 +78,9 @@ struct AttentionScratch {
   // Without it a call of fewer planes (a reverse engine's forward) would
   // take chunks of more sequences than those were sized for.
   index_t max_sequences = 0;
+  // Causal query blocks per sequence (attention_block_rows): the owner's
+  // plan; 1 computes whole Tc x Tc planes.
+  index_t query_blocks = 1;
   // Sequences per chunk for this many planes of H Tc^2 values (0: none fit).
   index_t sequences(index_t planes, index_t H, index_t Tc) const {
     const index_t fit = index_t(scores.extent(0)) / (planes * H * Tc * Tc);

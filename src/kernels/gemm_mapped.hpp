@@ -69,14 +69,16 @@ struct MappedProduct {
 // Products issued in order on one execution-space instance. On CUDA, flush()
 // writes the pointer arrays of every queued product in one kernel and then
 // makes one cublasGemmBatchedEx call per product: kMax products for one
-// small launch. A product that reads the C of another queued product must
+// small launch (32: the causal blocks of attention's products, four to eight
+// a product, for several products; the kernel's argument, 32 products'
+// maps, is about 7 KB). A product that reads the C of another queued product must
 // come after it in the queue (they run in order). tf32: float products in
 // TF32 tensor-core math where the backend has it (cuBLAS), exact FP32
 // elsewhere.
 template <class T>
 class MappedQueue {
  public:
-  static constexpr int kMax = 8;
+  static constexpr int kMax = 32;
   MappedQueue(const ExecSpace& space, bool tf32, const MappedScratch& scratch)
       : space_(space), tf32_(tf32), scratch_(scratch) {}
   MappedQueue(const MappedQueue&) = delete;

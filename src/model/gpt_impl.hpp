@@ -344,6 +344,7 @@ void Gpt<T>::plan_attention() {
         View1<T>(Kokkos::view_alloc("gnh::gpt::att_operands", Kokkos::WithoutInitializing), operands);
   att_scratch_.scores = View1<T>(Kokkos::view_alloc("gnh::gpt::att_scores", Kokkos::WithoutInitializing), seqs * per);
   att_scratch_.max_sequences = seqs;
+  att_scratch_.query_blocks = attention_query_blocks(shape_);
   att_scratch_.pointers.pointers = View1<std::uintptr_t>("gnh::gpt::att_pointers", pointers);
 }
 

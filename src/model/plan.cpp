@@ -143,6 +143,12 @@ index_t attention_chunk_sequences(const ModelConfig& cfg, const Shape& shape) {
   return std::clamp<index_t>(attention_score_budget(shape.gpu_shaped, planes) / per, 1, shape.batch);
 }
 
+index_t attention_query_blocks(const Shape& shape) {
+  if (shape.attention_blocks > 0) return shape.attention_blocks;
+  const index_t T = shape.context * std::max(1, shape.scale);
+  return std::max<index_t>(1, (T + kernels::kAttentionQueryRows - 1) / kernels::kAttentionQueryRows);
+}
+
 std::size_t plan_gpt_bytes(const ModelConfig& cfg, const Shape& shape, std::size_t scalar_bytes) {
   return scalar_bytes == sizeof(double) ? Gpt<double>::planned_bytes(cfg, shape)
                                         : Gpt<float>::planned_bytes(cfg, shape);

@@ -28,6 +28,9 @@ struct Shape {
   // The batched attention's sequences per chunk of score planes (0: as
   // attention_score_budget allows).
   index_t attention_sequences = 0;
+  // The batched attention's causal query blocks per sequence (0: as
+  // attention_query_blocks plans them).
+  index_t attention_blocks = 0;
   // A miniature (bench_engine --predict): this engine's context, widths and
   // vocabulary are `scale` times smaller than those of the engine it stands
   // for, whose plan it takes where a plan counts extents: as many attention
@@ -95,6 +98,11 @@ index_t attention_score_budget(bool device, index_t planes);
 // else as many as attention_score_budget allows, at least one, at most the batch.
 index_t attention_planes_per_sequence(const ModelConfig& cfg, const Shape& shape);
 index_t attention_chunk_sequences(const ModelConfig& cfg, const Shape& shape);
+// The batched attention's causal query blocks per sequence
+// (kernels/attention_types.hpp): Shape::attention_blocks where set, else
+// blocks of about kAttentionQueryRows rows of the context (a miniature: of
+// the full engine's), at least one.
+index_t attention_query_blocks(const Shape& shape);
 
 // Every buffer an engine whose scalar has `scalar_bytes` bytes (4 or 8)
 // allocates, counted by running its constructor without allocating

@@ -40,14 +40,15 @@ class CostModel(unittest.TestCase):
     def test_a_miniature_issues_the_full_pass(self):
         # Preset small (T = 128, C = 128, V = 1024) at 16 sequences, the head
         # in 7 tiles of 300 rows and the attention in chunks of 5 sequences
-        # (4 chunks): at scale 4 the miniature (T = 32, C = 32, V = 256) must
-        # launch what the pass itself launches, label by label, and its GEMM
-        # FLOPs and bytes times 4^3 and 4^d must equal the pass's. Every count
+        # (4 chunks) and causal query blocks of 32 rows (4): at scale 4 the
+        # miniature (T = 32, C = 32, V = 256) must launch what the pass itself
+        # launches, label by label, and its GEMM FLOPs and bytes times 4^3 and
+        # 4^d must equal the pass's. Every count
         # is an integer below 2^53 scaled by a power of two and printed with
         # 17 digits, so they compare exactly.
         for family in ("nanogpt", "llama", "gpt-neox"):
             common = ["--synthetic", "small", "--family", family, "--batch", "16", "--directions", "4",
-                      "--head-tile", "300,1024", "--attention-sequences", "5"]
+                      "--head-tile", "300,1024", "--attention-sequences", "5", "--attention-blocks", "4"]
             full, _ = predict(*common, "--predict-scale", "1")
             mini, _ = predict(*common, "--predict-scale", "4")
             self.assertEqual(full["scale"], 1)
@@ -104,20 +105,42 @@ class CostModel(unittest.TestCase):
             self.assertAlmostEqual(sum(l["seconds"] for l in p["labels"]), p["seconds_per_batch"],
                                    delta=1e-9 * p["seconds_per_batch"])
             self.assertEqual(sum(l["launches"] for l in p["labels"]), p["device_launches"])
-        # The miniature's engines plan the full ones' attention chunks and
-        # head tiles a batch (the adjoint cuts' gradient engine inside the
-        # second order too), several of each where the full shape has them.
+        # The miniature's engines plan the full ones' attention chunks, head
+        # tiles and causal query blocks (of 256 rows of the full context) a
+        # batch (the adjoint cuts' gradient engine inside the second order
+        # too), several of each where the full shape has them.
         for name in ("gradient", "second_order"):
             for engine, (full, mini) in d[name]["plans"].items():
                 self.assertEqual(full, mini, (name, engine))
         self.assertIn("cut_gradient", d["second_order"]["plans"])
-        self.assertEqual(d["second_order"]["plans"]["engine"][0], [11, 137])
+        self.assertEqual(d["second_order"]["plans"]["engine"][0], [11, 137, 4, 256])
         self.assertGreater(d["second_order"]["plans"]["cut_gradient"][0][1], 1)
         # Every dense, head and attention product on tensor cores at these
         # precisions (tf32 gradient, bf16-amp second order).
         self.assertEqual(g["gemm_flops"]["fp32"], 0)
         self.assertEqual(s["gemm_flops"]["fp32"], 0)
         self.assertGreater(s["gemm_flops"]["tensor"], g["gemm_flops"]["tensor"])
+
+    def test_causal_blocks_do_five_eighths_of_the_square(self):
+        # At the reference shape the attention's products go by 4 causal
+        # query blocks of 256 rows: block j's scores against the keys up to
+        # its end, its outputs from those columns, the key side from its
+        # first row on. Each sums to (nb + 1) / (2 nb) = 5/8 of the whole
+        # square's multiply-adds, exactly (integers), in 4 times the calls.
+        blocked, _ = predict("--synthetic", "reference", "--batch", "64")
+        square, _ = predict("--synthetic", "reference", "--batch", "64", "--attention-blocks", "1")
+        for name in ("gradient", "second_order"):
+            a, b = labels(blocked, name)["gnh::gemm_mapped"], labels(square, name)["gnh::gemm_mapped"]
+            self.assertEqual(8 * a["tensor"], 5 * b["tensor"], name)
+            self.assertEqual(a["launches"], 4 * b["launches"], name)
+            self.assertEqual(blocked[name]["plans"]["engine"][0][2:], [4, 256])
+            self.assertEqual(square[name]["plans"]["engine"][0][2:], [1, 1024])
+            # Fewer bytes in the products and the row kernels, and a faster pass.
+            self.assertLess(a["bytes"], b["bytes"], name)
+            sm = "gnh::attention::batched::softmax"
+            self.assertLess(labels(blocked, name)[sm]["bytes"], labels(square, name)[sm]["bytes"], name)
+            self.assertLess(blocked[name]["prediction"]["seconds_per_batch"],
+                            square[name]["prediction"]["seconds_per_batch"], name)
 
     def test_bad_scale_is_one_line(self):
         r = subprocess.run([BENCH, "--predict", "h200", "--synthetic", "reference", "--batch", "64",

@@ -112,8 +112,9 @@ Inputs inputs(const Layout& l, std::mt19937& g, double amp) {
 }
 
 template <class T>
-AttentionScratch<T> scratch(index_t planes, index_t H, index_t seqs) {
+AttentionScratch<T> scratch(index_t planes, index_t H, index_t seqs, index_t blocks = 1) {
   AttentionScratch<T> s;
+  s.query_blocks = blocks;
   s.scores = View1<T>("scores", planes * H * Tc * Tc * seqs);
   s.pointers.pointers = View1<std::uintptr_t>("pointers", 3 * K * B * H);
   return s;
@@ -168,7 +169,7 @@ constexpr index_t value_planes() {
 
 // The forward in mode S: batched (T) against the rows (double).
 template <class T, template <class> class M>
-void check_forward(const Layout& l, bool x_second, std::mt19937& g) {
+void check_forward(const Layout& l, bool x_second, index_t blocks, std::mt19937& g) {
   using S = M<T>;
   using R = M<double>;
   const QkvLayout& L = l.L;
@@ -178,16 +179,17 @@ void check_forward(const Layout& l, bool x_second, std::mt19937& g) {
   const index_t planes = attention_score_planes(false, has_tangents_v<S>, has_second_v<S>, K);
   // Chunks of 2, 1 sequences; then all three at once.
   attention_forward_batched<S>(ExecSpace(), y.act<T>(), lse.act1<T>(), x.acts<T>(), L, B, Tc, false, false, x_second,
-                               scratch<T>(planes, L.H, 2));
+                               scratch<T>(planes, L.H, 2, blocks));
   if (!x_second) x.zero_second();
   attention_forward<R>(ExecSpace(), yr.act<double>(), lser.act1<double>(), x.acts<double>(), L, B, Tc);
   ExecSpace().fence();
-  const std::string what = std::string(l.name) + (x_second ? "" : ", x'' = 0");
+  const std::string what =
+      std::string(l.name) + (x_second ? "" : ", x'' = 0") + ", " + std::to_string(blocks) + " query blocks";
   compare(y.view<T>(), yr.d, value_planes<S>(), N * C, L.hs, what + ": y");
   compare(lse.view<T>(), lser.d, value_planes<S>(), R1, L.hs, what + ": lse");
   Buf y2(N, C, g, 0), lse2(R1, 1, g, 0);
   attention_forward_batched<S>(ExecSpace(), y2.act<T>(), lse2.act1<T>(), x.acts<T>(), L, B, Tc, false, false, true,
-                               scratch<T>(planes, L.H, B));
+                               scratch<T>(planes, L.H, B, blocks));
   ExecSpace().fence();
   if (x_second) {
     INFO(what << ": one chunk and chunks of two give the same bits");
@@ -199,7 +201,7 @@ void check_forward(const Layout& l, bool x_second, std::mt19937& g) {
 // The reverse in mode S (T or Dual<T>): y, lse from the rows' tangent
 // forward in double; batched (T) against the rows (double).
 template <class T, template <class> class M>
-void check_reverse(const Layout& l, std::mt19937& g) {
+void check_reverse(const Layout& l, index_t blocks, std::mt19937& g) {
   using S = M<T>;
   using R = M<double>;
   const QkvLayout& L = l.L;
@@ -214,12 +216,12 @@ void check_reverse(const Layout& l, std::mt19937& g) {
   Buf D(R1, 1, g, 0), Dr(R1, 1, g, 0);
   attention_reverse_batched<S>(ExecSpace(), dx.acts<T>(), D.act1<T>(), dy.act<T>(), x.acts<T>(), y.act<T>(),
                                lse.act1<T>(), L, B, Tc, false, false,
-                               scratch<T>(attention_score_planes(true, has_tangents_v<S>, false, K), L.H, 2));
+                               scratch<T>(attention_score_planes(true, has_tangents_v<S>, false, K), L.H, 2, blocks));
   attention_reverse<R>(ExecSpace(), dxr.acts<double>(), Dr.act1<double>(), dy.act<double>(), x.acts<double>(),
                        y.act<double>(), lse.act1<double>(), L, B, Tc);
   ExecSpace().fence();
   const index_t planes = has_tangents_v<S> ? 1 + K : 1;
-  const std::string what = std::string(l.name) + ": reverse";
+  const std::string what = std::string(l.name) + ", " + std::to_string(blocks) + " query blocks: reverse";
   compare(dx.q.view<T>(), dxr.q.d, planes, N * dx.q.C, L.hs, what + " d(q)");
   if (l.separate) {
     compare(dx.k.view<T>(), dxr.k.d, planes, N * dx.k.C, L.hs, what + " dk");
@@ -242,7 +244,7 @@ void check_bf16_forward(const Layout& l, std::mt19937& g) {
   Inputs x = inputs(l, g, 1.5);
   Buf y(N, C, g, 0), lse(R1, 1, g, 0), yr(N, C, g, 0), lser(R1, 1, g, 0), y32(N, C, g, 0), lse32(R1, 1, g, 0);
   const index_t planes = attention_score_planes(false, has_tangents_v<S>, has_second_v<S>, K);
-  AttentionScratch<float> sc = scratch<float>(planes, L.H, 2);
+  AttentionScratch<float> sc = scratch<float>(planes, L.H, 2, 4);
   sc.operands = View1<float>("operands", 2 * attention_operand_values(Tc, 3 * l.width, C, false, 1 + 2 * K));
   attention_forward_batched<S>(ExecSpace(), y.act<float>(), lse.act1<float>(), x.acts<float>(), L, B, Tc, false, true,
                                true, sc);
@@ -268,7 +270,7 @@ void check_bf16_reverse(const Layout& l, std::mt19937& g) {
   ExecSpace().fence();
   Inputs dx = inputs(l, g, 0), dxr = inputs(l, g, 0);
   Buf D(R1, 1, g, 0), Dr(R1, 1, g, 0);
-  AttentionScratch<float> sc = scratch<float>(attention_score_planes(true, has_tangents_v<S>, false, K), L.H, 2);
+  AttentionScratch<float> sc = scratch<float>(attention_score_planes(true, has_tangents_v<S>, false, K), L.H, 2, 4);
   sc.operands = View1<float>("operands", 2 * attention_operand_values(Tc, 3 * l.width, C, true, 1 + K));
   attention_reverse_batched<S>(ExecSpace(), dx.acts<float>(), D.act1<float>(), dy.act<float>(), x.acts<float>(),
                                y.act<float>(), lse.act1<float>(), L, B, Tc, false, true, sc);
@@ -287,14 +289,17 @@ TEMPLATE_TEST_CASE("batched attention equals the row kernels in every mode and l
                    double) {
   using T = TestType;
   std::mt19937 g(7);
-  for (const Layout& l : layouts()) {
-    check_forward<T, Primal>(l, true, g);
-    check_forward<T, Dual>(l, true, g);
-    check_forward<T, Jet2>(l, true, g);
-    check_forward<T, Jet2>(l, false, g);
-    check_reverse<T, Primal>(l, g);
-    check_reverse<T, Dual>(l, g);
-  }
+  // Whole planes (1 block), blocks of 4, 4, 4 and 1 rows (4), of 5, 5 and 3
+  // (3), of one row each (13).
+  for (const index_t blocks : {1, 4, 3, 13})
+    for (const Layout& l : layouts()) {
+      check_forward<T, Primal>(l, true, blocks, g);
+      check_forward<T, Dual>(l, true, blocks, g);
+      check_forward<T, Jet2>(l, true, blocks, g);
+      check_forward<T, Jet2>(l, false, blocks, g);
+      check_reverse<T, Primal>(l, blocks, g);
+      check_reverse<T, Dual>(l, blocks, g);
+    }
 }
 
 TEST_CASE("batched attention under bf16-amp rounds the operands the row kernels round", "[attention][batched][bf16]") {

@@ -302,6 +302,61 @@ TEST_CASE("adjoint cuts: the same second order, the same tangents bit for bit", 
   REQUIRE(differ > 0);
 }
 
+TEST_CASE("the batched attention's causal query blocks change no value of the model", "[derivatives][model]") {
+  // The GPU's path on this host, in double, its attention products by whole
+  // planes (1 block) and by blocks of 3, 3 and 1 rows (3): the loss, the
+  // gradient and both curvature methods' G.v and v^T H v agree within 1e-12
+  // relative (the blocks' products add the same terms, in an order that
+  // may differ in the last bits; the other path comparisons' bar).
+  const ModelConfig cfg = config(true, true, Gelu::erf);
+  const index_t Tc = 7, n_blocks = 5, P = ParamLayout(cfg).size(), K = 2;
+  const auto ids = make_ids(n_blocks * Tc + 1, cfg.vocab_size, 17);
+  View1<double> p = make_params<double>(cfg, 5);
+  View2<double> dirs("dirs", K, P);
+  fill_rademacher<double>(ExecSpace(), dirs, 99, 0);
+  auto shape = [&](index_t blocks, int k, bool reverse) {
+    Shape s;
+    s.batch = 2;
+    s.context = Tc;
+    s.directions = k;
+    s.reverse = reverse;
+    s.second_order = k > 0 && !reverse;
+    s.gpu_shaped = true;
+    s.attention_blocks = blocks;
+    return s;
+  };
+  auto near = [](double a, double b) { return std::abs(a - b) <= 1e-12 * std::max(std::abs(b), 1e-300); };
+  std::vector<double> G[2];
+  double loss[2] = {0, 0};
+  EpochCurvature c[2][2];
+  for (int i = 0; i < 2; ++i) {
+    const index_t blocks = i ? 3 : 1;
+    Gpt<double> g(cfg, shape(blocks, 0, true));
+    View1<double> Gv("G", P);
+    loss[i] = epoch_gradient<double>(ExecSpace(), g, p, ids.data(), all_blocks(n_blocks), Gv).loss;
+    G[i].assign(Gv.data(), Gv.data() + P);
+    int m = 0;
+    for (auto method : {CurvatureMethod::forward_over_reverse, CurvatureMethod::second_order_forward}) {
+      Gpt<double> e(cfg, shape(blocks, int(K), method == CurvatureMethod::forward_over_reverse));
+      c[i][m++] = epoch_curvature<double>(ExecSpace(), e, p, dirs, ids.data(), all_blocks(n_blocks), method);
+    }
+  }
+  REQUIRE(near(loss[1], loss[0]));
+  double scale = 0, err = 0;
+  for (index_t j = 0; j < P; ++j) {
+    scale = std::max(scale, std::abs(G[0][j]));
+    err = std::max(err, std::abs(G[1][j] - G[0][j]));
+  }
+  CAPTURE(err, scale);
+  REQUIRE(err <= 1e-12 * scale);
+  for (int m = 0; m < 2; ++m)
+    for (index_t k = 0; k < K; ++k) {
+      CAPTURE(m, k, c[0][m].vHv[k], c[1][m].vHv[k]);
+      REQUIRE(near(c[1][m].Gv[k], c[0][m].Gv[k]));
+      REQUIRE(near(c[1][m].vHv[k], c[0][m].vHv[k]));
+    }
+}
+
 TEST_CASE("K directions per pass equal one direction at a time", "[derivatives][model]") {
   const ModelConfig cfg = config(true, true, Gelu::erf);
   const index_t Tc = 5, n_blocks = 4, P = ParamLayout(cfg).size(), K = 3;

@@ -5,6 +5,8 @@
 #pragma once
 #include <KokkosBlas3_gemm.hpp>
 
+#include <array>
+#include <cstdint>
 #include <stdexcept>
 #include <type_traits>
 
@@ -153,15 +155,66 @@ void gemm(const ExecSpace& space, const char* ta, const char* tb, T alpha, Span2
 // The precision of matrix-multiply operands. With bf16 (the bf16-amp policy)
 // each operand is rounded to bfloat16 (RNE) into scratch space, chunk by chunk
 // of rows, and multiplied with FP32 accumulation; the output stays FP32.
+//
+// Blocks that many products read as B (the LM head's weights and their
+// directions, over every logits tile) can be rounded once, ahead, by their
+// owner: a product whose B (every B_i of a batch) lies within such a block
+// reads its rounded copy and rounds nothing. The copy multiplies the same
+// bfloat16 values, so no bit changes.
+template <class T>
+struct RoundedAhead {
+  const T* src = nullptr;  // count blocks of size elements, stride apart
+  index_t size = 0, count = 0, stride = 0;
+  const void* dst = nullptr;  // their rounded copies side by side, in Bf16Storage<T>
+};
+// How a rounded operand is stored: bfloat16 bits for cuBLAS, else the
+// rounded values in T.
+#ifdef GNH_CUBLAS_MATH_MODE
+template <class T>
+using Bf16Storage = std::conditional_t<std::is_same_v<T, float>, std::uint16_t, T>;
+#else
+template <class T>
+using Bf16Storage = T;
+#endif
 template <class T>
 struct GemmPolicy {
   bool bf16 = false;
-  bool tf32 = false;              // TF32 tensor-core math (cuBLAS); FP32 on every other backend
-  View1<T> scratch_a, scratch_b;  // sized by the owner (Gpt) for its largest operands
-  index_t chunk_elements = 0;     // elements of A (and, for op(A) = A^T, of B) per chunk
+  bool tf32 = false;                       // TF32 tensor-core math (cuBLAS); FP32 on every other backend
+  View1<T> scratch_a, scratch_b;           // sized by the owner (Gpt) for its largest operands
+  index_t chunk_elements = 0;              // elements of A (and, for op(A) = A^T, of B) per chunk
+  std::array<RoundedAhead<T>, 2> ahead{};  // bf16: blocks rounded ahead (none: src null)
 };
 
 namespace detail {
+// Where B (and each B_i = B + i stride_b of a batch of count) lies within a
+// block rounded ahead: the rounded copy of B and the stride between those of
+// the B_i (0: shared); data null where none holds them all.
+template <class T>
+struct AheadB {
+  const Bf16Storage<T>* data = nullptr;
+  index_t stride = 0;
+};
+template <class T>
+AheadB<T> rounded_ahead(const GemmPolicy<T>& pol, Span2<const T> B, index_t stride_b, index_t count) {
+  AheadB<T> r;
+  if (B.size() == 0 || B.stride(0) != B.extent(1)) return r;
+  const index_t span = (B.extent(0) - 1) * B.stride(0) + B.extent(1);
+  const auto at = reinterpret_cast<std::uintptr_t>(B.data());
+  for (const RoundedAhead<T>& a : pol.ahead) {
+    const auto first = reinterpret_cast<std::uintptr_t>(a.src);
+    if (!a.src || at < first) continue;
+    const index_t off = index_t((at - first) / sizeof(T));
+    const index_t j = a.count > 1 && a.stride > 0 ? off / a.stride : 0, o = off - j * a.stride;
+    const index_t last = stride_b == 0 || count <= 1 ? j : j + count - 1;
+    if (j >= a.count || o + span > a.size || last >= a.count) continue;
+    if (count > 1 && stride_b != 0 && stride_b != a.stride) continue;
+    r.data = static_cast<const Bf16Storage<T>*>(a.dst) + j * a.size + o;
+    r.stride = stride_b == 0 ? 0 : a.size;
+    return r;
+  }
+  return r;
+}
+
 // Rows of A per chunk under bf16-amp (gemm and gemm_batched): A's rows in
 // equal chunks (the last one shorter), as few as keep a chunk of rows of the
 // wider of A and B within the policy's chunk_elements but for one row. The
@@ -294,21 +347,25 @@ void gemm(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, cons
   // storage into cuBLAS (tensor cores, FP32 accumulation); elsewhere as float
   // values into the FP32 GEMM, the exact emulation. Both multiply the same
   // bfloat16 values and accumulate in FP32; their order of additions differs.
+  // B rounded ahead (GemmPolicy::ahead) is read there, rounded nowhere.
+  const detail::AheadB<T> ahead = detail::rounded_ahead(pol, B, 0, 1);
   auto product = [&](bool trans_a, index_t a0, index_t na, bool round_b, index_t b0, index_t nb, T beta_, Span2<T> Cc) {
+    const index_t bc = B.extent(1);
 #ifdef GNH_CUBLAS_MATH_MODE
     if constexpr (std::is_same_v<T, float>) {
       const Span2<const std::uint16_t> As = detail::bf16_copy(space, A, a0, na, pol.scratch_a.data());
       const Span2<const std::uint16_t> Bs =
-          round_b ? detail::bf16_copy(space, B, b0, nb, pol.scratch_b.data())
-                  : Span2<const std::uint16_t>(reinterpret_cast<const std::uint16_t*>(pol.scratch_b.data()), nb,
-                                               B.extent(1));
+          ahead.data ? Span2<const std::uint16_t>(ahead.data + b0 * bc, nb, bc)
+          : round_b  ? detail::bf16_copy(space, B, b0, nb, pol.scratch_b.data())
+                     : Span2<const std::uint16_t>(reinterpret_cast<const std::uint16_t*>(pol.scratch_b.data()), nb, bc);
       return detail::cublas_gemm_bf16(space, trans_a, tb[0] == 'T', alpha, As, Bs, beta_, Cc);
     }
 #endif
     (void)trans_a;  // op(A) is ta
     const Span2<const T> As = detail::rounded_copy(space, A, a0, na, pol.scratch_a.data());
-    const Span2<const T> Bs = round_b ? detail::rounded_copy(space, B, b0, nb, pol.scratch_b.data())
-                                      : Span2<const T>(pol.scratch_b.data(), nb, B.extent(1));
+    const Span2<const T> Bs = ahead.data ? Span2<const T>(ahead.data + b0 * bc, nb, bc)
+                              : round_b  ? detail::rounded_copy(space, B, b0, nb, pol.scratch_b.data())
+                                         : Span2<const T>(pol.scratch_b.data(), nb, bc);
     gemm<T>(space, ta, tb, alpha, As, Bs, beta_, Cc);
   };
   const bool at = ta[0] == 'T';
@@ -316,7 +373,8 @@ void gemm(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, cons
   const index_t chunk = detail::bf16_chunk_rows(pol, A, B, "gnh::gemm");
   if (!at) {
     // C rows follow A rows; B is rounded once, with the first chunk.
-    if (pol.scratch_b.extent(0) < B.size()) throw std::logic_error("gnh::gemm: bf16 scratch too small for B");
+    if (!ahead.data && pol.scratch_b.extent(0) < B.size())
+      throw std::logic_error("gnh::gemm: bf16 scratch too small for B");
     for (index_t r0 = 0; r0 < rows; r0 += chunk) {
       const index_t n = std::min(chunk, rows - r0);
       product(false, r0, n, r0 == 0, 0, B.extent(0), beta, Span2<T>(C.data() + r0 * C.extent(1), n, C.extent(1)));
@@ -328,7 +386,7 @@ void gemm(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, cons
   if (rows == 0) return gemm<T>(space, ta, tb, alpha, A, B, beta, C);
   for (index_t r0 = 0; r0 < rows; r0 += chunk) {
     const index_t n = std::min(chunk, rows - r0);
-    if (pol.scratch_b.extent(0) < std::size_t(n * B.extent(1)))
+    if (!ahead.data && pol.scratch_b.extent(0) < std::size_t(n * B.extent(1)))
       throw std::logic_error("gnh::gemm: bf16 scratch too small");
     product(true, r0, n, true, r0, n, r0 == 0 ? beta : T(1), C);
   }
@@ -346,7 +404,7 @@ struct Bf16Groups {
 };
 template <class T>
 Bf16Groups bf16_groups(const GemmPolicy<T>& pol, bool at, Span2<const T> A, index_t stride_a, Span2<const T> B,
-                       index_t stride_b, index_t count) {
+                       index_t stride_b, index_t count, bool b_ahead) {
   Bf16Groups g;
   const index_t rows = A.extent(0), acols = A.extent(1), bcols = B.extent(1);
   if (rows == 0 || acols == 0 || B.size() == 0 || count < 1) return g;
@@ -354,7 +412,7 @@ Bf16Groups bf16_groups(const GemmPolicy<T>& pol, bool at, Span2<const T> A, inde
   const index_t sa = index_t(pol.scratch_a.extent(0)), sb = index_t(pol.scratch_b.extent(0));
   const index_t achunk = g.chunk * acols, bblock = at ? g.chunk * bcols : index_t(B.size());
   const index_t fa = sa < achunk ? 0 : stride_a == 0 ? count : sa / achunk;
-  const index_t fb = sb < bblock ? 0 : stride_b == 0 ? count : sb / bblock;
+  const index_t fb = b_ahead || stride_b == 0 ? (b_ahead || sb >= bblock ? count : 0) : sb / bblock;
   g.group = std::min(count, std::min(fa, fb));
   return g;
 }
@@ -372,7 +430,8 @@ bool bf16_batched(const ExecSpace& space, const GemmPolicy<T>& pol, const char* 
   const bool at = ta[0] == 'T', bt = tb[0] == 'T';
   const index_t rows = A.extent(0), acols = A.extent(1), bcols = B.extent(1), ncols = C.extent(1);
   if ((at && bt) || ncols == 0 || C.stride(0) != ncols) return false;
-  const Bf16Groups g = bf16_groups(pol, at, A, stride_a, B, stride_b, count);
+  const AheadB<T> ahead = rounded_ahead(pol, B, stride_b, count);  // B rounded ahead: read there
+  const Bf16Groups g = bf16_groups(pol, at, A, stride_a, B, stride_b, count, ahead.data != nullptr);
   if (g.group < 1) return false;
   const index_t bsize = B.size();
   for (index_t g0 = 0; g0 < count; g0 += g.group) {
@@ -382,7 +441,11 @@ bool bf16_batched(const ExecSpace& space, const GemmPolicy<T>& pol, const char* 
       const index_t n = std::min(g.chunk, rows - r0);
       // Strides in scratch: A's chunks side by side; B whole per product
       // (rounded with the first chunk) for op(A) = A, else its chunk of rows.
-      const index_t astep = n * acols, bstep = at ? n * bcols : bsize, brows = at ? n : B.extent(0);
+      const index_t astep = n * acols, brows = at ? n : B.extent(0);
+      const index_t bstep = ahead.data ? ahead.stride : at ? n * bcols : bsize;
+      // B's rows of this chunk where rounded ahead (op(A) = A^T: rows r0 on).
+      const Bf16Storage<T>* const b_ahead =
+          ahead.data ? ahead.data + g0 * ahead.stride + (at ? r0 * bcols : 0) : nullptr;
       const T beta_ = at && r0 > 0 ? T(1) : beta;  // op(A) = A^T: C accumulates over the chunks
       T* const c0 = C.data() + g0 * stride_c + (at ? 0 : r0 * ncols);
       const index_t crows = at ? C.extent(0) : n;
@@ -396,21 +459,23 @@ bool bf16_batched(const ExecSpace& space, const GemmPolicy<T>& pol, const char* 
         std::uint16_t* const as = reinterpret_cast<std::uint16_t*>(pol.scratch_a.data());
         std::uint16_t* const bs = reinterpret_cast<std::uint16_t*>(pol.scratch_b.data());
         rounded_copies(space, "gnh::gemm::to_bf16", A.data() + g0 * stride_a, stride_a, acols, r0, n, na, as, astep);
-        if (at || r0 == 0)
+        if (!b_ahead && (at || r0 == 0))
           rounded_copies(space, "gnh::gemm::to_bf16", B.data() + g0 * stride_b, stride_b, bcols, at ? r0 : 0, brows, nb,
                          bs, bstep);
         cublas_gemm_bf16_batched(space, at, bt, at ? acols : n, ncols, at ? n : acols, alpha, as, acols,
-                                 na == 1 ? 0 : astep, bs, bcols, nb == 1 ? 0 : bstep, beta_, c0, ncols, stride_c, gn);
+                                 na == 1 ? 0 : astep, b_ahead ? b_ahead : bs, bcols, nb == 1 ? 0 : bstep, beta_, c0,
+                                 ncols, stride_c, gn);
 #endif
       } else {
         rounded_copies(space, "gnh::gemm::round_bf16", A.data() + g0 * stride_a, stride_a, acols, r0, n, na,
                        pol.scratch_a.data(), astep);
-        if (at || r0 == 0)
+        if (!b_ahead && (at || r0 == 0))
           rounded_copies(space, "gnh::gemm::round_bf16", B.data() + g0 * stride_b, stride_b, bcols, at ? r0 : 0, brows,
                          nb, pol.scratch_b.data(), bstep);
+        const T* const b0 = b_ahead ? b_ahead : pol.scratch_b.data();
         for (index_t i = 0; i < gn; ++i)
           gemm<T>(space, ta, tb, alpha, Span2<const T>(pol.scratch_a.data() + (na == 1 ? 0 : i * astep), n, acols),
-                  Span2<const T>(pol.scratch_b.data() + (nb == 1 ? 0 : i * bstep), brows, bcols), beta_,
+                  Span2<const T>(b0 + (nb == 1 ? 0 : i * bstep), brows, bcols), beta_,
                   Span2<T>(c0 + i * stride_c, crows, ncols));
       }
     }

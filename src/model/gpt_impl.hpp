@@ -435,6 +435,33 @@ void Gpt<T>::plan_gemm(const GptTiles& plan) {
     gemm_.scratch_b =
         View1<T>(Kokkos::view_alloc("gnh::gpt::bf16_b", Kokkos::WithoutInitializing), plan.bf16_scratch_b);
   }
+  // The head's weight block and its K direction blocks, rounded (bfloat16
+  // bits on cuBLAS: half the bytes), in as many T.
+  const index_t blocks = 1 + shape_.directions, VC = index_t(cfg_.vocab_size) * cfg_.n_embd;
+  const index_t ahead =
+      index_t((std::size_t(blocks * VC) * sizeof(kernels::Bf16Storage<T>) + sizeof(T) - 1) / sizeof(T));
+  workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(ahead);
+  if (allocate_) head_ahead_ = View1<T>(Kokkos::view_alloc("gnh::gpt::head_bf16", Kokkos::WithoutInitializing), ahead);
+}
+
+// bf16-amp: the head's blocks of p rounded into head_ahead_ (one launch for
+// the weights, one for the K directions' blocks), and head_gemm_ reading them.
+// The head's products then round only their activations.
+template <class T>
+void Gpt<T>::round_head_ahead(const ExecSpace& space, const Params<T>& p) {
+  head_gemm_ = gemm_;
+  if (!gemm_.bf16 || head_ahead_.extent(0) == 0) return;
+  using D = kernels::Bf16Storage<T>;
+  const index_t VC = index_t(cfg_.vocab_size) * cfg_.n_embd, P = layout_.size(), w = layout_.lm_head;
+  const index_t K = index_t(p.d.extent(0));
+  if ((1 + K) * VC * index_t(sizeof(D)) > index_t(head_ahead_.extent(0) * sizeof(T)))
+    throw std::logic_error("gnh::gpt: the head's rounded blocks hold fewer directions than " + std::to_string(K));
+  D* const dst = reinterpret_cast<D*>(head_ahead_.data());
+  kernels::detail::rounded_copies(space, "gnh::gpt::head_bf16", p.v.data() + w, 0, VC, 0, 1, 1, dst, 0);
+  head_gemm_.ahead[0] = {p.v.data() + w, VC, 1, 0, dst};
+  if (K == 0) return;
+  kernels::detail::rounded_copies(space, "gnh::gpt::head_bf16", p.d.data() + w, P, VC, 0, 1, K, dst + VC, VC);
+  head_gemm_.ahead[1] = {p.d.data() + w, VC, K, P, dst + VC};
 }
 
 // Adjoint cuts: the gradient pass's engine (reverse, no directions), the five
@@ -525,8 +552,9 @@ LossSum Gpt<T>::forward(const ExecSpace& space, Params<T> p, Span2<const std::in
   loss.d = row_loss_d_;
   loss.dd = row_loss_dd_;
   Span1<const std::int32_t> flat_targets(targets.data(), N_);
+  round_head_ahead(space, p);  // bf16-amp: the head's weights rounded once, for every tile
   lm_head_xent_forward<S>(space, loss, buf_->head_lse, buf_->lnf, p, L.lm_head, cfg_.vocab_size, flat_targets,
-                          buf_->logits, buf_->head_stats, buf_->head_moments, gemm_, head_rows(),
+                          buf_->logits, buf_->head_stats, buf_->head_moments, head_gemm_, head_rows(),
                           std::is_same<S, T>::value && head_kept_, row_loss_gn_);
   space.fence();
   const LossSum out = loss_sums<S>(flat_targets, cut);
@@ -700,7 +728,7 @@ void Gpt<T>::reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<cons
   const Span2<const T> kept =
       std::is_same<S, T>::value && head_kept_ ? Span2<const T>(buf_->head_stats) : Span2<const T>();
   lm_head_xent_reverse<S>(space, c1, g, buf_->head_lse, buf_->lnf, p, L.lm_head, cfg_.vocab_size, flat_targets,
-                          buf_->logits, gemm_, /*logits_current=*/true, kept, head_rows(), gauss_newton);
+                          buf_->logits, head_gemm_, /*logits_current=*/true, kept, head_rows(), gauss_newton);
   if (cfg_.family == Family::llama) rmsnorm_reverse<S>(space, res, g, c1, x_final(), buf_->lnf_rstd, p, L.lnf_w, -1);
   else layernorm_reverse<S>(space, res, g, c1, x_final(), buf_->lnf_mean, buf_->lnf_rstd, p, L.lnf_w, L.lnf_b);
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {

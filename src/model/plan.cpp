@@ -98,9 +98,15 @@ GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape) {
     const index_t A = index_t(cfg.n_head) * cfg.head_size();
     const index_t wide = std::max<index_t>({4 * C, 2 * F, 3 * A});
     // A chunk is bf16_chunk elements but for one row of the widest operand
-    // (kernels/blas.hpp, bf16_chunk_rows: equal chunks of rows).
+    // (kernels/blas.hpp, bf16_chunk_rows: equal chunks of rows). GPU-shaped,
+    // the K chunks of a group share 2^26 elements (256 MiB in float) where
+    // that is more than 2^22 each: each chunk is a copy and a product launch,
+    // so the gradient's (K = 0) 84 M-element operands at the reference shape
+    // go in 2 chunks, not 20; at K = 16 the chunk stays 2^22.
     const index_t widest = std::max<index_t>(wide, t.logits_vocab);
-    t.bf16_chunk = std::min<index_t>((index_t(1) << 22) / (sc * sc), N * widest);
+    const index_t per =
+        shape.gpu_shaped ? std::max<index_t>(index_t(1) << 22, (index_t(1) << 26) / G) : index_t(1) << 22;
+    t.bf16_chunk = std::min<index_t>(per / (sc * sc), N * widest);
     t.bf16_scratch_a = G * (t.bf16_chunk + widest);
     const index_t block = std::max<index_t>(wide * C, std::min<index_t>(t.logits_vocab, 4096) * C);
     t.bf16_scratch_b = std::max(G * std::max(t.bf16_chunk + widest, block), V * C);

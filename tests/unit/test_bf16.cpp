@@ -211,7 +211,7 @@ TEST_CASE("bf16-amp batches: each operand rounded once per group, the bits of on
         kernels::GemmPolicy<float> pol = bf16_policy(3 * std::max(k, bcols));
         pol.scratch_a = View1<float>("a", 2 * 3 * k);
         pol.scratch_b = View1<float>("b", at ? 2 * 3 * bcols : 2 * brows * bcols + 3);
-        const auto groups = kernels::detail::bf16_groups<float>(pol, at, As, astride, Bs, bstride, count);
+        const auto groups = kernels::detail::bf16_groups<float>(pol, at, As, astride, Bs, bstride, count, false);
         REQUIRE(groups.chunk == 3);
         REQUIRE(groups.group == (a_strided || b_strided ? 2 : count));
         kernels::GemmPolicy<float> one = bf16_policy(3 * std::max(k, bcols));
@@ -228,6 +228,45 @@ TEST_CASE("bf16-amp batches: each operand rounded once per group, the bits of on
         REQUIRE(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
         for (index_t i = 0; i < count; ++i)
           for (index_t g = m * n; g < sc; ++g) REQUIRE(got[i * sc + g] == C[i * sc + g]);
+        // B rounded ahead (GemmPolicy::ahead, a block of B's layout holding
+        // its rounded values) gives the same bits and is where B is read:
+        // with zeros there, the products are beta C exactly.
+        kernels::GemmPolicy<float> ahead = pol;
+        // The blocks of B_i (size brows bcols, bstride apart) side by side.
+        const index_t blocks = b_strided ? count : 1, size = brows * bcols;
+        std::vector<float> rounded(blocks * size), zeros(blocks * size, 0.0f);
+        for (index_t j = 0; j < blocks; ++j)
+          for (index_t o = 0; o < size; ++o) rounded[j * size + o] = round_bf16(B[j * bstride + o]);
+        ahead.ahead[1] = {B.data(), size, blocks, bstride, rounded.data()};
+        std::vector<float> via = C;
+        kernels::gemm_batched<float>(ExecSpace(), ahead, c.ta, c.tb, 1.5f, As, astride, Bs, bstride, 0.5f,
+                                     Span2<float>(via.data(), m, n), sc, count);
+        ahead.ahead[1].dst = zeros.data();
+        std::vector<float> zero = C;
+        kernels::gemm_batched<float>(ExecSpace(), ahead, c.ta, c.tb, 1.5f, As, astride, Bs, bstride, 0.5f,
+                                     Span2<float>(zero.data(), m, n), sc, count);
+        Kokkos::fence();
+        REQUIRE(std::memcmp(via.data(), got.data(), got.size() * sizeof(float)) == 0);
+        for (index_t i = 0; i < count; ++i)
+          for (index_t e = 0; e < m * n; ++e) REQUIRE(zero[i * sc + e] == 0.5f * C[i * sc + e]);
+        // A block that does not hold every B_i (one block fewer) is not used
+        // (its zeros would show).
+        if (b_strided) {
+          ahead.ahead[1].count = count - 1;
+          std::vector<float> partial = C;
+          kernels::gemm_batched<float>(ExecSpace(), ahead, c.ta, c.tb, 1.5f, As, astride, Bs, bstride, 0.5f,
+                                       Span2<float>(partial.data(), m, n), sc, count);
+          Kokkos::fence();
+          REQUIRE(std::memcmp(partial.data(), got.data(), got.size() * sizeof(float)) == 0);
+        }
+        // One product (gemm) reads B there too.
+        std::vector<float> single(want.begin(), want.begin() + m * n), one_ahead(C.begin(), C.begin() + m * n);
+        kernels::GemmPolicy<float> one_pol = one;
+        one_pol.ahead[0] = {B.data(), size, 1, 0, rounded.data()};
+        kernels::gemm<float>(ExecSpace(), one_pol, c.ta, c.tb, 1.5f, As, Bs, 0.5f,
+                             Span2<float>(one_ahead.data(), m, n));
+        Kokkos::fence();
+        REQUIRE(std::memcmp(one_ahead.data(), single.data(), single.size() * sizeof(float)) == 0);
         // The rounding is real: plain FP32 products differ.
         std::vector<float> fp = C;
         kernels::gemm_batched<float>(ExecSpace(), kernels::GemmPolicy<float>(), c.ta, c.tb, 1.5f, As, astride, Bs,

@@ -792,6 +792,23 @@ std::string cost_label(const std::string& label) {
   return label.rfind("Kokkos::ViewFill", 0) == 0 ? "Kokkos::ViewFill" : label;
 }
 
+// The epoch gradient pass's per-sequence norms (analysis.per_sequence) on the
+// miniature: B sequences, each through the engine of one sequence, its
+// gradient added into the batch's and its squares taken; recorded.
+perf::RecordedRun run_sequences(const Miniature& one, index_t B) {
+  using T = float;
+  const ExecSpace space;
+  const index_t Tc = one.shape.context;
+  const Model model = synthetic_model(one.config, B, Tc);
+  const index_t P = ParamLayout(one.config).size();
+  const DeviceCase<T> dc(model, B, Tc);
+  Gpt<T> engine(one.config, one.shape);
+  SequenceNorms<T> norms(engine, {0, std::int64_t(P)}, {{0, 1}}, B);
+  View1<T> grad("grad", P);
+  BatchScalars r;
+  return perf::record_run([&] { norms.gradients(space, dc.params, dc.tokens, dc.targets, B, grad, r); });
+}
+
 struct PassPrediction {
   std::string json;
   double seconds = 0;
@@ -885,6 +902,12 @@ void predict(const Options& o) {
   const Miniature ms = miniature_of(c, ss, s);
   const perf::RecordedRun rs = run_miniature(ms);
   const PassPrediction ps = predict_pass("second-order", rs, s, ceilings, batches, double(K));
+  // The gradient pass with analysis.per_sequence (the deck's default): its
+  // engine of one sequence, B times a batch.
+  Shape qs = gs;
+  qs.batch = 1;
+  const Miniature mq = miniature_of(c, qs, s);
+  const PassPrediction pq = predict_pass("sequence", run_sequences(mq, B), s, ceilings, batches, 1.0);
   const std::string gp = og.policy == Precision::tf32 ? "tf32" : o.precision;
   std::printf(
       "{\"predict\": \"%s\", \"model\": \"%s\", \"family\": \"%s\", \"batch\": %ld, \"seq_len\": %ld, "
@@ -892,11 +915,12 @@ void predict(const Options& o) {
       "\"tf32\": %g, \"fp32\": %g, \"fp64\": %g, \"copy\": %g, \"memory\": %g, \"launch\": %g, "
       "\"sms\": %d},\n \"gradient\": {\"precision\": \"%s\", \"plans\": %s, \"prediction\": %s},\n "
       "\"second_order\": {\"K\": %d, \"precision\": \"bf16-amp\", \"adjoint_cuts\": %s, \"plans\": %s, "
-      "\"prediction\": %s}}\n",
+      "\"prediction\": %s},\n \"per_sequence\": {\"precision\": \"%s\", \"plans\": %s, \"prediction\": %s}}\n",
       o.predict.c_str(), o.synthetic.empty() ? "reference" : o.synthetic.c_str(), o.family.c_str(), long(B), long(Tc),
       o.epoch_tokens, s, ExecSpace::name(), ceilings.bf16, ceilings.tf32, ceilings.fp32, ceilings.fp64, ceilings.copy,
       ceilings.memory, ceilings.launch, ceilings.sms, gp.c_str(), plans_json(c, gs, mg).c_str(), pg.json.c_str(), K,
-      adjoint_cuts_of(c, ss) ? "true" : "false", plans_json(c, ss, ms).c_str(), ps.json.c_str());
+      adjoint_cuts_of(c, ss) ? "true" : "false", plans_json(c, ss, ms).c_str(), ps.json.c_str(), gp.c_str(),
+      plans_json(c, qs, mq).c_str(), pq.json.c_str());
   std::printf(
       "predicted %s: gradient %.3g s/epoch, second-order K=%d bf16-amp %.3g s/direction, launches per pass %ld\n",
       o.predict.c_str(), pg.seconds * batches, K, ps.seconds * batches / K, ps.device_launches);

@@ -9,6 +9,7 @@
 #include "analysis/epoch.hpp"
 #include "analysis/usage.hpp"
 #include "core/error.hpp"
+#include "kernels/gemm_ledger.hpp"
 
 namespace gnh {
 namespace {
@@ -121,6 +122,9 @@ LossSum SequenceNorms<T>::gradients(const ExecSpace& space, Span1<const T> param
     total.sum += s.sum;
     total.count += s.count;
     double* partial = partial_.data() + b * n_chunks;
+    // g read and zeroed, the batch's gradient read and written: the
+    // parameters' extents, most of them two (C^2, V C) scalable ones.
+    kernels::Traffic("gnh::pass::sequence_squares").add(double(g_.extent(0)), 4 * sizeof(T), 2);
     if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible)
       Kokkos::parallel_for("gnh::pass::sequence_squares", range(space, n_chunks),
                            AccumulateSquaresLanes<T>{g_.data(), grad.data(), chunks_.data(), partial});

@@ -362,8 +362,10 @@ void gemm(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, cons
     }
 #endif
     (void)trans_a;  // op(A) is ta
+    // Rounded values in T wherever this runs (cuBLAS took float above).
+    const T* const ahead_b = reinterpret_cast<const T*>(ahead.data);
     const Span2<const T> As = detail::rounded_copy(space, A, a0, na, pol.scratch_a.data());
-    const Span2<const T> Bs = ahead.data ? Span2<const T>(ahead.data + b0 * bc, nb, bc)
+    const Span2<const T> Bs = ahead.data ? Span2<const T>(ahead_b + b0 * bc, nb, bc)
                               : round_b  ? detail::rounded_copy(space, B, b0, nb, pol.scratch_b.data())
                                          : Span2<const T>(pol.scratch_b.data(), nb, bc);
     gemm<T>(space, ta, tb, alpha, As, Bs, beta_, Cc);

@@ -1,7 +1,17 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "analysis/settings.hpp"
 
+#include <Kokkos_Macros.hpp>
+
 namespace gnh {
+
+bool per_sequence_default() {
+#if defined(KOKKOS_ENABLE_CUDA) || defined(KOKKOS_ENABLE_HIP) || defined(KOKKOS_ENABLE_SYCL)
+  return false;
+#else
+  return true;
+#endif
+}
 
 const char* to_string(Precision p) {
   switch (p) {

@@ -9,8 +9,6 @@
 #include <string>
 #include <vector>
 
-#include <Kokkos_Macros.hpp>
-
 #include "core/index.hpp"
 
 namespace gnh {
@@ -35,12 +33,9 @@ std::optional<CurvatureMethod> curvature_method_named(const std::string& s);
 // perf/NOTES.md), off on a GPU, where that engine's launches make the pass
 // about 2.4 times the gradient's (bench_engine --predict h200, "per_sequence")
 // until the sequences' weight products are batched there. A deck that sets
-// it gets what it sets.
-#if defined(KOKKOS_ENABLE_CUDA) || defined(KOKKOS_ENABLE_HIP) || defined(KOKKOS_ENABLE_SYCL)
-inline constexpr bool kPerSequenceDefault = false;
-#else
-inline constexpr bool kPerSequenceDefault = true;
-#endif
+// it gets what it sets. (Defined where Kokkos' configuration is seen: this
+// header stays free of Kokkos for the deck reader.)
+bool per_sequence_default();
 
 // X(key, type, default, lowest, highest, recipe): every [analysis] key (an
 // integer, an enumeration or a boolean, whose range is ignored). Every
@@ -56,7 +51,7 @@ inline constexpr bool kPerSequenceDefault = true;
   X(directions_per_pass, index_t, 8, 1, 4096, true)                                       \
   X(seed, std::uint64_t, 1234, 0, INT64_MAX, false)                                       \
   X(curvature_method, CurvatureMethod, CurvatureMethod::second_order_forward, 0, 0, true) \
-  X(per_sequence, bool, kPerSequenceDefault, 0, 1, false)
+  X(per_sequence, bool, per_sequence_default(), 0, 1, false)
 
 // [curvature] operator (SPEC §10): the Hessian's statistics alone, or with
 // them those of its Gauss-Newton part GGN = J^T H_z J (doc/statistics.md).

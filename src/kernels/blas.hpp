@@ -414,7 +414,8 @@ Bf16Groups bf16_groups(const GemmPolicy<T>& pol, bool at, Span2<const T> A, inde
   const index_t sa = index_t(pol.scratch_a.extent(0)), sb = index_t(pol.scratch_b.extent(0));
   const index_t achunk = g.chunk * acols, bblock = at ? g.chunk * bcols : index_t(B.size());
   const index_t fa = sa < achunk ? 0 : stride_a == 0 ? count : sa / achunk;
-  const index_t fb = b_ahead || stride_b == 0 ? (b_ahead || sb >= bblock ? count : 0) : sb / bblock;
+  // B rounded ahead needs no scratch.
+  const index_t fb = b_ahead ? count : sb < bblock ? 0 : stride_b == 0 ? count : sb / bblock;
   g.group = std::min(count, std::min(fa, fb));
   return g;
 }

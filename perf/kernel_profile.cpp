@@ -49,6 +49,7 @@ struct Open {
   std::string label;
   double start = 0, nested = 0;
   bool kernel = false;  // a parallel_for/_reduce/_scan, not a region
+  long calls = 0;       // a GEMM region's library calls (gnh::gemm::call regions inside it)
 };
 std::vector<Open> g_stack;
 std::map<std::string, LabelTime> g_labels;
@@ -59,6 +60,9 @@ bool gemm_region(const std::string& label) { return label.rfind("gnh::gemm", 0) 
 // bf16-amp's operand copies (kernels/blas.hpp): kernels of their own on a GPU
 // too, before the library call, the same copies on every backend.
 bool bf16_copy(const std::string& label) { return label == "gnh::gemm::round_bf16" || label == "gnh::gemm::to_bf16"; }
+// One library call of a GEMM entry point that makes several (bf16-amp's
+// chunks: kernels/blas.hpp): a launch of the region around it, not a label.
+bool library_call(const std::string& label) { return label == "gnh::gemm::call"; }
 bool inside_gemm() {
   for (const Open& o : g_stack)
     if (!o.kernel && gemm_region(o.label)) return true;
@@ -76,13 +80,24 @@ void close() {
   const Open o = g_stack.back();
   g_stack.pop_back();
   const double elapsed = t - o.start;
+  if (library_call(o.label)) {
+    // Its time (less any kernel inside) stays the enclosing region's; that
+    // region counts its calls.
+    for (auto it = g_stack.rbegin(); it != g_stack.rend(); ++it)
+      if (!it->kernel && gemm_region(it->label) && !library_call(it->label)) {
+        it->calls += 1;
+        break;
+      }
+    if (!g_stack.empty()) g_stack.back().nested += o.nested;
+    return;
+  }
   LabelTime& l = g_labels[o.label];
   l.label = o.label;
   l.seconds += elapsed - o.nested;
   l.launches += 1;
   if (o.kernel) l.kernels += 1;
   if ((o.kernel || gemm_region(o.label)) && (!inside_gemm() || (o.kernel && bf16_copy(o.label))))
-    l.device_launches += 1;
+    l.device_launches += o.kernel || o.calls == 0 ? 1 : o.calls;
   if (!g_stack.empty()) g_stack.back().nested += elapsed;
 }
 

@@ -41,9 +41,11 @@ struct LabelTime {
   double seconds = 0;  // exclusive: minus the time of kernels and regions nested in it
   long launches = 0;
   // What a GPU launches of it: a kernel, or a GEMM entry point's region (one
-  // library call), not nested in a GEMM entry point (whose host loops,
-  // panels are the library's business), or one of bf16-amp's operand copies
-  // (kernels of their own before the call, on every backend); other regions 0.
+  // library call, or as many as it makes: bf16-amp's chunks and groups, each
+  // a gnh::gemm::call region inside it), not nested in a GEMM entry point
+  // (whose host loops, panels are the library's business), or one of
+  // bf16-amp's operand copies (kernels of their own before the call, on
+  // every backend); other regions 0.
   long device_launches = 0;
   // Kernels alone (parallel_for, _reduce, _scan), nested or not: what a
   // Kokkos Tools library's kernel callbacks count.

@@ -179,9 +179,12 @@ using Bf16Storage = T;
 template <class T>
 struct GemmPolicy {
   bool bf16 = false;
-  bool tf32 = false;                       // TF32 tensor-core math (cuBLAS); FP32 on every other backend
-  View1<T> scratch_a, scratch_b;           // sized by the owner (Gpt) for its largest operands
-  index_t chunk_elements = 0;              // elements of A (and, for op(A) = A^T, of B) per chunk
+  bool tf32 = false;              // TF32 tensor-core math (cuBLAS); FP32 on every other backend
+  View1<T> scratch_a, scratch_b;  // sized by the owner (Gpt) for its largest operands
+  index_t chunk_elements = 0;     // elements of A (and, for op(A) = A^T, of B) per chunk
+  // A single product's chunk (gemm; 0: chunk_elements): the scratch holds a
+  // chunk for each product of a batch, so one product alone may fill it.
+  index_t single_chunk_elements = 0;
   std::array<RoundedAhead<T>, 2> ahead{};  // bf16: blocks rounded ahead (none: src null)
 };
 
@@ -222,11 +225,15 @@ AheadB<T> rounded_ahead(const GemmPolicy<T>& pol, Span2<const T> B, index_t stri
 // rows w alone, so a model s times narrower and shorter with chunk_elements
 // s^2 times smaller makes as many (bench_engine --predict's miniature).
 // scratch_a must hold one chunk of A's rows, else the owner sized it wrong.
+// single: a product alone (gemm), whose chunk is single_chunk_elements
+// where the owner set it.
 template <class T>
-index_t bf16_chunk_rows(const GemmPolicy<T>& pol, Span2<const T> A, Span2<const T> B, const char* who) {
+index_t bf16_chunk_rows(const GemmPolicy<T>& pol, Span2<const T> A, Span2<const T> B, const char* who,
+                        bool single = false) {
   const index_t rows = A.extent(0), cols = A.extent(1);
   const index_t w = std::max<index_t>(1, std::max<index_t>(cols, B.extent(1)));
-  const index_t per = std::max<index_t>(1, pol.chunk_elements);
+  const index_t per =
+      std::max<index_t>(1, single && pol.single_chunk_elements > 0 ? pol.single_chunk_elements : pol.chunk_elements);
   const index_t chunks = std::max<index_t>(1, (rows * w + per - 1) / per);
   const index_t chunk = std::max<index_t>(1, (rows + chunks - 1) / chunks);
   if (pol.scratch_a.extent(0) < std::size_t(std::min(rows, chunk) * cols))
@@ -313,6 +320,11 @@ namespace detail {
 // A Kokkos Tools region around a GEMM entry point, so that profilers see the
 // library's time (cuBLAS, the host BLAS) under a label like the kernels'.
 // Labels of at most 15 characters stay in std::string's inline buffer.
+// Each library call of an entry point that makes several (bf16-amp's chunks
+// and groups) is a region of this label inside the entry point's: a launch
+// profile (perf/kernel_profile.cpp) counts the calls as the entry point's
+// launches.
+constexpr const char* kLibraryCall = "gnh::gemm::call";
 struct GemmRegion {
   explicit GemmRegion(const char* label) { Kokkos::Profiling::pushRegion(label); }
   ~GemmRegion() { Kokkos::Profiling::popRegion(); }
@@ -358,6 +370,7 @@ void gemm(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, cons
           ahead.data ? Span2<const std::uint16_t>(ahead.data + b0 * bc, nb, bc)
           : round_b  ? detail::bf16_copy(space, B, b0, nb, pol.scratch_b.data())
                      : Span2<const std::uint16_t>(reinterpret_cast<const std::uint16_t*>(pol.scratch_b.data()), nb, bc);
+      const detail::GemmRegion call(detail::kLibraryCall);
       return detail::cublas_gemm_bf16(space, trans_a, tb[0] == 'T', alpha, As, Bs, beta_, Cc);
     }
 #endif
@@ -368,11 +381,12 @@ void gemm(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, cons
     const Span2<const T> Bs = ahead.data ? Span2<const T>(ahead_b + b0 * bc, nb, bc)
                               : round_b  ? detail::rounded_copy(space, B, b0, nb, pol.scratch_b.data())
                                          : Span2<const T>(pol.scratch_b.data(), nb, bc);
+    const detail::GemmRegion call(detail::kLibraryCall);
     gemm<T>(space, ta, tb, alpha, As, Bs, beta_, Cc);
   };
   const bool at = ta[0] == 'T';
   const index_t rows = A.extent(0);
-  const index_t chunk = detail::bf16_chunk_rows(pol, A, B, "gnh::gemm");
+  const index_t chunk = detail::bf16_chunk_rows(pol, A, B, "gnh::gemm", true);
   if (!at) {
     // C rows follow A rows; B is rounded once, with the first chunk.
     if (!ahead.data && pol.scratch_b.extent(0) < B.size())
@@ -465,6 +479,7 @@ bool bf16_batched(const ExecSpace& space, const GemmPolicy<T>& pol, const char* 
         if (!b_ahead && (at || r0 == 0))
           rounded_copies(space, "gnh::gemm::to_bf16", B.data() + g0 * stride_b, stride_b, bcols, at ? r0 : 0, brows, nb,
                          bs, bstep);
+        const GemmRegion call(kLibraryCall);
         cublas_gemm_bf16_batched(space, at, bt, at ? acols : n, ncols, at ? n : acols, alpha, as, acols,
                                  na == 1 ? 0 : astep, b_ahead ? b_ahead : bs, bcols, nb == 1 ? 0 : bstep, beta_, c0,
                                  ncols, stride_c, gn);
@@ -476,6 +491,7 @@ bool bf16_batched(const ExecSpace& space, const GemmPolicy<T>& pol, const char* 
           rounded_copies(space, "gnh::gemm::round_bf16", B.data() + g0 * stride_b, stride_b, bcols, at ? r0 : 0, brows,
                          nb, pol.scratch_b.data(), bstep);
         const T* const b0 = b_ahead ? b_ahead : pol.scratch_b.data();
+        const GemmRegion call(kLibraryCall);  // one strided-batched call on cuBLAS
         for (index_t i = 0; i < gn; ++i)
           gemm<T>(space, ta, tb, alpha, Span2<const T>(pol.scratch_a.data() + (na == 1 ? 0 : i * astep), n, acols),
                   Span2<const T>(b0 + (nb == 1 ? 0 : i * bstep), brows, bcols), beta_,

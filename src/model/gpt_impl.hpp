@@ -428,6 +428,7 @@ void Gpt<T>::plan_gemm(const GptTiles& plan) {
   if (!std::is_same<T, float>::value) fail("the bf16-amp policy runs in float");
   gemm_.bf16 = true;
   gemm_.chunk_elements = plan.bf16_chunk;
+  gemm_.single_chunk_elements = plan.bf16_single_chunk;
   workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(plan.bf16_scratch_a + plan.bf16_scratch_b);
   if (allocate_) {
     gemm_.scratch_a =

@@ -85,10 +85,11 @@ GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape) {
     // Operands are rounded chunk by chunk into two scratch buffers: chunks of
     // at most 2^22 elements of activations (no more than N rows of the
     // widest activation operand, 4C or the logits tile), and the largest
-    // weight block whole. A smaller chunk changes no value: a product
-    // contracted over rows (op(A) = A^T) has at most N rows and stays one
-    // chunk, and in the others (the stacked K N-row products among them) a
-    // row of C depends only on its row of A. gemm_batched rounds the operands of its K
+    // weight block whole. The chunk changes no value where it cuts C's rows
+    // (op(A) = A, the stacked K N-row products among them: a row of C depends
+    // only on its row of A); a product contracted over rows (op(A) = A^T)
+    // accumulates C over its chunks, so its last bits follow the plan, the
+    // same on every rank and thread count. gemm_batched rounds the operands of its K
     // products side by side (kernels/blas.hpp, bf16_batched), so each buffer
     // holds K of them: K weight blocks of up to 4096 vocabulary rows (a
     // larger logits tile batches fewer directions per call, not more memory).
@@ -107,6 +108,13 @@ GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape) {
     const index_t per =
         shape.gpu_shaped ? std::max<index_t>(index_t(1) << 22, (index_t(1) << 26) / G) : index_t(1) << 22;
     t.bf16_chunk = std::min<index_t>(per / (sc * sc), N * widest);
+    // A product alone, the K directions' N-row products stacked among them
+    // (K N rows), takes the room of the K chunks of a batched one: at the
+    // reference shape at K = 16 its 1 M rows go in 20 chunks of 2^26
+    // elements, not 320 of 2^22, each a copy and a library call (a 4 us
+    // launch for 3.4 us of bfloat16 product at 790 TFLOP/s). On a host
+    // chunks stay as the host path's speed was measured with.
+    t.bf16_single_chunk = shape.gpu_shaped ? std::min<index_t>(G * t.bf16_chunk, G * N * widest) : t.bf16_chunk;
     t.bf16_scratch_a = G * (t.bf16_chunk + widest);
     const index_t block = std::max<index_t>(wide * C, std::min<index_t>(t.logits_vocab, 4096) * C);
     t.bf16_scratch_b = std::max(G * std::max(t.bf16_chunk + widest, block), V * C);

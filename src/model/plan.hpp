@@ -80,6 +80,8 @@ struct GptTiles {
   // come from bf16_chunk, and the two buffers hold a chunk (or a weight
   // block) for each of the K directions of a batched product.
   index_t bf16_chunk = 0, bf16_scratch_a = 0, bf16_scratch_b = 0;
+  // A product alone (not a batch of K): GPU-shaped, the K chunks' room.
+  index_t bf16_single_chunk = 0;
 };
 GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape);
 // Values of the batched attention's score planes (kernels/attention_batched.hpp)

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/bf16.hpp"
+#include "kernel_profile.hpp"
 #include "support/ops.hpp"
 #include "support/reference.hpp"
 
@@ -274,6 +275,57 @@ TEST_CASE("bf16-amp batches: each operand rounded once per group, the bits of on
         Kokkos::fence();
         REQUIRE(std::memcmp(got.data(), fp.data(), got.size() * sizeof(float)) != 0);
       }
+}
+
+TEST_CASE("bf16-amp library calls: one per chunk, counted as the entry point's launches", "[bf16]") {
+  // Under bf16-amp a GEMM entry point is a library call per chunk of rows
+  // (gemm) or per chunk of a group (gemm_batched); the launch profile counts
+  // those calls, not one per entry point. A product alone
+  // (single_chunk_elements) takes larger chunks with the same bits: op(A) = A
+  // cuts C's rows, and each row depends on its row of A alone.
+  const index_t R = 100, k = 8, n = 6, count = 3;
+  std::vector<float> A(count * R * k), B(k * n);
+  const auto ra = ref::random_vec(A.size(), 21), rb = ref::random_vec(B.size(), 22);
+  for (std::size_t i = 0; i < A.size(); ++i) A[i] = float(ra[i]);
+  for (std::size_t i = 0; i < B.size(); ++i) B[i] = float(rb[i]);
+  const Span2<const float> As(A.data(), R, k), Bs(B.data(), k, n);
+  auto launches = [](const perf::RecordedRun& run, const std::string& label) {
+    long l = -1;
+    for (const auto& t : run.labels) {
+      REQUIRE(t.label != kernels::detail::kLibraryCall);  // counted in its entry point, not a label
+      if (t.label == label) l = t.device_launches;
+    }
+    return l;
+  };
+  // Chunks of 160 elements over the wider of A's 8 and B's 6 columns: 20
+  // rows, 5 chunks of the 100 rows; alone, 800 elements: one call.
+  kernels::GemmPolicy<float> pol = bf16_policy(1 << 12);
+  pol.chunk_elements = 160;
+  for (const index_t single : {index_t(0), index_t(800)}) {
+    CAPTURE(single);
+    pol.single_chunk_elements = single;
+    std::vector<float> C(R * n, 0.0f);
+    const auto run = perf::record_run(
+        [&] { kernels::gemm<float>(ExecSpace(), pol, "N", "N", 1.0f, As, Bs, 0.0f, Span2<float>(C.data(), R, n)); });
+    REQUIRE(launches(run, "gnh::gemm") == (single ? 1 : 5));
+    // A rounded per chunk, B once.
+    REQUIRE(launches(run, "gnh::gemm::round_bf16") == (single ? 2 : 6));
+    kernels::GemmPolicy<float> whole = bf16_policy(1 << 12);
+    std::vector<float> W(R * n, 0.0f);
+    kernels::gemm<float>(ExecSpace(), whole, "N", "N", 1.0f, As, Bs, 0.0f, Span2<float>(W.data(), R, n));
+    Kokkos::fence();
+    REQUIRE(std::memcmp(C.data(), W.data(), C.size() * sizeof(float)) == 0);
+  }
+  // A batch of 3 strided A over a shared B: the scratch holds two products'
+  // chunks, so groups of 2 and 1, each 5 chunks: 10 calls. A batch is not a
+  // product alone: single_chunk_elements does not apply.
+  pol.scratch_a = View1<float>("a", 2 * 20 * k);
+  std::vector<float> C(count * R * n, 0.0f);
+  const auto run = perf::record_run([&] {
+    kernels::gemm_batched<float>(ExecSpace(), pol, "N", "N", 1.0f, As, R * k, Bs, 0, 0.0f, Span2<float>(C.data(), R, n),
+                                 R * n, count);
+  });
+  REQUIRE(launches(run, "gnh::gemm_batch") == 10);
 }
 
 TEST_CASE("attention in bf16-amp rounds q, k, v and p, keeping scores and softmax in FP32", "[bf16]") {

@@ -50,15 +50,22 @@ struct Chunk {
   Act2<T> dyin;
   index_t in_b0, in_N;
   bool bf16;
+  // A forward with tangents: its score operands (score_operand), per
+  // direction, each row's query heads' blocks of wq columns and key/value
+  // heads' blocks of wk; null otherwise. in_off: where each part's columns
+  // start in xin's rows (v alone rounded under bf16-amp: its first column).
+  T *qa = nullptr, *ka = nullptr;
+  index_t wq = 0, wk = 0;
+  index_t in_off[3] = {0, 0, 0};
   BatchExtents ext(bool directions, bool group = true) const {
     return {{directions ? K : 1, Bc, L.G, group ? rep : 1}};
   }
   // Part i (0 q, 1 k, 2 v) of buffer a, plane p (0 value, 1 tangents, 2
   // second order); rows from sequence first of n rows a plane.
-  Mapped<T> part(const Act2<T>& a, int i, int p, index_t first, index_t n) const {
+  Mapped<T> part(const Act2<T>& a, int i, int p, index_t first, index_t n, index_t off) const {
     Mapped<T> m;
     const index_t ld = a.cols();
-    m.base = (p == 0 ? a.v.data() : p == 1 ? a.d.data() : a.dd.data()) + first * Tc * ld + L.off[i];
+    m.base = (p == 0 ? a.v.data() : p == 1 ? a.d.data() : a.dd.data()) + first * Tc * ld + off;
     m.ld = ld;
     m.stride[0] = p ? n * ld : 0;
     m.stride[1] = Tc * ld;
@@ -67,8 +74,24 @@ struct Chunk {
     return m;
   }
   // An output part (dx), and an input part (q, k, v: the operands).
-  Mapped<T> out(const Act2<T>& a, int i, int p) const { return part(a, i, p, b0, N); }
-  Mapped<T> in(int i, int p) const { return part(i == 0 ? xin.q : i == 1 ? xin.k : xin.v, i, p, in_b0, in_N); }
+  Mapped<T> out(const Act2<T>& a, int i, int p) const { return part(a, i, p, b0, N, L.off[i]); }
+  Mapped<T> in(int i, int p) const {
+    return part(i == 0 ? xin.q : i == 1 ? xin.k : xin.v, i, p, in_b0, in_N, in_off[i]);
+  }
+  // The score operands from column col of each head's block: part 0 the
+  // queries' (a query head's), 1 the keys' (its key/value head's); per
+  // direction, the chunk's sequences.
+  Mapped<T> score_operand(int part, index_t col) const {
+    Mapped<T> m;
+    const index_t w = part == 0 ? wq : wk;
+    m.ld = (part == 0 ? L.H : L.G) * w;
+    m.base = (part == 0 ? qa : ka) + col;
+    m.stride[0] = Bc * Tc * m.ld;
+    m.stride[1] = Tc * m.ld;
+    m.stride[2] = part == 0 ? rep * w : w;
+    m.stride[3] = part == 0 ? w : 0;
+    return m;
+  }
   // Rows of the H heads side by side, plane p: y (an output) and dy (an operand).
   Mapped<T> heads(const Act2<T>& a, int p) const { return heads_of(a, p, b0, N); }
   Mapped<T> dy(int p) const { return heads_of(dyin, p, in_b0, in_N); }
@@ -232,29 +255,32 @@ struct ReverseRows {
   }
 };
 
-// Rows r0 .. r0 + n - 1 of `planes` planes of a (the value, then tangents,
-// then second-order planes) rounded to bfloat16 into dst, n rows a plane.
+// Rows r0 .. r0 + n - 1, columns c0 .. c0 + cols - 1 of `planes` planes of a
+// (the value, then tangents, then second-order planes) rounded to bfloat16
+// into dst, n rows a plane.
 template <class T>
 struct RoundRows {
   Act2<T> a;
   T* dst;
-  index_t r0, n, cols, K;
+  index_t r0, n, c0, cols, K;
   KOKKOS_INLINE_FUNCTION void operator()(const index_t p, const index_t r, const index_t c) const {
-    const T x = p == 0 ? a.v(r0 + r, c) : p <= K ? a.d(p - 1, r0 + r, c) : a.dd(p - 1 - K, r0 + r, c);
+    const index_t row = r0 + r, col = c0 + c;
+    const T x = p == 0 ? a.v(row, col) : p <= K ? a.d(p - 1, row, col) : a.dd(p - 1 - K, row, col);
     dst[(p * n + r) * cols + c] = round_bf16(x);
   }
 };
 
-// The copy as an activation of n rows (its planes where a has them), and the
-// cursor moved past it; one launch.
+// The copy as an activation of n rows (its planes where a has them) of the
+// columns from c0 (all but c0 where cols is 0), and the cursor moved past
+// it; one launch.
 template <class T>
 Act2<T> rounded_rows(const ExecSpace& space, const Act2<T>& a, index_t r0, index_t n, index_t planes, index_t K,
-                     T*& cursor) {
-  const index_t cols = a.cols();
+                     T*& cursor, index_t c0 = 0, index_t cols = 0) {
+  if (cols == 0) cols = a.cols() - c0;
   using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>, Kokkos::IndexType<index_t>>;
   Traffic("gnh::attention::batched::round_bf16").add(double(planes * n * cols), 2 * sizeof(T), 2);
   Kokkos::parallel_for("gnh::attention::batched::round_bf16", Policy(space, {0, 0, 0}, {planes, n, cols}),
-                       RoundRows<T>{a, cursor, r0, n, cols, K});
+                       RoundRows<T>{a, cursor, r0, n, c0, cols, K});
   Act2<T> r;
   r.v = Span2<T>(cursor, n, cols);
   if (planes > 1) r.d = Span3<T>(cursor + n * cols, K, n, cols);
@@ -263,10 +289,45 @@ Act2<T> rounded_rows(const ExecSpace& space, const Act2<T>& a, index_t r0, index
   return r;
 }
 
+// The score operands of a forward with tangents, so that each derivative
+// plane of the scores is one product over a concatenated inner dimension,
+// written once (no plane read back to accumulate a second product):
+//   S'  = scale [Q' | Q] [K | K']^T
+//   S'' = scale [Q | Q'' | 2Q'] [K'' | K | K']^T   (x'' = 0: 2 scale Q' K'^T)
+// Per direction k and row, each query head's block [Q'_k | Q] (with x'':
+// [Q'_k | Q | Q''_k | 2Q'_k], wq = 4 hs), then each key/value head's block
+// [K | K'_k] (with x'': [K''_k | K | K'_k], wk = 3 hs); S' reads the first
+// 2 hs of a query block against [K | K'], S'' the last 3 hs against the
+// whole key block, the primal S = scale Q K^T direction 0's Q and K.
+// Rounded to bfloat16 under bf16-amp (2Q' rounds to twice the rounded Q').
+template <class T>
+struct ScoreOperands {
+  Act2<T> q, k;
+  T *qa, *ka;
+  index_t r0, n, H, G, hs, wq, wk, offq, sq, offk, sk;
+  bool xs, bf16;
+  KOKKOS_INLINE_FUNCTION void operator()(const index_t d, const index_t r, const index_t e) const {
+    const index_t row = r0 + r, qcols = H * wq;
+    if (e < qcols) {
+      const index_t block = (e % wq) / hs, col = offq + (e / wq) * sq + e % hs;
+      const T x = block == 0   ? q.d(d, row, col)
+                  : block == 1 ? q.v(row, col)
+                  : block == 2 ? q.dd(d, row, col)
+                               : T(2) * q.d(d, row, col);
+      qa[(d * n + r) * qcols + e] = operand(x, bf16);
+    } else {
+      const index_t f = e - qcols, col = offk + (f / wk) * sk + f % hs;
+      const index_t block = (f % wk) / hs + (xs ? 0 : 1);  // x'' = 0: no K'' block
+      const T x = block == 0 ? k.dd(d, row, col) : block == 1 ? k.v(row, col) : k.d(d, row, col);
+      ka[(d * n + r) * G * wk + f] = operand(x, bf16);
+    }
+  }
+};
+
 template <class T>
 Chunk<T> chunk_of(const ExecSpace& space, const QkvLayout& L, index_t B, index_t Tc, index_t K, index_t b0, index_t Bc,
-                  const AttentionScratch<T>& scratch, const QkvActs<T>& x, const Act2<T>& dy, bool bf16,
-                  index_t planes) {
+                  const AttentionScratch<T>& scratch, const QkvActs<T>& x, const Act2<T>& dy, bool bf16, index_t planes,
+                  bool score_ops = false, bool xs = false) {
   Chunk<T> c{L,
              Tc,
              attention_block_rows(Tc, scratch.query_blocks),
@@ -283,18 +344,45 @@ Chunk<T> chunk_of(const ExecSpace& space, const QkvLayout& L, index_t B, index_t
              b0,
              B * Tc,
              bf16};
-  if (!bf16) return c;
-  // Each distinct buffer among q, k, v once, and dy (the reverse), the
-  // chunk's rows of the planes the call reads.
-  const index_t r0 = b0 * Tc, n = Bc * Tc;
+  for (int i = 0; i < 3; ++i) c.in_off[i] = L.off[i];
+  if (!bf16 && !score_ops) return c;
   const bool k_own = x.k.v.data() != x.q.v.data(), v_own = x.v.v.data() != x.q.v.data() && x.v.v.data() != x.k.v.data();
-  const index_t need = n * planes * (x.q.cols() + (k_own ? x.k.cols() : 0) + (v_own ? x.v.cols() : 0)) +
-                       (dy.rows() > 0 ? n * std::min<index_t>(planes, 1 + K) * dy.cols() : 0);
+  const index_t width = x.q.cols() + (k_own ? x.k.cols() : 0) + (v_own ? x.v.cols() : 0);
+  const index_t need = Bc * attention_operand_values(L, Tc, width, dy.rows() > 0, planes, score_ops, xs, bf16, K);
   if (need > index_t(scratch.operands.extent(0)))
-    throw std::logic_error("gnh::attention (batched): the bf16 operand scratch of " +
+    throw std::logic_error("gnh::attention (batched): the operand scratch of " +
                            std::to_string(scratch.operands.extent(0)) + " values holds no chunk of " +
                            std::to_string(Bc) + " sequences (" + std::to_string(need) + ")");
+  const index_t r0 = b0 * Tc, n = Bc * Tc;
   T* cursor = scratch.operands.data();
+  if (score_ops) {
+    // The score operands; under bf16-amp v alone rounded besides (q and k
+    // are read only by the scores' products).
+    const index_t hs = L.hs;
+    c.wq = (xs ? 4 : 2) * hs;
+    c.wk = (xs ? 3 : 2) * hs;
+    c.qa = cursor;
+    c.ka = cursor + K * n * L.H * c.wq;
+    cursor = c.ka + K * n * L.G * c.wk;
+    const index_t cols = L.H * c.wq + L.G * c.wk;
+    using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>, Kokkos::IndexType<index_t>>;
+    Traffic("gnh::attention::batched::score_operands").add(double(K * n * cols), 2 * sizeof(T), 2);
+    Kokkos::parallel_for("gnh::attention::batched::score_operands", Policy(space, {0, 0, 0}, {K, n, cols}),
+                         ScoreOperands<T>{x.q, x.k, c.qa, c.ka, r0, n, L.H, L.G, hs, c.wq, c.wk, L.off[0], L.stride[0],
+                                          L.off[1], L.stride[1], xs, bf16});
+    if (bf16) {
+      // v's columns alone, from its first (in_off); q and k are not read
+      // through xin (null: a product that did would fail loudly).
+      c.xin.v = rounded_rows(space, x.v, r0, n, planes, K, cursor, L.off[2], attention_v_columns(L));
+      c.xin.q = c.xin.k = Act2<T>();
+      c.in_off[2] = 0;
+      c.in_b0 = 0;
+      c.in_N = n;
+    }
+    return c;
+  }
+  // Each distinct buffer among q, k, v once, and dy (the reverse), the
+  // chunk's rows of the planes the call reads.
   c.xin.q = rounded_rows(space, x.q, r0, n, planes, K, cursor);
   c.xin.k = k_own ? rounded_rows(space, x.k, r0, n, planes, K, cursor) : c.xin.q;
   c.xin.v = v_own                          ? rounded_rows(space, x.v, r0, n, planes, K, cursor)
@@ -337,17 +425,24 @@ void forward_chunk(const Products<T>& q, const Chunk<T>& c, const Act2<T>& y, co
   using C = Causal<T>;
   const T scale = T(1) / kmath::sqrt(T(hs));
   const BatchExtents e1 = c.ext(false), eK = c.ext(true);
-  const Mapped<T> Q0 = c.in(0, 0), K0 = c.in(1, 0), V0 = c.in(2, 0);
+  const Mapped<T> V0 = c.in(2, 0);
   const Mapped<T> P0 = c.plane(0, false), P1 = c.plane(1, true), P2 = c.plane(1 + c.K, true);
-  mm(C::scores, scale, Q0, K0, T(0), P0, e1);
-  if (tangents) {
-    const Mapped<T> Q1 = c.in(0, 1), K1 = c.in(1, 1);
-    mm(C::scores, scale, Q1, K0, T(0), P1, eK);
-    mm(C::scores, scale, Q0, K1, T(1), P1, eK);
-    if (second) {
-      if (xs) mm(C::scores, scale, c.in(0, 2), K0, T(0), P2, eK);
-      mm(C::scores, T(2) * scale, Q1, K1, xs ? T(1) : T(0), P2, eK);
-      if (xs) mm(C::scores, scale, Q0, c.in(1, 2), T(1), P2, eK);
+  if (!tangents) {
+    mm(C::scores, scale, c.in(0, 0), c.in(1, 0), T(0), P0, e1);
+  } else {
+    // From the score operands (chunk_of, ScoreOperands): each plane one
+    // product, its inner dimension 2 hs or 3 hs.
+    const bool x2 = second && xs;
+    const Mapped<T> QA = c.score_operand(0, 0), KQ = c.score_operand(1, x2 ? hs : 0);
+    mm(C::scores, scale, c.score_operand(0, hs), KQ, T(0), P0, e1);  // Q K^T (direction 0's copies)
+    const Causal<T> mm2{q, Tc, c.Tb, 2 * hs};
+    mm2(C::scores, scale, QA, KQ, T(0), P1, eK);  // [Q' | Q] [K | K']^T
+    if (x2) {
+      // [Q | Q'' | 2Q'] [K'' | K | K']^T
+      const Causal<T> mm3{q, Tc, c.Tb, 3 * hs};
+      mm3(C::scores, scale, c.score_operand(0, hs), c.score_operand(1, 0), T(0), P2, eK);
+    } else if (second) {
+      mm(C::scores, T(2) * scale, QA, c.score_operand(1, hs), T(0), P2, eK);  // 2 Q' K'^T
     }
   }
   q.q.flush();
@@ -461,7 +556,7 @@ void attention_forward_batched(const ExecSpace& space, Act2<base_t<S>> y, Act1<b
   for (index_t b0 = 0; b0 < B; b0 += Bc)
     forward_chunk(mm,
                   chunk_of(space, L, B, Tc, K, b0, std::min(Bc, B - b0), scratch, x, Act2<T>(), bf16,
-                           second && x_second ? 1 + 2 * K : 1 + K),
+                           second && x_second ? 1 + 2 * K : 1 + K, tangents, second && x_second),
                   y, lse, tangents, second, x_second);
 }
 

@@ -33,9 +33,15 @@
 // order r = 0, 1, ..., one batched call each, so no two products of a call
 // write the same output and the bits do not depend on the thread count.
 //
+// In a forward with tangents the score planes' products take a concatenated
+// inner dimension, each plane written by one product (no plane read back):
+// S' = scale [Q' | Q] [K | K']^T, S'' = scale [Q | Q'' | 2Q'] [K'' | K | K']^T,
+// from per-direction copies of those blocks (the score operands).
+//
 // Memory: attention_score_planes() planes of Bc H Tc^2 values; the pointer
-// arrays of a queue of products (3 MappedQueue::kMax K Bc H pointers); under
-// bf16-amp the chunk's rounded operands (attention_operand_values).
+// arrays of a queue of products (3 MappedQueue::kMax K Bc H pointers); the
+// score operands and under bf16-amp the chunk's rounded operands
+// (attention_operand_values).
 #pragma once
 #include "kernels/attention.hpp"
 #include "kernels/gemm_mapped.hpp"
@@ -59,6 +65,24 @@ template <class S>
 void attention_reverse_batched(const ExecSpace& space, QkvActs<base_t<S>> dx, Act1<base_t<S>> D, Act2<base_t<S>> dy,
                                QkvActs<base_t<S>> x, Act2<base_t<S>> y, Act1<base_t<S>> lse, const QkvLayout& L,
                                index_t B, index_t Tc, bool tf32, bool bf16, const AttentionScratch<base_t<S>>& scratch);
+
+// Columns of v's rows that attention reads, from its first (L.off[2]).
+inline index_t attention_v_columns(const QkvLayout& L) { return (L.G - 1) * L.stride[2] + L.hs; }
+
+// Values per sequence of the operand scratch (AttentionScratch::operands)
+// that one call needs. A forward with tangents (score_ops; K directions;
+// xs: second order with x'' nonzero) holds its score operands, K rows of
+// H (xs ? 4 : 2) hs + G (xs ? 3 : 2) hs values per token, and under
+// bf16-amp v's `planes` planes rounded. Any other call under bf16-amp holds
+// the rounded planes of q, k and v (`width` columns in all: one buffer or
+// three) and, in the reverse, of dy (H hs columns); without bf16-amp nothing.
+inline index_t attention_operand_values(const QkvLayout& L, index_t Tc, index_t width, bool reverse, index_t planes,
+                                        bool score_ops, bool xs, bool bf16, index_t K) {
+  if (score_ops)
+    return K * Tc * (L.H * (xs ? 4 : 2) + L.G * (xs ? 3 : 2)) * L.hs +
+           (bf16 ? Tc * attention_v_columns(L) * planes : 0);
+  return bf16 ? Tc * (width + (reverse ? L.H * L.hs : 0)) * planes : 0;
+}
 
 const char* attention_path_name(AttentionPath p);
 // gpu_shaped: the engine runs the GPU's kernels and tiles (on a GPU always;

@@ -57,21 +57,14 @@ inline index_t attention_block_values(index_t Tc, index_t Tb) {
   return total;
 }
 
-// Values of the rounded operands (bf16-amp) per sequence: q, k and v (of
-// `width` columns in all; one buffer or three) and, in the reverse, dy (H hs
-// columns), each with `planes` planes (1, 1 + K, or 1 + 2K).
-inline index_t attention_operand_values(index_t Tc, index_t width, index_t heads_width, bool reverse, index_t planes) {
-  return Tc * (width + (reverse ? heads_width : 0)) * planes;
-}
-
 // The working memory of the batched path: the score planes of one chunk of
 // sequences, and the mapped GEMMs' pointer arrays.
 template <class T>
 struct AttentionScratch {
   View1<T> scores;
   MappedScratch pointers;
-  // bf16-amp: the chunk's q, k, v (and the reverse's dy) rounded to bfloat16,
-  // every plane the call reads (attention_operand_values per sequence).
+  // A forward with tangents' score operands, and bf16-amp's rounded q, k, v
+  // (and the reverse's dy) of a chunk (attention_operand_values per sequence).
   View1<T> operands;
   // The most sequences a chunk takes (0: as many as the score planes hold):
   // the owner's plan, for which it sized the operands and pointer arrays.

@@ -332,11 +332,17 @@ void Gpt<T>::plan_attention() {
   const index_t per = attention_planes_per_sequence(cfg_, shape_);
   const index_t seqs = attention_chunk_sequences(cfg_, shape_);
   const index_t pointers = 3 * kernels::MappedQueue<T>::kMax * std::max<index_t>(1, K) * seqs * H;
-  // bf16-amp: the chunk's q, k, v (and dy) rounded, every plane a call reads.
+  // The forward's score operands with tangents, and under bf16-amp the
+  // chunk's q, k, v (and dy) rounded, every plane a call reads: the larger
+  // of the forward's need (x'' nonzero, the most) and the reverse's.
   const index_t A = H * cfg_.head_size(), Akv = index_t(cfg_.kv_heads()) * cfg_.head_size();
-  const index_t operands = shape_.bf16 ? seqs * kernels::attention_operand_values(Tc, A + 2 * Akv, A, shape_.reverse,
-                                                                                  sec ? 1 + 2 * K : 1 + K)
-                                       : 0;
+  const index_t width = A + 2 * Akv;
+  const index_t forward = kernels::attention_operand_values(qkv_layout_, Tc, width, false, sec ? 1 + 2 * K : 1 + K, tan,
+                                                            sec, shape_.bf16, K);
+  const index_t reverse = shape_.reverse ? kernels::attention_operand_values(qkv_layout_, Tc, width, true, 1 + K, false,
+                                                                             false, shape_.bf16, K)
+                                         : 0;
+  const index_t operands = seqs * std::max(forward, reverse);
   workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(seqs * per + operands) + sizeof(std::uintptr_t) * pointers;
   if (!allocate_) return;
   if (operands > 0)

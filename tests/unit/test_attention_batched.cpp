@@ -9,12 +9,14 @@
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/attention.hpp"
 #include "kernels/attention_batched.hpp"
+#include "kernels/gemm_ledger.hpp"
 
 using namespace gnh;
 using namespace gnh::kernels;
@@ -177,9 +179,15 @@ void check_forward(const Layout& l, bool x_second, index_t blocks, std::mt19937&
   Inputs x = inputs(l, g, 1.5);
   Buf y(N, C, g, 0), lse(R1, 1, g, 0), yr(N, C, g, 0), lser(R1, 1, g, 0);
   const index_t planes = attention_score_planes(false, has_tangents_v<S>, has_second_v<S>, K);
+  // The score operands of seqs sequences (a forward with tangents).
+  auto with_operands = [&](AttentionScratch<T> sc, index_t seqs) {
+    sc.operands = View1<T>("operands", seqs * attention_operand_values(L, Tc, l.width, false, value_planes<S>(),
+                                                                       has_tangents_v<S>, has_second_v<S>, false, K));
+    return sc;
+  };
   // Chunks of 2, 1 sequences; then all three at once.
   attention_forward_batched<S>(ExecSpace(), y.act<T>(), lse.act1<T>(), x.acts<T>(), L, B, Tc, false, false, x_second,
-                               scratch<T>(planes, L.H, 2, blocks));
+                               with_operands(scratch<T>(planes, L.H, 2, blocks), 2));
   if (!x_second) x.zero_second();
   attention_forward<R>(ExecSpace(), yr.act<double>(), lser.act1<double>(), x.acts<double>(), L, B, Tc);
   ExecSpace().fence();
@@ -189,7 +197,7 @@ void check_forward(const Layout& l, bool x_second, index_t blocks, std::mt19937&
   compare(lse.view<T>(), lser.d, value_planes<S>(), R1, L.hs, what + ": lse");
   Buf y2(N, C, g, 0), lse2(R1, 1, g, 0);
   attention_forward_batched<S>(ExecSpace(), y2.act<T>(), lse2.act1<T>(), x.acts<T>(), L, B, Tc, false, false, true,
-                               scratch<T>(planes, L.H, B, blocks));
+                               with_operands(scratch<T>(planes, L.H, B, blocks), B));
   ExecSpace().fence();
   if (x_second) {
     INFO(what << ": one chunk and chunks of two give the same bits");
@@ -245,7 +253,8 @@ void check_bf16_forward(const Layout& l, std::mt19937& g) {
   Buf y(N, C, g, 0), lse(R1, 1, g, 0), yr(N, C, g, 0), lser(R1, 1, g, 0), y32(N, C, g, 0), lse32(R1, 1, g, 0);
   const index_t planes = attention_score_planes(false, has_tangents_v<S>, has_second_v<S>, K);
   AttentionScratch<float> sc = scratch<float>(planes, L.H, 2, 4);
-  sc.operands = View1<float>("operands", 2 * attention_operand_values(Tc, 3 * l.width, C, false, 1 + 2 * K));
+  sc.operands = View1<float>("operands", 2 * attention_operand_values(L, Tc, 3 * l.width, false, 1 + 2 * K,
+                                                                      has_tangents_v<S>, has_second_v<S>, true, K));
   attention_forward_batched<S>(ExecSpace(), y.act<float>(), lse.act1<float>(), x.acts<float>(), L, B, Tc, false, true,
                                true, sc);
   attention_forward_batched<S>(ExecSpace(), y32.act<float>(), lse32.act1<float>(), x.acts<float>(), L, B, Tc, false,
@@ -271,7 +280,8 @@ void check_bf16_reverse(const Layout& l, std::mt19937& g) {
   Inputs dx = inputs(l, g, 0), dxr = inputs(l, g, 0);
   Buf D(R1, 1, g, 0), Dr(R1, 1, g, 0);
   AttentionScratch<float> sc = scratch<float>(attention_score_planes(true, has_tangents_v<S>, false, K), L.H, 2, 4);
-  sc.operands = View1<float>("operands", 2 * attention_operand_values(Tc, 3 * l.width, C, true, 1 + K));
+  sc.operands =
+      View1<float>("operands", 2 * attention_operand_values(L, Tc, 3 * l.width, true, 1 + K, false, false, true, K));
   attention_reverse_batched<S>(ExecSpace(), dx.acts<float>(), D.act1<float>(), dy.act<float>(), x.acts<float>(),
                                y.act<float>(), lse.act1<float>(), L, B, Tc, false, true, sc);
   attention_reverse<S>(ExecSpace(), dxr.acts<float>(), Dr.act1<float>(), dy.act<float>(), x.acts<float>(),
@@ -299,6 +309,61 @@ TEMPLATE_TEST_CASE("batched attention equals the row kernels in every mode and l
       check_forward<T, Jet2>(l, false, blocks, g);
       check_reverse<T, Primal>(l, blocks, g);
       check_reverse<T, Dual>(l, blocks, g);
+    }
+}
+
+// The score products of a forward in mode S (float), from the work ledger:
+// those whose n is not the head width (n is a block's end; the outputs'
+// products have n = hs), by inner dimension, and how many of them read
+// their plane back to accumulate.
+template <template <class> class M>
+std::map<index_t, double> score_products(const Layout& l, bool x_second, index_t blocks, double& accumulating) {
+  using S = M<float>;
+  const QkvLayout& L = l.L;
+  std::mt19937 g(5);
+  Inputs x = inputs(l, g, 1.0);
+  Buf y(B * Tc, L.H * L.hs, g, 0), lse(B * L.H * Tc, 1, g, 0);
+  AttentionScratch<float> sc =
+      scratch<float>(attention_score_planes(false, has_tangents_v<S>, has_second_v<S>, K), L.H, B, blocks);
+  sc.operands = View1<float>("operands", B * attention_operand_values(L, Tc, l.width, false, value_planes<S>(),
+                                                                      has_tangents_v<S>, has_second_v<S>, false, K));
+  GemmWork& w = gemm_work();
+  w = GemmWork();
+  w.on = true;
+  attention_forward_batched<S>(ExecSpace(), y.act<float>(), lse.act1<float>(), x.acts<float>(), L, B, Tc, false, false,
+                               x_second, sc);
+  ExecSpace().fence();
+  w.on = false;
+  std::map<index_t, double> by_inner;
+  accumulating = 0;
+  for (const auto& [key, count] : w.labels["gnh::gemm_mapped"].products) {
+    if (key[1] == L.hs) continue;  // an output product
+    by_inner[key[2]] += count;
+    if (key[5] != index_t(sizeof(float))) accumulating += count;
+  }
+  w = GemmWork();
+  return by_inner;
+}
+
+TEST_CASE("a forward with tangents writes each score plane with one product, none read back", "[attention][batched]") {
+  // The derivative planes' products take a concatenated inner dimension
+  // (S' over 2 hs; S'' over 3 hs, or hs where x'' is zero): per block and
+  // (sequence, head) one product a plane, so the primal and K planes a
+  // direction (2K with second order), and none accumulates into a plane.
+  for (const Layout& l : layouts())
+    for (const index_t blocks : {1, 4}) {
+      CAPTURE(l.name, blocks);
+      const double per = double(blocks * B * l.L.H);
+      double acc = 0;
+      auto dual = score_products<Dual>(l, true, blocks, acc);
+      REQUIRE(acc == 0);
+      REQUIRE(dual == std::map<index_t, double>{{l.L.hs, per}, {2 * l.L.hs, K * per}});
+      auto jet = score_products<Jet2>(l, true, blocks, acc);
+      REQUIRE(acc == 0);
+      REQUIRE(jet == std::map<index_t, double>{{l.L.hs, per}, {2 * l.L.hs, K * per}, {3 * l.L.hs, K * per}});
+      auto cut = score_products<Jet2>(l, false, blocks, acc);
+      REQUIRE(acc == 0);
+      REQUIRE(cut == std::map<index_t, double>{{l.L.hs, (1 + K) * per}, {2 * l.L.hs, K * per}});
     }
 }
 

@@ -256,11 +256,13 @@ struct RoundedCopies {
     else dst[i * dst_stride + e] = round_bf16(x);
   }
 };
+// dims: the scalable extents the copy spans (gemm_ledger.hpp; an operand's
+// rows and columns, 2); below 0, the caller records its traffic.
 template <class T, class D>
 void rounded_copies(const ExecSpace& space, const char* label, const T* src, index_t src_stride, index_t cols,
-                    index_t r0, index_t rows, index_t count, D* dst, index_t dst_stride) {
+                    index_t r0, index_t rows, index_t count, D* dst, index_t dst_stride, int dims = 2) {
   // As the GPU's copy moves them: T read, a bfloat16 written.
-  Traffic(label).add(double(count * rows * cols), sizeof(T) + 2, 2);
+  if (dims >= 0) Traffic(label).add(double(count * rows * cols), sizeof(T) + 2, dims);
   using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<index_t>>;
   Kokkos::parallel_for(label, Policy(space, {0, 0}, {count, rows * cols}),
                        RoundedCopies<T, D>{src, dst, src_stride, dst_stride, cols, r0, rows});

@@ -145,9 +145,9 @@ class Gpt {
   void plan_head(const GptTiles& plan);
   void plan_adjoints();
   void plan_gemm(const GptTiles& plan);
-  // bf16-amp: the head's weights (and their directions) rounded once a pass,
-  // and the head's policy that reads them there.
-  void round_head_ahead(const ExecSpace& space, const Params<T>& p);
+  // bf16-amp: the parameters (and the head's directions) rounded once a
+  // pass, and the policy of the weights' products that reads them there.
+  void round_ahead(const ExecSpace& space, const Params<T>& p);
   void plan_adjoint_cuts();
   View1<T> buffer(const std::string& label, index_t total);
   Act2<T> x_in(int layer) const;
@@ -172,11 +172,12 @@ class Gpt {
   std::vector<View1<T>> reusable_;  // during construction: storage not yet reused
   std::unique_ptr<GptBuffers<T>> buf_;
   kernels::GemmPolicy<T> gemm_;  // operand precision of every matrix multiply
-  // bf16-amp: the head's weight block and, with directions, its K blocks of
-  // them, rounded once a pass (its tiles read them in every product);
-  // head_gemm_ is gemm_ with those blocks (GemmPolicy::ahead).
-  View1<T> head_ahead_;
-  kernels::GemmPolicy<T> head_gemm_;
+  // bf16-amp: every parameter and, with directions, the head's K blocks of
+  // them, rounded once a pass (the linear layers' forward and reverse and
+  // every head tile read them); weights_gemm_ is gemm_ with those blocks
+  // (GemmPolicy::ahead), the policy of every product of a weight.
+  View1<T> rounded_ahead_;
+  kernels::GemmPolicy<T> weights_gemm_;
   View1<double> row_loss_v_;
   View2<double> row_loss_d_, row_loss_dd_, row_loss_gn_;  // (K, N)
   std::size_t workspace_bytes_ = 0;

@@ -442,33 +442,40 @@ void Gpt<T>::plan_gemm(const GptTiles& plan) {
     gemm_.scratch_b =
         View1<T>(Kokkos::view_alloc("gnh::gpt::bf16_b", Kokkos::WithoutInitializing), plan.bf16_scratch_b);
   }
-  // The head's weight block and its K direction blocks, rounded (bfloat16
+  // Every parameter and the head's K direction blocks, rounded (bfloat16
   // bits on cuBLAS: half the bytes), in as many T.
-  const index_t blocks = 1 + shape_.directions, VC = index_t(cfg_.vocab_size) * cfg_.n_embd;
-  const index_t ahead =
-      index_t((std::size_t(blocks * VC) * sizeof(kernels::Bf16Storage<T>) + sizeof(T) - 1) / sizeof(T));
+  const index_t VC = index_t(cfg_.vocab_size) * cfg_.n_embd, values = layout_.size() + shape_.directions * VC;
+  const index_t ahead = index_t((std::size_t(values) * sizeof(kernels::Bf16Storage<T>) + sizeof(T) - 1) / sizeof(T));
   workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(ahead);
-  if (allocate_) head_ahead_ = View1<T>(Kokkos::view_alloc("gnh::gpt::head_bf16", Kokkos::WithoutInitializing), ahead);
+  if (allocate_)
+    rounded_ahead_ = View1<T>(Kokkos::view_alloc("gnh::gpt::weights_bf16", Kokkos::WithoutInitializing), ahead);
 }
 
-// bf16-amp: the head's blocks of p rounded into head_ahead_ (one launch for
-// the weights, one for the K directions' blocks), and head_gemm_ reading them.
-// The head's products then round only their activations.
+// bf16-amp: p rounded into rounded_ahead_ (one launch; the weights of every
+// linear layer and of the head among it) and the head's K direction blocks
+// (one launch), and weights_gemm_ reading them: a weight's products (the
+// layers' forward and input adjoints, every head tile) then round only
+// their activations. The layers' direction blocks, each read by one product
+// a batch, are rounded there.
 template <class T>
-void Gpt<T>::round_head_ahead(const ExecSpace& space, const Params<T>& p) {
-  head_gemm_ = gemm_;
-  if (!gemm_.bf16 || head_ahead_.extent(0) == 0) return;
+void Gpt<T>::round_ahead(const ExecSpace& space, const Params<T>& p) {
+  weights_gemm_ = gemm_;
+  if (!gemm_.bf16 || rounded_ahead_.extent(0) == 0) return;
   using D = kernels::Bf16Storage<T>;
   const index_t VC = index_t(cfg_.vocab_size) * cfg_.n_embd, P = layout_.size(), w = layout_.lm_head;
   const index_t K = index_t(p.d.extent(0));
-  if ((1 + K) * VC * index_t(sizeof(D)) > index_t(head_ahead_.extent(0) * sizeof(T)))
-    throw std::logic_error("gnh::gpt: the head's rounded blocks hold fewer directions than " + std::to_string(K));
-  D* const dst = reinterpret_cast<D*>(head_ahead_.data());
-  kernels::detail::rounded_copies(space, "gnh::gpt::head_bf16", p.v.data() + w, 0, VC, 0, 1, 1, dst, 0);
-  head_gemm_.ahead[0] = {p.v.data() + w, VC, 1, 0, dst};
+  if ((P + K * VC) * index_t(sizeof(D)) > index_t(rounded_ahead_.extent(0) * sizeof(T)))
+    throw std::logic_error("gnh::gpt: the rounded weights hold fewer directions than " + std::to_string(K));
+  D* const dst = reinterpret_cast<D*>(rounded_ahead_.data());
+  // The matrices span two scalable extents, the vectors (biases, norms) one.
+  double values[3] = {0, 0, 0};
+  for (const TensorInfo& t : layout_.tensors()) values[t.shape.size() >= 2 ? 2 : 1] += double(t.size);
+  kernels::Traffic("gnh::gpt::weights_bf16").add(values[2], sizeof(T) + 2, 2).add(values[1], sizeof(T) + 2, 1);
+  kernels::detail::rounded_copies(space, "gnh::gpt::weights_bf16", p.v.data(), 0, P, 0, 1, 1, dst, 0, -1);
+  weights_gemm_.ahead[0] = {p.v.data(), P, 1, 0, dst};
   if (K == 0) return;
-  kernels::detail::rounded_copies(space, "gnh::gpt::head_bf16", p.d.data() + w, P, VC, 0, 1, K, dst + VC, VC);
-  head_gemm_.ahead[1] = {p.d.data() + w, VC, K, P, dst + VC};
+  kernels::detail::rounded_copies(space, "gnh::gpt::weights_bf16", p.d.data() + w, P, VC, 0, 1, K, dst + P, VC);
+  weights_gemm_.ahead[1] = {p.d.data() + w, VC, K, P, dst + P};
 }
 
 // Adjoint cuts: the gradient pass's engine (reverse, no directions), the five
@@ -545,6 +552,7 @@ LossSum Gpt<T>::forward(const ExecSpace& space, Params<T> p, Span2<const std::in
     kernels::record_fill(double(cut_dd_.size()), sizeof(double), 1);
     Kokkos::deep_copy(space, cut_dd_, 0.0);
   }
+  round_ahead(space, p);  // bf16-amp: the weights rounded once, for every product of the pass
   embedding_forward<S>(space, x_in(0), tokens, p, L.wte, L.wpe);
   for (int l = 0; l < cfg_.n_layer; ++l) {
     if (cfg_.family == Family::llama) forward_block_llama<S>(space, p, l, cut);
@@ -559,9 +567,8 @@ LossSum Gpt<T>::forward(const ExecSpace& space, Params<T> p, Span2<const std::in
   loss.d = row_loss_d_;
   loss.dd = row_loss_dd_;
   Span1<const std::int32_t> flat_targets(targets.data(), N_);
-  round_head_ahead(space, p);  // bf16-amp: the head's weights rounded once, for every tile
   lm_head_xent_forward<S>(space, loss, buf_->head_lse, buf_->lnf, p, L.lm_head, cfg_.vocab_size, flat_targets,
-                          buf_->logits, buf_->head_stats, buf_->head_moments, head_gemm_, head_rows(),
+                          buf_->logits, buf_->head_stats, buf_->head_moments, weights_gemm_, head_rows(),
                           std::is_same<S, T>::value && head_kept_, row_loss_gn_);
   space.fence();
   const LossSum out = loss_sums<S>(flat_targets, cut);
@@ -600,19 +607,19 @@ void Gpt<T>::forward_block(const ExecSpace& space, Params<T> p, int l, bool cut)
   const CutAdjoints<T> cuts = cut ? buf_->cuts[l] : CutAdjoints<T>();
   layernorm_forward<S>(space, ln1, a0.ln1_mean, a0.ln1_rstd, x, p, o.ln1_w, o.ln1_b, cfg_.ln_eps);
   cut_at(space, cut, cuts.ln1, ln1);
-  linear_forward<S>(space, qkv, ln1, p, o.attn_w, o.attn_b, gemm_, !cut);
+  linear_forward<S>(space, qkv, ln1, p, o.attn_w, o.attn_b, weights_gemm_, !cut);
   if (rotary_dims_ > 0)
     rotary_forward<S>(space, qkv, qkv, cfg_.head_size(), rotary_dims_, rotary_table_, RotarySegments{3, 2});
   cut_at(space, cut, cuts.qkv, qkv);
   T* const keep_p = std::is_same<S, T>::value && keep_attention_ ? a0.att_p.v.data() : nullptr;
   attend<S>(space, att, a0.att_lse, QkvActs<T>{qkv, qkv, qkv}, cut, keep_p);
   cut_at(space, cut, cuts.att, att);
-  linear_forward<S>(space, proj, att, p, o.attn_proj_w, o.attn_proj_b, gemm_, !cut);
+  linear_forward<S>(space, proj, att, p, o.attn_proj_w, o.attn_proj_b, weights_gemm_, !cut);
   residual_forward<S>(space, x_mid, x, proj);
   const Act2<T> mlp_in = cfg_.parallel_residual ? x : x_mid;
   layernorm_forward<S>(space, ln2, a0.ln2_mean, a0.ln2_rstd, mlp_in, p, o.ln2_w, o.ln2_b, cfg_.ln_eps);
   cut_at(space, cut, cuts.ln2, ln2);
-  linear_forward<S>(space, fc, ln2, p, o.fc_w, o.fc_b, gemm_, !cut);
+  linear_forward<S>(space, fc, ln2, p, o.fc_w, o.fc_b, weights_gemm_, !cut);
   if constexpr (std::is_same<S, T>::value) {
     if (keep_gelu_) gelu_forward_slope_in_place<T>(space, fc_gelu.v, fc.v, cfg_.gelu);  // fc holds the slope now
     else gelu_forward<S>(space, fc_gelu, fc, cfg_.gelu);
@@ -620,7 +627,7 @@ void Gpt<T>::forward_block(const ExecSpace& space, Params<T> p, int l, bool cut)
     gelu_forward<S>(space, fc_gelu, fc, cfg_.gelu);
   }
   cut_at(space, cut, cuts.fc_gelu, fc_gelu);
-  linear_forward<S>(space, proj, fc_gelu, p, o.fc_proj_w, o.fc_proj_b, gemm_, !cut);
+  linear_forward<S>(space, proj, fc_gelu, p, o.fc_proj_w, o.fc_proj_b, weights_gemm_, !cut);
   residual_forward<S>(space, x_out, x_mid, proj);
 }
 
@@ -644,13 +651,13 @@ void Gpt<T>::forward_block_llama(const ExecSpace& space, Params<T> p, int l, boo
   if (fused_qkv_) {
     // One GEMM into [q | k | v]; the first n_head + n_kv_head segments rotate.
     const index_t H = cfg_.n_head, G = cfg_.kv_heads();
-    linear_forward<S>(space, a.qkv, a.ln1, p, o.q_w, -1, gemm_, !cut);
+    linear_forward<S>(space, a.qkv, a.ln1, p, o.q_w, -1, weights_gemm_, !cut);
     rotary_forward<S>(space, a.qkv, a.qkv, D, rotary_dims_, rotary_table_, RotarySegments{H + 2 * G, H + G});
     cut_at(space, cut, cuts.qkv, a.qkv);
   } else {
-    linear_forward<S>(space, a.q, a.ln1, p, o.q_w, o.q_b, gemm_, !cut);
-    linear_forward<S>(space, a.k, a.ln1, p, o.k_w, o.k_b, gemm_, !cut);
-    linear_forward<S>(space, a.v, a.ln1, p, o.v_w, o.v_b, gemm_, !cut);
+    linear_forward<S>(space, a.q, a.ln1, p, o.q_w, o.q_b, weights_gemm_, !cut);
+    linear_forward<S>(space, a.k, a.ln1, p, o.k_w, o.k_b, weights_gemm_, !cut);
+    linear_forward<S>(space, a.v, a.ln1, p, o.v_w, o.v_b, weights_gemm_, !cut);
     rotary_forward<S>(space, a.q, a.q, D, rotary_dims_, rotary_table_);
     rotary_forward<S>(space, a.k, a.k, D, rotary_dims_, rotary_table_);
     cut_at(space, cut, cuts.q, a.q);
@@ -661,14 +668,14 @@ void Gpt<T>::forward_block_llama(const ExecSpace& space, Params<T> p, int l, boo
   T* const keep_p = std::is_same<S, T>::value && keep_attention_ ? a.att_p.v.data() : nullptr;
   attend<S>(space, a.att, a.att_lse, x3, cut, keep_p);
   cut_at(space, cut, cuts.att, a.att);
-  linear_forward<S>(space, proj, a.att, p, o.attn_proj_w, o.attn_proj_b, gemm_, !cut);
+  linear_forward<S>(space, proj, a.att, p, o.attn_proj_w, o.attn_proj_b, weights_gemm_, !cut);
   residual_forward<S>(space, a.x_mid, x, proj);
   rmsnorm_forward<S>(space, a.ln2, a.ln2_rstd, a.x_mid, p, o.ln2_w, -1, cfg_.ln_eps);
   cut_at(space, cut, cuts.ln2, a.ln2);
-  linear_forward<S>(space, a.fc, a.ln2, p, o.fc_w, -1, gemm_, !cut);
+  linear_forward<S>(space, a.fc, a.ln2, p, o.fc_w, -1, weights_gemm_, !cut);
   swiglu_forward<S>(space, a.fc_gelu, a.fc);
   cut_at(space, cut, cuts.fc_gelu, a.fc_gelu);
-  linear_forward<S>(space, proj, a.fc_gelu, p, o.fc_proj_w, -1, gemm_, !cut);
+  linear_forward<S>(space, proj, a.fc_gelu, p, o.fc_proj_w, -1, weights_gemm_, !cut);
   residual_forward<S>(space, a.x_out, a.x_mid, proj);
 }
 
@@ -735,7 +742,7 @@ void Gpt<T>::reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<cons
   const Span2<const T> kept =
       std::is_same<S, T>::value && head_kept_ ? Span2<const T>(buf_->head_stats) : Span2<const T>();
   lm_head_xent_reverse<S>(space, c1, g, buf_->head_lse, buf_->lnf, p, L.lm_head, cfg_.vocab_size, flat_targets,
-                          buf_->logits, head_gemm_, /*logits_current=*/true, kept, head_rows(), gauss_newton);
+                          buf_->logits, weights_gemm_, /*logits_current=*/true, kept, head_rows(), gauss_newton);
   if (cfg_.family == Family::llama) rmsnorm_reverse<S>(space, res, g, c1, x_final(), buf_->lnf_rstd, p, L.lnf_w, -1);
   else layernorm_reverse<S>(space, res, g, c1, x_final(), buf_->lnf_mean, buf_->lnf_rstd, p, L.lnf_w, L.lnf_b);
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
@@ -770,7 +777,7 @@ void Gpt<T>::reverse_block(const ExecSpace& space, Params<T> p, Grads<T> g, int 
   };
   // The parallel residual's attention reads d x_out before the MLP's adjoint
   // is added to res.
-  if (parallel) linear_reverse<S>(space, d_att, g, res, a.att, p, o.attn_proj_w, o.attn_proj_b, gemm_);
+  if (parallel) linear_reverse<S>(space, d_att, g, res, a.att, p, o.attn_proj_w, o.attn_proj_b, weights_gemm_);
   // x_out = x_mid + c_proj(gelu(c_fc(ln_2(m)))), m = x_mid (x_in when
   // parallel); res holds d x_out. ln_2(m) is recomputed (a shared buffer, see
   // the planner), and so is gelu(fc) except where the forward kept it and
@@ -779,22 +786,22 @@ void Gpt<T>::reverse_block(const ExecSpace& space, Params<T> p, Grads<T> g, int 
   // fc_gelu in place.
   if constexpr (std::is_same<S, T>::value) {
     if (!keep_gelu_) gelu_forward_slope<T>(space, a.fc_gelu.v, d_fc.v, a.fc.v, cfg_.gelu);
-    linear_reverse<S>(space, d_fcg, g, res, a.fc_gelu, p, o.fc_proj_w, o.fc_proj_b, gemm_);
+    linear_reverse<S>(space, d_fcg, g, res, a.fc_gelu, p, o.fc_proj_w, o.fc_proj_b, weights_gemm_);
     keep(&CutAdjoints<T>::fc_gelu, d_fcg);
     gelu_reverse_slope<T>(space, d_fc.v, d_fcg.v, keep_gelu_ ? a.fc.v : d_fc.v);  // where the slope is
   } else {
     gelu_forward<S>(space, a.fc_gelu, a.fc, cfg_.gelu);
-    linear_reverse<S>(space, d_fcg, g, res, a.fc_gelu, p, o.fc_proj_w, o.fc_proj_b, gemm_);
+    linear_reverse<S>(space, d_fcg, g, res, a.fc_gelu, p, o.fc_proj_w, o.fc_proj_b, weights_gemm_);
     gelu_reverse<S>(space, d_fc, d_fcg, a.fc, cfg_.gelu);
   }
   const Act2<T> mlp_in = parallel ? x_in(l) : a.x_mid;
   layernorm_forward<S>(space, a.ln2, a.ln2_mean, a.ln2_rstd, mlp_in, p, o.ln2_w, o.ln2_b, cfg_.ln_eps);
-  linear_reverse<S>(space, c1, g, d_fc, a.ln2, p, o.fc_w, o.fc_b, gemm_);
+  linear_reverse<S>(space, c1, g, d_fc, a.ln2, p, o.fc_w, o.fc_b, weights_gemm_);
   keep(&CutAdjoints<T>::ln2, c1);
   layernorm_reverse<S>(space, c2, g, c1, mlp_in, a.ln2_mean, a.ln2_rstd, p, o.ln2_w, o.ln2_b);
   accumulate<S>(space, res, c2);  // d x_mid (parallel: the MLP's part of d x_in)
   // x_mid = x_in + c_proj(attn(c_attn(ln_1(x_in)))).
-  if (!parallel) linear_reverse<S>(space, d_att, g, res, a.att, p, o.attn_proj_w, o.attn_proj_b, gemm_);
+  if (!parallel) linear_reverse<S>(space, d_att, g, res, a.att, p, o.attn_proj_w, o.attn_proj_b, weights_gemm_);
   keep(&CutAdjoints<T>::att, d_att);
   const T* const kept_p = std::is_same<S, T>::value && keep_attention_ ? a.att_p.v.data() : nullptr;
   attend_reverse<S>(space, QkvActs<T>{d_qkv, d_qkv, d_qkv}, D, d_att, QkvActs<T>{a.qkv, a.qkv, a.qkv}, a.att, a.att_lse,
@@ -803,7 +810,7 @@ void Gpt<T>::reverse_block(const ExecSpace& space, Params<T> p, Grads<T> g, int 
   if (rotary_dims_ > 0)
     rotary_reverse<S>(space, d_qkv, d_qkv, cfg_.head_size(), rotary_dims_, rotary_table_, RotarySegments{3, 2});
   layernorm_forward<S>(space, a.ln1, a.ln1_mean, a.ln1_rstd, x_in(l), p, o.ln1_w, o.ln1_b, cfg_.ln_eps);
-  linear_reverse<S>(space, c1, g, d_qkv, a.ln1, p, o.attn_w, o.attn_b, gemm_);
+  linear_reverse<S>(space, c1, g, d_qkv, a.ln1, p, o.attn_w, o.attn_b, weights_gemm_);
   keep(&CutAdjoints<T>::ln1, c1);
   layernorm_reverse<S>(space, c2, g, c1, x_in(l), a.ln1_mean, a.ln1_rstd, p, o.ln1_w, o.ln1_b);
   accumulate<S>(space, res, c2);  // d x_in
@@ -828,16 +835,16 @@ void Gpt<T>::reverse_block_llama(const ExecSpace& space, Params<T> p, Grads<T> g
   // x_out = x_mid + down(silu(gate(n2)) up(n2)), n2 = rmsnorm_2(x_mid); the
   // gate's output is recomputed (a shared buffer) but where the forward kept it.
   if (!keep_gelu_) swiglu_forward<S>(space, a.fc_gelu, a.fc);
-  linear_reverse<S>(space, d.fc_gelu, g, d.res, a.fc_gelu, p, o.fc_proj_w, -1, gemm_);
+  linear_reverse<S>(space, d.fc_gelu, g, d.res, a.fc_gelu, p, o.fc_proj_w, -1, weights_gemm_);
   keep(&CutAdjoints<T>::fc_gelu, d.fc_gelu);
   swiglu_reverse<S>(space, d.fc, d.fc_gelu, a.fc);
   rmsnorm_forward<S>(space, a.ln2, a.ln2_rstd, a.x_mid, p, o.ln2_w, -1, cfg_.ln_eps);
-  linear_reverse<S>(space, d.c1, g, d.fc, a.ln2, p, o.fc_w, -1, gemm_);
+  linear_reverse<S>(space, d.c1, g, d.fc, a.ln2, p, o.fc_w, -1, weights_gemm_);
   keep(&CutAdjoints<T>::ln2, d.c1);
   rmsnorm_reverse<S>(space, d.c2, g, d.c1, a.x_mid, a.ln2_rstd, p, o.ln2_w, -1);
   accumulate<S>(space, d.res, d.c2);  // d x_mid
   // x_mid = x_in + o_proj(attn(rope(q(n1)), rope(k(n1)), v(n1))), n1 = rmsnorm_1(x_in).
-  linear_reverse<S>(space, d.att, g, d.res, a.att, p, o.attn_proj_w, o.attn_proj_b, gemm_);
+  linear_reverse<S>(space, d.att, g, d.res, a.att, p, o.attn_proj_w, o.attn_proj_b, weights_gemm_);
   keep(&CutAdjoints<T>::att, d.att);
   const T* const kept_p = std::is_same<S, T>::value && keep_attention_ ? a.att_p.v.data() : nullptr;
   const QkvActs<T> x3 = fused_qkv_ ? QkvActs<T>{a.qkv, a.qkv, a.qkv} : QkvActs<T>{a.q, a.k, a.v};
@@ -848,17 +855,17 @@ void Gpt<T>::reverse_block_llama(const ExecSpace& space, Params<T> p, Grads<T> g
     const index_t H = cfg_.n_head, G = cfg_.kv_heads();
     keep(&CutAdjoints<T>::qkv, d.qkv);
     rotary_reverse<S>(space, d.qkv, d.qkv, Dh, rotary_dims_, rotary_table_, RotarySegments{H + 2 * G, H + G});
-    linear_reverse<S>(space, d.c1, g, d.qkv, a.ln1, p, o.q_w, -1, gemm_);
+    linear_reverse<S>(space, d.c1, g, d.qkv, a.ln1, p, o.q_w, -1, weights_gemm_);
   } else {
     keep(&CutAdjoints<T>::q, d.q);
     keep(&CutAdjoints<T>::k, d.k);
     keep(&CutAdjoints<T>::v, d.v);
     rotary_reverse<S>(space, d.q, d.q, Dh, rotary_dims_, rotary_table_);
     rotary_reverse<S>(space, d.k, d.k, Dh, rotary_dims_, rotary_table_);
-    linear_reverse<S>(space, d.c1, g, d.q, a.ln1, p, o.q_w, o.q_b, gemm_);
-    linear_reverse<S>(space, d.c2, g, d.k, a.ln1, p, o.k_w, o.k_b, gemm_);
+    linear_reverse<S>(space, d.c1, g, d.q, a.ln1, p, o.q_w, o.q_b, weights_gemm_);
+    linear_reverse<S>(space, d.c2, g, d.k, a.ln1, p, o.k_w, o.k_b, weights_gemm_);
     accumulate<S>(space, d.c1, d.c2);
-    linear_reverse<S>(space, d.c2, g, d.v, a.ln1, p, o.v_w, o.v_b, gemm_);
+    linear_reverse<S>(space, d.c2, g, d.v, a.ln1, p, o.v_w, o.v_b, weights_gemm_);
     accumulate<S>(space, d.c1, d.c2);
   }
   keep(&CutAdjoints<T>::ln1, d.c1);  // d n1

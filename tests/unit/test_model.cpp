@@ -7,6 +7,7 @@
 #include "analysis/epoch.hpp"
 #include "analysis/sampling.hpp"
 #include "core/random.hpp"
+#include "kernel_profile.hpp"
 #include "kernels/blas.hpp"
 #include "model/gpt.hpp"
 #include "support/reference.hpp"
@@ -190,6 +191,40 @@ TEST_CASE("the tf32 policy is FP32 on the host: gradient and curvature equal bit
   }
   REQUIRE(std::memcmp(grads[0].data(), grads[1].data(), sizeof(float) * grads[0].size()) == 0);
   REQUIRE(second[0] == second[1]);
+}
+
+TEST_CASE("bf16-amp rounds every weight once a pass: a layer's products copy only their activations", "[model]") {
+  // A gradient pass under bf16-amp rounds the parameters in one launch and
+  // every product of a weight reads them there. Per layer, its four linear
+  // layers' products then copy their activation operand in the forward and
+  // in the input adjoint, and both operands of the weight adjoint: 16
+  // copies a layer (24 with each weight rounded again by each product). The
+  // model is small enough that every operand is one chunk.
+  long copies[3] = {0, 0, 0};
+  for (int nl = 1; nl <= 2; ++nl) {
+    const ModelConfig cfg = make_config(nl, 2, 16, 8, 29, true, true, Gelu::erf);
+    const auto pd = make_params(cfg, 600);
+    auto params = test::to_view1<float>(pd);
+    const index_t B = 2, Tc = 8, P = index_t(pd.size());
+    const auto ids = make_tokens(B * Tc + 1, cfg.vocab_size, 4);
+    std::vector<std::int32_t> tk(ids.begin(), ids.begin() + B * Tc), tg(ids.begin() + 1, ids.end());
+    const auto tokens = token_view<float>(tk, B, Tc), targets = token_view<float>(tg, B, Tc);
+    Shape s;
+    s.batch = B;
+    s.context = Tc;
+    s.reverse = true;
+    s.bf16 = true;
+    Gpt<float> g(cfg, s);
+    View1<float> grad("grad", P);
+    const auto run = perf::record_run([&] { g.gradient(ExecSpace(), params, tokens, targets, grad); });
+    long weights = 0;
+    for (const auto& l : run.labels) {
+      if (l.label == "gnh::gemm::round_bf16") copies[nl] = l.device_launches;
+      if (l.label == "gnh::gpt::weights_bf16") weights = l.device_launches;
+    }
+    REQUIRE(weights == 1);
+  }
+  REQUIRE(copies[2] - copies[1] == 16);
 }
 
 TEST_CASE("curvature passes: fewest, balanced, never padded", "[analysis]") {

@@ -50,11 +50,12 @@ struct Chunk {
   Act2<T> dyin;
   index_t in_b0, in_N;
   bool bf16;
-  // A forward with tangents: its score operands (score_operand), per
-  // direction, each row's query heads' blocks of wq columns and key/value
-  // heads' blocks of wk; null otherwise. in_off: where each part's columns
-  // start in xin's rows (v alone rounded under bf16-amp: its first column).
-  T *qa = nullptr, *ka = nullptr;
+  // A call with tangents: its score operands (score_operand), per direction,
+  // each row's query heads' blocks of wq columns and key/value heads' blocks
+  // of wk; the reverse's also [dY' | dY] and [V | V'] (2 hs each); null
+  // otherwise. in_off: where each part's columns start in xin's rows (v
+  // alone rounded under bf16-amp in the forward: its first column).
+  T *qa = nullptr, *ka = nullptr, *da = nullptr, *va = nullptr;
   index_t wq = 0, wk = 0;
   index_t in_off[3] = {0, 0, 0};
   BatchExtents ext(bool directions, bool group = true) const {
@@ -79,17 +80,18 @@ struct Chunk {
     return part(i == 0 ? xin.q : i == 1 ? xin.k : xin.v, i, p, in_b0, in_N, in_off[i]);
   }
   // The score operands from column col of each head's block: part 0 the
-  // queries' (a query head's), 1 the keys' (its key/value head's); per
-  // direction, the chunk's sequences.
+  // queries' and 2 dY's (a query head's), 1 the keys' and 3 V's (its
+  // key/value head's); per direction, the chunk's sequences.
   Mapped<T> score_operand(int part, index_t col) const {
     Mapped<T> m;
-    const index_t w = part == 0 ? wq : wk;
-    m.ld = (part == 0 ? L.H : L.G) * w;
-    m.base = (part == 0 ? qa : ka) + col;
+    const bool query = part % 2 == 0;
+    const index_t w = part == 0 ? wq : part == 1 ? wk : 2 * L.hs;
+    m.ld = (query ? L.H : L.G) * w;
+    m.base = (part == 0 ? qa : part == 1 ? ka : part == 2 ? da : va) + col;
     m.stride[0] = Bc * Tc * m.ld;
     m.stride[1] = Tc * m.ld;
-    m.stride[2] = part == 0 ? rep * w : w;
-    m.stride[3] = part == 0 ? w : 0;
+    m.stride[2] = query ? rep * w : w;
+    m.stride[3] = query ? w : 0;
     return m;
   }
   // Rows of the H heads side by side, plane p: y (an output) and dy (an operand).
@@ -324,6 +326,23 @@ struct ScoreOperands {
   }
 };
 
+// Score operands of rows r0 .. r0 + n - 1 (ScoreOperands) at the cursor,
+// moved past them: of a (H heads of hs columns from offa, sa apart) wa per
+// head, then of b (G heads from offb, sb apart) wb per head; one launch.
+template <class T>
+void score_operands(const ExecSpace& space, const Act2<T>& a, index_t offa, index_t sa, const Act2<T>& b, index_t offb,
+                    index_t sb, const QkvLayout& L, index_t r0, index_t n, index_t K, index_t wa, index_t wb, bool xs,
+                    bool bf16, T*& cursor, T*& pa, T*& pb) {
+  pa = cursor;
+  pb = cursor + K * n * L.H * wa;
+  cursor = pb + K * n * L.G * wb;
+  const index_t cols = L.H * wa + L.G * wb;
+  using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>, Kokkos::IndexType<index_t>>;
+  Traffic("gnh::attention::batched::score_operands").add(double(K * n * cols), 2 * sizeof(T), 2);
+  Kokkos::parallel_for("gnh::attention::batched::score_operands", Policy(space, {0, 0, 0}, {K, n, cols}),
+                       ScoreOperands<T>{a, b, pa, pb, r0, n, L.H, L.G, L.hs, wa, wb, offa, sa, offb, sb, xs, bf16});
+}
+
 template <class T>
 Chunk<T> chunk_of(const ExecSpace& space, const QkvLayout& L, index_t B, index_t Tc, index_t K, index_t b0, index_t Bc,
                   const AttentionScratch<T>& scratch, const QkvActs<T>& x, const Act2<T>& dy, bool bf16, index_t planes,
@@ -355,21 +374,24 @@ Chunk<T> chunk_of(const ExecSpace& space, const QkvLayout& L, index_t B, index_t
                            std::to_string(Bc) + " sequences (" + std::to_string(need) + ")");
   const index_t r0 = b0 * Tc, n = Bc * Tc;
   T* cursor = scratch.operands.data();
+  const bool reverse = dy.rows() > 0;
   if (score_ops) {
-    // The score operands; under bf16-amp v alone rounded besides (q and k
-    // are read only by the scores' products).
+    // The score operands: [Q' | Q ...] and [... K | K']; in the reverse also
+    // [dY' | dY] and [V | V'] (the layout of the first pair without x'').
     const index_t hs = L.hs;
     c.wq = (xs ? 4 : 2) * hs;
     c.wk = (xs ? 3 : 2) * hs;
-    c.qa = cursor;
-    c.ka = cursor + K * n * L.H * c.wq;
-    cursor = c.ka + K * n * L.G * c.wk;
-    const index_t cols = L.H * c.wq + L.G * c.wk;
-    using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>, Kokkos::IndexType<index_t>>;
-    Traffic("gnh::attention::batched::score_operands").add(double(K * n * cols), 2 * sizeof(T), 2);
-    Kokkos::parallel_for("gnh::attention::batched::score_operands", Policy(space, {0, 0, 0}, {K, n, cols}),
-                         ScoreOperands<T>{x.q, x.k, c.qa, c.ka, r0, n, L.H, L.G, hs, c.wq, c.wk, L.off[0], L.stride[0],
-                                          L.off[1], L.stride[1], xs, bf16});
+    score_operands(space, x.q, L.off[0], L.stride[0], x.k, L.off[1], L.stride[1], L, r0, n, K, c.wq, c.wk, xs, bf16,
+                   cursor, c.qa, c.ka);
+    if (reverse) {
+      score_operands(space, dy, 0, hs, x.v, L.off[2], L.stride[2], L, r0, n, K, 2 * hs, 2 * hs, false, bf16, cursor,
+                     c.da, c.va);
+      if (!bf16) return c;
+    }
+  }
+  if (score_ops && !reverse) {
+    // Under bf16-amp v alone rounded besides (q and k are read only by the
+    // scores' products).
     if (bf16) {
       // v's columns alone, from its first (in_off); q and k are not read
       // through xin (null: a product that did would fail loudly).
@@ -481,15 +503,19 @@ void reverse_scores(const Causal<T>& mm, const Chunk<T>& c, bool tangents) {
   using C = Causal<T>;
   const T scale = T(1) / kmath::sqrt(T(c.L.hs));
   const BatchExtents e1 = c.ext(false), eK = c.ext(true);
-  const Mapped<T> Q0 = c.in(0, 0), K0 = c.in(1, 0), V0 = c.in(2, 0), dY0 = c.dy(0);
-  mm(C::scores, scale, Q0, K0, T(0), c.plane(0, false), e1);
-  mm(C::scores, T(1), dY0, V0, T(0), c.plane(1, false), e1);
-  if (!tangents) return;
-  const Mapped<T> Pt = c.plane(2, true), Pa = c.plane(2 + c.K, true);
-  mm(C::scores, scale, c.in(0, 1), K0, T(0), Pt, eK);
-  mm(C::scores, scale, Q0, c.in(1, 1), T(1), Pt, eK);
-  mm(C::scores, T(1), c.dy(1), V0, T(0), Pa, eK);
-  mm(C::scores, T(1), dY0, c.in(2, 1), T(1), Pa, eK);
+  if (!tangents) {
+    mm(C::scores, scale, c.in(0, 0), c.in(1, 0), T(0), c.plane(0, false), e1);
+    mm(C::scores, T(1), c.dy(0), c.in(2, 0), T(0), c.plane(1, false), e1);
+    return;
+  }
+  // From the score operands [Q' | Q], [K | K'], [dY' | dY], [V | V']: each
+  // plane one product (the primal's from direction 0's copies).
+  const index_t hs = c.L.hs;
+  mm(C::scores, scale, c.score_operand(0, hs), c.score_operand(1, 0), T(0), c.plane(0, false), e1);
+  mm(C::scores, T(1), c.score_operand(2, hs), c.score_operand(3, 0), T(0), c.plane(1, false), e1);
+  const Causal<T> mm2{mm.mm, mm.Tc, mm.Tb, 2 * hs};
+  mm2(C::scores, scale, c.score_operand(0, 0), c.score_operand(1, 0), T(0), c.plane(2, true), eK);
+  mm2(C::scores, T(1), c.score_operand(2, 0), c.score_operand(3, 0), T(0), c.plane(2 + c.K, true), eK);
 }
 
 // The reverse's outputs from P, dS (and P', dS'): dq, and dk, dv summed over
@@ -581,7 +607,7 @@ void attention_reverse_batched(const ExecSpace& space, QkvActs<base_t<S>> dx, Ac
   const Products<T> mm{queue};
   const T scale = T(1) / kmath::sqrt(T(L.hs));
   for (index_t b0 = 0; b0 < B; b0 += Bc) {
-    const Chunk<T> c = chunk_of(space, L, B, Tc, K, b0, std::min(Bc, B - b0), scratch, x, dy, bf16, 1 + K);
+    const Chunk<T> c = chunk_of(space, L, B, Tc, K, b0, std::min(Bc, B - b0), scratch, x, dy, bf16, 1 + K, tangents);
     const Causal<T> blocks{mm, Tc, c.Tb, L.hs};
     reverse_scores(blocks, c, tangents);
     queue.flush();

@@ -33,10 +33,11 @@
 // order r = 0, 1, ..., one batched call each, so no two products of a call
 // write the same output and the bits do not depend on the thread count.
 //
-// In a forward with tangents the score planes' products take a concatenated
-// inner dimension, each plane written by one product (no plane read back):
+// With tangents the score planes' products take a concatenated inner
+// dimension, each plane written by one product (no plane read back):
 // S' = scale [Q' | Q] [K | K']^T, S'' = scale [Q | Q'' | 2Q'] [K'' | K | K']^T,
-// from per-direction copies of those blocks (the score operands).
+// and in the reverse dP' = [dY' | dY] [V | V']^T, from per-direction copies
+// of those blocks (the score operands).
 //
 // Memory: attention_score_planes() planes of Bc H Tc^2 values; the pointer
 // arrays of a queue of products (3 MappedQueue::kMax K Bc H pointers); the
@@ -70,18 +71,19 @@ void attention_reverse_batched(const ExecSpace& space, QkvActs<base_t<S>> dx, Ac
 inline index_t attention_v_columns(const QkvLayout& L) { return (L.G - 1) * L.stride[2] + L.hs; }
 
 // Values per sequence of the operand scratch (AttentionScratch::operands)
-// that one call needs. A forward with tangents (score_ops; K directions;
-// xs: second order with x'' nonzero) holds its score operands, K rows of
-// H (xs ? 4 : 2) hs + G (xs ? 3 : 2) hs values per token, and under
-// bf16-amp v's `planes` planes rounded. Any other call under bf16-amp holds
-// the rounded planes of q, k and v (`width` columns in all: one buffer or
-// three) and, in the reverse, of dy (H hs columns); without bf16-amp nothing.
+// that one call needs. A call with tangents (score_ops; K directions) holds
+// its score operands: a forward's K rows of H (xs ? 4 : 2) hs + G (xs ? 3 :
+// 2) hs values per token (xs: second order with x'' nonzero), a reverse's
+// 4 (H + G) hs. Under bf16-amp a forward with tangents holds v's `planes`
+// planes rounded besides, any other call the rounded planes of q, k and v
+// (`width` columns in all: one buffer or three) and, in the reverse, of dy
+// (H hs columns).
 inline index_t attention_operand_values(const QkvLayout& L, index_t Tc, index_t width, bool reverse, index_t planes,
                                         bool score_ops, bool xs, bool bf16, index_t K) {
-  if (score_ops)
-    return K * Tc * (L.H * (xs ? 4 : 2) + L.G * (xs ? 3 : 2)) * L.hs +
-           (bf16 ? Tc * attention_v_columns(L) * planes : 0);
-  return bf16 ? Tc * (width + (reverse ? L.H * L.hs : 0)) * planes : 0;
+  const index_t rounded = bf16 ? Tc * (width + (reverse ? L.H * L.hs : 0)) * planes : 0;
+  if (!score_ops) return rounded;
+  if (reverse) return K * Tc * 4 * (L.H + L.G) * L.hs + rounded;
+  return K * Tc * (L.H * (xs ? 4 : 2) + L.G * (xs ? 3 : 2)) * L.hs + (bf16 ? Tc * attention_v_columns(L) * planes : 0);
 }
 
 const char* attention_path_name(AttentionPath p);

@@ -339,7 +339,7 @@ void Gpt<T>::plan_attention() {
   const index_t width = A + 2 * Akv;
   const index_t forward = kernels::attention_operand_values(qkv_layout_, Tc, width, false, sec ? 1 + 2 * K : 1 + K, tan,
                                                             sec, shape_.bf16, K);
-  const index_t reverse = shape_.reverse ? kernels::attention_operand_values(qkv_layout_, Tc, width, true, 1 + K, false,
+  const index_t reverse = shape_.reverse ? kernels::attention_operand_values(qkv_layout_, Tc, width, true, 1 + K, tan,
                                                                              false, shape_.bf16, K)
                                          : 0;
   const index_t operands = seqs * std::max(forward, reverse);

@@ -222,9 +222,11 @@ void check_reverse(const Layout& l, index_t blocks, std::mt19937& g) {
   lse.from(lse);
   Inputs dx = inputs(l, g, 0), dxr = inputs(l, g, 0);
   Buf D(R1, 1, g, 0), Dr(R1, 1, g, 0);
+  AttentionScratch<T> sc = scratch<T>(attention_score_planes(true, has_tangents_v<S>, false, K), L.H, 2, blocks);
+  sc.operands = View1<T>("operands",
+                         2 * attention_operand_values(L, Tc, l.width, true, 1 + K, has_tangents_v<S>, false, false, K));
   attention_reverse_batched<S>(ExecSpace(), dx.acts<T>(), D.act1<T>(), dy.act<T>(), x.acts<T>(), y.act<T>(),
-                               lse.act1<T>(), L, B, Tc, false, false,
-                               scratch<T>(attention_score_planes(true, has_tangents_v<S>, false, K), L.H, 2, blocks));
+                               lse.act1<T>(), L, B, Tc, false, false, sc);
   attention_reverse<R>(ExecSpace(), dxr.acts<double>(), Dr.act1<double>(), dy.act<double>(), x.acts<double>(),
                        y.act<double>(), lse.act1<double>(), L, B, Tc);
   ExecSpace().fence();
@@ -280,8 +282,8 @@ void check_bf16_reverse(const Layout& l, std::mt19937& g) {
   Inputs dx = inputs(l, g, 0), dxr = inputs(l, g, 0);
   Buf D(R1, 1, g, 0), Dr(R1, 1, g, 0);
   AttentionScratch<float> sc = scratch<float>(attention_score_planes(true, has_tangents_v<S>, false, K), L.H, 2, 4);
-  sc.operands =
-      View1<float>("operands", 2 * attention_operand_values(L, Tc, 3 * l.width, true, 1 + K, false, false, true, K));
+  sc.operands = View1<float>(
+      "operands", 2 * attention_operand_values(L, Tc, 3 * l.width, true, 1 + K, has_tangents_v<S>, false, true, K));
   attention_reverse_batched<S>(ExecSpace(), dx.acts<float>(), D.act1<float>(), dy.act<float>(), x.acts<float>(),
                                y.act<float>(), lse.act1<float>(), L, B, Tc, false, true, sc);
   attention_reverse<S>(ExecSpace(), dxr.acts<float>(), Dr.act1<float>(), dy.act<float>(), x.acts<float>(),
@@ -345,11 +347,43 @@ std::map<index_t, double> score_products(const Layout& l, bool x_second, index_t
   return by_inner;
 }
 
-TEST_CASE("a forward with tangents writes each score plane with one product, none read back", "[attention][batched]") {
+// The same of the reverse in mode Dual (float): S, dP, and per direction S'
+// and dP'.
+std::map<index_t, double> reverse_score_products(const Layout& l, index_t blocks, double& accumulating) {
+  using S = Dual<float>;
+  const QkvLayout& L = l.L;
+  std::mt19937 g(6);
+  const index_t N = B * Tc, C = L.H * L.hs, R1 = B * L.H * Tc;
+  Inputs x = inputs(l, g, 1.0), dx = inputs(l, g, 0);
+  Buf y(N, C, g, 0), lse(R1, 1, g, 0), dy(N, C, g, 1.0), D(R1, 1, g, 0);
+  attention_forward<S>(ExecSpace(), y.act<float>(), lse.act1<float>(), x.acts<float>(), L, B, Tc);
+  AttentionScratch<float> sc = scratch<float>(attention_score_planes(true, true, false, K), L.H, B, blocks);
+  sc.operands =
+      View1<float>("operands", B * attention_operand_values(L, Tc, l.width, true, 1 + K, true, false, false, K));
+  GemmWork& w = gemm_work();
+  w = GemmWork();
+  w.on = true;
+  attention_reverse_batched<S>(ExecSpace(), dx.acts<float>(), D.act1<float>(), dy.act<float>(), x.acts<float>(),
+                               y.act<float>(), lse.act1<float>(), L, B, Tc, false, false, sc);
+  ExecSpace().fence();
+  w.on = false;
+  std::map<index_t, double> by_inner;
+  accumulating = 0;
+  for (const auto& [key, count] : w.labels["gnh::gemm_mapped"].products) {
+    if (key[1] == L.hs) continue;  // dq, dk, dv
+    by_inner[key[2]] += count;
+    if (key[5] != index_t(sizeof(float))) accumulating += count;
+  }
+  w = GemmWork();
+  return by_inner;
+}
+
+TEST_CASE("with tangents each score plane is written by one product, none read back", "[attention][batched]") {
   // The derivative planes' products take a concatenated inner dimension
-  // (S' over 2 hs; S'' over 3 hs, or hs where x'' is zero): per block and
-  // (sequence, head) one product a plane, so the primal and K planes a
-  // direction (2K with second order), and none accumulates into a plane.
+  // (S' and the reverse's dP' over 2 hs; S'' over 3 hs, or hs where x'' is
+  // zero): per block and (sequence, head) one product a plane, so the
+  // primal's and one a plane of each direction, and none accumulates into
+  // a plane.
   for (const Layout& l : layouts())
     for (const index_t blocks : {1, 4}) {
       CAPTURE(l.name, blocks);
@@ -364,6 +398,11 @@ TEST_CASE("a forward with tangents writes each score plane with one product, non
       auto cut = score_products<Jet2>(l, false, blocks, acc);
       REQUIRE(acc == 0);
       REQUIRE(cut == std::map<index_t, double>{{l.L.hs, (1 + K) * per}, {2 * l.L.hs, K * per}});
+      // The tangent of the reverse: S and dP, then S' = [Q' | Q][K | K']^T and
+      // dP' = [dY' | dY][V | V']^T a direction.
+      auto rev = reverse_score_products(l, blocks, acc);
+      REQUIRE(acc == 0);
+      REQUIRE(rev == std::map<index_t, double>{{l.L.hs, 2 * per}, {2 * l.L.hs, 2 * K * per}});
     }
 }
 

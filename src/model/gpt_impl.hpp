@@ -332,7 +332,7 @@ void Gpt<T>::plan_attention() {
   const index_t per = attention_planes_per_sequence(cfg_, shape_);
   const index_t seqs = attention_chunk_sequences(cfg_, shape_);
   const index_t pointers = 3 * kernels::MappedQueue<T>::kMax * std::max<index_t>(1, K) * seqs * H;
-  // The forward's score operands with tangents, and under bf16-amp the
+  // The score operands of a call with tangents, and under bf16-amp the
   // chunk's q, k, v (and dy) rounded, every plane a call reads: the larger
   // of the forward's need (x'' nonzero, the most) and the reverse's.
   const index_t A = H * cfg_.head_size(), Akv = index_t(cfg_.kv_heads()) * cfg_.head_size();

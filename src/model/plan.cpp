@@ -114,7 +114,7 @@ GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape) {
     // elements, not 320 of 2^22, each a copy and a library call (a 4 us
     // launch for 3.4 us of bfloat16 product at 790 TFLOP/s). On a host
     // chunks stay as the host path's speed was measured with.
-    t.bf16_single_chunk = shape.gpu_shaped ? std::min<index_t>(G * t.bf16_chunk, G * N * widest) : t.bf16_chunk;
+    t.bf16_single_chunk = shape.gpu_shaped ? G * t.bf16_chunk : t.bf16_chunk;  // bf16_chunk <= N widest already
     t.bf16_scratch_a = G * (t.bf16_chunk + widest);
     const index_t block = std::max<index_t>(wide * C, std::min<index_t>(t.logits_vocab, 4096) * C);
     t.bf16_scratch_b = std::max(G * std::max(t.bf16_chunk + widest, block), V * C);

@@ -314,10 +314,30 @@ TEMPLATE_TEST_CASE("batched attention equals the row kernels in every mode and l
     }
 }
 
-// The score products of a forward in mode S (float), from the work ledger:
-// those whose n is not the head width (n is a block's end; the outputs'
-// products have n = hs), by inner dimension, and how many of them read
-// their plane back to accumulate.
+// The score products that `call` issues, from the work ledger: those whose
+// n is not the head width hs (n is a block's end; the products of the
+// outputs, dq, dk and dv have n = hs), by inner dimension, and how many of
+// them read their plane back to accumulate.
+template <class F>
+std::map<index_t, double> ledger_scores(index_t hs, double& accumulating, F&& call) {
+  GemmWork& w = gemm_work();
+  w = GemmWork();
+  w.on = true;
+  call();
+  ExecSpace().fence();
+  w.on = false;
+  std::map<index_t, double> by_inner;
+  accumulating = 0;
+  for (const auto& [key, count] : w.labels["gnh::gemm_mapped"].products) {
+    if (key[1] == hs) continue;
+    by_inner[key[2]] += count;
+    if (key[5] != index_t(sizeof(float))) accumulating += count;
+  }
+  w = GemmWork();
+  return by_inner;
+}
+
+// The score products of a forward in mode S (float).
 template <template <class> class M>
 std::map<index_t, double> score_products(const Layout& l, bool x_second, index_t blocks, double& accumulating) {
   using S = M<float>;
@@ -329,22 +349,10 @@ std::map<index_t, double> score_products(const Layout& l, bool x_second, index_t
       scratch<float>(attention_score_planes(false, has_tangents_v<S>, has_second_v<S>, K), L.H, B, blocks);
   sc.operands = View1<float>("operands", B * attention_operand_values(L, Tc, l.width, false, value_planes<S>(),
                                                                       has_tangents_v<S>, has_second_v<S>, false, K));
-  GemmWork& w = gemm_work();
-  w = GemmWork();
-  w.on = true;
-  attention_forward_batched<S>(ExecSpace(), y.act<float>(), lse.act1<float>(), x.acts<float>(), L, B, Tc, false, false,
-                               x_second, sc);
-  ExecSpace().fence();
-  w.on = false;
-  std::map<index_t, double> by_inner;
-  accumulating = 0;
-  for (const auto& [key, count] : w.labels["gnh::gemm_mapped"].products) {
-    if (key[1] == L.hs) continue;  // an output product
-    by_inner[key[2]] += count;
-    if (key[5] != index_t(sizeof(float))) accumulating += count;
-  }
-  w = GemmWork();
-  return by_inner;
+  return ledger_scores(L.hs, accumulating, [&] {
+    attention_forward_batched<S>(ExecSpace(), y.act<float>(), lse.act1<float>(), x.acts<float>(), L, B, Tc, false,
+                                 false, x_second, sc);
+  });
 }
 
 // The same of the reverse in mode Dual (float): S, dP, and per direction S'
@@ -360,22 +368,10 @@ std::map<index_t, double> reverse_score_products(const Layout& l, index_t blocks
   AttentionScratch<float> sc = scratch<float>(attention_score_planes(true, true, false, K), L.H, B, blocks);
   sc.operands =
       View1<float>("operands", B * attention_operand_values(L, Tc, l.width, true, 1 + K, true, false, false, K));
-  GemmWork& w = gemm_work();
-  w = GemmWork();
-  w.on = true;
-  attention_reverse_batched<S>(ExecSpace(), dx.acts<float>(), D.act1<float>(), dy.act<float>(), x.acts<float>(),
-                               y.act<float>(), lse.act1<float>(), L, B, Tc, false, false, sc);
-  ExecSpace().fence();
-  w.on = false;
-  std::map<index_t, double> by_inner;
-  accumulating = 0;
-  for (const auto& [key, count] : w.labels["gnh::gemm_mapped"].products) {
-    if (key[1] == L.hs) continue;  // dq, dk, dv
-    by_inner[key[2]] += count;
-    if (key[5] != index_t(sizeof(float))) accumulating += count;
-  }
-  w = GemmWork();
-  return by_inner;
+  return ledger_scores(L.hs, accumulating, [&] {
+    attention_reverse_batched<S>(ExecSpace(), dx.acts<float>(), D.act1<float>(), dy.act<float>(), x.acts<float>(),
+                                 y.act<float>(), lse.act1<float>(), L, B, Tc, false, false, sc);
+  });
 }
 
 TEST_CASE("with tangents each score plane is written by one product, none read back", "[attention][batched]") {

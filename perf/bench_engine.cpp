@@ -599,11 +599,13 @@ void run(const Options& o) {
   }
   if (o.has("sequence")) {
     // The gradient with every sequence's own gradient and its norms per
-    // tensor (analysis.per_sequence): one engine of one sequence, beside
-    // the batched gradient pass above.
+    // tensor (analysis.per_sequence), as a run groups them: on a host an
+    // engine of one sequence beside the batched gradient pass above; on the
+    // GPU's path the gradient engine, the batch's sequences apart in its
+    // reverse (analysis/memory.hpp, sequence_group).
     start_pass();
     Shape one_shape = shape_of(o, Tc, true);
-    one_shape.batch = 1;
+    if (!one_shape.gpu_shaped && !engines_gpu_shaped()) one_shape.batch = 1;
     Gpt<T> one(cfg, one_shape);
     std::vector<std::int64_t> ranges;
     for (const TensorInfo& t : one.layout().tensors()) ranges.push_back(t.offset);
@@ -793,8 +795,10 @@ std::string cost_label(const std::string& label) {
 }
 
 // The epoch gradient pass's per-sequence norms (analysis.per_sequence) on the
-// miniature: B sequences, each through the engine of one sequence, its
-// gradient added into the batch's and its squares taken; recorded.
+// miniature: B sequences through an engine of the miniature's batch (as a
+// GPU build groups them, analysis/memory.hpp: the gradient engine itself at
+// the reference shape), their gradients added into the batch's and their
+// squares taken; recorded.
 perf::RecordedRun run_sequences(const Miniature& one, index_t B) {
   using T = float;
   const ExecSpace space;
@@ -902,11 +906,10 @@ void predict(const Options& o) {
   const Miniature ms = miniature_of(c, ss, s);
   const perf::RecordedRun rs = run_miniature(ms);
   const PassPrediction ps = predict_pass("second-order", rs, s, ceilings, batches, double(K));
-  // The gradient pass with analysis.per_sequence (the deck's default): its
-  // engine of one sequence, B times a batch.
-  Shape qs = gs;
-  qs.batch = 1;
-  const Miniature mq = miniature_of(c, qs, s);
+  // The gradient pass with analysis.per_sequence (the deck's default): the
+  // gradient engine with its weight products batched per sequence.
+  const Shape qs = gs;
+  const Miniature& mq = mg;
   const PassPrediction pq = predict_pass("sequence", run_sequences(mq, B), s, ceilings, batches, 1.0);
   const std::string gp = og.policy == Precision::tf32 ? "tf32" : o.precision;
   std::printf(

@@ -108,7 +108,7 @@ if [ "${1:-}" = "--step" ]; then
       ;;
     time-*)
       p="${step#time-}"
-      bench --batch "$TBATCH" --passes gradient,curvature --methods second-order-forward --directions 1,16 \
+      bench --batch "$TBATCH" --passes gradient,sequence,curvature --methods second-order-forward --directions 1,16 \
         --repeats "$REPEATS" --precision "$p" --profile --validation --no-probe > "time_sof_$p.json" || exit 1
       bench --batch "$FBATCH" --passes curvature --methods forward-over-reverse --directions 1,4 \
         --repeats "$REPEATS" --precision "$p" --profile --no-probe > "time_for_$p.json" || exit 1

@@ -105,6 +105,8 @@ def pass_rows(run, ceilings, precision):
     passes = []
     if "gradient" in run:
         passes.append(("gradient", 0, run["gradient"]))
+    if "gradient_per_sequence" in run:
+        passes.append(("gradient-per-sequence", 0, run["gradient_per_sequence"]))
     for c in run.get("curvature", []):
         passes.append((c["method"], c["K"], c))
     for name, K, p in passes:
@@ -140,6 +142,7 @@ def measured_against_predicted(s, best):
         return []
     L = ["", "measured against predicted (perf/cost_model.hpp), ms a batch, label: measured / predicted:"]
     for key, name in ((("tf32", "gradient", 0), "gradient"),
+                      (("tf32", "gradient-per-sequence", 0), "per_sequence"),
                       (("bf16-amp", "second-order-forward", 16), "second_order")):
         r, p = best.get(key), pred.get(name, {}).get("prediction")
         if not r or not p or not r["profile"].get("labels"):

@@ -23,7 +23,10 @@ Engines<T>::Engines(const ModelConfig& cfg, const AnalysisSettings& s)
     : gradient(cfg, gradient_shape(s)),
       check_for(cfg, check_shape(s, false)),
       check_sof(cfg, check_shape(s, true)),
-      sequence(s.per_sequence ? std::make_unique<Gpt<T>>(cfg, sequence_shape(s)) : nullptr),
+      sequence_group(s.per_sequence ? gnh::sequence_group(cfg, s, gradient.shape().gpu_shaped) : 0),
+      sequence(sequence_group > 0 && sequence_group != s.grad_microbatch
+                   ? std::make_unique<Gpt<T>>(cfg, sequence_shape(s, sequence_group))
+                   : nullptr),
       cfg_(cfg),
       settings_(s) {}
 
@@ -189,7 +192,7 @@ struct CaseAnalysis {
     acc.clear(space_);
     std::vector<BatchScalars> table;
     std::unique_ptr<SequenceNorms<T>> seq;
-    if (engines_.sequence) seq = sequence_norms();
+    if (engines_.sequence_group > 0) seq = sequence_norms();
     const bool ok = gradient_pass<T>(space_, engines_.gradient, stager_, params_, ids_, batches,
                                      team_.share_of(index_t(batches.size())), acc, table, hooks_.stop,
                                      progress("gradient"), seq.get());
@@ -226,7 +229,8 @@ struct CaseAnalysis {
     for (const BlockMeasurements& p : blocks_)
       for (std::size_t i = 0; i < p.size(); ++i)
         values.emplace_back(range_at(p.offsets[i]), range_at(p.offsets[i + 1]));
-    return std::make_unique<SequenceNorms<T>>(*engines_.sequence, ranges, std::move(values), s_.grad_microbatch);
+    Gpt<T>& engine = engines_.sequence ? *engines_.sequence : engines_.gradient;
+    return std::make_unique<SequenceNorms<T>>(engine, ranges, std::move(values), s_.grad_microbatch);
   }
 
   // a_i = S_i / (tokens / n), the gradient of sequence i's summed loss

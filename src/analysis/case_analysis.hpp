@@ -28,8 +28,10 @@ struct Engines {
   Gpt<T> gradient;   // reverse, grad_microbatch
   Gpt<T> check_for;  // forward-over-reverse, K = 2, one block: identity checks
   Gpt<T> check_sof;  // second-order forward, K = 2, one block
-  // analysis.per_sequence: reverse, one sequence (the epoch gradient pass's
-  // per-sequence gradients); null without it.
+  // analysis.per_sequence: the sequences a reverse takes apart (memory.hpp,
+  // sequence_group; 0 without it), and their engine where it is not the
+  // gradient engine (null otherwise).
+  index_t sequence_group = 0;
   std::unique_ptr<Gpt<T>> sequence;
   // hvp_batch by the chosen method, for K directions.
   Gpt<T>& curvature(index_t K);

@@ -39,19 +39,33 @@ CasePlan plan_case(const AnalysisSettings& s, index_t n_blocks, bool preconditio
 Shape gradient_shape(const AnalysisSettings& s);
 Shape curvature_shape(const AnalysisSettings& s, index_t K);
 Shape check_shape(const AnalysisSettings& s, bool second_order);
-// analysis.per_sequence: the engine of one sequence's gradient (reverse).
-Shape sequence_shape(const AnalysisSettings& s);
+// analysis.per_sequence: how many sequences' gradients one reverse takes
+// apart, G. Host engines: 1, an engine of one sequence per sequence (its cost
+// measured 0-2% over the gradient pass, perf/NOTES.md). GPU-shaped engines
+// (gpu_shaped): the weight products batched per sequence
+// (Gpt::gradient_per_sequence), G the largest divisor of grad_microbatch whose
+// G gradients (and, below the microbatch, an engine of G sequences) take no
+// more memory than the gradient engine itself, an engine of one sequence and
+// its gradient, or kSequenceGroupFloor (nothing on a GPU), so that an engine
+// of one sequence's thousand launches a sequence are not paid.
+constexpr std::size_t kSequenceGroupFloor = std::size_t(1) << 30;
+index_t sequence_group(const ModelConfig& cfg, const AnalysisSettings& s, bool gpu_shaped);
+// The engine of a group of G sequences' gradients (reverse); G equal to
+// grad_microbatch: the gradient engine itself serves.
+Shape sequence_shape(const AnalysisSettings& s, index_t G);
 
 struct MemoryPlan {
   std::size_t gradient = 0, curvature = 0, checks = 0;  // engines (model/plan.hpp)
-  std::size_t sequence = 0;                             // analysis.per_sequence: its engine and one sequence's gradient
+  std::size_t sequence = 0;  // analysis.per_sequence: its engine (unless the gradient's) and G sequences' gradients
   std::size_t vectors = 0;   // G, g_j, xi_j in double; the exact sums; the xi and direction blocks;
                              // with [curvature], the epoch's H v of each direction of a pass
   std::size_t spectrum = 0;  // the Lanczos chains' share of one team member (analysis/spectrum.hpp)
   std::size_t total() const { return gradient + curvature + checks + sequence + vectors + spectrum; }
 };
 // members: the team's size (the Lanczos basis is sharded over it).
-MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const CasePlan& c, int members = 1);
+// gpu_shaped: the engines run the GPU's path (engines_gpu_shaped()).
+MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const CasePlan& c, int members = 1,
+                       bool gpu_shaped = engines_gpu_shaped());
 
 // The adjoint cuts (model/plan.hpp, adjoint_cuts_of) of the second-order
 // forward engines these settings plan: the identity checks' (K = 2, one

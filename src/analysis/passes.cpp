@@ -28,11 +28,12 @@ class BatchClock {
   std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
 };
 
-// One sequence's gradient g added into the batch's, and the sums of its
-// squares per chunk of the flat order into partial; g is left zero for the
-// next sequence (one pass over it instead of two): a team per chunk, each
-// chunk's terms reduced in the team's fixed order (deterministic for a
-// backend and team size, and independent of the rank that computes it).
+// The gradients of a group of sequences, g (sequences, P), added into the
+// batch's in sequence order, and the sums of each one's squares per chunk of
+// the flat order into partial (sequence, chunk); g is left zero for the next
+// group (one pass over it instead of two): a team per chunk, each sequence's
+// terms reduced in the team's fixed order (deterministic for a backend and
+// team size, and independent of the rank that computes it).
 // Element i of one sequence's gradient: added into the batch's, left zero,
 // its square returned.
 template <class T>
@@ -49,38 +50,48 @@ struct AccumulateSquares {
   T* grad;
   const index_t* chunks;
   double* partial;
+  index_t sequences, P, n_chunks;
   KOKKOS_INLINE_FUNCTION void operator()(const typename TeamRange::member_type& m) const {
     const index_t c = m.league_rank();
-    double s = 0;
-    Kokkos::parallel_reduce(
-        Kokkos::TeamThreadRange(m, chunks[c], chunks[c + 1]),
-        [&](const index_t i, double& acc) { acc += take_square(g, grad, i); }, s);
-    Kokkos::single(Kokkos::PerTeam(m), [&]() { partial[c] = s; });
+    // Sequence by sequence: the reduction's end is a barrier of the team, so
+    // each entry of grad takes the sequences in order.
+    for (index_t q = 0; q < sequences; ++q) {
+      T* const gq = g + q * P;
+      double s = 0;
+      Kokkos::parallel_reduce(
+          Kokkos::TeamThreadRange(m, chunks[c], chunks[c + 1]),
+          [&](const index_t i, double& acc) { acc += take_square(gq, grad, i); }, s);
+      Kokkos::single(Kokkos::PerTeam(m), [&]() { partial[q * n_chunks + c] = s; });
+    }
   }
 };
 
-// The same on a host backend: a chunk per iteration, its squares summed in
-// eight interleaved lanes (element i into lane i mod 8 of the chunk, the
-// lanes then added in order), which the compiler keeps in vector registers
-// where one running sum would serialise on its latency. Deterministic for the
-// chunk; its rounding differs from the team reduction's.
+// The same on a host backend: a chunk per iteration, each sequence's squares
+// summed in eight interleaved lanes (element i into lane i mod 8 of the
+// chunk, the lanes then added in order), which the compiler keeps in vector
+// registers where one running sum would serialise on its latency.
+// Deterministic for the chunk; its rounding differs from the team reduction's.
 template <class T>
 struct AccumulateSquaresLanes {
   T* g;
   T* grad;
   const index_t* chunks;
   double* partial;
+  index_t sequences, P, n_chunks;
   KOKKOS_INLINE_FUNCTION void operator()(const index_t c) const {
     constexpr int lanes = 8;
-    double s[lanes] = {};
-    const index_t end = chunks[c + 1];
-    index_t i = chunks[c];
-    for (; i + lanes <= end; i += lanes)
-      for (int l = 0; l < lanes; ++l) s[l] += take_square(g, grad, i + l);
-    double total = 0;
-    for (; i < end; ++i) total += take_square(g, grad, i);
-    for (int l = 0; l < lanes; ++l) total += s[l];
-    partial[c] = total;
+    const index_t begin = chunks[c], end = chunks[c + 1];
+    for (index_t q = 0; q < sequences; ++q) {
+      T* const gq = g + q * P;
+      double s[lanes] = {};
+      index_t i = begin;
+      for (; i + lanes <= end; i += lanes)
+        for (int l = 0; l < lanes; ++l) s[l] += take_square(gq, grad, i + l);
+      double total = 0;
+      for (; i < end; ++i) total += take_square(gq, grad, i);
+      for (int l = 0; l < lanes; ++l) total += s[l];
+      partial[q * n_chunks + c] = total;
+    }
   }
 };
 
@@ -94,8 +105,8 @@ template <class T>
 SequenceNorms<T>::SequenceNorms(Gpt<T>& engine, const std::vector<std::int64_t>& ranges,
                                 std::vector<std::pair<std::size_t, std::size_t>> values, index_t max_batch)
     : engine_(engine), values_(std::move(values)), n_ranges_(ranges.size() - 1) {
-  if (engine.batch() != 1 || engine.shape().directions != 0)
-    throw std::logic_error("SequenceNorms: the engine is not of one sequence without directions");
+  if (engine.shape().directions != 0 || !engine.shape().reverse || max_batch % engine.batch() != 0)
+    throw std::logic_error("SequenceNorms: the engine is not a gradient engine of a divisor of the batch");
   std::vector<index_t> bounds{0};
   for (std::size_t r = 0; r < n_ranges_; ++r)
     for (std::int64_t at = ranges[r]; at < ranges[r + 1];) {
@@ -105,7 +116,7 @@ SequenceNorms<T>::SequenceNorms(Gpt<T>& engine, const std::vector<std::int64_t>&
     }
   chunks_ = View1<index_t>("gnh::pass::sequence_chunks", bounds.size());
   Kokkos::deep_copy(chunks_, View1<index_t, HostSpace>(bounds.data(), bounds.size()));
-  g_ = View1<T>("gnh::pass::sequence_gradient", engine.layout().size());
+  g_ = View2<T>("gnh::pass::sequence_gradient", engine.batch(), engine.layout().size());
   partial_ = View2<double>("gnh::pass::sequence_squares", max_batch, index_t(chunk_range_.size()));
 }
 
@@ -114,23 +125,33 @@ LossSum SequenceNorms<T>::gradients(const ExecSpace& space, Span1<const T> param
                                     Span2<const std::int32_t> batch_tokens, Span2<const std::int32_t> batch_targets,
                                     index_t n, Span1<T> grad, BatchScalars& r) {
   const index_t context = engine_.context(), n_chunks = index_t(chunk_range_.size());
+  const index_t G = engine_.batch(), P = index_t(g_.extent(1));
+  if (n > index_t(partial_.extent(0)) || batch_tokens.extent(0) % G != 0)
+    throw std::logic_error("SequenceNorms: a batch of " + std::to_string(batch_tokens.extent(0)) +
+                           " sequences for groups of " + std::to_string(G));
   LossSum total;
-  for (index_t b = 0; b < n; ++b) {
-    const Span2<const std::int32_t> tokens(batch_tokens.data() + b * context, 1, context);
-    const Span2<const std::int32_t> targets(batch_targets.data() + b * context, 1, context);
-    const LossSum s = engine_.gradient(space, params, tokens, targets, g_);  // g_ is zero: see AccumulateSquares
+  // Groups of G sequences, each through the engine of G (G = 1: a plain
+  // gradient of one sequence). The last group may hold the batch's padding
+  // past n: its gradients are zero, and its squares, in partial_'s rows past
+  // n, are not read.
+  for (index_t b = 0; b < n; b += G) {
+    const Span2<const std::int32_t> tokens(batch_tokens.data() + b * context, G, context);
+    const Span2<const std::int32_t> targets(batch_targets.data() + b * context, G, context);
+    // g_ is zero: see AccumulateSquares.
+    const LossSum s = G == 1 ? engine_.gradient(space, params, tokens, targets, Span1<T>(g_.data(), P))
+                             : engine_.gradient_per_sequence(space, params, tokens, targets, g_);
     total.sum += s.sum;
     total.count += s.count;
     double* partial = partial_.data() + b * n_chunks;
-    // g read and zeroed, the batch's gradient read and written: the
+    // Each g read and zeroed, the batch's gradient read and written: the
     // parameters' extents, most of them two (C^2, V C) scalable ones.
-    kernels::Traffic("gnh::pass::sequence_squares").add(double(g_.extent(0)), 4 * sizeof(T), 2);
+    kernels::Traffic("gnh::pass::sequence_squares").add(double(G * P), 4 * sizeof(T), 2);
     if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible)
       Kokkos::parallel_for("gnh::pass::sequence_squares", range(space, n_chunks),
-                           AccumulateSquaresLanes<T>{g_.data(), grad.data(), chunks_.data(), partial});
+                           AccumulateSquaresLanes<T>{g_.data(), grad.data(), chunks_.data(), partial, G, P, n_chunks});
     else
       Kokkos::parallel_for("gnh::pass::sequence_squares", TeamRange(space, n_chunks, Kokkos::AUTO),
-                           AccumulateSquares<T>{g_.data(), grad.data(), chunks_.data(), partial});
+                           AccumulateSquares<T>{g_.data(), grad.data(), chunks_.data(), partial, G, P, n_chunks});
   }
   // One copy per batch: every sequence's sums, then in order per range,
   // sequence and block value on the host.

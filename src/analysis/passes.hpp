@@ -32,12 +32,14 @@ class BatchStager {
 };
 
 // What the epoch gradient pass measures of every sequence's own gradient
-// (analysis.per_sequence): an engine of one sequence (reverse, no
-// directions), which computes each sequence's gradient S_b of its summed loss
-// apart; the batch's gradient is their sum in sequence order. `ranges` splits
-// the flat order into contiguous ranges (the canonical tensors, from 0 to P)
-// whose |S_b|^2 are taken; `values` maps each block value (SPEC section 10's
-// partitions, concatenated) to the ranges [first, last) it sums.
+// (analysis.per_sequence): a gradient engine of G sequences, G dividing the
+// batch, computes each sequence's gradient S_b of its summed loss apart (G = 1:
+// an engine of one sequence; G > 1: Gpt::gradient_per_sequence, the weight
+// products batched per sequence); the batch's gradient is their sum in
+// sequence order. `ranges` splits the flat order into contiguous ranges (the
+// canonical tensors, from 0 to P) whose |S_b|^2 are taken; `values` maps each
+// block value (SPEC section 10's partitions, concatenated) to the ranges
+// [first, last) it sums.
 template <class T>
 class SequenceNorms {
  public:
@@ -54,7 +56,7 @@ class SequenceNorms {
   std::vector<std::pair<std::size_t, std::size_t>> values_;
   std::size_t n_ranges_;
   View1<index_t> chunks_;  // chunk boundaries in the flat order (n_chunks + 1)
-  View1<T> g_;             // one sequence's gradient
+  View2<T> g_;             // (G, P): a group's gradients
   View2<double> partial_;  // (max_batch, n_chunks) sums of squares
 };
 

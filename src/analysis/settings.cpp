@@ -3,13 +3,15 @@
 
 #include <Kokkos_Macros.hpp>
 
+#include "model/plan.hpp"
+
 namespace gnh {
 
-bool per_sequence_default() {
+bool engines_gpu_shaped() {
 #if defined(KOKKOS_ENABLE_CUDA) || defined(KOKKOS_ENABLE_HIP) || defined(KOKKOS_ENABLE_SYCL)
-  return false;
-#else
   return true;
+#else
+  return gpu_shaped_from_env();
 #endif
 }
 

@@ -28,14 +28,9 @@ const std::vector<std::string>& curvature_method_names();
 std::optional<Precision> precision_named(const std::string& s);
 std::optional<CurvatureMethod> curvature_method_named(const std::string& s);
 
-// analysis.per_sequence's default: on where the engine of one sequence costs
-// little beside the gradient pass (host backends: 0-2% measured,
-// perf/NOTES.md), off on a GPU, where that engine's launches make the pass
-// about 2.4 times the gradient's (bench_engine --predict h200, "per_sequence")
-// until the sequences' weight products are batched there. A deck that sets
-// it gets what it sets. (Defined where Kokkos' configuration is seen: this
-// header stays free of Kokkos for the deck reader.)
-bool per_sequence_default();
+// Whether this build's engines run the GPU's path (model/plan.hpp,
+// Shape::gpu_shaped): a GPU backend, or GNH_GPU_SHAPED=1 on a host.
+bool engines_gpu_shaped();
 
 // X(key, type, default, lowest, highest, recipe): every [analysis] key (an
 // integer, an enumeration or a boolean, whose range is ignored). Every
@@ -51,7 +46,7 @@ bool per_sequence_default();
   X(directions_per_pass, index_t, 8, 1, 4096, true)                                       \
   X(seed, std::uint64_t, 1234, 0, INT64_MAX, false)                                       \
   X(curvature_method, CurvatureMethod, CurvatureMethod::second_order_forward, 0, 0, true) \
-  X(per_sequence, bool, per_sequence_default(), 0, 1, false)
+  X(per_sequence, bool, true, 0, 1, false)
 
 // [curvature] operator (SPEC §10): the Hessian's statistics alone, or with
 // them those of its Gauss-Newton part GGN = J^T H_z J (doc/statistics.md).

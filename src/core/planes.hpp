@@ -43,10 +43,20 @@ struct Params {
 };
 
 // Gradient accumulators: the gradient and, in tangent mode, its K tangents (Hv_k).
+// Per sequence (the primal only): with seq_rows > 0, every seq_rows
+// consecutive rows of the batch are a sequence whose own gradient starts at
+// v + s seq_stride, and each row's terms go into its sequence's gradient
+// (analysis.per_sequence in one reverse of the batch). Every kernel that
+// accumulates a gradient honours it or refuses it (require_summed).
 template <class T>
 struct Grads {
-  Span1<T> v;  // (P)
+  Span1<T> v;  // (P), or (sequences, seq_stride) flat
   Span2<T> d;  // (K, P) or empty
+  index_t seq_rows = 0;
+  index_t seq_stride = 0;
+  KOKKOS_INLINE_FUNCTION bool per_sequence() const { return seq_rows > 0; }
+  // The offset of the gradient that row n's terms go into.
+  KOKKOS_INLINE_FUNCTION index_t row_offset(index_t n) const { return seq_rows > 0 ? (n / seq_rows) * seq_stride : 0; }
 };
 
 // The planes of a scalar type's mode: the primal drops the tangents, Dual<T>
@@ -104,6 +114,20 @@ void require_planes(const char* kernel, const char* what, const B& b, index_t K)
   if constexpr (has_tangents_v<S>)
     if (index_t(b.d.extent(0)) != K)
       throw std::logic_error(cat(kernel, ": ", what, " has ", b.d.extent(0), " directions, expected ", K));
+}
+
+// Kernels without a per-sequence form (the tangent modes) refuse one.
+template <class T>
+void require_summed(const char* kernel, const Grads<T>& g) {
+  if (g.per_sequence()) throw std::logic_error(cat(kernel, ": no per-sequence gradients in this mode"));
+}
+// A per-sequence gradient over N rows: whole sequences.
+template <class T>
+index_t sequences_of(const char* kernel, const Grads<T>& g, index_t N) {
+  if (!g.per_sequence()) return 1;
+  if (N % g.seq_rows != 0)
+    throw std::logic_error(cat(kernel, ": ", N, " rows are not whole sequences of ", g.seq_rows));
+  return N / g.seq_rows;
 }
 
 template <class S>

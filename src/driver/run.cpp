@@ -62,12 +62,15 @@ void print_plan(const Campaign& c, const std::vector<int>& team_of_group, int te
         static_cast<long long>(sizes.size()), widths.c_str(),
         static_cast<long long>((n + s.hvp_batch - 1) / s.hvp_batch), to_string(s.curvature_method));
     const MemoryPlan mem = plan_memory(c.cfg, s, p, rpc);
+    const std::string seq = s.per_sequence ? ", per-sequence norms " + gib(mem.sequence) + " (" +
+                                                 std::to_string(sequence_group(c.cfg, s, engines_gpu_shaped())) +
+                                                 " sequences a reverse)"
+                                           : "";
     std::printf(
         "         memory per rank %s: gradient engine %s, curvature engine (K = %lld) %s, checks %s, "
-        "vectors %s%s%s\n",
+        "vectors %s%s\n",
         gib(mem.total()).c_str(), gib(mem.gradient).c_str(), static_cast<long long>(sizes.front()),
-        gib(mem.curvature).c_str(), gib(mem.checks).c_str(), gib(mem.vectors).c_str(),
-        s.per_sequence ? ", per-sequence norms " : "", s.per_sequence ? gib(mem.sequence).c_str() : "");
+        gib(mem.curvature).c_str(), gib(mem.checks).c_str(), gib(mem.vectors).c_str(), seq.c_str());
     if (p.spectrum)
       std::printf(
           "         spectrum: %lld Lanczos chain(s) of up to %lld steps on %s, %lld epoch pass(es) per step; basis "

@@ -207,12 +207,14 @@ inline void group_rows_on_device(const ExecSpace& space, Span2<const std::int32_
   Kokkos::parallel_for("gnh::embedding::place_rows", range(space, N), PlaceRows{tok, w});
 }
 
-// Row n of dx (all planes) added to the gradient at base, lanes over the channels.
+// Row n of dx (all planes) added to the gradient at base (of its sequence's
+// own gradient where g is per sequence), lanes over the channels.
 template <class Member, class T>
 KOKKOS_INLINE_FUNCTION void add_row(const Member& team, const Grads<T>& g, const Act2<T>& dx, index_t base, index_t n,
                                     index_t C, index_t K) {
+  const index_t at = base + g.row_offset(n);
   Kokkos::parallel_for(Kokkos::TeamVectorRange(team, C), [&](const index_t c) {
-    g.v(base + c) += dx.v(n, c);
+    g.v(at + c) += dx.v(n, c);
     for (index_t k = 0; k < K; ++k) g.d(k, base + c) += dx.d(k, n, c);
   });
 }
@@ -241,6 +243,11 @@ void embedding_reverse(const ExecSpace& space, Grads<base_t<S>> g, Act2<base_t<S
   const index_t B = tokens.extent(0), Tc = tokens.extent(1), C = dx.cols();
   const index_t K = dx.d.extent(0);
   require_extent("gnh::embedding::reverse", "dx rows", dx.rows(), B * Tc);
+  if (K > 0) require_summed("gnh::embedding::reverse", g);
+  // Per sequence, each sequence's rows go to its own gradient: the teams below
+  // still own a position or a token each, now in every sequence's copy, and
+  // take the rows in the same increasing order.
+  const index_t copies = g.per_sequence() ? sequences_of("gnh::embedding::reverse", g, B * Tc) : 1;
   using Policy = TeamRange;
   using Member = typename Policy::member_type;
   // Positions: team t adds rows b * Tc + t for b = 0, 1, ...: each plane's
@@ -248,7 +255,7 @@ void embedding_reverse(const ExecSpace& space, Grads<base_t<S>> g, Act2<base_t<S
   if (wpe >= 0)
     Traffic("gnh::embedding::reverse::wpe")
         .add(double((K + 1) * B * Tc * C), sizeof(base_t<S>), 2)
-        .add(double(2 * (K + 1) * Tc * C), sizeof(base_t<S>), 2);
+        .add(double(2 * (K + 1) * copies * Tc * C), sizeof(base_t<S>), 2);
   Traffic("gnh::embedding::reverse::wte")
       .add(double((K + 1) * B * Tc * C), 3 * sizeof(base_t<S>), 2)
       .add(double(B * Tc), 2 * sizeof(std::int32_t), 1);

@@ -167,6 +167,31 @@ void norm_forward(const ExecSpace& space, const char* const (&label)[2], Act2<ba
     for_rows<T>(space, label[1], K * N, LayerNormDirectionRow<S, Centred>{y, mean, rstd, x, p, w, b, C, N, P}, rows);
 }
 
+// The weight and bias of each sequence's own gradient (Grads per sequence,
+// the primal): the column sums of its rows, a plane per sequence, each in the
+// order of a reverse of that sequence alone.
+template <class T, bool Centred>
+void norm_params_per_sequence(const ExecSpace& space, const char* label, const Grads<T>& g, const Act2<T>& dy,
+                              const Act2<T>& x, const Act1<T>& mean, const Act1<T>& rstd, index_t w, index_t b,
+                              ColumnShape shape) {
+  const index_t R = g.seq_rows, n_seq = sequences_of(label, g, x.rows()), stride = g.seq_stride, C = x.cols();
+  const Span2<T> dyv = dy.v, xv = x.v;
+  const Span1<T> mv = mean.v, rv = rstd.v, gv = g.v;
+  column_sums<T>(
+      space, label, n_seq, R, C,
+      KOKKOS_LAMBDA(const index_t s, const index_t n, const index_t c, T& dw, T& db) {
+        const index_t row = s * R + n;
+        const T d = dyv(row, c);
+        dw += d * ((xv(row, c) - (Centred ? mv(row) : T(0))) * rv(row));
+        db += d;
+      },
+      KOKKOS_LAMBDA(const index_t s, const index_t c, const T& dw, const T& db) {
+        gv(s * stride + w + c) += dw;
+        if (b >= 0) gv(s * stride + b + c) += db;
+      },
+      shape);
+}
+
 template <class S, bool Centred>
 void norm_reverse(const ExecSpace& space, const char* const (&label)[2], Act2<base_t<S>> dx, Grads<base_t<S>> g,
                   Act2<base_t<S>> dy, Act2<base_t<S>> x, Act1<base_t<S>> mean, Act1<base_t<S>> rstd,
@@ -178,12 +203,22 @@ void norm_reverse(const ExecSpace& space, const char* const (&label)[2], Act2<ba
   require_extent(label[0], "dx rows", dx.rows(), N);
   // dy and x read, dx written, in each plane; the statistics read.
   Traffic(label[0]).add(double(3 * (1 + K) * N * C), sizeof(T), 2).add(double(2 * N), sizeof(T), 1);
+  // The gradient's weight and bias read and written, once per sequence where
+  // it is per sequence.
+  const index_t copies = g.per_sequence() ? sequences_of(label[1], g, N) : 1;
   if (g.v.extent(0) > 0)
-    Traffic(label[1]).add(double(2 * (1 + K) * N * C), sizeof(T), 2).add(double(2 * (1 + K) * C), sizeof(T), 1);
+    Traffic(label[1])
+        .add(double(2 * (1 + K) * N * C), sizeof(T), 2)
+        .add(double(2 * (1 + K) * copies * C), sizeof(T), 1);
   for_rows<S>(space, label[0], N, LayerNormReverseRow<S, Centred>{dx, dy, x, mean, rstd, p, w, C, K}, rows);
   // Weight and bias: column sums over the rows, deterministic (colsum.hpp);
   // none for an empty g (primal only: the adjoints alone).
   if (g.v.extent(0) == 0) return;
+  if (g.per_sequence()) {
+    if (!std::is_same<S, T>::value) require_summed(label[1], g);
+    norm_params_per_sequence<T, Centred>(space, label[1], g, dy, x, mean, rstd, w, b, shape);
+    return;
+  }
   column_sums<S>(
       space, label[1], K, N, C,
       KOKKOS_LAMBDA(const index_t k, const index_t n, const index_t c, S& dw, S& db) {

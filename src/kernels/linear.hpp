@@ -88,7 +88,8 @@ void linear_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x
 
 // dx is overwritten (skipped when it has no rows); g accumulates (skipped
 // when it has no entries, primal only: the adjoint cuts' gradient pass needs
-// the adjoints alone). S = T or Dual<T> (the tangent of the reverse).
+// the adjoints alone), per sequence where it is so split (primal only).
+// S = T or Dual<T> (the tangent of the reverse).
 template <class S>
 void linear_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Grads<base_t<S>> g, Act2<base_t<S>> dy,
                     Act2<base_t<S>> x, Params<base_t<S>> p, index_t w, index_t b,
@@ -103,11 +104,20 @@ void linear_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Grads<base_t<S>>
   if (dx.rows() > 0) require_planes<S>("gnh::linear::reverse", "dx", dx, K);
   const T* W = p.v.data() + w;
   if (dx.rows() > 0) gemm<T>(space, pol, "N", "N", T(1), dy.v, block(W, 0, out, in), T(0), dx.v);
-  if (g.v.extent(0) > 0) {  // an empty g (primal only): dx alone
+  if (g.per_sequence()) {
+    // Each sequence's own dW_s += dy_s^T x_s: one batch of products of its
+    // rows, the same products as one of all rows, and its bias the column
+    // sums of its rows (a plane each).
+    const index_t R = g.seq_rows, n_seq = sequences_of("gnh::linear::reverse", g, N);
+    gemm_batched<T>(space, pol, "T", "N", T(1), block(dy.v.data(), 0, R, out), R * out, block(x.v.data(), 0, R, in),
+                    R * in, T(1), block(g.v.data(), w, out, in), g.seq_stride, n_seq);
+    if (b >= 0) detail::add_colsum(space, g.v.data() + b, dy.v.data(), R, out, n_seq, g.seq_stride);
+  } else if (g.v.extent(0) > 0) {  // an empty g (primal only): dx alone
     gemm<T>(space, pol, "T", "N", T(1), dy.v, x.v, T(1), block(g.v.data(), w, out, in));
     if (b >= 0) detail::add_colsum(space, g.v.data() + b, dy.v.data(), N, out);
   }
   if (K == 0) return;
+  require_summed("gnh::linear::reverse", g);
   if (dx.rows() > 0)
     gemm<T>(space, pol, "N", "N", T(1), block(dy.d.data(), 0, K * N, out), block(W, 0, out, in), T(0),
             block(dx.d.data(), 0, K * N, in));

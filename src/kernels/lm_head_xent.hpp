@@ -397,6 +397,34 @@ void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t
   }
 }
 
+namespace detail {
+// Per sequence (Grads per sequence): a tile's weight product dW += dz^T h
+// over rows [r0, r0 + nr), split where sequences begin: a partial sequence
+// at either end alone, the whole ones between as one batch, each into its
+// own sequence's gradient at offset w. dz is the tile (nr, vc), h (N, C).
+template <class T>
+void sequence_weight_products(const ExecSpace& space, const GemmPolicy<T>& pol, const Grads<T>& g, const T* dz,
+                              const T* h, index_t r0, index_t nr, index_t w, index_t vc, index_t C) {
+  const index_t R = g.seq_rows, end = r0 + nr;
+  const auto piece = [&](index_t a, index_t rows, index_t count) {  // count sequences of `rows` from row a
+    gemm_batched<T>(space, pol, "T", "N", T(1), block(dz, (a - r0) * vc, rows, vc), rows * vc, block(h, a * C, rows, C),
+                    rows * C, T(1), block(g.v.data(), (a / R) * g.seq_stride + w, vc, C), g.seq_stride, count);
+  };
+  index_t a = r0;
+  if (a % R != 0) {  // the tail of a sequence begun in an earlier tile
+    const index_t stop = std::min(end, (a / R + 1) * R);
+    piece(a, stop - a, 1);
+    a = stop;
+  }
+  if (end - a >= R) {
+    const index_t whole = (end - a) / R;
+    piece(a, R, whole);
+    a += whole * R;
+  }
+  if (a < end) piece(a, end - a, 1);  // the head of a sequence the next tile goes on with
+}
+}  // namespace detail
+
 // dh is overwritten; g accumulates the gradient of the summed loss.
 // logits_current: z still holds the forward's logits of this batch (one tile).
 // kept (non-empty): the forward ran with keep_exponentials, and kept is its
@@ -420,6 +448,8 @@ void lm_head_xent_reverse(const ExecSpace& space, Act2<base_t<S>> dh, Grads<base
   constexpr bool tangents = !std::is_same<S, T>::value;
   const index_t N = h.rows(), C = h.cols(), K = tangents ? h.d.extent(0) : 0;
   const index_t rows = z.rows(), vchunk = z.cols(), P = p.v.extent(0);
+  if (tangents) require_summed("gnh::lm_head_xent::reverse", g);
+  if (g.per_sequence()) sequences_of("gnh::lm_head_xent::reverse", g, N);
   if (kept.extent(0) > 0 && (tangents || rows < N || vchunk < V))
     throw std::logic_error("gnh::lm_head_xent::reverse: kept exponentials need the primal and one tile");
   for (index_t r0 = 0; r0 < N; r0 += rows) {
@@ -441,7 +471,9 @@ void lm_head_xent_reverse(const ExecSpace& space, Act2<base_t<S>> dh, Grads<base
       const T beta = v0 == 0 ? T(0) : T(1);  // dh sums over the vocabulary chunks
       gemm<T>(space, pol, "N", "N", T(1), block(zc.v.data(), 0, nr, vc), block(W, 0, vc, C), beta,
               block(dh.v.data(), r0 * C, nr, C));
-      if (g.v.extent(0) > 0)  // an empty g (primal only): dh alone
+      if (g.per_sequence())
+        detail::sequence_weight_products(space, pol, g, zc.v.data(), h.v.data(), r0, nr, w + v0 * C, vc, C);
+      else if (g.v.extent(0) > 0)  // an empty g (primal only): dh alone
         gemm<T>(space, pol, "T", "N", T(1), block(zc.v.data(), 0, nr, vc), block(h.v.data(), r0 * C, nr, C), T(1),
                 block(g.v.data(), w + v0 * C, vc, C));
       // Per direction, four batches over k (the shared operand at stride 0),

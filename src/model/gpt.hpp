@@ -99,6 +99,12 @@ class Gpt {
   // grad (P) += gradient of the batch's summed loss.
   LossSum gradient(const ExecSpace& space, Span1<const T> params, Span2<const std::int32_t> tokens,
                    Span2<const std::int32_t> targets, Span1<T> grad);
+  // grads (B, P): row s += sequence s's own gradient of its summed loss, from
+  // one forward and one reverse of the batch whose weight products are
+  // batched per sequence (kernels' Grads per sequence): the same products as
+  // gradient()'s, of T rows each instead of B T.
+  LossSum gradient_per_sequence(const ExecSpace& space, Span1<const T> params, Span2<const std::int32_t> tokens,
+                                Span2<const std::int32_t> targets, Span2<T> grads);
   // dirs (K, P); grad (P) += gradient, hv (K, P) += H_sum dirs_k (H of the summed loss).
   // op gauss_newton: hv += GGN_sum dirs_k instead, and grad receives nothing.
   LossSum hvp(const ExecSpace& space, Span1<const T> params, Span2<const T> dirs, Span2<const std::int32_t> tokens,

@@ -893,6 +893,22 @@ LossSum Gpt<T>::gradient(const ExecSpace& space, Span1<const T> params, Span2<co
 }
 
 template <class T>
+LossSum Gpt<T>::gradient_per_sequence(const ExecSpace& space, Span1<const T> params, Span2<const std::int32_t> tokens,
+                                      Span2<const std::int32_t> targets, Span2<T> grads) {
+  if (!shape_.reverse) throw std::logic_error("gnh::gpt::gradient_per_sequence: planned without reverse mode");
+  kernels::require_extent("gnh::gpt::gradient_per_sequence", "params", params.extent(0), layout_.size());
+  kernels::require_extent("gnh::gpt::gradient_per_sequence", "gradient rows", grads.extent(0), tokens.extent(0));
+  kernels::require_extent("gnh::gpt::gradient_per_sequence", "gradient length", grads.extent(1), layout_.size());
+  const Params<T> p{params, {}};
+  LossSum out = forward<T>(space, p, tokens, targets);
+  Grads<T> g{Span1<T>(grads.data(), grads.size()), {}};
+  g.seq_rows = shape_.context;
+  g.seq_stride = layout_.size();
+  reverse<T>(space, p, g, tokens, targets);
+  return out;
+}
+
+template <class T>
 LossSum Gpt<T>::hvp(const ExecSpace& space, Span1<const T> params, Span2<const T> dirs,
                     Span2<const std::int32_t> tokens, Span2<const std::int32_t> targets, Span1<T> grad, Span2<T> hv,
                     CurvatureOperator op) {

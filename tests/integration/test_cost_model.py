@@ -115,17 +115,21 @@ class CostModel(unittest.TestCase):
         self.assertIn("cut_gradient", d["second_order"]["plans"])
         self.assertEqual(d["second_order"]["plans"]["engine"][0], [11, 137, 4, 256])
         self.assertGreater(d["second_order"]["plans"]["cut_gradient"][0][1], 1)
-        # The gradient pass with per-sequence norms runs each sequence through
-        # an engine of one sequence: about half the gradient's launches a
-        # batch for each sequence (30 times as many), so on a GPU it costs far
-        # more than the 10% that
-        # would make it a default. GPU builds leave analysis.per_sequence off
-        # for that (analysis/settings.hpp); where this fails, the per-sequence
-        # pass has become cheap there and the default may follow.
+        # The gradient pass with per-sequence norms takes every sequence's
+        # gradient apart in the gradient engine's own reverse (the weight
+        # products batched per sequence, the head's tiles split where
+        # sequences begin), so it launches about as many kernels as the
+        # gradient (a few more head pieces and one pass of squares) and costs
+        # it little more: within the 10% that makes analysis.per_sequence a
+        # default on every backend (analysis/settings.hpp). An engine of one
+        # sequence, B times a batch, cost 2.4 times the gradient here.
         q = d["per_sequence"]["prediction"]
-        self.assertEqual(d["per_sequence"]["plans"]["engine"][0][:2], [1, 1])
-        self.assertGreater(q["seconds_per_batch"], 1.1 * g["seconds_per_batch"])
-        self.assertGreater(q["device_launches"], 16 * g["device_launches"])
+        self.assertEqual(d["per_sequence"]["plans"], d["gradient"]["plans"])
+        self.assertLessEqual(q["seconds_per_batch"], 1.10 * g["seconds_per_batch"])
+        self.assertGreater(q["seconds_per_batch"], g["seconds_per_batch"])
+        self.assertLessEqual(q["device_launches"], g["device_launches"] + 16)
+        per = {l["label"]: l for l in q["labels"]}
+        self.assertEqual(per["gnh::pass::sequence_squares"]["launches"], 1)
         # Every dense, head and attention product on tensor cores at these
         # precisions (tf32 gradient, bf16-amp second order).
         self.assertEqual(g["gemm_flops"]["fp32"], 0)

@@ -85,9 +85,11 @@ class DeviceCheck(unittest.TestCase):
         self.assertTrue(sof and all(c["adjoint_cuts"] for c in sof))
         rows, vocab = sof[0]["head_tile"]
         self.assertLess(rows * vocab, v["context"]["batch"] * v["context"]["seq_len"] * v["context"]["vocab_size"])
-        # Timings: 5 passes in each of 3 precisions, medians of at least 5,
-        # the measured memory and a profile by label.
-        self.assertEqual(len(s["passes"]), 15)
+        # Timings: 6 passes (the gradient with per-sequence norms among them)
+        # in each of 3 precisions, medians of at least 5, the measured memory
+        # and a profile by label.
+        self.assertEqual(len(s["passes"]), 18)
+        self.assertEqual(sum(r["pass"] == "gradient-per-sequence" for r in s["passes"]), 3)
         for row in s["passes"]:
             self.assertGreaterEqual(row["repeats"], 5, row)
             self.assertLessEqual(row["min_seconds"], row["seconds_per_batch"])

@@ -9,7 +9,9 @@
 - a plan over 90% of the memory budget is refused before anything is
   computed, naming the deck keys to lower;
 - --fit-memory picks the largest directions_per_pass, then hvp_batch, that
-  fit: one block more per HVP batch is refused under the same budget."""
+  fit: one block more per HVP batch is refused under the same budget;
+- analysis.per_sequence takes one sequence apart a reverse on a host and the
+  microbatch's sequences in one reverse on the GPU's path, and plans so."""
 import os
 import re
 import shutil
@@ -44,9 +46,12 @@ class Memory(unittest.TestCase):
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
-    def gnh(self, *args, np_=1):
+    def gnh(self, *args, np_=1, gpu_shaped=None):
+        env = gnhtest.mpi_env()
+        if gpu_shaped is not None:  # the GPU's path on this host, or not
+            env["GNH_GPU_SHAPED"] = "1" if gpu_shaped else "0"
         return subprocess.run([gnhtest.MPIEXEC, "-np", str(np_), gnhtest.GNH, "run", self.deck, "--quiet", *args],
-                              capture_output=True, text=True, env=gnhtest.mpi_env(), timeout=300)
+                              capture_output=True, text=True, env=env, timeout=300)
 
     def test_every_stage_is_measured(self):
         r = self.gnh(np_=2)
@@ -102,6 +107,39 @@ class Memory(unittest.TestCase):
         r = self.gnh("--memory-budget", "1kB", "--fit-memory")
         self.assertNotEqual(r.returncode, 0)
         self.assertIn("lower analysis.grad_microbatch", r.stderr)
+
+    def test_per_sequence_grouping_follows_the_path(self):
+        # The dry run names the sequences whose gradients one reverse takes
+        # apart: an engine of one sequence on a host build; on the GPU's path
+        # (GNH_GPU_SHAPED=1 runs it here) the gradient engine itself, the
+        # whole microbatch of 4 at once, its 4 gradients planned.
+        found = {}
+        for shaped in ("0", "1"):
+            r = self.gnh("--dry-run", "--set", "analysis.grad_microbatch=4", gpu_shaped=shaped == "1")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            m = re.findall(r"per-sequence norms [0-9.]+ \S+ \((\d+) sequences a reverse\)", r.stdout)
+            self.assertTrue(m, r.stdout)
+            found[shaped] = {int(x) for x in m}
+        self.assertEqual(found, {"0": {1}, "1": {4}})
+
+    def test_per_sequence_on_the_gpu_path_runs_in_the_gradient_engine(self):
+        # The same deck through the GPU's path gives every sequence's norm as
+        # the host's engine of one sequence does, to float rounding: the two
+        # group the same terms differently only in the head's tiles (1e-5 of
+        # values that are sums of positive squares in float32).
+        got = {}
+        for shaped in ("0", "1"):
+            r = self.gnh("--set", "precision.policy=fp32", "--set", "analysis.grad_microbatch=4", "--set",
+                         f"run.output=out/seq{shaped}.h5", gpu_shaped=shaped == "1")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with h5py.File(os.path.join(self.tmp, "out", f"seq{shaped}.h5"), "r") as f:
+                got[shaped] = {h: f["groups"][h]["seen"]["seq_grad_sqnorm"][()] for h in f["groups"]}
+        self.assertEqual(sorted(got["0"]), sorted(got["1"]))
+        for h, x in got["0"].items():
+            self.assertEqual(len(x), 30)
+            self.assertTrue((x > 0).all())
+            for a, b in zip(x, got["1"][h]):
+                self.assertLessEqual(abs(a - b), 1e-5 * a)
 
 
 if __name__ == "__main__":

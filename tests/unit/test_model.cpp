@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "analysis/epoch.hpp"
+#include "analysis/memory.hpp"
 #include "analysis/sampling.hpp"
 #include "core/random.hpp"
 #include "kernel_profile.hpp"
@@ -286,4 +287,44 @@ TEST_CASE("the engine allocates exactly its plan (model/plan.hpp), for every mod
                 REQUIRE(d.workspace_bytes() == plan_gpt_bytes(cfg, s, sizeof(double)));
               }
             }
+}
+
+TEST_CASE("per-sequence groups: the microbatch where its gradients fit, else a divisor with its own engine",
+          "[analysis][plan]") {
+  // analysis.per_sequence's grouping (analysis/memory.hpp) over a sweep of
+  // microbatches and contexts of a model whose gradient is 0.2 GB: on a host
+  // one sequence a reverse; on the GPU's path a divisor of the microbatch,
+  // the whole of it exactly when its gradients fit the room, and the plan
+  // holds the group's gradients and, below the microbatch, its engine.
+  ModelConfig cfg;
+  cfg.n_layer = 2;
+  cfg.n_head = 16;
+  cfg.n_embd = 1024;
+  cfg.block_size = 2048;
+  cfg.vocab_size = 32000;
+  const std::size_t one = sizeof(float) * std::size_t(ParamLayout(cfg).size());
+  int whole = 0, divisor = 0;
+  for (index_t mb : {1, 4, 12, 64})
+    for (index_t Tc : {64, 512, 2048}) {
+      AnalysisSettings s;
+      s.grad_microbatch = mb;
+      s.context = Tc;
+      CAPTURE(mb, Tc);
+      REQUIRE(sequence_group(cfg, s, false) == 1);
+      const index_t G = sequence_group(cfg, s, true);
+      REQUIRE(mb % G == 0);
+      const std::size_t engine = plan_gpt_bytes(cfg, gradient_shape(s), sizeof(float));
+      const std::size_t room =
+          std::max({engine, one + plan_gpt_bytes(cfg, sequence_shape(s, 1), sizeof(float)), kSequenceGroupFloor});
+      REQUIRE((G == mb) == (one * std::size_t(mb) <= room));
+      s.per_sequence = true;
+      const MemoryPlan m = plan_memory(cfg, s, plan_case(s, 100, false, false), 1, true);
+      const std::size_t own = G == mb ? 0 : plan_gpt_bytes(cfg, sequence_shape(s, G), sizeof(float));
+      REQUIRE(m.sequence == one * std::size_t(G) + own);
+      REQUIRE(m.sequence <= room);
+      whole += G == mb && mb > 1;
+      divisor += G > 1 && G < mb;
+    }
+  REQUIRE(whole > 0);
+  REQUIRE(divisor > 0);
 }

@@ -19,6 +19,7 @@
 #include <random>
 
 #include "analysis/derivatives.hpp"
+#include "analysis/passes.hpp"
 #include "core/random.hpp"
 #include "kernels/attention_batched.hpp"
 #include "kernels/attention_host.hpp"
@@ -609,5 +610,101 @@ TEST_CASE("Gauss-Newton products and forms: symmetric, non-negative, one value b
       if (k == 2 && !tied) REQUIRE(std::abs(fr.vHv[k] - form) <= 1e-10 * form);
       if (k < 2) REQUIRE(std::abs(fr.vHv[k] - form) > 1e-3 * form);
     }
+  }
+}
+
+TEMPLATE_TEST_CASE("each sequence's own gradient from one reverse of the batch is that sequence's gradient alone",
+                   "[derivatives][model]", float, double) {
+  // Gpt::gradient_per_sequence batches every weight product over the
+  // sequences (T rows each) and splits the column sums, the embedding's rows
+  // and the head's tiles at sequence boundaries (tiles of 7 rows straddle the
+  // sequences of 5, vocabulary chunks of 11); each row of its result must be
+  // the gradient of an engine of that sequence alone, in every family, and a
+  // padded sequence (targets ignored) exactly zero. Both sides add the same
+  // terms, in orders that differ only in how the head's tile and chunk
+  // products group them: a few roundings of the largest entry, 64 units
+  // (eps of T) bounds that, while a row sent to the wrong sequence moves
+  // entries by their own size.
+  using T = TestType;
+  const double tol = 64 * double(std::numeric_limits<T>::epsilon());
+  ModelConfig nano = config(true, true, Gelu::tanh), llama = config(false, false, Gelu::erf), neox = nano;
+  llama.family = Family::llama;
+  llama.n_kv_head = 1;
+  llama.intermediate = 20;
+  llama.qkv_bias = true;
+  neox.family = Family::gpt_neox;
+  neox.rotary_pct = 0.5;
+  neox.parallel_residual = true;
+  neox.tie_embeddings = false;
+  const index_t Tc = 5, B = 4;
+  for (const ModelConfig& cfg : {nano, llama, neox}) {
+    CAPTURE(to_string(cfg.family));
+    const index_t P = ParamLayout(cfg).size();
+    const View1<T> p = make_params<T>(cfg, 31);
+    const auto ids = make_ids(B * Tc + 1, cfg.vocab_size, 8);
+    View2<std::int32_t> tok("tok", B, Tc), tgt("tgt", B, Tc);
+    for (index_t b = 0; b < B; ++b)
+      for (index_t t = 0; t < Tc; ++t) {
+        tok(b, t) = ids[b * Tc + t];
+        tgt(b, t) = b == B - 1 ? -1 : ids[b * Tc + t + 1];  // the last sequence: padding
+      }
+    Shape s;
+    s.batch = B;
+    s.context = Tc;
+    s.reverse = true;
+    s.head_chunk_rows = 7;
+    s.head_chunk_vocab = 11;
+    Gpt<T> batch(cfg, s);
+    View2<T> per("per", B, P);
+    const LossSum all = batch.gradient_per_sequence(ExecSpace(), p, tok, tgt, per);
+    s.batch = 1;
+    Gpt<T> one(cfg, s);
+    View1<T> g("g", P), sum("sum", P);
+    double loss = 0;
+    for (index_t b = 0; b < B; ++b) {
+      Kokkos::deep_copy(g, T(0));
+      const auto row = [&](const View2<std::int32_t>& v) {
+        return Span2<const std::int32_t>(v.data() + b * Tc, 1, Tc);
+      };
+      loss += one.gradient(ExecSpace(), p, row(tok), row(tgt), g).sum;
+      double diff = 0, largest = 0, padding = 0;
+      for (index_t i = 0; i < P; ++i) {
+        diff = std::max(diff, std::abs(double(per(b, i)) - double(g(i))));
+        largest = std::max(largest, std::abs(double(g(i))));
+        padding = std::max(padding, std::abs(double(per(b, i))));
+      }
+      CAPTURE(b, diff, largest);
+      if (b == B - 1) REQUIRE(padding == 0.0);
+      else REQUIRE((largest > 0 && diff <= tol * largest));
+    }
+    REQUIRE(std::abs(all.sum - loss) <= tol * std::abs(loss));
+    // The epoch pass's norms (SequenceNorms) by groups of the whole batch and
+    // of one sequence, over the sequences before the padding: every |S_b|^2
+    // and the batch's gradient, their sum, alike to the same rounding
+    // (squares: twice the relative error).
+    const std::vector<std::int64_t> ranges{0, std::int64_t(P)};
+    std::vector<double> norms[2];
+    View1<T> grads[2] = {View1<T>("grad_batch", P), View1<T>("grad_one", P)};
+    for (int e = 0; e < 2; ++e) {
+      SequenceNorms<T> q(e == 0 ? batch : one, ranges, {{0, 1}}, B);
+      BatchScalars r;
+      q.gradients(ExecSpace(), p, Span2<const std::int32_t>(tok.data(), B, Tc),
+                  Span2<const std::int32_t>(tgt.data(), B, Tc), B - 1, grads[e], r);
+      norms[e] = r.seq_sqnorm;
+    }
+    REQUIRE(norms[0].size() == std::size_t(B - 1));
+    REQUIRE(norms[1].size() == std::size_t(B - 1));
+    for (index_t b = 0; b < B - 1; ++b) {
+      CAPTURE(b, norms[0][b], norms[1][b]);
+      REQUIRE(norms[1][b] > 0.0);
+      REQUIRE(std::abs(norms[0][b] - norms[1][b]) <= 2 * tol * norms[1][b]);
+    }
+    double diff = 0, largest = 0;
+    for (index_t i = 0; i < P; ++i) {
+      diff = std::max(diff, std::abs(double(grads[0](i)) - double(grads[1](i))));
+      largest = std::max(largest, std::abs(double(grads[1](i))));
+    }
+    CAPTURE(diff, largest);
+    REQUIRE(diff <= tol * largest);
   }
 }

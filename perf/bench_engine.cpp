@@ -780,7 +780,7 @@ perf::RecordedRun run_miniature(const Miniature& mini) {
 // must count alike), and of the adjoint cuts' gradient engine inside each.
 std::string plans_json(const ModelConfig& c, const Shape& full, const Miniature& m) {
   auto inner = [](Shape g) {
-    g.directions = 0, g.reverse = true, g.second_order = false, g.adjoint_cuts = 0;
+    g.directions = 0, g.reverse = true, g.second_order = false, g.adjoint_cuts = 0, g.nested = true;
     return g;
   };
   std::string js = "{\"engine\": [" + plan_counts(c, full) + ", " + plan_counts(m.config, m.shape) + "]";

@@ -201,15 +201,15 @@ void norm_reverse(const ExecSpace& space, const char* const (&label)[2], Act2<ba
   const index_t N = x.rows(), C = x.cols(), K = directions_of<S>(x);
   require_extent(label[0], "dy rows", dy.rows(), N);
   require_extent(label[0], "dx rows", dx.rows(), N);
-  // dy and x read, dx written, in each plane; the statistics read.
-  Traffic(label[0]).add(double(3 * (1 + K) * N * C), sizeof(T), 2).add(double(2 * N), sizeof(T), 1);
+  // dy and x read, dx written, in each plane (the value plane alone in the
+  // primal, where K counts it); the statistics read.
+  const index_t planes = has_tangents_v<S> ? 1 + K : 1;
+  Traffic(label[0]).add(double(3 * planes * N * C), sizeof(T), 2).add(double(2 * N), sizeof(T), 1);
   // The gradient's weight and bias read and written, once per sequence where
   // it is per sequence.
   const index_t copies = g.per_sequence() ? sequences_of(label[1], g, N) : 1;
   if (g.v.extent(0) > 0)
-    Traffic(label[1])
-        .add(double(2 * (1 + K) * N * C), sizeof(T), 2)
-        .add(double(2 * (1 + K) * copies * C), sizeof(T), 1);
+    Traffic(label[1]).add(double(2 * planes * N * C), sizeof(T), 2).add(double(2 * planes * copies * C), sizeof(T), 1);
   for_rows<S>(space, label[0], N, LayerNormReverseRow<S, Centred>{dx, dy, x, mean, rstd, p, w, C, K}, rows);
   // Weight and bias: column sums over the rows, deterministic (colsum.hpp);
   // none for an empty g (primal only: the adjoints alone).

@@ -378,11 +378,15 @@ void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t
       const Act2<T> zc = detail::chunk_view(z, K, nr, vc);
       detail::chunk_logits(space, zc, h, p, w, r0, nr, v0, vc, tangents, pol);
       const bool first = v0 == 0;
-      // The tile's logit planes read and written (exponentials in place, a
-      // second-order plane of them); per row the running statistics.
+      // The primal: the tile's logits read twice (the maximum, then the
+      // exponentials' sum: a whole vocabulary row outlives the caches
+      // between the two when many rows are in flight) and, kept, the
+      // exponentials written in place. With directions: each of the value,
+      // tangent and second-order planes read and written. Per row the
+      // running statistics.
       Traffic("gnh::lm_head_xent::forward")
-          .add(double((1 + K + (second ? 1 : 0)) * nr * vc), 2 * sizeof(T), 2)
-          .add(double((2 + K) * nr), 2 * sizeof(T), 1);
+          .add(double(tangents ? (1 + K + (second ? 1 : 0)) * 2 * nr * vc : (keep ? 3 : 2) * nr * vc), sizeof(T), 2)
+          .add(double((2 + (tangents ? K : 0)) * nr), 2 * sizeof(T), 1);
       for_rows<T>(space, "gnh::lm_head_xent::forward", nr,
                   detail::HeadChunkRow<S>{loss, lse, zc, mc, stats, targets, r0, v0, vc, K, C, first, keep, gn}, shape);
       if (second) detail::chunk_moments(space, mc, zc.dd.data(), p, w, nr, v0, vc, first, pol);
@@ -391,7 +395,7 @@ void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t
     // and h read with the second order).
     Traffic("gnh::lm_head_xent::forward::finish")
         .add(double(second ? 2 * (1 + K) * nr * C : 0), sizeof(T), 2)
-        .add(double((3 + K) * nr), 2 * sizeof(T), 1);
+        .add(double((3 + (tangents ? K : 0)) * nr), 2 * sizeof(T), 1);
     for_rows<T>(space, "gnh::lm_head_xent::forward::finish", nr,
                 detail::HeadFinishRow<S>{loss, lse, h, mc, p, stats, targets, r0, K, C, P, w, keep, gn}, shape);
   }

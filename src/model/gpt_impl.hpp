@@ -488,6 +488,7 @@ void Gpt<T>::plan_adjoint_cuts() {
   g.reverse = true;
   g.second_order = false;
   g.adjoint_cuts = 0;
+  g.nested = true;
   const index_t A = index_t(cfg_.n_head) * cfg_.head_size(), Akv = index_t(cfg_.kv_heads()) * cfg_.head_size();
   const bool llama = cfg_.family == Family::llama;
   for (int l = 0; l < cfg_.n_layer; ++l) {

@@ -129,9 +129,9 @@ bool gpu_shaped_from_env() {
   throw std::invalid_argument(std::string("GNH_GPU_SHAPED=") + env + ": expected 0 or 1");
 }
 
-index_t attention_score_budget(bool device, index_t planes) {
+index_t attention_score_budget(bool device, index_t planes, bool directions) {
   if (!device) return planes * (index_t(1) << 20);
-  return std::max(planes * (index_t(1) << 25), index_t(1) << 28);
+  return std::max(planes * (index_t(1) << 25), index_t(1) << (directions ? 28 : 30));
 }
 
 namespace {
@@ -154,7 +154,8 @@ index_t attention_chunk_sequences(const ModelConfig& cfg, const Shape& shape) {
   // A miniature plans as the full engine: its planes of sc^2 times more values.
   const index_t sc = std::max(1, shape.scale), planes = score_planes(shape);
   const index_t per = attention_planes_per_sequence(cfg, shape) * sc * sc;
-  return std::clamp<index_t>(attention_score_budget(shape.gpu_shaped, planes) / per, 1, shape.batch);
+  return std::clamp<index_t>(
+      attention_score_budget(shape.gpu_shaped, planes, shape.directions > 0 || shape.nested) / per, 1, shape.batch);
 }
 
 index_t attention_query_blocks(const Shape& shape) {

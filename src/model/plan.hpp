@@ -40,6 +40,10 @@ struct Shape {
   int scale = 1;
   bool bf16 = false;  // bf16-amp: matrix-multiply operands rounded to bfloat16 (float only)
   bool tf32 = false;  // tf32: TF32 tensor-core GEMMs where the backend has them (cuBLAS)
+  // An engine planned inside another (the adjoint cuts' gradient engine):
+  // its memory is part of that engine's, so its score planes keep the budget
+  // of an engine with directions (attention_score_budget).
+  bool nested = false;
   // The GPU's kernels and tiles (the batched attention, the head's whole
   // vocabulary rows): always on a GPU; on a host for bench_engine --predict,
   // which counts the launches of that path.
@@ -87,14 +91,17 @@ GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape);
 // Values of the batched attention's score planes (kernels/attention_batched.hpp)
 // that an engine holds at once, for `planes` planes per (sequence, head): as
 // many sequences per chunk as fit, at least one. On a device 2^25 a plane
-// (128 MiB in float), and at least 2^28 values (1 GiB): at the reference
-// shape (5 heads, T = 1024: 5.2 M values a plane and sequence) the second
-// order at K = 16 (33 planes) takes 6 sequences a chunk, 11 chunks a batch
-// of 64, in 4.2 GB; with fewer planes the floor takes more sequences a
-// chunk (fewer launches a batch): the gradient (2 planes) 25, 3 chunks; the
-// second order at K = 1 (3 planes) 17, in 1.1 GB. On a host 2^20 a plane,
-// where the path serves checks.
-index_t attention_score_budget(bool device, index_t planes);
+// (128 MiB in float), and at least 2^28 values (1 GiB) for an engine with
+// directions (or nested in one), 2^30 (4 GiB) for one without (the
+// gradient's, whose memory no K = 1 limit binds and whose chunks are most of
+// its launches): at the
+// reference shape (5 heads, T = 1024: 5.2 M values a plane and sequence) the
+// second order at K = 16 (33 planes) takes 6 sequences a chunk, 11 chunks a
+// batch of 64, in 4.2 GB; the second order at K = 1 (3 planes) 17, in 1.1
+// GB; the gradient (2 planes) the whole batch of 64 in one chunk, 2.7 GB,
+// where the 1 GiB floor made it 3 chunks and a fifth of its time launches.
+// On a host 2^20 a plane, where the path serves checks.
+index_t attention_score_budget(bool device, index_t planes, bool directions);
 // The batched attention's score planes per sequence of an engine of this
 // shape, and its sequences per chunk: Shape::attention_sequences where set,
 // else as many as attention_score_budget allows, at least one, at most the batch.

@@ -328,3 +328,50 @@ TEST_CASE("per-sequence groups: the microbatch where its gradients fit, else a d
   REQUIRE(whole > 0);
   REQUIRE(divisor > 0);
 }
+
+TEST_CASE("the work ledger counts the primal's value plane once: LayerNorm's reverse and the head's forward",
+          "[model][plan]") {
+  // What the cost model prices (bench_engine --predict) is what each kernel
+  // records moving. The LayerNorm reverse reads dy and x and writes dx once
+  // per plane (and reads a row's two statistics); its parameters' column
+  // sums read dy and x and add into 2 C gradient values. The head's forward,
+  // one tile holding the batch with its exponentials kept, reads each logit
+  // twice (the maximum, then the sum) and writes its exponential, and per
+  // row writes two statistics. In the tangent of the reverse each of those
+  // planes is moved once more per direction. A value plane counted as a
+  // direction (the primal's K is 1 where kernels loop over planes) doubles them.
+  const ModelConfig cfg = make_config(2, 2, 16, 8, 29, true, true, Gelu::erf);
+  const auto pd = make_params(cfg, 700);
+  auto params = test::to_view1<float>(pd);
+  const index_t B = 2, Tc = 8, P = index_t(pd.size()), N = B * Tc, C = 16, V = 29, L = 2, K = 3;
+  const auto ids = make_tokens(N + 1, cfg.vocab_size, 5);
+  std::vector<std::int32_t> tk(ids.begin(), ids.begin() + N), tg(ids.begin() + 1, ids.end());
+  const auto tokens = token_view<float>(tk, B, Tc), targets = token_view<float>(tg, B, Tc);
+  const auto bytes = [](const perf::RecordedRun& run, const std::string& label) {
+    const auto it = run.work.labels.find(label);
+    REQUIRE(it != run.work.labels.end());
+    double b = 0;
+    for (const double x : it->second.bytes) b += x;
+    return b;
+  };
+  const double f = sizeof(float), calls = 2 * L + 1;  // ln_1 and ln_2 of each layer, ln_f
+  for (const index_t k : {index_t(0), K}) {
+    CAPTURE(k);
+    Shape s;
+    s.batch = B;
+    s.context = Tc;
+    s.reverse = true;
+    s.directions = int(k);
+    Gpt<float> g(cfg, s);
+    View1<float> grad("grad", P);
+    View2<float> dirs("dirs", k, P), hv("hv", k, P);
+    const auto run = perf::record_run([&] {
+      if (k == 0) g.gradient(ExecSpace(), params, tokens, targets, grad);
+      else g.hvp(ExecSpace(), params, dirs, tokens, targets, grad, hv);
+    });
+    const double planes = double(1 + k);
+    REQUIRE(bytes(run, "gnh::layernorm::reverse::input") == calls * (3 * planes * N * C + 2 * N) * f);
+    REQUIRE(bytes(run, "gnh::layernorm::reverse::params") == calls * 2 * planes * (N * C + C) * f);
+    if (k == 0) REQUIRE(bytes(run, "gnh::lm_head_xent::forward") == (3.0 * N * V + 2 * 2 * N) * f);
+  }
+}

@@ -31,9 +31,8 @@ class BatchClock {
 // The gradients of a group of sequences, g (sequences, P), added into the
 // batch's in sequence order, and the sums of each one's squares per chunk of
 // the flat order into partial (sequence, chunk); g is left zero for the next
-// group (one pass over it instead of two): a team per chunk, each sequence's
-// terms reduced in the team's fixed order (deterministic for a backend and
-// team size, and independent of the rank that computes it).
+// group (one pass over it instead of two). Each form is deterministic for a
+// backend and team size, and independent of the rank that computes it.
 // Element i of one sequence's gradient: added into the batch's, left zero,
 // its square returned.
 template <class T>
@@ -44,24 +43,48 @@ KOKKOS_INLINE_FUNCTION double take_square(T* g, T* grad, const index_t i) {
   return double(x) * double(x);
 }
 
+// The GPU's form: a team per chunk, its threads over the chunk's entries
+// (consecutive threads, consecutive entries), each entry's sum over a group
+// of up to kGroup sequences kept in a register, so the microbatch's gradient
+// is read and written once a group instead of once a sequence: per entry and
+// sequence 8 bytes (g read and zeroed) where adding sequence by sequence
+// moved 16. Each thread's squares per sequence of the group sit in the
+// team's scratch (a column a thread), and one thread a sequence adds its
+// row of them in thread order: deterministic for a team size.
 template <class T>
 struct AccumulateSquares {
+  static constexpr int kGroup = 16;
+  using Member = typename TeamRange::member_type;
+  using Scratch = TeamScratch<double>;
   T* g;
   T* grad;
   const index_t* chunks;
   double* partial;
   index_t sequences, P, n_chunks;
-  KOKKOS_INLINE_FUNCTION void operator()(const typename TeamRange::member_type& m) const {
-    const index_t c = m.league_rank();
-    // Sequence by sequence: the reduction's end is a barrier of the team, so
-    // each entry of grad takes the sequences in order.
-    for (index_t q = 0; q < sequences; ++q) {
-      T* const gq = g + q * P;
-      double s = 0;
-      Kokkos::parallel_reduce(
-          Kokkos::TeamThreadRange(m, chunks[c], chunks[c + 1]),
-          [&](const index_t i, double& acc) { acc += take_square(gq, grad, i); }, s);
-      Kokkos::single(Kokkos::PerTeam(m), [&]() { partial[q * n_chunks + c] = s; });
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& m) const {
+    const index_t c = m.league_rank(), ts = m.team_size(), t = m.team_rank();
+    const Scratch acc(m.team_scratch(0), kGroup * ts);  // (sequence of the group, thread)
+    for (index_t q0 = 0; q0 < sequences; q0 += kGroup) {
+      const index_t nq = sequences - q0 < kGroup ? sequences - q0 : kGroup;
+      for (index_t q = 0; q < nq; ++q) acc(q * ts + t) = 0.0;
+      for (index_t i = chunks[c] + t; i < chunks[c + 1]; i += ts) {
+        T s = grad[i];
+        for (index_t q = 0; q < nq; ++q) {
+          T* const gq = g + (q0 + q) * P;
+          const T x = gq[i];
+          gq[i] = T(0);
+          s += x;
+          acc(q * ts + t) += double(x) * double(x);
+        }
+        grad[i] = s;
+      }
+      m.team_barrier();
+      for (index_t q = t; q < nq; q += ts) {
+        double v = 0;
+        for (index_t j = 0; j < ts; ++j) v += acc(q * ts + j);
+        partial[(q0 + q) * n_chunks + c] = v;
+      }
+      m.team_barrier();
     }
   }
 };
@@ -120,6 +143,28 @@ SequenceNorms<T>::SequenceNorms(Gpt<T>& engine, const std::vector<std::int64_t>&
   partial_ = View2<double>("gnh::pass::sequence_squares", max_batch, index_t(chunk_range_.size()));
 }
 
+// A group's gradients g_ into grad and their squares into partial: on a
+// host, chunk by chunk in lanes (AccumulateSquaresLanes); on a GPU, and for
+// GPU-shaped engines on a host, a team per chunk (AccumulateSquares: 256
+// threads on a GPU, as many as a host team holds).
+template <class T>
+void SequenceNorms<T>::accumulate_squares(const ExecSpace& space, Span1<T> grad, double* partial) const {
+  const index_t G = index_t(g_.extent(0)), P = index_t(g_.extent(1)), n_chunks = index_t(chunk_range_.size());
+  constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible;
+  if (host && !engine_.shape().gpu_shaped) {
+    Kokkos::parallel_for("gnh::pass::sequence_squares", range(space, n_chunks),
+                         AccumulateSquaresLanes<T>{g_.data(), grad.data(), chunks_.data(), partial, G, P, n_chunks});
+    return;
+  }
+  using F = AccumulateSquares<T>;
+  const F f{g_.data(), grad.data(), chunks_.data(), partial, G, P, n_chunks};
+  const int most = TeamRange(space, 1, 1).team_size_max(f, Kokkos::ParallelForTag());
+  const int ts = host ? std::max(1, most) : std::min(256, most);
+  const auto bytes = F::Scratch::shmem_size(F::kGroup * ts);
+  Kokkos::parallel_for("gnh::pass::sequence_squares",
+                       TeamRange(space, n_chunks, ts).set_scratch_size(0, Kokkos::PerTeam(bytes)), f);
+}
+
 template <class T>
 LossSum SequenceNorms<T>::gradients(const ExecSpace& space, Span1<const T> params,
                                     Span2<const std::int32_t> batch_tokens, Span2<const std::int32_t> batch_targets,
@@ -143,15 +188,16 @@ LossSum SequenceNorms<T>::gradients(const ExecSpace& space, Span1<const T> param
     total.sum += s.sum;
     total.count += s.count;
     double* partial = partial_.data() + b * n_chunks;
-    // Each g read and zeroed, the batch's gradient read and written: the
-    // parameters' extents, most of them two (C^2, V C) scalable ones.
-    kernels::Traffic("gnh::pass::sequence_squares").add(double(G * P), 4 * sizeof(T), 2);
-    if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible)
-      Kokkos::parallel_for("gnh::pass::sequence_squares", range(space, n_chunks),
-                           AccumulateSquaresLanes<T>{g_.data(), grad.data(), chunks_.data(), partial, G, P, n_chunks});
-    else
-      Kokkos::parallel_for("gnh::pass::sequence_squares", TeamRange(space, n_chunks, Kokkos::AUTO),
-                           AccumulateSquares<T>{g_.data(), grad.data(), chunks_.data(), partial, G, P, n_chunks});
+    // Each g read and zeroed, the batch's gradient read and written once a
+    // sequence (host lanes) or once a group of AccumulateSquares::kGroup
+    // (teams): the parameters' extents, most of them two (C^2, V C).
+    const bool teams =
+        engine_.shape().gpu_shaped || !Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible;
+    const index_t grad_passes = teams ? (G + AccumulateSquares<T>::kGroup - 1) / AccumulateSquares<T>::kGroup : G;
+    kernels::Traffic("gnh::pass::sequence_squares")
+        .add(double(G * P), 2 * sizeof(T), 2)
+        .add(double(grad_passes * P), 2 * sizeof(T), 2);
+    accumulate_squares(space, grad, partial);
   }
   // One copy per batch: every sequence's sums, then in order per range,
   // sequence and block value on the host.

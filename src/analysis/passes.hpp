@@ -49,6 +49,7 @@ class SequenceNorms {
   // into grad, their norms into r (BatchScalars::seq_*).
   LossSum gradients(const ExecSpace& space, Span1<const T> params, Span2<const std::int32_t> tokens,
                     Span2<const std::int32_t> targets, index_t n, Span1<T> grad, BatchScalars& r);
+  void accumulate_squares(const ExecSpace& space, Span1<T> grad, double* partial) const;
 
  private:
   Gpt<T>& engine_;

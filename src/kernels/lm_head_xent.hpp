@@ -107,11 +107,28 @@ struct HeadChunkRow {
     T* zr = &zc.v(r, 0);
     const T m_old = first ? T(0) : lanes.template one<T>([&] { return stats(n, 0); });
     const double s_old = first ? 0.0 : lanes.template one<double>([&] { return loss.v(n); });
-    T m = lanes.template max<T>(vc, zr);
+    T m, corr, e;
+    if (Lanes::kOnline && !has_tangents_v<S> && !keep) {
+      // The primal in one read of the chunk (lanes that keep a running
+      // maximum and sum): the chunk's maximum and sum relative to it,
+      // rescaled to the row's maximum so far.
+      T mc, ec;
+      lanes.template max_exp_sum<T>(
+          vc, zr, [](T x) { return fast_exp_bounded(x); }, mc, ec);
+      m = first || mc > m_old ? mc : m_old;
+      corr = first ? T(0) : fast_exp(m_old - m);
+      e = ec * fast_exp_bounded(mc - m);
+      lanes.single([&] {
+        loss.v(n) = (first ? 0.0 : s_old * double(corr)) + double(e);
+        stats(n, 0) = m;
+        if (has_tgt) stats(n, 1) = zr[tgt - v0];
+      });
+      return;
+    }
+    m = lanes.template max<T>(vc, zr);
     if (!first) m = m_old > m ? m_old : m;
     // Rescale what earlier chunks accumulated to the new maximum.
-    const T corr = first ? T(0) : fast_exp(m_old - m);
-    T e;
+    corr = first ? T(0) : fast_exp(m_old - m);
     if constexpr (has_second_v<S>) {
       // q kept for the moments' GEMMs; the same terms, the same sum.
       T* qr = &zc.dd(0, r, 0);
@@ -378,14 +395,16 @@ void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t
       const Act2<T> zc = detail::chunk_view(z, K, nr, vc);
       detail::chunk_logits(space, zc, h, p, w, r0, nr, v0, vc, tangents, pol);
       const bool first = v0 == 0;
-      // The primal: the tile's logits read twice (the maximum, then the
-      // exponentials' sum: a whole vocabulary row outlives the caches
-      // between the two when many rows are in flight) and, kept, the
+      // The primal: the tile's logits read once by the wide rows (a running
+      // maximum and sum, WideLanes::max_exp_sum), else twice (the maximum,
+      // then the exponentials' sum: a whole vocabulary row outlives the
+      // caches between the two when many rows are in flight) and, kept, the
       // exponentials written in place. With directions: each of the value,
       // tangent and second-order planes read and written. Per row the
       // running statistics.
+      const index_t primal = keep ? 3 : shape == RowShape::wide ? 1 : 2;
       Traffic("gnh::lm_head_xent::forward")
-          .add(double(tangents ? (1 + K + (second ? 1 : 0)) * 2 * nr * vc : (keep ? 3 : 2) * nr * vc), sizeof(T), 2)
+          .add(double(tangents ? (1 + K + (second ? 1 : 0)) * 2 * nr * vc : primal * nr * vc), sizeof(T), 2)
           .add(double((2 + (tangents ? K : 0)) * nr), 2 * sizeof(T), 1);
       for_rows<T>(space, "gnh::lm_head_xent::forward", nr,
                   detail::HeadChunkRow<S>{loss, lse, zc, mc, stats, targets, r0, v0, vc, K, C, first, keep, gn}, shape);

@@ -54,6 +54,7 @@ constexpr RowShape default_row_shape() {
 namespace detail {
 
 struct HostLanes {
+  static constexpr bool kOnline = false;  // max_exp_sum in two passes (max, then sum)
   template <class T, class F>
   KOKKOS_INLINE_FUNCTION T sum(index_t n, const F& f) const {
     return lane_sum<T>(n, f);
@@ -65,6 +66,13 @@ struct HostLanes {
   template <class T>
   KOKKOS_INLINE_FUNCTION T max(index_t n, const T* x) const {
     return lane_max(n, x);
+  }
+  // m = max x[0, n) and s = sum ex(x - m) (ex of an argument <= 0).
+  template <class T, class Ex>
+  KOKKOS_INLINE_FUNCTION void max_exp_sum(index_t n, const T* x, const Ex& ex, T& m, T& s) const {
+    m = max<T>(n, x);
+    const T mm = m;
+    s = sum<T>(n, [&](index_t c) { return ex(x[c] - mm); });
   }
   template <class F>
   KOKKOS_INLINE_FUNCTION void each(index_t n, const F& f) const {
@@ -84,6 +92,7 @@ struct HostLanes {
 // (as bytes: a row body sums in its own scalar type).
 template <class Member>
 struct TeamLanes {
+  static constexpr bool kOnline = false;  // max_exp_sum in two passes (max, then sum)
   const Member& team;
   void* part;
   // The partials p[0..kRowLanes) added in order by one lane, the sum
@@ -144,6 +153,13 @@ struct TeamLanes {
         total);
     return total;
   }
+  // m = max x[0, n) and s = sum ex(x - m), as HostLanes.
+  template <class T, class Ex>
+  KOKKOS_INLINE_FUNCTION void max_exp_sum(index_t n, const T* x, const Ex& ex, T& m, T& s) const {
+    m = max<T>(n, x);
+    const T mm = m;
+    s = sum<T>(n, [&](index_t c) { return ex(x[c] - mm); });
+  }
   // Column c on lane c mod kRowLanes, as in sum.
   template <class F>
   KOKKOS_INLINE_FUNCTION void each(index_t n, const F& f) const {
@@ -175,6 +191,11 @@ struct TeamLanes {
 // single, the sums' totals) is seen by all before any goes on.
 template <class Member>
 struct WideLanes {
+  // max_exp_sum in one read of the row: each lane keeps a running maximum and
+  // its sum relative to it (a whole vocabulary row does not stay cached
+  // between two passes with many rows in flight). Another order of operations
+  // than the two-pass shapes': it agrees with them to rounding.
+  static constexpr bool kOnline = true;
   const Member& team;
   void* part;
   template <class F>
@@ -234,6 +255,40 @@ struct WideLanes {
     return broadcast<T>([&] {
       T v = p[0];
       for (int g = 1; g < kWideLanes; ++g) v = p[g] > v ? p[g] : v;
+      return v;
+    });
+  }
+  // m = max x[0, n) and s = sum ex(x - m) in one read: lane g's running
+  // maximum mg over its columns and its sum sg relative to it (rescaled by
+  // ex(mg - x) where a column raises it; a lane without columns holds x[0]
+  // and 0), then m the lanes' maximum and s = sum_g sg ex(mg - m) in lane
+  // order. n >= 1.
+  template <class T, class Ex>
+  KOKKOS_INLINE_FUNCTION void max_exp_sum(index_t n, const T* x, const Ex& ex, T& m, T& s) const {
+    T* p = static_cast<T*>(part);
+    lanes([&](const index_t g) {
+      T mg = x[0], sg = T(0);
+      for (index_t c = g; c < n; c += kWideLanes) {
+        const T z = x[c];
+        if (z > mg) {
+          sg = sg * ex(mg - z) + T(1);
+          mg = z;
+        } else {
+          sg += ex(z - mg);
+        }
+      }
+      p[g] = mg;
+      p[kWideLanes + g] = sg;
+    });
+    m = broadcast<T>([&] {
+      T v = p[0];
+      for (int g = 1; g < kWideLanes; ++g) v = p[g] > v ? p[g] : v;
+      return v;
+    });
+    const T mm = m;
+    s = broadcast<T>([&] {
+      T v = T(0);
+      for (int g = 0; g < kWideLanes; ++g) v += p[kWideLanes + g] * ex(p[g] - mm);
       return v;
     });
   }

@@ -1008,7 +1008,10 @@ TEST_CASE("LM head and cross-entropy: the GPU-shaped row kernels agree with the 
     const auto host = run(kernels::RowShape::host);
     // The wide shape (a team a row, 128 lanes) sums other partials in
     // another order; its 128 partials hold at most min(n, 128) nonzero terms
-    // (the rest add exact zeros), so the same bound holds.
+    // (the rest add exact zeros), so the same bound holds. Its primal forward
+    // takes each chunk's maximum and sum in one read (a running maximum per
+    // lane, its sum rescaled by one exponential where the maximum rises):
+    // a rounding or two more per term, inside the same bound.
     for (const kernels::RowShape shape : {kernels::RowShape::teams, kernels::RowShape::wide}) {
       CAPTURE(int(shape));
       const auto teams = run(shape);

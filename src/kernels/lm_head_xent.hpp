@@ -163,50 +163,75 @@ struct HeadChunkRow {
   }
   // The directions' running sums of a row (t: the target's column in the
   // chunk, or -1): lse' and, in second order, B and the moments rescaled.
+  // Per direction k, over the chunk: a1 = sum_v w_v z'_kv and, in second
+  // order or with the Gauss-Newton form, b = sum_v w_v z'_kv^2, where w is
+  // the exponentials q (second order: kept in z.dd) or exp(z - m). The wide
+  // rows take kDirections directions a pass over the row, so the shared row
+  // (q or z) is read once for them where the other shapes read it once a
+  // direction; each sum takes its terms in the same order either way.
+  static constexpr int kDirections = 4;
   template <class Lanes>
   KOKKOS_INLINE_FUNCTION void add_tangents(const Lanes& lanes, index_t r, index_t n, const T* zr, T m, T corr,
                                            index_t t) const {
-    for (index_t k = 0; k < K; ++k) {
-      const T* dr = &zc.d(k, r, 0);
-      T a1;
-      if constexpr (has_second_v<S>) {
-        const T* qr = &zc.dd(0, r, 0);
-        T b;
-        lanes.template sum2<T>(
+    constexpr bool second = has_second_v<S>;
+    const bool squares = second || gn.extent(0) > 0;
+    const T* qr = second ? &zc.dd(0, r, 0) : nullptr;
+    // The weight of column v: q_v kept, or exp(z_v - m).
+    const auto weight = [&](index_t v) { return second ? qr[v] : fast_exp_bounded(zr[v] - m); };
+    if constexpr (Lanes::kOnline) {
+      for (index_t k0 = 0; k0 < K; k0 += kDirections) {
+        const index_t nk = K - k0 < kDirections ? K - k0 : kDirections;
+        T s[2 * kDirections];
+        lanes.template sums<T, 2 * kDirections>(
             vc,
-            [&](index_t v, T& s1, T& s2) {
-              const T q = qr[v] * dr[v];
-              s1 += q;
-              s2 += q * dr[v];
+            [&](index_t v, T* acc) {
+              const T w = weight(v);
+              for (index_t j = 0; j < nk; ++j) {
+                const T d = zc.d(k0 + j, r, v), q = w * d;
+                acc[2 * j] += q;
+                if (squares) acc[2 * j + 1] += q * d;
+              }
             },
-            a1, b);
-        const T b_old = first ? T(0) : lanes.template one<T>([&] { return lse.dd(k, n); });
-        lanes.single([&] { lse.dd(k, n) = first ? b : b_old * corr + b; });
-        if (!first) lanes.each(C, [&](index_t c) { mc.d(k, r, c) *= corr; });
-        add_gauss_newton(lanes, k, n, b, corr);
-      } else if (gn.extent(0) > 0) {
-        T b;
-        lanes.template sum2<T>(
-            vc,
-            [&](index_t v, T& s1, T& s2) {
-              const T q = fast_exp_bounded(zr[v] - m) * dr[v];
-              s1 += q;
-              s2 += q * dr[v];
-            },
-            a1, b);
-        add_gauss_newton(lanes, k, n, b, corr);
-      } else {
-        a1 = lanes.template sum<T>(vc, [&](index_t v) { return fast_exp_bounded(zr[v] - m) * dr[v]; });
+            s);
+        for (index_t j = 0; j < nk; ++j) finish_direction(lanes, k0 + j, r, n, s[2 * j], s[2 * j + 1], corr, t);
       }
-      const T a_old = first ? T(0) : lanes.template one<T>([&] { return lse.d(k, n); });
-      lanes.single([&] {
-        lse.d(k, n) = first ? a1 : a_old * corr + a1;
-        if (t >= 0) loss.d(k, n) = -double(dr[t]);
-      });
+    } else {
+      for (index_t k = 0; k < K; ++k) {
+        const T* dr = &zc.d(k, r, 0);
+        T a1, b = T(0);
+        if (squares)
+          lanes.template sum2<T>(
+              vc,
+              [&](index_t v, T& s1, T& s2) {
+                const T q = weight(v) * dr[v];
+                s1 += q;
+                s2 += q * dr[v];
+              },
+              a1, b);
+        else a1 = lanes.template sum<T>(vc, [&](index_t v) { return weight(v) * dr[v]; });
+        finish_direction(lanes, k, r, n, a1, b, corr, t);
+      }
     }
-    if constexpr (has_second_v<S>) {
+    if constexpr (second) {
       if (!first) lanes.each(C, [&](index_t c) { mc.v(r, c) *= corr; });
     }
+  }
+  // Direction k's sums of this chunk into the row's running values.
+  template <class Lanes>
+  KOKKOS_INLINE_FUNCTION void finish_direction(const Lanes& lanes, index_t k, index_t r, index_t n, T a1, T b, T corr,
+                                               index_t t) const {
+    if constexpr (has_second_v<S>) {
+      const T b_old = first ? T(0) : lanes.template one<T>([&] { return lse.dd(k, n); });
+      lanes.single([&] { lse.dd(k, n) = first ? b : b_old * corr + b; });
+      if (!first) lanes.each(C, [&](index_t c) { mc.d(k, r, c) *= corr; });
+    }
+    if (has_second_v<S> || gn.extent(0) > 0) add_gauss_newton(lanes, k, n, b, corr);
+    const T a_old = first ? T(0) : lanes.template one<T>([&] { return lse.d(k, n); });
+    const T* dr = &zc.d(k, r, 0);
+    lanes.single([&] {
+      lse.d(k, n) = first ? a1 : a_old * corr + a1;
+      if (t >= 0) loss.d(k, n) = -double(dr[t]);
+    });
   }
   // gn(k, n): this chunk's sum_v e_v z'_v^2 added to the earlier chunks',
   // rescaled to the new maximum.
@@ -399,12 +424,17 @@ void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t
       // maximum and sum, WideLanes::max_exp_sum), else twice (the maximum,
       // then the exponentials' sum: a whole vocabulary row outlives the
       // caches between the two when many rows are in flight) and, kept, the
-      // exponentials written in place. With directions: each of the value,
-      // tangent and second-order planes read and written. Per row the
-      // running statistics.
-      const index_t primal = keep ? 3 : shape == RowShape::wide ? 1 : 2;
+      // exponentials written in place. With directions: the logits read
+      // twice (the maximum, the sum; second order writes the exponentials
+      // q), each tangent plane read once, and the weights' row (q, or the
+      // logits again) once a direction, or once for HeadChunkRow::kDirections
+      // of them in the wide rows. Per row the running statistics.
+      const bool wide = shape == RowShape::wide;
+      const index_t primal = keep ? 3 : wide ? 1 : 2;
+      const index_t D = detail::HeadChunkRow<S>::kDirections, shared = wide ? (K + D - 1) / D : K;
+      const index_t values = tangents ? 2 + (second ? 1 : 0) + shared + K : primal;
       Traffic("gnh::lm_head_xent::forward")
-          .add(double(tangents ? (1 + K + (second ? 1 : 0)) * 2 * nr * vc : primal * nr * vc), sizeof(T), 2)
+          .add(double(values * nr * vc), sizeof(T), 2)
           .add(double((2 + (tangents ? K : 0)) * nr), 2 * sizeof(T), 1);
       for_rows<T>(space, "gnh::lm_head_xent::forward", nr,
                   detail::HeadChunkRow<S>{loss, lse, zc, mc, stats, targets, r0, v0, vc, K, C, first, keep, gn}, shape);

@@ -46,6 +46,7 @@ constexpr int kRowLanes = 16;    // lane_sum's partials: the same order of addit
 constexpr int kTeamRows = 8;     // rows (team threads) per team on a GPU: 8 x 16 = 128 threads a block
 constexpr int kWideThreads = 8;  // threads a row in the wide shape
 constexpr int kWideLanes = kWideThreads * kRowLanes;  // the row's lanes: 128
+constexpr int kWideSums = 8;                          // WideLanes::sums at once (its scratch: 8 KiB in double)
 
 constexpr RowShape default_row_shape() {
   return std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value ? RowShape::host : RowShape::teams;
@@ -183,9 +184,9 @@ struct TeamLanes {
 };
 
 // A whole team's lanes over one row (the wide shape): thread t's lane j is
-// the row's lane t kRowLanes + j; part points at 2 kWideLanes + 1 scratch
-// values of the widest type a body sums in, the last one a value broadcast
-// through the team's scratch (a scalar with planes has no volatile
+// the row's lane t kRowLanes + j; part points at kWideSums kWideLanes + 1
+// scratch values of the widest type a body sums in, the last one a value
+// broadcast through the team's scratch (a scalar with planes has no volatile
 // assignment for Kokkos's broadcast).
 // The body runs on every thread and lane; what one lane computes (one,
 // single, the sums' totals) is seen by all before any goes on.
@@ -195,6 +196,7 @@ struct WideLanes {
   // its sum relative to it (a whole vocabulary row does not stay cached
   // between two passes with many rows in flight). Another order of operations
   // than the two-pass shapes': it agrees with them to rounding.
+  // Also: sums, several sums in one read of the row.
   static constexpr bool kOnline = true;
   const Member& team;
   void* part;
@@ -208,7 +210,7 @@ struct WideLanes {
   // f() on one lane once every lane has arrived, its value seen by all.
   template <class T, class F>
   KOKKOS_INLINE_FUNCTION T broadcast(const F& f) const {
-    T* slot = static_cast<T*>(part) + 2 * kWideLanes;
+    T* slot = static_cast<T*>(part) + kWideSums * kWideLanes;
     team.team_barrier();
     Kokkos::single(Kokkos::PerTeam(team), [&]() { *slot = f(); });
     team.team_barrier();
@@ -221,6 +223,22 @@ struct WideLanes {
       for (int g = 0; g < kWideLanes; ++g) v += p[g];
       return v;
     });
+  }
+  // N <= kWideSums sums in one pass over the row: f(c, acc) adds column c's
+  // terms into acc[0, N); out[i] is the i-th sum, each in sum's order (lane
+  // g its columns in order, then the lanes in order), so its bits are those
+  // of sum or sum2 taking the same terms.
+  template <class T, int N, class F>
+  KOKKOS_INLINE_FUNCTION void sums(index_t n, const F& f, T (&out)[N]) const {
+    static_assert(N <= kWideSums, "WideLanes::sums: more sums than the scratch holds");
+    T* p = static_cast<T*>(part);
+    lanes([&](const index_t g) {
+      T acc[N];
+      for (int i = 0; i < N; ++i) acc[i] = T(0);
+      for (index_t c = g; c < n; c += kWideLanes) f(c, acc);
+      for (int i = 0; i < N; ++i) p[i * kWideLanes + g] = acc[i];
+    });
+    for (int i = 0; i < N; ++i) out[i] = in_order(p + i * kWideLanes);
   }
   template <class T, class F>
   KOKKOS_INLINE_FUNCTION T sum(index_t n, const F& f) const {
@@ -360,15 +378,15 @@ struct TeamRows {
 };
 
 // A team a row (the wide shape).
-// Its scratch holds 2 kWideLanes + 1 values of T or of double, the larger
-// (a body may sum or broadcast in double, as the head's losses are).
+// Its scratch holds kWideSums kWideLanes + 1 values of T or of double, the
+// larger (a body may sum or broadcast in double, as the head's losses are).
 template <class Body, class T>
 struct WideRows {
   using Policy = TeamRange;
   using Member = typename Policy::member_type;
   using Scratch = TeamScratch<double>;
   static constexpr std::size_t kWords =
-      ((2 * kWideLanes + 1) * (sizeof(T) > sizeof(double) ? sizeof(T) : sizeof(double)) + sizeof(double) - 1) /
+      ((kWideSums * kWideLanes + 1) * (sizeof(T) > sizeof(double) ? sizeof(T) : sizeof(double)) + sizeof(double) - 1) /
       sizeof(double);
   Body body;
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {

@@ -337,8 +337,8 @@ TEST_CASE("the work ledger counts the primal's value plane once: LayerNorm's rev
   // sums read dy and x and add into 2 C gradient values. The head's forward,
   // one tile holding the batch with its exponentials kept, reads each logit
   // twice (the maximum, then the sum) and writes its exponential, and per
-  // row writes two statistics. In the tangent of the reverse each of those
-  // planes is moved once more per direction. A value plane counted as a
+  // row writes two statistics. In the tangent of the reverse the LayerNorm's
+  // planes are moved once more per direction. A value plane counted as a
   // direction (the primal's K is 1 where kernels loop over planes) doubles them.
   const ModelConfig cfg = make_config(2, 2, 16, 8, 29, true, true, Gelu::erf);
   const auto pd = make_params(cfg, 700);
@@ -372,6 +372,10 @@ TEST_CASE("the work ledger counts the primal's value plane once: LayerNorm's rev
     const double planes = double(1 + k);
     REQUIRE(bytes(run, "gnh::layernorm::reverse::input") == calls * (3 * planes * N * C + 2 * N) * f);
     REQUIRE(bytes(run, "gnh::layernorm::reverse::params") == calls * 2 * planes * (N * C + C) * f);
+    // With directions (the host's row shape): the logits read twice, then
+    // per direction the logits again (the weights exp(z - m)) and its
+    // tangent plane; per row two statistics and lse' of each direction.
     if (k == 0) REQUIRE(bytes(run, "gnh::lm_head_xent::forward") == (3.0 * N * V + 2 * 2 * N) * f);
+    else REQUIRE(bytes(run, "gnh::lm_head_xent::forward") == ((2.0 + 2 * k) * N * V + 2 * (2 + k) * N) * f);
   }
 }

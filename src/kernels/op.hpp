@@ -34,7 +34,9 @@
 //                                   Act2<T> x, Act2<T> y, Params<T> p,
 //                                   const OpSaved<T>& s);
 //     S = T or Dual<T>, after forward<S> on the same x, p and s; dx is
-//     overwritten (zeroed where the op has no input), g accumulated.
+//     overwritten (zeroed where the op has no input), g accumulated (in the
+//     primal, per sequence where g is so split: Grads::per_sequence, each
+//     row's terms into its sequence's gradient, or refused).
 //
 // A loss op (the head) declares static constexpr bool is_loss = true: its
 // reverse seeds every row with 1 itself and does not read dy.

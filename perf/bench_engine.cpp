@@ -605,7 +605,7 @@ void run(const Options& o) {
     // reverse (analysis/memory.hpp, sequence_group).
     start_pass();
     Shape one_shape = shape_of(o, Tc, true);
-    if (!one_shape.gpu_shaped && !engines_gpu_shaped()) one_shape.batch = 1;
+    if (!one_shape.gpu_shaped && !gpu_shaped_build()) one_shape.batch = 1;
     Gpt<T> one(cfg, one_shape);
     std::vector<std::int64_t> ranges;
     for (const TensorInfo& t : one.layout().tensors()) ranges.push_back(t.offset);

@@ -48,19 +48,20 @@ Shape check_shape(const AnalysisSettings& s, bool second_order) {
   return shape_of(s, 1, 2, !second_order, second_order);
 }
 
+std::size_t sequence_group_bytes(const ModelConfig& cfg, const AnalysisSettings& s, index_t G) {
+  const std::size_t scalar = s.fp64() ? sizeof(double) : sizeof(float);
+  const std::size_t grads = scalar * std::size_t(ParamLayout(cfg).size()) * std::size_t(G);
+  return grads + (G == s.grad_microbatch ? 0 : plan_gpt_bytes(cfg, sequence_shape(s, G), scalar));
+}
+
 index_t sequence_group(const ModelConfig& cfg, const AnalysisSettings& s, bool gpu_shaped) {
   if (!gpu_shaped) return 1;
   const std::size_t scalar = s.fp64() ? sizeof(double) : sizeof(float);
-  const std::size_t one = scalar * std::size_t(ParamLayout(cfg).size());
-  // What a group of G costs beside the gradient engine: its G gradients and,
-  // unless it is the whole microbatch, an engine of G sequences.
-  const auto extra = [&](index_t G) {
-    return one * std::size_t(G) + (G == s.grad_microbatch ? 0 : plan_gpt_bytes(cfg, sequence_shape(s, G), scalar));
-  };
-  const std::size_t room = std::max({plan_gpt_bytes(cfg, gradient_shape(s), scalar), extra(1), kSequenceGroupFloor});
+  const std::size_t room =
+      std::max({plan_gpt_bytes(cfg, gradient_shape(s), scalar), sequence_group_bytes(cfg, s, 1), kSequenceGroupFloor});
   index_t G = 1;
   for (index_t d = 2; d <= s.grad_microbatch; ++d)
-    if (s.grad_microbatch % d == 0 && extra(d) <= room) G = d;
+    if (s.grad_microbatch % d == 0 && sequence_group_bytes(cfg, s, d) <= room) G = d;
   return G;
 }
 
@@ -83,11 +84,7 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const 
   m.gradient = plan_gpt_bytes(cfg, gradient_shape(s), scalar);
   m.curvature = plan_gpt_bytes(cfg, curvature_shape(s, c.pass_widths.front()), scalar);
   m.checks = plan_gpt_bytes(cfg, check_shape(s, false), scalar) + plan_gpt_bytes(cfg, check_shape(s, true), scalar);
-  if (s.per_sequence) {
-    const index_t G = sequence_group(cfg, s, gpu_shaped);
-    m.sequence = scalar * P * std::size_t(G);
-    if (G != s.grad_microbatch) m.sequence += plan_gpt_bytes(cfg, sequence_shape(s, G), scalar);
-  }
+  if (s.per_sequence) m.sequence = sequence_group_bytes(cfg, s, sequence_group(cfg, s, gpu_shaped));
   // G, g_j, xi_j and a check buffer in double; two or three exact sums (the
   // epoch's, a noise batch's, the partition's); the xi block, the widest
   // pass's directions, the two check directions and three batch vectors.

@@ -53,6 +53,9 @@ index_t sequence_group(const ModelConfig& cfg, const AnalysisSettings& s, bool g
 // The engine of a group of G sequences' gradients (reverse); G equal to
 // grad_microbatch: the gradient engine itself serves.
 Shape sequence_shape(const AnalysisSettings& s, index_t G);
+// What a group of G costs beside the gradient engine: its G gradients and,
+// unless it is the whole microbatch, an engine of G sequences.
+std::size_t sequence_group_bytes(const ModelConfig& cfg, const AnalysisSettings& s, index_t G);
 
 struct MemoryPlan {
   std::size_t gradient = 0, curvature = 0, checks = 0;  // engines (model/plan.hpp)
@@ -63,9 +66,9 @@ struct MemoryPlan {
   std::size_t total() const { return gradient + curvature + checks + sequence + vectors + spectrum; }
 };
 // members: the team's size (the Lanczos basis is sharded over it).
-// gpu_shaped: the engines run the GPU's path (engines_gpu_shaped()).
+// gpu_shaped: the engines run the GPU's path (gpu_shaped_build()).
 MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const CasePlan& c, int members = 1,
-                       bool gpu_shaped = engines_gpu_shaped());
+                       bool gpu_shaped = gpu_shaped_build());
 
 // The adjoint cuts (model/plan.hpp, adjoint_cuts_of) of the second-order
 // forward engines these settings plan: the identity checks' (K = 2, one

@@ -151,7 +151,15 @@ template <class T>
 void SequenceNorms<T>::accumulate_squares(const ExecSpace& space, Span1<T> grad, double* partial) const {
   const index_t G = index_t(g_.extent(0)), P = index_t(g_.extent(1)), n_chunks = index_t(chunk_range_.size());
   constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible;
-  if (host && !engine_.shape().gpu_shaped) {
+  const bool lanes = host && !engine_.shape().gpu_shaped;
+  // Each g read and zeroed, the batch's gradient read and written once a
+  // sequence (lanes) or once a group of AccumulateSquares::kGroup (teams):
+  // the parameters' extents, most of them two (C^2, V C).
+  constexpr index_t group = AccumulateSquares<T>::kGroup;
+  kernels::Traffic("gnh::pass::sequence_squares")
+      .add(double(G * P), 2 * sizeof(T), 2)
+      .add(double((lanes ? G : (G + group - 1) / group) * P), 2 * sizeof(T), 2);
+  if (lanes) {
     Kokkos::parallel_for("gnh::pass::sequence_squares", range(space, n_chunks),
                          AccumulateSquaresLanes<T>{g_.data(), grad.data(), chunks_.data(), partial, G, P, n_chunks});
     return;
@@ -187,17 +195,7 @@ LossSum SequenceNorms<T>::gradients(const ExecSpace& space, Span1<const T> param
                              : engine_.gradient_per_sequence(space, params, tokens, targets, g_);
     total.sum += s.sum;
     total.count += s.count;
-    double* partial = partial_.data() + b * n_chunks;
-    // Each g read and zeroed, the batch's gradient read and written once a
-    // sequence (host lanes) or once a group of AccumulateSquares::kGroup
-    // (teams): the parameters' extents, most of them two (C^2, V C).
-    const bool teams =
-        engine_.shape().gpu_shaped || !Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible;
-    const index_t grad_passes = teams ? (G + AccumulateSquares<T>::kGroup - 1) / AccumulateSquares<T>::kGroup : G;
-    kernels::Traffic("gnh::pass::sequence_squares")
-        .add(double(G * P), 2 * sizeof(T), 2)
-        .add(double(grad_passes * P), 2 * sizeof(T), 2);
-    accumulate_squares(space, grad, partial);
+    accumulate_squares(space, grad, partial_.data() + b * n_chunks);
   }
   // One copy per batch: every sequence's sums, then in order per range,
   // sequence and block value on the host.

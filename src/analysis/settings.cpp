@@ -1,19 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "analysis/settings.hpp"
 
-#include <Kokkos_Macros.hpp>
-
-#include "model/plan.hpp"
-
 namespace gnh {
-
-bool engines_gpu_shaped() {
-#if defined(KOKKOS_ENABLE_CUDA) || defined(KOKKOS_ENABLE_HIP) || defined(KOKKOS_ENABLE_SYCL)
-  return true;
-#else
-  return gpu_shaped_from_env();
-#endif
-}
 
 const char* to_string(Precision p) {
   switch (p) {

@@ -28,10 +28,6 @@ const std::vector<std::string>& curvature_method_names();
 std::optional<Precision> precision_named(const std::string& s);
 std::optional<CurvatureMethod> curvature_method_named(const std::string& s);
 
-// Whether this build's engines run the GPU's path (model/plan.hpp,
-// Shape::gpu_shaped): a GPU backend, or GNH_GPU_SHAPED=1 on a host.
-bool engines_gpu_shaped();
-
 // X(key, type, default, lowest, highest, recipe): every [analysis] key (an
 // integer, an enumeration or a boolean, whose range is ignored). Every
 // key can change a result, so every key is in the settings fingerprint;

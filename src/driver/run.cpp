@@ -63,7 +63,7 @@ void print_plan(const Campaign& c, const std::vector<int>& team_of_group, int te
         static_cast<long long>((n + s.hvp_batch - 1) / s.hvp_batch), to_string(s.curvature_method));
     const MemoryPlan mem = plan_memory(c.cfg, s, p, rpc);
     const std::string seq = s.per_sequence ? ", per-sequence norms " + gib(mem.sequence) + " (" +
-                                                 std::to_string(sequence_group(c.cfg, s, engines_gpu_shaped())) +
+                                                 std::to_string(sequence_group(c.cfg, s, gpu_shaped_build())) +
                                                  " sequences a reverse)"
                                            : "";
     std::printf(

@@ -108,51 +108,36 @@ struct HeadChunkRow {
     const T m_old = first ? T(0) : lanes.template one<T>([&] { return stats(n, 0); });
     const double s_old = first ? 0.0 : lanes.template one<double>([&] { return loss.v(n); });
     T m, corr, e;
-    if (Lanes::kOnline && !has_tangents_v<S> && !keep) {
-      // The primal in one read of the chunk (lanes that keep a running
-      // maximum and sum): the chunk's maximum and sum relative to it,
-      // rescaled to the row's maximum so far.
-      T mc, ec;
-      lanes.template max_exp_sum<T>(
-          vc, zr, [](T x) { return fast_exp_bounded(x); }, mc, ec);
-      m = first || mc > m_old ? mc : m_old;
+    if (!one_read(lanes, zr, m_old, m, corr, e)) {
+      m = lanes.template max<T>(vc, zr);
+      if (!first) m = m_old > m ? m_old : m;
+      // Rescale what earlier chunks accumulated to the new maximum.
       corr = first ? T(0) : fast_exp(m_old - m);
-      e = ec * fast_exp_bounded(mc - m);
-      lanes.single([&] {
-        loss.v(n) = (first ? 0.0 : s_old * double(corr)) + double(e);
-        stats(n, 0) = m;
-        if (has_tgt) stats(n, 1) = zr[tgt - v0];
-      });
-      return;
-    }
-    m = lanes.template max<T>(vc, zr);
-    if (!first) m = m_old > m ? m_old : m;
-    // Rescale what earlier chunks accumulated to the new maximum.
-    corr = first ? T(0) : fast_exp(m_old - m);
-    if constexpr (has_second_v<S>) {
-      // q kept for the moments' GEMMs; the same terms, the same sum.
-      T* qr = &zc.dd(0, r, 0);
-      e = lanes.template sum<T>(vc, [&](index_t v) {
-        const T q = fast_exp_bounded(zr[v] - m);
-        qr[v] = q;
-        return q;
-      });
-    } else if (keep) {
-      // The target's logit before the exponentials replace the logits.
-      const T zt = has_tgt ? lanes.template one<T>([&] { return zr[tgt - v0]; }) : T(0);
-      e = lanes.template sum<T>(vc, [&](index_t v) {
-        const T q = fast_exp_bounded(zr[v] - m);
-        zr[v] = q;
-        return q;
-      });
-      lanes.single([&] {
-        loss.v(n) = double(e);
-        stats(n, 0) = m;
-        if (has_tgt) stats(n, 1) = zt;
-      });
-      return;
-    } else {
-      e = lanes.template sum<T>(vc, [&](index_t v) { return fast_exp_bounded(zr[v] - m); });
+      if constexpr (has_second_v<S>) {
+        // q kept for the moments' GEMMs; the same terms, the same sum.
+        T* qr = &zc.dd(0, r, 0);
+        e = lanes.template sum<T>(vc, [&](index_t v) {
+          const T q = fast_exp_bounded(zr[v] - m);
+          qr[v] = q;
+          return q;
+        });
+      } else if (keep) {
+        // The target's logit before the exponentials replace the logits.
+        const T zt = has_tgt ? lanes.template one<T>([&] { return zr[tgt - v0]; }) : T(0);
+        e = lanes.template sum<T>(vc, [&](index_t v) {
+          const T q = fast_exp_bounded(zr[v] - m);
+          zr[v] = q;
+          return q;
+        });
+        lanes.single([&] {
+          loss.v(n) = double(e);
+          stats(n, 0) = m;
+          if (has_tgt) stats(n, 1) = zt;
+        });
+        return;
+      } else {
+        e = lanes.template sum<T>(vc, [&](index_t v) { return fast_exp_bounded(zr[v] - m); });
+      }
     }
     lanes.single([&] {
       loss.v(n) = (first ? 0.0 : s_old * double(corr)) + double(e);
@@ -160,6 +145,27 @@ struct HeadChunkRow {
       if (has_tgt) stats(n, 1) = zr[tgt - v0];
     });
     if constexpr (has_tangents_v<S>) add_tangents(lanes, r, n, zr, m, corr, has_tgt ? index_t(tgt) - v0 : index_t(-1));
+  }
+  // The primal in one read of the chunk where the lanes keep a running
+  // maximum and sum (WideLanes::max_exp_sum; not with kept exponentials,
+  // which need the row's maximum first): the chunk's maximum and sum
+  // relative to it, rescaled to the row's maximum so far. False where the
+  // row takes two passes.
+  template <class Lanes>
+  KOKKOS_INLINE_FUNCTION bool one_read(const Lanes& lanes, const T* zr, T m_old, T& m, T& corr, T& e) const {
+    if constexpr (Lanes::kOnline && !has_tangents_v<S>) {
+      if (keep) return false;
+      T mc, ec;
+      lanes.template max_exp_sum<T>(
+          vc, zr, [](T x) { return fast_exp_bounded(x); }, mc, ec);
+      m = first || mc > m_old ? mc : m_old;
+      corr = first ? T(0) : fast_exp(m_old - m);
+      e = ec * fast_exp_bounded(mc - m);
+      return true;
+    } else {
+      (void)lanes, (void)zr, (void)m_old, (void)m, (void)corr, (void)e;
+      return false;
+    }
   }
   // The directions' running sums of a row (t: the target's column in the
   // chunk, or -1): lse' and, in second order, B and the moments rescaled.

@@ -55,7 +55,7 @@ constexpr RowShape default_row_shape() {
 namespace detail {
 
 struct HostLanes {
-  static constexpr bool kOnline = false;  // max_exp_sum in two passes (max, then sum)
+  static constexpr bool kOnline = false;  // no max_exp_sum or sums: one pass a sum
   template <class T, class F>
   KOKKOS_INLINE_FUNCTION T sum(index_t n, const F& f) const {
     return lane_sum<T>(n, f);
@@ -67,13 +67,6 @@ struct HostLanes {
   template <class T>
   KOKKOS_INLINE_FUNCTION T max(index_t n, const T* x) const {
     return lane_max(n, x);
-  }
-  // m = max x[0, n) and s = sum ex(x - m) (ex of an argument <= 0).
-  template <class T, class Ex>
-  KOKKOS_INLINE_FUNCTION void max_exp_sum(index_t n, const T* x, const Ex& ex, T& m, T& s) const {
-    m = max<T>(n, x);
-    const T mm = m;
-    s = sum<T>(n, [&](index_t c) { return ex(x[c] - mm); });
   }
   template <class F>
   KOKKOS_INLINE_FUNCTION void each(index_t n, const F& f) const {
@@ -93,7 +86,7 @@ struct HostLanes {
 // (as bytes: a row body sums in its own scalar type).
 template <class Member>
 struct TeamLanes {
-  static constexpr bool kOnline = false;  // max_exp_sum in two passes (max, then sum)
+  static constexpr bool kOnline = false;  // no max_exp_sum or sums: one pass a sum
   const Member& team;
   void* part;
   // The partials p[0..kRowLanes) added in order by one lane, the sum
@@ -153,13 +146,6 @@ struct TeamLanes {
         },
         total);
     return total;
-  }
-  // m = max x[0, n) and s = sum ex(x - m), as HostLanes.
-  template <class T, class Ex>
-  KOKKOS_INLINE_FUNCTION void max_exp_sum(index_t n, const T* x, const Ex& ex, T& m, T& s) const {
-    m = max<T>(n, x);
-    const T mm = m;
-    s = sum<T>(n, [&](index_t c) { return ex(x[c] - mm); });
   }
   // Column c on lane c mod kRowLanes, as in sum.
   template <class F>

@@ -196,8 +196,7 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate, std::vect
       buf_(std::make_unique<GptBuffers<T>>()),
       allocate_(allocate) {
   validate_shape();
-  shape_.gpu_shaped =
-      shape.gpu_shaped || !std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value || gpu_shaped_from_env();
+  shape_.gpu_shaped = shape.gpu_shaped || gpu_shaped_build();
   N_ = shape.batch * shape.context;
   const index_t H = cfg.n_head, Dh = cfg.head_size();
   // Llama's q, k and v projections: one (A + 2 A_kv, C) block when their

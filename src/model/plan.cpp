@@ -122,6 +122,10 @@ GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape) {
   return t;
 }
 
+bool gpu_shaped_build() {
+  return !std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value || gpu_shaped_from_env();
+}
+
 bool gpu_shaped_from_env() {
   const char* env = std::getenv("GNH_GPU_SHAPED");
   if (!env || !*env || std::string(env) == "0") return false;

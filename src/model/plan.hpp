@@ -53,6 +53,10 @@ struct Shape {
 // tests run the GPU's path on a host so); unset or 0, only those asked to be.
 // Another value is an error naming it.
 bool gpu_shaped_from_env();
+// Whether every engine of this build runs the GPU's path whatever its Shape
+// asks: a device execution space, or GNH_GPU_SHAPED=1 on a host. An engine
+// is GPU-shaped where this holds or its Shape::gpu_shaped is set.
+bool gpu_shaped_build();
 
 // Forward FLOPs of one token at context T: the dense layers, the LM head and
 // the causal attention (QK^T and PV over the s <= t pairs, on average (T+1)/2).

@@ -371,6 +371,56 @@ struct HeadSoftmaxRow {
     });
   }
 };
+
+// Rows r0 .. r0 + nr - 1 of lm_head_xent_forward: the block's vocabulary
+// chunks, then its finished rows.
+template <class S>
+void forward_block(const ExecSpace& space, Act1<double> loss, Act1<base_t<S>> lse, Act2<base_t<S>> h,
+                   Params<base_t<S>> p, index_t w, index_t V, Span1<const std::int32_t> targets, Act2<base_t<S>> z,
+                   Span2<base_t<S>> stats, Act2<base_t<S>> moments, const GemmPolicy<base_t<S>>& pol, RowShape shape,
+                   bool keep, Span2<double> gn, index_t r0, index_t nr) {
+  using T = base_t<S>;
+  constexpr bool tangents = !std::is_same<S, T>::value, second = std::is_same<S, Jet2<T>>::value;
+  const index_t C = h.cols(), K = directions_of<S>(h), vchunk = z.cols(), P = p.v.extent(0);
+  // The moments of this row block, planes of nr rows.
+  Act2<T> mc;
+  if (second) {
+    mc.v = Span2<T>(moments.v.data(), nr, C);
+    mc.d = Span3<T>(moments.d.data(), K, nr, C);
+  }
+  for (index_t v0 = 0; v0 < V; v0 += vchunk) {
+    const index_t vc = V - v0 < vchunk ? V - v0 : vchunk;
+    const Act2<T> zc = chunk_view(z, K, nr, vc);
+    chunk_logits(space, zc, h, p, w, r0, nr, v0, vc, tangents, pol);
+    const bool first = v0 == 0;
+    // The primal: the tile's logits read once by the wide rows (a running
+    // maximum and sum, WideLanes::max_exp_sum), else twice (the maximum,
+    // then the exponentials' sum: a whole vocabulary row outlives the
+    // caches between the two when many rows are in flight) and, kept, the
+    // exponentials written in place. With directions: the logits read
+    // twice (the maximum, the sum; second order writes the exponentials
+    // q), each tangent plane read once, and the weights' row (q, or the
+    // logits again) once a direction, or once for HeadChunkRow::kDirections
+    // of them in the wide rows. Per row the running statistics.
+    const bool wide = shape == RowShape::wide;
+    const index_t primal = keep ? 3 : wide ? 1 : 2;
+    const index_t D = HeadChunkRow<S>::kDirections, shared = wide ? (K + D - 1) / D : K;
+    const index_t values = tangents ? 2 + (second ? 1 : 0) + shared + K : primal;
+    Traffic("gnh::lm_head_xent::forward")
+        .add(double(values * nr * vc), sizeof(T), 2)
+        .add(double((2 + (tangents ? K : 0)) * nr), 2 * sizeof(T), 1);
+    for_rows<T>(space, "gnh::lm_head_xent::forward", nr,
+                HeadChunkRow<S>{loss, lse, zc, mc, stats, targets, r0, v0, vc, K, C, first, keep, gn}, shape);
+    if (second) chunk_moments(space, mc, zc.dd.data(), p, w, nr, v0, vc, first, pol);
+  }
+  // The rows of this block are complete: lse and the losses (the moments
+  // and h read with the second order).
+  Traffic("gnh::lm_head_xent::forward::finish")
+      .add(double(second ? 2 * (1 + K) * nr * C : 0), sizeof(T), 2)
+      .add(double((3 + (tangents ? K : 0)) * nr), 2 * sizeof(T), 1);
+  for_rows<T>(space, "gnh::lm_head_xent::forward::finish", nr,
+              HeadFinishRow<S>{loss, lse, h, mc, p, stats, targets, r0, K, C, P, w, keep, gn}, shape);
+}
 }  // namespace detail
 
 // V: rows of the head weight at offset w (V, C). stats: (N, 2) scratch (the
@@ -413,47 +463,9 @@ void lm_head_xent_forward(const ExecSpace& space, Act1<double> loss, Act1<base_t
     require_extent("gnh::lm_head_xent::forward", "gauss_newton planes", gn.extent(0), K);
     require_extent("gnh::lm_head_xent::forward", "gauss_newton rows", gn.extent(1), N);
   }
-  for (index_t r0 = 0; r0 < N; r0 += rows) {
-    const index_t nr = N - r0 < rows ? N - r0 : rows;
-    // The moments of this row block, planes of nr rows.
-    Act2<T> mc;
-    if (second) {
-      mc.v = Span2<T>(moments.v.data(), nr, C);
-      mc.d = Span3<T>(moments.d.data(), K, nr, C);
-    }
-    for (index_t v0 = 0; v0 < V; v0 += vchunk) {
-      const index_t vc = V - v0 < vchunk ? V - v0 : vchunk;
-      const Act2<T> zc = detail::chunk_view(z, K, nr, vc);
-      detail::chunk_logits(space, zc, h, p, w, r0, nr, v0, vc, tangents, pol);
-      const bool first = v0 == 0;
-      // The primal: the tile's logits read once by the wide rows (a running
-      // maximum and sum, WideLanes::max_exp_sum), else twice (the maximum,
-      // then the exponentials' sum: a whole vocabulary row outlives the
-      // caches between the two when many rows are in flight) and, kept, the
-      // exponentials written in place. With directions: the logits read
-      // twice (the maximum, the sum; second order writes the exponentials
-      // q), each tangent plane read once, and the weights' row (q, or the
-      // logits again) once a direction, or once for HeadChunkRow::kDirections
-      // of them in the wide rows. Per row the running statistics.
-      const bool wide = shape == RowShape::wide;
-      const index_t primal = keep ? 3 : wide ? 1 : 2;
-      const index_t D = detail::HeadChunkRow<S>::kDirections, shared = wide ? (K + D - 1) / D : K;
-      const index_t values = tangents ? 2 + (second ? 1 : 0) + shared + K : primal;
-      Traffic("gnh::lm_head_xent::forward")
-          .add(double(values * nr * vc), sizeof(T), 2)
-          .add(double((2 + (tangents ? K : 0)) * nr), 2 * sizeof(T), 1);
-      for_rows<T>(space, "gnh::lm_head_xent::forward", nr,
-                  detail::HeadChunkRow<S>{loss, lse, zc, mc, stats, targets, r0, v0, vc, K, C, first, keep, gn}, shape);
-      if (second) detail::chunk_moments(space, mc, zc.dd.data(), p, w, nr, v0, vc, first, pol);
-    }
-    // The rows of this block are complete: lse and the losses (the moments
-    // and h read with the second order).
-    Traffic("gnh::lm_head_xent::forward::finish")
-        .add(double(second ? 2 * (1 + K) * nr * C : 0), sizeof(T), 2)
-        .add(double((3 + (tangents ? K : 0)) * nr), 2 * sizeof(T), 1);
-    for_rows<T>(space, "gnh::lm_head_xent::forward::finish", nr,
-                detail::HeadFinishRow<S>{loss, lse, h, mc, p, stats, targets, r0, K, C, P, w, keep, gn}, shape);
-  }
+  for (index_t r0 = 0; r0 < N; r0 += rows)
+    detail::forward_block<S>(space, loss, lse, h, p, w, V, targets, z, stats, moments, pol, shape, keep, gn, r0,
+                             std::min(rows, N - r0));
 }
 
 namespace detail {
@@ -481,6 +493,51 @@ void sequence_weight_products(const ExecSpace& space, const GemmPolicy<T>& pol, 
     a += whole * R;
   }
   if (a < end) piece(a, end - a, 1);  // the head of a sequence the next tile goes on with
+}
+
+// Rows r0 .. r0 + nr - 1 of lm_head_xent_reverse; current: z holds the
+// forward's logits of these rows (a tile of whole vocabulary rows).
+template <class S>
+void reverse_block(const ExecSpace& space, Act2<base_t<S>> dh, Grads<base_t<S>> g, Act1<base_t<S>> lse,
+                   Act2<base_t<S>> h, Params<base_t<S>> p, index_t w, index_t V, Span1<const std::int32_t> targets,
+                   Act2<base_t<S>> z, const GemmPolicy<base_t<S>>& pol, bool current, Span2<const base_t<S>> kept,
+                   RowShape shape, bool gauss_newton, index_t r0, index_t nr) {
+  using T = base_t<S>;
+  constexpr bool tangents = !std::is_same<S, T>::value;
+  const index_t N = h.rows(), C = h.cols(), K = tangents ? h.d.extent(0) : 0, vchunk = z.cols(), P = p.v.extent(0);
+  for (index_t v0 = 0; v0 < V; v0 += vchunk) {
+    const index_t vc = V - v0 < vchunk ? V - v0 : vchunk;
+    const Act2<T> zc = chunk_view(z, K, nr, vc);
+    const T* W = p.v.data() + w + v0 * C;
+    // current: the forward just left exactly these logits (value and
+    // tangent planes) in z, the whole vocabulary of the block's rows.
+    if (!(current && vc == V) && kept.extent(0) == 0) chunk_logits(space, zc, h, p, w, r0, nr, v0, vc, tangents, pol);
+    // dz = softmax - onehot, in place, in each plane.
+    Traffic("gnh::lm_head_xent::reverse::softmax")
+        .add(double((1 + K) * nr * vc), 2 * sizeof(T), 2)
+        .add(double(2 * nr), sizeof(T), 1);
+    for_rows<T>(space, "gnh::lm_head_xent::reverse::softmax", nr,
+                HeadSoftmaxRow<S>{zc, lse, targets, r0, v0, vc, K, kept, gauss_newton && tangents}, shape);
+    const T beta = v0 == 0 ? T(0) : T(1);  // dh sums over the vocabulary chunks
+    gemm<T>(space, pol, "N", "N", T(1), block(zc.v.data(), 0, nr, vc), block(W, 0, vc, C), beta,
+            block(dh.v.data(), r0 * C, nr, C));
+    if (g.per_sequence()) sequence_weight_products(space, pol, g, zc.v.data(), h.v.data(), r0, nr, w + v0 * C, vc, C);
+    else if (g.v.extent(0) > 0)  // an empty g (primal only): dh alone
+      gemm<T>(space, pol, "T", "N", T(1), block(zc.v.data(), 0, nr, vc), block(h.v.data(), r0 * C, nr, C), T(1),
+              block(g.v.data(), w + v0 * C, vc, C));
+    // Per direction, four batches over k (the shared operand at stride 0),
+    // each output taking its terms in the order of the per-direction loop:
+    // dh'_k = dz'_k W (+ the chunks before), += dz V_k; G_k += dz'_k^T h, += dz^T h'_k.
+    if (K > 0) {
+      const Span2<const T> dz0 = block(zc.d.data(), 0, nr, vc), dz = block(zc.v.data(), 0, nr, vc);
+      const Span2<const T> h0 = block(h.v.data(), r0 * C, nr, C), hd0 = block(h.d.data(), r0 * C, nr, C);
+      const Span2<T> dh0 = block(dh.d.data(), r0 * C, nr, C), G0 = block(g.d.data(), w + v0 * C, vc, C);
+      gemm_batched<T>(space, pol, "N", "N", T(1), dz0, nr * vc, block(W, 0, vc, C), 0, beta, dh0, N * C, K);
+      gemm_batched<T>(space, pol, "N", "N", T(1), dz, 0, block(p.d.data(), w + v0 * C, vc, C), P, T(1), dh0, N * C, K);
+      gemm_batched<T>(space, pol, "T", "N", T(1), dz0, nr * vc, h0, 0, T(1), G0, P, K);
+      gemm_batched<T>(space, pol, "T", "N", T(1), dz, 0, hd0, N * C, T(1), G0, P, K);
+    }
+  }
 }
 }  // namespace detail
 
@@ -511,44 +568,38 @@ void lm_head_xent_reverse(const ExecSpace& space, Act2<base_t<S>> dh, Grads<base
   if (g.per_sequence()) sequences_of("gnh::lm_head_xent::reverse", g, N);
   if (kept.extent(0) > 0 && (tangents || rows < N || vchunk < V))
     throw std::logic_error("gnh::lm_head_xent::reverse: kept exponentials need the primal and one tile");
+  for (index_t r0 = 0; r0 < N; r0 += rows)
+    detail::reverse_block<S>(space, dh, g, lse, h, p, w, V, targets, z, pol, logits_current && rows >= N, kept, shape,
+                             gauss_newton, r0, std::min(rows, N - r0));
+}
+
+// The primal head of a gradient pass, its forward and reverse together, a
+// tile of whole vocabulary rows at a time (z.cols() >= V): a tile's logits
+// are formed once, their losses and lse taken, and dz = softmax - onehot
+// written over them in place for dh = dz W and dW += dz^T h. Apart, the
+// forward forms every tile's logits and the reverse forms them again (one
+// GEMM of the head's three a tile, and its plane written) wherever the tiles
+// do not hold the whole batch. The values are lm_head_xent_forward's and
+// lm_head_xent_reverse's bit for bit: the same kernels on the same logits in
+// the same order. keep_exponentials: as lm_head_xent_forward's (one tile).
+template <class T>
+void lm_head_xent_gradient(const ExecSpace& space, Act1<double> loss, Act1<T> lse, Act2<T> dh, Grads<T> g, Act2<T> h,
+                           Params<T> p, index_t w, index_t V, Span1<const std::int32_t> targets, Act2<T> z,
+                           Span2<T> stats, const GemmPolicy<T>& pol, RowShape shape, bool keep_exponentials) {
+  keep_planes<T>(loss, lse, dh, g, h, p, z);
+  const index_t N = h.rows(), rows = z.rows();
+  require_extent("gnh::lm_head_xent::gradient", "loss", loss.v.extent(0), N);
+  require_extent("gnh::lm_head_xent::gradient", "targets", targets.extent(0), N);
+  require_extent("gnh::lm_head_xent::gradient", "stats rows", stats.extent(0), N);
+  if ((rows == 0 || z.cols() < V) && N > 0)
+    throw std::logic_error("gnh::lm_head_xent::gradient: the logits tile holds no whole vocabulary row");
+  if (g.per_sequence()) sequences_of("gnh::lm_head_xent::gradient", g, N);
+  const bool keep = keep_exponentials && rows >= N;
+  const Span2<const T> kept = keep ? Span2<const T>(stats) : Span2<const T>();
   for (index_t r0 = 0; r0 < N; r0 += rows) {
-    const index_t nr = N - r0 < rows ? N - r0 : rows;
-    for (index_t v0 = 0; v0 < V; v0 += vchunk) {
-      const index_t vc = V - v0 < vchunk ? V - v0 : vchunk;
-      const Act2<T> zc = detail::chunk_view(z, K, nr, vc);
-      const T* W = p.v.data() + w + v0 * C;
-      // When one tile holds the whole batch, the forward just left exactly
-      // these logits (value and tangent planes) in z.
-      if (!(logits_current && nr == N && vc == V) && kept.extent(0) == 0)
-        detail::chunk_logits(space, zc, h, p, w, r0, nr, v0, vc, tangents, pol);
-      // dz = softmax - onehot, in place, in each plane.
-      Traffic("gnh::lm_head_xent::reverse::softmax")
-          .add(double((1 + K) * nr * vc), 2 * sizeof(T), 2)
-          .add(double(2 * nr), sizeof(T), 1);
-      for_rows<T>(space, "gnh::lm_head_xent::reverse::softmax", nr,
-                  detail::HeadSoftmaxRow<S>{zc, lse, targets, r0, v0, vc, K, kept, gauss_newton && tangents}, shape);
-      const T beta = v0 == 0 ? T(0) : T(1);  // dh sums over the vocabulary chunks
-      gemm<T>(space, pol, "N", "N", T(1), block(zc.v.data(), 0, nr, vc), block(W, 0, vc, C), beta,
-              block(dh.v.data(), r0 * C, nr, C));
-      if (g.per_sequence())
-        detail::sequence_weight_products(space, pol, g, zc.v.data(), h.v.data(), r0, nr, w + v0 * C, vc, C);
-      else if (g.v.extent(0) > 0)  // an empty g (primal only): dh alone
-        gemm<T>(space, pol, "T", "N", T(1), block(zc.v.data(), 0, nr, vc), block(h.v.data(), r0 * C, nr, C), T(1),
-                block(g.v.data(), w + v0 * C, vc, C));
-      // Per direction, four batches over k (the shared operand at stride 0),
-      // each output taking its terms in the order of the per-direction loop:
-      // dh'_k = dz'_k W (+ the chunks before), += dz V_k; G_k += dz'_k^T h, += dz^T h'_k.
-      if (K > 0) {
-        const Span2<const T> dz0 = block(zc.d.data(), 0, nr, vc), dz = block(zc.v.data(), 0, nr, vc);
-        const Span2<const T> h0 = block(h.v.data(), r0 * C, nr, C), hd0 = block(h.d.data(), r0 * C, nr, C);
-        const Span2<T> dh0 = block(dh.d.data(), r0 * C, nr, C), G0 = block(g.d.data(), w + v0 * C, vc, C);
-        gemm_batched<T>(space, pol, "N", "N", T(1), dz0, nr * vc, block(W, 0, vc, C), 0, beta, dh0, N * C, K);
-        gemm_batched<T>(space, pol, "N", "N", T(1), dz, 0, block(p.d.data(), w + v0 * C, vc, C), P, T(1), dh0, N * C,
-                        K);
-        gemm_batched<T>(space, pol, "T", "N", T(1), dz0, nr * vc, h0, 0, T(1), G0, P, K);
-        gemm_batched<T>(space, pol, "T", "N", T(1), dz, 0, hd0, N * C, T(1), G0, P, K);
-      }
-    }
+    const index_t nr = std::min(rows, N - r0);
+    detail::forward_block<T>(space, loss, lse, h, p, w, V, targets, z, stats, Act2<T>(), pol, shape, keep, {}, r0, nr);
+    detail::reverse_block<T>(space, dh, g, lse, h, p, w, V, targets, z, pol, true, kept, shape, false, r0, nr);
   }
 }
 
@@ -633,8 +684,11 @@ struct LmHeadXentOp {
                                             Act2<base_t<S>>, Params<base_t<S>>, index_t, index_t,                     \
                                             Span1<const std::int32_t>, Act2<base_t<S>>, const GemmPolicy<base_t<S>>&, \
                                             bool, Span2<const base_t<S>>, RowShape, bool);
-#define GNH_LM_HEAD(EXT, T) \
-  GNH_FORWARD_SCALARS(GNH_LM_HEAD_FORWARD, EXT, T) GNH_REVERSE_SCALARS(GNH_LM_HEAD_REVERSE, EXT, T)
+#define GNH_LM_HEAD(EXT, T)                                                                             \
+  GNH_FORWARD_SCALARS(GNH_LM_HEAD_FORWARD, EXT, T)                                                      \
+  GNH_REVERSE_SCALARS(GNH_LM_HEAD_REVERSE, EXT, T) EXT template void lm_head_xent_gradient<T>(          \
+      const ExecSpace&, Act1<double>, Act1<T>, Act2<T>, Grads<T>, Act2<T>, Params<T>, index_t, index_t, \
+      Span1<const std::int32_t>, Act2<T>, Span2<T>, const GemmPolicy<T>&, RowShape, bool);
 GNH_LM_HEAD(extern, float)
 GNH_LM_HEAD(extern, double)
 

@@ -119,9 +119,11 @@ class Gpt {
   View1<double> row_loss() const { return row_loss_v_; }
 
  private:
+  // head false (the primal gradient engine, head_fused_): the forward stops
+  // at the head, which the reverse then runs whole (no losses returned).
   template <class S>
   LossSum forward(const ExecSpace& space, Params<T> p, Span2<const std::int32_t> tokens,
-                  Span2<const std::int32_t> targets);
+                  Span2<const std::int32_t> targets, bool head = true);
   template <class S>
   void reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<const std::int32_t> tokens,
                Span2<const std::int32_t> targets, bool gauss_newton = false);
@@ -136,6 +138,7 @@ class Gpt {
   void cut_at(const ExecSpace& space, bool cut, const Act2<T>& adj, const Act2<T>& x);
   template <class S>
   LossSum loss_sums(Span1<const std::int32_t> flat_targets, bool cut) const;
+  LossSum reverse_losses(const ExecSpace& space, Span2<const std::int32_t> targets) const;
   Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate, std::vector<View1<T>> storage = {});
   // The constructor's steps, in order (gpt_impl.hpp).
   void validate_shape() const;
@@ -191,7 +194,13 @@ class Gpt {
   // The primal reverse engine (reverse, no directions) keeps each layer's GELU
   // output, and the GELU's slope in place of its pre-activation (gpt_impl.hpp).
   bool keep_gelu_ = false;
-  bool head_kept_ = false;       // and the head's exponentials over its logits tile
+  bool head_kept_ = false;  // and the head's exponentials over its logits tile
+  // The head's forward run in the primal reverse, tile by tile with its
+  // reverse (kernels/lm_head_xent.hpp, lm_head_xent_gradient), where a tile
+  // holds whole vocabulary rows; head_pending_: the last forward stopped
+  // before the head.
+  bool head_fused_ = false;
+  bool head_pending_ = false;
   bool keep_attention_ = false;  // and the attention's probabilities (short contexts, host tiles)
   // Adjoint cuts: the engine of the primal gradient pass, and per direction
   // and row the contractions at the cuts.

@@ -269,6 +269,10 @@ index_t Gpt<T>::choose_kept(const GptTiles& plan) {
   // Likewise the head's exponentials, when one tile holds the batch's logits
   // (kernels/lm_head_xent.hpp, keep_exponentials): one exp per logit, not two.
   head_kept_ = primal_reverse && plan.logits_rows >= N && plan.logits_vocab >= cfg_.vocab_size;
+  // And, where a tile holds whole vocabulary rows, the head's forward and
+  // reverse run together in the reverse, so that no tile's logits are formed
+  // twice (on a GPU: 4 of the gradient's 16 head GEMMs at the reference shape).
+  head_fused_ = primal_reverse && plan.logits_vocab >= cfg_.vocab_size;
   // And the attention's probabilities (the host tiles' causal blocks), where
   // they take no more memory than the GELU output kept per layer (H E <= 4 C
   // T for E floats per sequence and head): short contexts, T <= 256 at
@@ -539,7 +543,7 @@ void Gpt<T>::check_batch(Span2<const std::int32_t> tokens, Span2<const std::int3
 template <class T>
 template <class S>
 LossSum Gpt<T>::forward(const ExecSpace& space, Params<T> p, Span2<const std::int32_t> tokens,
-                        Span2<const std::int32_t> targets) {
+                        Span2<const std::int32_t> targets, bool head) {
   using namespace kernels;
   Kokkos::Profiling::pushRegion("gnh::gpt::forward");
   check_batch(tokens, targets);
@@ -562,6 +566,13 @@ LossSum Gpt<T>::forward(const ExecSpace& space, Params<T> p, Span2<const std::in
     rmsnorm_forward<S>(space, buf_->lnf, buf_->lnf_rstd, x_final(), p, L.lnf_w, -1, cfg_.ln_eps);
   else
     layernorm_forward<S>(space, buf_->lnf, buf_->lnf_mean, buf_->lnf_rstd, x_final(), p, L.lnf_w, L.lnf_b, cfg_.ln_eps);
+  head_pending_ = !head;
+  if (!head) {
+    if (!std::is_same<S, T>::value || !head_fused_)
+      throw std::logic_error("gnh::gpt::forward: only the primal gradient engine defers its head");
+    Kokkos::Profiling::popRegion();
+    return LossSum();
+  }
   Act1<double> loss;
   loss.v = row_loss_v_;
   loss.d = row_loss_d_;
@@ -739,10 +750,19 @@ void Gpt<T>::reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<cons
   const Act2<T> res = buf_->adj.res, c1 = buf_->adj.c1;
   Span1<const std::int32_t> flat_targets(targets.data(), N_);
   // reverse<S> always follows forward<S> of the same batch (gradient, hvp).
-  const Span2<const T> kept =
-      std::is_same<S, T>::value && head_kept_ ? Span2<const T>(buf_->head_stats) : Span2<const T>();
-  lm_head_xent_reverse<S>(space, c1, g, buf_->head_lse, buf_->lnf, p, L.lm_head, cfg_.vocab_size, flat_targets,
-                          buf_->logits, weights_gemm_, /*logits_current=*/true, kept, head_rows(), gauss_newton);
+  if (std::is_same<S, T>::value && head_pending_) {
+    // The head deferred by the forward, forward and reverse tile by tile.
+    head_pending_ = false;
+    Act1<double> loss;
+    loss.v = row_loss_v_;
+    lm_head_xent_gradient<T>(space, loss, buf_->head_lse, c1, g, buf_->lnf, p, L.lm_head, cfg_.vocab_size, flat_targets,
+                             buf_->logits, buf_->head_stats, weights_gemm_, head_rows(), head_kept_);
+  } else {
+    const Span2<const T> kept =
+        std::is_same<S, T>::value && head_kept_ ? Span2<const T>(buf_->head_stats) : Span2<const T>();
+    lm_head_xent_reverse<S>(space, c1, g, buf_->head_lse, buf_->lnf, p, L.lm_head, cfg_.vocab_size, flat_targets,
+                            buf_->logits, weights_gemm_, /*logits_current=*/true, kept, head_rows(), gauss_newton);
+  }
   if (cfg_.family == Family::llama) rmsnorm_reverse<S>(space, res, g, c1, x_final(), buf_->lnf_rstd, p, L.lnf_w, -1);
   else layernorm_reverse<S>(space, res, g, c1, x_final(), buf_->lnf_mean, buf_->lnf_rstd, p, L.lnf_w, L.lnf_b);
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
@@ -880,6 +900,14 @@ LossSum Gpt<T>::forward_loss(const ExecSpace& space, Span1<const T> params, Span
   return forward<T>(space, Params<T>{params, {}}, tokens, targets);
 }
 
+// The losses of a primal forward and reverse: the head's, taken in the
+// reverse where it ran there (head_fused_), after the whole pass.
+template <class T>
+LossSum Gpt<T>::reverse_losses(const ExecSpace& space, Span2<const std::int32_t> targets) const {
+  space.fence();
+  return loss_sums<T>(Span1<const std::int32_t>(targets.data(), N_), false);
+}
+
 template <class T>
 LossSum Gpt<T>::gradient(const ExecSpace& space, Span1<const T> params, Span2<const std::int32_t> tokens,
                          Span2<const std::int32_t> targets, Span1<T> grad) {
@@ -887,9 +915,9 @@ LossSum Gpt<T>::gradient(const ExecSpace& space, Span1<const T> params, Span2<co
   kernels::require_extent("gnh::gpt::gradient", "params", params.extent(0), layout_.size());
   kernels::require_extent("gnh::gpt::gradient", "grad", grad.extent(0), layout_.size());
   const Params<T> p{params, {}};
-  LossSum out = forward<T>(space, p, tokens, targets);
+  forward<T>(space, p, tokens, targets, !head_fused_);
   reverse<T>(space, p, Grads<T>{grad, {}}, tokens, targets);
-  return out;
+  return reverse_losses(space, targets);
 }
 
 template <class T>
@@ -900,12 +928,12 @@ LossSum Gpt<T>::gradient_per_sequence(const ExecSpace& space, Span1<const T> par
   kernels::require_extent("gnh::gpt::gradient_per_sequence", "gradient rows", grads.extent(0), tokens.extent(0));
   kernels::require_extent("gnh::gpt::gradient_per_sequence", "gradient length", grads.extent(1), layout_.size());
   const Params<T> p{params, {}};
-  LossSum out = forward<T>(space, p, tokens, targets);
+  forward<T>(space, p, tokens, targets, !head_fused_);
   Grads<T> g{Span1<T>(grads.data(), grads.size()), {}};
   g.seq_rows = shape_.context;
   g.seq_stride = layout_.size();
   reverse<T>(space, p, g, tokens, targets);
-  return out;
+  return reverse_losses(space, targets);
 }
 
 template <class T>
@@ -952,7 +980,7 @@ LossSum Gpt<T>::second_order(const ExecSpace& space, Span1<const T> params, Span
     // The reverse with an empty gradient: the adjoints without the parameter
     // gradient's products (a third of the dense GEMMs and the head's dW).
     const Params<T> p{params, {}};
-    adjoint_engine_->template forward<T>(space, p, tokens, targets);
+    adjoint_engine_->template forward<T>(space, p, tokens, targets, !adjoint_engine_->head_fused_);
     adjoint_engine_->template reverse<T>(space, p, Grads<T>{}, tokens, targets);
   }
   return forward<Jet2<T>>(space, Params<T>{params, dirs}, tokens, targets);

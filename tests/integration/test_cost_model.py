@@ -130,6 +130,14 @@ class CostModel(unittest.TestCase):
         self.assertLessEqual(q["device_launches"], g["device_launches"] + 16)
         per = {l["label"]: l for l in q["labels"]}
         self.assertEqual(per["gnh::pass::sequence_squares"]["launches"], 1)
+        # The gradient's head forms each tile's logits once, its forward and
+        # reverse together (kernels/lm_head_xent.hpp, lm_head_xent_gradient):
+        # one (rows, C) by (C, V) product a tile, the plan's tiles a batch.
+        def logits_products(name):
+            return sum(sh["count"] for sh in labels(d, name)["gnh::gemm"]["shapes"]
+                       if sh["n"] == 32000 and sh["k"] == 320)
+        self.assertEqual(logits_products("gradient"), d["gradient"]["plans"]["engine"][0][1])
+        self.assertEqual(logits_products("per_sequence"), d["gradient"]["plans"]["engine"][0][1])
         # Every dense, head and attention product on tensor cores at these
         # precisions (tf32 gradient, bf16-amp second order).
         self.assertEqual(g["gemm_flops"]["fp32"], 0)

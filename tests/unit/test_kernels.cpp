@@ -355,6 +355,99 @@ TEMPLATE_TEST_CASE("fused lm head and cross-entropy match the reference", "[kern
   check_close(host(loss.v), want, tol);
 }
 
+TEST_CASE("lm head: the gradient's head, forward and reverse tile by tile, is the two apart bit for bit", "[kernels]") {
+  // lm_head_xent_gradient forms each tile's logits once where the forward
+  // and the reverse apart form them twice: the same kernels on the same
+  // logits, so every loss, lse, dh and gradient entry must be the same float
+  // (memcmp). Tiles of whole vocabulary rows: several (3 rows of 10, and a
+  // tail of 1), and one tile of the batch with the exponentials kept; a
+  // summed gradient, and one per sequence of 5 rows (tiles of 3 straddling
+  // the sequences); each row shape.
+  using T = float;
+  const index_t N = 10, C = 6, V = 13, R = 5;
+  struct Case {
+    index_t rows;
+    bool keep, per_sequence;
+  };
+  for (const Case c : {Case{3, false, false}, Case{3, false, true}, Case{10, true, false}, Case{10, true, true}}) {
+    for (const kernels::RowShape shape : {kernels::RowShape::host, kernels::RowShape::teams, kernels::RowShape::wide}) {
+      CAPTURE(c.rows, c.keep, c.per_sequence, int(shape));
+      kernels::LmHeadXentOp<T> op(N, C, V, c.rows, V, shape);
+      Buf<T> h(N, C);
+      Flat<T> w(V * C);
+      load<T>(h.v, ref::random_vec(N * C, 21));
+      load<T>(w.v, ref::random_vec(V * C, 22));
+      const index_t G = c.per_sequence ? N / R : 1;
+      struct Out {
+        View1<double> loss{"loss", std::size_t(N)};
+        View1<T> lse{"lse", std::size_t(N)}, dh{"dh", std::size_t(N*C)}, g;
+        View2<T> stats{"stats", std::size_t(N), 2};
+        View1<T> z;
+      };
+      auto make = [&] {
+        Out o;
+        o.g = View1<T>("g", std::size_t(G * V * C));
+        o.z = View1<T>("z", std::size_t(c.rows * V));
+        return o;
+      };
+      auto grads = [&](const Out& o) {
+        Grads<T> g{Span1<T>(o.g.data(), o.g.extent(0)), {}};
+        if (c.per_sequence) g.seq_rows = R, g.seq_stride = V * C;
+        return g;
+      };
+      auto act = [&](const View1<T>& v, index_t rows, index_t cols) {
+        Act2<T> a;
+        a.v = Span2<T>(v.data(), rows, cols);
+        return a;
+      };
+      auto lse1 = [](const View1<T>& v) { return Act1<T>{Span1<T>(v.data(), v.extent(0)), {}, {}}; };
+      const Span1<const std::int32_t> targets(op.targets.data(), N);
+      Out apart = make(), fused = make();
+      kernels::lm_head_xent_forward<T>(ExecSpace(), Act1<double>{apart.loss, {}, {}}, lse1(apart.lse), h.act<T>(),
+                                       w.params<T>(), 0, V, targets, act(apart.z, c.rows, V), apart.stats, Act2<T>(),
+                                       kernels::GemmPolicy<T>(), shape, c.keep);
+      kernels::lm_head_xent_reverse<T>(ExecSpace(), act(apart.dh, N, C), grads(apart), lse1(apart.lse), h.act<T>(),
+                                       w.params<T>(), 0, V, targets, act(apart.z, c.rows, V), kernels::GemmPolicy<T>(),
+                                       true, c.keep ? Span2<const T>(apart.stats) : Span2<const T>(), shape);
+      kernels::lm_head_xent_gradient<T>(ExecSpace(), Act1<double>{fused.loss, {}, {}}, lse1(fused.lse),
+                                        act(fused.dh, N, C), grads(fused), h.act<T>(), w.params<T>(), 0, V, targets,
+                                        act(fused.z, c.rows, V), fused.stats, kernels::GemmPolicy<T>(), shape, c.keep);
+      for (index_t n = 0; n < N; ++n) {
+        REQUIRE(std::isfinite(fused.loss(n)));
+        REQUIRE(fused.loss(n) == apart.loss(n));
+        REQUIRE(std::memcmp(&fused.lse(n), &apart.lse(n), sizeof(T)) == 0);
+      }
+      REQUIRE(std::memcmp(fused.dh.data(), apart.dh.data(), sizeof(T) * fused.dh.extent(0)) == 0);
+      REQUIRE(std::memcmp(fused.g.data(), apart.g.data(), sizeof(T) * fused.g.extent(0)) == 0);
+      // Every row's loss and dh written, every sequence's gradient reached.
+      double gsum = 0;
+      for (std::size_t i = 0; i < fused.g.extent(0); ++i) gsum += std::fabs(double(fused.g(i)));
+      REQUIRE(gsum > 0);
+      if (c.per_sequence)
+        for (index_t s = 0; s < G; ++s) {
+          double part = 0;
+          for (index_t i = 0; i < V * C; ++i) part += std::fabs(double(fused.g(s * V * C + i)));
+          REQUIRE(part > 0);
+        }
+    }
+  }
+  // A tile that splits the vocabulary is refused in one line.
+  kernels::LmHeadXentOp<T> op(N, C, V, 3, V);
+  Buf<T> h(N, C);
+  Flat<T> w(V * C);
+  View1<double> loss("loss", N);
+  View1<T> lse("lse", N), dh("dh", N * C), g("g", V * C), z("z", 3 * 4);
+  View2<T> stats("stats", N, 2);
+  Act2<T> za, dha;
+  za.v = Span2<T>(z.data(), 3, 4);
+  dha.v = Span2<T>(dh.data(), N, C);
+  REQUIRE_THROWS_WITH(kernels::lm_head_xent_gradient<T>(ExecSpace(), Act1<double>{loss, {}, {}}, Act1<T>{lse, {}, {}},
+                                                        dha, Grads<T>{g, {}}, h.act<T>(), w.params<T>(), 0, V,
+                                                        Span1<const std::int32_t>(op.targets.data(), N), za, stats,
+                                                        kernels::GemmPolicy<T>(), kernels::RowShape::host, false),
+                      Catch::Contains("holds no whole vocabulary row"));
+}
+
 // ---------------------------------------------------------------------------
 // Column sums (kernels/colsum.hpp): the host shape and the GPU-shaped teams,
 // both run here on the host backend.

@@ -35,6 +35,14 @@ KOKKOS_INLINE_FUNCTION std::uint16_t bf16_bits(float x) {
   return static_cast<std::uint16_t>(bits >> 16);
 }
 
+// The float a bfloat16 storage holds (exact).
+KOKKOS_INLINE_FUNCTION float bf16_value(std::uint16_t b) {
+  const std::uint32_t bits = std::uint32_t(b) << 16;
+  float r;
+  std::memcpy(&r, &bits, sizeof(r));
+  return r;
+}
+
 // Double is never rounded (the fp64 policy), and jets round every component
 // (primal and tangents are matrix-multiply operands alike).
 KOKKOS_INLINE_FUNCTION double round_bf16(double x) { return x; }

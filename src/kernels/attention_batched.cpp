@@ -3,6 +3,7 @@
 #include "kernels/attention_batched.hpp"
 
 #include "kernels/gemm_ledger.hpp"
+#include "kernels/narrow.hpp"
 
 #include <cstdlib>
 #include <stdexcept>
@@ -36,6 +37,15 @@ KOKKOS_INLINE_FUNCTION T team_sum(const Member& team, index_t n, const F& f) {
   return total;
 }
 
+// Planes of an operand (value, tangents, second order), ld apart a row,
+// of T or, half, of bfloat16 storage.
+template <class T>
+struct Stored {
+  T* planes[3] = {nullptr, nullptr, nullptr};
+  index_t ld = 0;
+  bool half = false;
+};
+
 // One chunk of sequences [b0, b0 + Bc): where every operand of its products
 // sits. Batch index (direction k, sequence, key/value head j, query head r of
 // the group), query head h = j rep + r.
@@ -58,15 +68,25 @@ struct Chunk {
   T *qa = nullptr, *ka = nullptr, *da = nullptr, *va = nullptr;
   index_t wq = 0, wk = 0;
   index_t in_off[3] = {0, 0, 0};
+  // half (a forward under bf16-amp, in float): every operand of its products
+  // stored as bfloat16: the rounded q, k, v (hx, in place of xin), the score
+  // operands, and the probabilities, written by the row kernel over its own
+  // scores (probs); the scores the products write stay FP32.
+  bool half = false;
+  Stored<T> hx[3];
   BatchExtents ext(bool directions, bool group = true) const {
     return {{directions ? K : 1, Bc, L.G, group ? rep : 1}};
   }
   // Part i (0 q, 1 k, 2 v) of buffer a, plane p (0 value, 1 tangents, 2
   // second order); rows from sequence first of n rows a plane.
   Mapped<T> part(const Act2<T>& a, int i, int p, index_t first, index_t n, index_t off) const {
+    return part(Stored<T>{{a.v.data(), a.d.data(), a.dd.data()}, a.cols(), false}, i, p, first, n, off);
+  }
+  Mapped<T> part(const Stored<T>& a, int i, int p, index_t first, index_t n, index_t off) const {
     Mapped<T> m;
-    const index_t ld = a.cols();
-    m.base = (p == 0 ? a.v.data() : p == 1 ? a.d.data() : a.dd.data()) + first * Tc * ld + off;
+    const index_t ld = a.ld;
+    m.base = mapped_at(a.planes[p], first * Tc * ld + off, a.half);
+    m.half = a.half;
     m.ld = ld;
     m.stride[0] = p ? n * ld : 0;
     m.stride[1] = Tc * ld;
@@ -77,6 +97,7 @@ struct Chunk {
   // An output part (dx), and an input part (q, k, v: the operands).
   Mapped<T> out(const Act2<T>& a, int i, int p) const { return part(a, i, p, b0, N, L.off[i]); }
   Mapped<T> in(int i, int p) const {
+    if (half) return part(hx[i], i, p, in_b0, in_N, in_off[i]);
     return part(i == 0 ? xin.q : i == 1 ? xin.k : xin.v, i, p, in_b0, in_N, in_off[i]);
   }
   // The score operands from column col of each head's block: part 0 the
@@ -87,7 +108,8 @@ struct Chunk {
     const bool query = part % 2 == 0;
     const index_t w = part == 0 ? wq : part == 1 ? wk : 2 * L.hs;
     m.ld = (query ? L.H : L.G) * w;
-    m.base = (part == 0 ? qa : part == 1 ? ka : part == 2 ? da : va) + col;
+    m.base = mapped_at(part == 0 ? qa : part == 1 ? ka : part == 2 ? da : va, col, half);
+    m.half = half;
     m.stride[0] = Bc * Tc * m.ld;
     m.stride[1] = Tc * m.ld;
     m.stride[2] = query ? rep * w : w;
@@ -118,12 +140,24 @@ struct Chunk {
     m.stride[3] = Tc * Tc;
     return m;
   }
+  // The probabilities the row kernel left in plane `first` (per direction
+  // as plane()): half, bfloat16 over the first half of each row's bytes.
+  Mapped<T> probs(index_t first, bool per_direction) const {
+    Mapped<T> m = plane(first, per_direction);
+    if (!half) return m;
+    constexpr index_t r = index_t(sizeof(T) / sizeof(std::uint16_t));
+    m.half = true;
+    m.ld *= r;
+    for (index_t& st : m.stride) st *= r;
+    return m;
+  }
 };
 
 template <class T>
 Mapped<const T> in(const Mapped<T>& m) {
   Mapped<const T> r;
   r.base = m.base;
+  r.half = m.half;
   r.ld = m.ld;
   for (int j = 0; j < 4; ++j) r.stride[j] = m.stride[j];
   return r;
@@ -131,7 +165,7 @@ Mapped<const T> in(const Mapped<T>& m) {
 // The same map at query head r of each group (a batch over (k, b, j) only).
 template <class T>
 Mapped<T> at_r(Mapped<T> m, index_t r) {
-  m.base += r * m.stride[3];
+  m.base = mapped_at(m.base, r * m.stride[3], m.half);
   return m;
 }
 
@@ -166,9 +200,9 @@ struct Causal {
     for (index_t r = 0; r < Tc; r += Tb) {
       const index_t end = std::min(r + Tb, Tc), m = end - r;
       Mapped<T> a = A, b = B, c = C;
-      a.base += r * A.ld + (kind == keys ? r : 0);
-      b.base += kind == keys ? r * B.ld : 0;
-      c.base += r * C.ld;
+      a.base = mapped_at(a.base, r * A.ld + (kind == keys ? r : 0), a.half);
+      b.base = mapped_at(b.base, kind == keys ? r * B.ld : 0, b.half);
+      c.base = mapped_at(c.base, r * C.ld, c.half);
       if (kind == scores) mm(false, true, m, end, hs, alpha, a, b, beta, c, e);
       else if (kind == outputs) mm(false, false, m, hs, end, alpha, a, b, beta, c, e);
       else mm(true, false, m, hs, Tc - r, alpha, a, b, beta, c, e);
@@ -185,6 +219,7 @@ struct ForwardRows {
   index_t PE, Tc, Tb, K, g0;
   bool tangents, second, bf16;  // bf16: p, p', p'' rounded (they are GEMM operands)
   Act1<T> lse;
+  bool half = false;  // and stored as bfloat16 over their rows (Chunk::probs)
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
     const index_t i = team.league_rank(), n = i % Tc + 1, gi = g0 + i;
     const index_t end = ((n - 1) / Tb + 1) * Tb, w = end < Tc ? end : Tc;  // the row's block's end
@@ -203,6 +238,16 @@ struct ForwardRows {
         lse.d(k, gi) = l1;
         if (second) lse.dd(k, gi) = l2;
       });
+      if (half) {
+        // P'' from S'' and S' (both still FP32), then P' over S'.
+        if (second)
+          narrow_in_place(team, w, s2, [&](index_t s) {
+            const T e = s1[s] - l1;
+            return s < n ? jexp(s0[s] - L) * (e * e + s2[s] - l2) : T(0);
+          });
+        narrow_in_place(team, w, s1, [&](index_t s) { return s < n ? jexp(s0[s] - L) * (s1[s] - l1) : T(0); });
+        continue;
+      }
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, w), [&](const index_t s) {
         const T p = s < n ? jexp(s0[s] - L) : T(0), e = s1[s] - l1;
         if (second) s2[s] = s < n ? operand(p * (e * e + s2[s] - l2), bf16) : T(0);
@@ -210,6 +255,10 @@ struct ForwardRows {
       });
     }
     team.team_barrier();
+    if (half) {
+      narrow_in_place(team, w, s0, [&](index_t s) { return s < n ? jexp(s0[s] - L) : T(0); });
+      return;
+    }
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, w),
                          [&](const index_t s) { s0[s] = s < n ? operand(jexp(s0[s] - L), bf16) : T(0); });
   }
@@ -260,15 +309,31 @@ struct ReverseRows {
 // Rows r0 .. r0 + n - 1, columns c0 .. c0 + cols - 1 of `planes` planes of a
 // (the value, then tangents, then second-order planes) rounded to bfloat16
 // into dst, n rows a plane.
+// An operand's value as its products read it: rounded to bfloat16, in T or
+// as bfloat16 storage (D = std::uint16_t).
+template <class D, class T>
+KOKKOS_INLINE_FUNCTION D stored_operand(T x) {
+  if constexpr (std::is_same<D, std::uint16_t>::value) return bf16_bits(float(x));
+  else return round_bf16(x);
+}
+
+// The cursor moved past `values` values of T or, half, of bfloat16 storage
+// (rounded up to a whole T).
 template <class T>
+T* past(T* cursor, index_t values, bool half) {
+  return cursor +
+         (half ? (values * index_t(sizeof(std::uint16_t)) + index_t(sizeof(T)) - 1) / index_t(sizeof(T)) : values);
+}
+
+template <class T, class D>
 struct RoundRows {
   Act2<T> a;
-  T* dst;
+  D* dst;
   index_t r0, n, c0, cols, K;
   KOKKOS_INLINE_FUNCTION void operator()(const index_t p, const index_t r, const index_t c) const {
     const index_t row = r0 + r, col = c0 + c;
     const T x = p == 0 ? a.v(row, col) : p <= K ? a.d(p - 1, row, col) : a.dd(p - 1 - K, row, col);
-    dst[(p * n + r) * cols + c] = round_bf16(x);
+    dst[(p * n + r) * cols + c] = stored_operand<D>(x);
   }
 };
 
@@ -282,12 +347,31 @@ Act2<T> rounded_rows(const ExecSpace& space, const Act2<T>& a, index_t r0, index
   using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>, Kokkos::IndexType<index_t>>;
   Traffic("gnh::attention::batched::round_bf16").add(double(planes * n * cols), 2 * sizeof(T), 2);
   Kokkos::parallel_for("gnh::attention::batched::round_bf16", Policy(space, {0, 0, 0}, {planes, n, cols}),
-                       RoundRows<T>{a, cursor, r0, n, c0, cols, K});
+                       RoundRows<T, T>{a, cursor, r0, n, c0, cols, K});
   Act2<T> r;
   r.v = Span2<T>(cursor, n, cols);
   if (planes > 1) r.d = Span3<T>(cursor + n * cols, K, n, cols);
   if (planes > 1 + K) r.dd = Span3<T>(cursor + (1 + K) * n * cols, K, n, cols);
   cursor += planes * n * cols;
+  return r;
+}
+
+// rounded_rows as bfloat16 storage (a half chunk's operand).
+template <class T>
+Stored<T> stored_rows(const ExecSpace& space, const Act2<T>& a, index_t r0, index_t n, index_t planes, index_t K,
+                      T*& cursor, index_t c0 = 0, index_t cols = 0) {
+  if (cols == 0) cols = a.cols() - c0;
+  using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>, Kokkos::IndexType<index_t>>;
+  Traffic("gnh::attention::batched::round_bf16").add(double(planes * n * cols), sizeof(T) + sizeof(std::uint16_t), 2);
+  Kokkos::parallel_for("gnh::attention::batched::round_bf16", Policy(space, {0, 0, 0}, {planes, n, cols}),
+                       RoundRows<T, std::uint16_t>{a, reinterpret_cast<std::uint16_t*>(cursor), r0, n, c0, cols, K});
+  Stored<T> r;
+  r.half = true;
+  r.ld = cols;
+  for (index_t p = 0; p < 3; ++p)
+    if (p == 0 || (p == 1 && planes > 1) || (p == 2 && planes > 1 + K))
+      r.planes[p] = mapped_at(cursor, (p == 0 ? 0 : p == 1 ? 1 : 1 + K) * n * cols, true);
+  cursor = past(cursor, planes * n * cols, true);
   return r;
 }
 
@@ -308,6 +392,11 @@ struct ScoreOperands {
   T *qa, *ka;
   index_t r0, n, H, G, hs, wq, wk, offq, sq, offk, sk;
   bool xs, bf16;
+  bool half;  // bfloat16 storage at qa, ka
+  KOKKOS_INLINE_FUNCTION void put(T* to, index_t at, T x) const {
+    if (half) reinterpret_cast<std::uint16_t*>(to)[at] = stored_operand<std::uint16_t>(x);
+    else to[at] = operand(x, bf16);
+  }
   KOKKOS_INLINE_FUNCTION void operator()(const index_t d, const index_t r, const index_t e) const {
     const index_t row = r0 + r, qcols = H * wq;
     if (e < qcols) {
@@ -316,12 +405,12 @@ struct ScoreOperands {
                   : block == 1 ? q.v(row, col)
                   : block == 2 ? q.dd(d, row, col)
                                : T(2) * q.d(d, row, col);
-      qa[(d * n + r) * qcols + e] = operand(x, bf16);
+      put(qa, (d * n + r) * qcols + e, x);
     } else {
       const index_t f = e - qcols, col = offk + (f / wk) * sk + f % hs;
       const index_t block = (f % wk) / hs + (xs ? 0 : 1);  // x'' = 0: no K'' block
       const T x = block == 0 ? k.dd(d, row, col) : block == 1 ? k.v(row, col) : k.d(d, row, col);
-      ka[(d * n + r) * G * wk + f] = operand(x, bf16);
+      put(ka, (d * n + r) * G * wk + f, x);
     }
   }
 };
@@ -332,15 +421,45 @@ struct ScoreOperands {
 template <class T>
 void score_operands(const ExecSpace& space, const Act2<T>& a, index_t offa, index_t sa, const Act2<T>& b, index_t offb,
                     index_t sb, const QkvLayout& L, index_t r0, index_t n, index_t K, index_t wa, index_t wb, bool xs,
-                    bool bf16, T*& cursor, T*& pa, T*& pb) {
+                    bool bf16, bool half, T*& cursor, T*& pa, T*& pb) {
   pa = cursor;
-  pb = cursor + K * n * L.H * wa;
-  cursor = pb + K * n * L.G * wb;
+  pb = past(cursor, K * n * L.H * wa, half);
+  cursor = past(pb, K * n * L.G * wb, half);
   const index_t cols = L.H * wa + L.G * wb;
   using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>, Kokkos::IndexType<index_t>>;
-  Traffic("gnh::attention::batched::score_operands").add(double(K * n * cols), 2 * sizeof(T), 2);
-  Kokkos::parallel_for("gnh::attention::batched::score_operands", Policy(space, {0, 0, 0}, {K, n, cols}),
-                       ScoreOperands<T>{a, b, pa, pb, r0, n, L.H, L.G, L.hs, wa, wb, offa, sa, offb, sb, xs, bf16});
+  Traffic("gnh::attention::batched::score_operands")
+      .add(double(K * n * cols), sizeof(T) + (half ? sizeof(std::uint16_t) : sizeof(T)), 2);
+  Kokkos::parallel_for(
+      "gnh::attention::batched::score_operands", Policy(space, {0, 0, 0}, {K, n, cols}),
+      ScoreOperands<T>{a, b, pa, pb, r0, n, L.H, L.G, L.hs, wa, wb, offa, sa, offb, sb, xs, bf16, half});
+}
+
+// Each distinct buffer among q, k, v once, and dy (the reverse), the chunk's
+// rows n from r0 of the planes the call reads, rounded at the cursor: as
+// bfloat16 storage in a half chunk, else as rounded floats.
+template <class T>
+void round_inputs(const ExecSpace& space, Chunk<T>& c, const QkvActs<T>& x, const Act2<T>& dy, index_t r0, index_t n,
+                  index_t planes, T*& cursor) {
+  const index_t K = c.K;
+  const bool k_own = x.k.v.data() != x.q.v.data(), v_own = x.v.v.data() != x.q.v.data() && x.v.v.data() != x.k.v.data();
+  if (c.half) {
+    c.hx[0] = stored_rows(space, x.q, r0, n, planes, K, cursor);
+    c.hx[1] = k_own ? stored_rows(space, x.k, r0, n, planes, K, cursor) : c.hx[0];
+    c.hx[2] = v_own                          ? stored_rows(space, x.v, r0, n, planes, K, cursor)
+              : x.v.v.data() == x.k.v.data() ? c.hx[1]
+                                             : c.hx[0];
+    c.in_b0 = 0;
+    c.in_N = n;
+    return;
+  }
+  c.xin.q = rounded_rows(space, x.q, r0, n, planes, K, cursor);
+  c.xin.k = k_own ? rounded_rows(space, x.k, r0, n, planes, K, cursor) : c.xin.q;
+  c.xin.v = v_own                          ? rounded_rows(space, x.v, r0, n, planes, K, cursor)
+            : x.v.v.data() == x.k.v.data() ? c.xin.k
+                                           : c.xin.q;
+  if (dy.rows() > 0) c.dyin = rounded_rows(space, dy, r0, n, std::min<index_t>(planes, 1 + K), K, cursor);
+  c.in_b0 = 0;
+  c.in_N = n;
 }
 
 template <class T>
@@ -367,7 +486,8 @@ Chunk<T> chunk_of(const ExecSpace& space, const QkvLayout& L, index_t B, index_t
   if (!bf16 && !score_ops) return c;
   const bool k_own = x.k.v.data() != x.q.v.data(), v_own = x.v.v.data() != x.q.v.data() && x.v.v.data() != x.k.v.data();
   const index_t width = x.q.cols() + (k_own ? x.k.cols() : 0) + (v_own ? x.v.cols() : 0);
-  const index_t need = Bc * attention_operand_values(L, Tc, width, dy.rows() > 0, planes, score_ops, xs, bf16, K);
+  const bool half = bf16 && dy.rows() == 0 && std::is_same<T, float>::value && scratch.bf16_storage;
+  const index_t need = Bc * attention_operand_values(L, Tc, width, dy.rows() > 0, planes, score_ops, xs, bf16, K, half);
   if (need > index_t(scratch.operands.extent(0)))
     throw std::logic_error("gnh::attention (batched): the operand scratch of " +
                            std::to_string(scratch.operands.extent(0)) + " values holds no chunk of " +
@@ -375,6 +495,8 @@ Chunk<T> chunk_of(const ExecSpace& space, const QkvLayout& L, index_t B, index_t
   const index_t r0 = b0 * Tc, n = Bc * Tc;
   T* cursor = scratch.operands.data();
   const bool reverse = dy.rows() > 0;
+  // A forward's operands under bf16-amp in bfloat16 storage (float).
+  c.half = half;
   if (score_ops) {
     // The score operands: [Q' | Q ...] and [... K | K']; in the reverse also
     // [dY' | dY] and [V | V'] (the layout of the first pair without x'').
@@ -382,10 +504,10 @@ Chunk<T> chunk_of(const ExecSpace& space, const QkvLayout& L, index_t B, index_t
     c.wq = (xs ? 4 : 2) * hs;
     c.wk = (xs ? 3 : 2) * hs;
     score_operands(space, x.q, L.off[0], L.stride[0], x.k, L.off[1], L.stride[1], L, r0, n, K, c.wq, c.wk, xs, bf16,
-                   cursor, c.qa, c.ka);
+                   c.half, cursor, c.qa, c.ka);
     if (reverse) {
-      score_operands(space, dy, 0, hs, x.v, L.off[2], L.stride[2], L, r0, n, K, 2 * hs, 2 * hs, false, bf16, cursor,
-                     c.da, c.va);
+      score_operands(space, dy, 0, hs, x.v, L.off[2], L.stride[2], L, r0, n, K, 2 * hs, 2 * hs, false, bf16, false,
+                     cursor, c.da, c.va);
       if (!bf16) return c;
     }
   }
@@ -395,7 +517,8 @@ Chunk<T> chunk_of(const ExecSpace& space, const QkvLayout& L, index_t B, index_t
     if (bf16) {
       // v's columns alone, from its first (in_off); q and k are not read
       // through xin (null: a product that did would fail loudly).
-      c.xin.v = rounded_rows(space, x.v, r0, n, planes, K, cursor, L.off[2], attention_v_columns(L));
+      if (c.half) c.hx[2] = stored_rows(space, x.v, r0, n, planes, K, cursor, L.off[2], attention_v_columns(L));
+      else c.xin.v = rounded_rows(space, x.v, r0, n, planes, K, cursor, L.off[2], attention_v_columns(L));
       c.xin.q = c.xin.k = Act2<T>();
       c.in_off[2] = 0;
       c.in_b0 = 0;
@@ -403,16 +526,7 @@ Chunk<T> chunk_of(const ExecSpace& space, const QkvLayout& L, index_t B, index_t
     }
     return c;
   }
-  // Each distinct buffer among q, k, v once, and dy (the reverse), the
-  // chunk's rows of the planes the call reads.
-  c.xin.q = rounded_rows(space, x.q, r0, n, planes, K, cursor);
-  c.xin.k = k_own ? rounded_rows(space, x.k, r0, n, planes, K, cursor) : c.xin.q;
-  c.xin.v = v_own                          ? rounded_rows(space, x.v, r0, n, planes, K, cursor)
-            : x.v.v.data() == x.k.v.data() ? c.xin.k
-                                           : c.xin.q;
-  if (dy.rows() > 0) c.dyin = rounded_rows(space, dy, r0, n, std::min<index_t>(planes, 1 + K), K, cursor);
-  c.in_b0 = 0;
-  c.in_N = n;
+  round_inputs(space, c, x, dy, r0, n, planes, cursor);
   return c;
 }
 
@@ -448,33 +562,36 @@ void forward_chunk(const Products<T>& q, const Chunk<T>& c, const Act2<T>& y, co
   const T scale = T(1) / kmath::sqrt(T(hs));
   const BatchExtents e1 = c.ext(false), eK = c.ext(true);
   const Mapped<T> V0 = c.in(2, 0);
-  const Mapped<T> P0 = c.plane(0, false), P1 = c.plane(1, true), P2 = c.plane(1 + c.K, true);
+  // The scores (FP32) and, over them, the probabilities (Chunk::probs).
+  const Mapped<T> S0 = c.plane(0, false), S1 = c.plane(1, true), S2 = c.plane(1 + c.K, true);
+  const Mapped<T> P0 = c.probs(0, false), P1 = c.probs(1, true), P2 = c.probs(1 + c.K, true);
   if (!tangents) {
-    mm(C::scores, scale, c.in(0, 0), c.in(1, 0), T(0), P0, e1);
+    mm(C::scores, scale, c.in(0, 0), c.in(1, 0), T(0), S0, e1);
   } else {
     // From the score operands (chunk_of, ScoreOperands): each plane one
     // product, its inner dimension 2 hs or 3 hs.
     const bool x2 = second && xs;
     const Mapped<T> QA = c.score_operand(0, 0), KQ = c.score_operand(1, x2 ? hs : 0);
-    mm(C::scores, scale, c.score_operand(0, hs), KQ, T(0), P0, e1);  // Q K^T (direction 0's copies)
+    mm(C::scores, scale, c.score_operand(0, hs), KQ, T(0), S0, e1);  // Q K^T (direction 0's copies)
     const Causal<T> mm2{q, Tc, c.Tb, 2 * hs};
-    mm2(C::scores, scale, QA, KQ, T(0), P1, eK);  // [Q' | Q] [K | K']^T
+    mm2(C::scores, scale, QA, KQ, T(0), S1, eK);  // [Q' | Q] [K | K']^T
     if (x2) {
       // [Q | Q'' | 2Q'] [K'' | K | K']^T
       const Causal<T> mm3{q, Tc, c.Tb, 3 * hs};
-      mm3(C::scores, scale, c.score_operand(0, hs), c.score_operand(1, 0), T(0), P2, eK);
+      mm3(C::scores, scale, c.score_operand(0, hs), c.score_operand(1, 0), T(0), S2, eK);
     } else if (second) {
-      mm(C::scores, T(2) * scale, QA, c.score_operand(1, hs), T(0), P2, eK);  // 2 Q' K'^T
+      mm(C::scores, T(2) * scale, QA, c.score_operand(1, hs), T(0), S2, eK);  // 2 Q' K'^T
     }
   }
   q.q.flush();
   // Each plane's block scores read and its probabilities written; lse per row.
   const index_t planes = attention_score_planes(false, tangents, second, c.K), rows = c.Bc * c.L.H * Tc;
   Traffic("gnh::attention::batched::softmax")
-      .add(double(planes) * block_values(c), 2 * sizeof(T), 2)
+      .add(double(planes) * block_values(c), sizeof(T) + (c.half ? sizeof(std::uint16_t) : sizeof(T)), 2)
       .add(double(rows), sizeof(T), 1);
-  Kokkos::parallel_for("gnh::attention::batched::softmax", Team(q.space(), rows, kScoreTeam),
-                       ForwardRows<T>{c.scores, c.PE, Tc, c.Tb, c.K, c.b0 * c.L.H * Tc, tangents, second, c.bf16, lse});
+  Kokkos::parallel_for(
+      "gnh::attention::batched::softmax", Team(q.space(), rows, kScoreTeam),
+      ForwardRows<T>{c.scores, c.PE, Tc, c.Tb, c.K, c.b0 * c.L.H * Tc, tangents, second, c.bf16, lse, c.half});
   mm(C::outputs, T(1), P0, V0, T(0), c.heads(y, 0), e1);
   if (tangents) forward_derivative_outputs(mm, c, y, P0, P1, P2, V0, second, xs);
   q.q.flush();

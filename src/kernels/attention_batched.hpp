@@ -77,13 +77,18 @@ inline index_t attention_v_columns(const QkvLayout& L) { return (L.G - 1) * L.st
 // 4 (H + G) hs. Under bf16-amp a forward with tangents holds v's `planes`
 // planes rounded besides, any other call the rounded planes of q, k and v
 // (`width` columns in all: one buffer or three) and, in the reverse, of dy
-// (H hs columns).
+// (H hs columns). half: a forward's operands in bfloat16 storage
+// (AttentionScratch::bf16_storage, float): half the values, each of its (at
+// most three) buffers rounded up to a whole value.
 inline index_t attention_operand_values(const QkvLayout& L, index_t Tc, index_t width, bool reverse, index_t planes,
-                                        bool score_ops, bool xs, bool bf16, index_t K) {
+                                        bool score_ops, bool xs, bool bf16, index_t K, bool half = false) {
   const index_t rounded = bf16 ? Tc * (width + (reverse ? L.H * L.hs : 0)) * planes : 0;
-  if (!score_ops) return rounded;
-  if (reverse) return K * Tc * 4 * (L.H + L.G) * L.hs + rounded;
-  return K * Tc * (L.H * (xs ? 4 : 2) + L.G * (xs ? 3 : 2)) * L.hs + (bf16 ? Tc * attention_v_columns(L) * planes : 0);
+  index_t values = rounded;
+  if (score_ops && reverse) values = K * Tc * 4 * (L.H + L.G) * L.hs + rounded;
+  else if (score_ops)
+    values =
+        K * Tc * (L.H * (xs ? 4 : 2) + L.G * (xs ? 3 : 2)) * L.hs + (bf16 ? Tc * attention_v_columns(L) * planes : 0);
+  return half && bf16 && !reverse ? (values + 1) / 2 + 3 : values;
 }
 
 const char* attention_path_name(AttentionPath p);

@@ -74,6 +74,10 @@ struct AttentionScratch {
   // Causal query blocks per sequence (attention_block_rows): the owner's
   // plan; 1 computes whole Tc x Tc planes.
   index_t query_blocks = 1;
+  // Under bf16-amp, a float forward's operands in bfloat16 storage (2 bytes
+  // a value; on cuBLAS bfloat16 tensor cores); false keeps them as rounded
+  // floats, the same values (tests compare the two bit for bit).
+  bool bf16_storage = true;
   // Sequences per chunk for this many planes of H Tc^2 values (0: none fit).
   index_t sequences(index_t planes, index_t H, index_t Tc) const {
     const index_t fit = index_t(scores.extent(0)) / (planes * H * Tc * Tc);

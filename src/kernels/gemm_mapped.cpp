@@ -5,7 +5,9 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <vector>
 
+#include "core/bf16.hpp"
 #include "kernels/blas.hpp"
 #include "kernels/host_gemm.hpp"
 
@@ -43,23 +45,44 @@ void cublas_mapped(const ExecSpace& space, bool tf32, const MappedProduct<T>& m,
   const cublasOperation_t oa = m.tb ? CUBLAS_OP_T : CUBLAS_OP_N, ob = m.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   constexpr bool is_float = std::is_same_v<T, float>;
   const cudaDataType_t type = is_float ? CUDA_R_32F : CUDA_R_64F;
+  // Operands stored as bfloat16: bfloat16 tensor cores, FP32 accumulation and C.
+  const cudaDataType_t in = m.A.half ? CUDA_R_16BF : type;
   const cublasComputeType_t compute =
-      is_float ? (tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F) : CUBLAS_COMPUTE_64F;
+      is_float ? (tf32 && !m.A.half ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F) : CUBLAS_COMPUTE_64F;
   const void* const* a = reinterpret_cast<const void* const*>(p);
   void* const* c = reinterpret_cast<void* const*>(p + 2 * count);
   detail::cublas_check(
-      cublasGemmBatchedEx(handle, oa, ob, int(m.n), int(m.m), int(m.k), &m.alpha, a + count, type, int(m.B.ld), a, type,
+      cublasGemmBatchedEx(handle, oa, ob, int(m.n), int(m.m), int(m.k), &m.alpha, a + count, in, int(m.B.ld), a, in,
                           int(m.A.ld), &m.beta, c, type, int(m.C.ld), int(count), compute, CUBLAS_GEMM_DEFAULT),
       "gnh::gemm_mapped", "mapped products", count, m.m, m.n, m.k);
 }
 #else
 // One product's items on the host, from its pointer arrays at p (A, B, C:
 // count each): in parallel over the space's threads, one item a thread.
+// A stored operand of r x c (ld apart) as floats, rows c apart: bfloat16
+// widened exactly.
+template <class T>
+std::vector<T> widened(const std::uintptr_t at, index_t r, index_t c, index_t ld) {
+  std::vector<T> w(std::size_t(r * c));
+  const auto* h = reinterpret_cast<const std::uint16_t*>(at);
+  for (index_t i = 0; i < r; ++i)
+    for (index_t j = 0; j < c; ++j) w[std::size_t(i * c + j)] = T(bf16_value(h[i * ld + j]));
+  return w;
+}
+
 template <class T>
 void host_mapped(const ExecSpace& space, const MappedProduct<T>& m, const std::uintptr_t* p, index_t count) {
   static_assert(Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible,
                 "gnh::gemm_mapped runs on cuBLAS or on a host backend");
   const auto body = [=](const index_t i) {
+    if (m.A.half) {
+      // op(A) is m x k: A is k x m when transposed; likewise B.
+      const index_t ar = m.ta ? m.k : m.m, ac = m.ta ? m.m : m.k, br = m.tb ? m.n : m.k, bc = m.tb ? m.k : m.n;
+      const std::vector<T> a = widened<T>(p[i], ar, ac, m.A.ld), b = widened<T>(p[count + i], br, bc, m.B.ld);
+      host::gemm_one(m.ta, m.tb, m.m, m.n, m.k, m.alpha, a.data(), ac, b.data(), bc, m.beta,
+                     reinterpret_cast<T*>(p[2 * count + i]), m.C.ld);
+      return;
+    }
     host::gemm_one(m.ta, m.tb, m.m, m.n, m.k, m.alpha, reinterpret_cast<const T*>(p[i]), m.A.ld,
                    reinterpret_cast<const T*>(p[count + i]), m.B.ld, m.beta, reinterpret_cast<T*>(p[2 * count + i]),
                    m.C.ld);
@@ -79,6 +102,8 @@ template <class T>
 void MappedQueue<T>::add(const MappedProduct<T>& p) {
   const index_t need = 3 * p.e.count();
   if (p.e.count() <= 0 || p.m <= 0 || p.n <= 0) return;
+  if (p.A.half != p.B.half || p.C.half || (p.A.half && !std::is_same<T, float>::value))
+    throw std::logic_error("gnh::gemm_mapped: bfloat16 storage is for both operands of a float product, not its C");
   if (n_ == kMax || used_ + need > scratch_.capacity()) flush();
   if (need > scratch_.capacity())
     throw std::logic_error("gnh::gemm_mapped: pointer scratch of " + std::to_string(scratch_.capacity()) +
@@ -109,8 +134,8 @@ void MappedQueue<T>::flush() {
   for (int j = 0; j < n_; ++j) {
     // A region per product: what profilers and the launch count see of a library call.
     const detail::GemmRegion region("gnh::gemm_mapped");
-    record_gemm<T>("gnh::gemm_mapped", tf32_, q_[j].m, q_[j].n, q_[j].k, q_[j].e.count(), sizeof(T),
-                   q_[j].beta != T(0));
+    record_gemm<T>("gnh::gemm_mapped", tf32_ || q_[j].A.half, q_[j].m, q_[j].n, q_[j].k, q_[j].e.count(),
+                   q_[j].A.half ? 2 : sizeof(T), q_[j].beta != T(0));
 #ifdef GNH_CUBLAS_MATH_MODE
     cublas_mapped(space_, tf32_, q_[j], scratch_.pointers.data() + f.first[j], q_[j].e.count());
 #else

@@ -9,16 +9,19 @@
 //
 // On CUDA with cuBLAS: one kernel writes the pointer arrays of a queue of
 // such batches into the caller's scratch, and one cublasGemmBatchedEx call
-// runs each batch (tensor cores: TF32 math for float under the tf32 policy;
-// FP64 for double). No host round trip, no fence.
+// runs each batch (tensor cores: TF32 math for float under the tf32 policy,
+// bfloat16 for operands stored as bfloat16 (Mapped::half) with FP32
+// accumulation and C; FP64 for double). No host round trip, no fence.
 // On host backends: the same kernel writes the same pointers, and each
 // batch's products run in parallel over the space's threads from them, each
 // on one thread (gnh's sgemm for float where the CPU has one, else the vendor
-// BLAS; a plain loop for double where the link has no BLAS), so the bits do
-// not depend on the thread count. Two products of one batch must not write
+// BLAS; a plain loop for double where the link has no BLAS; bfloat16
+// operands widened to float first, exactly), so the bits do not depend on the
+// thread count. Two products of one batch must not write
 // the same C.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "core/types.hpp"
 
@@ -29,15 +32,26 @@ struct BatchExtents {
   KOKKOS_INLINE_FUNCTION index_t count() const { return n[0] * n[1] * n[2] * n[3]; }
 };
 
+// The address `off` elements past p, of T or, half, of bfloat16 storage
+// (16 bits; an operand stored so is addressed through a T* all the same).
+template <class T>
+KOKKOS_INLINE_FUNCTION T* mapped_at(T* p, index_t off, bool half) {
+  using U = std::conditional_t<std::is_const<T>::value, const std::uint16_t, std::uint16_t>;
+  return half ? reinterpret_cast<T*>(reinterpret_cast<U*>(p) + off) : p + off;
+}
+
+// half: the operand is stored as bfloat16 (its ld and strides count those):
+// a float product's A and B both or neither, never its C.
 template <class T>
 struct Mapped {
   T* base = nullptr;
   index_t ld = 0;
   index_t stride[4] = {0, 0, 0, 0};
+  bool half = false;
   KOKKOS_INLINE_FUNCTION T* at(const BatchExtents& e, index_t i) const {
     const index_t i3 = i % e.n[3], i2 = (i / e.n[3]) % e.n[2], i1 = (i / (e.n[3] * e.n[2])) % e.n[1],
                   i0 = i / (e.n[3] * e.n[2] * e.n[1]);
-    return base + i0 * stride[0] + i1 * stride[1] + i2 * stride[2] + i3 * stride[3];
+    return mapped_at(base, i0 * stride[0] + i1 * stride[1] + i2 * stride[2] + i3 * stride[3], half);
   }
 };
 

@@ -684,11 +684,12 @@ struct LmHeadXentOp {
                                             Act2<base_t<S>>, Params<base_t<S>>, index_t, index_t,                     \
                                             Span1<const std::int32_t>, Act2<base_t<S>>, const GemmPolicy<base_t<S>>&, \
                                             bool, Span2<const base_t<S>>, RowShape, bool);
-#define GNH_LM_HEAD(EXT, T)                                                                             \
-  GNH_FORWARD_SCALARS(GNH_LM_HEAD_FORWARD, EXT, T)                                                      \
-  GNH_REVERSE_SCALARS(GNH_LM_HEAD_REVERSE, EXT, T) EXT template void lm_head_xent_gradient<T>(          \
-      const ExecSpace&, Act1<double>, Act1<T>, Act2<T>, Grads<T>, Act2<T>, Params<T>, index_t, index_t, \
-      Span1<const std::int32_t>, Act2<T>, Span2<T>, const GemmPolicy<T>&, RowShape, bool);
+#define GNH_LM_HEAD(EXT, T)                                                                                       \
+  GNH_FORWARD_SCALARS(GNH_LM_HEAD_FORWARD, EXT, T)                                                                \
+  GNH_REVERSE_SCALARS(GNH_LM_HEAD_REVERSE, EXT, T)                                                                \
+  EXT template void lm_head_xent_gradient<T>(const ExecSpace&, Act1<double>, Act1<T>, Act2<T>, Grads<T>, Act2<T>, \
+                                             Params<T>, index_t, index_t, Span1<const std::int32_t>, Act2<T>,     \
+                                             Span2<T>, const GemmPolicy<T>&, RowShape, bool);
 GNH_LM_HEAD(extern, float)
 GNH_LM_HEAD(extern, double)
 

@@ -340,8 +340,9 @@ void Gpt<T>::plan_attention() {
   // of the forward's need (x'' nonzero, the most) and the reverse's.
   const index_t A = H * cfg_.head_size(), Akv = index_t(cfg_.kv_heads()) * cfg_.head_size();
   const index_t width = A + 2 * Akv;
+  // (The forward's in bfloat16 storage in float: AttentionScratch::bf16_storage.)
   const index_t forward = kernels::attention_operand_values(qkv_layout_, Tc, width, false, sec ? 1 + 2 * K : 1 + K, tan,
-                                                            sec, shape_.bf16, K);
+                                                            sec, shape_.bf16, K, std::is_same<T, float>::value);
   const index_t reverse = shape_.reverse ? kernels::attention_operand_values(qkv_layout_, Tc, width, true, 1 + K, tan,
                                                                              false, shape_.bf16, K)
                                          : 0;

@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <random>
 #include <string>
@@ -257,10 +258,31 @@ void check_bf16_forward(const Layout& l, std::mt19937& g) {
   AttentionScratch<float> sc = scratch<float>(planes, L.H, 2, 4);
   sc.operands = View1<float>("operands", 2 * attention_operand_values(L, Tc, 3 * l.width, false, 1 + 2 * K,
                                                                       has_tangents_v<S>, has_second_v<S>, true, K));
+  // Once with the operands in bfloat16 storage (the default: the
+  // probabilities narrowed in place over their scores, the rounded q, k, v
+  // and score operands 2 bytes a value), its products recorded as
+  // bfloat16's; once as rounded floats. The same values either way, so the
+  // same bits: a misplaced row, plane or narrowing race is O(1) off.
+  GemmWork& w = gemm_work();
+  w = GemmWork();
+  w.on = true;
   attention_forward_batched<S>(ExecSpace(), y.act<float>(), lse.act1<float>(), x.acts<float>(), L, B, Tc, false, true,
                                true, sc);
+  ExecSpace().fence();
+  w.on = false;
+  REQUIRE(!w.labels["gnh::gemm_mapped"].products.empty());
+  for (const auto& [key, count] : w.labels["gnh::gemm_mapped"].products) REQUIRE(key[4] == 2);
+  w = GemmWork();
+  Buf yf(N, C, g, 0), lsef(R1, 1, g, 0);
+  AttentionScratch<float> floats = sc;
+  floats.bf16_storage = false;
+  attention_forward_batched<S>(ExecSpace(), yf.act<float>(), lsef.act1<float>(), x.acts<float>(), L, B, Tc, false, true,
+                               true, floats);
   attention_forward_batched<S>(ExecSpace(), y32.act<float>(), lse32.act1<float>(), x.acts<float>(), L, B, Tc, false,
                                false, true, sc);
+  ExecSpace().fence();
+  REQUIRE(std::memcmp(y.f.data(), yf.f.data(), sizeof(float) * y.f.extent(0)) == 0);
+  REQUIRE(std::memcmp(lse.f.data(), lsef.f.data(), sizeof(float) * lse.f.extent(0)) == 0);
   attention_forward<S>(ExecSpace(), yr.act<float>(), lser.act1<float>(), x.acts<float>(), L, B, Tc, true);
   ExecSpace().fence();
   for (std::size_t i = 0; i < yr.d.extent(0); ++i) yr.d(i) = yr.f(i);

@@ -26,6 +26,7 @@
 #include "kernels/swiglu.hpp"
 #include "kernels/linear.hpp"
 #include "kernels/lm_head_xent.hpp"
+#include "kernels/narrow.hpp"
 #include "kernels/ops.hpp"
 #include "kernels/residual.hpp"
 #include "support/ops.hpp"
@@ -446,6 +447,57 @@ TEST_CASE("lm head: the gradient's head, forward and reverse tile by tile, is th
                                                         Span1<const std::int32_t>(op.targets.data(), N), za, stats,
                                                         kernels::GemmPolicy<T>(), kernels::RowShape::host, false),
                       Catch::Contains("holds no whole vocabulary row"));
+}
+
+namespace narrow_test {  // named: nvcc wants extended lambdas in functions with external linkage
+// Rows of FP32 values narrowed in place to bfloat16 by teams of as many
+// threads as the backend gives one (OpenMP in CI: 2), the new value of each
+// entry from its own old value and another buffer's; the result against the
+// same values computed from a copy.
+std::vector<std::uint16_t> narrowed(gnh::index_t rows, gnh::index_t Tc, gnh::index_t w, int team_size,
+                                    std::vector<float>& want) {
+  View1<float> x("x", std::size_t(rows * Tc)), y("y", std::size_t(rows * Tc));
+  std::mt19937 g(3);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  for (std::size_t i = 0; i < x.extent(0); ++i) x(i) = u(g), y(i) = u(g);
+  want.assign(std::size_t(rows * w), 0.0f);
+  for (gnh::index_t r = 0; r < rows; ++r)
+    for (gnh::index_t s = 0; s < w; ++s)
+      want[std::size_t(r * w + s)] = round_bf16(3.0f * x(r * Tc + s) - y(r * Tc + s));
+  using Team = Kokkos::TeamPolicy<ExecSpace, Kokkos::IndexType<gnh::index_t>>;
+  Kokkos::parallel_for(
+      "narrow_test", Team(ExecSpace(), rows, team_size), KOKKOS_LAMBDA(const Team::member_type& team) {
+        float* row = x.data() + team.league_rank() * Tc;
+        const float* other = y.data() + team.league_rank() * Tc;
+        kernels::narrow_in_place(team, w, row, [&](gnh::index_t s) { return 3.0f * row[s] - other[s]; });
+      });
+  ExecSpace().fence();
+  std::vector<std::uint16_t> got(std::size_t(rows * w));
+  for (gnh::index_t r = 0; r < rows; ++r)
+    std::memcpy(got.data() + r * w, x.data() + r * Tc, sizeof(std::uint16_t) * std::size_t(w));
+  return got;
+}
+}  // namespace narrow_test
+
+TEST_CASE("bfloat16 narrowed in place over FP32 rows by a team", "[kernels][bf16]") {
+  // The batched attention's probabilities are written over their own scores
+  // (kernels/narrow.hpp): entry s's 16 bits land on the bytes of entry s/2,
+  // which the team must have read first: a round written before its reads
+  // finished, or a write past entry s/2, changes a value. Rows of 1, 7 and
+  // 4097 entries (a partial round); teams of one thread and of the most the
+  // backend allows up to 4.
+  const int most = std::min<int>(4, ExecSpace().concurrency());
+  for (const int team : {1, most})
+    for (const gnh::index_t w : {gnh::index_t(1), gnh::index_t(7), gnh::index_t(4097)}) {
+      CAPTURE(team, w);
+      std::vector<float> want;
+      const gnh::index_t rows = 48, Tc = 4100;
+      const auto got = narrow_test::narrowed(rows, Tc, w, team, want);
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        INFO("entry " << i);
+        REQUIRE(bf16_value(got[i]) == want[i]);
+      }
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -186,7 +186,21 @@ struct GemmPolicy {
   // chunk for each product of a batch, so one product alone may fill it.
   index_t single_chunk_elements = 0;
   std::array<RoundedAhead<T>, 2> ahead{};  // bf16: blocks rounded ahead (none: src null)
+  // bf16, GPU-shaped second order: the LM head's K direction blocks rounded
+  // in pair blocks with its weights, vocabulary row v of pair j being
+  // [V_2j,v | W_v | V_2j+1,v] (head_vocab rows of 3C), so that a direction's
+  // tangent logits are one product over both (kernels/lm_head_xent.hpp);
+  // null elsewhere. No lookup of ahead finds them.
+  const Bf16Storage<T>* head_pairs = nullptr;
+  index_t head_vocab = 0;
 };
+
+// x as a rounded operand is stored (Bf16Storage<T>).
+template <class T>
+KOKKOS_INLINE_FUNCTION Bf16Storage<T> bf16_stored(T x) {
+  if constexpr (std::is_same<Bf16Storage<T>, std::uint16_t>::value) return bf16_bits(x);
+  else return round_bf16(x);
+}
 
 namespace detail {
 // Where B (and each B_i = B + i stride_b of a batch of count) lies within a
@@ -555,6 +569,34 @@ void gemm_batched(const ExecSpace& space, const GemmPolicy<T>& pol, const char* 
     gemm<T>(space, pol, ta, tb, alpha, Span2<const T>(A.data() + i * stride_a, A.extent(0), A.extent(1)),
             Span2<const T>(B.data() + i * stride_b, B.extent(0), B.extent(1)), beta,
             Span2<T>(C.data() + i * stride_c, C.extent(0), C.extent(1)));
+}
+
+// Products of operands rounded already (bfloat16 storage, Bf16Storage<T>:
+// bfloat16 bits on cuBLAS, the rounded values elsewhere), rows lda and ldb
+// apart, X_i stride_x after X_{i-1}: C_i = alpha op(A_i) op(B_i) + beta C_i,
+// accumulated in FP32. On CUDA one strided-batched bfloat16 call (tensor
+// cores); on a host the products in turn. Recorded as a gnh::gemm_batch of
+// bfloat16 operands, one library call.
+template <class T>
+void gemm_batched_rounded(const ExecSpace& space, bool at, bool bt, index_t m, index_t n, index_t k, T alpha,
+                          const Bf16Storage<T>* A, index_t lda, index_t stride_a, const Bf16Storage<T>* B, index_t ldb,
+                          index_t stride_b, T beta, T* C, index_t ldc, index_t stride_c, index_t count) {
+  if (count <= 0 || m <= 0 || n <= 0) return;
+  const detail::GemmRegion region("gnh::gemm_batch");
+  record_gemm<T>("gnh::gemm_batch", true, m, n, k, count, 2, beta != T(0));
+  const detail::GemmRegion call(detail::kLibraryCall);
+#ifdef GNH_CUBLAS_MATH_MODE
+  if constexpr (std::is_same_v<T, float>) {
+    detail::cublas_gemm_bf16_batched(space, at, bt, m, n, k, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc,
+                                     stride_c, count);
+  } else {
+    throw std::logic_error("gnh::gemm_batched_rounded: bfloat16 operands come from float");
+  }
+#else
+  space.fence();
+  for (index_t i = 0; i < count; ++i)
+    host::gemm_one(at, bt, m, n, k, alpha, A + i * stride_a, lda, B + i * stride_b, ldb, beta, C + i * stride_c, ldc);
+#endif
 }
 
 // Compiled once, in gnh_core (kernels/instances.hpp).

@@ -41,6 +41,73 @@
 namespace gnh::kernels {
 
 namespace detail {
+// The head's direction blocks in pair blocks with its weights
+// (GemmPolicy::head_pairs): vocabulary row v of pair j is [V_2j,v | W_v |
+// V_2j+1,v] (zeros past the last direction), rounded; V_k = V + k P.
+template <class T>
+struct HeadPairBlocks {
+  const T* W;
+  const T* V;
+  Bf16Storage<T>* dst;
+  index_t K, vocab, C, P;
+  KOKKOS_INLINE_FUNCTION void operator()(const index_t j, const index_t v, const index_t c) const {
+    const index_t part = c / C, cc = c - part * C, k = 2 * j + (part == 2 ? 1 : 0);
+    const T x = part == 1 ? W[v * C + cc] : k < K ? V[k * P + v * C + cc] : T(0);
+    dst[(j * vocab + v) * 3 * C + c] = bf16_stored(x);
+  }
+};
+
+// The pair blocks of the head's weights W (vocab x C) and its K direction
+// blocks V (V_k = V + k P), rounded into dst: one launch.
+template <class T>
+void head_pair_blocks(const ExecSpace& space, const T* W, const T* V, index_t K, index_t vocab, index_t C, index_t P,
+                      Bf16Storage<T>* dst) {
+  const index_t pairs = (K + 1) / 2;
+  using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>, Kokkos::IndexType<index_t>>;
+  Traffic("gnh::gpt::weights_bf16").add(double(pairs * vocab * 3 * C), sizeof(T) + 2, 2);
+  Kokkos::parallel_for("gnh::gpt::weights_bf16", Policy(space, {0, 0, 0}, {pairs, vocab, 3 * C}),
+                       HeadPairBlocks<T>{W, V, dst, K, vocab, C, P});
+}
+
+// A tile's operands against the pair blocks: direction k's rows [h | h'_k]
+// (k even, against [V_k | W]) or [h'_k | h] (k odd, against [W | V_k]),
+// rounded, K blocks of nr x 2C.
+template <class T>
+struct HeadPairOperands {
+  const T* h;
+  const T* hd;
+  Bf16Storage<T>* dst;
+  index_t N, C, r0, nr;
+  KOKKOS_INLINE_FUNCTION void operator()(const index_t k, const index_t r, const index_t c) const {
+    const bool tangent = (k % 2 == 0) == (c >= C);
+    const index_t cc = c >= C ? c - C : c, row = r0 + r;
+    const T x = tangent ? hd[(k * N + row) * C + cc] : h[row * C + cc];
+    dst[(k * nr + r) * 2 * C + c] = bf16_stored(x);
+  }
+};
+
+// z'_k = h'_k W^T + h V_k^T over the tile as one product a direction from
+// the pair blocks, [h | h'_k] [V_k | W]^T or [h'_k | h] [W | V_k]^T (its
+// inner dimension 2C, z' written once): two batched calls, the even
+// directions and the odd.
+template <class T>
+void pair_logits(const ExecSpace& space, Act2<T> z, Act2<T> h, index_t r0, index_t nr, index_t v0, index_t vc,
+                 const GemmPolicy<T>& pol) {
+  const index_t N = h.rows(), C = h.cols(), K = h.d.extent(0), C2 = 2 * C, C3 = 3 * C, pair = pol.head_vocab * C3;
+  if (index_t(pol.scratch_a.extent(0) * sizeof(T)) < K * nr * C2 * index_t(sizeof(Bf16Storage<T>)))
+    throw std::logic_error("gnh::lm_head_xent: bf16 scratch too small for the directions' operands");
+  Bf16Storage<T>* const ops = reinterpret_cast<Bf16Storage<T>*>(pol.scratch_a.data());
+  using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>, Kokkos::IndexType<index_t>>;
+  Traffic("gnh::lm_head_xent::operands").add(double(K * nr * C2), sizeof(T) + 2, 2);
+  Kokkos::parallel_for("gnh::lm_head_xent::operands", Policy(space, {0, 0, 0}, {K, nr, C2}),
+                       HeadPairOperands<T>{h.v.data(), h.d.data(), ops, N, C, r0, nr});
+  const Bf16Storage<T>* const B = pol.head_pairs + v0 * C3;
+  gemm_batched_rounded<T>(space, false, true, nr, vc, C2, T(1), ops, C2, 2 * nr * C2, B, C3, pair, T(0), z.d.data(), vc,
+                          2 * nr * vc, (K + 1) / 2);
+  gemm_batched_rounded<T>(space, false, true, nr, vc, C2, T(1), ops + nr * C2, C2, 2 * nr * C2, B + C, C3, pair, T(0),
+                          z.d.data() + nr * vc, vc, 2 * nr * vc, K / 2);
+}
+
 // Logit planes of rows r0 .. r0+nr-1 and vocabulary entries v0 .. v0+vc-1
 // into z (plane k of the tile at k*nr*vc).
 template <class T>
@@ -51,6 +118,7 @@ void chunk_logits(const ExecSpace& space, Act2<T> z, Act2<T> h, Params<T> p, ind
   gemm<T>(space, pol, "N", "T", T(1), block(h.v.data(), r0 * C, nr, C), block(W, 0, vc, C), T(0),
           block(z.v.data(), 0, nr, vc));
   if (!tangents) return;
+  if (pol.head_pairs) return pair_logits(space, z, h, r0, nr, v0, vc, pol);
   // Batches over the directions (the shared operand at stride 0): z'_k =
   // h'_k W^T, then z'_k += h V_k^T.
   gemm_batched<T>(space, pol, "N", "T", T(1), block(h.d.data(), r0 * C, nr, C), N * C, block(W, 0, vc, C), 0, T(0),
@@ -67,6 +135,22 @@ void chunk_moments(const ExecSpace& space, Act2<T> m, const T* q, Params<T> p, i
                    index_t vc, bool first, const GemmPolicy<T>& pol) {
   const index_t C = m.cols(), K = m.d.extent(0), P = p.v.extent(0);
   const T beta = first ? T(0) : T(1);
+  if (pol.head_pairs) {
+    // q rounded once; M_W from the pairs' W (pair 0's middle columns), the
+    // M_k from their V_k, the even directions' and the odd's.
+    if (index_t(pol.scratch_a.extent(0) * sizeof(T)) < nr * vc * index_t(sizeof(Bf16Storage<T>)))
+      throw std::logic_error("gnh::lm_head_xent: bf16 scratch too small for the exponentials");
+    Bf16Storage<T>* const qs = reinterpret_cast<Bf16Storage<T>*>(pol.scratch_a.data());
+    rounded_copies(space, "gnh::lm_head_xent::operands", q, 0, vc, 0, nr, 1, qs, 0);
+    const index_t C3 = 3 * C, pair = pol.head_vocab * C3;
+    const Bf16Storage<T>* const B = pol.head_pairs + v0 * C3;
+    gemm_batched_rounded<T>(space, false, false, nr, C, vc, T(1), qs, vc, 0, B + C, C3, 0, beta, m.v.data(), C, 0, 1);
+    gemm_batched_rounded<T>(space, false, false, nr, C, vc, T(1), qs, vc, 0, B, C3, pair, beta, m.d.data(), C,
+                            2 * nr * C, (K + 1) / 2);
+    gemm_batched_rounded<T>(space, false, false, nr, C, vc, T(1), qs, vc, 0, B + 2 * C, C3, pair, beta,
+                            m.d.data() + nr * C, C, 2 * nr * C, K / 2);
+    return;
+  }
   gemm<T>(space, pol, "N", "N", T(1), block(q, 0, nr, vc), block(p.v.data() + w + v0 * C, 0, vc, C), beta,
           block(m.v.data(), 0, nr, C));
   gemm_batched<T>(space, pol, "N", "N", T(1), block(q, 0, nr, vc), 0, block(p.d.data(), w + v0 * C, vc, C), P, beta,

@@ -186,6 +186,7 @@ class Gpt {
   // every head tile read them); weights_gemm_ is gemm_ with those blocks
   // (GemmPolicy::ahead), the policy of every product of a weight.
   View1<T> rounded_ahead_;
+  bool head_pairs_ = false;  // the head's direction blocks in pair blocks (GemmPolicy::head_pairs)
   kernels::GemmPolicy<T> weights_gemm_;
   View1<double> row_loss_v_;
   View2<double> row_loss_d_, row_loss_dd_, row_loss_gn_;  // (K, N)

@@ -447,8 +447,13 @@ void Gpt<T>::plan_gemm(const GptTiles& plan) {
         View1<T>(Kokkos::view_alloc("gnh::gpt::bf16_b", Kokkos::WithoutInitializing), plan.bf16_scratch_b);
   }
   // Every parameter and the head's K direction blocks, rounded (bfloat16
-  // bits on cuBLAS: half the bytes), in as many T.
-  const index_t VC = index_t(cfg_.vocab_size) * cfg_.n_embd, values = layout_.size() + shape_.directions * VC;
+  // bits on cuBLAS: half the bytes), in as many T; GPU-shaped second order
+  // in float, the direction blocks in pair blocks with the head's weights
+  // (GemmPolicy::head_pairs): (K + 1) / 2 blocks of 3 (V, C).
+  head_pairs_ = shape_.gpu_shaped && shape_.second_order && shape_.directions > 0 && std::is_same<T, float>::value;
+  const index_t VC = index_t(cfg_.vocab_size) * cfg_.n_embd;
+  const index_t blocks = head_pairs_ ? 3 * ((shape_.directions + 1) / 2) : shape_.directions;
+  const index_t values = layout_.size() + blocks * VC;
   const index_t ahead = index_t((std::size_t(values) * sizeof(kernels::Bf16Storage<T>) + sizeof(T) - 1) / sizeof(T));
   workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(ahead);
   if (allocate_)
@@ -468,7 +473,8 @@ void Gpt<T>::round_ahead(const ExecSpace& space, const Params<T>& p) {
   using D = kernels::Bf16Storage<T>;
   const index_t VC = index_t(cfg_.vocab_size) * cfg_.n_embd, P = layout_.size(), w = layout_.lm_head;
   const index_t K = index_t(p.d.extent(0));
-  if ((P + K * VC) * index_t(sizeof(D)) > index_t(rounded_ahead_.extent(0) * sizeof(T)))
+  const index_t blocks = head_pairs_ ? 3 * ((K + 1) / 2) : K;
+  if ((P + blocks * VC) * index_t(sizeof(D)) > index_t(rounded_ahead_.extent(0) * sizeof(T)))
     throw std::logic_error("gnh::gpt: the rounded weights hold fewer directions than " + std::to_string(K));
   D* const dst = reinterpret_cast<D*>(rounded_ahead_.data());
   // The matrices span two scalable extents, the vectors (biases, norms) one.
@@ -478,6 +484,13 @@ void Gpt<T>::round_ahead(const ExecSpace& space, const Params<T>& p) {
   kernels::detail::rounded_copies(space, "gnh::gpt::weights_bf16", p.v.data(), 0, P, 0, 1, 1, dst, 0, -1);
   weights_gemm_.ahead[0] = {p.v.data(), P, 1, 0, dst};
   if (K == 0) return;
+  if (head_pairs_) {
+    kernels::detail::head_pair_blocks<T>(space, p.v.data() + w, p.d.data() + w, K, cfg_.vocab_size, cfg_.n_embd, P,
+                                         dst + P);
+    weights_gemm_.head_pairs = dst + P;
+    weights_gemm_.head_vocab = cfg_.vocab_size;
+    return;
+  }
   kernels::detail::rounded_copies(space, "gnh::gpt::weights_bf16", p.d.data() + w, P, VC, 0, 1, K, dst + P, VC);
   weights_gemm_.ahead[1] = {p.d.data() + w, VC, K, P, dst + P};
 }

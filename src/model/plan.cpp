@@ -116,6 +116,11 @@ GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape) {
     // chunks stay as the host path's speed was measured with.
     t.bf16_single_chunk = shape.gpu_shaped ? G * t.bf16_chunk : t.bf16_chunk;  // bf16_chunk <= N widest already
     t.bf16_scratch_a = G * (t.bf16_chunk + widest);
+    // GPU-shaped second order: a head tile's operands against the pair blocks
+    // (kernels/lm_head_xent.hpp, pair_logits: K blocks of rows x 2C), then its
+    // exponentials (rows x vocabulary chunk), rounded whole.
+    if (shape.gpu_shaped && sec)
+      t.bf16_scratch_a = std::max({t.bf16_scratch_a, K * t.logits_rows * 2 * C, t.logits_rows * t.logits_vocab});
     const index_t block = std::max<index_t>(wide * C, std::min<index_t>(t.logits_vocab, 4096) * C);
     t.bf16_scratch_b = std::max(G * std::max(t.bf16_chunk + widest, block), V * C);
   }

@@ -5,10 +5,12 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "core/bf16.hpp"
 #include "kernel_profile.hpp"
+#include "kernels/lm_head_xent.hpp"
 #include "support/ops.hpp"
 #include "support/reference.hpp"
 
@@ -169,6 +171,88 @@ TEST_CASE("linear and lm head in bf16-amp equal FP32 on rounded operands", "[bf1
                                        w.params<float>(), 0, V, op.kernel.targets, op.saved[1].act<float>(),
                                        op.kernel.stats, op.saved[2].act<float>());
   for (index_t n = 0; n < N; ++n) REQUIRE(l1(n) == l2(n));
+}
+
+namespace pairs_test {  // named: nvcc wants extended lambdas in functions with external linkage
+// The second-order head forward (K directions) under bf16-amp, the
+// direction blocks as the layer rounds them or in pair blocks with the
+// weights (GemmPolicy::head_pairs): the losses' planes and lse's, all
+// values.
+std::vector<double> head_second_order(index_t N, index_t C, index_t V, index_t K, index_t rows, index_t vchunk,
+                                      bool pairs) {
+  using T = float;
+  std::mt19937 g(17);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  View1<T> hv("hv", N * C), hd("hd", K * N * C), hdd("hdd", K * N * C), pv("pv", V * C), pd("pd", K * V * C);
+  for (View1<T> x : {hv, hd, hdd, pv, pd})
+    for (std::size_t i = 0; i < x.extent(0); ++i) x(i) = u(g);
+  Act2<T> h;
+  h.v = Span2<T>(hv.data(), N, C);
+  h.d = Span3<T>(hd.data(), K, N, C);
+  h.dd = Span3<T>(hdd.data(), K, N, C);
+  const Params<T> p{Span1<const T>(pv.data(), V * C), Span2<const T>(pd.data(), K, V * C)};
+  View1<double> lv("lv", N), ld("ld", K * N), ldd("ldd", K * N);
+  View1<T> ev("ev", N), ed("ed", K * N), edd("edd", K * N);
+  const Act1<double> loss{lv, Span2<double>(ld.data(), K, N), Span2<double>(ldd.data(), K, N)};
+  const Act1<T> lse{ev, Span2<T>(ed.data(), K, N), Span2<T>(edd.data(), K, N)};
+  View1<T> zv("zv", rows * vchunk), zd("zd", K * rows * vchunk), zdd("zdd", rows * vchunk), mv("mv", rows * C),
+      md("md", K * rows * C);
+  Act2<T> z, m;
+  z.v = Span2<T>(zv.data(), rows, vchunk);
+  z.d = Span3<T>(zd.data(), K, rows, vchunk);
+  z.dd = Span3<T>(zdd.data(), 1, rows, vchunk);
+  m.v = Span2<T>(mv.data(), rows, C);
+  m.d = Span3<T>(md.data(), K, rows, C);
+  View2<T> stats("stats", N, 2);
+  View1<std::int32_t> targets("targets", N);
+  for (index_t n = 0; n < N; ++n) targets(n) = n % 5 == 4 ? -1 : std::int32_t((7 * n + 2) % V);
+  kernels::GemmPolicy<T> pol;
+  pol.bf16 = true;
+  pol.chunk_elements = 1 << 12;
+  pol.scratch_a = View1<T>("a", 1 << 16);
+  pol.scratch_b = View1<T>("b", 1 << 16);
+  View1<kernels::Bf16Storage<T>> blocks("pairs", ((K + 1) / 2) * V * 3 * C);
+  if (pairs) {
+    kernels::detail::head_pair_blocks<T>(ExecSpace(), pv.data(), pd.data(), K, V, C, V * C, blocks.data());
+    pol.head_pairs = blocks.data();
+    pol.head_vocab = V;
+  }
+  kernels::lm_head_xent_forward<Jet2<T>>(ExecSpace(), loss, lse, h, p, 0, V, Span1<const std::int32_t>(targets), z,
+                                         stats, m, pol);
+  ExecSpace().fence();
+  std::vector<double> out;
+  for (View1<double> x : {lv, ld, ldd})
+    for (std::size_t i = 0; i < x.extent(0); ++i) out.push_back(x(i));
+  for (View1<T> x : {ev, ed, edd})
+    for (std::size_t i = 0; i < x.extent(0); ++i) out.push_back(double(x(i)));
+  return out;
+}
+}  // namespace pairs_test
+
+TEST_CASE("bf16-amp LM head: a direction's tangent logits in one product from the pair blocks", "[bf16]") {
+  // z'_k = h'_k W^T + h V_k^T as [h | h'_k] [V_k | W]^T (k even) or
+  // [h'_k | h] [W | V_k]^T (k odd) over an inner dimension of 2C, from pair
+  // blocks [V_2j | W | V_2j+1] rounded once: the same bfloat16 products as
+  // the two GEMMs, summed in another order. K = 3 (a pair without its odd
+  // direction), tiles of 3 of 7 rows, the whole vocabulary or chunks of 5.
+  // A logit is a sum of 2C products of bfloat16 values in FP32: the two
+  // orders differ by a few C eps |terms|; a loss or lse plane adds a sum
+  // over V such values and their squares, so they agree within
+  // 8 (2C + V) eps (|x| + 1). A direction paired with the wrong block, a
+  // swapped half or a wrong stride is O(1) off.
+  const index_t N = 7, C = 6, V = 11, K = 3;
+  for (const index_t vchunk : {V, index_t(5)}) {
+    CAPTURE(vchunk);
+    const auto apart = pairs_test::head_second_order(N, C, V, K, 3, vchunk, false);
+    const auto paired = pairs_test::head_second_order(N, C, V, K, 3, vchunk, true);
+    REQUIRE(apart.size() == paired.size());
+    const double tol = 8.0 * double(2 * C + V) * std::numeric_limits<float>::epsilon();
+    for (std::size_t i = 0; i < apart.size(); ++i) {
+      INFO("value " << i << ": apart " << apart[i] << ", paired " << paired[i]);
+      REQUIRE(std::isfinite(paired[i]));
+      REQUIRE(std::fabs(apart[i] - paired[i]) <= tol * (std::fabs(apart[i]) + 1.0));
+    }
+  }
 }
 
 TEST_CASE("bf16-amp batches: each operand rounded once per group, the bits of one product at a time", "[bf16]") {

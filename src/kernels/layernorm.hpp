@@ -70,6 +70,11 @@ struct LayerNormDirectionRow {
   Act2<T> x;
   Params<T> p;
   index_t w, b, C, N, P;
+  // With an adjoint cut at the norm's output (second order, acc not empty):
+  // y'' is not written but contracted with the cut's adjoint into acc(k, n),
+  // its terms in the order of the cut's own row kernel (model/gpt_impl.hpp).
+  Act2<T> cut;
+  View2<double> acc;
   template <class Lanes>
   KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t i) const {
     const index_t k = i / N, n = i - k * N;
@@ -101,11 +106,18 @@ struct LayerNormDirectionRow {
         if (Centred) mean.dd(k, n) = mu2;
         rstd.dd(k, n) = r2;
       });
-      lanes.each(C, [&](index_t c) {
+      const auto second = [&](index_t c) {
         const T d0 = xr[c] - mu, d1 = xd[c] - mu1;
         const T xh1 = d1 * r + d0 * r1, xh2 = (xdd[c] - mu2) * r + T(2) * d1 * r1 + d0 * r2;
-        y.dd(k, n, c) = xh2 * pv[w + c] + T(2) * xh1 * pd[w + c];
-      });
+        return xh2 * pv[w + c] + T(2) * xh1 * pd[w + c];
+      };
+      if (acc.extent(0) > 0) {
+        const T* a = &cut.v(n, 0);
+        const T s = lanes.template sum<T>(C, [&](index_t c) { return a[c] * second(c); });
+        lanes.single([&] { acc(k, n) += double(s); });
+      } else {
+        lanes.each(C, [&](index_t c) { y.dd(k, n, c) = second(c); });
+      }
     }
   }
 };
@@ -148,23 +160,35 @@ struct LayerNormReverseRow {
 template <class S, bool Centred>
 void norm_forward(const ExecSpace& space, const char* const (&label)[2], Act2<base_t<S>> y, Act1<base_t<S>> mean,
                   Act1<base_t<S>> rstd, Act2<base_t<S>> x, Params<base_t<S>> p, index_t w, index_t b, double eps,
-                  RowShape rows) {
+                  RowShape rows, Act2<base_t<S>> cut = Act2<base_t<S>>(), View2<double> acc = View2<double>()) {
   using T = base_t<S>;
   const index_t N = x.rows(), C = x.cols(), K = has_tangents_v<S> ? x.d.extent(0) : 0, P = p.v.extent(0);
   require_extent(label[0], "y rows", y.rows(), N);
   require_extent(label[0], "y cols", y.cols(), C);
   require_extent(label[0], "rstd", rstd.v.extent(0), N);
+  const bool cutting = acc.extent(0) > 0;
+  if (cutting) {
+    require_extent(label[1], "adjoint rows", cut.rows(), N);
+    require_extent(label[1], "adjoint cols", cut.cols(), C);
+    require_extent(label[1], "cut directions", acc.extent(0), K);
+    require_extent(label[1], "cut rows", acc.extent(1), N);
+  }
   // x read, y written; the row statistics written, and read by the planes of
-  // the directions with x again (a second-order plane beside each).
+  // the directions with x again (a second-order plane beside each; with a
+  // cut, the adjoint read instead of the y'' planes written, and a double a
+  // row and direction).
   Traffic(label[0]).add(double(2 * N * C), sizeof(T), 2).add(double(2 * N), sizeof(T), 1);
   if (K > 0)
     Traffic(label[1])
-        .add(double((1 + 2 * K * (std::is_same<S, Jet2<T>>::value ? 2 : 1)) * N * C), sizeof(T), 2)
-        .add(double(2 * N), sizeof(T), 1);
+        .add(double((1 + 2 * K * (std::is_same<S, Jet2<T>>::value ? 2 : 1) + (cutting ? 1 - K : 0)) * N * C), sizeof(T),
+             2)
+        .add(double(2 * N), sizeof(T), 1)
+        .add(double(cutting ? 2 * K * N : 0), sizeof(double), 1);
   for_rows<T>(space, label[0], N, LayerNormValueRow<T, Centred>{y, mean, rstd, x, p, w, b, C, static_cast<T>(eps)},
               rows);
   if constexpr (has_tangents_v<S>)
-    for_rows<T>(space, label[1], K * N, LayerNormDirectionRow<S, Centred>{y, mean, rstd, x, p, w, b, C, N, P}, rows);
+    for_rows<T>(space, label[1], K * N, LayerNormDirectionRow<S, Centred>{y, mean, rstd, x, p, w, b, C, N, P, cut, acc},
+                rows);
 }
 
 // The weight and bias of each sequence's own gradient (Grads per sequence,
@@ -246,6 +270,19 @@ void layernorm_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>
   require_extent("gnh::layernorm::forward", "mean", mean.v.extent(0), x.rows());
   static const char* const label[2] = {"gnh::layernorm::forward", "gnh::layernorm::forward::directions"};
   detail::norm_forward<S, true>(space, label, y, mean, rstd, x, p, w, b, eps, rows);
+}
+
+// The second-order forward with an adjoint cut at the output: y, y' and the
+// statistics as layernorm_forward<Jet2<T>> writes them; y'' not written (y
+// needs no second-order planes) but contracted as it is formed with the
+// cut's adjoint adj (N, C) into acc (K, N) (model/gpt_impl.hpp, adjoint cuts).
+template <class T>
+void layernorm_forward_cut(const ExecSpace& space, Act2<T> y, Act1<T> mean, Act1<T> rstd, Act2<T> x, Params<T> p,
+                           index_t w, index_t b, double eps, Act2<T> adj, View2<double> acc) {
+  keep_planes<Jet2<T>>(y, mean, rstd, x, p);
+  require_extent("gnh::layernorm::forward", "mean", mean.v.extent(0), x.rows());
+  static const char* const label[2] = {"gnh::layernorm::forward", "gnh::layernorm::forward::cut"};
+  detail::norm_forward<Jet2<T>, true>(space, label, y, mean, rstd, x, p, w, b, eps, default_row_shape(), adj, acc);
 }
 
 template <class S>

@@ -64,7 +64,9 @@ void linear_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x
   const index_t N = x.rows(), in = x.cols(), out = y.cols(), K = y.d.extent(0);
   require_extent("gnh::linear::forward", "y rows", y.rows(), N);
   require_planes<S>("gnh::linear::forward", "y", y, K);
-  require_planes<S>("gnh::linear::forward", "x", x, K);
+  // x'' is read only where x_second (a cut input may have no such planes).
+  if (x_second) require_planes<S>("gnh::linear::forward", "x", x, K);
+  else require_planes<Dual<T>>("gnh::linear::forward", "x", x, K);
   require_planes<S>("gnh::linear::forward", "theta", p, K);
   const T* W = p.v.data() + w;
   gemm<T>(space, pol, "N", "T", T(1), x.v, block(W, 0, out, in), T(0), y.v);

@@ -215,6 +215,7 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate, std::vect
   const GptTiles plan = gpt_tiles(cfg, shape_);
   att_path_ = kernels::attention_path<T>(shape.bf16, shape_.gpu_shaped);
   const index_t att_e = choose_kept(plan);
+  cuts_ = adjoint_cuts_of(cfg, shape);
   plan_layers(att_e);
   plan_attention();
   plan_head(plan);
@@ -223,7 +224,6 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate, std::vect
   const bool tan = shape.directions > 0, sec = shape.second_order && tan;
   workspace_bytes_ +=
       sizeof(double) * static_cast<std::size_t>(N_ * (1 + (tan ? shape.directions : 0) * (sec ? 3 : 2)));
-  cuts_ = adjoint_cuts_of(cfg, shape);
   if (cuts_) plan_adjoint_cuts();
   reusable_.clear();  // what this plan did not reuse is freed
   reusable_.shrink_to_fit();
@@ -295,8 +295,12 @@ void Gpt<T>::plan_layers(index_t att_e) {
   const bool tan = shape_.directions > 0, sec = shape_.second_order && tan;
   const bool llama = cfg_.family == Family::llama;
   const int slots = shape_.reverse ? cfg_.n_layer : 1;
-  const Act2<T> ln_shared = act2("ln", N, C, tan, sec);
-  const Act2<T> gelu_shared = keep_gelu_ ? Act2<T>() : act2("fc_gelu", N, F, tan, sec);
+  // With adjoint cuts the norms' y'' are contracted as they are formed
+  // (layernorm_forward_cut, rmsnorm_forward_cut), never stored.
+  const Act2<T> ln_shared = act2("ln", N, C, tan, sec && !cuts_);
+  // With adjoint cuts the GELU's y'' is contracted as it is formed, never
+  // stored (kernels/gelu.hpp, gelu_forward_cut): no second-order planes.
+  const Act2<T> gelu_shared = keep_gelu_ ? Act2<T>() : act2("fc_gelu", N, F, tan, sec && !(cuts_ && !llama));
   for (int l = 0; l < slots; ++l) {
     LayerActivations<T> a;
     a.ln1 = ln_shared;
@@ -630,8 +634,11 @@ void Gpt<T>::forward_block(const ExecSpace& space, Params<T> p, int l, bool cut)
   const Act2<T> x_mid = a0.x_mid, ln2 = a0.ln2;
   const Act2<T> fc = a0.fc, fc_gelu = a0.fc_gelu, x_out = a0.x_out;
   const CutAdjoints<T> cuts = cut ? buf_->cuts[l] : CutAdjoints<T>();
-  layernorm_forward<S>(space, ln1, a0.ln1_mean, a0.ln1_rstd, x, p, o.ln1_w, o.ln1_b, cfg_.ln_eps);
-  cut_at(space, cut, cuts.ln1, ln1);
+  // With cuts, the cut at each norm's output is taken as the norm forms y''.
+  if (cut)
+    layernorm_forward_cut<T>(space, ln1, a0.ln1_mean, a0.ln1_rstd, x, p, o.ln1_w, o.ln1_b, cfg_.ln_eps, cuts.ln1,
+                             cut_dd_);
+  else layernorm_forward<S>(space, ln1, a0.ln1_mean, a0.ln1_rstd, x, p, o.ln1_w, o.ln1_b, cfg_.ln_eps);
   linear_forward<S>(space, qkv, ln1, p, o.attn_w, o.attn_b, weights_gemm_, !cut);
   if (rotary_dims_ > 0)
     rotary_forward<S>(space, qkv, qkv, cfg_.head_size(), rotary_dims_, rotary_table_, RotarySegments{3, 2});
@@ -642,16 +649,20 @@ void Gpt<T>::forward_block(const ExecSpace& space, Params<T> p, int l, bool cut)
   linear_forward<S>(space, proj, att, p, o.attn_proj_w, o.attn_proj_b, weights_gemm_, !cut);
   residual_forward<S>(space, x_mid, x, proj);
   const Act2<T> mlp_in = cfg_.parallel_residual ? x : x_mid;
-  layernorm_forward<S>(space, ln2, a0.ln2_mean, a0.ln2_rstd, mlp_in, p, o.ln2_w, o.ln2_b, cfg_.ln_eps);
-  cut_at(space, cut, cuts.ln2, ln2);
+  if (cut)
+    layernorm_forward_cut<T>(space, ln2, a0.ln2_mean, a0.ln2_rstd, mlp_in, p, o.ln2_w, o.ln2_b, cfg_.ln_eps, cuts.ln2,
+                             cut_dd_);
+  else layernorm_forward<S>(space, ln2, a0.ln2_mean, a0.ln2_rstd, mlp_in, p, o.ln2_w, o.ln2_b, cfg_.ln_eps);
   linear_forward<S>(space, fc, ln2, p, o.fc_w, o.fc_b, weights_gemm_, !cut);
   if constexpr (std::is_same<S, T>::value) {
     if (keep_gelu_) gelu_forward_slope_in_place<T>(space, fc_gelu.v, fc.v, cfg_.gelu);  // fc holds the slope now
     else gelu_forward<S>(space, fc_gelu, fc, cfg_.gelu);
+  } else if (cut) {
+    // The cut at fc_proj's input taken as the GELU forms y'' (not stored).
+    gelu_forward_cut<T>(space, fc_gelu, fc, cfg_.gelu, cuts.fc_gelu, cut_dd_);
   } else {
     gelu_forward<S>(space, fc_gelu, fc, cfg_.gelu);
   }
-  cut_at(space, cut, cuts.fc_gelu, fc_gelu);
   linear_forward<S>(space, proj, fc_gelu, p, o.fc_proj_w, o.fc_proj_b, weights_gemm_, !cut);
   residual_forward<S>(space, x_out, x_mid, proj);
 }
@@ -671,8 +682,8 @@ void Gpt<T>::forward_block_llama(const ExecSpace& space, Params<T> p, int l, boo
   const Act2<T> x = x_in(l);
   // Adjoint cuts (second_order): at the projections' inputs and the attention's.
   const CutAdjoints<T> cuts = cut ? buf_->cuts[l] : CutAdjoints<T>();
-  rmsnorm_forward<S>(space, a.ln1, a.ln1_rstd, x, p, o.ln1_w, -1, cfg_.ln_eps);
-  cut_at(space, cut, cuts.ln1, a.ln1);
+  if (cut) rmsnorm_forward_cut<T>(space, a.ln1, a.ln1_rstd, x, p, o.ln1_w, -1, cfg_.ln_eps, cuts.ln1, cut_dd_);
+  else rmsnorm_forward<S>(space, a.ln1, a.ln1_rstd, x, p, o.ln1_w, -1, cfg_.ln_eps);
   if (fused_qkv_) {
     // One GEMM into [q | k | v]; the first n_head + n_kv_head segments rotate.
     const index_t H = cfg_.n_head, G = cfg_.kv_heads();
@@ -695,8 +706,8 @@ void Gpt<T>::forward_block_llama(const ExecSpace& space, Params<T> p, int l, boo
   cut_at(space, cut, cuts.att, a.att);
   linear_forward<S>(space, proj, a.att, p, o.attn_proj_w, o.attn_proj_b, weights_gemm_, !cut);
   residual_forward<S>(space, a.x_mid, x, proj);
-  rmsnorm_forward<S>(space, a.ln2, a.ln2_rstd, a.x_mid, p, o.ln2_w, -1, cfg_.ln_eps);
-  cut_at(space, cut, cuts.ln2, a.ln2);
+  if (cut) rmsnorm_forward_cut<T>(space, a.ln2, a.ln2_rstd, a.x_mid, p, o.ln2_w, -1, cfg_.ln_eps, cuts.ln2, cut_dd_);
+  else rmsnorm_forward<S>(space, a.ln2, a.ln2_rstd, a.x_mid, p, o.ln2_w, -1, cfg_.ln_eps);
   linear_forward<S>(space, a.fc, a.ln2, p, o.fc_w, -1, weights_gemm_, !cut);
   swiglu_forward<S>(space, a.fc_gelu, a.fc);
   cut_at(space, cut, cuts.fc_gelu, a.fc_gelu);

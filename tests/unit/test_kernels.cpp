@@ -20,6 +20,7 @@
 #include "kernels/attention.hpp"
 #include "kernels/colsum.hpp"
 #include "kernels/embedding.hpp"
+#include "kernels/gelu.hpp"
 #include "kernels/layernorm.hpp"
 #include "kernels/rmsnorm.hpp"
 #include "kernels/rotary.hpp"
@@ -498,6 +499,150 @@ TEST_CASE("bfloat16 narrowed in place over FP32 rows by a team", "[kernels][bf16
         REQUIRE(bf16_value(got[i]) == want[i]);
       }
     }
+}
+
+namespace cut_test {
+// A cut's accumulator, each entry starting at its index (the kernels add).
+View2<double> start(gnh::index_t K, gnh::index_t N) {
+  View2<double> acc("acc", K, N);
+  for (gnh::index_t k = 0; k < K; ++k)
+    for (gnh::index_t n = 0; n < N; ++n) acc(k, n) = double(k * N + n);
+  return acc;
+}
+// acc(k, n) against its start plus sum_c adj(n, c) ydd(k, n, c) in double:
+// C float products added in float, within (C + 2) eps of the sum of their
+// magnitudes.
+void check(const View2<double>& acc, const View1<float>& adj, const View1<float>& ydd, gnh::index_t K, gnh::index_t N,
+           gnh::index_t C) {
+  for (gnh::index_t k = 0; k < K; ++k)
+    for (gnh::index_t n = 0; n < N; ++n) {
+      double want = 0, mag = 0;
+      for (gnh::index_t c = 0; c < C; ++c) {
+        const double t = double(adj(n * C + c)) * double(ydd((k * N + n) * C + c));
+        want += t;
+        mag += std::fabs(t);
+      }
+      CAPTURE(k, n);
+      REQUIRE(std::fabs(acc(k, n) - double(k * N + n) - want) <=
+              double(C + 2) * std::numeric_limits<float>::epsilon() * (mag + 1e-30));
+    }
+}
+// An input x with K tangent and second-order planes and an adjoint, random
+// in (-amp, amp); a reference output with every plane, and a cut output
+// without second-order planes.
+struct Planes {
+  gnh::index_t K, N, C;
+  View1<float> xv, xd, xdd, av, rv, rd, rdd, cv, cd;
+  Act2<float> x, ref, cut, adj;
+  Planes(gnh::index_t K_, gnh::index_t N_, gnh::index_t C_, std::mt19937& g, float amp)
+      : K(K_),
+        N(N_),
+        C(C_),
+        xv("xv", N * C),
+        xd("xd", K * N * C),
+        xdd("xdd", K * N * C),
+        av("av", N * C),
+        rv("rv", N * C),
+        rd("rd", K * N * C),
+        rdd("rdd", K * N * C),
+        cv("cv", N * C),
+        cd("cd", K * N * C) {
+    std::uniform_real_distribution<float> u(-amp, amp);
+    for (View1<float> v : {xv, xd, xdd, av})
+      for (std::size_t i = 0; i < v.extent(0); ++i) v(i) = u(g);
+    x.v = Span2<float>(xv.data(), N, C);
+    x.d = Span3<float>(xd.data(), K, N, C);
+    x.dd = Span3<float>(xdd.data(), K, N, C);
+    ref.v = Span2<float>(rv.data(), N, C);
+    ref.d = Span3<float>(rd.data(), K, N, C);
+    ref.dd = Span3<float>(rdd.data(), K, N, C);
+    cut.v = Span2<float>(cv.data(), N, C);
+    cut.d = Span3<float>(cd.data(), K, N, C);
+    adj.v = Span2<float>(av.data(), N, C);
+  }
+  // y and y' of the two outputs the same bits.
+  void same_values() const {
+    REQUIRE(std::memcmp(cv.data(), rv.data(), sizeof(float) * cv.extent(0)) == 0);
+    REQUIRE(std::memcmp(cd.data(), rd.data(), sizeof(float) * cd.extent(0)) == 0);
+  }
+};
+}  // namespace cut_test
+
+TEST_CASE("GELU with an adjoint cut: y and y' of the second-order forward, y'' contracted and not stored",
+          "[kernels]") {
+  // gelu_forward_cut against gelu_forward<Jet2>: the same y and y' (the
+  // same expressions, bit for bit), y (the output) without second-order
+  // planes, and acc(k, n) += sum_c adj(n, c) y''(k, n, c) for the stored
+  // y''. The sum is C float products added in float: within (C + 2) eps of
+  // the sum of their magnitudes. A wrong row, direction or column of adj
+  // or x'' is O(1) off.
+  using T = float;
+  const gnh::index_t N = 9, C = 37, K = 3;
+  for (const Gelu kind : {Gelu::erf, Gelu::tanh}) {
+    CAPTURE(int(kind));
+    std::mt19937 g(23);
+    const cut_test::Planes t(K, N, C, g, 2.0f);
+    View2<double> acc = cut_test::start(K, N);
+    kernels::gelu_forward<Jet2<T>>(ExecSpace(), t.ref, t.x, kind);
+    kernels::gelu_forward_cut<T>(ExecSpace(), t.cut, t.x, kind, t.adj, acc);
+    ExecSpace().fence();
+    t.same_values();
+    cut_test::check(acc, t.av, t.rdd, K, N, C);
+  }
+  // The cut's adjoint must match x's rows and columns.
+  Act2<T> y, x, adj;
+  View1<T> v1("v1", 4 * 5), v2("v2", 4 * 5), v3("v3", 2 * 4 * 5), v4("v4", 2 * 4 * 5), v5("v5", 3 * 5);
+  x.v = Span2<T>(v1.data(), 4, 5);
+  x.d = Span3<T>(v3.data(), 2, 4, 5);
+  x.dd = Span3<T>(v4.data(), 2, 4, 5);
+  y.v = Span2<T>(v2.data(), 4, 5);
+  y.d = Span3<T>(v3.data(), 2, 4, 5);
+  adj.v = Span2<T>(v5.data(), 3, 5);
+  REQUIRE_THROWS_WITH(kernels::gelu_forward_cut<T>(ExecSpace(), y, x, Gelu::tanh, adj, View2<double>("a", 2, 4)),
+                      Catch::Contains("adjoint rows"));
+}
+
+TEST_CASE("LayerNorm and RMSNorm with an adjoint cut: y'' contracted as formed, not stored", "[kernels]") {
+  // layernorm_forward_cut and rmsnorm_forward_cut against the second-order
+  // forward: y, y' and the row statistics bit for bit (the same row
+  // kernels), y without second-order planes, and acc(k, n) += sum_c adj(n,
+  // c) y''(k, n, c) for the stored y'': C float products added in float,
+  // within (C + 2) eps of the sum of their magnitudes. A wrong row,
+  // direction or column of the adjoint is O(1) off.
+  using T = float;
+  const gnh::index_t N = 7, C = 29, K = 3;
+  for (const bool centred : {true, false}) {
+    CAPTURE(centred);
+    std::mt19937 g(29);
+    const cut_test::Planes t(K, N, C, g, 1.5f);
+    std::uniform_real_distribution<T> u(-1.5f, 1.5f);
+    View1<T> pv("pv", 2 * C), pd("pd", K * 2 * C);
+    for (View1<T> v : {pv, pd})
+      for (std::size_t i = 0; i < v.extent(0); ++i) v(i) = u(g);
+    View1<T> ms_r("ms_r", 2 * (1 + 2 * K) * N), ms_c("ms_c", 2 * (1 + 2 * K) * N);
+    auto stats = [&](const View1<T>& b, int which) {  // mean (0) or rstd (1) with their planes
+      Act1<T> a;
+      T* base = b.data() + which * (1 + 2 * K) * N;
+      a.v = Span1<T>(base, N);
+      a.d = Span2<T>(base + N, K, N);
+      a.dd = Span2<T>(base + (1 + K) * N, K, N);
+      return a;
+    };
+    const Params<T> p{Span1<const T>(pv.data(), 2 * C), Span2<const T>(pd.data(), K, 2 * C)};
+    View2<double> acc = cut_test::start(K, N);
+    if (centred) {
+      kernels::layernorm_forward<Jet2<T>>(ExecSpace(), t.ref, stats(ms_r, 0), stats(ms_r, 1), t.x, p, 0, C, 1e-5);
+      kernels::layernorm_forward_cut<T>(ExecSpace(), t.cut, stats(ms_c, 0), stats(ms_c, 1), t.x, p, 0, C, 1e-5, t.adj,
+                                        acc);
+    } else {
+      kernels::rmsnorm_forward<Jet2<T>>(ExecSpace(), t.ref, stats(ms_r, 1), t.x, p, 0, -1, 1e-6);
+      kernels::rmsnorm_forward_cut<T>(ExecSpace(), t.cut, stats(ms_c, 1), t.x, p, 0, -1, 1e-6, t.adj, acc);
+    }
+    ExecSpace().fence();
+    t.same_values();
+    REQUIRE(std::memcmp(ms_c.data(), ms_r.data(), sizeof(T) * ms_c.extent(0)) == 0);
+    cut_test::check(acc, t.av, t.rdd, K, N, C);
+  }
 }
 
 // ---------------------------------------------------------------------------

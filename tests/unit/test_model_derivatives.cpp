@@ -542,9 +542,16 @@ TEST_CASE("an engine planned in another's released storage gives a fresh engine'
     same(run(*narrow, 2), r2);
     s = narrow->release_storage();
     narrow.reset();
-    const auto kept = pointers(s);
-    // Every buffer of the narrower plan came from the wider one's storage.
-    REQUIRE(std::includes(before.begin(), before.end(), kept.begin(), kept.end()));
+    // Every buffer of the narrower plan came from the wider one's storage,
+    // but the norms' and GELU's outputs: with cuts their second-order planes
+    // are contracted as they are formed and have no storage, so the plan
+    // without cuts frees the smaller buffer of that name and takes a new one.
+    for (const View1<float>& v : s) {
+      if (std::binary_search(before.begin(), before.end(), static_cast<const float*>(v.data()))) continue;
+      CAPTURE(v.label());
+      REQUIRE(sof);
+      REQUIRE((v.label() == "gnh::gpt::ln" || v.label() == "gnh::gpt::fc_gelu"));
+    }
     poison(s);
     Gpt<float> again(cfg, shape(3, 1), std::move(s));
     same(run(again, 3), r3);

@@ -17,7 +17,7 @@
 #include "kernels/cloned.hpp"
 #include "kernels/host_vec.hpp"
 #include "kernels/op.hpp"
-#include "kernels/rows.hpp"
+#include "kernels/cut.hpp"
 #include "kernels/instances.hpp"
 
 namespace gnh::kernels {
@@ -200,34 +200,15 @@ void gelu_reverse_kind(const ExecSpace& space, Act2<base_t<S>> dx, Act2<base_t<S
 }
 // y = f(x) with the slope f'(x) beside it (the plain reverse's pair).
 
-// Row (k, n) of the second-order forward cut at the GELU's output: y'_k
-// written (and y by the rows of k = 0), y''_k formed and contracted with the
-// cut's adjoint, never stored: acc(k, n) += sum_c adj(n, c) y''(k, n, c), its
-// terms in the row shape's order (that of the cut's own row kernel,
-// model/gpt_impl.hpp).
+// GELU's output column j from its input's planes, for elementwise_cut.
 template <bool E, class T>
-struct GeluCutRow {
-  Act2<T> y, x, adj;
-  View2<double> acc;
-  index_t N;
-  template <class Lanes>
-  KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t r) const {
-    const index_t k = r / N, n = r - k * N, C = x.cols();
-    const T* xv = &x.v(n, 0);
-    const T* xd = &x.d(k, n, 0);
-    const T* xdd = &x.dd(k, n, 0);
-    const T* a = &adj.v(n, 0);
-    T* yv = &y.v(n, 0);
-    T* yd = &y.d(k, n, 0);
-    const T s = lanes.template sum<T>(C, [&](index_t c) {
-      T f, f1, f2;
-      gelu_derivatives<E, 1>(xv[c], f, f1, f2);
-      if (k == 0) yv[c] = f;
-      const T d = xd[c];
-      yd[c] = f1 * d;
-      return a[c] * (f2 * d * d + f1 * xdd[c]);
-    });
-    lanes.single([&] { acc(k, n) += double(s); });
+struct GeluElement {
+  KOKKOS_INLINE_FUNCTION void operator()(const T* x, const T* xd, const T* xdd, index_t j, T& y, T& y1, T& y2) const {
+    T f1, f2;
+    gelu_derivatives<E, 1>(x[j], y, f1, f2);
+    const T d = xd[j];
+    y1 = f1 * d;
+    y2 = f2 * d * d + f1 * xdd[j];
   }
 };
 }  // namespace detail
@@ -239,24 +220,9 @@ struct GeluCutRow {
 // model's cut would read it back (model/gpt_impl.hpp, adjoint cuts).
 template <class T>
 void gelu_forward_cut(const ExecSpace& space, Act2<T> y, Act2<T> x, Gelu kind, Act2<T> adj, View2<double> acc) {
-  const index_t N = x.rows(), C = x.cols(), K = x.d.extent(0);
-  const char* who = "gnh::gelu::forward_cut";
-  require_extent(who, "y rows", y.rows(), N);
-  require_extent(who, "y cols", y.cols(), C);
-  require_extent(who, "adjoint rows", adj.rows(), N);
-  require_extent(who, "adjoint cols", adj.cols(), C);
-  require_extent(who, "cut directions", acc.extent(0), K);
-  require_extent(who, "cut rows", acc.extent(1), N);
-  require_planes<Jet2<T>>(who, "x", x, K);
-  require_planes<Dual<T>>(who, "y", y, K);
-  // x and y's value planes and the adjoint once, each direction's x', x''
-  // read and y' written; a double a row and direction.
-  Traffic("gnh::gelu::forward::cut")
-      .add(double((3 + 3 * K) * N * C), sizeof(T), 2)
-      .add(double(2 * K * N), sizeof(double), 1);
   if (kind == Gelu::erf)
-    for_rows<T>(space, "gnh::gelu::forward::cut", K * N, detail::GeluCutRow<true, T>{y, x, adj, acc, N});
-  else for_rows<T>(space, "gnh::gelu::forward::cut", K * N, detail::GeluCutRow<false, T>{y, x, adj, acc, N});
+    elementwise_cut(space, "gnh::gelu::forward::cut", y, x, adj, acc, 1, detail::GeluElement<true, T>{});
+  else elementwise_cut(space, "gnh::gelu::forward::cut", y, x, adj, acc, 1, detail::GeluElement<false, T>{});
 }
 
 template <class S>

@@ -167,12 +167,7 @@ void norm_forward(const ExecSpace& space, const char* const (&label)[2], Act2<ba
   require_extent(label[0], "y cols", y.cols(), C);
   require_extent(label[0], "rstd", rstd.v.extent(0), N);
   const bool cutting = acc.extent(0) > 0;
-  if (cutting) {
-    require_extent(label[1], "adjoint rows", cut.rows(), N);
-    require_extent(label[1], "adjoint cols", cut.cols(), C);
-    require_extent(label[1], "cut directions", acc.extent(0), K);
-    require_extent(label[1], "cut rows", acc.extent(1), N);
-  }
+  if (cutting) require_cut(label[1], cut, acc, N, C, K);
   // x read, y written; the row statistics written, and read by the planes of
   // the directions with x again (a second-order plane beside each; with a
   // cut, the adjoint read instead of the y'' planes written, and a double a

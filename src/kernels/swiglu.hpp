@@ -24,6 +24,7 @@
 #include "kernels/cloned.hpp"
 #include "kernels/op.hpp"
 #include "kernels/instances.hpp"
+#include "kernels/cut.hpp"
 
 namespace gnh::kernels {
 
@@ -55,7 +56,30 @@ void for_gate_chunks(const ExecSpace& space, const char* label, index_t N, index
                        }));
 }
 
+// The gate's output column j from its input's planes (x = [a | b], F
+// columns each), for elementwise_cut.
+template <class T>
+struct SwigluElement {
+  index_t F;
+  KOKKOS_INLINE_FUNCTION void operator()(const T* x, const T* xd, const T* xdd, index_t j, T& y, T& y1, T& y2) const {
+    T silu, s1, s2;
+    silu_coefficients(x[j], silu, s1, s2);
+    const T b = x[F + j], ad = xd[j], bd = xd[F + j];
+    y = silu * b;
+    y1 = s1 * ad * b + silu * bd;
+    y2 = (s2 * ad * ad + s1 * xdd[j]) * b + T(2) * s1 * ad * bd + silu * xdd[F + j];
+  }
+};
+
 }  // namespace detail
+
+// The second-order forward with an adjoint cut at its output (as
+// gelu_forward_cut): y and y' as swiglu_forward<Jet2<T>> writes them, y''
+// contracted with the cut's adjoint adj (N, F) into acc (K, N), not stored.
+template <class T>
+void swiglu_forward_cut(const ExecSpace& space, Act2<T> y, Act2<T> x, Act2<T> adj, View2<double> acc) {
+  elementwise_cut(space, "gnh::swiglu::forward::cut", y, x, adj, acc, 2, detail::SwigluElement<T>{y.cols()});
+}
 
 template <class S>
 void swiglu_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x) {

@@ -298,9 +298,10 @@ void Gpt<T>::plan_layers(index_t att_e) {
   // With adjoint cuts the norms' y'' are contracted as they are formed
   // (layernorm_forward_cut, rmsnorm_forward_cut), never stored.
   const Act2<T> ln_shared = act2("ln", N, C, tan, sec && !cuts_);
-  // With adjoint cuts the GELU's y'' is contracted as it is formed, never
-  // stored (kernels/gelu.hpp, gelu_forward_cut): no second-order planes.
-  const Act2<T> gelu_shared = keep_gelu_ ? Act2<T>() : act2("fc_gelu", N, F, tan, sec && !(cuts_ && !llama));
+  // With adjoint cuts the GELU's (SwiGLU's) y'' is contracted as it is
+  // formed, never stored (gelu_forward_cut, swiglu_forward_cut): no
+  // second-order planes.
+  const Act2<T> gelu_shared = keep_gelu_ ? Act2<T>() : act2("fc_gelu", N, F, tan, sec && !cuts_);
   for (int l = 0; l < slots; ++l) {
     LayerActivations<T> a;
     a.ln1 = ln_shared;
@@ -709,8 +710,8 @@ void Gpt<T>::forward_block_llama(const ExecSpace& space, Params<T> p, int l, boo
   if (cut) rmsnorm_forward_cut<T>(space, a.ln2, a.ln2_rstd, a.x_mid, p, o.ln2_w, -1, cfg_.ln_eps, cuts.ln2, cut_dd_);
   else rmsnorm_forward<S>(space, a.ln2, a.ln2_rstd, a.x_mid, p, o.ln2_w, -1, cfg_.ln_eps);
   linear_forward<S>(space, a.fc, a.ln2, p, o.fc_w, -1, weights_gemm_, !cut);
-  swiglu_forward<S>(space, a.fc_gelu, a.fc);
-  cut_at(space, cut, cuts.fc_gelu, a.fc_gelu);
+  if (cut) swiglu_forward_cut<T>(space, a.fc_gelu, a.fc, cuts.fc_gelu, cut_dd_);
+  else swiglu_forward<S>(space, a.fc_gelu, a.fc);
   linear_forward<S>(space, proj, a.fc_gelu, p, o.fc_proj_w, -1, weights_gemm_, !cut);
   residual_forward<S>(space, a.x_out, a.x_mid, proj);
 }

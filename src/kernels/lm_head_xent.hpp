@@ -41,19 +41,41 @@
 namespace gnh::kernels {
 
 namespace detail {
+// Rows made of `parts` column blocks of C, each from its own source, rounded:
+// block b, row r, columns [p C, (p + 1) C) from sources(b, p) at row r0 + r
+// (rows C apart; null: zeros), into dst (blocks of rows x parts C).
+template <class T, class Sources>
+struct RoundedConcat {
+  Sources sources;
+  Bf16Storage<T>* dst;
+  index_t rows, C, parts, r0;
+  KOKKOS_INLINE_FUNCTION void operator()(const index_t b, const index_t r, const index_t c) const {
+    const index_t p = c / C;
+    const T* src = sources(b, p);
+    dst[(b * rows + r) * parts * C + c] = bf16_stored(src ? src[(r0 + r) * C + c - p * C] : T(0));
+  }
+};
+
+// RoundedConcat over blocks x rows x parts C, one launch of `label`.
+template <class T, class Sources>
+void rounded_concat(const ExecSpace& space, const char* label, const Sources& sources, Bf16Storage<T>* dst,
+                    index_t blocks, index_t rows, index_t C, index_t parts, index_t r0 = 0) {
+  using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>, Kokkos::IndexType<index_t>>;
+  Traffic(label).add(double(blocks * rows * parts * C), sizeof(T) + 2, 2);
+  Kokkos::parallel_for(label, Policy(space, {0, 0, 0}, {blocks, rows, parts * C}),
+                       RoundedConcat<T, Sources>{sources, dst, rows, C, parts, r0});
+}
+
 // The head's direction blocks in pair blocks with its weights
 // (GemmPolicy::head_pairs): vocabulary row v of pair j is [V_2j,v | W_v |
 // V_2j+1,v] (zeros past the last direction), rounded; V_k = V + k P.
 template <class T>
-struct HeadPairBlocks {
-  const T* W;
-  const T* V;
-  Bf16Storage<T>* dst;
-  index_t K, vocab, C, P;
-  KOKKOS_INLINE_FUNCTION void operator()(const index_t j, const index_t v, const index_t c) const {
-    const index_t part = c / C, cc = c - part * C, k = 2 * j + (part == 2 ? 1 : 0);
-    const T x = part == 1 ? W[v * C + cc] : k < K ? V[k * P + v * C + cc] : T(0);
-    dst[(j * vocab + v) * 3 * C + c] = bf16_stored(x);
+struct HeadPairSources {
+  const T *W, *V;
+  index_t K, P;
+  KOKKOS_INLINE_FUNCTION const T* operator()(const index_t j, const index_t p) const {
+    const index_t k = 2 * j + (p == 2 ? 1 : 0);
+    return p == 1 ? W : k < K ? V + k * P : nullptr;
   }
 };
 
@@ -62,27 +84,18 @@ struct HeadPairBlocks {
 template <class T>
 void head_pair_blocks(const ExecSpace& space, const T* W, const T* V, index_t K, index_t vocab, index_t C, index_t P,
                       Bf16Storage<T>* dst) {
-  const index_t pairs = (K + 1) / 2;
-  using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>, Kokkos::IndexType<index_t>>;
-  Traffic("gnh::gpt::weights_bf16").add(double(pairs * vocab * 3 * C), sizeof(T) + 2, 2);
-  Kokkos::parallel_for("gnh::gpt::weights_bf16", Policy(space, {0, 0, 0}, {pairs, vocab, 3 * C}),
-                       HeadPairBlocks<T>{W, V, dst, K, vocab, C, P});
+  rounded_concat<T>(space, "gnh::gpt::weights_bf16", HeadPairSources<T>{W, V, K, P}, dst, (K + 1) / 2, vocab, C, 3);
 }
 
 // A tile's operands against the pair blocks: direction k's rows [h | h'_k]
 // (k even, against [V_k | W]) or [h'_k | h] (k odd, against [W | V_k]),
-// rounded, K blocks of nr x 2C.
+// rounded, K blocks of nr x 2C; h'_k = hd + k N C.
 template <class T>
 struct HeadPairOperands {
-  const T* h;
-  const T* hd;
-  Bf16Storage<T>* dst;
-  index_t N, C, r0, nr;
-  KOKKOS_INLINE_FUNCTION void operator()(const index_t k, const index_t r, const index_t c) const {
-    const bool tangent = (k % 2 == 0) == (c >= C);
-    const index_t cc = c >= C ? c - C : c, row = r0 + r;
-    const T x = tangent ? hd[(k * N + row) * C + cc] : h[row * C + cc];
-    dst[(k * nr + r) * 2 * C + c] = bf16_stored(x);
+  const T *h, *hd;
+  index_t N, C;
+  KOKKOS_INLINE_FUNCTION const T* operator()(const index_t k, const index_t p) const {
+    return (k % 2 == 0) == (p == 1) ? hd + k * N * C : h;
   }
 };
 
@@ -97,10 +110,8 @@ void pair_logits(const ExecSpace& space, Act2<T> z, Act2<T> h, index_t r0, index
   if (index_t(pol.scratch_a.extent(0) * sizeof(T)) < K * nr * C2 * index_t(sizeof(Bf16Storage<T>)))
     throw std::logic_error("gnh::lm_head_xent: bf16 scratch too small for the directions' operands");
   Bf16Storage<T>* const ops = reinterpret_cast<Bf16Storage<T>*>(pol.scratch_a.data());
-  using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>, Kokkos::IndexType<index_t>>;
-  Traffic("gnh::lm_head_xent::operands").add(double(K * nr * C2), sizeof(T) + 2, 2);
-  Kokkos::parallel_for("gnh::lm_head_xent::operands", Policy(space, {0, 0, 0}, {K, nr, C2}),
-                       HeadPairOperands<T>{h.v.data(), h.d.data(), ops, N, C, r0, nr});
+  rounded_concat<T>(space, "gnh::lm_head_xent::operands", HeadPairOperands<T>{h.v.data(), h.d.data(), N, C}, ops, K, nr,
+                    C, 2, r0);
   const Bf16Storage<T>* const B = pol.head_pairs + v0 * C3;
   gemm_batched_rounded<T>(space, false, true, nr, vc, C2, T(1), ops, C2, 2 * nr * C2, B, C3, pair, T(0), z.d.data(), vc,
                           2 * nr * vc, (K + 1) / 2);

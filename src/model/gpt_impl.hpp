@@ -926,8 +926,8 @@ LossSum Gpt<T>::forward_loss(const ExecSpace& space, Span1<const T> params, Span
   return forward<T>(space, Params<T>{params, {}}, tokens, targets);
 }
 
-// The losses of a primal forward and reverse: the head's, taken in the
-// reverse where it ran there (head_fused_), after the whole pass.
+// The losses of a primal forward and reverse whose head ran in the reverse
+// (head_fused_), read after the whole pass.
 template <class T>
 LossSum Gpt<T>::reverse_losses(const ExecSpace& space, Span2<const std::int32_t> targets) const {
   space.fence();
@@ -941,9 +941,9 @@ LossSum Gpt<T>::gradient(const ExecSpace& space, Span1<const T> params, Span2<co
   kernels::require_extent("gnh::gpt::gradient", "params", params.extent(0), layout_.size());
   kernels::require_extent("gnh::gpt::gradient", "grad", grad.extent(0), layout_.size());
   const Params<T> p{params, {}};
-  forward<T>(space, p, tokens, targets, !head_fused_);
+  const LossSum out = forward<T>(space, p, tokens, targets, !head_fused_);
   reverse<T>(space, p, Grads<T>{grad, {}}, tokens, targets);
-  return reverse_losses(space, targets);
+  return head_fused_ ? reverse_losses(space, targets) : out;
 }
 
 template <class T>
@@ -954,12 +954,12 @@ LossSum Gpt<T>::gradient_per_sequence(const ExecSpace& space, Span1<const T> par
   kernels::require_extent("gnh::gpt::gradient_per_sequence", "gradient rows", grads.extent(0), tokens.extent(0));
   kernels::require_extent("gnh::gpt::gradient_per_sequence", "gradient length", grads.extent(1), layout_.size());
   const Params<T> p{params, {}};
-  forward<T>(space, p, tokens, targets, !head_fused_);
+  const LossSum out = forward<T>(space, p, tokens, targets, !head_fused_);
   Grads<T> g{Span1<T>(grads.data(), grads.size()), {}};
   g.seq_rows = shape_.context;
   g.seq_stride = layout_.size();
   reverse<T>(space, p, g, tokens, targets);
-  return reverse_losses(space, targets);
+  return head_fused_ ? reverse_losses(space, targets) : out;
 }
 
 template <class T>

@@ -769,11 +769,11 @@ perf::RecordedRun run_miniature(const Miniature& mini) {
   Gpt<T> engine(mini.config, mini.shape);
   if (mini.shape.directions == 0) {
     View1<T> grad("grad", P);
-    return perf::record_run([&] { engine.gradient(space, params, tokens, targets, grad); });
+    return perf::record_run([&] { engine.gradient(space, params, tokens, targets, grad); }, mini.shape.scale);
   }
   View2<T> dirs("dirs", mini.shape.directions, P);
   fill_rademacher<T>(space, dirs, 1234, 0);
-  return perf::record_run([&] { engine.second_order(space, params, dirs, tokens, targets); });
+  return perf::record_run([&] { engine.second_order(space, params, dirs, tokens, targets); }, mini.shape.scale);
 }
 
 // The plans of the full engine and of its miniature, side by side (they
@@ -810,7 +810,8 @@ perf::RecordedRun run_sequences(const Miniature& one, index_t B) {
   SequenceNorms<T> norms(engine, {0, std::int64_t(P)}, {{0, 1}}, B);
   View1<T> grad("grad", P);
   BatchScalars r;
-  return perf::record_run([&] { norms.gradients(space, dc.params, dc.tokens, dc.targets, B, grad, r); });
+  return perf::record_run([&] { norms.gradients(space, dc.params, dc.tokens, dc.targets, B, grad, r); },
+                          one.shape.scale);
 }
 
 struct PassPrediction {

@@ -61,6 +61,16 @@ inline Ceilings h200() {
   return c;
 }
 
+// The share of the bfloat16 tensor-core rate that the fused attention's
+// products reach (kernels/attention_fused.hpp; assumed until a GPU measures
+// it): FlashAttention-2's forward, whose scores stay in registers (mma.sync),
+// reaches about 35% of an H100's dense bfloat16 rate; this kernel stores its
+// score and probability tiles in shared memory between WMMA products and
+// runs 4 to 8 warps a multiprocessor (registers and 37 KB of shared memory a
+// team of 2), so less: 25%. Its bytes (q, k, v read and y written once) are
+// a roofline's other side.
+constexpr double kFusedAttentionEfficiency = 0.25;
+
 // The launch budget of a pass: its launches cost at most this share of its
 // predicted time (at the reference shape, 64 x 1024 tokens: the gradient
 // about 2%, the second-order forward at K = 16 under bf16-amp about 3%), so
@@ -99,6 +109,27 @@ struct LabelCost {
   double seconds() const { return work_s + launch_s; }
 };
 
+// The unit of a label's first product (a label's products share one).
+inline kernels::GemmUnit GemmUnitOf(const kernels::LabelWork& w) {
+  return w.products.empty() ? kernels::GemmUnit::tensor : kernels::GemmUnit(w.products.begin()->first[3]);
+}
+
+// A fused kernel's label: the longer of its products' FLOPs at
+// kFusedAttentionEfficiency of the bfloat16 rate and its bytes.
+inline LabelCost fused_cost(LabelCost r, const kernels::LabelWork& w, double s, const Ceilings& c) {
+  for (int d = 0; d < kernels::kScaledDims; ++d) r.bytes += w.bytes[std::size_t(d)] * std::pow(s, d);
+  for (const auto& [key, count] : w.products) {
+    const double m = double(key[0]) * s, n = double(key[1]) * s, k = double(key[2]) * s;
+    const double flops = 2.0 * m * n * k * count;
+    r.tensor += flops;
+    r.compute_s += flops / (c.bf16 * kFusedAttentionEfficiency);
+    r.shapes.push_back({m, n, k, count, flops, 0, flops / (c.bf16 * kFusedAttentionEfficiency), int(key[3])});
+  }
+  r.memory_s = r.bytes / (c.copy * c.memory);
+  r.work_s = std::max(r.compute_s, r.memory_s);
+  return r;
+}
+
 // A label's work at scale s (the full shape from a miniature s times smaller;
 // 1: as recorded) on the ceilings c.
 inline LabelCost label_cost(const std::string& label, long launches, const kernels::LabelWork& w, double s,
@@ -113,7 +144,9 @@ inline LabelCost label_cost(const std::string& label, long launches, const kerne
     r.memory_s = r.work_s = r.bytes / bw;
     return r;
   }
-  // A GEMM entry point: a roofline per product shape.
+  // A GEMM entry point: a roofline per product shape. A fused kernel's
+  // products at their efficiency against its recorded bytes.
+  if (GemmUnitOf(w) == kernels::GemmUnit::fused) return fused_cost(r, w, s, c);
   for (const auto& [key, count] : w.products) {
     const double m = double(key[0]) * s, n = double(key[1]) * s, k = double(key[2]) * s;
     const auto unit = kernels::GemmUnit(key[3]);

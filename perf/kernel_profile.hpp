@@ -73,12 +73,14 @@ struct RecordedRun {
   kernels::GemmWork work;
   double seconds = 0;  // fenced, with the profile's fences
 };
+// scale: the miniature's (kernels::GemmWork::scale).
 template <class F>
-RecordedRun record_run(F&& pass) {
+RecordedRun record_run(F&& pass, int scale = 1) {
   KernelProfile p;
   kernels::GemmWork& w = kernels::gemm_work();
   w = kernels::GemmWork();
   w.on = true;
+  w.scale = scale;
   p.start();
   pass();
   RecordedRun r;

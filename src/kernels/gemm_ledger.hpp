@@ -31,7 +31,9 @@ namespace gnh::kernels {
 // Bytes spanning 0 .. 3 scalable extents.
 constexpr int kScaledDims = 4;
 
-enum class GemmUnit { tensor = 0, fp32 = 1, fp64 = 2 };
+// fused: the tensor-core products of a kernel that does more between them
+// (attention_fused.hpp), priced at its own efficiency.
+enum class GemmUnit { tensor = 0, fp32 = 1, fp64 = 2, fused = 3 };
 
 struct LabelWork {
   std::array<double, kScaledDims> bytes{};
@@ -39,11 +41,14 @@ struct LabelWork {
   // result value moves} -> how many (a cost model's efficiency depends on
   // the shape).
   std::map<std::array<index_t, 6>, double> products;
-  // GEMM FLOPs on a unit (spanning 3 extents).
+  // GEMM FLOPs on a unit (spanning 3 extents); tensor counts the fused too.
   double flops(GemmUnit unit) const {
     double f = 0;
-    for (const auto& [key, count] : products)
-      if (GemmUnit(key[3]) == unit) f += 2.0 * double(key[0]) * double(key[1]) * double(key[2]) * count;
+    for (const auto& [key, count] : products) {
+      const GemmUnit u = GemmUnit(key[3]);
+      if (u == unit || (unit == GemmUnit::tensor && u == GemmUnit::fused))
+        f += 2.0 * double(key[0]) * double(key[1]) * double(key[2]) * count;
+    }
     return f;
   }
   double total_bytes() const { return bytes[0] + bytes[1] + bytes[2] + bytes[3]; }
@@ -52,6 +57,9 @@ struct LabelWork {
 struct GemmWork {
   bool on = false;
   int paused = 0;  // inside an entry point that recorded its products already
+  // The miniature's scale (bench_engine --predict): a kernel whose work
+  // depends on tiles of a fixed size counts it at the full shape's extents.
+  int scale = 1;
   std::map<std::string, LabelWork> labels;
   double flops(GemmUnit unit) const {
     double f = 0;
@@ -80,6 +88,14 @@ void record_gemm(const char* label, bool tensor, index_t m, index_t n, index_t k
   l.products[{m, n, k, index_t(unit), index_t(operand_bytes), result}] += c;
   l.bytes[2] += c * (double(operand_bytes) * (double(m) * double(k) + double(k) * double(n)) +
                      double(result) * double(m) * double(n));
+}
+
+// `count` (fractional: a causal share) bfloat16 tensor-core products of
+// (m x k) by (k x n) inside a fused kernel; its bytes are its Traffic's.
+inline void record_fused_products(const char* label, index_t m, index_t n, index_t k, double count) {
+  GemmWork& w = gemm_work();
+  if (!w.on || w.paused > 0) return;
+  w.labels[label].products[{m, n, k, index_t(GemmUnit::fused), 2, index_t(sizeof(float))}] += count;
 }
 
 // `bytes` that the kernel `label` moves, spanning `dims` scalable extents.

@@ -87,6 +87,9 @@ class Gpt {
   // by its forward (host tiles, short contexts: gpt_impl.hpp).
   bool keeps_attention() const { return keep_attention_; }
   kernels::AttentionPath attention_path() const { return att_path_; }
+  // Whether the attention's forward runs as the fused tensor-core kernel
+  // (attention_forward_fused in model/plan.hpp; a second order's with cuts only).
+  bool attention_fused() const { return att_fused_; }
   // The head's row kernels: a team a vocabulary row when GPU-shaped (tiles
   // of a few hundred whole rows), else the backend's default shape.
   kernels::RowShape head_rows() const {
@@ -171,6 +174,7 @@ class Gpt {
   kernels::QkvLayout qkv_layout_;                                   // where attention finds the heads (by family)
   kernels::AttentionPath att_path_ = kernels::AttentionPath::rows;  // which attention kernels run
   kernels::AttentionScratch<T> att_scratch_;                        // the batched path's score planes
+  bool att_fused_ = false;                 // the batched path's forward fused (kernels/attention_fused.hpp)
   kernels::detail::TokenWork token_work_;  // GPU-shaped reverse: the embedding's rows grouped on the device
   bool fused_qkv_ = false;                 // Llama's q, k, v projections as one GEMM (gpt_impl.hpp)
   index_t rotary_dims_ = 0;                // dims of each head rotated (0: no rotary embedding)

@@ -8,6 +8,7 @@
 #include "core/error.hpp"
 #include "kernels/attention.hpp"
 #include "kernels/attention_batched.hpp"
+#include "kernels/attention_fused.hpp"
 #include "kernels/embedding.hpp"
 #include "kernels/gelu.hpp"
 #include "kernels/layernorm.hpp"
@@ -214,6 +215,8 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate, std::vect
   }
   const GptTiles plan = gpt_tiles(cfg, shape_);
   att_path_ = kernels::attention_path<T>(shape.bf16, shape_.gpu_shaped);
+  att_fused_ = std::is_same<T, float>::value && att_path_ == kernels::AttentionPath::batched &&
+               attention_forward_fused(cfg, shape_);
   const index_t att_e = choose_kept(plan);
   cuts_ = adjoint_cuts_of(cfg, shape);
   plan_layers(att_e);
@@ -338,6 +341,7 @@ void Gpt<T>::plan_attention() {
   const bool tan = shape_.directions > 0, sec = shape_.second_order && tan;
   const index_t K = tan ? shape_.directions : 0;
   const index_t per = attention_planes_per_sequence(cfg_, shape_);
+  if (per == 0) return;  // every call fused: no score planes, operands or pointers
   const index_t seqs = attention_chunk_sequences(cfg_, shape_);
   const index_t pointers = 3 * kernels::MappedQueue<T>::kMax * std::max<index_t>(1, K) * seqs * H;
   // The score operands of a call with tangents, and under bf16-amp the
@@ -346,8 +350,11 @@ void Gpt<T>::plan_attention() {
   const index_t A = H * cfg_.head_size(), Akv = index_t(cfg_.kv_heads()) * cfg_.head_size();
   const index_t width = A + 2 * Akv;
   // (The forward's in bfloat16 storage in float: AttentionScratch::bf16_storage.)
-  const index_t forward = kernels::attention_operand_values(qkv_layout_, Tc, width, false, sec ? 1 + 2 * K : 1 + K, tan,
-                                                            sec, shape_.bf16, K, std::is_same<T, float>::value);
+  const bool forward_fused = att_fused_ && (!sec || cuts_);
+  const index_t forward =
+      forward_fused ? 0
+                    : kernels::attention_operand_values(qkv_layout_, Tc, width, false, sec ? 1 + 2 * K : 1 + K, tan,
+                                                        sec, shape_.bf16, K, std::is_same<T, float>::value);
   const index_t reverse = shape_.reverse ? kernels::attention_operand_values(qkv_layout_, Tc, width, true, 1 + K, tan,
                                                                              false, shape_.bf16, K)
                                          : 0;
@@ -370,6 +377,9 @@ template <class S>
 void Gpt<T>::attend(const ExecSpace& space, const Act2<T>& y, const Act1<T>& lse, const kernels::QkvActs<T>& x,
                     bool cut, T* keep_p) {
   const index_t B = shape_.batch, Tc = shape_.context;
+  if constexpr (std::is_same<T, float>::value)
+    if (att_fused_ && (!has_second_v<S> || cut))
+      return kernels::attention_forward_fused<S>(space, y, lse, x, qkv_layout_, B, Tc);
   if (att_path_ == kernels::AttentionPath::batched)
     return kernels::attention_forward_batched<S>(space, y, lse, x, qkv_layout_, B, Tc, gemm_.tf32, gemm_.bf16, !cut,
                                                  att_scratch_);

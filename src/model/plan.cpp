@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "kernels/attention_fused.hpp"
 #include "kernels/attention_types.hpp"
 #include "model/gpt.hpp"
 
@@ -143,26 +144,34 @@ index_t attention_score_budget(bool device, index_t planes, bool directions) {
   return std::max(planes * (index_t(1) << 25), index_t(1) << (directions ? 28 : 30));
 }
 
+bool attention_forward_fused(const ModelConfig& cfg, const Shape& shape) {
+  if (!shape.bf16 || cfg.head_size() > kernels::kFusedWidth) return false;
+  const char* env = std::getenv("GNH_ATTENTION");
+  return !(env && std::string(env) == "batched");
+}
+
 namespace {
-// The score planes of the engine's largest attention call (its forward's, or
-// its reverse's).
-index_t score_planes(const Shape& shape) {
+// The score planes of the engine's largest batched attention call (its
+// forward's where that is not fused, or its reverse's); 0 where none is.
+index_t score_planes(const ModelConfig& cfg, const Shape& shape) {
   const bool tan = shape.directions > 0, sec = shape.second_order && tan;
   const index_t K = tan ? shape.directions : 0;
-  return std::max(kernels::attention_score_planes(false, tan, sec, K),
+  const bool fused = attention_forward_fused(cfg, shape) && (!sec || adjoint_cuts_of(cfg, shape));
+  return std::max(fused ? index_t(0) : kernels::attention_score_planes(false, tan, sec, K),
                   shape.reverse ? kernels::attention_score_planes(true, tan, false, K) : index_t(0));
 }
 }  // namespace
 
 index_t attention_planes_per_sequence(const ModelConfig& cfg, const Shape& shape) {
-  return score_planes(shape) * index_t(cfg.n_head) * shape.context * shape.context;
+  return score_planes(cfg, shape) * index_t(cfg.n_head) * shape.context * shape.context;
 }
 
 index_t attention_chunk_sequences(const ModelConfig& cfg, const Shape& shape) {
   if (shape.attention_sequences > 0) return std::min(shape.attention_sequences, shape.batch);
   // A miniature plans as the full engine: its planes of sc^2 times more values.
-  const index_t sc = std::max(1, shape.scale), planes = score_planes(shape);
+  const index_t sc = std::max(1, shape.scale), planes = score_planes(cfg, shape);
   const index_t per = attention_planes_per_sequence(cfg, shape) * sc * sc;
+  if (per == 0) return shape.batch;  // no batched call: one chunk of nothing
   return std::clamp<index_t>(
       attention_score_budget(shape.gpu_shaped, planes, shape.directions > 0 || shape.nested) / per, 1, shape.batch);
 }

@@ -66,6 +66,14 @@ struct ForwardFlops {
 };
 ForwardFlops forward_flops_per_token(const ModelConfig& cfg, index_t context);
 
+// Whether an engine of this shape whose attention takes the batched GEMMs
+// runs the attention's forward as the fused tensor-core kernel instead
+// (kernels/attention_fused.hpp): under bf16-amp, with heads of at most 64
+// columns, unless GNH_ATTENTION=batched asks for the batched GEMMs
+// throughout. A second-order forward is fused only with adjoint cuts (x'' is
+// zero at the attention); its reverse is always the batched GEMMs'.
+bool attention_forward_fused(const ModelConfig& cfg, const Shape& shape);
+
 // Whether an engine of this shape runs the second order with adjoint cuts:
 // Shape::adjoint_cuts 0 or 1, else GNH_ADJOINT_CUTS (0 or 1) where it is set,
 // else when what they save (per direction, one of each dense layer's products

@@ -113,7 +113,12 @@ class CostModel(unittest.TestCase):
             for engine, (full, mini) in d[name]["plans"].items():
                 self.assertEqual(full, mini, (name, engine))
         self.assertIn("cut_gradient", d["second_order"]["plans"])
-        self.assertEqual(d["second_order"]["plans"]["engine"][0], [11, 137, 4, 256])
+        # The second-order engine's attention is fused (bf16-amp, adjoint
+        # cuts): no batched call, so one chunk of nothing; one launch a layer
+        # in it and in the cut gradient engine's forward.
+        self.assertEqual(d["second_order"]["plans"]["engine"][0], [1, 137, 4, 256])
+        self.assertEqual(labels(d, "second_order")["gnh::attention::fused::forward"]["launches"], 2 * 8)
+        self.assertNotIn("gnh::attention::batched::softmax", labels(d, "second_order"))
         self.assertGreater(d["second_order"]["plans"]["cut_gradient"][0][1], 1)
         # The gradient pass with per-sequence norms takes every sequence's
         # gradient apart in the gradient engine's own reverse (the weight
@@ -160,7 +165,7 @@ class CostModel(unittest.TestCase):
             self.assertEqual(square[name]["plans"]["engine"][0][2:], [1, 1024])
             # Fewer bytes in the products and the row kernels, and a faster pass.
             self.assertLess(a["bytes"], b["bytes"], name)
-            sm = "gnh::attention::batched::softmax"
+            sm = "gnh::attention::batched::softmax_reverse"  # the second order's forward is fused
             self.assertLess(labels(blocked, name)[sm]["bytes"], labels(square, name)[sm]["bytes"], name)
             self.assertLess(blocked[name]["prediction"]["seconds_per_batch"],
                             square[name]["prediction"]["seconds_per_batch"], name)

@@ -17,8 +17,8 @@ import gnhtest
 BIN = os.path.dirname(os.environ.get("GNH_BENCH", os.path.join(gnhtest.ROOT, "build", "bin", "bench_engine")))
 
 
-def run_json(cmd):
-    r = subprocess.run(cmd, capture_output=True, text=True, env=gnhtest.mpi_env())
+def run_json(cmd, env=None):
+    r = subprocess.run(cmd, capture_output=True, text=True, env=dict(gnhtest.mpi_env(), **(env or {})))
     if r.returncode != 0:
         raise AssertionError(f"{cmd} failed: {r.stderr}")
     return json.loads(r.stdout)
@@ -119,10 +119,22 @@ class PerfSuite(unittest.TestCase):
         # The same products in every precision: FP32 without tensor cores,
         # all on tensor cores under tf32 and bf16-amp, the batched
         # attention's included (its bf16-amp operands go through TF32).
+        # Under bf16-amp the attention's forward is fused by default
+        # (kernels/attention_fused.hpp: its scores formed twice, so more
+        # FLOPs); the batched GEMMs throughout do the same products.
         cmd = [os.path.join(BIN, "bench_engine"), "--synthetic", "tiny", "--batch", "2", "--passes",
                "gradient,curvature", "--directions", "2", "--methods", "second-order-forward", "--repeats", "0",
                "--profile", "--no-probe", "--gpu-shaped", "--precision"]
-        runs = {p: run_json(cmd + [p]) for p in ("fp32", "tf32", "bf16-amp")}
+        runs = {p: run_json(cmd + [p], {"GNH_ATTENTION": "batched"}) for p in ("fp32", "tf32", "bf16-amp")}
+        fused = run_json(cmd + ["bf16-amp"])
+        # The gradient's forward fused, one launch a layer; the second order
+        # at K = 2 runs without adjoint cuts (x'' nonzero), so batched.
+        by = {x["label"]: x for x in fused["gradient"]["profile"]["labels"]}
+        layers = by["gnh::attention::fused::forward"]["device_launches"]
+        self.assertGreaterEqual(layers, 1)
+        self.assertNotIn("gnh::attention::batched::softmax", by)
+        for p in fused["curvature"]:
+            self.assertNotIn("gnh::attention::fused::forward", {x["label"] for x in p["profile"]["labels"]})
         for precision, d in runs.items():
             for p in [d["gradient"]] + d["curvature"]:
                 f = p["profile"]["gemm_flops"]

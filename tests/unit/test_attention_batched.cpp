@@ -17,6 +17,7 @@
 
 #include "kernels/attention.hpp"
 #include "kernels/attention_batched.hpp"
+#include "kernels/attention_fused.hpp"
 #include "kernels/gemm_ledger.hpp"
 
 using namespace gnh;
@@ -447,6 +448,104 @@ TEST_CASE("the batched path is chosen on request and refuses a bad name", "[atte
   REQUIRE(attention_path<double>(false, false) == AttentionPath::rows);
   REQUIRE(attention_path<float>(true, false) == AttentionPath::rows);      // bf16-amp on a host: the rows
   REQUIRE(attention_path<double>(false, true) == AttentionPath::batched);  // GPU-shaped on the host
+}
+
+// The fused forward (attention_fused.hpp) in each mode it takes (the primal,
+// tangents, second order with x'' zero), at contexts of one partial tile (13)
+// and of several query and key tiles with a partial last one (77 = 2 x 32 +
+// 13), heads from 5 columns (padded to 16) to 64 (four 16-column blocks),
+// every layout: against the batched GEMMs and the row kernels under the same
+// bf16-amp policy (q, k, v and the probabilities rounded to bfloat16, the
+// scores and softmax FP32). The three round the same operands; the fused
+// kernel's statistics add the same terms in another FP32 order (a running
+// maximum, tile by tile), so a probability may round to the other bfloat16
+// neighbour: compare()'s bf16 bound, 2^-7 of a plane's largest magnitude.
+template <template <class> class M>
+void check_fused(const Layout& l, index_t Tq, std::mt19937& g) {
+  using S = M<float>;
+  constexpr bool tan = has_tangents_v<S>, sec = has_second_v<S>;
+  const QkvLayout& L = l.L;
+  const index_t N = B * Tq, C = L.H * L.hs, R1 = B * L.H * Tq;
+  Inputs x;
+  x.separate = l.separate;
+  x.q = Buf(N, l.width, g, 1.5);
+  if (l.separate) x.k = Buf(N, L.G * L.hs, g, 1.5), x.v = Buf(N, L.G * L.hs, g, 1.5);
+  x.zero_second();  // the fused kernel and the cut forwards take x'' as zero
+  Buf y(N, C, g, 0), lse(R1, 1, g, 0), yb(N, C, g, 0), lseb(R1, 1, g, 0), yr(N, C, g, 0), lser(R1, 1, g, 0);
+  REQUIRE(attention_fused_fits(L, tan, sec));
+  attention_forward_fused<S>(ExecSpace(), y.act<float>(), lse.act1<float>(), x.acts<float>(), L, B, Tq);
+  AttentionScratch<float> sc;
+  sc.query_blocks = 2;
+  sc.scores = View1<float>("scores", attention_score_planes(false, tan, sec, K) * L.H * Tq * Tq * B);
+  sc.pointers.pointers = View1<std::uintptr_t>("pointers", 3 * K * B * L.H);
+  sc.operands = View1<float>(
+      "operands", B * attention_operand_values(L, Tq, 3 * l.width, false, 1 + 2 * K, tan, sec, true, K, true));
+  attention_forward_batched<S>(ExecSpace(), yb.act<float>(), lseb.act1<float>(), x.acts<float>(), L, B, Tq, false, true,
+                               false, sc);
+  attention_forward<S>(ExecSpace(), yr.act<float>(), lser.act1<float>(), x.acts<float>(), L, B, Tq, true);
+  ExecSpace().fence();
+  for (Buf* b : {&yb, &lseb, &yr, &lser})
+    for (std::size_t i = 0; i < b->d.extent(0); ++i) b->d(i) = b->f(i);
+  const std::string what = std::string(l.name) + ", hs " + std::to_string(L.hs) + ", Tc " + std::to_string(Tq);
+  compare(y.view<float>(), yb.d, value_planes<S>(), N * C, L.hs, what + ": y against batched", true);
+  compare(lse.view<float>(), lseb.d, value_planes<S>(), R1, L.hs, what + ": lse against batched", true);
+  compare(y.view<float>(), yr.d, value_planes<S>(), N * C, L.hs, what + ": y against rows", true);
+  compare(lse.view<float>(), lser.d, value_planes<S>(), R1, L.hs, what + ": lse against rows", true);
+}
+
+std::vector<Layout> fused_layouts() {
+  std::vector<Layout> v = layouts();
+  v.push_back({"grouped", QkvLayout::fused(4, 2, 24), false, 8 * 24});
+  v.push_back({"interleaved", QkvLayout::interleaved(2, 40), false, 6 * 40});
+  v.push_back({"separate, one key/value head", QkvLayout::separate(2, 1, 64), true, 2 * 64});
+  return v;
+}
+
+TEST_CASE("the fused forward equals the batched GEMMs and the rows under bf16-amp", "[attention][fused][bf16]") {
+  std::mt19937 g(19);
+  for (const index_t Tq : {13, 77})
+    for (const Layout& l : fused_layouts()) {
+      check_fused<Primal>(l, Tq, g);
+      check_fused<Dual>(l, Tq, g);
+      check_fused<Jet2>(l, Tq, g);
+    }
+}
+
+TEST_CASE("the fused forward records its products once, over the causal tiles", "[attention][fused]") {
+  // Jet2 at Tc = 77, hs 5, 4 heads, K = 3: per (sequence, head, direction)
+  // the score products twice (1 + 2 + 1 planes) and four output products,
+  // and direction 0's y: 3 (3 x 12 + 1) products of 77 x 77 x 5 per
+  // sequence... over the query tiles' key extents (32, 64 and 96 keys for
+  // tiles of 32 rows): 6144 of the 77^2 pairs.
+  const Layout l = layouts()[0];
+  const index_t Tq = 77, N = B * Tq, C = l.L.H * l.L.hs;
+  std::mt19937 g(3);
+  Buf q(N, l.width, g, 1.0), y(N, C, g, 0), lse(B * l.L.H * Tq, 1, g, 0);
+  GemmWork& w = gemm_work();
+  w = GemmWork();
+  w.on = true;
+  attention_forward_fused<Jet2<float>>(ExecSpace(), y.act<float>(), lse.act1<float>(),
+                                       {q.act<float>(), q.act<float>(), q.act<float>()}, l.L, B, Tq);
+  ExecSpace().fence();
+  w.on = false;
+  const LabelWork& lw = w.labels["gnh::attention::fused::forward"];
+  REQUIRE(lw.products.size() == 1);
+  const auto& [key, count] = *lw.products.begin();
+  REQUIRE(key == std::array<index_t, 6>{Tq, Tq, l.L.hs, index_t(GemmUnit::fused), 2, 4});
+  REQUIRE(count == Approx(double(B * l.L.H * (K * 12 + 1)) * 6144.0 / (77.0 * 77.0)).epsilon(1e-12));
+  REQUIRE(lw.flops(GemmUnit::tensor) == lw.flops(GemmUnit::fused));
+  REQUIRE(lw.total_bytes() > 0);
+  w = GemmWork();
+}
+
+TEST_CASE("the fused forward refuses heads wider than its tiles", "[attention][fused]") {
+  const QkvLayout wide = QkvLayout::fused(2, 2, kFusedWidth + 1);
+  REQUIRE_FALSE(attention_fused_fits(wide, true, true));
+  std::mt19937 g(3);
+  Buf q(B * 8, 6 * wide.hs, g, 1.0), y(B * 8, 2 * wide.hs, g, 0), lse(B * 2 * 8, 1, g, 0);
+  REQUIRE_THROWS_WITH(attention_forward_fused<float>(ExecSpace(), y.act<float>(), lse.act1<float>(),
+                                                     {q.act<float>(), q.act<float>(), q.act<float>()}, wide, B, 8),
+                      Catch::Contains("fused") && Catch::Contains("65 columns"));
 }
 
 // The mapped batches themselves (gemm_mapped.hpp): products over a

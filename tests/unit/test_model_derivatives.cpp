@@ -358,6 +358,55 @@ TEST_CASE("the batched attention's causal query blocks change no value of the mo
     }
 }
 
+TEST_CASE("the fused attention forward: the second order of the batched GEMMs, without score planes",
+          "[derivatives][model][fused]") {
+  // The GPU's path on this host under bf16-amp with adjoint cuts, at a
+  // context of two query tiles (40 = 32 + 8), K = 3: the fused forward
+  // (attention_fused.hpp) against the batched GEMMs (GNH_ATTENTION=batched).
+  // Both round the same operands to bfloat16 and form the probabilities from
+  // the same FP32 statistics (summed in another order), so at most a
+  // probability's last bfloat16 bit differs, 2^-8 of it: the losses and
+  // derivatives are within 2^-8 relative however many do (measured here:
+  // 5e-6). Against double both are off by bf16-amp's own error (up to 50%
+  // on a v^T H v that cancels, the same in both): not this test's subject.
+  ModelConfig cfg = config(true, false, Gelu::tanh);
+  cfg.block_size = 48;
+  const index_t Tc = 40, n_blocks = 3, P = ParamLayout(cfg).size(), K = 3;
+  const auto ids = make_ids(n_blocks * Tc + 1, cfg.vocab_size, 23);
+  auto run = [&](std::size_t& bytes, bool& fused) {
+    View1<float> p = make_params<float>(cfg, 4);
+    View2<float> dirs("dirs", K, P);
+    fill_rademacher<float>(ExecSpace(), dirs, 5, 0);
+    Shape s = second_order_shape(2, Tc, K, 0, 1);
+    s.bf16 = true;
+    s.gpu_shaped = true;
+    Gpt<float> m(cfg, s);
+    bytes = m.workspace_bytes();
+    fused = m.attention_fused();
+    return epoch_curvature<float>(ExecSpace(), m, p, dirs, ids.data(), all_blocks(n_blocks),
+                                  CurvatureMethod::second_order_forward);
+  };
+  std::size_t fused_bytes = 0, batched_bytes = 0;
+  bool fused = false, batched_fused = true;
+  const EpochCurvature f = run(fused_bytes, fused);
+  ::setenv("GNH_ATTENTION", "batched", 1);
+  const EpochCurvature b = run(batched_bytes, batched_fused);
+  ::unsetenv("GNH_ATTENTION");
+  REQUIRE(fused);
+  REQUIRE_FALSE(batched_fused);
+  // No score planes, operands or pointer arrays for the fused forward: at
+  // least the 1 + 2K planes of H Tc^2 floats of a sequence the batched one holds.
+  CAPTURE(fused_bytes, batched_bytes);
+  REQUIRE(batched_bytes - fused_bytes >= sizeof(float) * (1 + 2 * K) * cfg.n_head * Tc * Tc);
+  const double ulp = std::ldexp(1.0, -8);
+  for (index_t k = 0; k < K; ++k) {
+    CAPTURE(k, f.Gv[k], b.Gv[k], f.vHv[k], b.vHv[k]);
+    REQUIRE(std::abs(f.Gv[k] - b.Gv[k]) <= ulp * std::abs(b.Gv[k]));
+    REQUIRE(std::abs(f.vHv[k] - b.vHv[k]) <= ulp * std::abs(b.vHv[k]));
+  }
+  REQUIRE(std::abs(f.loss - b.loss) <= ulp * std::abs(b.loss));
+}
+
 TEST_CASE("K directions per pass equal one direction at a time", "[derivatives][model]") {
   const ModelConfig cfg = config(true, true, Gelu::erf);
   const index_t Tc = 5, n_blocks = 4, P = ParamLayout(cfg).size(), K = 3;

@@ -1,0 +1,475 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The fused tensor-core forward of the causal attention; see attention_fused.hpp.
+#include "kernels/attention_fused.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "core/bf16.hpp"
+#include "kernels/attention.hpp"
+#include "kernels/check.hpp"
+#include "kernels/gemm_ledger.hpp"
+
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <mma.h>
+#endif
+
+// WMMA's bfloat16 fragments: sm_80 and later. Elsewhere (the host, and a
+// device pass for an older architecture) the same 16 x 16 tiles in FP32.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define GNH_FUSED_WMMA 1
+#else
+#define GNH_FUSED_WMMA 0
+#endif
+
+namespace gnh::kernels {
+
+namespace {
+
+constexpr int kR = int(kFusedQueryRows), kKt = int(kFusedKeyRows), kWarps = kR / 16;
+constexpr int kMaxFrags = int(kFusedWidth) / 16;  // 16-column blocks of a head
+// Warps a team thread runs: one on a GPU (a team thread is a warp of 32
+// vector lanes), every warp of the team on a host (teams of one thread).
+#if defined(__CUDA_ARCH__)
+constexpr int kPer = 1;
+#else
+constexpr int kPer = kWarps;
+#endif
+
+using Team = Kokkos::TeamPolicy<ExecSpace, Kokkos::IndexType<index_t>>;
+using Member = Team::member_type;
+constexpr bool kHost = std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value;
+// The team's tiles: shared memory on a GPU (level 0); on a host, whose level
+// 0 is a nominal 32 KB of the same memory as level 1, level 1.
+constexpr int kLevel = kHost ? 1 : 0;
+
+// A 16 x 16 tile: WMMA fragments where they exist; elsewhere an FP32 array
+// whose product adds the 16 terms of each entry in order. Operands are
+// bfloat16 storage (std::uint16_t) in shared memory.
+#if GNH_FUSED_WMMA
+namespace wm = nvcuda::wmma;
+using FragA = wm::fragment<wm::matrix_a, 16, 16, 16, __nv_bfloat16, wm::row_major>;
+using FragBt = wm::fragment<wm::matrix_b, 16, 16, 16, __nv_bfloat16, wm::col_major>;
+using FragB = wm::fragment<wm::matrix_b, 16, 16, 16, __nv_bfloat16, wm::row_major>;
+using FragC = wm::fragment<wm::accumulator, 16, 16, 16, float>;
+KOKKOS_INLINE_FUNCTION const __nv_bfloat16* bf(const std::uint16_t* p) {
+  return reinterpret_cast<const __nv_bfloat16*>(p);
+}
+// A (16 x 16, row-major, ld), B = rows of p transposed (B(r, c) = p[c ld + r]),
+// B = rows of p (B(r, c) = p[r ld + c]).
+KOKKOS_INLINE_FUNCTION void load_a(FragA& f, const std::uint16_t* p, int ld) { wm::load_matrix_sync(f, bf(p), ld); }
+KOKKOS_INLINE_FUNCTION void load_bt(FragBt& f, const std::uint16_t* p, int ld) { wm::load_matrix_sync(f, bf(p), ld); }
+KOKKOS_INLINE_FUNCTION void load_b(FragB& f, const std::uint16_t* p, int ld) { wm::load_matrix_sync(f, bf(p), ld); }
+KOKKOS_INLINE_FUNCTION void zero(FragC& c) { wm::fill_fragment(c, 0.0f); }
+template <class FB>
+KOKKOS_INLINE_FUNCTION void mma(FragC& c, const FragA& a, const FB& b) {
+  wm::mma_sync(c, a, b, c);
+}
+KOKKOS_INLINE_FUNCTION void store(float* p, int ld, const FragC& c) {
+  wm::store_matrix_sync(p, c, ld, wm::mem_row_major);
+}
+#else
+struct Tile16 {
+  float x[16][16];
+};
+using FragA = Tile16;
+using FragBt = Tile16;
+using FragB = Tile16;
+using FragC = Tile16;
+KOKKOS_INLINE_FUNCTION void load_a(Tile16& f, const std::uint16_t* p, int ld) {
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) f.x[i][j] = bf16_value(p[i * ld + j]);
+}
+KOKKOS_INLINE_FUNCTION void load_bt(Tile16& f, const std::uint16_t* p, int ld) {
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c) f.x[r][c] = bf16_value(p[c * ld + r]);
+}
+KOKKOS_INLINE_FUNCTION void load_b(Tile16& f, const std::uint16_t* p, int ld) { load_a(f, p, ld); }
+KOKKOS_INLINE_FUNCTION void zero(Tile16& c) {
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) c.x[i][j] = 0.0f;
+}
+KOKKOS_INLINE_FUNCTION void mma(Tile16& c, const Tile16& a, const Tile16& b) {
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) {
+      float s = c.x[i][j];
+      for (int r = 0; r < 16; ++r) s += a.x[i][r] * b.x[r][j];
+      c.x[i][j] = s;
+    }
+}
+KOKKOS_INLINE_FUNCTION void store(float* p, int ld, const Tile16& c) {
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) p[i * ld + j] = c.x[i][j];
+}
+#endif
+
+// Fragment indices known at compile time (registers, not local memory): the
+// loops over a head's 16-column blocks run to kMaxFrags, unrolled, and stop
+// at the head's.
+#if defined(__CUDA_ARCH__)
+#define GNH_UNROLL _Pragma("unroll")
+#else
+#define GNH_UNROLL
+#endif
+
+constexpr std::size_t kAlign = 128;
+constexpr std::size_t aligned(std::size_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
+inline index_t padded(index_t hs) { return (hs + 15) / 16 * 16; }
+
+// A team's shared memory, in bytes from its (kAlign-aligned) start.
+struct Carve {
+  std::size_t keys = 0, scores = 0, probs = 0, stats = 0, total = 0;
+};
+inline Carve carve_of(index_t hp, bool tan, bool sec) {
+  const std::size_t h = std::size_t(hp);
+  const std::size_t key_planes = tan ? 4 : 2, score_planes = 1 + (tan ? 1 : 0) + (sec ? 1 : 0);
+  const std::size_t prob_planes = 1 + (tan ? 1 : 0) + (sec ? 2 : 0), q_planes = tan ? 2 : 1;
+  // The score tiles' region also stages Q (kR rows of each plane) and, at
+  // the end, each warp's output rows (FP32).
+  const std::size_t sc = std::max({score_planes * kWarps * 16 * kKt * sizeof(float),
+                                   std::size_t(kWarps) * 16 * h * sizeof(float), q_planes * kR * h * 2});
+  Carve c;
+  c.scores = aligned(key_planes * kKt * h * 2);
+  c.probs = c.scores + aligned(sc);
+  c.stats = c.probs + aligned(prob_planes * kWarps * 16 * kKt * 2);
+  c.total = c.stats + aligned(4 * kR * sizeof(float)) + kAlign;
+  return c;
+}
+
+// One team: 32 query rows of (sequence b, query head h, direction dir).
+template <bool Tan, bool Sec>
+struct FusedForward {
+  Act2<float> q, k, v, y;
+  Act1<float> lse;
+  index_t Tc = 0, H = 0, G = 0, hs = 0, hp = 0, nq = 0, dirs = 1;
+  index_t col[3] = {0, 0, 0}, stride[3] = {0, 0, 0};  // q, k, v: first column, head stride
+  float scale = 0;
+  Carve carve;
+  static constexpr index_t kTile = 16 * kKt;  // one warp's plane of a score tile
+  static constexpr index_t kScorePlanes = 1 + (Tan ? 1 : 0) + (Sec ? 1 : 0);
+  static constexpr index_t kProbPlanes = 1 + (Tan ? 1 : 0) + (Sec ? 2 : 0);
+  static constexpr int kKeyPlanes = Tan ? 2 : 1;  // K (and K'), then V (and V')
+
+  struct Where {
+    index_t b, h, j, dir, r0, nr, end;
+  };
+  // The league's order: a (sequence, head, direction)'s query tiles next to
+  // each other, the longest (last) first; a head's directions next.
+  KOKKOS_INLINE_FUNCTION Where where(const Member& team) const {
+    const index_t lr = team.league_rank();
+    Where w;
+    const index_t qt = nq - 1 - lr % nq;
+    index_t rest = lr / nq;
+    w.dir = rest % dirs;
+    rest /= dirs;
+    w.h = rest % H;
+    w.b = rest / H;
+    w.j = w.h / (H / G);
+    w.r0 = qt * kR;
+    w.nr = Tc - w.r0 < kR ? Tc - w.r0 : kR;
+    w.end = w.r0 + w.nr;
+    return w;
+  }
+  KOKKOS_INLINE_FUNCTION static float at(const Act2<float>& a, int plane, index_t dir, index_t n, index_t c) {
+    return plane == 0 ? a.v(n, c) : a.d(dir, n, c);
+  }
+  // The team's query rows of each plane (Q, Q'), rounded, kR x hp each.
+  KOKKOS_INLINE_FUNCTION void stage_q(const Member& team, const Where& w, std::uint16_t* qs) const {
+    const index_t n0 = w.b * Tc + w.r0, c0 = col[0] + w.h * stride[0];
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, kKeyPlanes * kR * hp), [&](const index_t i) {
+      const index_t p = i / (kR * hp), r = (i / hp) % kR, c = i % hp;
+      qs[i] = bf16_bits(r < w.nr && c < hs ? at(q, int(p), w.dir, n0 + r, c0 + c) : 0.0f);
+    });
+  }
+  // Keys kt0 .. kt0 + kKt - 1 of K (and K'), and with values of V (and V'),
+  // rounded, kKt x hp each; rows past the team's last query are zero.
+  KOKKOS_INLINE_FUNCTION void stage_keys(const Member& team, const Where& w, index_t kt0, bool values,
+                                         std::uint16_t* ks) const {
+    const index_t n0 = w.b * Tc + kt0, planes = values ? 2 * kKeyPlanes : kKeyPlanes;
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, planes * kKt * hp), [&](const index_t i) {
+      const index_t p = i / (kKt * hp), r = (i / hp) % kKt, c = i % hp;
+      const bool val = p >= kKeyPlanes;
+      const index_t c0 = val ? col[2] + w.j * stride[2] : col[1] + w.j * stride[1];
+      const float x = kt0 + r < w.end && c < hs ? at(val ? v : k, int(p % kKeyPlanes), w.dir, n0 + r, c0 + c) : 0.0f;
+      ks[i] = bf16_bits(x);
+    });
+  }
+  // One warp's score tiles (16 rows x kKt keys, unscaled) from its query
+  // fragments: S = Q K^T, S' = Q' K^T + Q K'^T, S'' = Q' K'^T.
+  KOKKOS_INLINE_FUNCTION void scores(const FragA (&qf)[2][kMaxFrags], const std::uint16_t* ks, float* sc) const {
+    const int nk = int(hp / 16), ld = int(hp);
+    for (int nf = 0; nf < kKt / 16; ++nf) {
+      FragC c0, c1, c2;
+      zero(c0);
+      if (Tan) zero(c1);
+      if (Sec) zero(c2);
+      GNH_UNROLL for (int kk = 0; kk < kMaxFrags; ++kk) {
+        if (kk >= nk) break;
+        FragBt b;
+        load_bt(b, ks + nf * 16 * ld + kk * 16, ld);
+        mma(c0, qf[0][kk], b);
+        if (!Tan) continue;
+        mma(c1, qf[1][kk], b);
+        load_bt(b, ks + kKt * ld + nf * 16 * ld + kk * 16, ld);
+        mma(c1, qf[0][kk], b);
+        if (Sec) mma(c2, qf[1][kk], b);
+      }
+      store(sc + nf * 16, kKt, c0);
+      if (Tan) store(sc + kTile + nf * 16, kKt, c1);
+      if (Sec) store(sc + 2 * kTile + nf * 16, kKt, c2);
+    }
+  }
+  // One warp's rows: the running maximum and sums over the tile's keys.
+  KOKKOS_INLINE_FUNCTION void statistics(const Member& team, const Where& w, int wi, index_t kt0, const float* sc,
+                                         float* st) const {
+    for (int i = 0; i < 16; ++i) {
+      const index_t r = wi * 16 + i, t = w.r0 + r;
+      if (r >= w.nr || kt0 > t) continue;
+      const index_t n = t - kt0 + 1 < kKt ? t - kt0 + 1 : kKt;
+      const float *s0 = sc + i * kKt, *s1 = s0 + kTile, *s2 = s0 + 2 * kTile;
+      float mt = 0;
+      Kokkos::parallel_reduce(
+          Kokkos::ThreadVectorRange(team, n),
+          [&](const index_t s, float& a) { a = scale * s0[s] > a ? scale * s0[s] : a; }, Kokkos::Max<float>(mt));
+      const float m = st[r] > mt ? st[r] : mt, alpha = jexp(st[r] - m);
+      float se = 0, s1e = 0, s2e = 0;
+      Kokkos::parallel_reduce(
+          Kokkos::ThreadVectorRange(team, n), [&](const index_t s, float& a) { a += jexp(scale * s0[s] - m); }, se);
+      if (Tan)
+        Kokkos::parallel_reduce(
+            Kokkos::ThreadVectorRange(team, n),
+            [&](const index_t s, float& a) { a += jexp(scale * s0[s] - m) * (scale * s1[s]); }, s1e);
+      if (Sec)
+        Kokkos::parallel_reduce(
+            Kokkos::ThreadVectorRange(team, n),
+            [&](const index_t s, float& a) {
+              const float d = scale * s1[s];
+              a += jexp(scale * s0[s] - m) * (2 * scale * s2[s] + d * d);
+            },
+            s2e);
+      Kokkos::single(Kokkos::PerThread(team), [&] {
+        st[r] = m;
+        st[kR + r] = alpha * st[kR + r] + se;
+        st[2 * kR + r] = alpha * st[2 * kR + r] + s1e;
+        st[3 * kR + r] = alpha * st[3 * kR + r] + s2e;
+      });
+    }
+  }
+  // lse, lse', lse'' of the team's rows, in st (over m, a1, a2) and out.
+  KOKKOS_INLINE_FUNCTION void finish(const Member& team, const Where& w, float* st) const {
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, w.nr), [&](const index_t r) {
+      const float l = st[kR + r], L = st[r] + jlog(l);
+      const float l1 = Tan ? st[2 * kR + r] / l : 0.0f, l2 = Sec ? st[3 * kR + r] / l - l1 * l1 : 0.0f;
+      st[r] = L;
+      st[2 * kR + r] = l1;
+      st[3 * kR + r] = l2;
+      const index_t gi = (w.b * H + w.h) * Tc + w.r0 + r;
+      if (w.dir == 0) lse.v(gi) = L;
+      if (Tan) lse.d(w.dir, gi) = l1;
+      if (Sec) lse.dd(w.dir, gi) = l2;
+    });
+  }
+  // One warp's P, P', P'' and 2P' (bfloat16) from its score tiles.
+  KOKKOS_INLINE_FUNCTION void probabilities(const Member& team, const Where& w, int wi, index_t kt0, const float* sc,
+                                            const float* st, std::uint16_t* pr) const {
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, kTile), [&](const index_t e) {
+      const index_t i = e / kKt, s = e % kKt, r = wi * 16 + i;
+      const bool ok = r < w.nr && kt0 + s <= w.r0 + r;
+      const float p = ok ? jexp(scale * sc[e] - st[r]) : 0.0f;
+      pr[e] = bf16_bits(p);
+      if (!Tan) return;
+      const float e1 = ok ? scale * sc[kTile + e] - st[2 * kR + r] : 0.0f;
+      const std::uint16_t p1 = bf16_bits(p * e1);
+      pr[kTile + e] = p1;
+      if (!Sec) return;
+      const float e2 = ok ? e1 * e1 + 2 * scale * sc[2 * kTile + e] - st[3 * kR + r] : 0.0f;
+      pr[2 * kTile + e] = bf16_bits(p * e2);
+      pr[3 * kTile + e] = bf16_bits(2.0f * bf16_value(p1));  // exact
+    });
+  }
+  // One warp's outputs accumulated over the tile: y += P V (primal),
+  // y' += P' V + P V', y'' += P'' V + (2P') V'.
+  KOKKOS_INLINE_FUNCTION void outputs(FragC (&acc)[3][kMaxFrags], bool primal, const std::uint16_t* ks,
+                                      const std::uint16_t* pr) const {
+    const int ld = int(hp);
+    const std::uint16_t *V0 = ks + kKeyPlanes * kKt * ld, *V1 = V0 + kKt * ld;
+    for (int kk = 0; kk < kKt / 16; ++kk) {
+      FragA p0, p1, p2, p3;
+      load_a(p0, pr + kk * 16, kKt);
+      if (Tan) load_a(p1, pr + kTile + kk * 16, kKt);
+      if (Sec) load_a(p2, pr + 2 * kTile + kk * 16, kKt), load_a(p3, pr + 3 * kTile + kk * 16, kKt);
+      GNH_UNROLL for (int nf = 0; nf < kMaxFrags; ++nf) {
+        if (nf >= ld / 16) break;
+        FragB b;
+        load_b(b, V0 + kk * 16 * ld + nf * 16, ld);
+        if (primal) mma(acc[0][nf], p0, b);
+        if (!Tan) continue;
+        mma(acc[1][nf], p1, b);
+        if (Sec) mma(acc[2][nf], p2, b);
+        load_b(b, V1 + kk * 16 * ld + nf * 16, ld);
+        mma(acc[1][nf], p0, b);
+        if (Sec) mma(acc[2][nf], p3, b);
+      }
+    }
+  }
+  // Output o (0 y, 1 y', 2 y'') of every warp through shared memory.
+  template <int o>
+  KOKKOS_INLINE_FUNCTION void write(const Member& team, const Where& w, const FragC (&acc)[kPer][3][kMaxFrags],
+                                    float* stage) const {
+    for (int lw = 0; lw < kPer; ++lw) {
+      const int wi = team.team_rank() * kPer + lw;
+      GNH_UNROLL for (int nf = 0; nf < kMaxFrags; ++nf) {
+        if (nf >= int(hp / 16)) break;
+        store(stage + wi * 16 * hp + nf * 16, int(hp), acc[lw][o][nf]);
+      }
+    }
+    team.team_barrier();
+    const index_t n0 = w.b * Tc + w.r0, c0 = w.h * hs;
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, w.nr * hs), [&](const index_t i) {
+      const index_t r = i / hs, c = i % hs;
+      const float x = stage[r * hp + c];
+      if (o == 0) y.v(n0 + r, c0 + c) = x;
+      else if (o == 1) y.d(w.dir, n0 + r, c0 + c) = x;
+      else y.dd(w.dir, n0 + r, c0 + c) = x;
+    });
+    team.team_barrier();
+  }
+  // A key tile staged (with values: V and V' too) and every warp's score
+  // tiles from it, each step complete across the team.
+  KOKKOS_INLINE_FUNCTION void tile_scores(const Member& team, const Where& w, index_t kt0, bool values,
+                                          const FragA (&qf)[kPer][2][kMaxFrags], std::uint16_t* ks, float* sc) const {
+    stage_keys(team, w, kt0, values, ks);
+    team.team_barrier();
+    for (int lw = 0; lw < kPer; ++lw) scores(qf[lw], ks, sc + (team.team_rank() * kPer + lw) * kScorePlanes * kTile);
+    team.team_barrier();
+  }
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const;
+};
+
+template <bool Tan, bool Sec>
+KOKKOS_INLINE_FUNCTION void FusedForward<Tan, Sec>::operator()(const Member& team) const {
+  const Where w = where(team);
+  char* base = static_cast<char*>(team.team_scratch(int(kLevel)).get_shmem_aligned(carve.total - kAlign, kAlign));
+  auto* ks = reinterpret_cast<std::uint16_t*>(base);
+  auto* sc = reinterpret_cast<float*>(base + carve.scores);
+  auto* pr = reinterpret_cast<std::uint16_t*>(base + carve.probs);
+  auto* st = reinterpret_cast<float*>(base + carve.stats);
+  const int rank = team.team_rank();
+  const auto* qs = reinterpret_cast<const std::uint16_t*>(sc);  // Q staged over the score tiles
+  stage_q(team, w, reinterpret_cast<std::uint16_t*>(sc));
+  team.team_barrier();
+  FragA qf[kPer][2][kMaxFrags];
+  for (int lw = 0; lw < kPer; ++lw) {
+    const int wi = rank * kPer + lw;
+    GNH_UNROLL for (int kk = 0; kk < kMaxFrags; ++kk) {
+      if (kk >= int(hp / 16)) break;
+      load_a(qf[lw][0][kk], qs + wi * 16 * hp + kk * 16, int(hp));
+      if (Tan) load_a(qf[lw][1][kk], qs + kR * hp + wi * 16 * hp + kk * 16, int(hp));
+    }
+  }
+  Kokkos::parallel_for(Kokkos::TeamVectorRange(team, index_t(kR)), [&](const index_t r) {
+    st[r] = -3.0e38f;
+    st[kR + r] = st[2 * kR + r] = st[3 * kR + r] = 0.0f;
+  });
+  team.team_barrier();
+  for (index_t kt0 = 0; kt0 < w.end; kt0 += kKt) {  // the statistics
+    tile_scores(team, w, kt0, false, qf, ks, sc);
+    for (int lw = 0, wi = rank * kPer; lw < kPer; ++lw, ++wi)
+      statistics(team, w, wi, kt0, sc + wi * kScorePlanes * kTile, st);
+    team.team_barrier();
+  }
+  finish(team, w, st);
+  team.team_barrier();
+  FragC acc[kPer][3][kMaxFrags];
+  for (int lw = 0; lw < kPer; ++lw)
+    for (int o = 0; o < 3; ++o)
+      for (int nf = 0; nf < kMaxFrags; ++nf) zero(acc[lw][o][nf]);
+  for (index_t kt0 = 0; kt0 < w.end; kt0 += kKt) {  // the outputs
+    tile_scores(team, w, kt0, true, qf, ks, sc);
+    for (int lw = 0, wi = rank * kPer; lw < kPer; ++lw, ++wi)
+      probabilities(team, w, wi, kt0, sc + wi * kScorePlanes * kTile, st, pr + wi * kProbPlanes * kTile);
+    team.team_barrier();
+    for (int lw = 0, wi = rank * kPer; lw < kPer; ++lw, ++wi)
+      outputs(acc[lw], w.dir == 0, ks, pr + wi * kProbPlanes * kTile);
+    team.team_barrier();
+  }
+  if (w.dir == 0) write<0>(team, w, acc, sc);
+  if (Tan) write<1>(team, w, acc, sc);
+  if (Sec) write<2>(team, w, acc, sc);
+}
+
+// The work of a call for the cost model (gemm_ledger.hpp): per (sequence,
+// head, direction) the score products twice (the statistics, the outputs:
+// 1, 3 or 4 of hs each) and the outputs' (2 or 4, and direction 0's y), each
+// over the causal part of the positions' square that the query tiles cover
+// at the full shape (keys up to a tile's last row, in whole key tiles); as
+// FLOPs of the fused unit. Bytes: q, k, v read and y, lse written once in
+// every plane (a sequence's keys are read again by each of its query tiles,
+// from L2: the league keeps them next to each other).
+void record_fused(index_t B, index_t Tc, const QkvLayout& L, index_t K, bool tan, bool sec) {
+  GemmWork& gw = gemm_work();
+  if (!gw.on) return;
+  const index_t T = Tc * std::max(1, gw.scale);
+  double pairs = 0;
+  for (index_t r0 = 0; r0 < T; r0 += kR) pairs += double(kR) * double((std::min(r0 + kR, T) + kKt - 1) / kKt * kKt);
+  const double causal = pairs / (double(T) * double(T));
+  const double dirs = double(std::max<index_t>(K, 1)), heads = double(B * L.H);
+  const double scores = 2.0 * double(1 + (tan ? 2 : 0) + (sec ? 1 : 0));
+  const double outs = double((tan ? 2 : 0) + (sec ? 2 : 0));
+  record_fused_products("gnh::attention::fused::forward", Tc, Tc, L.hs, causal * heads * (dirs * (scores + outs) + 1));
+  const double planes = double(1 + (tan ? K : 0)), out_planes = double(1 + (tan ? K : 0) + (sec ? K : 0));
+  Traffic("gnh::attention::fused::forward")
+      .add(planes * double(B * Tc * (L.H + 2 * L.G) * L.hs), sizeof(float), 2)
+      .add(out_planes * double(B * Tc * L.H * L.hs), sizeof(float), 2)
+      .add(out_planes * double(B * Tc * L.H), sizeof(float), 1);
+}
+
+}  // namespace
+
+std::size_t attention_fused_scratch_bytes(index_t hs, bool tangents, bool second) {
+  return carve_of(padded(hs), tangents, second).total;
+}
+
+bool attention_fused_fits(const QkvLayout& L, bool tangents, bool second) {
+  if (!L.valid() || L.hs > kFusedWidth) return false;
+  return attention_fused_scratch_bytes(L.hs, tangents, second) <= std::size_t(Team::scratch_size_max(kLevel));
+}
+
+template <class S>
+void attention_forward_fused(const ExecSpace& space, Act2<float> y, Act1<float> lse, QkvActs<float> x,
+                             const QkvLayout& L, index_t B, index_t Tc) {
+  constexpr bool tan = has_tangents_v<S>, sec = has_second_v<S>;
+  keep_planes<S>(y, lse, x.q, x.k, x.v);
+  const char* who = "gnh::attention::forward (fused)";
+  if (!attention_fused_fits(L, tan, sec))
+    throw std::invalid_argument(cat(who, ": heads of ", L.hs, " columns (at most ", kFusedWidth, ") in ",
+                                    attention_fused_scratch_bytes(L.hs, tan, sec),
+                                    " bytes of team scratch do not fit this backend"));
+  detail::check_qkv(who, x, L, B * Tc);
+  require_extent(who, "y rows", y.rows(), B * Tc);
+  require_extent(who, "y cols", y.cols(), L.H * L.hs);
+  require_extent(who, "lse", lse.v.extent(0), B * L.H * Tc);
+  const index_t K = tan ? directions_of<S>(x.q) : 0;
+  require_planes<S>(who, "y", y, K);
+  require_planes<S>(who, "k", x.k, K);
+  require_planes<S>(who, "v", x.v, K);
+  FusedForward<tan, sec> f;
+  f.q = x.q, f.k = x.k, f.v = x.v, f.y = y, f.lse = lse;
+  f.Tc = Tc, f.H = L.H, f.G = L.G, f.hs = L.hs, f.hp = padded(L.hs);
+  f.nq = (Tc + kR - 1) / kR, f.dirs = std::max<index_t>(K, 1);
+  for (int i = 0; i < 3; ++i) f.col[i] = L.off[i], f.stride[i] = L.stride[i];
+  f.scale = 1.0f / std::sqrt(float(L.hs));
+  f.carve = carve_of(f.hp, tan, sec);
+  record_fused(B, Tc, L, K, tan, sec);
+  const Team policy = Team(space, B * L.H * f.dirs * f.nq, kHost ? 1 : kWarps, kHost ? 1 : 32)
+                          .set_scratch_size(kLevel, Kokkos::PerTeam(f.carve.total));
+  Kokkos::parallel_for("gnh::attention::fused::forward", policy, f);
+}
+
+GNH_FORWARD_SCALARS(GNH_ATTENTION_FUSED_FORWARD, , float)
+
+}  // namespace gnh::kernels

@@ -1,0 +1,63 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The causal attention's forward as one kernel on bfloat16 tensor cores
+// (bf16-amp), its score planes never written to memory: the GPU's path for a
+// forward of the primal, its tangents, or its second order with x'' zero (an
+// engine with adjoint cuts), where attention_batched.hpp writes every plane
+// of every direction and reads it back.
+//
+// A team takes 32 query rows of one (sequence, query head, direction), as two
+// warps of 16 rows (one 16 x 16 x 16 bfloat16 tensor-core product at a time:
+// CUDA's WMMA on sm_80 and later; the same tiles emulated in FP32 elsewhere,
+// so the host runs the GPU's algorithm). It walks the keys up to its last row
+// in tiles of 32, twice:
+//   - the statistics: S = scale Q K^T, S' = scale (Q' K^T + Q K'^T),
+//     S'' = 2 scale Q' K'^T per tile into shared memory, and per row the
+//     running maximum m and the sums l = sum e, a1 = sum e s', a2 = sum e
+//     (s'' + s'^2), e = exp(s - m) (rescaled as m grows); then lse = m + log
+//     l, lse' = a1 / l, lse'' = a2 / l - lse'^2: attention_batched.hpp's row
+//     statistics;
+//   - the outputs: the score tiles again, and from them p = exp(s - lse),
+//     p' = p (s' - lse'), p'' = p ((s' - lse')^2 + s'' - lse'') rounded to
+//     bfloat16 (the batched path's probabilities, to the FP32 rounding of
+//     their sums), then y = P V (direction 0's team), y' = P' V + P V',
+//     y'' = P'' V + (2P') V' accumulated in FP32 tensor-core fragments.
+// Every operand is rounded to bfloat16 as it is staged in shared memory, so
+// no copy of q, k or v is made. Nothing depends on a previous launch or a
+// host value; the launch is one for the whole batch.
+//
+// Heads of at most kFusedWidth columns (padded to a multiple of 16 with
+// zeros); wider ones, x'' nonzero, double and FP32/TF32 policies take the
+// batched path. Team scratch: attention_fused_scratch_bytes, at most about 37
+// KB, within the 48 KB of shared memory a CUDA block has without opting in.
+#pragma once
+#include <cstddef>
+
+#include "core/jet.hpp"
+#include "core/planes.hpp"
+#include "kernels/attention_host.hpp"
+#include "kernels/attention_types.hpp"
+#include "kernels/instances.hpp"
+
+namespace gnh::kernels {
+
+constexpr index_t kFusedQueryRows = 32, kFusedKeyRows = 32, kFusedWidth = 64;
+
+// Team scratch bytes of a call: tangents (Dual or Jet2), second (Jet2).
+std::size_t attention_fused_scratch_bytes(index_t hs, bool tangents, bool second);
+
+// Whether the fused forward can take a call: a valid layout whose heads are
+// at most kFusedWidth wide and whose scratch the backend's teams can have.
+bool attention_fused_fits(const QkvLayout& L, bool tangents, bool second);
+
+// y (and y', y''), lse (and lse', lse'') of B sequences of Tc rows in mode S
+// (float, Dual<float>, Jet2<float> with x'' zero), bf16-amp's rounding.
+template <class S>
+void attention_forward_fused(const ExecSpace& space, Act2<float> y, Act1<float> lse, QkvActs<float> x,
+                             const QkvLayout& L, index_t B, index_t Tc);
+
+#define GNH_ATTENTION_FUSED_FORWARD(EXT, S)                                                                \
+  EXT template void attention_forward_fused<S>(const ExecSpace&, Act2<float>, Act1<float>, QkvActs<float>, \
+                                               const QkvLayout&, index_t, index_t);
+GNH_FORWARD_SCALARS(GNH_ATTENTION_FUSED_FORWARD, extern, float)
+
+}  // namespace gnh::kernels

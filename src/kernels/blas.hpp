@@ -185,7 +185,13 @@ struct GemmPolicy {
   // A single product's chunk (gemm; 0: chunk_elements): the scratch holds a
   // chunk for each product of a batch, so one product alone may fill it.
   index_t single_chunk_elements = 0;
-  std::array<RoundedAhead<T>, 2> ahead{};  // bf16: blocks rounded ahead (none: src null)
+  // bf16: blocks rounded ahead (none: src null): 0 and 1 the owner's (its
+  // weights, the head's directions), 2 and 3 a linear layer's input planes
+  // (linear_forward, where layer_input gives them room).
+  std::array<RoundedAhead<T>, 4> ahead{};
+  // bf16: room for a linear layer's input planes rounded once for all its
+  // products (Bf16Storage<T> in as many T; empty: each product rounds its own).
+  View1<T> layer_input;
   // bf16, GPU-shaped second order: the LM head's K direction blocks rounded
   // in pair blocks with its weights, vocabulary row v of pair j being
   // [V_2j,v | W_v | V_2j+1,v] (head_vocab rows of 3C), so that a direction's
@@ -221,6 +227,15 @@ AheadB<T> rounded_ahead(const GemmPolicy<T>& pol, Span2<const T> B, index_t stri
     const auto first = reinterpret_cast<std::uintptr_t>(a.src);
     if (!a.src || at < first) continue;
     const index_t off = index_t((at - first) / sizeof(T));
+    if (a.count <= 1 || a.stride == a.size) {
+      // Blocks back to back: one span, its copy laid out alike, so any
+      // operands within it (a batch's at any stride) are read in place.
+      const index_t end = off + (count > 1 ? (count - 1) * stride_b : 0) + span;
+      if (end > a.size * std::max<index_t>(a.count, 1)) continue;
+      r.data = static_cast<const Bf16Storage<T>*>(a.dst) + off;
+      r.stride = stride_b;
+      return r;
+    }
     const index_t j = a.count > 1 && a.stride > 0 ? off / a.stride : 0, o = off - j * a.stride;
     const index_t last = stride_b == 0 || count <= 1 ? j : j + count - 1;
     if (j >= a.count || o + span > a.size || last >= a.count) continue;
@@ -376,12 +391,15 @@ void gemm(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, cons
   // values into the FP32 GEMM, the exact emulation. Both multiply the same
   // bfloat16 values and accumulate in FP32; their order of additions differs.
   // B rounded ahead (GemmPolicy::ahead) is read there, rounded nowhere.
+  // So is A (op(A) = A) rounded ahead: then the rows go in one product.
   const detail::AheadB<T> ahead = detail::rounded_ahead(pol, B, 0, 1);
+  const detail::AheadB<T> ahead_a = ta[0] == 'T' ? detail::AheadB<T>() : detail::rounded_ahead(pol, A, 0, 1);
   auto product = [&](bool trans_a, index_t a0, index_t na, bool round_b, index_t b0, index_t nb, T beta_, Span2<T> Cc) {
-    const index_t bc = B.extent(1);
+    const index_t bc = B.extent(1), ac = A.extent(1);
 #ifdef GNH_CUBLAS_MATH_MODE
     if constexpr (std::is_same_v<T, float>) {
-      const Span2<const std::uint16_t> As = detail::bf16_copy(space, A, a0, na, pol.scratch_a.data());
+      const Span2<const std::uint16_t> As = ahead_a.data ? Span2<const std::uint16_t>(ahead_a.data + a0 * ac, na, ac)
+                                                         : detail::bf16_copy(space, A, a0, na, pol.scratch_a.data());
       const Span2<const std::uint16_t> Bs =
           ahead.data ? Span2<const std::uint16_t>(ahead.data + b0 * bc, nb, bc)
           : round_b  ? detail::bf16_copy(space, B, b0, nb, pol.scratch_b.data())
@@ -393,7 +411,8 @@ void gemm(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, cons
     (void)trans_a;  // op(A) is ta
     // Rounded values in T wherever this runs (cuBLAS took float above).
     const T* const ahead_b = reinterpret_cast<const T*>(ahead.data);
-    const Span2<const T> As = detail::rounded_copy(space, A, a0, na, pol.scratch_a.data());
+    const Span2<const T> As = ahead_a.data ? Span2<const T>(reinterpret_cast<const T*>(ahead_a.data) + a0 * ac, na, ac)
+                                           : detail::rounded_copy(space, A, a0, na, pol.scratch_a.data());
     const Span2<const T> Bs = ahead.data ? Span2<const T>(ahead_b + b0 * bc, nb, bc)
                               : round_b  ? detail::rounded_copy(space, B, b0, nb, pol.scratch_b.data())
                                          : Span2<const T>(pol.scratch_b.data(), nb, bc);
@@ -402,7 +421,8 @@ void gemm(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, cons
   };
   const bool at = ta[0] == 'T';
   const index_t rows = A.extent(0);
-  const index_t chunk = detail::bf16_chunk_rows(pol, A, B, "gnh::gemm", true);
+  const index_t chunk =
+      ahead_a.data ? std::max<index_t>(rows, 1) : detail::bf16_chunk_rows(pol, A, B, "gnh::gemm", true);
   if (!at) {
     // C rows follow A rows; B is rounded once, with the first chunk.
     if (!ahead.data && pol.scratch_b.extent(0) < B.size())
@@ -436,14 +456,16 @@ struct Bf16Groups {
 };
 template <class T>
 Bf16Groups bf16_groups(const GemmPolicy<T>& pol, bool at, Span2<const T> A, index_t stride_a, Span2<const T> B,
-                       index_t stride_b, index_t count, bool b_ahead) {
+                       index_t stride_b, index_t count, bool b_ahead, bool a_ahead = false) {
   Bf16Groups g;
   const index_t rows = A.extent(0), acols = A.extent(1), bcols = B.extent(1);
   if (rows == 0 || acols == 0 || B.size() == 0 || count < 1) return g;
-  g.chunk = std::min(rows, bf16_chunk_rows(pol, A, B, "gnh::gemm_batched"));
+  // A rounded ahead (op(A) = A) with B ahead or shared: all rows at once.
+  g.chunk =
+      a_ahead && (b_ahead || stride_b == 0) ? rows : std::min(rows, bf16_chunk_rows(pol, A, B, "gnh::gemm_batched"));
   const index_t sa = index_t(pol.scratch_a.extent(0)), sb = index_t(pol.scratch_b.extent(0));
   const index_t achunk = g.chunk * acols, bblock = at ? g.chunk * bcols : index_t(B.size());
-  const index_t fa = sa < achunk ? 0 : stride_a == 0 ? count : sa / achunk;
+  const index_t fa = a_ahead || stride_a == 0 ? count : sa < achunk ? 0 : sa / achunk;
   // B rounded ahead needs no scratch.
   const index_t fb = b_ahead ? count : sb < bblock ? 0 : stride_b == 0 ? count : sb / bblock;
   g.group = std::min(count, std::min(fa, fb));
@@ -464,7 +486,10 @@ bool bf16_batched(const ExecSpace& space, const GemmPolicy<T>& pol, const char* 
   const index_t rows = A.extent(0), acols = A.extent(1), bcols = B.extent(1), ncols = C.extent(1);
   if ((at && bt) || ncols == 0 || C.stride(0) != ncols) return false;
   const AheadB<T> ahead = rounded_ahead(pol, B, stride_b, count);  // B rounded ahead: read there
-  const Bf16Groups g = bf16_groups(pol, at, A, stride_a, B, stride_b, count, ahead.data != nullptr);
+  // A too (op(A) = A), where it is and the groups take it whole.
+  const AheadB<T> ahead_a = at ? AheadB<T>() : rounded_ahead(pol, A, stride_a, count);
+  const Bf16Groups g =
+      bf16_groups(pol, at, A, stride_a, B, stride_b, count, ahead.data != nullptr, ahead_a.data != nullptr);
   if (g.group < 1) return false;
   const index_t bsize = B.size();
   for (index_t g0 = 0; g0 < count; g0 += g.group) {
@@ -474,7 +499,7 @@ bool bf16_batched(const ExecSpace& space, const GemmPolicy<T>& pol, const char* 
       const index_t n = std::min(g.chunk, rows - r0);
       // Strides in scratch: A's chunks side by side; B whole per product
       // (rounded with the first chunk) for op(A) = A, else its chunk of rows.
-      const index_t astep = n * acols, brows = at ? n : B.extent(0);
+      const index_t astep = ahead_a.data ? ahead_a.stride : n * acols, brows = at ? n : B.extent(0);
       const index_t bstep = ahead.data ? ahead.stride : at ? n * bcols : bsize;
       // B's rows of this chunk where rounded ahead (op(A) = A^T: rows r0 on).
       const Bf16Storage<T>* const b_ahead =
@@ -489,9 +514,12 @@ bool bf16_batched(const ExecSpace& space, const GemmPolicy<T>& pol, const char* 
 #endif
       if constexpr (on_cublas) {
 #ifdef GNH_CUBLAS_MATH_MODE
-        std::uint16_t* const as = reinterpret_cast<std::uint16_t*>(pol.scratch_a.data());
+        std::uint16_t* const scratch_as = reinterpret_cast<std::uint16_t*>(pol.scratch_a.data());
+        const std::uint16_t* const as = ahead_a.data ? ahead_a.data + g0 * ahead_a.stride + r0 * acols : scratch_as;
         std::uint16_t* const bs = reinterpret_cast<std::uint16_t*>(pol.scratch_b.data());
-        rounded_copies(space, "gnh::gemm::to_bf16", A.data() + g0 * stride_a, stride_a, acols, r0, n, na, as, astep);
+        if (!ahead_a.data)
+          rounded_copies(space, "gnh::gemm::to_bf16", A.data() + g0 * stride_a, stride_a, acols, r0, n, na, scratch_as,
+                         astep);
         if (!b_ahead && (at || r0 == 0))
           rounded_copies(space, "gnh::gemm::to_bf16", B.data() + g0 * stride_b, stride_b, bcols, at ? r0 : 0, brows, nb,
                          bs, bstep);
@@ -501,15 +529,18 @@ bool bf16_batched(const ExecSpace& space, const GemmPolicy<T>& pol, const char* 
                                  ncols, stride_c, gn);
 #endif
       } else {
-        rounded_copies(space, "gnh::gemm::round_bf16", A.data() + g0 * stride_a, stride_a, acols, r0, n, na,
-                       pol.scratch_a.data(), astep);
+        const T* const a0 = ahead_a.data ? reinterpret_cast<const T*>(ahead_a.data) + g0 * ahead_a.stride + r0 * acols
+                                         : pol.scratch_a.data();
+        if (!ahead_a.data)
+          rounded_copies(space, "gnh::gemm::round_bf16", A.data() + g0 * stride_a, stride_a, acols, r0, n, na,
+                         pol.scratch_a.data(), astep);
         if (!b_ahead && (at || r0 == 0))
           rounded_copies(space, "gnh::gemm::round_bf16", B.data() + g0 * stride_b, stride_b, bcols, at ? r0 : 0, brows,
                          nb, pol.scratch_b.data(), bstep);
         const T* const b0 = b_ahead ? b_ahead : pol.scratch_b.data();
         const GemmRegion call(kLibraryCall);  // one strided-batched call on cuBLAS
         for (index_t i = 0; i < gn; ++i)
-          gemm<T>(space, ta, tb, alpha, Span2<const T>(pol.scratch_a.data() + (na == 1 ? 0 : i * astep), n, acols),
+          gemm<T>(space, ta, tb, alpha, Span2<const T>(a0 + (na == 1 ? 0 : i * astep), n, acols),
                   Span2<const T>(b0 + (nb == 1 ? 0 : i * bstep), brows, bcols), beta_,
                   Span2<T>(c0 + i * stride_c, crows, ncols));
       }

@@ -49,6 +49,36 @@ void add_colsum(const ExecSpace& space, T* g, const T* dy, index_t N, index_t ou
       KOKKOS_LAMBDA(const index_t k, const index_t n, const index_t o, T& s, T&) { s += dy[(k * N + n) * out + o]; },
       KOKKOS_LAMBDA(const index_t k, const index_t o, const T& s, const T&) { g[k * g_stride + o] += s; }, shape);
 }
+// Under bf16-amp with directions, where the owner gave them room
+// (GemmPolicy::layer_input), a layer's input planes rounded once for all its
+// products instead of by each: x, read by the value's product and the
+// directions' (x V_k^T), and with second order x', read by x' W^T and
+// 2 x' V_k^T. The policy returned finds them (ahead slots 2 and 3); the same
+// bfloat16 values, so no bit changes.
+template <class T>
+GemmPolicy<T> with_rounded_input(const ExecSpace& space, const GemmPolicy<T>& pol, const Act2<T>& x, index_t K,
+                                 bool second) {
+  if (!pol.bf16 || K == 0 || pol.layer_input.extent(0) == 0) return pol;
+  using D = Bf16Storage<T>;
+  const index_t N = x.rows(), in = x.cols(), planes = second ? 1 + K : 1;
+  if (std::size_t(planes * N * in) * sizeof(D) > pol.layer_input.extent(0) * sizeof(T))
+    throw std::logic_error("gnh::linear::forward: the rounded input's room holds fewer than " + std::to_string(planes) +
+                           " planes of " + std::to_string(N) + " x " + std::to_string(in));
+#ifdef GNH_CUBLAS_MATH_MODE
+  const char* label = "gnh::gemm::to_bf16";
+#else
+  const char* label = "gnh::gemm::round_bf16";
+#endif
+  GemmPolicy<T> lp = pol;
+  D* const dst = reinterpret_cast<D*>(pol.layer_input.data());
+  rounded_copies(space, label, x.v.data(), 0, in, 0, N, 1, dst, 0);
+  lp.ahead[2] = {x.v.data(), N * in, 1, 0, dst};
+  if (second) {
+    rounded_copies(space, label, x.d.data(), 0, in, 0, K * N, 1, dst + N * in, 0);
+    lp.ahead[3] = {x.d.data(), K * N * in, 1, 0, dst + N * in};
+  }
+  return lp;
+}
 }  // namespace detail
 
 // b < 0: no bias. The mode follows from S (planes_of): the tangent planes
@@ -58,7 +88,7 @@ void add_colsum(const ExecSpace& space, T* g, const T* dy, index_t N, index_t ou
 // with the layer input's adjoint instead of multiplied through W).
 template <class S>
 void linear_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x, Params<base_t<S>> p, index_t w,
-                    index_t b, const GemmPolicy<base_t<S>>& pol = GemmPolicy<base_t<S>>(), bool x_second = true) {
+                    index_t b, const GemmPolicy<base_t<S>>& policy = GemmPolicy<base_t<S>>(), bool x_second = true) {
   using T = base_t<S>;
   keep_planes<S>(y, x, p);
   const index_t N = x.rows(), in = x.cols(), out = y.cols(), K = y.d.extent(0);
@@ -69,6 +99,7 @@ void linear_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x
   else require_planes<Dual<T>>("gnh::linear::forward", "x", x, K);
   require_planes<S>("gnh::linear::forward", "theta", p, K);
   const T* W = p.v.data() + w;
+  const GemmPolicy<T> pol = detail::with_rounded_input(space, policy, x, K, y.dd.extent(0) > 0);
   gemm<T>(space, pol, "N", "T", T(1), x.v, block(W, 0, out, in), T(0), y.v);
   if (b >= 0) detail::add_bias(space, y.v.data(), p.v.data() + b, N, out);
   if (K == 0) return;

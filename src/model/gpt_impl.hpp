@@ -473,6 +473,19 @@ void Gpt<T>::plan_gemm(const GptTiles& plan) {
   workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(ahead);
   if (allocate_)
     rounded_ahead_ = View1<T>(Kokkos::view_alloc("gnh::gpt::weights_bf16", Kokkos::WithoutInitializing), ahead);
+  // GPU-shaped with directions: room for a linear layer's input planes
+  // rounded once for all its products (kernels/linear.hpp,
+  // with_rounded_input): the widest input, x and with second order x'. Not
+  // for a second order of so few directions that it runs without adjoint
+  // cuts: there the planes' copies would cost more memory than their
+  // rounding costs time (K = 1 within 8 GB at the reference shape).
+  if (!shape_.gpu_shaped || shape_.directions == 0 || (shape_.second_order && !cuts_)) return;
+  const index_t width = std::max<index_t>({cfg_.n_embd, index_t(cfg_.n_head) * cfg_.head_size(), cfg_.mlp_width()});
+  const index_t inputs = N_ * width * (shape_.second_order ? 1 + shape_.directions : 1);
+  const index_t room = index_t((std::size_t(inputs) * sizeof(kernels::Bf16Storage<T>) + sizeof(T) - 1) / sizeof(T));
+  workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(room);
+  if (allocate_)
+    gemm_.layer_input = View1<T>(Kokkos::view_alloc("gnh::gpt::layer_input_bf16", Kokkos::WithoutInitializing), room);
 }
 
 // bf16-amp: p rounded into rounded_ahead_ (one launch; the weights of every

@@ -361,6 +361,64 @@ TEST_CASE("bf16-amp batches: each operand rounded once per group, the bits of on
       }
 }
 
+TEST_CASE("bf16-amp: a linear layer's input rounded once for all its products, the same bits", "[bf16]") {
+  // With directions and room (GemmPolicy::layer_input), linear_forward
+  // rounds x, and with second order x', once: x W^T and x V_k^T read the one
+  // copy of x, x' W^T and 2 x' V_k^T the one of x' (its K planes one block,
+  // read at a stride by the batch), in one product each where B is shared or
+  // rounded ahead. The same bfloat16 values, so the bits of each product
+  // rounding its own operands in chunks of 4 rows; and fewer bytes copied.
+  const index_t N = 9, in = 6, out = 5, K = 3, P = out * in + out + 7;
+  View1<float> xs("x", (1 + 2 * K) * N * in), pv("p", P), pd("pd", K * P);
+  const auto rx = ref::random_vec(xs.extent(0), 31), rp = ref::random_vec(P, 32), rd = ref::random_vec(K * P, 33);
+  for (std::size_t i = 0; i < xs.extent(0); ++i) xs(i) = float(rx[i]);
+  for (index_t i = 0; i < P; ++i) pv(i) = float(rp[i]);
+  for (index_t i = 0; i < K * P; ++i) pd(i) = float(rd[i]);
+  auto planes = [&](float* base, index_t cols) {
+    Act2<float> a;
+    a.v = Span2<float>(base, N, cols);
+    a.d = Span3<float>(base + N * cols, K, N, cols);
+    a.dd = Span3<float>(base + (1 + K) * N * cols, K, N, cols);
+    return a;
+  };
+  const Params<float> p{Span1<const float>(pv.data(), P), Span2<const float>(pd.data(), K, P)};
+  kernels::GemmPolicy<float> own = bf16_policy(1 << 12);
+  own.chunk_elements = 4 * in;
+  kernels::GemmPolicy<float> room = own;
+  room.layer_input = View1<float>("room", (1 + K) * N * in);
+  for (const bool second : {false, true})
+    for (const bool x_second : {true, false}) {
+      if (!second && !x_second) continue;
+      CAPTURE(second, x_second);
+      double bytes[2] = {0, 0};
+      std::vector<float> y[2];
+      for (int r = 0; r < 2; ++r) {
+        View1<float> ys("y", (1 + 2 * K) * N * out);
+        const auto run = perf::record_run([&] {
+          if (second)
+            kernels::linear_forward<Jet2<float>>(ExecSpace(), planes(ys.data(), out), planes(xs.data(), in), p, 0,
+                                                 out * in, r ? room : own, x_second);
+          else
+            kernels::linear_forward<Dual<float>>(ExecSpace(), planes(ys.data(), out), planes(xs.data(), in), p, 0,
+                                                 out * in, r ? room : own);
+        });
+        bytes[r] = run.work.labels.at("gnh::gemm::round_bf16").total_bytes();
+        y[r].assign(ys.data(), ys.data() + ys.extent(0));
+      }
+      REQUIRE(std::memcmp(y[0].data(), y[1].data(), y[0].size() * sizeof(float)) == 0);
+      // x (and x') copied once instead of by each of their two products.
+      CAPTURE(bytes[0], bytes[1]);
+      REQUIRE(bytes[1] < bytes[0]);
+    }
+  // Too little room is a logic error naming the layer's input, not a quiet overrun.
+  kernels::GemmPolicy<float> small = room;
+  small.layer_input = View1<float>("small", N * in);
+  View1<float> ys("y", (1 + 2 * K) * N * out);
+  REQUIRE_THROWS_WITH(kernels::linear_forward<Jet2<float>>(ExecSpace(), planes(ys.data(), out), planes(xs.data(), in),
+                                                           p, 0, out * in, small),
+                      Catch::Contains("rounded input"));
+}
+
 TEST_CASE("bf16-amp library calls: one per chunk, counted as the entry point's launches", "[bf16]") {
   // Under bf16-amp a GEMM entry point is a library call per chunk of rows
   // (gemm) or per chunk of a group (gemm_batched); the launch profile counts

@@ -86,9 +86,12 @@ GemmPolicy<T> with_rounded_input(const ExecSpace& space, const GemmPolicy<T>& po
 // false (Jet2 only): x'' is taken as zero and not read, so y''_k = 2 x'_k V_k^T
 // alone (the adjoint cuts of model/gpt_impl.hpp, where x'' has been contracted
 // with the layer input's adjoint instead of multiplied through W).
+// accumulate: y += (every plane; the residual stream updated in place, the
+// GEMMs' beta = 1) instead of y =.
 template <class S>
 void linear_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x, Params<base_t<S>> p, index_t w,
-                    index_t b, const GemmPolicy<base_t<S>>& policy = GemmPolicy<base_t<S>>(), bool x_second = true) {
+                    index_t b, const GemmPolicy<base_t<S>>& policy = GemmPolicy<base_t<S>>(), bool x_second = true,
+                    bool accumulate = false) {
   using T = base_t<S>;
   keep_planes<S>(y, x, p);
   const index_t N = x.rows(), in = x.cols(), out = y.cols(), K = y.d.extent(0);
@@ -100,11 +103,12 @@ void linear_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x
   require_planes<S>("gnh::linear::forward", "theta", p, K);
   const T* W = p.v.data() + w;
   const GemmPolicy<T> pol = detail::with_rounded_input(space, policy, x, K, y.dd.extent(0) > 0);
-  gemm<T>(space, pol, "N", "T", T(1), x.v, block(W, 0, out, in), T(0), y.v);
+  const T beta = accumulate ? T(1) : T(0);
+  gemm<T>(space, pol, "N", "T", T(1), x.v, block(W, 0, out, in), beta, y.v);
   if (b >= 0) detail::add_bias(space, y.v.data(), p.v.data() + b, N, out);
   if (K == 0) return;
   // Stacked over directions: (K*N, in) x (in, out).
-  gemm<T>(space, pol, "N", "T", T(1), block(x.d.data(), 0, K * N, in), block(W, 0, out, in), T(0),
+  gemm<T>(space, pol, "N", "T", T(1), block(x.d.data(), 0, K * N, in), block(W, 0, out, in), beta,
           block(y.d.data(), 0, K * N, out));
   // Per direction, one batch: x V_k^T (x shared by the batch).
   const index_t P = p.d.extent(1);
@@ -113,10 +117,10 @@ void linear_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x
   if (b >= 0) detail::add_bias(space, y.d.data(), p.d.data() + b, N, out, K, P);
   if (y.dd.extent(0) == 0) return;
   if (x_second)
-    gemm<T>(space, pol, "N", "T", T(1), block(x.dd.data(), 0, K * N, in), block(W, 0, out, in), T(0),
+    gemm<T>(space, pol, "N", "T", T(1), block(x.dd.data(), 0, K * N, in), block(W, 0, out, in), beta,
             block(y.dd.data(), 0, K * N, out));
   gemm_batched<T>(space, pol, "N", "T", T(2), block(x.d.data(), 0, N, in), N * in, block(p.d.data(), w, out, in), P,
-                  T(x_second ? 1 : 0), block(y.dd.data(), 0, N, out), N * out, K);
+                  x_second ? T(1) : beta, block(y.dd.data(), 0, N, out), N * out, K);
 }
 
 // dx is overwritten (skipped when it has no rows); g accumulates (skipped
@@ -197,7 +201,7 @@ struct LinearOp {
 // Compiled once, in gnh_core (kernels/instances.hpp).
 #define GNH_LINEAR_FORWARD(EXT, S)                                                                                    \
   EXT template void linear_forward<S>(const ExecSpace&, Act2<base_t<S>>, Act2<base_t<S>>, Params<base_t<S>>, index_t, \
-                                      index_t, const GemmPolicy<base_t<S>>&, bool);
+                                      index_t, const GemmPolicy<base_t<S>>&, bool, bool);
 #define GNH_LINEAR_REVERSE(EXT, S)                                                                          \
   EXT template void linear_reverse<S>(const ExecSpace&, Act2<base_t<S>>, Grads<base_t<S>>, Act2<base_t<S>>, \
                                       Act2<base_t<S>>, Params<base_t<S>>, index_t, index_t,                 \

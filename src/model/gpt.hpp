@@ -199,6 +199,10 @@ class Gpt {
   // The primal reverse engine (reverse, no directions) keeps each layer's GELU
   // output, and the GELU's slope in place of its pre-activation (gpt_impl.hpp).
   bool keep_gelu_ = false;
+  // GPU-shaped forward-only engines without the parallel residual: each
+  // block's output projections accumulate into the residual stream in place
+  // (linear_forward's accumulate) and x_mid is the stream itself.
+  bool residual_in_place_ = false;
   bool head_kept_ = false;  // and the head's exponentials over its logits tile
   // The head's forward run in the primal reverse, tile by tile with its
   // reverse (kernels/lm_head_xent.hpp, lm_head_xent_gradient), where a tile

@@ -298,6 +298,7 @@ void Gpt<T>::plan_layers(index_t att_e) {
   const bool tan = shape_.directions > 0, sec = shape_.second_order && tan;
   const bool llama = cfg_.family == Family::llama;
   const int slots = shape_.reverse ? cfg_.n_layer : 1;
+  residual_in_place_ = shape_.gpu_shaped && !shape_.reverse && !cfg_.parallel_residual;
   // With adjoint cuts the norms' y'' are contracted as they are formed
   // (layernorm_forward_cut, rmsnorm_forward_cut), never stored.
   const Act2<T> ln_shared = act2("ln", N, C, tan, sec && !cuts_);
@@ -319,7 +320,7 @@ void Gpt<T>::plan_layers(index_t att_e) {
     }
     a.att = act2("att", N, A, tan, sec);
     a.att_lse = act1("att_lse", shape_.batch * H * shape_.context, tan, sec);
-    a.x_mid = act2("x_mid", N, C, tan, sec);
+    if (!residual_in_place_) a.x_mid = act2("x_mid", N, C, tan, sec);
     a.ln2 = ln_shared;
     if (!llama) a.ln2_mean = act1("ln2_mean", N, tan, sec);
     a.ln2_rstd = act1("ln2_rstd", N, tan, sec);
@@ -655,7 +656,9 @@ void Gpt<T>::forward_block(const ExecSpace& space, Params<T> p, int l, bool cut)
   const LayerActivations<T>& a0 = buf_->acts[shape_.reverse ? l : 0];
   const Act2<T> x = x_in(l);
   const Act2<T> ln1 = a0.ln1, qkv = a0.qkv, att = a0.att;
-  const Act2<T> x_mid = a0.x_mid, ln2 = a0.ln2;
+  // In place, the stream x is x_mid and x_out too.
+  const bool in_place = residual_in_place_;
+  const Act2<T> x_mid = in_place ? x : a0.x_mid, ln2 = a0.ln2;
   const Act2<T> fc = a0.fc, fc_gelu = a0.fc_gelu, x_out = a0.x_out;
   const CutAdjoints<T> cuts = cut ? buf_->cuts[l] : CutAdjoints<T>();
   // With cuts, the cut at each norm's output is taken as the norm forms y''.
@@ -670,8 +673,8 @@ void Gpt<T>::forward_block(const ExecSpace& space, Params<T> p, int l, bool cut)
   T* const keep_p = std::is_same<S, T>::value && keep_attention_ ? a0.att_p.v.data() : nullptr;
   attend<S>(space, att, a0.att_lse, QkvActs<T>{qkv, qkv, qkv}, cut, keep_p);
   cut_at(space, cut, cuts.att, att);
-  linear_forward<S>(space, proj, att, p, o.attn_proj_w, o.attn_proj_b, weights_gemm_, !cut);
-  residual_forward<S>(space, x_mid, x, proj);
+  linear_forward<S>(space, in_place ? x : proj, att, p, o.attn_proj_w, o.attn_proj_b, weights_gemm_, !cut, in_place);
+  if (!in_place) residual_forward<S>(space, x_mid, x, proj);
   const Act2<T> mlp_in = cfg_.parallel_residual ? x : x_mid;
   if (cut)
     layernorm_forward_cut<T>(space, ln2, a0.ln2_mean, a0.ln2_rstd, mlp_in, p, o.ln2_w, o.ln2_b, cfg_.ln_eps, cuts.ln2,
@@ -687,8 +690,8 @@ void Gpt<T>::forward_block(const ExecSpace& space, Params<T> p, int l, bool cut)
   } else {
     gelu_forward<S>(space, fc_gelu, fc, cfg_.gelu);
   }
-  linear_forward<S>(space, proj, fc_gelu, p, o.fc_proj_w, o.fc_proj_b, weights_gemm_, !cut);
-  residual_forward<S>(space, x_out, x_mid, proj);
+  linear_forward<S>(space, in_place ? x : proj, fc_gelu, p, o.fc_proj_w, o.fc_proj_b, weights_gemm_, !cut, in_place);
+  if (!in_place) residual_forward<S>(space, x_out, x_mid, proj);
 }
 
 // Block l of the Llama forward (SPEC §11): RMSNorm, the q, k, v projections
@@ -728,15 +731,18 @@ void Gpt<T>::forward_block_llama(const ExecSpace& space, Params<T> p, int l, boo
   T* const keep_p = std::is_same<S, T>::value && keep_attention_ ? a.att_p.v.data() : nullptr;
   attend<S>(space, a.att, a.att_lse, x3, cut, keep_p);
   cut_at(space, cut, cuts.att, a.att);
-  linear_forward<S>(space, proj, a.att, p, o.attn_proj_w, o.attn_proj_b, weights_gemm_, !cut);
-  residual_forward<S>(space, a.x_mid, x, proj);
-  if (cut) rmsnorm_forward_cut<T>(space, a.ln2, a.ln2_rstd, a.x_mid, p, o.ln2_w, -1, cfg_.ln_eps, cuts.ln2, cut_dd_);
-  else rmsnorm_forward<S>(space, a.ln2, a.ln2_rstd, a.x_mid, p, o.ln2_w, -1, cfg_.ln_eps);
+  // In place, the stream x is x_mid and x_out too.
+  const bool in_place = residual_in_place_;
+  const Act2<T> x_mid = in_place ? x : a.x_mid;
+  linear_forward<S>(space, in_place ? x : proj, a.att, p, o.attn_proj_w, o.attn_proj_b, weights_gemm_, !cut, in_place);
+  if (!in_place) residual_forward<S>(space, x_mid, x, proj);
+  if (cut) rmsnorm_forward_cut<T>(space, a.ln2, a.ln2_rstd, x_mid, p, o.ln2_w, -1, cfg_.ln_eps, cuts.ln2, cut_dd_);
+  else rmsnorm_forward<S>(space, a.ln2, a.ln2_rstd, x_mid, p, o.ln2_w, -1, cfg_.ln_eps);
   linear_forward<S>(space, a.fc, a.ln2, p, o.fc_w, -1, weights_gemm_, !cut);
   if (cut) swiglu_forward_cut<T>(space, a.fc_gelu, a.fc, cuts.fc_gelu, cut_dd_);
   else swiglu_forward<S>(space, a.fc_gelu, a.fc);
-  linear_forward<S>(space, proj, a.fc_gelu, p, o.fc_proj_w, -1, weights_gemm_, !cut);
-  residual_forward<S>(space, a.x_out, a.x_mid, proj);
+  linear_forward<S>(space, in_place ? x : proj, a.fc_gelu, p, o.fc_proj_w, -1, weights_gemm_, !cut, in_place);
+  if (!in_place) residual_forward<S>(space, a.x_out, x_mid, proj);
 }
 
 // The batch's loss over its valid targets and, by mode, its first and second

@@ -62,12 +62,16 @@ GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape) {
   // rows as fit, so that the head GEMMs keep large shapes for any K.
   // Second order: one plane of exponentials, and (K + 1) moment planes of
   // (rows, C) counted as up to K + 1 more logit planes.
-  // GPU-shaped: 2^29 elements (2 GiB in float) of whole vocabulary rows, so
-  // that a tile's row kernels have hundreds of rows to spread over the
-  // multiprocessors and a batch few tiles: at the reference shape (V =
-  // 32000, 64 x 1024 rows) 4 tiles in the gradient, 20 at K = 1 and 137 at
-  // K = 16 second order (35 planes).
-  const index_t planes = 1 + K + (sec ? 2 + K : 0), budget = index_t(1) << (shape.gpu_shaped ? 29 : 24);
+  // GPU-shaped: whole vocabulary rows in 2^29 elements (2 GiB in float), or
+  // 2^25 a plane where that is more, so that a tile's row kernels have
+  // hundreds of rows to spread over the multiprocessors, a batch few tiles,
+  // and each tile's products read the head's weight (and pair) blocks over
+  // many rows: at the reference shape (V = 32000, 64 x 1024 rows) 4 tiles in
+  // the gradient, 20 at K = 1 and 63 at K = 16 second order (35 planes:
+  // 1,049 rows, 4.7 GB).
+  const index_t planes = 1 + K + (sec ? 2 + K : 0);
+  const index_t budget =
+      shape.gpu_shaped ? std::max<index_t>(index_t(1) << 29, planes * (index_t(1) << 25)) : index_t(1) << 24;
   index_t vchunk = shape.head_chunk_vocab > 0 ? std::min<index_t>(shape.head_chunk_vocab, V) : V;
   if (shape.head_chunk_vocab <= 0 && !shape.gpu_shaped && N * V * planes > budget) vchunk = std::min<index_t>(V, 4096);
   // A miniature (Shape::scale) takes the full engine's tiles, of its sc times

@@ -50,6 +50,19 @@ ForwardFlops forward_flops_per_token(const ModelConfig& cfg, index_t context) {
   return f;
 }
 
+namespace {
+// The head's logits tile in values over its planes. GPU-shaped: whole
+// vocabulary rows in 2^29 values (2 GiB in float), or 2^25 a plane where
+// that is more, so that a tile's row kernels have hundreds of rows to spread
+// over the multiprocessors, a batch few tiles: at the reference shape (V =
+// 32000, 64 x 1024 rows) 4 tiles in the gradient, 20 at K = 1 and 63 at K =
+// 16 second order (35 planes: 1,049 rows, 4.7 GB). On a host 2^24.
+index_t head_tile_budget(const Shape& shape, index_t planes) {
+  if (!shape.gpu_shaped) return index_t(1) << 24;
+  return std::max<index_t>(index_t(1) << 29, planes * (index_t(1) << 25));
+}
+}  // namespace
+
 GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape) {
   GptTiles t;
   const index_t N = shape.batch * shape.context, C = cfg.n_embd, V = cfg.vocab_size;
@@ -62,16 +75,7 @@ GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape) {
   // rows as fit, so that the head GEMMs keep large shapes for any K.
   // Second order: one plane of exponentials, and (K + 1) moment planes of
   // (rows, C) counted as up to K + 1 more logit planes.
-  // GPU-shaped: whole vocabulary rows in 2^29 elements (2 GiB in float), or
-  // 2^25 a plane where that is more, so that a tile's row kernels have
-  // hundreds of rows to spread over the multiprocessors, a batch few tiles,
-  // and each tile's products read the head's weight (and pair) blocks over
-  // many rows: at the reference shape (V = 32000, 64 x 1024 rows) 4 tiles in
-  // the gradient, 20 at K = 1 and 63 at K = 16 second order (35 planes:
-  // 1,049 rows, 4.7 GB).
-  const index_t planes = 1 + K + (sec ? 2 + K : 0);
-  const index_t budget =
-      shape.gpu_shaped ? std::max<index_t>(index_t(1) << 29, planes * (index_t(1) << 25)) : index_t(1) << 24;
+  const index_t planes = 1 + K + (sec ? 2 + K : 0), budget = head_tile_budget(shape, planes);
   index_t vchunk = shape.head_chunk_vocab > 0 ? std::min<index_t>(shape.head_chunk_vocab, V) : V;
   if (shape.head_chunk_vocab <= 0 && !shape.gpu_shaped && N * V * planes > budget) vchunk = std::min<index_t>(V, 4096);
   // A miniature (Shape::scale) takes the full engine's tiles, of its sc times

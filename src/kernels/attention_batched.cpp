@@ -765,14 +765,7 @@ AttentionPath attention_path(bool bf16, bool gpu_shaped) {
 #endif
   const bool batched_ok = batched_here;
   (void)bf16;
-  if (const char* env = std::getenv("GNH_ATTENTION"); env && *env) {
-    const std::string want = env;
-    if (want == "batched") {
-      if (batched_ok) return AttentionPath::batched;
-    } else if (want != "auto") {
-      throw std::invalid_argument("GNH_ATTENTION=" + want + ": expected auto or batched");
-    }
-  }
+  if (attention_batched_requested() && batched_ok) return AttentionPath::batched;
   if ((gpu_shaped || !host) && batched_ok) return AttentionPath::batched;
   return use_host_attention<T>(ExecSpace(), bf16) ? AttentionPath::tiles : AttentionPath::rows;
 }

@@ -40,7 +40,7 @@ constexpr int kPer = 1;
 constexpr int kPer = kWarps;
 #endif
 
-using Team = Kokkos::TeamPolicy<ExecSpace, Kokkos::IndexType<index_t>>;
+using Team = TeamRange;
 using Member = Team::member_type;
 constexpr bool kHost = std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value;
 // The team's tiles: shared memory on a GPU (level 0); on a host, whose level

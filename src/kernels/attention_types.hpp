@@ -4,6 +4,10 @@
 // (attention.hpp, attention_batched.hpp).
 #pragma once
 #include <algorithm>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
 #include "core/planes.hpp"
 #include "kernels/gemm_mapped.hpp"
 
@@ -22,6 +26,14 @@ struct QkvActs {
 // the batched GEMMs wherever they can run (the tests, the benchmarks);
 // auto, or unset, the default.
 enum class AttentionPath { tiles, batched, rows };
+// GNH_ATTENTION as read here: true for batched, false for auto or unset;
+// another value is an error naming it.
+inline bool attention_batched_requested() {
+  const char* env = std::getenv("GNH_ATTENTION");
+  if (!env || !*env || std::string(env) == "auto") return false;
+  if (std::string(env) == "batched") return true;
+  throw std::invalid_argument(std::string("GNH_ATTENTION=") + env + ": expected auto or batched");
+}
 
 // Score blocks per (sequence, query head) that a call keeps: the forward 1
 // plane, with tangents 1 + K, second order 1 + 2K; the reverse 2, its

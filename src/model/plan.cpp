@@ -154,8 +154,7 @@ index_t attention_score_budget(bool device, index_t planes, bool directions) {
 
 bool attention_forward_fused(const ModelConfig& cfg, const Shape& shape) {
   if (!shape.bf16 || cfg.head_size() > kernels::kFusedWidth) return false;
-  const char* env = std::getenv("GNH_ATTENTION");
-  return !(env && std::string(env) == "batched");
+  return !kernels::attention_batched_requested();
 }
 
 namespace {

@@ -402,6 +402,14 @@ KOKKOS_INLINE_FUNCTION void FusedForward<Tan, Sec>::operator()(const Member& tea
   if (Sec) write<2>(team, w, acc, sc);
 }
 
+// The share of the positions' square (T x T at the full shape) that the
+// query tiles cover: keys up to a tile's last row, in whole key tiles.
+double causal_share(index_t T) {
+  double pairs = 0;
+  for (index_t r0 = 0; r0 < T; r0 += kR) pairs += double(kR) * double((std::min(r0 + kR, T) + kKt - 1) / kKt * kKt);
+  return pairs / (double(T) * double(T));
+}
+
 // The work of a call for the cost model (gemm_ledger.hpp): per (sequence,
 // head, direction) the score products twice (the statistics, the outputs:
 // 1, 3 or 4 of hs each) and the outputs' (2 or 4, and direction 0's y), each
@@ -413,10 +421,7 @@ KOKKOS_INLINE_FUNCTION void FusedForward<Tan, Sec>::operator()(const Member& tea
 void record_fused(index_t B, index_t Tc, const QkvLayout& L, index_t K, bool tan, bool sec) {
   GemmWork& gw = gemm_work();
   if (!gw.on) return;
-  const index_t T = Tc * std::max(1, gw.scale);
-  double pairs = 0;
-  for (index_t r0 = 0; r0 < T; r0 += kR) pairs += double(kR) * double((std::min(r0 + kR, T) + kKt - 1) / kKt * kKt);
-  const double causal = pairs / (double(T) * double(T));
+  const double causal = causal_share(Tc * std::max(1, gw.scale));
   const double dirs = double(std::max<index_t>(K, 1)), heads = double(B * L.H);
   const double scores = 2.0 * double(1 + (tan ? 2 : 0) + (sec ? 1 : 0));
   const double outs = double((tan ? 2 : 0) + (sec ? 2 : 0));
@@ -426,6 +431,262 @@ void record_fused(index_t B, index_t Tc, const QkvLayout& L, index_t K, bool tan
       .add(planes * double(B * Tc * (L.H + 2 * L.G) * L.hs), sizeof(float), 2)
       .add(out_planes * double(B * Tc * L.H * L.hs), sizeof(float), 2)
       .add(out_planes * double(B * Tc * L.H), sizeof(float), 1);
+}
+
+// ---------------------------------------------------------------------------
+// The reverse of the primal: two kernels, each output written by one team.
+// The query side (dq, and D = dy . y per row) first; the key side (dk, dv)
+// then reads D. Both form S = scale Q K^T and dP = dy V^T from the rounded
+// operands again, and from them P = exp(S - lse) and dS = P (dP - D) scale,
+// rounded as the batched path's row kernel rounds them.
+
+static_assert(kR == kKt, "the reverse's tiles are square");
+
+// A team's shared memory: two regions of two 32-row planes of bfloat16
+// operands (the team's own rows; the rows it walks), the warps' score tiles
+// (FP32; also the output stage), their rounded probability tiles, and two
+// values per row.
+struct RevCarve {
+  std::size_t walk = 0, scores = 0, probs = 0, stats = 0, total = 0;
+};
+inline RevCarve rev_carve_of(index_t hp) {
+  const std::size_t h = std::size_t(hp), tile = std::size_t(kWarps) * 16 * kKt;
+  RevCarve c;
+  c.walk = aligned(2 * kR * h * 2);
+  c.scores = c.walk + aligned(2 * kKt * h * 2);
+  c.probs = c.scores + aligned(std::max(2 * tile * sizeof(float), std::size_t(kR) * h * sizeof(float)));
+  c.stats = c.probs + aligned(2 * tile * 2);
+  c.total = c.stats + aligned(2 * kR * sizeof(float)) + kAlign;
+  return c;
+}
+
+struct FusedReverseBase {
+  Act2<float> q, k, v, dq, dk, dv, dy, y;
+  Act1<float> lse, D;
+  index_t Tc = 0, H = 0, G = 0, hs = 0, hp = 0, nt = 0;
+  index_t col[3] = {0, 0, 0}, stride[3] = {0, 0, 0};
+  float scale = 0;
+  RevCarve carve;
+  static constexpr index_t kTile = 16 * kKt;
+
+  struct Parts {
+    std::uint16_t *own, *walk, *pr;
+    float *sc, *st;
+  };
+  KOKKOS_INLINE_FUNCTION Parts parts(const Member& team) const {
+    char* base = static_cast<char*>(team.team_scratch(int(kLevel)).get_shmem_aligned(carve.total - kAlign, kAlign));
+    return {reinterpret_cast<std::uint16_t*>(base), reinterpret_cast<std::uint16_t*>(base + carve.walk),
+            reinterpret_cast<std::uint16_t*>(base + carve.probs), reinterpret_cast<float*>(base + carve.scores),
+            reinterpret_cast<float*>(base + carve.stats)};
+  }
+  // Rows n0 .. n0 + nv - 1 (of 32), columns c0 .. c0 + hs - 1 of a, rounded
+  // into dst (32 x hp); the rest zero.
+  KOKKOS_INLINE_FUNCTION void stage(const Member& team, const Act2<float>& a, index_t n0, index_t nv, index_t c0,
+                                    std::uint16_t* dst) const {
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, kR * hp), [&](const index_t i) {
+      const index_t r = i / hp, c = i % hp;
+      dst[i] = bf16_bits(r < nv && c < hs ? a.v(n0 + r, c0 + c) : 0.0f);
+    });
+  }
+  // One warp's two score tiles (16 rows x 32, unscaled): a0 B0^T and a1 B1^T
+  // (B0, B1: 32 rows of hp).
+  KOKKOS_INLINE_FUNCTION void pair_scores(const FragA (&a0)[kMaxFrags], const FragA (&a1)[kMaxFrags],
+                                          const std::uint16_t* b0, const std::uint16_t* b1, float* sc) const {
+    const int nk = int(hp / 16), ld = int(hp);
+    for (int nf = 0; nf < kKt / 16; ++nf) {
+      FragC c0, c1;
+      zero(c0);
+      zero(c1);
+      GNH_UNROLL for (int kk = 0; kk < kMaxFrags; ++kk) {
+        if (kk >= nk) break;
+        FragBt b;
+        load_bt(b, b0 + nf * 16 * ld + kk * 16, ld);
+        mma(c0, a0[kk], b);
+        load_bt(b, b1 + nf * 16 * ld + kk * 16, ld);
+        mma(c1, a1[kk], b);
+      }
+      store(sc + nf * 16, kKt, c0);
+      store(sc + kTile + nf * 16, kKt, c1);
+    }
+  }
+  // Each warp's fragments of its 16 rows of the two planes of own (32 x hp
+  // each).
+  KOKKOS_INLINE_FUNCTION void own_fragments(const Member& team, const std::uint16_t* own, FragA (&a0)[kPer][kMaxFrags],
+                                            FragA (&a1)[kPer][kMaxFrags]) const {
+    for (int lw = 0; lw < kPer; ++lw) {
+      const int wi = team.team_rank() * kPer + lw;
+      GNH_UNROLL for (int kk = 0; kk < kMaxFrags; ++kk) {
+        if (kk >= int(hp / 16)) break;
+        load_a(a0[lw][kk], own + wi * 16 * hp + kk * 16, int(hp));
+        load_a(a1[lw][kk], own + kR * hp + wi * 16 * hp + kk * 16, int(hp));
+      }
+    }
+  }
+  // Every warp's two score tiles from its fragments against the walked rows
+  // (two planes of 32), then f(wi, e, sc, pr) for each entry e of its tiles
+  // (sc its FP32 tiles, pr its two bfloat16 tiles), each step complete across
+  // the team.
+  template <class F>
+  KOKKOS_INLINE_FUNCTION void score_tiles(const Member& team, const FragA (&a0)[kPer][kMaxFrags],
+                                          const FragA (&a1)[kPer][kMaxFrags], const Parts& m, const F& f) const {
+    for (int lw = 0; lw < kPer; ++lw) {
+      const int wi = team.team_rank() * kPer + lw;
+      pair_scores(a0[lw], a1[lw], m.walk, m.walk + kR * hp, m.sc + wi * 2 * kTile);
+    }
+    team.team_barrier();
+    for (int lw = 0; lw < kPer; ++lw) {
+      const int wi = team.team_rank() * kPer + lw;
+      const float* sc = m.sc + wi * 2 * kTile;
+      std::uint16_t* pr = m.pr + wi * 2 * kTile;
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, kTile), [&](const index_t e) { f(wi, e, sc, pr); });
+    }
+    team.team_barrier();
+  }
+  // acc += a (16 x 32, bfloat16, rows 32 apart) times b (32 rows of hp).
+  KOKKOS_INLINE_FUNCTION void accumulate(FragC (&acc)[kMaxFrags], const std::uint16_t* a,
+                                         const std::uint16_t* b) const {
+    const int ld = int(hp);
+    for (int kk = 0; kk < kKt / 16; ++kk) {
+      FragA fa;
+      load_a(fa, a + kk * 16, kKt);
+      GNH_UNROLL for (int nf = 0; nf < kMaxFrags; ++nf) {
+        if (nf >= ld / 16) break;
+        FragB fb;
+        load_b(fb, b + kk * 16 * ld + nf * 16, ld);
+        mma(acc[nf], fa, fb);
+      }
+    }
+  }
+  // p and dS of one entry from its score s and dP, the row's lse and D;
+  // both zero off the causal part (whose rows' statistics are not read).
+  KOKKOS_INLINE_FUNCTION void entry(bool ok, float s, float dp, float L, float Dr, std::uint16_t& p,
+                                    std::uint16_t& ds) const {
+    const float e = ok ? jexp(scale * s - L) : 0.0f;
+    p = bf16_bits(e);
+    ds = bf16_bits(ok ? e * (dp - Dr) * scale : 0.0f);
+  }
+  // Every warp's rows (acc) through the stage into rows n0 .. n0 + nv - 1,
+  // columns c0 .. c0 + hs - 1 of out.
+  KOKKOS_INLINE_FUNCTION void write(const Member& team, const FragC (&acc)[kPer][kMaxFrags], float* stage,
+                                    const Act2<float>& out, index_t n0, index_t nv, index_t c0) const {
+    for (int lw = 0; lw < kPer; ++lw) {
+      const int wi = team.team_rank() * kPer + lw;
+      GNH_UNROLL for (int nf = 0; nf < kMaxFrags; ++nf) {
+        if (nf >= int(hp / 16)) break;
+        store(stage + wi * 16 * hp + nf * 16, int(hp), acc[lw][nf]);
+      }
+    }
+    team.team_barrier();
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nv * hs), [&](const index_t i) {
+      const index_t r = i / hs, c = i % hs;
+      out.v(n0 + r, c0 + c) = stage[r * hp + c];
+    });
+    team.team_barrier();
+  }
+};
+
+// A team: 32 query rows of (sequence, query head): dq, and D of its rows.
+struct FusedReverseQueries : FusedReverseBase {
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
+    const index_t lr = team.league_rank(), qt = nt - 1 - lr % nt, h = (lr / nt) % H, b = lr / (nt * H);
+    const index_t j = h / (H / G), r0 = qt * kR, nr = Tc - r0 < kR ? Tc - r0 : kR, end = r0 + nr;
+    const index_t n0 = b * Tc + r0, g0 = (b * H + h) * Tc + r0;
+    const Parts m = parts(team);
+    stage(team, q, n0, nr, col[0] + h * stride[0], m.own);
+    stage(team, dy, n0, nr, h * hs, m.own + kR * hp);
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nr), [&](const index_t r) {
+      float d = 0;
+      Kokkos::parallel_reduce(
+          Kokkos::ThreadVectorRange(team, hs),
+          [&](const index_t c, float& a) { a += dy.v(n0 + r, h * hs + c) * y.v(n0 + r, h * hs + c); }, d);
+      Kokkos::single(Kokkos::PerThread(team), [&] {
+        m.st[r] = lse.v(g0 + r);
+        m.st[kR + r] = d;
+        D.v(g0 + r) = d;
+      });
+    });
+    team.team_barrier();
+    FragA qf[kPer][kMaxFrags], yf[kPer][kMaxFrags];
+    FragC acc[kPer][kMaxFrags];
+    own_fragments(team, m.own, qf, yf);
+    for (int lw = 0; lw < kPer; ++lw)
+      for (int kk = 0; kk < kMaxFrags; ++kk) zero(acc[lw][kk]);
+    for (index_t kt0 = 0; kt0 < end; kt0 += kKt) {
+      const index_t nv = end - kt0 < kKt ? end - kt0 : kKt;
+      stage(team, k, b * Tc + kt0, nv, col[1] + j * stride[1], m.walk);
+      stage(team, v, b * Tc + kt0, nv, col[2] + j * stride[2], m.walk + kKt * hp);
+      team.team_barrier();
+      score_tiles(team, qf, yf, m, [&](int wi, index_t e, const float* sc, std::uint16_t* ds) {
+        const index_t r = wi * 16 + e / kKt, s = kt0 + e % kKt;
+        std::uint16_t p;
+        entry(r < nr && s <= r0 + r, sc[e], sc[kTile + e], m.st[r], m.st[kR + r], p, ds[e]);
+      });
+      for (int lw = 0; lw < kPer; ++lw) {
+        const int wi = team.team_rank() * kPer + lw;
+        accumulate(acc[lw], m.pr + wi * 2 * kTile, m.walk);
+      }
+      team.team_barrier();
+    }
+    write(team, acc, m.sc, dq, n0, nr, col[0] + h * stride[0]);
+  }
+};
+
+// A team: 32 key rows of (sequence, key/value head): dk and dv, over every
+// query head of the group in order and every query tile from the keys' own.
+struct FusedReverseKeys : FusedReverseBase {
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
+    const index_t lr = team.league_rank(), kt = lr % nt, j = (lr / nt) % G, b = lr / (nt * G);
+    const index_t kt0 = kt * kKt, nk = Tc - kt0 < kKt ? Tc - kt0 : kKt, rep = H / G;
+    const Parts m = parts(team);
+    stage(team, k, b * Tc + kt0, nk, col[1] + j * stride[1], m.own);
+    stage(team, v, b * Tc + kt0, nk, col[2] + j * stride[2], m.own + kR * hp);
+    team.team_barrier();
+    FragA kf[kPer][kMaxFrags], vf[kPer][kMaxFrags];
+    FragC ak[kPer][kMaxFrags], av[kPer][kMaxFrags];
+    own_fragments(team, m.own, kf, vf);
+    for (int lw = 0; lw < kPer; ++lw)
+      for (int kk = 0; kk < kMaxFrags; ++kk) zero(ak[lw][kk]), zero(av[lw][kk]);
+    for (index_t rr = 0; rr < rep; ++rr) {
+      const index_t h = j * rep + rr;
+      for (index_t r0 = kt0; r0 < Tc; r0 += kR) {
+        const index_t nr = Tc - r0 < kR ? Tc - r0 : kR, n0 = b * Tc + r0, g0 = (b * H + h) * Tc + r0;
+        stage(team, q, n0, nr, col[0] + h * stride[0], m.walk);
+        stage(team, dy, n0, nr, h * hs, m.walk + kR * hp);
+        Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nr), [&](const index_t r) {
+          m.st[r] = lse.v(g0 + r);
+          m.st[kR + r] = D.v(g0 + r);
+        });
+        team.team_barrier();
+        // Transposed tiles: row i a key, column c a query.
+        score_tiles(team, kf, vf, m, [&](int wi, index_t e, const float* sc, std::uint16_t* pr) {
+          const index_t s = kt0 + wi * 16 + e / kR, c = e % kR;
+          entry(c < nr && s <= r0 + c, sc[e], sc[kTile + e], m.st[c], m.st[kR + c], pr[e], pr[kTile + e]);
+        });
+        for (int lw = 0; lw < kPer; ++lw) {
+          const int wi = team.team_rank() * kPer + lw;
+          accumulate(av[lw], m.pr + wi * 2 * kTile, m.walk + kR * hp);
+          accumulate(ak[lw], m.pr + wi * 2 * kTile + kTile, m.walk);
+        }
+        team.team_barrier();
+      }
+    }
+    write(team, ak, m.sc, dk, b * Tc + kt0, nk, col[1] + j * stride[1]);
+    write(team, av, m.sc, dv, b * Tc + kt0, nk, col[2] + j * stride[2]);
+  }
+};
+
+// The reverse's work for the cost model: per (sequence, query head) S and
+// dP in each kernel, dq, dk and dv: 7 products of hs over the causal tiles.
+// Bytes: q, k, v, dy, y read, dq, dk, dv written, lse read and D written
+// and read, once (a walk's rows come again from L2).
+void record_fused_reverse(index_t B, index_t Tc, const QkvLayout& L) {
+  GemmWork& gw = gemm_work();
+  if (!gw.on) return;
+  const double causal = causal_share(Tc * std::max(1, gw.scale));
+  record_fused_products("gnh::attention::fused::reverse", Tc, Tc, L.hs, causal * double(B * L.H) * 7.0);
+  Traffic("gnh::attention::fused::reverse")
+      .add(2.0 * double(B * Tc * (L.H + 2 * L.G) * L.hs) + 2.0 * double(B * Tc * L.H * L.hs), sizeof(float), 2)
+      .add(3.0 * double(B * Tc * L.H), sizeof(float), 1);
 }
 
 }  // namespace
@@ -468,6 +729,41 @@ void attention_forward_fused(const ExecSpace& space, Act2<float> y, Act1<float> 
   const Team policy = Team(space, B * L.H * f.dirs * f.nq, kHost ? 1 : kWarps, kHost ? 1 : 32)
                           .set_scratch_size(kLevel, Kokkos::PerTeam(f.carve.total));
   Kokkos::parallel_for("gnh::attention::fused::forward", policy, f);
+}
+
+bool attention_fused_reverse_fits(const QkvLayout& L) {
+  if (!L.valid() || L.hs > kFusedWidth) return false;
+  return rev_carve_of(padded(L.hs)).total <= std::size_t(Team::scratch_size_max(kLevel));
+}
+
+void attention_reverse_fused(const ExecSpace& space, QkvActs<float> dx, Act1<float> D, Act2<float> dy, QkvActs<float> x,
+                             Act2<float> y, Act1<float> lse, const QkvLayout& L, index_t B, index_t Tc) {
+  const char* who = "gnh::attention::reverse (fused)";
+  if (!attention_fused_reverse_fits(L))
+    throw std::invalid_argument(cat(who, ": heads of ", L.hs, " columns (at most ", kFusedWidth, ") in ",
+                                    rev_carve_of(padded(L.hs)).total,
+                                    " bytes of team scratch do not fit this backend"));
+  detail::check_qkv(who, x, L, B * Tc);
+  detail::check_qkv(who, dx, L, B * Tc);
+  require_extent(who, "dy rows", dy.rows(), B * Tc);
+  require_extent(who, "dy cols", dy.cols(), L.H * L.hs);
+  require_extent(who, "y rows", y.rows(), B * Tc);
+  require_extent(who, "y cols", y.cols(), L.H * L.hs);
+  require_extent(who, "lse", lse.v.extent(0), B * L.H * Tc);
+  require_extent(who, "D", D.v.extent(0), B * L.H * Tc);
+  FusedReverseBase f;
+  f.q = x.q, f.k = x.k, f.v = x.v, f.dq = dx.q, f.dk = dx.k, f.dv = dx.v, f.dy = dy, f.y = y, f.lse = lse, f.D = D;
+  f.Tc = Tc, f.H = L.H, f.G = L.G, f.hs = L.hs, f.hp = padded(L.hs), f.nt = (Tc + kR - 1) / kR;
+  for (int i = 0; i < 3; ++i) f.col[i] = L.off[i], f.stride[i] = L.stride[i];
+  f.scale = 1.0f / std::sqrt(float(L.hs));
+  f.carve = rev_carve_of(f.hp);
+  record_fused_reverse(B, Tc, L);
+  const auto policy = [&](index_t league) {
+    return Team(space, league, kHost ? 1 : kWarps, kHost ? 1 : 32)
+        .set_scratch_size(kLevel, Kokkos::PerTeam(f.carve.total));
+  };
+  Kokkos::parallel_for("gnh::attention::fused::reverse", policy(B * L.H * f.nt), FusedReverseQueries{f});
+  Kokkos::parallel_for("gnh::attention::fused::reverse", policy(B * L.G * f.nt), FusedReverseKeys{f});
 }
 
 GNH_FORWARD_SCALARS(GNH_ATTENTION_FUSED_FORWARD, , float)

@@ -55,6 +55,16 @@ template <class S>
 void attention_forward_fused(const ExecSpace& space, Act2<float> y, Act1<float> lse, QkvActs<float> x,
                              const QkvLayout& L, index_t B, index_t Tc);
 
+// Whether the fused reverse can take a call (as attention_fused_fits).
+bool attention_fused_reverse_fits(const QkvLayout& L);
+
+// The reverse of the primal under bf16-amp (attention_batched.hpp's
+// attention_reverse_batched, primal): dx overwritten, D = dy . y per row
+// written; lse the forward's. Two launches: the query side (dq, D), then
+// the key side (dk, dv), each output written by one team.
+void attention_reverse_fused(const ExecSpace& space, QkvActs<float> dx, Act1<float> D, Act2<float> dy, QkvActs<float> x,
+                             Act2<float> y, Act1<float> lse, const QkvLayout& L, index_t B, index_t Tc);
+
 #define GNH_ATTENTION_FUSED_FORWARD(EXT, S)                                                                \
   EXT template void attention_forward_fused<S>(const ExecSpace&, Act2<float>, Act1<float>, QkvActs<float>, \
                                                const QkvLayout&, index_t, index_t);

@@ -270,6 +270,14 @@ index_t bf16_chunk_rows(const GemmPolicy<T>& pol, Span2<const T> A, Span2<const 
   return chunk;
 }
 
+// The label of a copy rounded ahead (GemmPolicy::ahead) as the backend
+// stores it: bfloat16 bits for cuBLAS, else the rounded values.
+#ifdef GNH_CUBLAS_MATH_MODE
+constexpr const char* kRoundedAhead = "gnh::gemm::to_bf16";
+#else
+constexpr const char* kRoundedAhead = "gnh::gemm::round_bf16";
+#endif
+
 // Rows r0 .. r0 + rows - 1 of `count` operands of `cols` columns, operand i
 // at src + i src_stride, rounded to bfloat16 side by side into dst (operand i
 // at dst + i dst_stride): one launch for the group's operands. D is T (the
@@ -391,9 +399,11 @@ void gemm(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, cons
   // values into the FP32 GEMM, the exact emulation. Both multiply the same
   // bfloat16 values and accumulate in FP32; their order of additions differs.
   // B rounded ahead (GemmPolicy::ahead) is read there, rounded nowhere.
-  // So is A (op(A) = A) rounded ahead: then the rows go in one product.
+  // So is A rounded ahead: then op(A) = A is one product of all its rows;
+  // op(A) = A^T keeps its chunks (C accumulates over them, so the chunks
+  // are its bits), each reading A's rows there.
   const detail::AheadB<T> ahead = detail::rounded_ahead(pol, B, 0, 1);
-  const detail::AheadB<T> ahead_a = ta[0] == 'T' ? detail::AheadB<T>() : detail::rounded_ahead(pol, A, 0, 1);
+  const detail::AheadB<T> ahead_a = detail::rounded_ahead(pol, A, 0, 1);
   auto product = [&](bool trans_a, index_t a0, index_t na, bool round_b, index_t b0, index_t nb, T beta_, Span2<T> Cc) {
     const index_t bc = B.extent(1), ac = A.extent(1);
 #ifdef GNH_CUBLAS_MATH_MODE
@@ -422,7 +432,7 @@ void gemm(const ExecSpace& space, const GemmPolicy<T>& pol, const char* ta, cons
   const bool at = ta[0] == 'T';
   const index_t rows = A.extent(0);
   const index_t chunk =
-      ahead_a.data ? std::max<index_t>(rows, 1) : detail::bf16_chunk_rows(pol, A, B, "gnh::gemm", true);
+      ahead_a.data && !at ? std::max<index_t>(rows, 1) : detail::bf16_chunk_rows(pol, A, B, "gnh::gemm", true);
   if (!at) {
     // C rows follow A rows; B is rounded once, with the first chunk.
     if (!ahead.data && pol.scratch_b.extent(0) < B.size())
@@ -460,9 +470,11 @@ Bf16Groups bf16_groups(const GemmPolicy<T>& pol, bool at, Span2<const T> A, inde
   Bf16Groups g;
   const index_t rows = A.extent(0), acols = A.extent(1), bcols = B.extent(1);
   if (rows == 0 || acols == 0 || B.size() == 0 || count < 1) return g;
-  // A rounded ahead (op(A) = A) with B ahead or shared: all rows at once.
-  g.chunk =
-      a_ahead && (b_ahead || stride_b == 0) ? rows : std::min(rows, bf16_chunk_rows(pol, A, B, "gnh::gemm_batched"));
+  // A rounded ahead (op(A) = A) with B ahead or shared: all rows at once
+  // (op(A) = A^T keeps its chunks, over which C accumulates: as gemm).
+  g.chunk = a_ahead && !at && (b_ahead || stride_b == 0)
+                ? rows
+                : std::min(rows, bf16_chunk_rows(pol, A, B, "gnh::gemm_batched"));
   const index_t sa = index_t(pol.scratch_a.extent(0)), sb = index_t(pol.scratch_b.extent(0));
   const index_t achunk = g.chunk * acols, bblock = at ? g.chunk * bcols : index_t(B.size());
   const index_t fa = a_ahead || stride_a == 0 ? count : sa < achunk ? 0 : sa / achunk;
@@ -486,8 +498,8 @@ bool bf16_batched(const ExecSpace& space, const GemmPolicy<T>& pol, const char* 
   const index_t rows = A.extent(0), acols = A.extent(1), bcols = B.extent(1), ncols = C.extent(1);
   if ((at && bt) || ncols == 0 || C.stride(0) != ncols) return false;
   const AheadB<T> ahead = rounded_ahead(pol, B, stride_b, count);  // B rounded ahead: read there
-  // A too (op(A) = A), where it is and the groups take it whole.
-  const AheadB<T> ahead_a = at ? AheadB<T>() : rounded_ahead(pol, A, stride_a, count);
+  // A too, where it is and the groups take it whole.
+  const AheadB<T> ahead_a = rounded_ahead(pol, A, stride_a, count);
   const Bf16Groups g =
       bf16_groups(pol, at, A, stride_a, B, stride_b, count, ahead.data != nullptr, ahead_a.data != nullptr);
   if (g.group < 1) return false;

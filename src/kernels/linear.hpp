@@ -64,11 +64,7 @@ GemmPolicy<T> with_rounded_input(const ExecSpace& space, const GemmPolicy<T>& po
   if (std::size_t(planes * N * in) * sizeof(D) > pol.layer_input.extent(0) * sizeof(T))
     throw std::logic_error("gnh::linear::forward: the rounded input's room holds fewer than " + std::to_string(planes) +
                            " planes of " + std::to_string(N) + " x " + std::to_string(in));
-#ifdef GNH_CUBLAS_MATH_MODE
-  const char* label = "gnh::gemm::to_bf16";
-#else
-  const char* label = "gnh::gemm::round_bf16";
-#endif
+  const char* label = kRoundedAhead;
   GemmPolicy<T> lp = pol;
   D* const dst = reinterpret_cast<D*>(pol.layer_input.data());
   rounded_copies(space, label, x.v.data(), 0, in, 0, N, 1, dst, 0);
@@ -78,6 +74,29 @@ GemmPolicy<T> with_rounded_input(const ExecSpace& space, const GemmPolicy<T>& po
     lp.ahead[3] = {x.d.data(), K * N * in, 1, 0, dst + N * in};
   }
   return lp;
+}
+
+// Under bf16-amp in a reverse, where the owner gave room (layer_input holds
+// N (out + in) rounded values), the value planes of the adjoint dy and (with_x)
+// of the input x rounded once for every product that reads them: dx = dy W and
+// dW += dy^T x, and with directions dy V_k and dy^T x'_k, instead of dy by
+// each of them and x again. The same bfloat16 values in the same chunks of
+// rows (gemm, bf16_batched), so no bit changes.
+template <class T>
+GemmPolicy<T> with_rounded_adjoint(const ExecSpace& space, const GemmPolicy<T>& pol, const Act2<T>& dy,
+                                   const Act2<T>& x, bool with_x) {
+  using D = Bf16Storage<T>;
+  const index_t N = x.rows(), in = with_x ? x.cols() : 0, out = dy.cols();
+  if (!pol.bf16 || std::size_t(N * (in + out)) * sizeof(D) > pol.layer_input.extent(0) * sizeof(T)) return pol;
+  const char* label = kRoundedAhead;
+  GemmPolicy<T> rp = pol;
+  D* const dst = reinterpret_cast<D*>(pol.layer_input.data());
+  rounded_copies(space, label, dy.v.data(), 0, out, 0, N, 1, dst, 0);
+  rp.ahead[2] = {dy.v.data(), N * out, 1, 0, dst};
+  if (!with_x) return rp;
+  rounded_copies(space, label, x.v.data(), 0, in, 0, N, 1, dst + N * out, 0);
+  rp.ahead[3] = {x.v.data(), N * in, 1, 0, dst + N * out};
+  return rp;
 }
 }  // namespace detail
 
@@ -130,7 +149,7 @@ void linear_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x
 template <class S>
 void linear_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Grads<base_t<S>> g, Act2<base_t<S>> dy,
                     Act2<base_t<S>> x, Params<base_t<S>> p, index_t w, index_t b,
-                    const GemmPolicy<base_t<S>>& pol = GemmPolicy<base_t<S>>()) {
+                    const GemmPolicy<base_t<S>>& policy = GemmPolicy<base_t<S>>()) {
   using T = base_t<S>;
   keep_planes<S>(dx, g, dy, x, p);
   const index_t N = x.rows(), in = x.cols(), out = dy.cols(), K = dy.d.extent(0);
@@ -140,6 +159,8 @@ void linear_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Grads<base_t<S>>
   require_planes<S>("gnh::linear::reverse", "gradient", g, K);
   if (dx.rows() > 0) require_planes<S>("gnh::linear::reverse", "dx", dx, K);
   const T* W = p.v.data() + w;
+  // x is read by the weight products alone (none where g is empty, primal only).
+  const GemmPolicy<T> pol = detail::with_rounded_adjoint(space, policy, dy, x, g.v.extent(0) > 0 || K > 0);
   if (dx.rows() > 0) gemm<T>(space, pol, "N", "N", T(1), dy.v, block(W, 0, out, in), T(0), dx.v);
   if (g.per_sequence()) {
     // Each sequence's own dW_s += dy_s^T x_s: one batch of products of its

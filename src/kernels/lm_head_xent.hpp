@@ -467,6 +467,45 @@ struct HeadSoftmaxRow {
   }
 };
 
+// HeadSoftmaxRow's dz of the primal, rounded as a bfloat16 operand
+// (bf16_stored: the bits rounded_copies gives the value written in place)
+// into out, rows vc apart, z left as it is: the gradient's head under
+// bf16-amp, whose two products read dz rounded and nothing else.
+template <class T>
+struct HeadSoftmaxRounded {
+  Span2<const T> zc;
+  Bf16Storage<T>* out;
+  Span1<const T> lse;
+  Span1<const std::int32_t> targets;
+  index_t r0, vc;
+  Span2<const T> inv_sum;  // kept, as HeadSoftmaxRow's
+  template <class Lanes>
+  KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t r) const {
+    const index_t n = r0 + r;
+    const std::int32_t tgt = targets(n);
+    const T* zr = &zc(r, 0);
+    Bf16Storage<T>* o = out + r * vc;
+    if (tgt < 0) {
+      lanes.each(vc, [&](index_t v) { o[v] = bf16_stored(T(0)); });
+      return;
+    }
+    const index_t t = tgt < vc ? index_t(tgt) : index_t(-1);
+    if (inv_sum.extent(0) > 0) {
+      const T inv = inv_sum(n, 1);
+      lanes.each(vc, [&](index_t v) {
+        const T q = zr[v] * inv;
+        o[v] = bf16_stored(v == t ? q - T(1) : q);
+      });
+      return;
+    }
+    const T L = lse(n);
+    lanes.each(vc, [&](index_t v) {
+      const T q = fast_exp_bounded(zr[v] - L);
+      o[v] = bf16_stored(v == t ? q - T(1) : q);
+    });
+  }
+};
+
 // Rows r0 .. r0 + nr - 1 of lm_head_xent_forward: the block's vocabulary
 // chunks, then its finished rows.
 template <class S>
@@ -634,6 +673,68 @@ void reverse_block(const ExecSpace& space, Act2<base_t<S>> dh, Grads<base_t<S>> 
     }
   }
 }
+
+// The gradient's head under bf16-amp: where the owner rounded the head's
+// weights ahead (GemmPolicy::ahead) and scratch_b holds a tile of h, each
+// tile's h is rounded once, for its logits and its weight product, and dz
+// is rounded as the softmax forms it (HeadSoftmaxRounded), a chunk of rows
+// at a time into scratch_a, for dh = dz W and dW += dz^T h. These are the
+// bfloat16 operands, and the chunks of rows, of the products that round
+// their own (gemm's bf16_chunk_rows), so dh and the summed gradient keep
+// their bits; dz is never written in FP32 nor read twice more to round it.
+template <class T>
+bool head_rounded_once(const GemmPolicy<T>& pol, const Act2<T>& h, const Params<T>& p, index_t w, index_t V,
+                       index_t rows) {
+  const index_t C = h.cols();
+  if (!pol.bf16 || rows <= 0 || index_t(pol.scratch_b.extent(0)) < rows * C) return false;
+  return rounded_ahead(pol, block(static_cast<const T*>(p.v.data()), w, V, C), 0, 1).data != nullptr;
+}
+
+// pol with rows r0 .. r0 + nr - 1 of h rounded into scratch_b (ahead slot 2).
+template <class T>
+GemmPolicy<T> with_rounded_tile(const ExecSpace& space, const GemmPolicy<T>& pol, const Act2<T>& h, index_t r0,
+                                index_t nr) {
+  const char* label = kRoundedAhead;
+  const index_t C = h.cols();
+  GemmPolicy<T> tp = pol;
+  Bf16Storage<T>* const dst = reinterpret_cast<Bf16Storage<T>*>(pol.scratch_b.data());
+  rounded_copies(space, label, h.v.data(), 0, C, r0, nr, 1, dst, 0);
+  tp.ahead[2] = {h.v.data() + r0 * C, nr * C, 1, 0, dst};
+  return tp;
+}
+
+// reverse_block of the primal with the operands rounded once (above); pol
+// from with_rounded_tile, z holding the tile's logits (or, kept, their
+// exponentials), which it leaves as they are.
+template <class T>
+void reverse_block_rounded(const ExecSpace& space, Act2<T> dh, Grads<T> g, Act1<T> lse, Act2<T> h, Params<T> p,
+                           index_t w, index_t V, Span1<const std::int32_t> targets, Act2<T> z, const GemmPolicy<T>& pol,
+                           Span2<const T> kept, RowShape shape, index_t r0, index_t nr) {
+  const index_t C = h.cols();
+  const T* const W = p.v.data() + w;
+  T* const zt = z.v.data();
+  const index_t chunk =
+      bf16_chunk_rows(pol, Span2<const T>(zt, nr, V), block(static_cast<const T*>(h.v.data()), r0 * C, nr, C),
+                      "gnh::lm_head_xent::gradient", true);
+  Bf16Storage<T>* const dz = reinterpret_cast<Bf16Storage<T>*>(pol.scratch_a.data());
+  for (index_t c0 = 0; c0 < nr; c0 += chunk) {
+    const index_t nc = std::min(chunk, nr - c0), a = r0 + c0;
+    T* const zc = zt + c0 * V;
+    // The logits read, dz written as the GPU's bfloat16.
+    Traffic("gnh::lm_head_xent::reverse::softmax")
+        .add(double(nc * V), sizeof(T) + 2, 2)
+        .add(double(2 * nc), sizeof(T), 1);
+    for_rows<T>(space, "gnh::lm_head_xent::reverse::softmax", nc,
+                HeadSoftmaxRounded<T>{Span2<const T>(zc, nc, V), dz, lse.v, targets, a, V, kept}, shape);
+    GemmPolicy<T> cp = pol;
+    cp.ahead[3] = {zc, nc * V, 1, 0, dz};
+    gemm<T>(space, cp, "N", "N", T(1), block(zc, 0, nc, V), block(W, 0, V, C), T(0), block(dh.v.data(), a * C, nc, C));
+    if (g.per_sequence()) sequence_weight_products(space, cp, g, zc, h.v.data(), a, nc, w, V, C);
+    else if (g.v.extent(0) > 0)
+      gemm<T>(space, cp, "T", "N", T(1), block(zc, 0, nc, V), block(h.v.data(), a * C, nc, C), T(1),
+              block(g.v.data(), w, V, C));
+  }
+}
 }  // namespace detail
 
 // dh is overwritten; g accumulates the gradient of the summed loss.
@@ -691,10 +792,13 @@ void lm_head_xent_gradient(const ExecSpace& space, Act1<double> loss, Act1<T> ls
   if (g.per_sequence()) sequences_of("gnh::lm_head_xent::gradient", g, N);
   const bool keep = keep_exponentials && rows >= N;
   const Span2<const T> kept = keep ? Span2<const T>(stats) : Span2<const T>();
+  const bool once = detail::head_rounded_once(pol, h, p, w, V, std::min(rows, N));
   for (index_t r0 = 0; r0 < N; r0 += rows) {
     const index_t nr = std::min(rows, N - r0);
-    detail::forward_block<T>(space, loss, lse, h, p, w, V, targets, z, stats, Act2<T>(), pol, shape, keep, {}, r0, nr);
-    detail::reverse_block<T>(space, dh, g, lse, h, p, w, V, targets, z, pol, true, kept, shape, false, r0, nr);
+    const GemmPolicy<T> tp = once ? detail::with_rounded_tile(space, pol, h, r0, nr) : pol;
+    detail::forward_block<T>(space, loss, lse, h, p, w, V, targets, z, stats, Act2<T>(), tp, shape, keep, {}, r0, nr);
+    if (once) detail::reverse_block_rounded<T>(space, dh, g, lse, h, p, w, V, targets, z, tp, kept, shape, r0, nr);
+    else detail::reverse_block<T>(space, dh, g, lse, h, p, w, V, targets, z, pol, true, kept, shape, false, r0, nr);
   }
 }
 

@@ -392,6 +392,8 @@ template <class S>
 void Gpt<T>::attend_reverse(const ExecSpace& space, const kernels::QkvActs<T>& dx, const Act1<T>& D, const Act2<T>& dy,
                             const kernels::QkvActs<T>& x, const Act2<T>& y, const Act1<T>& lse, const T* kept_p) {
   const index_t B = shape_.batch, Tc = shape_.context;
+  if constexpr (std::is_same<T, float>::value && std::is_same<S, T>::value)
+    if (att_fused_) return kernels::attention_reverse_fused(space, dx, D, dy, x, y, lse, qkv_layout_, B, Tc);
   if (att_path_ == kernels::AttentionPath::batched)
     return kernels::attention_reverse_batched<S>(space, dx, D, dy, x, y, lse, qkv_layout_, B, Tc, gemm_.tf32,
                                                  gemm_.bf16, att_scratch_);
@@ -480,9 +482,21 @@ void Gpt<T>::plan_gemm(const GptTiles& plan) {
   // for a second order of so few directions that it runs without adjoint
   // cuts: there the planes' copies would cost more memory than their
   // rounding costs time (K = 1 within 8 GB at the reference shape).
-  if (!shape_.gpu_shaped || shape_.directions == 0 || (shape_.second_order && !cuts_)) return;
-  const index_t width = std::max<index_t>({cfg_.n_embd, index_t(cfg_.n_head) * cfg_.head_size(), cfg_.mlp_width()});
-  const index_t inputs = N_ * width * (shape_.second_order ? 1 + shape_.directions : 1);
+  // A GPU-shaped reverse: room for a layer's adjoint and input, rounded once
+  // for all the products that read them (with_rounded_adjoint): the widest
+  // layer's inputs and outputs together.
+  if (!shape_.gpu_shaped) return;
+  index_t inputs = 0;
+  if (shape_.directions > 0 && !(shape_.second_order && !cuts_)) {
+    const index_t width = std::max<index_t>({cfg_.n_embd, index_t(cfg_.n_head) * cfg_.head_size(), cfg_.mlp_width()});
+    inputs = N_ * width * (shape_.second_order ? 1 + shape_.directions : 1);
+  }
+  if (shape_.reverse) {
+    const index_t C = cfg_.n_embd, A = index_t(cfg_.n_head) * cfg_.head_size(), F = cfg_.mlp_width();
+    const index_t kv = index_t(cfg_.kv_heads()) * cfg_.head_size(), up = cfg_.family == Family::llama ? 2 * F : F;
+    inputs = std::max(inputs, N_ * std::max<index_t>({C + A + 2 * kv, A + C, C + up, F + C}));
+  }
+  if (inputs == 0) return;
   const index_t room = index_t((std::size_t(inputs) * sizeof(kernels::Bf16Storage<T>) + sizeof(T) - 1) / sizeof(T));
   workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(room);
   if (allocate_)

@@ -131,7 +131,9 @@ GptTiles gpt_tiles(const ModelConfig& cfg, const Shape& shape) {
     if (shape.gpu_shaped && sec)
       t.bf16_scratch_a = std::max({t.bf16_scratch_a, K * t.logits_rows * 2 * C, t.logits_rows * t.logits_vocab});
     const index_t block = std::max<index_t>(wide * C, std::min<index_t>(t.logits_vocab, 4096) * C);
-    t.bf16_scratch_b = std::max(G * std::max(t.bf16_chunk + widest, block), V * C);
+    // The gradient's head rounds a tile of h there (kernels/lm_head_xent.hpp,
+    // with_rounded_tile).
+    t.bf16_scratch_b = std::max({G * std::max(t.bf16_chunk + widest, block), V * C, t.logits_rows * C});
   }
   return t;
 }
@@ -164,8 +166,10 @@ index_t score_planes(const ModelConfig& cfg, const Shape& shape) {
   const bool tan = shape.directions > 0, sec = shape.second_order && tan;
   const index_t K = tan ? shape.directions : 0;
   const bool fused = attention_forward_fused(cfg, shape) && (!sec || adjoint_cuts_of(cfg, shape));
+  // The reverse of the primal is fused where the forward is (a gradient).
+  const bool fused_reverse = attention_forward_fused(cfg, shape) && !tan;
   return std::max(fused ? index_t(0) : kernels::attention_score_planes(false, tan, sec, K),
-                  shape.reverse ? kernels::attention_score_planes(true, tan, false, K) : index_t(0));
+                  shape.reverse && !fused_reverse ? kernels::attention_score_planes(true, tan, false, K) : index_t(0));
 }
 }  // namespace
 

@@ -538,6 +538,108 @@ TEST_CASE("the fused forward records its products once, over the causal tiles", 
   w = GemmWork();
 }
 
+// The fused reverse of the primal (attention_fused.hpp): dq, dk, dv and D
+// against the batched GEMMs and the row kernels under bf16-amp, from the
+// same forward's y and lse, at the same contexts, heads and layouts as the
+// forward (grouped query heads summed into their key/value head, a context
+// of one partial tile and of several). Every path rounds q, k, v, dy, P and
+// dS to bfloat16 and keeps S, dP and D in FP32; their sums go in other FP32
+// orders (D over hs, S and dP tile by tile), so an operand may round to the
+// other bfloat16 neighbour: within 2^-7 of each output's largest magnitude,
+// as the forward. D adds the same hs products in another order: within
+// 2 hs 2^-24 of its largest magnitude.
+void check_fused_reverse(const Layout& l, index_t Tq, std::mt19937& g) {
+  const QkvLayout& L = l.L;
+  const index_t N = B * Tq, C = L.H * L.hs, R1 = B * L.H * Tq;
+  auto make = [&](double amp) {
+    Inputs a;
+    a.separate = l.separate;
+    a.q = Buf(N, l.width, g, amp);
+    if (l.separate) a.k = Buf(N, L.G * L.hs, g, amp), a.v = Buf(N, L.G * L.hs, g, amp);
+    return a;
+  };
+  const Inputs x = make(1.5);
+  Inputs dx = make(0), dxb = make(0), dxr = make(0);
+  Buf dy(N, C, g, 1.0), y(N, C, g, 0), lse(R1, 1, g, 0), D(R1, 1, g, 0), Db(R1, 1, g, 0), Dr(R1, 1, g, 0);
+  REQUIRE(attention_fused_reverse_fits(L));
+  attention_forward_fused<float>(ExecSpace(), y.act<float>(), lse.act1<float>(), x.acts<float>(), L, B, Tq);
+  attention_reverse_fused(ExecSpace(), dx.acts<float>(), D.act1<float>(), dy.act<float>(), x.acts<float>(),
+                          y.act<float>(), lse.act1<float>(), L, B, Tq);
+  AttentionScratch<float> sc;
+  sc.query_blocks = 2;
+  sc.scores = View1<float>("scores", attention_score_planes(true, false, false, K) * L.H * Tq * Tq * B);
+  sc.pointers.pointers = View1<std::uintptr_t>("pointers", 3 * K * B * L.H);
+  sc.operands =
+      View1<float>("operands", B * attention_operand_values(L, Tq, 3 * l.width, true, 1 + K, false, false, true, K));
+  attention_reverse_batched<float>(ExecSpace(), dxb.acts<float>(), Db.act1<float>(), dy.act<float>(), x.acts<float>(),
+                                   y.act<float>(), lse.act1<float>(), L, B, Tq, false, true, sc);
+  attention_reverse<float>(ExecSpace(), dxr.acts<float>(), Dr.act1<float>(), dy.act<float>(), x.acts<float>(),
+                           y.act<float>(), lse.act1<float>(), L, B, Tq, true);
+  ExecSpace().fence();
+  const std::string what = std::string(l.name) + ", hs " + std::to_string(L.hs) + ", Tc " + std::to_string(Tq);
+  auto check = [&](const View1<float>& got, const View1<float>& ref, index_t len, double bound, const char* name) {
+    double scale = 0, err = 0;
+    for (index_t i = 0; i < len; ++i) {
+      REQUIRE(std::isfinite(got(i)));
+      scale = std::max(scale, double(std::fabs(ref(i))));
+      err = std::max(err, double(std::fabs(got(i) - ref(i))));
+    }
+    INFO(what << ": " << name << " max error " << err << " scale " << scale);
+    REQUIRE(scale > 0);
+    REQUIRE(err <= bound * scale);
+  };
+  const double flip = std::ldexp(1.0, -7), sums = 2.0 * double(L.hs) * std::ldexp(1.0, -24);
+  for (const Inputs* ref : {&dxb, &dxr}) {
+    check(dx.q.f, ref->q.f, N * l.width, flip, "dx (q, or q|k|v)");
+    if (l.separate) {
+      check(dx.k.f, ref->k.f, N * L.G * L.hs, flip, "dk");
+      check(dx.v.f, ref->v.f, N * L.G * L.hs, flip, "dv");
+    }
+  }
+  check(D.f, Db.f, R1, sums, "D against batched");
+  check(D.f, Dr.f, R1, sums, "D against rows");
+}
+
+TEST_CASE("the fused reverse equals the batched GEMMs and the rows under bf16-amp", "[attention][fused][bf16]") {
+  std::mt19937 g(23);
+  for (const index_t Tq : {13, 77})
+    for (const Layout& l : fused_layouts()) check_fused_reverse(l, Tq, g);
+}
+
+TEST_CASE("the fused reverse records its products once, over the causal tiles", "[attention][fused]") {
+  // Per (sequence, head): S and dP on each side, dq, dk and dv: 7 products
+  // of 77 x 77 x 5 over the query tiles' key extents (6144 of the 77^2 pairs).
+  const Layout l = layouts()[0];
+  const index_t Tq = 77, N = B * Tq, C = l.L.H * l.L.hs, R1 = B * l.L.H * Tq;
+  std::mt19937 g(5);
+  Buf q(N, l.width, g, 1.0), dq(N, l.width, g, 0), dy(N, C, g, 1.0), y(N, C, g, 0), lse(R1, 1, g, 0), D(R1, 1, g, 0);
+  const QkvActs<float> x{q.act<float>(), q.act<float>(), q.act<float>()},
+      dx{dq.act<float>(), dq.act<float>(), dq.act<float>()};
+  attention_forward_fused<float>(ExecSpace(), y.act<float>(), lse.act1<float>(), x, l.L, B, Tq);
+  GemmWork& w = gemm_work();
+  w = GemmWork();
+  w.on = true;
+  attention_reverse_fused(ExecSpace(), dx, D.act1<float>(), dy.act<float>(), x, y.act<float>(), lse.act1<float>(), l.L,
+                          B, Tq);
+  ExecSpace().fence();
+  w.on = false;
+  const LabelWork& lw = w.labels["gnh::attention::fused::reverse"];
+  REQUIRE(lw.products.size() == 1);
+  const auto& [key, count] = *lw.products.begin();
+  REQUIRE(key == std::array<index_t, 6>{Tq, Tq, l.L.hs, index_t(GemmUnit::fused), 2, 4});
+  REQUIRE(count == Approx(double(B * l.L.H * 7) * 6144.0 / (77.0 * 77.0)).epsilon(1e-12));
+  REQUIRE(lw.total_bytes() > 0);
+  w = GemmWork();
+  // Heads wider than the tiles are refused in one line.
+  const QkvLayout wide = QkvLayout::fused(2, 2, kFusedWidth + 1);
+  REQUIRE_FALSE(attention_fused_reverse_fits(wide));
+  Buf wq(B * 8, 6 * wide.hs, g, 1.0), wy(B * 8, 2 * wide.hs, g, 0), wl(B * 2 * 8, 1, g, 0);
+  const QkvActs<float> wx{wq.act<float>(), wq.act<float>(), wq.act<float>()};
+  REQUIRE_THROWS_WITH(attention_reverse_fused(ExecSpace(), wx, wl.act1<float>(), wy.act<float>(), wx, wy.act<float>(),
+                                              wl.act1<float>(), wide, B, 8),
+                      Catch::Contains("reverse (fused)") && Catch::Contains("65 columns"));
+}
+
 TEST_CASE("the fused forward refuses heads wider than its tiles", "[attention][fused]") {
   const QkvLayout wide = QkvLayout::fused(2, 2, kFusedWidth + 1);
   REQUIRE_FALSE(attention_fused_fits(wide, true, true));

@@ -419,6 +419,74 @@ TEST_CASE("bf16-amp: a linear layer's input rounded once for all its products, t
                       Catch::Contains("rounded input"));
 }
 
+TEST_CASE("bf16-amp: a linear layer's adjoint and input rounded once in its reverse, the same bits", "[bf16]") {
+  // With room (GemmPolicy::layer_input of N (out + in)), linear_reverse
+  // rounds dy and x once: dx = dy W, dW += dy^T x (a summed gradient, one
+  // per sequence of 3 rows, or none), and with directions dy V_k and
+  // dy^T x'_k read the copies. The same bfloat16 values in the products'
+  // own chunks of 4 rows (dW accumulates over them), so every output has the
+  // bits of each product rounding its own operands; and fewer bytes copied.
+  // Without g, x is not rounded (no product reads it). Too little room:
+  // each product rounds its own, as without room.
+  const index_t N = 9, in = 6, out = 5, K = 2, P = out * in + out + 7, R = 3;
+  View1<float> xs("x", (1 + K) * N * in), dys("dy", (1 + K) * N * out), pv("p", P), pd("pd", K * P);
+  const auto rx = ref::random_vec(xs.extent(0), 41), ry = ref::random_vec(dys.extent(0), 42);
+  const auto rp = ref::random_vec(P, 43), rd = ref::random_vec(K * P, 44);
+  for (std::size_t i = 0; i < xs.extent(0); ++i) xs(i) = float(rx[i]);
+  for (std::size_t i = 0; i < dys.extent(0); ++i) dys(i) = float(ry[i]);
+  for (index_t i = 0; i < P; ++i) pv(i) = float(rp[i]);
+  for (index_t i = 0; i < K * P; ++i) pd(i) = float(rd[i]);
+  auto planes = [&](float* base, index_t cols) {
+    Act2<float> a;
+    a.v = Span2<float>(base, N, cols);
+    a.d = Span3<float>(base + N * cols, K, N, cols);
+    return a;
+  };
+  const Params<float> p{Span1<const float>(pv.data(), P), Span2<const float>(pd.data(), K, P)};
+  kernels::GemmPolicy<float> own = bf16_policy(1 << 12);
+  own.chunk_elements = 4 * in;
+  own.single_chunk_elements = 4 * in;
+  kernels::GemmPolicy<float> room = own, small = own;
+  room.layer_input = View1<float>("room", N * (in + out));
+  small.layer_input = View1<float>("small", N * (in + out) - 1);
+  enum class G { summed, per_sequence, none };
+  for (const bool tangents : {false, true})
+    for (const G gm : {G::summed, G::per_sequence, G::none}) {
+      if (tangents && gm != G::summed) continue;  // directions take a summed gradient
+      CAPTURE(tangents, int(gm));
+      double bytes[3] = {0, 0, 0};
+      std::vector<float> out_[3];
+      for (int r = 0; r < 3; ++r) {
+        const index_t sequences = gm == G::per_sequence ? N / R : 1;
+        View1<float> dxs("dx", (1 + K) * N * in), gv("g", sequences * P), gd("gd", K * P);
+        Grads<float> g{Span1<float>(gv.data(), gm == G::none ? 0 : sequences * P), {}};
+        if (gm == G::per_sequence) g.seq_rows = R, g.seq_stride = P;
+        if (tangents) g.d = Span2<float>(gd.data(), K, P);
+        const kernels::GemmPolicy<float>& pol = r == 0 ? own : r == 1 ? room : small;
+        const auto run = perf::record_run([&] {
+          if (tangents)
+            kernels::linear_reverse<Dual<float>>(ExecSpace(), planes(dxs.data(), in), g, planes(dys.data(), out),
+                                                 planes(xs.data(), in), p, 0, out * in, pol);
+          else
+            kernels::linear_reverse<float>(ExecSpace(), planes(dxs.data(), in), g, planes(dys.data(), out),
+                                           planes(xs.data(), in), p, 0, out * in, pol);
+        });
+        bytes[r] = run.work.labels.at("gnh::gemm::round_bf16").total_bytes();
+        out_[r].assign(dxs.data(), dxs.data() + dxs.extent(0));
+        out_[r].insert(out_[r].end(), gv.data(), gv.data() + gv.extent(0));
+        out_[r].insert(out_[r].end(), gd.data(), gd.data() + gd.extent(0));
+      }
+      REQUIRE(std::memcmp(out_[0].data(), out_[1].data(), out_[0].size() * sizeof(float)) == 0);
+      REQUIRE(std::memcmp(out_[0].data(), out_[2].data(), out_[0].size() * sizeof(float)) == 0);
+      CAPTURE(bytes[0], bytes[1], bytes[2]);
+      // dy once instead of by dx's and dW's products (and x once, not again
+      // by a direction's product); no room: as without.
+      if (gm == G::none && !tangents) REQUIRE(bytes[1] == bytes[0]);  // dy read by dx's product alone
+      else REQUIRE(bytes[1] < bytes[0]);
+      REQUIRE(bytes[2] == bytes[0]);
+    }
+}
+
 TEST_CASE("bf16-amp library calls: one per chunk, counted as the entry point's launches", "[bf16]") {
   // Under bf16-amp a GEMM entry point is a library call per chunk of rows
   // (gemm) or per chunk of a group (gemm_batched); the launch profile counts

@@ -357,6 +357,79 @@ TEMPLATE_TEST_CASE("fused lm head and cross-entropy match the reference", "[kern
   check_close(host(loss.v), want, tol);
 }
 
+namespace head_test {  // named: nvcc wants extended lambdas in functions with external linkage
+using T = float;
+constexpr index_t N = 10, C = 6, V = 13, R = 5;
+// One run of the gradient's head (dh, g, loss, lse, and the logits tile z).
+struct Out {
+  View1<double> loss;
+  View1<T> lse, dh, g, z;
+  View2<T> stats;
+};
+struct Case {
+  index_t rows;
+  bool keep, per_sequence;
+};
+Act2<T> act(const View1<T>& v, index_t rows, index_t cols) {
+  Act2<T> a;
+  a.v = Span2<T>(v.data(), rows, cols);
+  return a;
+}
+// The forward and the reverse apart, and lm_head_xent_gradient, under one
+// policy: the two runs, each row's loss, lse, dh and the gradient compared
+// by memcmp, the gradient nonzero in every sequence.
+std::pair<Out, Out> apart_and_together(const Case& c, kernels::RowShape shape, const kernels::GemmPolicy<T>& pol,
+                                       std::uint64_t seed) {
+  kernels::LmHeadXentOp<T> op(N, C, V, c.rows, V, shape);
+  Buf<T> h(N, C);
+  Flat<T> w(V * C);
+  load<T>(h.v, ref::random_vec(N * C, seed));
+  load<T>(w.v, ref::random_vec(V * C, seed + 1));
+  kernels::GemmPolicy<T> p = pol;
+  View1<T> rounded_w("w bf16", V * C);
+  if (p.bf16) {  // the owner's weights rounded ahead (GemmPolicy::ahead)
+    for (index_t i = 0; i < V * C; ++i) rounded_w(i) = round_bf16(w.v(i));
+    p.ahead[0] = {w.v.data(), V * C, 1, 0, rounded_w.data()};
+  }
+  const index_t G = c.per_sequence ? N / R : 1;
+  auto make = [&] {
+    return Out{View1<double>("loss", N), View1<T>("lse", N),        View1<T>("dh", N * C),
+               View1<T>("g", G * V * C), View1<T>("z", c.rows * V), View2<T>("stats", N, 2)};
+  };
+  auto grads = [&](const Out& o) {
+    Grads<T> g{Span1<T>(o.g.data(), o.g.extent(0)), {}};
+    if (c.per_sequence) g.seq_rows = R, g.seq_stride = V * C;
+    return g;
+  };
+  auto lse1 = [](const View1<T>& v) { return Act1<T>{Span1<T>(v.data(), v.extent(0)), {}, {}}; };
+  const Span1<const std::int32_t> targets(op.targets.data(), N);
+  Out apart = make(), together = make();
+  kernels::lm_head_xent_forward<T>(ExecSpace(), Act1<double>{apart.loss, {}, {}}, lse1(apart.lse), h.act<T>(),
+                                   w.params<T>(), 0, V, targets, act(apart.z, c.rows, V), apart.stats, Act2<T>(), p,
+                                   shape, c.keep);
+  kernels::lm_head_xent_reverse<T>(ExecSpace(), act(apart.dh, N, C), grads(apart), lse1(apart.lse), h.act<T>(),
+                                   w.params<T>(), 0, V, targets, act(apart.z, c.rows, V), p, true,
+                                   c.keep ? Span2<const T>(apart.stats) : Span2<const T>(), shape);
+  kernels::lm_head_xent_gradient<T>(ExecSpace(), Act1<double>{together.loss, {}, {}}, lse1(together.lse),
+                                    act(together.dh, N, C), grads(together), h.act<T>(), w.params<T>(), 0, V, targets,
+                                    act(together.z, c.rows, V), together.stats, p, shape, c.keep);
+  for (index_t n = 0; n < N; ++n) {
+    REQUIRE(std::isfinite(together.loss(n)));
+    REQUIRE(together.loss(n) == apart.loss(n));
+    REQUIRE(std::memcmp(&together.lse(n), &apart.lse(n), sizeof(T)) == 0);
+  }
+  REQUIRE(std::memcmp(together.dh.data(), apart.dh.data(), sizeof(T) * together.dh.extent(0)) == 0);
+  REQUIRE(std::memcmp(together.g.data(), apart.g.data(), sizeof(T) * together.g.extent(0)) == 0);
+  // Every sequence's gradient reached.
+  for (index_t s = 0; s < G; ++s) {
+    double part = 0;
+    for (index_t i = 0; i < V * C; ++i) part += std::fabs(double(together.g(s * V * C + i)));
+    REQUIRE(part > 0);
+  }
+  return {apart, together};
+}
+}  // namespace head_test
+
 TEST_CASE("lm head: the gradient's head, forward and reverse tile by tile, is the two apart bit for bit", "[kernels]") {
   // lm_head_xent_gradient forms each tile's logits once where the forward
   // and the reverse apart form them twice: the same kernels on the same
@@ -365,74 +438,12 @@ TEST_CASE("lm head: the gradient's head, forward and reverse tile by tile, is th
   // tail of 1), and one tile of the batch with the exponentials kept; a
   // summed gradient, and one per sequence of 5 rows (tiles of 3 straddling
   // the sequences); each row shape.
-  using T = float;
-  const index_t N = 10, C = 6, V = 13, R = 5;
-  struct Case {
-    index_t rows;
-    bool keep, per_sequence;
-  };
-  for (const Case c : {Case{3, false, false}, Case{3, false, true}, Case{10, true, false}, Case{10, true, true}}) {
+  using namespace head_test;
+  for (const Case c : {Case{3, false, false}, Case{3, false, true}, Case{10, true, false}, Case{10, true, true}})
     for (const kernels::RowShape shape : {kernels::RowShape::host, kernels::RowShape::teams, kernels::RowShape::wide}) {
       CAPTURE(c.rows, c.keep, c.per_sequence, int(shape));
-      kernels::LmHeadXentOp<T> op(N, C, V, c.rows, V, shape);
-      Buf<T> h(N, C);
-      Flat<T> w(V * C);
-      load<T>(h.v, ref::random_vec(N * C, 21));
-      load<T>(w.v, ref::random_vec(V * C, 22));
-      const index_t G = c.per_sequence ? N / R : 1;
-      struct Out {
-        View1<double> loss{"loss", std::size_t(N)};
-        View1<T> lse{"lse", std::size_t(N)}, dh{"dh", std::size_t(N*C)}, g;
-        View2<T> stats{"stats", std::size_t(N), 2};
-        View1<T> z;
-      };
-      auto make = [&] {
-        Out o;
-        o.g = View1<T>("g", std::size_t(G * V * C));
-        o.z = View1<T>("z", std::size_t(c.rows * V));
-        return o;
-      };
-      auto grads = [&](const Out& o) {
-        Grads<T> g{Span1<T>(o.g.data(), o.g.extent(0)), {}};
-        if (c.per_sequence) g.seq_rows = R, g.seq_stride = V * C;
-        return g;
-      };
-      auto act = [&](const View1<T>& v, index_t rows, index_t cols) {
-        Act2<T> a;
-        a.v = Span2<T>(v.data(), rows, cols);
-        return a;
-      };
-      auto lse1 = [](const View1<T>& v) { return Act1<T>{Span1<T>(v.data(), v.extent(0)), {}, {}}; };
-      const Span1<const std::int32_t> targets(op.targets.data(), N);
-      Out apart = make(), fused = make();
-      kernels::lm_head_xent_forward<T>(ExecSpace(), Act1<double>{apart.loss, {}, {}}, lse1(apart.lse), h.act<T>(),
-                                       w.params<T>(), 0, V, targets, act(apart.z, c.rows, V), apart.stats, Act2<T>(),
-                                       kernels::GemmPolicy<T>(), shape, c.keep);
-      kernels::lm_head_xent_reverse<T>(ExecSpace(), act(apart.dh, N, C), grads(apart), lse1(apart.lse), h.act<T>(),
-                                       w.params<T>(), 0, V, targets, act(apart.z, c.rows, V), kernels::GemmPolicy<T>(),
-                                       true, c.keep ? Span2<const T>(apart.stats) : Span2<const T>(), shape);
-      kernels::lm_head_xent_gradient<T>(ExecSpace(), Act1<double>{fused.loss, {}, {}}, lse1(fused.lse),
-                                        act(fused.dh, N, C), grads(fused), h.act<T>(), w.params<T>(), 0, V, targets,
-                                        act(fused.z, c.rows, V), fused.stats, kernels::GemmPolicy<T>(), shape, c.keep);
-      for (index_t n = 0; n < N; ++n) {
-        REQUIRE(std::isfinite(fused.loss(n)));
-        REQUIRE(fused.loss(n) == apart.loss(n));
-        REQUIRE(std::memcmp(&fused.lse(n), &apart.lse(n), sizeof(T)) == 0);
-      }
-      REQUIRE(std::memcmp(fused.dh.data(), apart.dh.data(), sizeof(T) * fused.dh.extent(0)) == 0);
-      REQUIRE(std::memcmp(fused.g.data(), apart.g.data(), sizeof(T) * fused.g.extent(0)) == 0);
-      // Every row's loss and dh written, every sequence's gradient reached.
-      double gsum = 0;
-      for (std::size_t i = 0; i < fused.g.extent(0); ++i) gsum += std::fabs(double(fused.g(i)));
-      REQUIRE(gsum > 0);
-      if (c.per_sequence)
-        for (index_t s = 0; s < G; ++s) {
-          double part = 0;
-          for (index_t i = 0; i < V * C; ++i) part += std::fabs(double(fused.g(s * V * C + i)));
-          REQUIRE(part > 0);
-        }
+      apart_and_together(c, shape, kernels::GemmPolicy<T>(), 21);
     }
-  }
   // A tile that splits the vocabulary is refused in one line.
   kernels::LmHeadXentOp<T> op(N, C, V, 3, V);
   Buf<T> h(N, C);
@@ -440,14 +451,47 @@ TEST_CASE("lm head: the gradient's head, forward and reverse tile by tile, is th
   View1<double> loss("loss", N);
   View1<T> lse("lse", N), dh("dh", N * C), g("g", V * C), z("z", 3 * 4);
   View2<T> stats("stats", N, 2);
-  Act2<T> za, dha;
-  za.v = Span2<T>(z.data(), 3, 4);
-  dha.v = Span2<T>(dh.data(), N, C);
-  REQUIRE_THROWS_WITH(kernels::lm_head_xent_gradient<T>(ExecSpace(), Act1<double>{loss, {}, {}}, Act1<T>{lse, {}, {}},
-                                                        dha, Grads<T>{g, {}}, h.act<T>(), w.params<T>(), 0, V,
-                                                        Span1<const std::int32_t>(op.targets.data(), N), za, stats,
-                                                        kernels::GemmPolicy<T>(), kernels::RowShape::host, false),
+  REQUIRE_THROWS_WITH(kernels::lm_head_xent_gradient<T>(
+                          ExecSpace(), Act1<double>{loss, {}, {}}, Act1<T>{lse, {}, {}}, act(dh, N, C), Grads<T>{g, {}},
+                          h.act<T>(), w.params<T>(), 0, V, Span1<const std::int32_t>(op.targets.data(), N),
+                          act(z, 3, 4), stats, kernels::GemmPolicy<T>(), kernels::RowShape::host, false),
                       Catch::Contains("holds no whole vocabulary row"));
+}
+
+TEST_CASE(
+    "lm head: the gradient's head under bf16-amp rounds h and dz once, with the bits of the products that round their "
+    "own",
+    "[kernels][bf16]") {
+  // With the head's weights rounded ahead by their owner, the gradient's head
+  // rounds each tile of h once (for the logits and dW) and writes dz rounded
+  // as the softmax forms it, a chunk of rows at a time; the forward and the
+  // reverse apart (lm_head_xent_reverse) write dz in FP32 and each product
+  // rounds its own operands. The same bfloat16 values in the same chunks of
+  // rows: every loss, lse, dh and summed gradient entry the same float
+  // (memcmp), over several tiles with several chunks each (a single product
+  // of 2 V elements a chunk: tiles of 3 rows in chunks of 2 and 1), with the
+  // exponentials kept, and per sequence where a tile is one chunk (each
+  // sequence's piece one product either way). The logits tile is left holding
+  // the logits, not dz: the rounded path ran.
+  using namespace head_test;
+  struct Rounded {
+    Case c;
+    index_t single;
+  };
+  for (const Rounded r : {Rounded{{3, false, false}, 2 * V}, Rounded{{3, false, true}, 1 << 12},
+                          Rounded{{10, true, false}, 2 * V}, Rounded{{10, true, true}, 1 << 12}})
+    for (const kernels::RowShape shape : {kernels::RowShape::host, kernels::RowShape::wide}) {
+      CAPTURE(r.c.rows, r.single, r.c.keep, r.c.per_sequence, int(shape));
+      kernels::GemmPolicy<T> pol;
+      pol.bf16 = true;
+      pol.chunk_elements = 1 << 12;
+      pol.single_chunk_elements = r.single;
+      pol.scratch_a = View1<T>("a", 1 << 12);
+      pol.scratch_b = View1<T>("b", 1 << 12);
+      const auto [apart, together] = apart_and_together(r.c, shape, pol, 31);
+      // The last tile's logits (or exponentials) stay; apart, dz overwrote them.
+      REQUIRE(std::memcmp(together.z.data(), apart.z.data(), sizeof(T) * together.z.extent(0)) != 0);
+    }
 }
 
 namespace narrow_test {  // named: nvcc wants extended lambdas in functions with external linkage

@@ -407,6 +407,80 @@ TEST_CASE("the fused attention forward: the second order of the batched GEMMs, w
   REQUIRE(std::abs(f.loss - b.loss) <= ulp * std::abs(b.loss));
 }
 
+TEST_CASE("the fused attention reverse: the gradient of the batched GEMMs, without score planes",
+          "[derivatives][model][fused]") {
+  // A GPU-shaped gradient engine under bf16-amp, context of two tiles (40),
+  // every family's attention layout: the fused forward and reverse
+  // (attention_fused.hpp) against the batched GEMMs (GNH_ATTENTION=batched),
+  // the summed gradient and each sequence's own (gradient_per_sequence).
+  // Both round the same operands and form P and dS from FP32 statistics
+  // summed in other orders, so an operand's last bfloat16 bit may differ,
+  // 2^-8 of it: every gradient entry within 2^-8 of the gradient's largest
+  // magnitude, the loss within 2^-8 of itself.
+  ModelConfig nano = config(true, true, Gelu::tanh), llama = config(false, false, Gelu::erf), neox = nano;
+  llama.family = Family::llama;
+  llama.n_kv_head = 1;  // grouped: the key side sums its three query heads
+  llama.intermediate = 20;
+  neox.family = Family::gpt_neox;
+  neox.rotary_pct = 0.5;
+  neox.parallel_residual = true;
+  neox.tie_embeddings = false;
+  for (ModelConfig cfg : {nano, llama, neox}) {
+    CAPTURE(to_string(cfg.family));
+    cfg.block_size = 48;
+    const index_t Tc = 40, B = 2, P = ParamLayout(cfg).size();
+    const auto ids = make_ids(B * Tc + 1, cfg.vocab_size, 29);
+    View2<std::int32_t> tok("tok", B, Tc), tgt("tgt", B, Tc);
+    for (index_t b = 0; b < B; ++b)
+      for (index_t t = 0; t < Tc; ++t) tok(b, t) = ids[b * Tc + t], tgt(b, t) = ids[b * Tc + t + 1];
+    const View1<float> p = make_params<float>(cfg, 6);
+    struct Run {
+      std::size_t bytes = 0;
+      bool fused = false;
+      double loss = 0;
+      View1<float> g;
+      View2<float> per;
+    };
+    auto run = [&] {
+      Shape s;
+      s.batch = B;
+      s.context = Tc;
+      s.reverse = true;
+      s.bf16 = true;
+      s.gpu_shaped = true;
+      Gpt<float> m(cfg, s);
+      Run r{m.workspace_bytes(), m.attention_fused(), 0, View1<float>("g", P), View2<float>("per", B, P)};
+      r.loss = m.gradient(ExecSpace(), p, tok, tgt, r.g).sum;
+      m.gradient_per_sequence(ExecSpace(), p, tok, tgt, r.per);
+      return r;
+    };
+    const Run f = run();
+    ::setenv("GNH_ATTENTION", "batched", 1);
+    const Run b = run();
+    ::unsetenv("GNH_ATTENTION");
+    REQUIRE(f.fused);
+    REQUIRE_FALSE(b.fused);
+    // No score planes for the fused reverse: at least the 2 planes of H Tc^2
+    // floats of a sequence that the batched reverse holds.
+    CAPTURE(f.bytes, b.bytes);
+    REQUIRE(b.bytes - f.bytes >= sizeof(float) * 2 * cfg.n_head * Tc * Tc);
+    const double ulp = std::ldexp(1.0, -8);
+    REQUIRE(std::abs(f.loss - b.loss) <= ulp * std::abs(b.loss));
+    auto check = [&](const float* x, const float* y, index_t n) {
+      double scale = 0, err = 0;
+      for (index_t i = 0; i < n; ++i) {
+        scale = std::max(scale, std::abs(double(y[i])));
+        err = std::max(err, std::abs(double(x[i]) - double(y[i])));
+      }
+      CAPTURE(err, scale);
+      REQUIRE(scale > 0);
+      REQUIRE(err <= ulp * scale);
+    };
+    check(f.g.data(), b.g.data(), P);
+    for (index_t q = 0; q < B; ++q) check(f.per.data() + q * P, b.per.data() + q * P, P);
+  }
+}
+
 TEST_CASE("K directions per pass equal one direction at a time", "[derivatives][model]") {
   const ModelConfig cfg = config(true, true, Gelu::erf);
   const index_t Tc = 5, n_blocks = 4, P = ParamLayout(cfg).size(), K = 3;

@@ -32,8 +32,9 @@
 //                                another program (perf/device/torch_seed.py)
 //          --dump-batch B        sequences of tokens to dump (synthetic; default --batch)
 //          --inject-slowdown F   stretch every timed run by F (tests of perf/compare.py)
-//          --predict h200        predict the gradient and the second-order forward (bf16-amp, K of
-//                                --directions, else 16) on one H200, per batch, epoch and label, from
+//          --predict h200        predict the gradient (bf16-amp unless --precision; TF32 beside it) and
+//                                the second-order forward (bf16-amp, K of --directions, else 16) on
+//                                one H200, per batch, epoch and label, from
 //                                the GPU-shaped path run here on a miniature of the shape (below);
 //                                the last line: "predicted h200: gradient X s/epoch, second-order
 //                                K=16 bf16-amp Y s/direction, launches per pass N"
@@ -889,16 +890,22 @@ void predict(const Options& o) {
   const int s = o.predict_scale > 0 ? o.predict_scale : miniature_scale(c, Tc, 32);
   const index_t B = o.batch;
   const double batches = std::ceil(o.epoch_tokens / double(B * Tc));
-  // The gradient at --precision where given, else TF32 (the FP32 class's
-  // tensor-core policy); the second-order forward under bf16-amp at K (16
+  // The gradient at --precision where given, else under bf16-amp (the
+  // PyTorch pipeline's production policy, that of its 28.7 s gradient, and
+  // the faster of the tensor-core policies here), and at TF32 (the FP32
+  // class's) beside it; the second-order forward under bf16-amp at K (16
   // unless --directions gives it).
   Options og = o;
   og.gpu_shaped = true;
-  og.policy = o.precision_given ? o.policy : Precision::tf32;
+  og.policy = o.precision_given ? o.policy : Precision::bf16_amp;
   const Shape gs = shape_of(og, Tc, true);
   const Miniature mg = miniature_of(c, gs, s);
   const perf::RecordedRun rg = run_miniature(mg);
   const PassPrediction pg = predict_pass("gradient", rg, s, ceilings, batches, 1.0);
+  Options ot = og;
+  ot.policy = Precision::tf32;
+  const PassPrediction pt =
+      predict_pass("gradient", run_miniature(miniature_of(c, shape_of(ot, Tc, true), s)), s, ceilings, batches, 1.0);
   Options os = o;
   os.gpu_shaped = true;
   os.policy = Precision::bf16_amp;
@@ -912,19 +919,20 @@ void predict(const Options& o) {
   const Shape qs = gs;
   const Miniature& mq = mg;
   const PassPrediction pq = predict_pass("sequence", run_sequences(mq, B), s, ceilings, batches, 1.0);
-  const std::string gp = og.policy == Precision::tf32 ? "tf32" : o.precision;
+  const std::string gp = o.precision_given ? o.precision : "bf16-amp";
   std::printf(
       "{\"predict\": \"%s\", \"model\": \"%s\", \"family\": \"%s\", \"batch\": %ld, \"seq_len\": %ld, "
       "\"epoch_tokens\": %.0f, \"scale\": %d, \"execution_space\": \"%s\",\n \"ceilings\": {\"bf16\": %g, "
       "\"tf32\": %g, \"fp32\": %g, \"fp64\": %g, \"copy\": %g, \"memory\": %g, \"launch\": %g, "
       "\"sms\": %d},\n \"gradient\": {\"precision\": \"%s\", \"plans\": %s, \"prediction\": %s},\n "
       "\"second_order\": {\"K\": %d, \"precision\": \"bf16-amp\", \"adjoint_cuts\": %s, \"plans\": %s, "
-      "\"prediction\": %s},\n \"per_sequence\": {\"precision\": \"%s\", \"plans\": %s, \"prediction\": %s}}\n",
+      "\"prediction\": %s},\n \"per_sequence\": {\"precision\": \"%s\", \"plans\": %s, \"prediction\": %s},\n "
+      "\"gradient_tf32\": {\"precision\": \"tf32\", \"prediction\": %s}}\n",
       o.predict.c_str(), o.synthetic.empty() ? "reference" : o.synthetic.c_str(), o.family.c_str(), long(B), long(Tc),
       o.epoch_tokens, s, ExecSpace::name(), ceilings.bf16, ceilings.tf32, ceilings.fp32, ceilings.fp64, ceilings.copy,
       ceilings.memory, ceilings.launch, ceilings.sms, gp.c_str(), plans_json(c, gs, mg).c_str(), pg.json.c_str(), K,
       adjoint_cuts_of(c, ss) ? "true" : "false", plans_json(c, ss, ms).c_str(), ps.json.c_str(), gp.c_str(),
-      plans_json(c, qs, mq).c_str(), pq.json.c_str());
+      plans_json(c, qs, mq).c_str(), pq.json.c_str(), pt.json.c_str());
   std::printf(
       "predicted %s: gradient %.3g s/epoch, second-order K=%d bf16-amp %.3g s/direction, launches per pass %ld\n",
       o.predict.c_str(), pg.seconds * batches, K, ps.seconds * batches / K, ps.device_launches);

@@ -100,8 +100,8 @@ if [ "${1:-}" = "--step" ]; then
       exit $rc
       ;;
     predict)
-      # The cost model's prediction of the timed passes (the gradient in
-      # TF32, the second order at K = 16 under bf16-amp) at the timing batch,
+      # The cost model's prediction of the timed passes (the gradient under
+      # bf16-amp and in TF32, the second order at K = 16 under bf16-amp) at the timing batch,
       # label by label, for the summary to set beside the measured profile.
       bench --batch "$TBATCH" --predict h200 --no-probe > predict.txt || exit 1
       tail -1 predict.txt

@@ -141,8 +141,9 @@ def measured_against_predicted(s, best):
     if not pred:
         return []
     L = ["", "measured against predicted (perf/cost_model.hpp), ms a batch, label: measured / predicted:"]
-    for key, name in ((("tf32", "gradient", 0), "gradient"),
-                      (("tf32", "gradient-per-sequence", 0), "per_sequence"),
+    for key, name in ((("bf16-amp", "gradient", 0), "gradient"),
+                      (("bf16-amp", "gradient-per-sequence", 0), "per_sequence"),
+                      (("tf32", "gradient", 0), "gradient_tf32"),
                       (("bf16-amp", "second-order-forward", 16), "second_order")):
         r, p = best.get(key), pred.get(name, {}).get("prediction")
         if not r or not p or not r["profile"].get("labels"):

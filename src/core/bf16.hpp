@@ -6,6 +6,7 @@
 // every other value (bfloat16 has float's exponent range).
 #pragma once
 #include <cstdint>
+#include <type_traits>
 #include <cstring>
 
 #include "core/jet.hpp"
@@ -53,6 +54,14 @@ KOKKOS_INLINE_FUNCTION Dual<T> round_bf16(const Dual<T>& x) {
 template <class T>
 KOKKOS_INLINE_FUNCTION Jet2<T> round_bf16(const Jet2<T>& x) {
   return {round_bf16(x.v), round_bf16(x.d), round_bf16(x.dd)};
+}
+
+// x as a rounded operand stored in D: bfloat16 bits (std::uint16_t, from
+// float), or the rounded value itself.
+template <class D, class T>
+KOKKOS_INLINE_FUNCTION D bf16_as(T x) {
+  if constexpr (std::is_same<D, std::uint16_t>::value) return bf16_bits(float(x));
+  else return D(round_bf16(x));
 }
 
 }  // namespace gnh

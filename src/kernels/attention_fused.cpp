@@ -10,6 +10,7 @@
 
 #include "core/bf16.hpp"
 #include "kernels/attention.hpp"
+#include "kernels/blas.hpp"
 #include "kernels/check.hpp"
 #include "kernels/gemm_ledger.hpp"
 
@@ -145,6 +146,11 @@ template <bool Tan, bool Sec>
 struct FusedForward {
   Act2<float> q, k, v, y;
   Act1<float> lse;
+  // Not null: y and y' written there instead, rounded as the next product's
+  // input (kernels/linear.hpp, rounded_input_room: y's N rows, then y''s
+  // K planes of N).
+  Bf16Storage<float>* out = nullptr;
+  index_t N = 0;
   index_t Tc = 0, H = 0, G = 0, hs = 0, hp = 0, nq = 0, dirs = 1;
   index_t col[3] = {0, 0, 0}, stride[3] = {0, 0, 0};  // q, k, v: first column, head stride
   float scale = 0;
@@ -329,10 +335,12 @@ struct FusedForward {
     }
     team.team_barrier();
     const index_t n0 = w.b * Tc + w.r0, c0 = w.h * hs;
+    const index_t C = H * hs, plane = o == 0 ? 0 : N + w.dir * N;
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, w.nr * hs), [&](const index_t i) {
       const index_t r = i / hs, c = i % hs;
       const float x = stage[r * hp + c];
-      if (o == 0) y.v(n0 + r, c0 + c) = x;
+      if (o < 2 && out) out[(plane + n0 + r) * C + c0 + c] = bf16_as<Bf16Storage<float>>(x);
+      else if (o == 0) y.v(n0 + r, c0 + c) = x;
       else if (o == 1) y.d(w.dir, n0 + r, c0 + c) = x;
       else y.dd(w.dir, n0 + r, c0 + c) = x;
     });
@@ -418,7 +426,7 @@ double causal_share(index_t T) {
 // FLOPs of the fused unit. Bytes: q, k, v read and y, lse written once in
 // every plane (a sequence's keys are read again by each of its query tiles,
 // from L2: the league keeps them next to each other).
-void record_fused(index_t B, index_t Tc, const QkvLayout& L, index_t K, bool tan, bool sec) {
+void record_fused(index_t B, index_t Tc, const QkvLayout& L, index_t K, bool tan, bool sec, bool rounded) {
   GemmWork& gw = gemm_work();
   if (!gw.on) return;
   const double causal = causal_share(Tc * std::max(1, gw.scale));
@@ -429,7 +437,8 @@ void record_fused(index_t B, index_t Tc, const QkvLayout& L, index_t K, bool tan
   const double planes = double(1 + (tan ? K : 0)), out_planes = double(1 + (tan ? K : 0) + (sec ? K : 0));
   Traffic("gnh::attention::fused::forward")
       .add(planes * double(B * Tc * (L.H + 2 * L.G) * L.hs), sizeof(float), 2)
-      .add(out_planes * double(B * Tc * L.H * L.hs), sizeof(float), 2)
+      .add((out_planes - (rounded ? planes : 0)) * double(B * Tc * L.H * L.hs), sizeof(float), 2)
+      .add((rounded ? planes : 0) * double(B * Tc * L.H * L.hs), 2, 2)
       .add(out_planes * double(B * Tc * L.H), sizeof(float), 1);
 }
 
@@ -702,7 +711,7 @@ bool attention_fused_fits(const QkvLayout& L, bool tangents, bool second) {
 
 template <class S>
 void attention_forward_fused(const ExecSpace& space, Act2<float> y, Act1<float> lse, QkvActs<float> x,
-                             const QkvLayout& L, index_t B, index_t Tc) {
+                             const QkvLayout& L, index_t B, index_t Tc, void* rounded) {
   constexpr bool tan = has_tangents_v<S>, sec = has_second_v<S>;
   keep_planes<S>(y, lse, x.q, x.k, x.v);
   const char* who = "gnh::attention::forward (fused)";
@@ -720,12 +729,13 @@ void attention_forward_fused(const ExecSpace& space, Act2<float> y, Act1<float> 
   require_planes<S>(who, "v", x.v, K);
   FusedForward<tan, sec> f;
   f.q = x.q, f.k = x.k, f.v = x.v, f.y = y, f.lse = lse;
+  f.out = static_cast<Bf16Storage<float>*>(rounded), f.N = B * Tc;
   f.Tc = Tc, f.H = L.H, f.G = L.G, f.hs = L.hs, f.hp = padded(L.hs);
   f.nq = (Tc + kR - 1) / kR, f.dirs = std::max<index_t>(K, 1);
   for (int i = 0; i < 3; ++i) f.col[i] = L.off[i], f.stride[i] = L.stride[i];
   f.scale = 1.0f / std::sqrt(float(L.hs));
   f.carve = carve_of(f.hp, tan, sec);
-  record_fused(B, Tc, L, K, tan, sec);
+  record_fused(B, Tc, L, K, tan, sec, rounded != nullptr);
   const Team policy = Team(space, B * L.H * f.dirs * f.nq, kHost ? 1 : kWarps, kHost ? 1 : 32)
                           .set_scratch_size(kLevel, Kokkos::PerTeam(f.carve.total));
   Kokkos::parallel_for("gnh::attention::fused::forward", policy, f);

@@ -51,9 +51,12 @@ bool attention_fused_fits(const QkvLayout& L, bool tangents, bool second);
 
 // y (and y', y''), lse (and lse', lse'') of B sequences of Tc rows in mode S
 // (float, Dual<float>, Jet2<float> with x'' zero), bf16-amp's rounding.
+// rounded (not null: Bf16Storage<float>, kernels/blas.hpp): y and y' written
+// there instead, as the output projection's rounded input
+// (kernels/linear.hpp, rounded_input_room), y'' still into y.
 template <class S>
 void attention_forward_fused(const ExecSpace& space, Act2<float> y, Act1<float> lse, QkvActs<float> x,
-                             const QkvLayout& L, index_t B, index_t Tc);
+                             const QkvLayout& L, index_t B, index_t Tc, void* rounded = nullptr);
 
 // Whether the fused reverse can take a call (as attention_fused_fits).
 bool attention_fused_reverse_fits(const QkvLayout& L);
@@ -67,7 +70,7 @@ void attention_reverse_fused(const ExecSpace& space, QkvActs<float> dx, Act1<flo
 
 #define GNH_ATTENTION_FUSED_FORWARD(EXT, S)                                                                \
   EXT template void attention_forward_fused<S>(const ExecSpace&, Act2<float>, Act1<float>, QkvActs<float>, \
-                                               const QkvLayout&, index_t, index_t);
+                                               const QkvLayout&, index_t, index_t, void*);
 GNH_FORWARD_SCALARS(GNH_ATTENTION_FUSED_FORWARD, extern, float)
 
 }  // namespace gnh::kernels

@@ -270,6 +270,15 @@ index_t bf16_chunk_rows(const GemmPolicy<T>& pol, Span2<const T> A, Span2<const 
   return chunk;
 }
 
+// A product's input rounded by the kernel that produces it into dst (null:
+// not so rounded), and the policy whose products read it there
+// (kernels/linear.hpp, rounded_input_room).
+template <class T>
+struct RoundedInput {
+  GemmPolicy<T> pol;
+  Bf16Storage<T>* dst = nullptr;
+};
+
 // The label of a copy rounded ahead (GemmPolicy::ahead) as the backend
 // stores it: bfloat16 bits for cuBLAS, else the rounded values.
 #ifdef GNH_CUBLAS_MATH_MODE

@@ -218,11 +218,14 @@ struct GeluElement {
 // them; y'' is not written (y needs no second-order planes) but contracted
 // as it is formed with the cut's adjoint adj (N, C) into acc (K, N), as the
 // model's cut would read it back (model/gpt_impl.hpp, adjoint cuts).
-template <class T>
-void gelu_forward_cut(const ExecSpace& space, Act2<T> y, Act2<T> x, Gelu kind, Act2<T> adj, View2<double> acc) {
+// rounded (not null): y and y' written there as the next layer's rounded
+// input instead (elementwise_cut).
+template <class T, class D = T>
+void gelu_forward_cut(const ExecSpace& space, Act2<T> y, Act2<T> x, Gelu kind, Act2<T> adj, View2<double> acc,
+                      D* rounded = nullptr) {
   if (kind == Gelu::erf)
-    elementwise_cut(space, "gnh::gelu::forward::cut", y, x, adj, acc, 1, detail::GeluElement<true, T>{});
-  else elementwise_cut(space, "gnh::gelu::forward::cut", y, x, adj, acc, 1, detail::GeluElement<false, T>{});
+    elementwise_cut(space, "gnh::gelu::forward::cut", y, x, adj, acc, 1, detail::GeluElement<true, T>{}, rounded);
+  else elementwise_cut(space, "gnh::gelu::forward::cut", y, x, adj, acc, 1, detail::GeluElement<false, T>{}, rounded);
 }
 
 template <class S>

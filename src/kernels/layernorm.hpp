@@ -10,6 +10,7 @@
 #pragma once
 #include <type_traits>
 
+#include "core/bf16.hpp"
 #include "core/fastmath.hpp"
 #include "core/planes.hpp"
 #include "kernels/check.hpp"
@@ -26,7 +27,9 @@ namespace detail {
 // One row of the forward's values (rows.hpp): the row statistics (two
 // passes, mean then centred squares, for accuracy in float), saved for the
 // directions' rows below, and y. Not Centred: mu = 0 (RMSNorm).
-template <class T, bool Centred = true>
+// out (not null): y written there instead, rounded as the next layer's
+// products round their input (kernels/cut.hpp, ElementwiseCutRow's layout).
+template <class T, bool Centred = true, class D = T>
 struct LayerNormValueRow {
   Act2<T> y;
   Act1<T> mean, rstd;
@@ -34,6 +37,7 @@ struct LayerNormValueRow {
   Params<T> p;
   index_t w, b, C;
   T eps;
+  D* out = nullptr;
   template <class Lanes>
   KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t n) const {
     const T* xr = &x.v(n, 0);
@@ -45,7 +49,9 @@ struct LayerNormValueRow {
       if (Centred) mean.v(n) = mu;
       rstd.v(n) = r;
     });
-    lanes.each(C, [&](index_t c) { y.v(n, c) = (xr[c] - mu) * r * pv[w + c] + (b >= 0 ? pv[b + c] : T(0)); });
+    const auto value = [&](index_t c) { return (xr[c] - mu) * r * pv[w + c] + (b >= 0 ? pv[b + c] : T(0)); };
+    if (out) lanes.each(C, [&](index_t c) { out[n * C + c] = bf16_as<D>(value(c)); });
+    else lanes.each(C, [&](index_t c) { y.v(n, c) = value(c); });
   }
 };
 
@@ -62,7 +68,7 @@ struct LayerNormValueRow {
 // (N C values) at every step, and the row-major walk stalled on each first
 // touch: on the Zen 4, AVX2 build, bench_kernels --op layernorm at K = 16,
 // second order 2.8-3.7 -> 1.2-2.1 ms, tangent 0.6-1.9 -> 0.6-0.9 ms.
-template <class S, bool Centred = true>
+template <class S, bool Centred = true, class D = base_t<S>>
 struct LayerNormDirectionRow {
   using T = base_t<S>;
   Act2<T> y;
@@ -75,6 +81,7 @@ struct LayerNormDirectionRow {
   // its terms in the order of the cut's own row kernel (model/gpt_impl.hpp).
   Act2<T> cut;
   View2<double> acc;
+  D* out = nullptr;  // y' rounded there (LayerNormValueRow's out, after y's plane)
   template <class Lanes>
   KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t i) const {
     const index_t k = i / N, n = i - k * N;
@@ -90,10 +97,12 @@ struct LayerNormDirectionRow {
       if (Centred) mean.d(k, n) = mu1;
       rstd.d(k, n) = r1;
     });
-    lanes.each(C, [&](index_t c) {
+    const auto tangent = [&](index_t c) {
       const T xh = (xr[c] - mu) * r, xh1 = (xd[c] - mu1) * r + (xr[c] - mu) * r1;
-      y.d(k, n, c) = xh1 * pv[w + c] + xh * pd[w + c] + (b >= 0 ? pd[b + c] : T(0));
-    });
+      return xh1 * pv[w + c] + xh * pd[w + c] + (b >= 0 ? pd[b + c] : T(0));
+    };
+    if (out) lanes.each(C, [&](index_t c) { out[(N + k * N + n) * C + c] = bf16_as<D>(tangent(c)); });
+    else lanes.each(C, [&](index_t c) { y.d(k, n, c) = tangent(c); });
     if constexpr (has_second_v<S>) {
       const T* xdd = &x.dd(k, n, 0);
       const T mu2 = Centred ? lanes.template sum<T>(C, [&](index_t c) { return xdd[c]; }) / T(C) : T(0);
@@ -157,10 +166,12 @@ struct LayerNormReverseRow {
 };
 
 // The forward and reverse of either norm; label: the two kernels' labels.
-template <class S, bool Centred>
+// out (not null, with a cut): y and y' rounded there (LayerNormValueRow).
+template <class S, bool Centred, class D = base_t<S>>
 void norm_forward(const ExecSpace& space, const char* const (&label)[2], Act2<base_t<S>> y, Act1<base_t<S>> mean,
                   Act1<base_t<S>> rstd, Act2<base_t<S>> x, Params<base_t<S>> p, index_t w, index_t b, double eps,
-                  RowShape rows, Act2<base_t<S>> cut = Act2<base_t<S>>(), View2<double> acc = View2<double>()) {
+                  RowShape rows, Act2<base_t<S>> cut = Act2<base_t<S>>(), View2<double> acc = View2<double>(),
+                  D* out = nullptr) {
   using T = base_t<S>;
   const index_t N = x.rows(), C = x.cols(), K = has_tangents_v<S> ? x.d.extent(0) : 0, P = p.v.extent(0);
   require_extent(label[0], "y rows", y.rows(), N);
@@ -168,22 +179,25 @@ void norm_forward(const ExecSpace& space, const char* const (&label)[2], Act2<ba
   require_extent(label[0], "rstd", rstd.v.extent(0), N);
   const bool cutting = acc.extent(0) > 0;
   if (cutting) require_cut(label[1], cut, acc, N, C, K);
-  // x read, y written; the row statistics written, and read by the planes of
-  // the directions with x again (a second-order plane beside each; with a
-  // cut, the adjoint read instead of the y'' planes written, and a double a
-  // row and direction).
-  Traffic(label[0]).add(double(2 * N * C), sizeof(T), 2).add(double(2 * N), sizeof(T), 1);
+  if (out && !cutting) throw std::logic_error(std::string(label[0]) + ": a rounded output without a cut");
+  // x read, y written (a GPU's bfloat16 where rounded); the row statistics
+  // written, and read by the planes of the directions with x again (a
+  // second-order plane beside each; with a cut, the adjoint read instead of
+  // the y'' planes written, and a double a row and direction).
+  const std::size_t ys = out ? 2 : sizeof(T);
+  Traffic(label[0]).add(double(N * C), sizeof(T), 2).add(double(N * C), ys, 2).add(double(2 * N), sizeof(T), 1);
   if (K > 0)
     Traffic(label[1])
-        .add(double((1 + 2 * K * (std::is_same<S, Jet2<T>>::value ? 2 : 1) + (cutting ? 1 - K : 0)) * N * C), sizeof(T),
-             2)
+        .add(double((1 + 2 * K * (std::is_same<S, Jet2<T>>::value ? 2 : 1) + (cutting ? 1 - 2 * K : -K)) * N * C),
+             sizeof(T), 2)
+        .add(double(K * N * C), ys, 2)
         .add(double(2 * N), sizeof(T), 1)
         .add(double(cutting ? 2 * K * N : 0), sizeof(double), 1);
-  for_rows<T>(space, label[0], N, LayerNormValueRow<T, Centred>{y, mean, rstd, x, p, w, b, C, static_cast<T>(eps)},
-              rows);
+  for_rows<T>(space, label[0], N,
+              LayerNormValueRow<T, Centred, D>{y, mean, rstd, x, p, w, b, C, static_cast<T>(eps), out}, rows);
   if constexpr (has_tangents_v<S>)
-    for_rows<T>(space, label[1], K * N, LayerNormDirectionRow<S, Centred>{y, mean, rstd, x, p, w, b, C, N, P, cut, acc},
-                rows);
+    for_rows<T>(space, label[1], K * N,
+                LayerNormDirectionRow<S, Centred, D>{y, mean, rstd, x, p, w, b, C, N, P, cut, acc, out}, rows);
 }
 
 // The weight and bias of each sequence's own gradient (Grads per sequence,
@@ -271,13 +285,16 @@ void layernorm_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>
 // statistics as layernorm_forward<Jet2<T>> writes them; y'' not written (y
 // needs no second-order planes) but contracted as it is formed with the
 // cut's adjoint adj (N, C) into acc (K, N) (model/gpt_impl.hpp, adjoint cuts).
-template <class T>
+// rounded (not null): y and y' written there as the next layer's rounded
+// input instead (kernels/linear.hpp, rounded_input_room).
+template <class T, class D = T>
 void layernorm_forward_cut(const ExecSpace& space, Act2<T> y, Act1<T> mean, Act1<T> rstd, Act2<T> x, Params<T> p,
-                           index_t w, index_t b, double eps, Act2<T> adj, View2<double> acc) {
+                           index_t w, index_t b, double eps, Act2<T> adj, View2<double> acc, D* rounded = nullptr) {
   keep_planes<Jet2<T>>(y, mean, rstd, x, p);
   require_extent("gnh::layernorm::forward", "mean", mean.v.extent(0), x.rows());
   static const char* const label[2] = {"gnh::layernorm::forward", "gnh::layernorm::forward::cut"};
-  detail::norm_forward<Jet2<T>, true>(space, label, y, mean, rstd, x, p, w, b, eps, default_row_shape(), adj, acc);
+  detail::norm_forward<Jet2<T>, true, D>(space, label, y, mean, rstd, x, p, w, b, eps, default_row_shape(), adj, acc,
+                                         rounded);
 }
 
 template <class S>

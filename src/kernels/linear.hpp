@@ -55,10 +55,13 @@ void add_colsum(const ExecSpace& space, T* g, const T* dy, index_t N, index_t ou
 // directions' (x V_k^T), and with second order x', read by x' W^T and
 // 2 x' V_k^T. The policy returned finds them (ahead slots 2 and 3); the same
 // bfloat16 values, so no bit changes.
+// Planes its producer rounded there already (rounded_input_room) are read
+// as they are.
 template <class T>
 GemmPolicy<T> with_rounded_input(const ExecSpace& space, const GemmPolicy<T>& pol, const Act2<T>& x, index_t K,
                                  bool second) {
   if (!pol.bf16 || K == 0 || pol.layer_input.extent(0) == 0) return pol;
+  if (pol.ahead[2].src == x.v.data() && (!second || pol.ahead[3].src == x.d.data())) return pol;
   using D = Bf16Storage<T>;
   const index_t N = x.rows(), in = x.cols(), planes = second ? 1 + K : 1;
   if (std::size_t(planes * N * in) * sizeof(D) > pol.layer_input.extent(0) * sizeof(T))
@@ -74,6 +77,24 @@ GemmPolicy<T> with_rounded_input(const ExecSpace& space, const GemmPolicy<T>& po
     lp.ahead[3] = {x.d.data(), K * N * in, 1, 0, dst + N * in};
   }
   return lp;
+}
+
+// A layer's input (x and its K tangent planes) rounded by the kernel that
+// produces it (an elementwise cut, kernels/cut.hpp) into the room
+// with_rounded_input would round it into: where the policy has that room,
+// dst and the policy whose products read the planes there (linear_forward
+// then rounds nothing of x); else dst null and the policy as given.
+template <class T>
+RoundedInput<T> rounded_input_room(const GemmPolicy<T>& pol, const Act2<T>& x, index_t K) {
+  using D = Bf16Storage<T>;
+  RoundedInput<T> r{pol, nullptr};
+  const index_t N = x.rows(), in = x.cols();
+  if (!pol.bf16 || K == 0 || std::size_t((1 + K) * N * in) * sizeof(D) > pol.layer_input.extent(0) * sizeof(T))
+    return r;
+  r.dst = reinterpret_cast<D*>(pol.layer_input.data());
+  r.pol.ahead[2] = {x.v.data(), N * in, 1, 0, r.dst};
+  r.pol.ahead[3] = {x.d.data(), K * N * in, 1, 0, r.dst + N * in};
+  return r;
 }
 
 // Under bf16-amp in a reverse, where the owner gave room (layer_input holds

@@ -24,13 +24,13 @@ void rmsnorm_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>> 
 
 // The second-order forward with an adjoint cut at the output (as
 // layernorm_forward_cut).
-template <class T>
+template <class T, class D = T>
 void rmsnorm_forward_cut(const ExecSpace& space, Act2<T> y, Act1<T> rstd, Act2<T> x, Params<T> p, index_t w, index_t b,
-                         double eps, Act2<T> adj, View2<double> acc) {
+                         double eps, Act2<T> adj, View2<double> acc, D* rounded = nullptr) {
   keep_planes<Jet2<T>>(y, rstd, x, p);
   static const char* const label[2] = {"gnh::rmsnorm::forward", "gnh::rmsnorm::forward::cut"};
-  detail::norm_forward<Jet2<T>, false>(space, label, y, Act1<T>(), rstd, x, p, w, b, eps, default_row_shape(), adj,
-                                       acc);
+  detail::norm_forward<Jet2<T>, false, D>(space, label, y, Act1<T>(), rstd, x, p, w, b, eps, default_row_shape(), adj,
+                                          acc, rounded);
 }
 
 template <class S>

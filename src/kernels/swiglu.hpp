@@ -76,9 +76,10 @@ struct SwigluElement {
 // The second-order forward with an adjoint cut at its output (as
 // gelu_forward_cut): y and y' as swiglu_forward<Jet2<T>> writes them, y''
 // contracted with the cut's adjoint adj (N, F) into acc (K, N), not stored.
-template <class T>
-void swiglu_forward_cut(const ExecSpace& space, Act2<T> y, Act2<T> x, Act2<T> adj, View2<double> acc) {
-  elementwise_cut(space, "gnh::swiglu::forward::cut", y, x, adj, acc, 2, detail::SwigluElement<T>{y.cols()});
+template <class T, class D = T>
+void swiglu_forward_cut(const ExecSpace& space, Act2<T> y, Act2<T> x, Act2<T> adj, View2<double> acc,
+                        D* rounded = nullptr) {
+  elementwise_cut(space, "gnh::swiglu::forward::cut", y, x, adj, acc, 2, detail::SwigluElement<T>{y.cols()}, rounded);
 }
 
 template <class S>

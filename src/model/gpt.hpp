@@ -149,8 +149,8 @@ class Gpt {
   void plan_layers(index_t att_elements);
   void plan_attention();
   template <class S>
-  void attend(const ExecSpace& space, const Act2<T>& y, const Act1<T>& lse, const kernels::QkvActs<T>& x, bool cut,
-              T* keep_p);
+  bool attend(const ExecSpace& space, const Act2<T>& y, const Act1<T>& lse, const kernels::QkvActs<T>& x, bool cut,
+              T* keep_p, kernels::Bf16Storage<T>* rounded = nullptr);
   template <class S>
   void attend_reverse(const ExecSpace& space, const kernels::QkvActs<T>& dx, const Act1<T>& D, const Act2<T>& dy,
                       const kernels::QkvActs<T>& x, const Act2<T>& y, const Act1<T>& lse, const T* kept_p);
@@ -160,6 +160,7 @@ class Gpt {
   // bf16-amp: the parameters (and the head's directions) rounded once a
   // pass, and the policy of the weights' products that reads them there.
   void round_ahead(const ExecSpace& space, const Params<T>& p);
+  kernels::detail::RoundedInput<T> rounded_input(const Act2<T>& in, bool cut) const;
   void plan_adjoint_cuts();
   View1<T> buffer(const std::string& label, index_t total);
   Act2<T> x_in(int layer) const;

@@ -371,21 +371,27 @@ void Gpt<T>::plan_attention() {
   att_scratch_.pointers.pointers = View1<std::uintptr_t>("gnh::gpt::att_pointers", pointers);
 }
 
-// Attention on the engine's path: the batched GEMMs or attention.hpp's
-// kernels (the host tiles or the rows); cut: x'' is taken as zero.
+// Attention on the engine's path: the fused kernel, the batched GEMMs or
+// attention.hpp's kernels (the host tiles or the rows); cut: x'' is taken as
+// zero. rounded (not null): where the fused kernel runs, y and y' written
+// there as the output projection's rounded input; returns whether they were.
 template <class T>
 template <class S>
-void Gpt<T>::attend(const ExecSpace& space, const Act2<T>& y, const Act1<T>& lse, const kernels::QkvActs<T>& x,
-                    bool cut, T* keep_p) {
+bool Gpt<T>::attend(const ExecSpace& space, const Act2<T>& y, const Act1<T>& lse, const kernels::QkvActs<T>& x,
+                    bool cut, T* keep_p, kernels::Bf16Storage<T>* rounded) {
   const index_t B = shape_.batch, Tc = shape_.context;
   if constexpr (std::is_same<T, float>::value)
-    if (att_fused_ && (!has_second_v<S> || cut))
-      return kernels::attention_forward_fused<S>(space, y, lse, x, qkv_layout_, B, Tc);
+    if (att_fused_ && (!has_second_v<S> || cut)) {
+      kernels::attention_forward_fused<S>(space, y, lse, x, qkv_layout_, B, Tc, rounded);
+      return rounded != nullptr;
+    }
   if (att_path_ == kernels::AttentionPath::batched)
-    return kernels::attention_forward_batched<S>(space, y, lse, x, qkv_layout_, B, Tc, gemm_.tf32, gemm_.bf16, !cut,
-                                                 att_scratch_);
-  kernels::attention_forward<S>(space, y, lse, x, qkv_layout_, B, Tc, gemm_.bf16, kernels::default_row_shape(), !cut,
-                                keep_p);
+    kernels::attention_forward_batched<S>(space, y, lse, x, qkv_layout_, B, Tc, gemm_.tf32, gemm_.bf16, !cut,
+                                          att_scratch_);
+  else
+    kernels::attention_forward<S>(space, y, lse, x, qkv_layout_, B, Tc, gemm_.bf16, kernels::default_row_shape(), !cut,
+                                  keep_p);
+  return false;
 }
 template <class T>
 template <class S>
@@ -656,6 +662,15 @@ void Gpt<T>::cut_at(const ExecSpace& space, bool cut, const Act2<T>& adj, const 
   kernels::for_rows<T>(space, "gnh::gpt::cut", K * N_, gpt_detail::CutRow<T>{adj, x, cut_dd_, N_, x.cols()});
 }
 
+// A product's input as the kernel producing it rounds it, with cuts
+// (kernels/linear.hpp, rounded_input_room): the room for its planes and the
+// policy reading them there; without cuts or room, weights_gemm_ alone.
+template <class T>
+kernels::detail::RoundedInput<T> Gpt<T>::rounded_input(const Act2<T>& in, bool cut) const {
+  if (!cut) return {weights_gemm_, nullptr};
+  return kernels::detail::rounded_input_room(weights_gemm_, in, shape_.directions);
+}
+
 // Block l of the forward (nanoGPT, GPT-NeoX): attention and MLP, each after
 // its LayerNorm and added to the residual stream. GPT-NeoX rotates the q and
 // k of its query_key_value rows in place (per head [q | k | v]) and, with the
@@ -675,36 +690,43 @@ void Gpt<T>::forward_block(const ExecSpace& space, Params<T> p, int l, bool cut)
   const Act2<T> x_mid = in_place ? x : a0.x_mid, ln2 = a0.ln2;
   const Act2<T> fc = a0.fc, fc_gelu = a0.fc_gelu, x_out = a0.x_out;
   const CutAdjoints<T> cuts = cut ? buf_->cuts[l] : CutAdjoints<T>();
-  // With cuts, the cut at each norm's output is taken as the norm forms y''.
+  // With cuts, the cut at each norm's output is taken as the norm forms y'',
+  // and the norms and the GELU write y and y' as the next product's rounded
+  // input where bf16-amp has room.
+  const auto r1 = rounded_input(ln1, cut);
   if (cut)
     layernorm_forward_cut<T>(space, ln1, a0.ln1_mean, a0.ln1_rstd, x, p, o.ln1_w, o.ln1_b, cfg_.ln_eps, cuts.ln1,
-                             cut_dd_);
+                             cut_dd_, r1.dst);
   else layernorm_forward<S>(space, ln1, a0.ln1_mean, a0.ln1_rstd, x, p, o.ln1_w, o.ln1_b, cfg_.ln_eps);
-  linear_forward<S>(space, qkv, ln1, p, o.attn_w, o.attn_b, weights_gemm_, !cut);
+  linear_forward<S>(space, qkv, ln1, p, o.attn_w, o.attn_b, r1.pol, !cut);
   if (rotary_dims_ > 0)
     rotary_forward<S>(space, qkv, qkv, cfg_.head_size(), rotary_dims_, rotary_table_, RotarySegments{3, 2});
   cut_at(space, cut, cuts.qkv, qkv);
   T* const keep_p = std::is_same<S, T>::value && keep_attention_ ? a0.att_p.v.data() : nullptr;
-  attend<S>(space, att, a0.att_lse, QkvActs<T>{qkv, qkv, qkv}, cut, keep_p);
+  const auto r4 = rounded_input(att, cut);
+  const bool att_rounded = attend<S>(space, att, a0.att_lse, QkvActs<T>{qkv, qkv, qkv}, cut, keep_p, r4.dst);
   cut_at(space, cut, cuts.att, att);
-  linear_forward<S>(space, in_place ? x : proj, att, p, o.attn_proj_w, o.attn_proj_b, weights_gemm_, !cut, in_place);
+  linear_forward<S>(space, in_place ? x : proj, att, p, o.attn_proj_w, o.attn_proj_b,
+                    att_rounded ? r4.pol : weights_gemm_, !cut, in_place);
   if (!in_place) residual_forward<S>(space, x_mid, x, proj);
   const Act2<T> mlp_in = cfg_.parallel_residual ? x : x_mid;
+  const auto r2 = rounded_input(ln2, cut);
   if (cut)
     layernorm_forward_cut<T>(space, ln2, a0.ln2_mean, a0.ln2_rstd, mlp_in, p, o.ln2_w, o.ln2_b, cfg_.ln_eps, cuts.ln2,
-                             cut_dd_);
+                             cut_dd_, r2.dst);
   else layernorm_forward<S>(space, ln2, a0.ln2_mean, a0.ln2_rstd, mlp_in, p, o.ln2_w, o.ln2_b, cfg_.ln_eps);
-  linear_forward<S>(space, fc, ln2, p, o.fc_w, o.fc_b, weights_gemm_, !cut);
+  linear_forward<S>(space, fc, ln2, p, o.fc_w, o.fc_b, r2.pol, !cut);
+  const auto r3 = rounded_input(fc_gelu, cut);
   if constexpr (std::is_same<S, T>::value) {
     if (keep_gelu_) gelu_forward_slope_in_place<T>(space, fc_gelu.v, fc.v, cfg_.gelu);  // fc holds the slope now
     else gelu_forward<S>(space, fc_gelu, fc, cfg_.gelu);
   } else if (cut) {
     // The cut at fc_proj's input taken as the GELU forms y'' (not stored).
-    gelu_forward_cut<T>(space, fc_gelu, fc, cfg_.gelu, cuts.fc_gelu, cut_dd_);
+    gelu_forward_cut<T>(space, fc_gelu, fc, cfg_.gelu, cuts.fc_gelu, cut_dd_, r3.dst);
   } else {
     gelu_forward<S>(space, fc_gelu, fc, cfg_.gelu);
   }
-  linear_forward<S>(space, in_place ? x : proj, fc_gelu, p, o.fc_proj_w, o.fc_proj_b, weights_gemm_, !cut, in_place);
+  linear_forward<S>(space, in_place ? x : proj, fc_gelu, p, o.fc_proj_w, o.fc_proj_b, r3.pol, !cut, in_place);
   if (!in_place) residual_forward<S>(space, x_out, x_mid, proj);
 }
 
@@ -723,18 +745,21 @@ void Gpt<T>::forward_block_llama(const ExecSpace& space, Params<T> p, int l, boo
   const Act2<T> x = x_in(l);
   // Adjoint cuts (second_order): at the projections' inputs and the attention's.
   const CutAdjoints<T> cuts = cut ? buf_->cuts[l] : CutAdjoints<T>();
-  if (cut) rmsnorm_forward_cut<T>(space, a.ln1, a.ln1_rstd, x, p, o.ln1_w, -1, cfg_.ln_eps, cuts.ln1, cut_dd_);
+  // With cuts, the norms and SwiGLU write y and y' as the next products'
+  // rounded input where bf16-amp has room.
+  const auto r1 = rounded_input(a.ln1, cut);
+  if (cut) rmsnorm_forward_cut<T>(space, a.ln1, a.ln1_rstd, x, p, o.ln1_w, -1, cfg_.ln_eps, cuts.ln1, cut_dd_, r1.dst);
   else rmsnorm_forward<S>(space, a.ln1, a.ln1_rstd, x, p, o.ln1_w, -1, cfg_.ln_eps);
   if (fused_qkv_) {
     // One GEMM into [q | k | v]; the first n_head + n_kv_head segments rotate.
     const index_t H = cfg_.n_head, G = cfg_.kv_heads();
-    linear_forward<S>(space, a.qkv, a.ln1, p, o.q_w, -1, weights_gemm_, !cut);
+    linear_forward<S>(space, a.qkv, a.ln1, p, o.q_w, -1, r1.pol, !cut);
     rotary_forward<S>(space, a.qkv, a.qkv, D, rotary_dims_, rotary_table_, RotarySegments{H + 2 * G, H + G});
     cut_at(space, cut, cuts.qkv, a.qkv);
   } else {
-    linear_forward<S>(space, a.q, a.ln1, p, o.q_w, o.q_b, weights_gemm_, !cut);
-    linear_forward<S>(space, a.k, a.ln1, p, o.k_w, o.k_b, weights_gemm_, !cut);
-    linear_forward<S>(space, a.v, a.ln1, p, o.v_w, o.v_b, weights_gemm_, !cut);
+    linear_forward<S>(space, a.q, a.ln1, p, o.q_w, o.q_b, r1.pol, !cut);
+    linear_forward<S>(space, a.k, a.ln1, p, o.k_w, o.k_b, r1.pol, !cut);
+    linear_forward<S>(space, a.v, a.ln1, p, o.v_w, o.v_b, r1.pol, !cut);
     rotary_forward<S>(space, a.q, a.q, D, rotary_dims_, rotary_table_);
     rotary_forward<S>(space, a.k, a.k, D, rotary_dims_, rotary_table_);
     cut_at(space, cut, cuts.q, a.q);
@@ -743,19 +768,24 @@ void Gpt<T>::forward_block_llama(const ExecSpace& space, Params<T> p, int l, boo
   }
   const QkvActs<T> x3 = fused_qkv_ ? QkvActs<T>{a.qkv, a.qkv, a.qkv} : QkvActs<T>{a.q, a.k, a.v};
   T* const keep_p = std::is_same<S, T>::value && keep_attention_ ? a.att_p.v.data() : nullptr;
-  attend<S>(space, a.att, a.att_lse, x3, cut, keep_p);
+  const auto r4 = rounded_input(a.att, cut);
+  const bool att_rounded = attend<S>(space, a.att, a.att_lse, x3, cut, keep_p, r4.dst);
   cut_at(space, cut, cuts.att, a.att);
   // In place, the stream x is x_mid and x_out too.
   const bool in_place = residual_in_place_;
   const Act2<T> x_mid = in_place ? x : a.x_mid;
-  linear_forward<S>(space, in_place ? x : proj, a.att, p, o.attn_proj_w, o.attn_proj_b, weights_gemm_, !cut, in_place);
+  linear_forward<S>(space, in_place ? x : proj, a.att, p, o.attn_proj_w, o.attn_proj_b,
+                    att_rounded ? r4.pol : weights_gemm_, !cut, in_place);
   if (!in_place) residual_forward<S>(space, x_mid, x, proj);
-  if (cut) rmsnorm_forward_cut<T>(space, a.ln2, a.ln2_rstd, x_mid, p, o.ln2_w, -1, cfg_.ln_eps, cuts.ln2, cut_dd_);
+  const auto r2 = rounded_input(a.ln2, cut);
+  if (cut)
+    rmsnorm_forward_cut<T>(space, a.ln2, a.ln2_rstd, x_mid, p, o.ln2_w, -1, cfg_.ln_eps, cuts.ln2, cut_dd_, r2.dst);
   else rmsnorm_forward<S>(space, a.ln2, a.ln2_rstd, x_mid, p, o.ln2_w, -1, cfg_.ln_eps);
-  linear_forward<S>(space, a.fc, a.ln2, p, o.fc_w, -1, weights_gemm_, !cut);
-  if (cut) swiglu_forward_cut<T>(space, a.fc_gelu, a.fc, cuts.fc_gelu, cut_dd_);
+  linear_forward<S>(space, a.fc, a.ln2, p, o.fc_w, -1, r2.pol, !cut);
+  const auto r3 = rounded_input(a.fc_gelu, cut);
+  if (cut) swiglu_forward_cut<T>(space, a.fc_gelu, a.fc, cuts.fc_gelu, cut_dd_, r3.dst);
   else swiglu_forward<S>(space, a.fc_gelu, a.fc);
-  linear_forward<S>(space, in_place ? x : proj, a.fc_gelu, p, o.fc_proj_w, -1, weights_gemm_, !cut, in_place);
+  linear_forward<S>(space, in_place ? x : proj, a.fc_gelu, p, o.fc_proj_w, -1, r3.pol, !cut, in_place);
   if (!in_place) residual_forward<S>(space, a.x_out, x_mid, proj);
 }
 

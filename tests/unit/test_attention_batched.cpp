@@ -487,6 +487,16 @@ void check_fused(const Layout& l, index_t Tq, std::mt19937& g) {
   for (Buf* b : {&yb, &lseb, &yr, &lser})
     for (std::size_t i = 0; i < b->d.extent(0); ++i) b->d(i) = b->f(i);
   const std::string what = std::string(l.name) + ", hs " + std::to_string(L.hs) + ", Tc " + std::to_string(Tq);
+  // Written as the output projection's rounded input (y and y' planes): the
+  // rounding of the y and y' written without it, bit for bit; y'' and the
+  // statistics as without it.
+  Buf yo(N, C, g, 0), lseo(R1, 1, g, 0);
+  View1<float> out("out", (1 + (tan ? K : 0)) * N * C);
+  attention_forward_fused<S>(ExecSpace(), yo.act<float>(), lseo.act1<float>(), x.acts<float>(), L, B, Tq, out.data());
+  ExecSpace().fence();
+  for (index_t i = 0; i < index_t(out.extent(0)); ++i) REQUIRE(out(i) == round_bf16(y.f(i)));
+  for (index_t i = (1 + K) * N * C; sec && i < index_t(y.f.extent(0)); ++i) REQUIRE(yo.f(i) == y.f(i));
+  REQUIRE(std::memcmp(lseo.f.data(), lse.f.data(), sizeof(float) * lse.f.extent(0)) == 0);
   compare(y.view<float>(), yb.d, value_planes<S>(), N * C, L.hs, what + ": y against batched", true);
   compare(lse.view<float>(), lseb.d, value_planes<S>(), R1, L.hs, what + ": lse against batched", true);
   compare(y.view<float>(), yr.d, value_planes<S>(), N * C, L.hs, what + ": y against rows", true);

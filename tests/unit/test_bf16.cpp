@@ -409,6 +409,24 @@ TEST_CASE("bf16-amp: a linear layer's input rounded once for all its products, t
       // x (and x') copied once instead of by each of their two products.
       CAPTURE(bytes[0], bytes[1]);
       REQUIRE(bytes[1] < bytes[0]);
+      if (!second || x_second) continue;
+      // With a cut, x and x' rounded by the kernel that produced them into
+      // the room (rounded_input_room; here the values written as such a
+      // kernel writes them): the products read them there, round no x, and
+      // y keeps its bits.
+      const auto r = kernels::detail::rounded_input_room(room, planes(xs.data(), in), K);
+      REQUIRE(r.dst != nullptr);
+      for (index_t i = 0; i < (1 + K) * N * in; ++i) r.dst[i] = round_bf16(xs(i));
+      View1<float> ys("y", (1 + 2 * K) * N * out);
+      const auto run = perf::record_run([&] {
+        kernels::linear_forward<Jet2<float>>(ExecSpace(), planes(ys.data(), out), planes(xs.data(), in), p, 0, out * in,
+                                             r.pol, false);
+      });
+      // (The weights and directions are still rounded by their products.)
+      REQUIRE(run.work.labels.at("gnh::gemm::round_bf16").total_bytes() < bytes[1]);
+      REQUIRE(std::memcmp(y[0].data(), ys.data(), y[0].size() * sizeof(float)) == 0);
+      // Without room for 1 + K planes, none.
+      REQUIRE(kernels::detail::rounded_input_room(own, planes(xs.data(), in), K).dst == nullptr);
     }
   // Too little room is a logic error naming the layer's input, not a quiet overrun.
   kernels::GemmPolicy<float> small = room;

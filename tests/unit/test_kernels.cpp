@@ -618,6 +618,19 @@ struct Planes {
     close(cv, rv);
     close(cd, rd);
   }
+  // Written as the next product's rounded input (out: y's plane, then the
+  // K planes of y'): the bfloat16 rounding of the y and y' written without
+  // out, bit for bit, and the same contraction.
+  void same_rounded(const View1<float>& out, const View2<double>& acc, const View2<double>& acc_out) const {
+    for (gnh::index_t i = 0; i < N * Cy; ++i) REQUIRE(bits_of(out(i)) == bits_of(round_bf16(cv(i))));
+    for (gnh::index_t i = 0; i < K * N * Cy; ++i) REQUIRE(bits_of(out(N * Cy + i)) == bits_of(round_bf16(cd(i))));
+    REQUIRE(std::memcmp(acc.data(), acc_out.data(), sizeof(double) * acc.size()) == 0);
+  }
+  static std::uint32_t bits_of(float x) {
+    std::uint32_t b;
+    std::memcpy(&b, &x, sizeof(b));
+    return b;
+  }
 };
 }  // namespace cut_test
 
@@ -638,9 +651,13 @@ TEST_CASE("GELU and SwiGLU with an adjoint cut: y and y' of the second-order for
     View2<double> acc = cut_test::start(K, N);
     kernels::gelu_forward<Jet2<T>>(ExecSpace(), t.ref, t.x, kind);
     kernels::gelu_forward_cut<T>(ExecSpace(), t.cut, t.x, kind, t.adj, acc);
+    View1<T> out("out", (1 + K) * N * C);
+    View2<double> acc_out = cut_test::start(K, N);
+    kernels::gelu_forward_cut<T>(ExecSpace(), t.cut, t.x, kind, t.adj, acc_out, out.data());
     ExecSpace().fence();
     t.same_values();
     cut_test::check(acc, t.av, t.rdd, K, N, C);
+    t.same_rounded(out, acc, acc_out);
   }
   // SwiGLU's gate (x = [a | b], 2F columns) likewise.
   std::mt19937 g(31);
@@ -649,9 +666,13 @@ TEST_CASE("GELU and SwiGLU with an adjoint cut: y and y' of the second-order for
   View2<double> acc = cut_test::start(K, N);
   kernels::swiglu_forward<Jet2<T>>(ExecSpace(), t.ref, t.x);
   kernels::swiglu_forward_cut<T>(ExecSpace(), t.cut, t.x, t.adj, acc);
+  View1<T> out("out", (1 + K) * N * F);
+  View2<double> acc_out = cut_test::start(K, N);
+  kernels::swiglu_forward_cut<T>(ExecSpace(), t.cut, t.x, t.adj, acc_out, out.data());
   ExecSpace().fence();
   t.same_values();
   cut_test::check(acc, t.av, t.rdd, K, N, F);
+  t.same_rounded(out, acc, acc_out);
   // The cut's adjoint must match x's rows and columns.
   Act2<T> y, x, adj;
   View1<T> v1("v1", 4 * 5), v2("v2", 4 * 5), v3("v3", 2 * 4 * 5), v4("v4", 2 * 4 * 5), v5("v5", 3 * 5);
@@ -692,19 +713,26 @@ TEST_CASE("LayerNorm and RMSNorm with an adjoint cut: y'' contracted as formed, 
       return a;
     };
     const Params<T> p{Span1<const T>(pv.data(), 2 * C), Span2<const T>(pd.data(), K, 2 * C)};
-    View2<double> acc = cut_test::start(K, N);
+    View2<double> acc = cut_test::start(K, N), acc_out = cut_test::start(K, N);
+    View1<T> out("out", (1 + K) * N * C), ms_o("ms_o", 2 * (1 + 2 * K) * N);
     if (centred) {
       kernels::layernorm_forward<Jet2<T>>(ExecSpace(), t.ref, stats(ms_r, 0), stats(ms_r, 1), t.x, p, 0, C, 1e-5);
       kernels::layernorm_forward_cut<T>(ExecSpace(), t.cut, stats(ms_c, 0), stats(ms_c, 1), t.x, p, 0, C, 1e-5, t.adj,
                                         acc);
+      kernels::layernorm_forward_cut<T>(ExecSpace(), t.cut, stats(ms_o, 0), stats(ms_o, 1), t.x, p, 0, C, 1e-5, t.adj,
+                                        acc_out, out.data());
     } else {
       kernels::rmsnorm_forward<Jet2<T>>(ExecSpace(), t.ref, stats(ms_r, 1), t.x, p, 0, -1, 1e-6);
       kernels::rmsnorm_forward_cut<T>(ExecSpace(), t.cut, stats(ms_c, 1), t.x, p, 0, -1, 1e-6, t.adj, acc);
+      kernels::rmsnorm_forward_cut<T>(ExecSpace(), t.cut, stats(ms_o, 1), t.x, p, 0, -1, 1e-6, t.adj, acc_out,
+                                      out.data());
     }
     ExecSpace().fence();
     t.same_values();
     REQUIRE(std::memcmp(ms_c.data(), ms_r.data(), sizeof(T) * ms_c.extent(0)) == 0);
+    REQUIRE(std::memcmp(ms_o.data(), ms_r.data(), sizeof(T) * ms_o.extent(0)) == 0);
     cut_test::check(acc, t.av, t.rdd, K, N, C);
+    t.same_rounded(out, acc, acc_out);
   }
 }
 

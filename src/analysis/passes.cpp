@@ -137,6 +137,8 @@ SequenceNorms<T>::SequenceNorms(Gpt<T>& engine, const std::vector<std::int64_t>&
       bounds.push_back(index_t(at));
       chunk_range_.push_back(r);
     }
+  for (const auto& t : engine.layout().tensors())
+    if (t.shape.size() == 1) vector_params_ += index_t(t.size);
   chunks_ = View1<index_t>("gnh::pass::sequence_chunks", bounds.size());
   Kokkos::deep_copy(chunks_, View1<index_t, HostSpace>(bounds.data(), bounds.size()));
   g_ = View2<T>("gnh::pass::sequence_gradient", engine.batch(), engine.layout().size());
@@ -154,11 +156,13 @@ void SequenceNorms<T>::accumulate_squares(const ExecSpace& space, Span1<T> grad,
   const bool lanes = host && !engine_.shape().gpu_shaped;
   // Each g read and zeroed, the batch's gradient read and written once a
   // sequence (lanes) or once a group of AccumulateSquares::kGroup (teams):
-  // the parameters' extents, most of them two (C^2, V C).
+  // the parameters' extents, two for the matrices (C^2, V C), one for the
+  // norms' and biases' vectors.
   constexpr index_t group = AccumulateSquares<T>::kGroup;
+  const double passes = double(G + (lanes ? G : (G + group - 1) / group));
   kernels::Traffic("gnh::pass::sequence_squares")
-      .add(double(G * P), 2 * sizeof(T), 2)
-      .add(double((lanes ? G : (G + group - 1) / group) * P), 2 * sizeof(T), 2);
+      .add(passes * double(P - vector_params_), 2 * sizeof(T), 2)
+      .add(passes * double(vector_params_), 2 * sizeof(T), 1);
   if (lanes) {
     Kokkos::parallel_for("gnh::pass::sequence_squares", range(space, n_chunks),
                          AccumulateSquaresLanes<T>{g_.data(), grad.data(), chunks_.data(), partial, G, P, n_chunks});

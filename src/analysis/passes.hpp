@@ -56,9 +56,10 @@ class SequenceNorms {
   std::vector<std::size_t> chunk_range_;  // the range of each chunk
   std::vector<std::pair<std::size_t, std::size_t>> values_;
   std::size_t n_ranges_;
-  View1<index_t> chunks_;  // chunk boundaries in the flat order (n_chunks + 1)
-  View2<T> g_;             // (G, P): a group's gradients
-  View2<double> partial_;  // (max_batch, n_chunks) sums of squares
+  index_t vector_params_ = 0;  // parameters of one-extent tensors (norms, biases): the cost model's extents
+  View1<index_t> chunks_;      // chunk boundaries in the flat order (n_chunks + 1)
+  View2<T> g_;                 // (G, P): a group's gradients
+  View2<double> partial_;      // (max_batch, n_chunks) sums of squares
 };
 
 // Gradients of the summed loss of each batch in `mine`, added into acc.

@@ -566,13 +566,13 @@ struct FusedReverseBase {
       }
     }
   }
-  // p and dS of one entry from its score s and dP, the row's lse and D;
-  // both zero off the causal part (whose rows' statistics are not read).
-  KOKKOS_INLINE_FUNCTION void entry(bool ok, float s, float dp, float L, float Dr, std::uint16_t& p,
-                                    std::uint16_t& ds) const {
+  // dS of one entry from its score s and dP, the row's lse and D, and (p not
+  // null) P; both zero off the causal part (whose rows' statistics are not
+  // read).
+  KOKKOS_INLINE_FUNCTION std::uint16_t entry(bool ok, float s, float dp, float L, float Dr, std::uint16_t* p) const {
     const float e = ok ? jexp(scale * s - L) : 0.0f;
-    p = bf16_bits(e);
-    ds = bf16_bits(ok ? e * (dp - Dr) * scale : 0.0f);
+    if (p) *p = bf16_bits(e);
+    return bf16_bits(ok ? e * (dp - Dr) * scale : 0.0f);
   }
   // Every warp's rows (acc) through the stage into rows n0 .. n0 + nv - 1,
   // columns c0 .. c0 + hs - 1 of out.
@@ -627,8 +627,7 @@ struct FusedReverseQueries : FusedReverseBase {
       team.team_barrier();
       score_tiles(team, qf, yf, m, [&](int wi, index_t e, const float* sc, std::uint16_t* ds) {
         const index_t r = wi * 16 + e / kKt, s = kt0 + e % kKt;
-        std::uint16_t p;
-        entry(r < nr && s <= r0 + r, sc[e], sc[kTile + e], m.st[r], m.st[kR + r], p, ds[e]);
+        ds[e] = entry(r < nr && s <= r0 + r, sc[e], sc[kTile + e], m.st[r], m.st[kR + r], nullptr);
       });
       for (int lw = 0; lw < kPer; ++lw) {
         const int wi = team.team_rank() * kPer + lw;
@@ -669,7 +668,7 @@ struct FusedReverseKeys : FusedReverseBase {
         // Transposed tiles: row i a key, column c a query.
         score_tiles(team, kf, vf, m, [&](int wi, index_t e, const float* sc, std::uint16_t* pr) {
           const index_t s = kt0 + wi * 16 + e / kR, c = e % kR;
-          entry(c < nr && s <= r0 + c, sc[e], sc[kTile + e], m.st[c], m.st[kR + c], pr[e], pr[kTile + e]);
+          pr[kTile + e] = entry(c < nr && s <= r0 + c, sc[e], sc[kTile + e], m.st[c], m.st[kR + c], &pr[e]);
         });
         for (int lw = 0; lw < kPer; ++lw) {
           const int wi = team.team_rank() * kPer + lw;

@@ -67,15 +67,10 @@ GemmPolicy<T> with_rounded_input(const ExecSpace& space, const GemmPolicy<T>& po
   if (std::size_t(planes * N * in) * sizeof(D) > pol.layer_input.extent(0) * sizeof(T))
     throw std::logic_error("gnh::linear::forward: the rounded input's room holds fewer than " + std::to_string(planes) +
                            " planes of " + std::to_string(N) + " x " + std::to_string(in));
-  const char* label = kRoundedAhead;
   GemmPolicy<T> lp = pol;
   D* const dst = reinterpret_cast<D*>(pol.layer_input.data());
-  rounded_copies(space, label, x.v.data(), 0, in, 0, N, 1, dst, 0);
-  lp.ahead[2] = {x.v.data(), N * in, 1, 0, dst};
-  if (second) {
-    rounded_copies(space, label, x.d.data(), 0, in, 0, K * N, 1, dst + N * in, 0);
-    lp.ahead[3] = {x.d.data(), K * N * in, 1, 0, dst + N * in};
-  }
+  round_into(space, lp, 2, x.v.data(), N, in, dst);
+  if (second) round_into(space, lp, 3, x.d.data(), K * N, in, dst + N * in);
   return lp;
 }
 
@@ -109,14 +104,10 @@ GemmPolicy<T> with_rounded_adjoint(const ExecSpace& space, const GemmPolicy<T>& 
   using D = Bf16Storage<T>;
   const index_t N = x.rows(), in = with_x ? x.cols() : 0, out = dy.cols();
   if (!pol.bf16 || std::size_t(N * (in + out)) * sizeof(D) > pol.layer_input.extent(0) * sizeof(T)) return pol;
-  const char* label = kRoundedAhead;
   GemmPolicy<T> rp = pol;
   D* const dst = reinterpret_cast<D*>(pol.layer_input.data());
-  rounded_copies(space, label, dy.v.data(), 0, out, 0, N, 1, dst, 0);
-  rp.ahead[2] = {dy.v.data(), N * out, 1, 0, dst};
-  if (!with_x) return rp;
-  rounded_copies(space, label, x.v.data(), 0, in, 0, N, 1, dst + N * out, 0);
-  rp.ahead[3] = {x.v.data(), N * in, 1, 0, dst + N * out};
+  round_into(space, rp, 2, dy.v.data(), N, out, dst);
+  if (with_x) round_into(space, rp, 3, x.v.data(), N, in, dst + N * out);
   return rp;
 }
 }  // namespace detail

@@ -694,12 +694,9 @@ bool head_rounded_once(const GemmPolicy<T>& pol, const Act2<T>& h, const Params<
 template <class T>
 GemmPolicy<T> with_rounded_tile(const ExecSpace& space, const GemmPolicy<T>& pol, const Act2<T>& h, index_t r0,
                                 index_t nr) {
-  const char* label = kRoundedAhead;
   const index_t C = h.cols();
   GemmPolicy<T> tp = pol;
-  Bf16Storage<T>* const dst = reinterpret_cast<Bf16Storage<T>*>(pol.scratch_b.data());
-  rounded_copies(space, label, h.v.data(), 0, C, r0, nr, 1, dst, 0);
-  tp.ahead[2] = {h.v.data() + r0 * C, nr * C, 1, 0, dst};
+  round_into(space, tp, 2, h.v.data() + r0 * C, nr, C, reinterpret_cast<Bf16Storage<T>*>(pol.scratch_b.data()));
   return tp;
 }
 

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/bf16.hpp"
@@ -85,6 +86,13 @@ namespace {
 template <class V>
 void round_in_place(const V& v) {
   for (std::size_t i = 0; i < v.size(); ++i) v.data()[i] = round_bf16(v.data()[i]);
+}
+// n values of ref::random_vec(n, seed) as floats.
+View1<float> random_view(const char* name, index_t n, std::uint64_t seed) {
+  View1<float> v{std::string(name), std::size_t(n)};
+  const auto r = ref::random_vec(std::size_t(n), seed);
+  for (index_t i = 0; i < n; ++i) v(i) = float(r[std::size_t(i)]);
+  return v;
 }
 kernels::GemmPolicy<float> bf16_policy(index_t scratch) {
   kernels::GemmPolicy<float> p;
@@ -369,11 +377,8 @@ TEST_CASE("bf16-amp: a linear layer's input rounded once for all its products, t
   // rounded ahead. The same bfloat16 values, so the bits of each product
   // rounding its own operands in chunks of 4 rows; and fewer bytes copied.
   const index_t N = 9, in = 6, out = 5, K = 3, P = out * in + out + 7;
-  View1<float> xs("x", (1 + 2 * K) * N * in), pv("p", P), pd("pd", K * P);
-  const auto rx = ref::random_vec(xs.extent(0), 31), rp = ref::random_vec(P, 32), rd = ref::random_vec(K * P, 33);
-  for (std::size_t i = 0; i < xs.extent(0); ++i) xs(i) = float(rx[i]);
-  for (index_t i = 0; i < P; ++i) pv(i) = float(rp[i]);
-  for (index_t i = 0; i < K * P; ++i) pd(i) = float(rd[i]);
+  const View1<float> xs = random_view("x", (1 + 2 * K) * N * in, 31), pv = random_view("p", P, 32),
+                     pd = random_view("pd", K * P, 33);
   auto planes = [&](float* base, index_t cols) {
     Act2<float> a;
     a.v = Span2<float>(base, N, cols);
@@ -447,13 +452,8 @@ TEST_CASE("bf16-amp: a linear layer's adjoint and input rounded once in its reve
   // Without g, x is not rounded (no product reads it). Too little room:
   // each product rounds its own, as without room.
   const index_t N = 9, in = 6, out = 5, K = 2, P = out * in + out + 7, R = 3;
-  View1<float> xs("x", (1 + K) * N * in), dys("dy", (1 + K) * N * out), pv("p", P), pd("pd", K * P);
-  const auto rx = ref::random_vec(xs.extent(0), 41), ry = ref::random_vec(dys.extent(0), 42);
-  const auto rp = ref::random_vec(P, 43), rd = ref::random_vec(K * P, 44);
-  for (std::size_t i = 0; i < xs.extent(0); ++i) xs(i) = float(rx[i]);
-  for (std::size_t i = 0; i < dys.extent(0); ++i) dys(i) = float(ry[i]);
-  for (index_t i = 0; i < P; ++i) pv(i) = float(rp[i]);
-  for (index_t i = 0; i < K * P; ++i) pd(i) = float(rd[i]);
+  const View1<float> xs = random_view("x", (1 + K) * N * in, 41), dys = random_view("dy", (1 + K) * N * out, 42),
+                     pv = random_view("p", P, 43), pd = random_view("pd", K * P, 44);
   auto planes = [&](float* base, index_t cols) {
     Act2<float> a;
     a.v = Span2<float>(base, N, cols);

@@ -357,7 +357,7 @@ TEMPLATE_TEST_CASE("fused lm head and cross-entropy match the reference", "[kern
   check_close(host(loss.v), want, tol);
 }
 
-namespace head_test {  // named: nvcc wants extended lambdas in functions with external linkage
+namespace head_test {
 using T = float;
 constexpr index_t N = 10, C = 6, V = 13, R = 5;
 // One run of the gradient's head (dh, g, loss, lse, and the logits tile z).

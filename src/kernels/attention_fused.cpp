@@ -150,6 +150,7 @@ struct FusedForward {
   // input (kernels/linear.hpp, rounded_input_room: y's N rows, then y''s
   // K planes of N).
   Bf16Storage<float>* out = nullptr;
+  bool keep_y = false;  // with out: y written too
   index_t N = 0;
   index_t Tc = 0, H = 0, G = 0, hs = 0, hp = 0, nq = 0, dirs = 1;
   index_t col[3] = {0, 0, 0}, stride[3] = {0, 0, 0};  // q, k, v: first column, head stride
@@ -339,8 +340,10 @@ struct FusedForward {
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, w.nr * hs), [&](const index_t i) {
       const index_t r = i / hs, c = i % hs;
       const float x = stage[r * hp + c];
-      if (o < 2 && out) out[(plane + n0 + r) * C + c0 + c] = bf16_as<Bf16Storage<float>>(x);
-      else if (o == 0) y.v(n0 + r, c0 + c) = x;
+      const bool rounded = o < 2 && out;
+      if (rounded) out[(plane + n0 + r) * C + c0 + c] = bf16_as<Bf16Storage<float>>(x);
+      if (rounded && !(o == 0 && keep_y)) return;
+      if (o == 0) y.v(n0 + r, c0 + c) = x;
       else if (o == 1) y.d(w.dir, n0 + r, c0 + c) = x;
       else y.dd(w.dir, n0 + r, c0 + c) = x;
     });
@@ -426,7 +429,7 @@ double causal_share(index_t T) {
 // FLOPs of the fused unit. Bytes: q, k, v read and y, lse written once in
 // every plane (a sequence's keys are read again by each of its query tiles,
 // from L2: the league keeps them next to each other).
-void record_fused(index_t B, index_t Tc, const QkvLayout& L, index_t K, bool tan, bool sec, bool rounded) {
+void record_fused(index_t B, index_t Tc, const QkvLayout& L, index_t K, bool tan, bool sec, bool rounded, bool keep_y) {
   GemmWork& gw = gemm_work();
   if (!gw.on) return;
   const double causal = causal_share(Tc * std::max(1, gw.scale));
@@ -437,7 +440,8 @@ void record_fused(index_t B, index_t Tc, const QkvLayout& L, index_t K, bool tan
   const double planes = double(1 + (tan ? K : 0)), out_planes = double(1 + (tan ? K : 0) + (sec ? K : 0));
   Traffic("gnh::attention::fused::forward")
       .add(planes * double(B * Tc * (L.H + 2 * L.G) * L.hs), sizeof(float), 2)
-      .add((out_planes - (rounded ? planes : 0)) * double(B * Tc * L.H * L.hs), sizeof(float), 2)
+      .add((out_planes - (rounded ? planes : 0) + (rounded && keep_y ? 1 : 0)) * double(B * Tc * L.H * L.hs),
+           sizeof(float), 2)
       .add((rounded ? planes : 0) * double(B * Tc * L.H * L.hs), 2, 2)
       .add(out_planes * double(B * Tc * L.H), sizeof(float), 1);
 }
@@ -472,6 +476,12 @@ inline RevCarve rev_carve_of(index_t hp) {
 struct FusedReverseBase {
   Act2<float> q, k, v, dq, dk, dv, dy, y;
   Act1<float> lse, D;
+  // Not null: dq, dk, dv (one buffer of rcols columns) also written there,
+  // rounded as the input projection's products read them; fp32 false: there
+  // alone.
+  Bf16Storage<float>* rounded = nullptr;
+  index_t rcols = 0;
+  bool fp32 = true;
   index_t Tc = 0, H = 0, G = 0, hs = 0, hp = 0, nt = 0;
   index_t col[3] = {0, 0, 0}, stride[3] = {0, 0, 0};
   float scale = 0;
@@ -588,7 +598,9 @@ struct FusedReverseBase {
     team.team_barrier();
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nv * hs), [&](const index_t i) {
       const index_t r = i / hs, c = i % hs;
-      out.v(n0 + r, c0 + c) = stage[r * hp + c];
+      const float x = stage[r * hp + c];
+      if (rounded) rounded[(n0 + r) * rcols + c0 + c] = bf16_as<Bf16Storage<float>>(x);
+      if (fp32) out.v(n0 + r, c0 + c) = x;
     });
     team.team_barrier();
   }
@@ -687,13 +699,16 @@ struct FusedReverseKeys : FusedReverseBase {
 // dP in each kernel, dq, dk and dv: 7 products of hs over the causal tiles.
 // Bytes: q, k, v, dy, y read, dq, dk, dv written, lse read and D written
 // and read, once (a walk's rows come again from L2).
-void record_fused_reverse(index_t B, index_t Tc, const QkvLayout& L) {
+void record_fused_reverse(index_t B, index_t Tc, const QkvLayout& L, bool rounded, bool fp32) {
   GemmWork& gw = gemm_work();
   if (!gw.on) return;
   const double causal = causal_share(Tc * std::max(1, gw.scale));
   record_fused_products("gnh::attention::fused::reverse", Tc, Tc, L.hs, causal * double(B * L.H) * 7.0);
+  // q, k, v read and their adjoints written (in FP32, and rounded), dy and y read.
+  const double qkv = double(B * Tc * (L.H + 2 * L.G) * L.hs);
   Traffic("gnh::attention::fused::reverse")
-      .add(2.0 * double(B * Tc * (L.H + 2 * L.G) * L.hs) + 2.0 * double(B * Tc * L.H * L.hs), sizeof(float), 2)
+      .add((fp32 ? 2.0 : 1.0) * qkv + 2.0 * double(B * Tc * L.H * L.hs), sizeof(float), 2)
+      .add(rounded ? qkv : 0.0, 2, 2)
       .add(3.0 * double(B * Tc * L.H), sizeof(float), 1);
 }
 
@@ -710,7 +725,7 @@ bool attention_fused_fits(const QkvLayout& L, bool tangents, bool second) {
 
 template <class S>
 void attention_forward_fused(const ExecSpace& space, Act2<float> y, Act1<float> lse, QkvActs<float> x,
-                             const QkvLayout& L, index_t B, index_t Tc, void* rounded) {
+                             const QkvLayout& L, index_t B, index_t Tc, void* rounded, bool keep_y) {
   constexpr bool tan = has_tangents_v<S>, sec = has_second_v<S>;
   keep_planes<S>(y, lse, x.q, x.k, x.v);
   const char* who = "gnh::attention::forward (fused)";
@@ -728,13 +743,13 @@ void attention_forward_fused(const ExecSpace& space, Act2<float> y, Act1<float> 
   require_planes<S>(who, "v", x.v, K);
   FusedForward<tan, sec> f;
   f.q = x.q, f.k = x.k, f.v = x.v, f.y = y, f.lse = lse;
-  f.out = static_cast<Bf16Storage<float>*>(rounded), f.N = B * Tc;
+  f.out = static_cast<Bf16Storage<float>*>(rounded), f.keep_y = keep_y, f.N = B * Tc;
   f.Tc = Tc, f.H = L.H, f.G = L.G, f.hs = L.hs, f.hp = padded(L.hs);
   f.nq = (Tc + kR - 1) / kR, f.dirs = std::max<index_t>(K, 1);
   for (int i = 0; i < 3; ++i) f.col[i] = L.off[i], f.stride[i] = L.stride[i];
   f.scale = 1.0f / std::sqrt(float(L.hs));
   f.carve = carve_of(f.hp, tan, sec);
-  record_fused(B, Tc, L, K, tan, sec, rounded != nullptr);
+  record_fused(B, Tc, L, K, tan, sec, rounded != nullptr, keep_y);
   const Team policy = Team(space, B * L.H * f.dirs * f.nq, kHost ? 1 : kWarps, kHost ? 1 : 32)
                           .set_scratch_size(kLevel, Kokkos::PerTeam(f.carve.total));
   Kokkos::parallel_for("gnh::attention::fused::forward", policy, f);
@@ -746,7 +761,8 @@ bool attention_fused_reverse_fits(const QkvLayout& L) {
 }
 
 void attention_reverse_fused(const ExecSpace& space, QkvActs<float> dx, Act1<float> D, Act2<float> dy, QkvActs<float> x,
-                             Act2<float> y, Act1<float> lse, const QkvLayout& L, index_t B, index_t Tc) {
+                             Act2<float> y, Act1<float> lse, const QkvLayout& L, index_t B, index_t Tc, void* rounded,
+                             bool fp32) {
   const char* who = "gnh::attention::reverse (fused)";
   if (!attention_fused_reverse_fits(L))
     throw std::invalid_argument(cat(who, ": heads of ", L.hs, " columns (at most ", kFusedWidth, ") in ",
@@ -760,13 +776,17 @@ void attention_reverse_fused(const ExecSpace& space, QkvActs<float> dx, Act1<flo
   require_extent(who, "y cols", y.cols(), L.H * L.hs);
   require_extent(who, "lse", lse.v.extent(0), B * L.H * Tc);
   require_extent(who, "D", D.v.extent(0), B * L.H * Tc);
+  if (rounded && (dx.q.v.data() != dx.k.v.data() || dx.q.v.data() != dx.v.v.data()))
+    throw std::logic_error(cat(who, ": rounded adjoints of q, k and v in separate buffers"));
+  if (!rounded && !fp32) throw std::logic_error(cat(who, ": the adjoints written nowhere"));
   FusedReverseBase f;
+  f.rounded = static_cast<Bf16Storage<float>*>(rounded), f.rcols = dx.q.cols(), f.fp32 = fp32;
   f.q = x.q, f.k = x.k, f.v = x.v, f.dq = dx.q, f.dk = dx.k, f.dv = dx.v, f.dy = dy, f.y = y, f.lse = lse, f.D = D;
   f.Tc = Tc, f.H = L.H, f.G = L.G, f.hs = L.hs, f.hp = padded(L.hs), f.nt = (Tc + kR - 1) / kR;
   for (int i = 0; i < 3; ++i) f.col[i] = L.off[i], f.stride[i] = L.stride[i];
   f.scale = 1.0f / std::sqrt(float(L.hs));
   f.carve = rev_carve_of(f.hp);
-  record_fused_reverse(B, Tc, L);
+  record_fused_reverse(B, Tc, L, rounded != nullptr, fp32);
   const auto policy = [&](index_t league) {
     return Team(space, league, kHost ? 1 : kWarps, kHost ? 1 : 32)
         .set_scratch_size(kLevel, Kokkos::PerTeam(f.carve.total));

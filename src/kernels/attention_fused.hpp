@@ -53,10 +53,11 @@ bool attention_fused_fits(const QkvLayout& L, bool tangents, bool second);
 // (float, Dual<float>, Jet2<float> with x'' zero), bf16-amp's rounding.
 // rounded (not null: Bf16Storage<float>, kernels/blas.hpp): y and y' written
 // there instead, as the output projection's rounded input
-// (kernels/linear.hpp, rounded_input_room), y'' still into y.
+// (kernels/linear.hpp, rounded_input_room), y'' still into y; keep_y: the
+// primal's y written too (the gradient engine's reverse reads it in FP32).
 template <class S>
 void attention_forward_fused(const ExecSpace& space, Act2<float> y, Act1<float> lse, QkvActs<float> x,
-                             const QkvLayout& L, index_t B, index_t Tc, void* rounded = nullptr);
+                             const QkvLayout& L, index_t B, index_t Tc, void* rounded = nullptr, bool keep_y = false);
 
 // Whether the fused reverse can take a call (as attention_fused_fits).
 bool attention_fused_reverse_fits(const QkvLayout& L);
@@ -64,13 +65,17 @@ bool attention_fused_reverse_fits(const QkvLayout& L);
 // The reverse of the primal under bf16-amp (attention_batched.hpp's
 // attention_reverse_batched, primal): dx overwritten, D = dy . y per row
 // written; lse the forward's. Two launches: the query side (dq, D), then
-// the key side (dk, dv), each output written by one team.
+// the key side (dk, dv), each output written by one team. rounded (not
+// null: Bf16Storage<float>, kernels/blas.hpp; dx one buffer): dx also
+// written there, rounded as the input projection's products read it (the
+// room with_rounded_adjoint rounds it into); fp32 false: there alone.
 void attention_reverse_fused(const ExecSpace& space, QkvActs<float> dx, Act1<float> D, Act2<float> dy, QkvActs<float> x,
-                             Act2<float> y, Act1<float> lse, const QkvLayout& L, index_t B, index_t Tc);
+                             Act2<float> y, Act1<float> lse, const QkvLayout& L, index_t B, index_t Tc,
+                             void* rounded = nullptr, bool fp32 = true);
 
 #define GNH_ATTENTION_FUSED_FORWARD(EXT, S)                                                                \
   EXT template void attention_forward_fused<S>(const ExecSpace&, Act2<float>, Act1<float>, QkvActs<float>, \
-                                               const QkvLayout&, index_t, index_t, void*);
+                                               const QkvLayout&, index_t, index_t, void*, bool);
 GNH_FORWARD_SCALARS(GNH_ATTENTION_FUSED_FORWARD, extern, float)
 
 }  // namespace gnh::kernels

@@ -102,6 +102,30 @@ void gelu_value_slope_kind(const ExecSpace& space, T* y, T* slope, const T* x, i
         slope[i] = f1;
       });
 }
+// y = f(x) rounded into y (the next product's rounded input, D its
+// storage), the slope f'(x) over x. On host builds exact GELU in float takes
+// host_vec.cpp's loop, as gelu_value_slope_kind, and rounds its chunk.
+template <bool E, class T, class D>
+void gelu_value_slope_rounded_kind(const ExecSpace& space, D* y, T* x_slope, index_t NC) {
+#if !defined(KOKKOS_ENABLE_CUDA) && !defined(KOKKOS_ENABLE_HIP) && !defined(KOKKOS_ENABLE_SYCL)
+  if constexpr (E && std::is_same<T, float>::value && std::is_same<D, float>::value) {
+    const index_t L = gelu_chunk(space, NC);
+    Kokkos::parallel_for("gnh::gelu::forward::slope", range(space, (NC + L - 1) / L), [=](const index_t c) {
+      const index_t i0 = c * L, n = NC - i0 < L ? NC - i0 : L;
+      host::gelu_erf_value_slope(x_slope + i0, y + i0, x_slope + i0, n);
+      for (index_t i = i0; i < i0 + n; ++i) y[i] = round_bf16(y[i]);
+    });
+    return;
+  }
+#endif
+  Kokkos::parallel_for(
+      "gnh::gelu::forward::slope", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
+        T f, f1, f2;
+        gelu_derivatives<E, 1>(x_slope[i], f, f1, f2);
+        y[i] = bf16_as<D>(f);
+        x_slope[i] = f1;
+      });
+}
 #if !defined(KOKKOS_ENABLE_CUDA) && !defined(KOKKOS_ENABLE_HIP) && !defined(KOKKOS_ENABLE_SYCL)
 template <>
 inline void gelu_value_plane<true, float>(const ExecSpace& space, const float* xv, float* yv, index_t NC) {
@@ -290,6 +314,18 @@ void gelu_forward_slope_in_place(const ExecSpace& space, Span2<T> y, Span2<T> x_
   else detail::gelu_value_slope_kind<false, T>(space, y.data(), x_slope.data(), x_slope.data(), N * C);
 }
 
+// gelu_forward_slope_in_place with y written only as the next product's
+// rounded input (rounded: N x C values in the GEMMs' bfloat16 storage), the
+// values a product rounding y would read (the gradient engine under
+// bf16-amp keeps them for its reverse, model/gpt_impl.hpp).
+template <class T, class D>
+void gelu_forward_slope_rounded(const ExecSpace& space, D* rounded, Span2<T> x_slope, Gelu kind) {
+  const index_t N = x_slope.extent(0), C = x_slope.extent(1);
+  Traffic("gnh::gelu::forward::slope").add(double(2 * N * C), sizeof(T), 2).add(double(N * C), 2, 2);
+  if (kind == Gelu::erf) detail::gelu_value_slope_rounded_kind<true, T, D>(space, rounded, x_slope.data(), N * C);
+  else detail::gelu_value_slope_rounded_kind<false, T, D>(space, rounded, x_slope.data(), N * C);
+}
+
 // dx = dy * slope, elementwise; dx may be slope's plane.
 template <class T>
 void gelu_reverse_slope(const ExecSpace& space, Span2<T> dx, Span2<const T> dy, Span2<const T> slope) {
@@ -302,6 +338,31 @@ void gelu_reverse_slope(const ExecSpace& space, Span2<T> dx, Span2<const T> dy, 
   Traffic("gnh::gelu::reverse::slope").add(double(3 * N * C), sizeof(T), 2);
   Kokkos::parallel_for(
       "gnh::gelu::reverse::slope", range(space, N * C), KOKKOS_LAMBDA(const index_t i) { out[i] = g[i] * f1[i]; });
+}
+
+// gelu_reverse_slope with dx also written as the next product's rounded
+// adjoint (rounded: N x C values in the GEMMs' bfloat16 storage, the values
+// a product rounding dx would read); dx in FP32 only where it has rows (a
+// bias's column sums read it).
+template <class T, class D>
+void gelu_reverse_slope_rounded(const ExecSpace& space, Span2<T> dx, Span2<const T> dy, Span2<const T> slope,
+                                D* rounded) {
+  const index_t N = dy.extent(0), C = dy.extent(1);
+  const bool fp32 = dx.extent(0) > 0;
+  if (fp32) {
+    require_extent("gnh::gelu::reverse_slope", "dx rows", dx.extent(0), N);
+    require_extent("gnh::gelu::reverse_slope", "dx cols", dx.extent(1), C);
+  }
+  require_extent("gnh::gelu::reverse_slope", "slope rows", slope.extent(0), N);
+  T* out = fp32 ? dx.data() : nullptr;
+  const T *g = dy.data(), *f1 = slope.data();
+  Traffic("gnh::gelu::reverse::slope").add(double((fp32 ? 3 : 2) * N * C), sizeof(T), 2).add(double(N * C), 2, 2);
+  Kokkos::parallel_for(
+      "gnh::gelu::reverse::slope", range(space, N * C), KOKKOS_LAMBDA(const index_t i) {
+        const T v = g[i] * f1[i];
+        rounded[i] = bf16_as<D>(v);
+        if (out) out[i] = v;
+      });
 }
 
 // The op contract (kernels/op.hpp): elementwise on (N, C), no parameters; as

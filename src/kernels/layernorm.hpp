@@ -166,7 +166,8 @@ struct LayerNormReverseRow {
 };
 
 // The forward and reverse of either norm; label: the two kernels' labels.
-// out (not null, with a cut): y and y' rounded there (LayerNormValueRow).
+// out (not null; with directions only with a cut): y and y' rounded there
+// (LayerNormValueRow).
 template <class S, bool Centred, class D = base_t<S>>
 void norm_forward(const ExecSpace& space, const char* const (&label)[2], Act2<base_t<S>> y, Act1<base_t<S>> mean,
                   Act1<base_t<S>> rstd, Act2<base_t<S>> x, Params<base_t<S>> p, index_t w, index_t b, double eps,
@@ -179,7 +180,7 @@ void norm_forward(const ExecSpace& space, const char* const (&label)[2], Act2<ba
   require_extent(label[0], "rstd", rstd.v.extent(0), N);
   const bool cutting = acc.extent(0) > 0;
   if (cutting) require_cut(label[1], cut, acc, N, C, K);
-  if (out && !cutting) throw std::logic_error(std::string(label[0]) + ": a rounded output without a cut");
+  if (out && !cutting && K > 0) throw std::logic_error(std::string(label[0]) + ": rounded directions without a cut");
   // x read, y written (a GPU's bfloat16 where rounded); the row statistics
   // written, and read by the planes of the directions with x again (a
   // second-order plane beside each; with a cut, the adjoint read instead of
@@ -295,6 +296,20 @@ void layernorm_forward_cut(const ExecSpace& space, Act2<T> y, Act1<T> mean, Act1
   static const char* const label[2] = {"gnh::layernorm::forward", "gnh::layernorm::forward::cut"};
   detail::norm_forward<Jet2<T>, true, D>(space, label, y, mean, rstd, x, p, w, b, eps, default_row_shape(), adj, acc,
                                          rounded);
+}
+
+// The primal forward with y written only as the next layer's rounded input
+// (rounded: N x C values in the GEMMs' bfloat16 storage), the values a
+// product rounding y would read (the gradient engine under bf16-amp keeps
+// them for its reverse, model/gpt_impl.hpp); y itself is not written.
+template <class T, class D>
+void layernorm_forward_rounded(const ExecSpace& space, Act2<T> y, Act1<T> mean, Act1<T> rstd, Act2<T> x, Params<T> p,
+                               index_t w, index_t b, double eps, D* rounded) {
+  keep_planes<T>(y, mean, rstd, x, p);
+  require_extent("gnh::layernorm::forward", "mean", mean.v.extent(0), x.rows());
+  static const char* const label[2] = {"gnh::layernorm::forward", "gnh::layernorm::forward::directions"};
+  detail::norm_forward<T, true, D>(space, label, y, mean, rstd, x, p, w, b, eps, default_row_shape(), Act2<T>(),
+                                   View2<double>(), rounded);
 }
 
 template <class S>

@@ -97,16 +97,22 @@ RoundedInput<T> rounded_input_room(const GemmPolicy<T>& pol, const Act2<T>& x, i
 // of the input x rounded once for every product that reads them: dx = dy W and
 // dW += dy^T x, and with directions dy V_k and dy^T x'_k, instead of dy by
 // each of them and x again. The same bfloat16 values in the same chunks of
-// rows (gemm, bf16_batched), so no bit changes.
+// rows (gemm, bf16_batched), so no bit changes. An x or dy the policy finds
+// rounded ahead already (slot 3, slot 2: their producers wrote them so, dy
+// where this room holds it) is not rounded again.
 template <class T>
 GemmPolicy<T> with_rounded_adjoint(const ExecSpace& space, const GemmPolicy<T>& pol, const Act2<T>& dy,
                                    const Act2<T>& x, bool with_x) {
   using D = Bf16Storage<T>;
+  if (with_x && pol.ahead[3].src == x.v.data() && pol.ahead[3].size == x.rows() * x.cols()) with_x = false;
+  const bool dy_kept = pol.ahead[2].src == dy.v.data() && pol.ahead[2].size == dy.rows() * dy.cols();
   const index_t N = x.rows(), in = with_x ? x.cols() : 0, out = dy.cols();
-  if (!pol.bf16 || std::size_t(N * (in + out)) * sizeof(D) > pol.layer_input.extent(0) * sizeof(T)) return pol;
+  if (!pol.bf16 || (dy_kept && !with_x) ||
+      std::size_t(N * (in + out)) * sizeof(D) > pol.layer_input.extent(0) * sizeof(T))
+    return pol;
   GemmPolicy<T> rp = pol;
   D* const dst = reinterpret_cast<D*>(pol.layer_input.data());
-  round_into(space, rp, 2, dy.v.data(), N, out, dst);
+  if (!dy_kept) round_into(space, rp, 2, dy.v.data(), N, out, dst);
   if (with_x) round_into(space, rp, 3, x.v.data(), N, in, dst + N * out);
   return rp;
 }

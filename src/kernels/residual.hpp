@@ -4,6 +4,7 @@
 // accumulate: y += a (each plane of S), used to sum adjoints of the residual stream.
 // Saves nothing.
 #pragma once
+#include "core/bf16.hpp"
 #include "core/planes.hpp"
 #include "kernels/check.hpp"
 #include "kernels/gemm_ledger.hpp"
@@ -42,6 +43,25 @@ void accumulate(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> a) {
   keep_planes<S>(y, a);
   detail::add_plane(space, "gnh::residual::accumulate", y.v.data(), y.v.data(), a.v.data(), detail::plane_size(y.v));
   detail::add_plane(space, "gnh::residual::accumulate", y.d.data(), y.d.data(), a.d.data(), detail::plane_size(y.d));
+}
+
+// accumulate of the primal with y's new values also written as the next
+// product's rounded adjoint (rounded: values in the GEMMs' bfloat16 storage,
+// those a product rounding y would read).
+template <class T, class D>
+void accumulate_rounded(const ExecSpace& space, Act2<T> y, Act2<T> a, D* rounded) {
+  keep_planes<T>(y, a);
+  const index_t n = detail::plane_size(y.v);
+  require_extent("gnh::residual::accumulate", "a size", detail::plane_size(a.v), n);
+  Traffic("gnh::residual::accumulate").add(double(3 * n), sizeof(T), 2).add(double(n), 2, 2);
+  T* const yv = y.v.data();
+  const T* const av = a.v.data();
+  Kokkos::parallel_for(
+      "gnh::residual::accumulate", range(space, n), KOKKOS_LAMBDA(const index_t i) {
+        const T v = yv[i] + av[i];
+        yv[i] = v;
+        rounded[i] = bf16_as<D>(v);
+      });
 }
 
 // Compiled once, in gnh_core (kernels/instances.hpp).

@@ -33,6 +33,17 @@ void rmsnorm_forward_cut(const ExecSpace& space, Act2<T> y, Act1<T> rstd, Act2<T
                                           acc, rounded);
 }
 
+// The primal forward with y written only as the next layer's rounded input
+// (as layernorm_forward_rounded).
+template <class T, class D>
+void rmsnorm_forward_rounded(const ExecSpace& space, Act2<T> y, Act1<T> rstd, Act2<T> x, Params<T> p, index_t w,
+                             index_t b, double eps, D* rounded) {
+  keep_planes<T>(y, rstd, x, p);
+  static const char* const label[2] = {"gnh::rmsnorm::forward", "gnh::rmsnorm::forward::directions"};
+  detail::norm_forward<T, false, D>(space, label, y, Act1<T>(), rstd, x, p, w, b, eps, default_row_shape(), Act2<T>(),
+                                    View2<double>(), rounded);
+}
+
 template <class S>
 void rmsnorm_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Grads<base_t<S>> g, Act2<base_t<S>> dy,
                      Act2<base_t<S>> x, Act1<base_t<S>> rstd, Params<base_t<S>> p, index_t w, index_t b,

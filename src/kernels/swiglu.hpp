@@ -116,6 +116,27 @@ void swiglu_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x
       });
 }
 
+// The primal forward with y (N, F) written only as the next product's
+// rounded input (rounded: N x F values in the GEMMs' bfloat16 storage), the
+// values swiglu_forward's y rounds to (the gradient engine under bf16-amp
+// keeps them for its reverse, model/gpt_impl.hpp).
+template <class T, class D>
+void swiglu_forward_rounded(const ExecSpace& space, D* rounded, Act2<T> x, index_t F) {
+  const index_t N = x.rows();
+  require_extent("gnh::swiglu::forward", "x cols (2 F)", x.cols(), 2 * F);
+  Traffic("gnh::swiglu::forward").add(double(2 * N * F), sizeof(T), 2).add(double(N * F), 2, 2);
+  detail::for_gate_chunks(
+      space, "gnh::swiglu::forward", N, F, KOKKOS_LAMBDA(const index_t n, const index_t j0, const index_t m) {
+        const T* a = &x.v(n, 0) + j0;
+        D* out = rounded + n * F + j0;
+        for (index_t j = 0; j < m; ++j) {
+          T silu, s1, s2;
+          detail::silu_coefficients(a[j], silu, s1, s2);
+          out[j] = bf16_as<D>(silu * a[F + j]);
+        }
+      });
+}
+
 // dx (N, 2F) = [dy silu'(a) b | dy silu(a)], overwritten; with tangents
 // (Dual), da' = dy' silu' b + dy (silu'' a' b + silu' b') and db' = dy' silu + dy silu' a'.
 template <class S>

@@ -50,6 +50,8 @@ enum class CurvatureOperator { hessian, gauss_newton };
 // tile), defined in gpt_impl.hpp beside the graph that uses them.
 template <class T>
 struct GptBuffers;
+template <class T>
+struct CutAdjoints;
 
 template <class T>
 class Gpt {
@@ -134,10 +136,17 @@ class Gpt {
   void forward_block(const ExecSpace& space, Params<T> p, int layer, bool cut);
   template <class S>
   void forward_block_llama(const ExecSpace& space, Params<T> p, int layer, bool cut);
+  // res_rounded: the adjoint res (d x_out) already in the adjoint room, as
+  // its products read it; returns whether d x_in left there is.
   template <class S>
-  void reverse_block(const ExecSpace& space, Params<T> p, Grads<T> g, int layer);
+  bool reverse_block(const ExecSpace& space, Params<T> p, Grads<T> g, int layer, bool res_rounded);
   template <class S>
-  void reverse_block_llama(const ExecSpace& space, Params<T> p, Grads<T> g, int layer);
+  bool reverse_block_llama(const ExecSpace& space, Params<T> p, Grads<T> g, int layer, bool res_rounded);
+  template <class S>
+  kernels::GemmPolicy<T> reverse_gelu(const ExecSpace& space, Params<T> p, Grads<T> g, int layer,
+                                      const kernels::GemmPolicy<T>& proj_pol);
+  template <class S>
+  void keep_cut(const ExecSpace& space, int layer, Act2<T> CutAdjoints<T>::*which, const Act2<T>& adj);
   void cut_at(const ExecSpace& space, bool cut, const Act2<T>& adj, const Act2<T>& x);
   template <class S>
   LossSum loss_sums(Span1<const std::int32_t> flat_targets, bool cut) const;
@@ -153,14 +162,26 @@ class Gpt {
               T* keep_p, kernels::Bf16Storage<T>* rounded = nullptr);
   template <class S>
   void attend_reverse(const ExecSpace& space, const kernels::QkvActs<T>& dx, const Act1<T>& D, const Act2<T>& dy,
-                      const kernels::QkvActs<T>& x, const Act2<T>& y, const Act1<T>& lse, const T* kept_p);
+                      const kernels::QkvActs<T>& x, const Act2<T>& y, const Act1<T>& lse, const T* kept_p,
+                      kernels::Bf16Storage<T>* rounded = nullptr, bool fp32 = true);
   void plan_head(const GptTiles& plan);
   void plan_adjoints();
   void plan_gemm(const GptTiles& plan);
   // bf16-amp: the parameters (and the head's directions) rounded once a
   // pass, and the policy of the weights' products that reads them there.
   void round_ahead(const ExecSpace& space, const Params<T>& p);
-  kernels::detail::RoundedInput<T> rounded_input(const Act2<T>& in, bool cut) const;
+  // A product's input as the kernel producing it rounds it: with cuts into
+  // the layer-input room, else into kept (keep_rounded_; null: not so rounded).
+  kernels::detail::RoundedInput<T> rounded_input(const Act2<T>& in, bool cut,
+                                                 kernels::Bf16Storage<T>* kept = nullptr) const;
+  // A reverse product's policy reading its input x where the forward kept it
+  // rounded (kept; null: weights_gemm_).
+  kernels::GemmPolicy<T> kept_input(const Act2<T>& x, const kernels::Bf16Storage<T>* kept) const;
+  kernels::Bf16Storage<T>* adjoint_room(const Act2<T>& dy) const;
+  // res accumulates a; with S = T and an adjoint room, res is also written
+  // there rounded for the next products: returns whether it was.
+  template <class S>
+  bool accumulate_res(const ExecSpace& space, const Act2<T>& res, const Act2<T>& a, bool rounded);
   void plan_adjoint_cuts();
   View1<T> buffer(const std::string& label, index_t total);
   Act2<T> x_in(int layer) const;
@@ -200,6 +221,10 @@ class Gpt {
   // The primal reverse engine (reverse, no directions) keeps each layer's GELU
   // output, and the GELU's slope in place of its pre-activation (gpt_impl.hpp).
   bool keep_gelu_ = false;
+  // And under bf16-amp, GPU-shaped (not the adjoint cuts' gradient engine):
+  // each layer's linear inputs kept as their products read them, rounded by
+  // the kernels that produce them, and not formed again in the reverse.
+  bool keep_rounded_ = false;
   // GPU-shaped forward-only engines without the parallel residual: each
   // block's output projections accumulate into the residual stream in place
   // (linear_forward's accumulate) and x_mid is the stream itself.

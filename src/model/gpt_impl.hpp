@@ -44,6 +44,12 @@ struct LayerActivations {
                                // Llama: SiLU(gate) up
   Act2<T> x_out;               // (N, C) block output
   Act1<T> att_p;               // keep_attention_: the attention's probabilities (host tiles), else empty
+  // keep_rounded_: the inputs of the layer's products as they read them
+  // (kernels/blas.hpp, Bf16Storage), N rows each: ln1 and ln2 (then not
+  // recomputed in the reverse, their FP32 buffer never written), att (with
+  // the fused attention, beside its FP32 y) and fc_gelu (its FP32 buffer
+  // shared and never written); else null.
+  kernels::Bf16Storage<T>*r_ln1 = nullptr, *r_att = nullptr, *r_ln2 = nullptr, *r_fcg = nullptr;
 };
 
 template <class T>
@@ -269,6 +275,17 @@ index_t Gpt<T>::choose_kept(const GptTiles& plan) {
   // in fc, so no slope is written there).
   const bool primal_reverse = shape_.reverse && !tan;
   keep_gelu_ = primal_reverse;
+  // Under bf16-amp on a GPU the layers' linear inputs too, in bfloat16, as
+  // their products read them: the norms, the GELU (SwiGLU) and the fused
+  // attention write them rounded, so that neither the forward's products nor
+  // the reverse's round them, and the reverse forms no norm again. That is
+  // (3C + F) bfloat16 values per token and layer against the GELU output's F
+  // floats it replaces, which one shared F-wide buffer keeps the shape of (at
+  // the reference shape on a GPU, 2.35 + 0.34 GB for 2.68 GB), and 110 bytes
+  // per token and C of a layer's traffic saved with F = 4C (the norms' 2 x
+  // 22, the GELU's 4 x 14, the attention output's 10). Not in the adjoint
+  // cuts' gradient engine, which the second order holds beside its planes.
+  keep_rounded_ = primal_reverse && shape_.bf16 && shape_.gpu_shaped && !shape_.nested;
   // Likewise the head's exponentials, when one tile holds the batch's logits
   // (kernels/lm_head_xent.hpp, keep_exponentials): one exp per logit, not two.
   head_kept_ = primal_reverse && plan.logits_rows >= N && plan.logits_vocab >= cfg_.vocab_size;
@@ -305,7 +322,9 @@ void Gpt<T>::plan_layers(index_t att_e) {
   // With adjoint cuts the GELU's (SwiGLU's) y'' is contracted as it is
   // formed, never stored (gelu_forward_cut, swiglu_forward_cut): no
   // second-order planes.
-  const Act2<T> gelu_shared = keep_gelu_ ? Act2<T>() : act2("fc_gelu", N, F, tan, sec && !cuts_);
+  const Act2<T> gelu_shared = keep_gelu_ && !keep_rounded_ ? Act2<T>() : act2("fc_gelu", N, F, tan, sec && !cuts_);
+  using R = kernels::Bf16Storage<T>;
+  const index_t A_kept = att_fused_ ? A : 0, kept = N * (2 * C + A_kept + F);
   for (int l = 0; l < slots; ++l) {
     LayerActivations<T> a;
     a.ln1 = ln_shared;
@@ -325,8 +344,16 @@ void Gpt<T>::plan_layers(index_t att_e) {
     if (!llama) a.ln2_mean = act1("ln2_mean", N, tan, sec);
     a.ln2_rstd = act1("ln2_rstd", N, tan, sec);
     a.fc = act2("fc", N, llama ? 2 * F : F, tan, sec);
-    a.fc_gelu = keep_gelu_ ? act2("fc_gelu", N, F, tan, sec) : gelu_shared;
+    a.fc_gelu = keep_gelu_ && !keep_rounded_ ? act2("fc_gelu", N, F, tan, sec) : gelu_shared;
     a.x_out = act2("x_out", N, C, tan, sec);
+    if (keep_rounded_) {
+      const index_t floats = index_t((std::size_t(kept) * sizeof(R) + sizeof(T) - 1) / sizeof(T));
+      R* const r = reinterpret_cast<R*>(act2_planes("rounded_inputs", 1, floats, 0, 0).v.data());
+      if (r) {
+        a.r_ln1 = r, a.r_ln2 = r + N * C, a.r_fcg = r + 2 * N * C;
+        if (att_fused_) a.r_att = r + N * (2 * C + F);
+      }
+    }
     if (keep_attention_) a.att_p = act1("att_p", shape_.batch * H * att_e, false, false);
     buf_->acts.push_back(a);
   }
@@ -374,7 +401,8 @@ void Gpt<T>::plan_attention() {
 // Attention on the engine's path: the fused kernel, the batched GEMMs or
 // attention.hpp's kernels (the host tiles or the rows); cut: x'' is taken as
 // zero. rounded (not null): where the fused kernel runs, y and y' written
-// there as the output projection's rounded input; returns whether they were.
+// there as the output projection's rounded input (without a cut, the
+// primal's y beside them: keep_rounded_); returns whether they were.
 template <class T>
 template <class S>
 bool Gpt<T>::attend(const ExecSpace& space, const Act2<T>& y, const Act1<T>& lse, const kernels::QkvActs<T>& x,
@@ -382,7 +410,7 @@ bool Gpt<T>::attend(const ExecSpace& space, const Act2<T>& y, const Act1<T>& lse
   const index_t B = shape_.batch, Tc = shape_.context;
   if constexpr (std::is_same<T, float>::value)
     if (att_fused_ && (!has_second_v<S> || cut)) {
-      kernels::attention_forward_fused<S>(space, y, lse, x, qkv_layout_, B, Tc, rounded);
+      kernels::attention_forward_fused<S>(space, y, lse, x, qkv_layout_, B, Tc, rounded, !cut);
       return rounded != nullptr;
     }
   if (att_path_ == kernels::AttentionPath::batched)
@@ -396,10 +424,13 @@ bool Gpt<T>::attend(const ExecSpace& space, const Act2<T>& y, const Act1<T>& lse
 template <class T>
 template <class S>
 void Gpt<T>::attend_reverse(const ExecSpace& space, const kernels::QkvActs<T>& dx, const Act1<T>& D, const Act2<T>& dy,
-                            const kernels::QkvActs<T>& x, const Act2<T>& y, const Act1<T>& lse, const T* kept_p) {
+                            const kernels::QkvActs<T>& x, const Act2<T>& y, const Act1<T>& lse, const T* kept_p,
+                            kernels::Bf16Storage<T>* rounded, bool fp32) {
   const index_t B = shape_.batch, Tc = shape_.context;
   if constexpr (std::is_same<T, float>::value && std::is_same<S, T>::value)
-    if (att_fused_) return kernels::attention_reverse_fused(space, dx, D, dy, x, y, lse, qkv_layout_, B, Tc);
+    if (att_fused_)
+      return kernels::attention_reverse_fused(space, dx, D, dy, x, y, lse, qkv_layout_, B, Tc, rounded, fp32);
+  if (rounded) throw std::logic_error("gnh::gpt: rounded attention adjoints without the fused reverse");
   if (att_path_ == kernels::AttentionPath::batched)
     return kernels::attention_reverse_batched<S>(space, dx, D, dy, x, y, lse, qkv_layout_, B, Tc, gemm_.tf32,
                                                  gemm_.bf16, att_scratch_);
@@ -666,9 +697,33 @@ void Gpt<T>::cut_at(const ExecSpace& space, bool cut, const Act2<T>& adj, const 
 // (kernels/linear.hpp, rounded_input_room): the room for its planes and the
 // policy reading them there; without cuts or room, weights_gemm_ alone.
 template <class T>
-kernels::detail::RoundedInput<T> Gpt<T>::rounded_input(const Act2<T>& in, bool cut) const {
-  if (!cut) return {weights_gemm_, nullptr};
-  return kernels::detail::rounded_input_room(weights_gemm_, in, shape_.directions);
+kernels::detail::RoundedInput<T> Gpt<T>::rounded_input(const Act2<T>& in, bool cut,
+                                                       kernels::Bf16Storage<T>* kept) const {
+  if (cut) return kernels::detail::rounded_input_room(weights_gemm_, in, shape_.directions);
+  kernels::detail::RoundedInput<T> r{weights_gemm_, kept};
+  if (kept) r.pol.ahead[2] = {in.v.data(), in.rows() * in.cols(), 1, 0, kept};
+  return r;
+}
+
+// With keep_rounded_ the reverse's products read a layer's input x where the
+// forward kept it (ahead slot 3, which with_rounded_adjoint then leaves as
+// it is): the same bfloat16 values it would round x to.
+template <class T>
+kernels::GemmPolicy<T> Gpt<T>::kept_input(const Act2<T>& x, const kernels::Bf16Storage<T>* kept) const {
+  kernels::GemmPolicy<T> pol = weights_gemm_;
+  if (kept) pol.ahead[3] = {x.v.data(), x.rows() * x.cols(), 1, 0, kept};
+  return pol;
+}
+
+// With keep_rounded_, where an adjoint dy's producer writes it rounded for
+// the products that read it: the room with_rounded_adjoint would round it
+// into (the layer-input room's start); null where there is none.
+template <class T>
+kernels::Bf16Storage<T>* Gpt<T>::adjoint_room(const Act2<T>& dy) const {
+  using R = kernels::Bf16Storage<T>;
+  const std::size_t need = std::size_t(dy.rows() * dy.cols()) * sizeof(R);
+  if (!keep_rounded_ || weights_gemm_.layer_input.extent(0) * sizeof(T) < need) return nullptr;
+  return reinterpret_cast<R*>(weights_gemm_.layer_input.data());
 }
 
 // Block l of the forward (nanoGPT, GPT-NeoX): attention and MLP, each after
@@ -693,32 +748,39 @@ void Gpt<T>::forward_block(const ExecSpace& space, Params<T> p, int l, bool cut)
   // With cuts, the cut at each norm's output is taken as the norm forms y'',
   // and the norms and the GELU write y and y' as the next product's rounded
   // input where bf16-amp has room.
-  const auto r1 = rounded_input(ln1, cut);
+  const auto r1 = rounded_input(ln1, cut, a0.r_ln1);
   if (cut)
     layernorm_forward_cut<T>(space, ln1, a0.ln1_mean, a0.ln1_rstd, x, p, o.ln1_w, o.ln1_b, cfg_.ln_eps, cuts.ln1,
                              cut_dd_, r1.dst);
+  else if (r1.dst)
+    layernorm_forward_rounded<T>(space, ln1, a0.ln1_mean, a0.ln1_rstd, x, p, o.ln1_w, o.ln1_b, cfg_.ln_eps, r1.dst);
   else layernorm_forward<S>(space, ln1, a0.ln1_mean, a0.ln1_rstd, x, p, o.ln1_w, o.ln1_b, cfg_.ln_eps);
   linear_forward<S>(space, qkv, ln1, p, o.attn_w, o.attn_b, r1.pol, !cut);
   if (rotary_dims_ > 0)
     rotary_forward<S>(space, qkv, qkv, cfg_.head_size(), rotary_dims_, rotary_table_, RotarySegments{3, 2});
   cut_at(space, cut, cuts.qkv, qkv);
   T* const keep_p = std::is_same<S, T>::value && keep_attention_ ? a0.att_p.v.data() : nullptr;
-  const auto r4 = rounded_input(att, cut);
+  const auto r4 = rounded_input(att, cut, a0.r_att);
   const bool att_rounded = attend<S>(space, att, a0.att_lse, QkvActs<T>{qkv, qkv, qkv}, cut, keep_p, r4.dst);
   cut_at(space, cut, cuts.att, att);
   linear_forward<S>(space, in_place ? x : proj, att, p, o.attn_proj_w, o.attn_proj_b,
                     att_rounded ? r4.pol : weights_gemm_, !cut, in_place);
   if (!in_place) residual_forward<S>(space, x_mid, x, proj);
   const Act2<T> mlp_in = cfg_.parallel_residual ? x : x_mid;
-  const auto r2 = rounded_input(ln2, cut);
+  const auto r2 = rounded_input(ln2, cut, a0.r_ln2);
   if (cut)
     layernorm_forward_cut<T>(space, ln2, a0.ln2_mean, a0.ln2_rstd, mlp_in, p, o.ln2_w, o.ln2_b, cfg_.ln_eps, cuts.ln2,
                              cut_dd_, r2.dst);
+  else if (r2.dst)
+    layernorm_forward_rounded<T>(space, ln2, a0.ln2_mean, a0.ln2_rstd, mlp_in, p, o.ln2_w, o.ln2_b, cfg_.ln_eps,
+                                 r2.dst);
   else layernorm_forward<S>(space, ln2, a0.ln2_mean, a0.ln2_rstd, mlp_in, p, o.ln2_w, o.ln2_b, cfg_.ln_eps);
   linear_forward<S>(space, fc, ln2, p, o.fc_w, o.fc_b, r2.pol, !cut);
-  const auto r3 = rounded_input(fc_gelu, cut);
+  const auto r3 = rounded_input(fc_gelu, cut, a0.r_fcg);
   if constexpr (std::is_same<S, T>::value) {
-    if (keep_gelu_) gelu_forward_slope_in_place<T>(space, fc_gelu.v, fc.v, cfg_.gelu);  // fc holds the slope now
+    // fc holds the slope now.
+    if (r3.dst) gelu_forward_slope_rounded<T>(space, r3.dst, fc.v, cfg_.gelu);
+    else if (keep_gelu_) gelu_forward_slope_in_place<T>(space, fc_gelu.v, fc.v, cfg_.gelu);
     else gelu_forward<S>(space, fc_gelu, fc, cfg_.gelu);
   } else if (cut) {
     // The cut at fc_proj's input taken as the GELU forms y'' (not stored).
@@ -747,8 +809,9 @@ void Gpt<T>::forward_block_llama(const ExecSpace& space, Params<T> p, int l, boo
   const CutAdjoints<T> cuts = cut ? buf_->cuts[l] : CutAdjoints<T>();
   // With cuts, the norms and SwiGLU write y and y' as the next products'
   // rounded input where bf16-amp has room.
-  const auto r1 = rounded_input(a.ln1, cut);
+  const auto r1 = rounded_input(a.ln1, cut, a.r_ln1);
   if (cut) rmsnorm_forward_cut<T>(space, a.ln1, a.ln1_rstd, x, p, o.ln1_w, -1, cfg_.ln_eps, cuts.ln1, cut_dd_, r1.dst);
+  else if (r1.dst) rmsnorm_forward_rounded<T>(space, a.ln1, a.ln1_rstd, x, p, o.ln1_w, -1, cfg_.ln_eps, r1.dst);
   else rmsnorm_forward<S>(space, a.ln1, a.ln1_rstd, x, p, o.ln1_w, -1, cfg_.ln_eps);
   if (fused_qkv_) {
     // One GEMM into [q | k | v]; the first n_head + n_kv_head segments rotate.
@@ -768,7 +831,7 @@ void Gpt<T>::forward_block_llama(const ExecSpace& space, Params<T> p, int l, boo
   }
   const QkvActs<T> x3 = fused_qkv_ ? QkvActs<T>{a.qkv, a.qkv, a.qkv} : QkvActs<T>{a.q, a.k, a.v};
   T* const keep_p = std::is_same<S, T>::value && keep_attention_ ? a.att_p.v.data() : nullptr;
-  const auto r4 = rounded_input(a.att, cut);
+  const auto r4 = rounded_input(a.att, cut, a.r_att);
   const bool att_rounded = attend<S>(space, a.att, a.att_lse, x3, cut, keep_p, r4.dst);
   cut_at(space, cut, cuts.att, a.att);
   // In place, the stream x is x_mid and x_out too.
@@ -777,13 +840,15 @@ void Gpt<T>::forward_block_llama(const ExecSpace& space, Params<T> p, int l, boo
   linear_forward<S>(space, in_place ? x : proj, a.att, p, o.attn_proj_w, o.attn_proj_b,
                     att_rounded ? r4.pol : weights_gemm_, !cut, in_place);
   if (!in_place) residual_forward<S>(space, x_mid, x, proj);
-  const auto r2 = rounded_input(a.ln2, cut);
+  const auto r2 = rounded_input(a.ln2, cut, a.r_ln2);
   if (cut)
     rmsnorm_forward_cut<T>(space, a.ln2, a.ln2_rstd, x_mid, p, o.ln2_w, -1, cfg_.ln_eps, cuts.ln2, cut_dd_, r2.dst);
+  else if (r2.dst) rmsnorm_forward_rounded<T>(space, a.ln2, a.ln2_rstd, x_mid, p, o.ln2_w, -1, cfg_.ln_eps, r2.dst);
   else rmsnorm_forward<S>(space, a.ln2, a.ln2_rstd, x_mid, p, o.ln2_w, -1, cfg_.ln_eps);
   linear_forward<S>(space, a.fc, a.ln2, p, o.fc_w, -1, r2.pol, !cut);
-  const auto r3 = rounded_input(a.fc_gelu, cut);
+  const auto r3 = rounded_input(a.fc_gelu, cut, a.r_fcg);
   if (cut) swiglu_forward_cut<T>(space, a.fc_gelu, a.fc, cuts.fc_gelu, cut_dd_, r3.dst);
+  else if (r3.dst) swiglu_forward_rounded<T>(space, r3.dst, a.fc, cfg_.mlp_width());
   else swiglu_forward<S>(space, a.fc_gelu, a.fc);
   linear_forward<S>(space, in_place ? x : proj, a.fc_gelu, p, o.fc_proj_w, -1, r3.pol, !cut, in_place);
   if (!in_place) residual_forward<S>(space, a.x_out, x_mid, proj);
@@ -864,9 +929,10 @@ void Gpt<T>::reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<cons
   }
   if (cfg_.family == Family::llama) rmsnorm_reverse<S>(space, res, g, c1, x_final(), buf_->lnf_rstd, p, L.lnf_w, -1);
   else layernorm_reverse<S>(space, res, g, c1, x_final(), buf_->lnf_mean, buf_->lnf_rstd, p, L.lnf_w, L.lnf_b);
+  bool res_rounded = false;
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
-    if (cfg_.family == Family::llama) reverse_block_llama<S>(space, p, g, l);
-    else reverse_block<S>(space, p, g, l);
+    if (cfg_.family == Family::llama) res_rounded = reverse_block_llama<S>(space, p, g, l, res_rounded);
+    else res_rounded = reverse_block<S>(space, p, g, l, res_rounded);
   }
   // The tied head's contribution is already in g[wte]; the embedding adds its own.
   if (g.v.extent(0) > 0)
@@ -877,119 +943,185 @@ void Gpt<T>::reverse(const ExecSpace& space, Params<T> p, Grads<T> g, Span2<cons
 
 // Block l of the reverse (nanoGPT, GPT-NeoX); res holds d x_out and leaves
 // holding d x_in.
+// With keep_rounded_ the accumulations into res write it as its next
+// products read it too (accumulate_res), but the block's last, whose d x_in
+// the embedding reads.
 template <class T>
 template <class S>
-void Gpt<T>::reverse_block(const ExecSpace& space, Params<T> p, Grads<T> g, int l) {
+bool Gpt<T>::accumulate_res(const ExecSpace& space, const Act2<T>& res, const Act2<T>& a, bool rounded) {
+  if constexpr (std::is_same<S, T>::value) {
+    if (kernels::Bf16Storage<T>* const dst = rounded ? adjoint_room(res) : nullptr) {
+      kernels::accumulate_rounded<T>(space, res, a, dst);
+      return true;
+    }
+  }
+  kernels::accumulate<S>(space, res, a);
+  return false;
+}
+
+// The MLP's output projection and GELU in the reverse of block l
+// (nanoGPT, GPT-NeoX): x_out = x_mid + c_proj(gelu(c_fc(ln_2(m)))), m =
+// x_mid (x_in when parallel), res holding d x_out and read with proj_pol.
+// gelu(fc) is recomputed (a shared buffer, see the planner) except where
+// the forward kept it and left gelu'(fc) in fc (keep_gelu_). Without
+// directions the recomputation leaves gelu'(fc) in d_fc, which the GELU's
+// reverse then scales by d fc_gelu in place; with keep_rounded_ that
+// reverse writes d fc as c_fc's products read it too (in FP32 only for
+// c_fc's bias), into the room with_rounded_adjoint would round it into.
+// Leaves d fc in the adjoints; returns c_fc's policy.
+template <class T>
+template <class S>
+kernels::GemmPolicy<T> Gpt<T>::reverse_gelu(const ExecSpace& space, Params<T> p, Grads<T> g, int l,
+                                            const kernels::GemmPolicy<T>& proj_pol) {
+  using namespace kernels;
+  const Act2<T> res = buf_->adj.res, d_fcg = buf_->adj.fc_gelu, d_fc = buf_->adj.fc;
+  const BlockOffsets& o = layout_.blocks[l];
+  const LayerActivations<T>& a = buf_->acts[l];
+  GemmPolicy<T> fc_pol = kept_input(a.ln2, a.r_ln2);
+  if constexpr (std::is_same<S, T>::value) {
+    if (!keep_gelu_) gelu_forward_slope<T>(space, a.fc_gelu.v, d_fc.v, a.fc.v, cfg_.gelu);
+    linear_reverse<S>(space, d_fcg, g, res, a.fc_gelu, p, o.fc_proj_w, o.fc_proj_b, proj_pol);
+    keep_cut<S>(space, l, &CutAdjoints<T>::fc_gelu, d_fcg);
+    const Span2<const T> slope = keep_gelu_ ? a.fc.v : d_fc.v;  // where the slope is
+    if (Bf16Storage<T>* const dst = adjoint_room(d_fc)) {
+      gelu_reverse_slope_rounded<T>(space, o.fc_b >= 0 ? d_fc.v : Span2<T>(), d_fcg.v, slope, dst);
+      fc_pol.ahead[2] = {d_fc.v.data(), d_fc.rows() * d_fc.cols(), 1, 0, dst};
+    } else {
+      gelu_reverse_slope<T>(space, d_fc.v, d_fcg.v, slope);
+    }
+  } else {
+    gelu_forward<S>(space, a.fc_gelu, a.fc, cfg_.gelu);
+    linear_reverse<S>(space, d_fcg, g, res, a.fc_gelu, p, o.fc_proj_w, o.fc_proj_b, proj_pol);
+    gelu_reverse<S>(space, d_fc, d_fcg, a.fc, cfg_.gelu);
+  }
+  return fc_pol;
+}
+
+// With keep_into_ set (the primal reverse of an engine with adjoint cuts),
+// the adjoint of each linear layer's and the attention's input is copied
+// out for the cut.
+template <class T>
+template <class S>
+void Gpt<T>::keep_cut(const ExecSpace& space, int l, Act2<T> CutAdjoints<T>::*which, const Act2<T>& adj) {
+  if (std::is_same<S, T>::value && keep_into_) Kokkos::deep_copy(space, (keep_into_->cuts[l].*which).v, adj.v);
+}
+
+template <class T>
+template <class S>
+bool Gpt<T>::reverse_block(const ExecSpace& space, Params<T> p, Grads<T> g, int l, bool res_rounded) {
   using namespace kernels;
   const Act2<T> res = buf_->adj.res, c1 = buf_->adj.c1, c2 = buf_->adj.c2;
-  const Act2<T> d_att = buf_->adj.att, d_qkv = buf_->adj.qkv;
-  const Act2<T> d_fcg = buf_->adj.fc_gelu, d_fc = buf_->adj.fc;
+  const Act2<T> d_att = buf_->adj.att, d_qkv = buf_->adj.qkv, d_fc = buf_->adj.fc;
   const Act1<T> D = buf_->adj.D;
   const BlockOffsets& o = layout_.blocks[l];
   const LayerActivations<T>& a = buf_->acts[l];
   const bool parallel = cfg_.parallel_residual;
-  // With keep_into_ set (the primal reverse of an engine with adjoint cuts),
-  // the adjoint of each linear layer's and the attention's input is copied
-  // out for the cut.
-  auto keep = [&](Act2<T> CutAdjoints<T>::*which, const Act2<T>& adj) {
-    if (std::is_same<S, T>::value && keep_into_) Kokkos::deep_copy(space, (keep_into_->cuts[l].*which).v, adj.v);
+  auto keep = [&](Act2<T> CutAdjoints<T>::*which, const Act2<T>& adj) { keep_cut<S>(space, l, which, adj); };
+  // The policy of a product reading res, where it is in the adjoint room.
+  const auto res_pol = [&](GemmPolicy<T> pol, bool rounded) {
+    if (rounded) pol.ahead[2] = {res.v.data(), res.rows() * res.cols(), 1, 0, adjoint_room(res)};
+    return pol;
   };
   // The parallel residual's attention reads d x_out before the MLP's adjoint
   // is added to res.
-  if (parallel) linear_reverse<S>(space, d_att, g, res, a.att, p, o.attn_proj_w, o.attn_proj_b, weights_gemm_);
-  // x_out = x_mid + c_proj(gelu(c_fc(ln_2(m)))), m = x_mid (x_in when
-  // parallel); res holds d x_out. ln_2(m) is recomputed (a shared buffer, see
-  // the planner), and so is gelu(fc) except where the forward kept it and
-  // left gelu'(fc) in fc (keep_gelu_). Without directions the recomputation
-  // leaves gelu'(fc) in d_fc, which the GELU's reverse then scales by d
-  // fc_gelu in place.
-  if constexpr (std::is_same<S, T>::value) {
-    if (!keep_gelu_) gelu_forward_slope<T>(space, a.fc_gelu.v, d_fc.v, a.fc.v, cfg_.gelu);
-    linear_reverse<S>(space, d_fcg, g, res, a.fc_gelu, p, o.fc_proj_w, o.fc_proj_b, weights_gemm_);
-    keep(&CutAdjoints<T>::fc_gelu, d_fcg);
-    gelu_reverse_slope<T>(space, d_fc.v, d_fcg.v, keep_gelu_ ? a.fc.v : d_fc.v);  // where the slope is
-  } else {
-    gelu_forward<S>(space, a.fc_gelu, a.fc, cfg_.gelu);
-    linear_reverse<S>(space, d_fcg, g, res, a.fc_gelu, p, o.fc_proj_w, o.fc_proj_b, weights_gemm_);
-    gelu_reverse<S>(space, d_fc, d_fcg, a.fc, cfg_.gelu);
-  }
+  if (parallel)
+    linear_reverse<S>(space, d_att, g, res, a.att, p, o.attn_proj_w, o.attn_proj_b,
+                      res_pol(kept_input(a.att, a.r_att), res_rounded));
+  // The MLP; ln_2(m) is recomputed (a shared buffer, see the planner) except
+  // where the forward kept it rounded (keep_rounded_).
+  const GemmPolicy<T> fc_pol = reverse_gelu<S>(space, p, g, l, res_pol(kept_input(a.fc_gelu, a.r_fcg), res_rounded));
   const Act2<T> mlp_in = parallel ? x_in(l) : a.x_mid;
-  layernorm_forward<S>(space, a.ln2, a.ln2_mean, a.ln2_rstd, mlp_in, p, o.ln2_w, o.ln2_b, cfg_.ln_eps);
-  linear_reverse<S>(space, c1, g, d_fc, a.ln2, p, o.fc_w, o.fc_b, weights_gemm_);
+  if (!a.r_ln2) layernorm_forward<S>(space, a.ln2, a.ln2_mean, a.ln2_rstd, mlp_in, p, o.ln2_w, o.ln2_b, cfg_.ln_eps);
+  linear_reverse<S>(space, c1, g, d_fc, a.ln2, p, o.fc_w, o.fc_b, fc_pol);
   keep(&CutAdjoints<T>::ln2, c1);
   layernorm_reverse<S>(space, c2, g, c1, mlp_in, a.ln2_mean, a.ln2_rstd, p, o.ln2_w, o.ln2_b);
-  accumulate<S>(space, res, c2);  // d x_mid (parallel: the MLP's part of d x_in)
+  // d x_mid (parallel: the MLP's part of d x_in)
+  const bool mid_rounded = accumulate_res<S>(space, res, c2, !parallel);
   // x_mid = x_in + c_proj(attn(c_attn(ln_1(x_in)))).
-  if (!parallel) linear_reverse<S>(space, d_att, g, res, a.att, p, o.attn_proj_w, o.attn_proj_b, weights_gemm_);
+  if (!parallel)
+    linear_reverse<S>(space, d_att, g, res, a.att, p, o.attn_proj_w, o.attn_proj_b,
+                      res_pol(kept_input(a.att, a.r_att), mid_rounded));
   keep(&CutAdjoints<T>::att, d_att);
   const T* const kept_p = std::is_same<S, T>::value && keep_attention_ ? a.att_p.v.data() : nullptr;
+  // With keep_rounded_ and no rotation after it, the fused reverse writes
+  // d qkv as c_attn's products read it too (in FP32 only for its bias).
+  Bf16Storage<T>* const qkv_room =
+      std::is_same<S, T>::value && att_fused_ && rotary_dims_ == 0 ? adjoint_room(d_qkv) : nullptr;
   attend_reverse<S>(space, QkvActs<T>{d_qkv, d_qkv, d_qkv}, D, d_att, QkvActs<T>{a.qkv, a.qkv, a.qkv}, a.att, a.att_lse,
-                    kept_p);
+                    kept_p, qkv_room, !qkv_room || o.attn_b >= 0);
   keep(&CutAdjoints<T>::qkv, d_qkv);
   if (rotary_dims_ > 0)
     rotary_reverse<S>(space, d_qkv, d_qkv, cfg_.head_size(), rotary_dims_, rotary_table_, RotarySegments{3, 2});
-  layernorm_forward<S>(space, a.ln1, a.ln1_mean, a.ln1_rstd, x_in(l), p, o.ln1_w, o.ln1_b, cfg_.ln_eps);
-  linear_reverse<S>(space, c1, g, d_qkv, a.ln1, p, o.attn_w, o.attn_b, weights_gemm_);
+  if (!a.r_ln1) layernorm_forward<S>(space, a.ln1, a.ln1_mean, a.ln1_rstd, x_in(l), p, o.ln1_w, o.ln1_b, cfg_.ln_eps);
+  GemmPolicy<T> qkv_pol = kept_input(a.ln1, a.r_ln1);
+  if (qkv_room) qkv_pol.ahead[2] = {d_qkv.v.data(), d_qkv.rows() * d_qkv.cols(), 1, 0, qkv_room};
+  linear_reverse<S>(space, c1, g, d_qkv, a.ln1, p, o.attn_w, o.attn_b, qkv_pol);
   keep(&CutAdjoints<T>::ln1, c1);
   layernorm_reverse<S>(space, c2, g, c1, x_in(l), a.ln1_mean, a.ln1_rstd, p, o.ln1_w, o.ln1_b);
-  accumulate<S>(space, res, c2);  // d x_in
+  return accumulate_res<S>(space, res, c2, l > 0);  // d x_in
 }
 
 // Block l of the Llama reverse; res holds d x_out and leaves holding d x_in.
-// RMSNorm outputs and SwiGLU are recomputed (shared buffers); q and k hold
+// RMSNorm outputs and SwiGLU are recomputed (shared buffers) but where the
+// forward kept them (keep_rounded_, keep_gelu_); q and k hold
 // their rotated values, which the attention's reverse reads, and their
 // adjoints are rotated back before the projections' reverse.
 template <class T>
 template <class S>
-void Gpt<T>::reverse_block_llama(const ExecSpace& space, Params<T> p, Grads<T> g, int l) {
+bool Gpt<T>::reverse_block_llama(const ExecSpace& space, Params<T> p, Grads<T> g, int l, bool res_rounded) {
   using namespace kernels;
   const index_t Dh = cfg_.head_size();
   const Adjoints<T>& d = buf_->adj;
   const BlockOffsets& o = layout_.blocks[l];
   const LayerActivations<T>& a = buf_->acts[l];
   // The cut adjoints, as reverse_block keeps them.
-  auto keep = [&](Act2<T> CutAdjoints<T>::*which, const Act2<T>& adj) {
-    if (std::is_same<S, T>::value && keep_into_) Kokkos::deep_copy(space, (keep_into_->cuts[l].*which).v, adj.v);
-  };
+  auto keep = [&](Act2<T> CutAdjoints<T>::*which, const Act2<T>& adj) { keep_cut<S>(space, l, which, adj); };
   // x_out = x_mid + down(silu(gate(n2)) up(n2)), n2 = rmsnorm_2(x_mid); the
   // gate's output is recomputed (a shared buffer) but where the forward kept it.
   if (!keep_gelu_) swiglu_forward<S>(space, a.fc_gelu, a.fc);
-  linear_reverse<S>(space, d.fc_gelu, g, d.res, a.fc_gelu, p, o.fc_proj_w, -1, weights_gemm_);
+  const auto res_pol = [&](GemmPolicy<T> pol, bool rounded) {
+    if (rounded) pol.ahead[2] = {d.res.v.data(), d.res.rows() * d.res.cols(), 1, 0, adjoint_room(d.res)};
+    return pol;
+  };
+  linear_reverse<S>(space, d.fc_gelu, g, d.res, a.fc_gelu, p, o.fc_proj_w, -1,
+                    res_pol(kept_input(a.fc_gelu, a.r_fcg), res_rounded));
   keep(&CutAdjoints<T>::fc_gelu, d.fc_gelu);
   swiglu_reverse<S>(space, d.fc, d.fc_gelu, a.fc);
-  rmsnorm_forward<S>(space, a.ln2, a.ln2_rstd, a.x_mid, p, o.ln2_w, -1, cfg_.ln_eps);
-  linear_reverse<S>(space, d.c1, g, d.fc, a.ln2, p, o.fc_w, -1, weights_gemm_);
+  if (!a.r_ln2) rmsnorm_forward<S>(space, a.ln2, a.ln2_rstd, a.x_mid, p, o.ln2_w, -1, cfg_.ln_eps);
+  linear_reverse<S>(space, d.c1, g, d.fc, a.ln2, p, o.fc_w, -1, kept_input(a.ln2, a.r_ln2));
   keep(&CutAdjoints<T>::ln2, d.c1);
   rmsnorm_reverse<S>(space, d.c2, g, d.c1, a.x_mid, a.ln2_rstd, p, o.ln2_w, -1);
-  accumulate<S>(space, d.res, d.c2);  // d x_mid
+  const bool mid_rounded = accumulate_res<S>(space, d.res, d.c2, true);  // d x_mid
   // x_mid = x_in + o_proj(attn(rope(q(n1)), rope(k(n1)), v(n1))), n1 = rmsnorm_1(x_in).
-  linear_reverse<S>(space, d.att, g, d.res, a.att, p, o.attn_proj_w, o.attn_proj_b, weights_gemm_);
+  linear_reverse<S>(space, d.att, g, d.res, a.att, p, o.attn_proj_w, o.attn_proj_b,
+                    res_pol(kept_input(a.att, a.r_att), mid_rounded));
   keep(&CutAdjoints<T>::att, d.att);
   const T* const kept_p = std::is_same<S, T>::value && keep_attention_ ? a.att_p.v.data() : nullptr;
   const QkvActs<T> x3 = fused_qkv_ ? QkvActs<T>{a.qkv, a.qkv, a.qkv} : QkvActs<T>{a.q, a.k, a.v};
   const QkvActs<T> d3 = fused_qkv_ ? QkvActs<T>{d.qkv, d.qkv, d.qkv} : QkvActs<T>{d.q, d.k, d.v};
   attend_reverse<S>(space, d3, d.D, d.att, x3, a.att, a.att_lse, kept_p);
-  rmsnorm_forward<S>(space, a.ln1, a.ln1_rstd, x_in(l), p, o.ln1_w, -1, cfg_.ln_eps);
+  if (!a.r_ln1) rmsnorm_forward<S>(space, a.ln1, a.ln1_rstd, x_in(l), p, o.ln1_w, -1, cfg_.ln_eps);
+  const GemmPolicy<T> n1 = kept_input(a.ln1, a.r_ln1);
   if (fused_qkv_) {
     const index_t H = cfg_.n_head, G = cfg_.kv_heads();
     keep(&CutAdjoints<T>::qkv, d.qkv);
     rotary_reverse<S>(space, d.qkv, d.qkv, Dh, rotary_dims_, rotary_table_, RotarySegments{H + 2 * G, H + G});
-    linear_reverse<S>(space, d.c1, g, d.qkv, a.ln1, p, o.q_w, -1, weights_gemm_);
+    linear_reverse<S>(space, d.c1, g, d.qkv, a.ln1, p, o.q_w, -1, n1);
   } else {
     keep(&CutAdjoints<T>::q, d.q);
     keep(&CutAdjoints<T>::k, d.k);
     keep(&CutAdjoints<T>::v, d.v);
     rotary_reverse<S>(space, d.q, d.q, Dh, rotary_dims_, rotary_table_);
     rotary_reverse<S>(space, d.k, d.k, Dh, rotary_dims_, rotary_table_);
-    linear_reverse<S>(space, d.c1, g, d.q, a.ln1, p, o.q_w, o.q_b, weights_gemm_);
-    linear_reverse<S>(space, d.c2, g, d.k, a.ln1, p, o.k_w, o.k_b, weights_gemm_);
+    linear_reverse<S>(space, d.c1, g, d.q, a.ln1, p, o.q_w, o.q_b, n1);
+    linear_reverse<S>(space, d.c2, g, d.k, a.ln1, p, o.k_w, o.k_b, n1);
     accumulate<S>(space, d.c1, d.c2);
-    linear_reverse<S>(space, d.c2, g, d.v, a.ln1, p, o.v_w, o.v_b, weights_gemm_);
+    linear_reverse<S>(space, d.c2, g, d.v, a.ln1, p, o.v_w, o.v_b, n1);
     accumulate<S>(space, d.c1, d.c2);
   }
   keep(&CutAdjoints<T>::ln1, d.c1);  // d n1
   rmsnorm_reverse<S>(space, d.c2, g, d.c1, x_in(l), a.ln1_rstd, p, o.ln1_w, -1);
-  accumulate<S>(space, d.res, d.c2);  // d x_in
+  return accumulate_res<S>(space, d.res, d.c2, l > 0);  // d x_in
 }
 
 template <class T>

@@ -170,6 +170,16 @@ class CostModel(unittest.TestCase):
         self.assertEqual(gl["gnh::attention::fused::forward"]["launches"], 8)
         self.assertEqual(gl["gnh::attention::fused::reverse"]["launches"], 2 * 8)
         self.assertNotIn("gnh::gemm_mapped", gl)
+        # The gradient keeps its layers' linear inputs as their products read
+        # them, rounded by the kernels that form them, so its reverse forms
+        # no norm again (two a layer and the final one, in the forward
+        # alone); and the reverse's adjoints are written rounded by the
+        # kernels that form them too (the GELU's reverse, the fused
+        # attention's, the residual stream's sums). What is left to round:
+        # each head tile's h, and the adjoint the final norm's reverse leaves.
+        self.assertEqual(gl["gnh::layernorm::forward"]["launches"], 2 * 8 + 1)
+        tiles = d["gradient"]["plans"]["engine"][0][1]
+        self.assertEqual(gl["gnh::gemm::round_bf16"]["launches"], tiles + 1)
         # Every dense, head and attention product on tensor cores at these
         # precisions.
         for p in (g, s, t):

@@ -16,6 +16,7 @@
 #include <memory>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 
 #include "analysis/derivatives.hpp"
@@ -61,6 +62,67 @@ std::vector<std::int32_t> make_ids(index_t n, int vocab, std::uint64_t seed) {
   std::vector<std::int32_t> ids(n);
   for (auto& x : ids) x = std::int32_t(rng() % std::uint64_t(vocab));
   return ids;
+}
+
+// The fused attention's families at awkward sizes: nanoGPT (tanh GELU, biases,
+// tied), Llama grouped (n_kv_head 1: the key side sums three query heads),
+// GPT-NeoX (partial rotary, parallel residual, untied); with more, nanoGPT
+// with exact GELU and no biases, and Llama with q, k, v biases (three
+// buffers, three products of one input).
+std::vector<ModelConfig> fused_families(bool more) {
+  ModelConfig nano = config(true, true, Gelu::tanh), llama = config(false, false, Gelu::erf), neox = nano;
+  llama.family = Family::llama;
+  llama.n_kv_head = 1;
+  llama.intermediate = 20;
+  neox.family = Family::gpt_neox;
+  neox.rotary_pct = 0.5;
+  neox.parallel_residual = true;
+  neox.tie_embeddings = false;
+  std::vector<ModelConfig> r{nano, llama, neox};
+  if (more) {
+    ModelConfig qwen = llama;
+    qwen.qkv_bias = true;
+    r.push_back(config(false, false, Gelu::erf));
+    r.push_back(qwen);
+  }
+  for (ModelConfig& c : r) c.block_size = 48;
+  return r;
+}
+
+// A GPU-shaped gradient engine under bf16-amp on tok and tgt (nested: as
+// planned inside the adjoint cuts): its plan's bytes, whether its attention
+// is fused, the loss, the gradient and each sequence's own.
+struct Bf16Gradient {
+  std::size_t bytes = 0;
+  bool fused = false;
+  double loss = 0;
+  View1<float> g;
+  View2<float> per;
+};
+Bf16Gradient bf16_gradient(const ModelConfig& cfg, const View1<float>& p, const View2<std::int32_t>& tok,
+                           const View2<std::int32_t>& tgt, bool nested = false) {
+  const index_t B = tok.extent(0), P = ParamLayout(cfg).size();
+  Shape s;
+  s.batch = B;
+  s.context = tok.extent(1);
+  s.reverse = true;
+  s.bf16 = true;
+  s.gpu_shaped = true;
+  s.nested = nested;
+  Gpt<float> m(cfg, s);
+  Bf16Gradient r{m.workspace_bytes(), m.attention_fused(), 0, View1<float>("g", P), View2<float>("per", B, P)};
+  r.loss = m.gradient(ExecSpace(), p, tok, tgt, r.g).sum;
+  m.gradient_per_sequence(ExecSpace(), p, tok, tgt, r.per);
+  return r;
+}
+
+// B sequences of Tc tokens and their next tokens, from ids.
+void make_batch(const std::vector<std::int32_t>& ids, index_t B, index_t Tc, View2<std::int32_t>& tok,
+                View2<std::int32_t>& tgt) {
+  tok = View2<std::int32_t>("tok", B, Tc);
+  tgt = View2<std::int32_t>("tgt", B, Tc);
+  for (index_t b = 0; b < B; ++b)
+    for (index_t t = 0; t < Tc; ++t) tok(b, t) = ids[b * Tc + t], tgt(b, t) = ids[b * Tc + t + 1];
 }
 
 // Unit-norm Gaussian directions: the finite-difference step then means the
@@ -417,46 +479,16 @@ TEST_CASE("the fused attention reverse: the gradient of the batched GEMMs, witho
   // summed in other orders, so an operand's last bfloat16 bit may differ,
   // 2^-8 of it: every gradient entry within 2^-8 of the gradient's largest
   // magnitude, the loss within 2^-8 of itself.
-  ModelConfig nano = config(true, true, Gelu::tanh), llama = config(false, false, Gelu::erf), neox = nano;
-  llama.family = Family::llama;
-  llama.n_kv_head = 1;  // grouped: the key side sums its three query heads
-  llama.intermediate = 20;
-  neox.family = Family::gpt_neox;
-  neox.rotary_pct = 0.5;
-  neox.parallel_residual = true;
-  neox.tie_embeddings = false;
-  for (ModelConfig cfg : {nano, llama, neox}) {
+  for (const ModelConfig& cfg : fused_families(false)) {
     CAPTURE(to_string(cfg.family));
-    cfg.block_size = 48;
     const index_t Tc = 40, B = 2, P = ParamLayout(cfg).size();
-    const auto ids = make_ids(B * Tc + 1, cfg.vocab_size, 29);
-    View2<std::int32_t> tok("tok", B, Tc), tgt("tgt", B, Tc);
-    for (index_t b = 0; b < B; ++b)
-      for (index_t t = 0; t < Tc; ++t) tok(b, t) = ids[b * Tc + t], tgt(b, t) = ids[b * Tc + t + 1];
+    View2<std::int32_t> tok, tgt;
+    make_batch(make_ids(B * Tc + 1, cfg.vocab_size, 29), B, Tc, tok, tgt);
     const View1<float> p = make_params<float>(cfg, 6);
-    struct Run {
-      std::size_t bytes = 0;
-      bool fused = false;
-      double loss = 0;
-      View1<float> g;
-      View2<float> per;
-    };
-    auto run = [&] {
-      Shape s;
-      s.batch = B;
-      s.context = Tc;
-      s.reverse = true;
-      s.bf16 = true;
-      s.gpu_shaped = true;
-      Gpt<float> m(cfg, s);
-      Run r{m.workspace_bytes(), m.attention_fused(), 0, View1<float>("g", P), View2<float>("per", B, P)};
-      r.loss = m.gradient(ExecSpace(), p, tok, tgt, r.g).sum;
-      m.gradient_per_sequence(ExecSpace(), p, tok, tgt, r.per);
-      return r;
-    };
-    const Run f = run();
+    auto run = [&] { return bf16_gradient(cfg, p, tok, tgt); };
+    const Bf16Gradient f = run();
     ::setenv("GNH_ATTENTION", "batched", 1);
-    const Run b = run();
+    const Bf16Gradient b = run();
     ::unsetenv("GNH_ATTENTION");
     REQUIRE(f.fused);
     REQUIRE_FALSE(b.fused);
@@ -479,6 +511,41 @@ TEST_CASE("the fused attention reverse: the gradient of the batched GEMMs, witho
     check(f.g.data(), b.g.data(), P);
     for (index_t q = 0; q < B; ++q) check(f.per.data() + q * P, b.per.data() + q * P, P);
   }
+}
+
+TEST_CASE("the bf16-amp gradient engine keeps its layers' inputs rounded: the nested engine's bits",
+          "[derivatives][model][fused]") {
+  // A GPU-shaped gradient engine under bf16-amp keeps each layer's linear
+  // inputs as its products read them, written rounded by the norms, the GELU
+  // (SwiGLU) and the fused attention, and its reverse forms no norm again
+  // and has the GELU's reverse, the fused attention's (without rotary) and
+  // the residual stream's sums write its adjoints rounded too; the engine
+  // nested in the adjoint cuts (Shape::nested) recomputes the norms and
+  // rounds each product's operands. They round the same FP32 values, so
+  // the loss, the gradient and each sequence's own gradient agree bit for
+  // bit, in every family and GELU kind (the host's exact GELU takes its
+  // vector loop), with and without the fused attention (GNH_ATTENTION).
+  for (const char* attention : {"", "batched"})
+    for (const ModelConfig& cfg : fused_families(true)) {
+      CAPTURE(to_string(cfg.family), int(cfg.gelu), attention);
+      if (*attention) ::setenv("GNH_ATTENTION", attention, 1);
+      const index_t Tc = 40, B = 2, P = ParamLayout(cfg).size(), N = B * Tc;
+      View2<std::int32_t> tok, tgt;
+      make_batch(make_ids(B * Tc + 1, cfg.vocab_size, 31), B, Tc, tok, tgt);
+      const View1<float> p = make_params<float>(cfg, 8);
+      const Bf16Gradient k = bf16_gradient(cfg, p, tok, tgt), n = bf16_gradient(cfg, p, tok, tgt, true);
+      ::unsetenv("GNH_ATTENTION");
+      REQUIRE(k.fused == !*attention);
+      REQUIRE(k.loss == n.loss);
+      REQUIRE(std::memcmp(k.g.data(), n.g.data(), sizeof(float) * std::size_t(P)) == 0);
+      REQUIRE(std::memcmp(k.per.data(), n.per.data(), sizeof(float) * std::size_t(B * P)) == 0);
+      // The plan: per layer ln1, ln2, fc_gelu and (fused) att kept rounded (a
+      // float each on a host) for fc_gelu's float, which one shared buffer
+      // holds instead.
+      const index_t C = cfg.n_embd, A = index_t(cfg.n_head) * cfg.head_size(), F = cfg.mlp_width();
+      CAPTURE(k.bytes, n.bytes);
+      REQUIRE(k.bytes - n.bytes == sizeof(float) * std::size_t(cfg.n_layer * N * (2 * C + (k.fused ? A : 0)) + N * F));
+    }
 }
 
 TEST_CASE("K directions per pass equal one direction at a time", "[derivatives][model]") {

@@ -102,28 +102,61 @@ void gelu_value_slope_kind(const ExecSpace& space, T* y, T* slope, const T* x, i
         slope[i] = f1;
       });
 }
-// y = f(x) rounded into y (the next product's rounded input, D its
-// storage), the slope f'(x) over x. On host builds exact GELU in float takes
-// host_vec.cpp's loop, as gelu_value_slope_kind, and rounds its chunk.
-template <bool E, class T, class D>
-void gelu_value_slope_rounded_kind(const ExecSpace& space, D* y, T* x_slope, index_t NC) {
+// The GPU-shaped gradient's pair (the gradient engine under bf16-amp keeps
+// its layers' inputs rounded, model/gpt_impl.hpp): the forward writes y =
+// f(x) rounded (D its storage) and keeps x; the reverse forms f'(x) from x
+// again, and writes dx = dy f'(x) rounded for the next products (and in T
+// where dx is not null). Both evaluate f and f' as gelu_value_slope_kind
+// does, so y and f' have its bits; on host builds exact GELU in float takes
+// host_vec.cpp's loop over the same chunks, the values it does not keep in a
+// chunk's buffer on the stack.
 #if !defined(KOKKOS_ENABLE_CUDA) && !defined(KOKKOS_ENABLE_HIP) && !defined(KOKKOS_ENABLE_SYCL)
-  if constexpr (E && std::is_same<T, float>::value && std::is_same<D, float>::value) {
+constexpr bool kHostGelu = true;
+#else
+constexpr bool kHostGelu = false;
+#endif
+template <bool E, class T, class D>
+void gelu_value_rounded_kind(const ExecSpace& space, D* y, const T* x, index_t NC) {
+  if constexpr (kHostGelu && E && std::is_same<T, float>::value && std::is_same<D, float>::value) {
     const index_t L = gelu_chunk(space, NC);
     Kokkos::parallel_for("gnh::gelu::forward::slope", range(space, (NC + L - 1) / L), [=](const index_t c) {
       const index_t i0 = c * L, n = NC - i0 < L ? NC - i0 : L;
-      host::gelu_erf_value_slope(x_slope + i0, y + i0, x_slope + i0, n);
+      float slope[GeluChunk];
+      host::gelu_erf_value_slope(x + i0, y + i0, slope, n);
       for (index_t i = i0; i < i0 + n; ++i) y[i] = round_bf16(y[i]);
     });
     return;
   }
-#endif
   Kokkos::parallel_for(
       "gnh::gelu::forward::slope", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
         T f, f1, f2;
-        gelu_derivatives<E, 1>(x_slope[i], f, f1, f2);
+        gelu_derivatives<E, 1>(x[i], f, f1, f2);
         y[i] = bf16_as<D>(f);
-        x_slope[i] = f1;
+      });
+}
+template <bool E, class T, class D>
+void gelu_reverse_rounded_kind(const ExecSpace& space, T* dx, const T* dy, const T* x, D* rounded, index_t NC) {
+  if constexpr (kHostGelu && E && std::is_same<T, float>::value && std::is_same<D, float>::value) {
+    const index_t L = gelu_chunk(space, NC);
+    Kokkos::parallel_for("gnh::gelu::reverse::slope", range(space, (NC + L - 1) / L), [=](const index_t c) {
+      const index_t i0 = c * L, n = NC - i0 < L ? NC - i0 : L;
+      float y[GeluChunk], slope[GeluChunk];
+      host::gelu_erf_value_slope(x + i0, y, slope, n);
+      for (index_t j = 0; j < n; ++j) {
+        const float v = dy[i0 + j] * slope[j];
+        rounded[i0 + j] = round_bf16(v);
+        if (dx) dx[i0 + j] = v;
+      }
+    });
+    return;
+  }
+  Kokkos::parallel_for(
+      "gnh::gelu::reverse::slope", range(space, NC), KOKKOS_LAMBDA(const index_t i) {
+        T f, f1, f2;
+        gelu_derivatives<E, 1>(x[i], f, f1, f2);
+        const T v = dy[i] * f1;
+        rounded[i] = bf16_as<D>(v);
+        if (dx) dx[i] = v;
       });
 }
 #if !defined(KOKKOS_ENABLE_CUDA) && !defined(KOKKOS_ENABLE_HIP) && !defined(KOKKOS_ENABLE_SYCL)
@@ -314,16 +347,36 @@ void gelu_forward_slope_in_place(const ExecSpace& space, Span2<T> y, Span2<T> x_
   else detail::gelu_value_slope_kind<false, T>(space, y.data(), x_slope.data(), x_slope.data(), N * C);
 }
 
-// gelu_forward_slope_in_place with y written only as the next product's
-// rounded input (rounded: N x C values in the GEMMs' bfloat16 storage), the
-// values a product rounding y would read (the gradient engine under
-// bf16-amp keeps them for its reverse, model/gpt_impl.hpp).
+// The forward of an engine that keeps its layers' inputs rounded: y = f(x)
+// written only as the next product's rounded input (rounded: N x C values in
+// the GEMMs' bfloat16 storage, those a product rounding y would read), x
+// kept for gelu_reverse_rounded.
 template <class T, class D>
-void gelu_forward_slope_rounded(const ExecSpace& space, D* rounded, Span2<T> x_slope, Gelu kind) {
-  const index_t N = x_slope.extent(0), C = x_slope.extent(1);
-  Traffic("gnh::gelu::forward::slope").add(double(2 * N * C), sizeof(T), 2).add(double(N * C), 2, 2);
-  if (kind == Gelu::erf) detail::gelu_value_slope_rounded_kind<true, T, D>(space, rounded, x_slope.data(), N * C);
-  else detail::gelu_value_slope_rounded_kind<false, T, D>(space, rounded, x_slope.data(), N * C);
+void gelu_forward_rounded(const ExecSpace& space, D* rounded, Span2<const T> x, Gelu kind) {
+  const index_t N = x.extent(0), C = x.extent(1);
+  Traffic("gnh::gelu::forward::slope").add(double(N * C), sizeof(T), 2).add(double(N * C), 2, 2);
+  if (kind == Gelu::erf) detail::gelu_value_rounded_kind<true, T, D>(space, rounded, x.data(), N * C);
+  else detail::gelu_value_rounded_kind<false, T, D>(space, rounded, x.data(), N * C);
+}
+
+// Its reverse: dx = dy f'(x), f' formed from x again, written as the next
+// product's rounded adjoint (rounded, as above) and in FP32 only where dx has
+// rows (a bias's column sums read it).
+template <class T, class D>
+void gelu_reverse_rounded(const ExecSpace& space, Span2<T> dx, Span2<const T> dy, Span2<const T> x, Gelu kind,
+                          D* rounded) {
+  const index_t N = dy.extent(0), C = dy.extent(1);
+  const bool fp32 = dx.extent(0) > 0;
+  if (fp32) {
+    require_extent("gnh::gelu::reverse", "dx rows", dx.extent(0), N);
+    require_extent("gnh::gelu::reverse", "dx cols", dx.extent(1), C);
+  }
+  require_extent("gnh::gelu::reverse", "x rows", x.extent(0), N);
+  require_extent("gnh::gelu::reverse", "x cols", x.extent(1), C);
+  Traffic("gnh::gelu::reverse::slope").add(double((fp32 ? 3 : 2) * N * C), sizeof(T), 2).add(double(N * C), 2, 2);
+  T* const out = fp32 ? dx.data() : nullptr;
+  if (kind == Gelu::erf) detail::gelu_reverse_rounded_kind<true, T, D>(space, out, dy.data(), x.data(), rounded, N * C);
+  else detail::gelu_reverse_rounded_kind<false, T, D>(space, out, dy.data(), x.data(), rounded, N * C);
 }
 
 // dx = dy * slope, elementwise; dx may be slope's plane.
@@ -338,31 +391,6 @@ void gelu_reverse_slope(const ExecSpace& space, Span2<T> dx, Span2<const T> dy, 
   Traffic("gnh::gelu::reverse::slope").add(double(3 * N * C), sizeof(T), 2);
   Kokkos::parallel_for(
       "gnh::gelu::reverse::slope", range(space, N * C), KOKKOS_LAMBDA(const index_t i) { out[i] = g[i] * f1[i]; });
-}
-
-// gelu_reverse_slope with dx also written as the next product's rounded
-// adjoint (rounded: N x C values in the GEMMs' bfloat16 storage, the values
-// a product rounding dx would read); dx in FP32 only where it has rows (a
-// bias's column sums read it).
-template <class T, class D>
-void gelu_reverse_slope_rounded(const ExecSpace& space, Span2<T> dx, Span2<const T> dy, Span2<const T> slope,
-                                D* rounded) {
-  const index_t N = dy.extent(0), C = dy.extent(1);
-  const bool fp32 = dx.extent(0) > 0;
-  if (fp32) {
-    require_extent("gnh::gelu::reverse_slope", "dx rows", dx.extent(0), N);
-    require_extent("gnh::gelu::reverse_slope", "dx cols", dx.extent(1), C);
-  }
-  require_extent("gnh::gelu::reverse_slope", "slope rows", slope.extent(0), N);
-  T* out = fp32 ? dx.data() : nullptr;
-  const T *g = dy.data(), *f1 = slope.data();
-  Traffic("gnh::gelu::reverse::slope").add(double((fp32 ? 3 : 2) * N * C), sizeof(T), 2).add(double(N * C), 2, 2);
-  Kokkos::parallel_for(
-      "gnh::gelu::reverse::slope", range(space, N * C), KOKKOS_LAMBDA(const index_t i) {
-        const T v = g[i] * f1[i];
-        rounded[i] = bf16_as<D>(v);
-        if (out) out[i] = v;
-      });
 }
 
 // The op contract (kernels/op.hpp): elementwise on (N, C), no parameters; as

@@ -38,7 +38,7 @@ struct LayerActivations {
   Act2<T> x_mid;               // (N, C) residual stream after attention
   Act2<T> ln2;                 // (N, C) the same buffer as ln1
   Act1<T> ln2_mean, ln2_rstd;  // (N)
-  Act2<T> fc;                  // (N, F) MLP pre-activation (keep_gelu_: the GELU's slope after the forward);
+  Act2<T> fc;                  // (N, F) MLP pre-activation (keep_gelu_ but not keep_rounded_: the GELU's slope after);
                                // Llama (N, 2F): [gate | up]
   Act2<T> fc_gelu;             // (N, F) one buffer for every layer (recomputed in reverse) but with keep_gelu_;
                                // Llama: SiLU(gate) up
@@ -778,8 +778,9 @@ void Gpt<T>::forward_block(const ExecSpace& space, Params<T> p, int l, bool cut)
   linear_forward<S>(space, fc, ln2, p, o.fc_w, o.fc_b, r2.pol, !cut);
   const auto r3 = rounded_input(fc_gelu, cut, a0.r_fcg);
   if constexpr (std::is_same<S, T>::value) {
-    // fc holds the slope now.
-    if (r3.dst) gelu_forward_slope_rounded<T>(space, r3.dst, fc.v, cfg_.gelu);
+    // fc keeps the pre-activation where the reverse forms the slope again
+    // (keep_rounded_), else holds the slope now (keep_gelu_).
+    if (r3.dst) gelu_forward_rounded<T>(space, r3.dst, Span2<const T>(fc.v), cfg_.gelu);
     else if (keep_gelu_) gelu_forward_slope_in_place<T>(space, fc_gelu.v, fc.v, cfg_.gelu);
     else gelu_forward<S>(space, fc_gelu, fc, cfg_.gelu);
   } else if (cut) {
@@ -965,9 +966,12 @@ bool Gpt<T>::accumulate_res(const ExecSpace& space, const Act2<T>& res, const Ac
 // gelu(fc) is recomputed (a shared buffer, see the planner) except where
 // the forward kept it and left gelu'(fc) in fc (keep_gelu_). Without
 // directions the recomputation leaves gelu'(fc) in d_fc, which the GELU's
-// reverse then scales by d fc_gelu in place; with keep_rounded_ that
-// reverse writes d fc as c_fc's products read it too (in FP32 only for
-// c_fc's bias), into the room with_rounded_adjoint would round it into.
+// reverse then scales by d fc_gelu in place. With keep_rounded_ the forward
+// kept gelu(fc) rounded and fc itself, and the GELU's reverse forms
+// gelu'(fc) again and writes d fc as c_fc's products read it too (in FP32
+// only for c_fc's bias), into the room with_rounded_adjoint would round it
+// into: one GELU evaluation more, memory-bound on a GPU, for a plane of
+// slopes neither written nor read.
 // Leaves d fc in the adjoints; returns c_fc's policy.
 template <class T>
 template <class S>
@@ -982,12 +986,11 @@ kernels::GemmPolicy<T> Gpt<T>::reverse_gelu(const ExecSpace& space, Params<T> p,
     if (!keep_gelu_) gelu_forward_slope<T>(space, a.fc_gelu.v, d_fc.v, a.fc.v, cfg_.gelu);
     linear_reverse<S>(space, d_fcg, g, res, a.fc_gelu, p, o.fc_proj_w, o.fc_proj_b, proj_pol);
     keep_cut<S>(space, l, &CutAdjoints<T>::fc_gelu, d_fcg);
-    const Span2<const T> slope = keep_gelu_ ? a.fc.v : d_fc.v;  // where the slope is
-    if (Bf16Storage<T>* const dst = adjoint_room(d_fc)) {
-      gelu_reverse_slope_rounded<T>(space, o.fc_b >= 0 ? d_fc.v : Span2<T>(), d_fcg.v, slope, dst);
+    if (Bf16Storage<T>* const dst = a.r_fcg ? adjoint_room(d_fc) : nullptr) {
+      gelu_reverse_rounded<T>(space, o.fc_b >= 0 ? d_fc.v : Span2<T>(), d_fcg.v, a.fc.v, cfg_.gelu, dst);
       fc_pol.ahead[2] = {d_fc.v.data(), d_fc.rows() * d_fc.cols(), 1, 0, dst};
     } else {
-      gelu_reverse_slope<T>(space, d_fc.v, d_fcg.v, slope);
+      gelu_reverse_slope<T>(space, d_fc.v, d_fcg.v, keep_gelu_ ? a.fc.v : d_fc.v);  // where the slope is
     }
   } else {
     gelu_forward<S>(space, a.fc_gelu, a.fc, cfg_.gelu);

@@ -314,13 +314,19 @@ void rounded_copies(const ExecSpace& space, const char* label, const T* src, ind
                        RoundedCopies<T, D>{src, dst, src_stride, dst_stride, cols, r0, rows});
 }
 
+// The policy p's ahead slot set to read size contiguous values of src where
+// they lie rounded in dst.
+template <class T>
+void read_rounded(GemmPolicy<T>& p, int slot, const T* src, index_t size, const void* dst) {
+  p.ahead[std::size_t(slot)] = {src, size, 1, 0, dst};
+}
 // rows x cols contiguous values from src rounded into dst (one launch), and
 // the policy p's ahead slot set to read them there.
 template <class T>
 void round_into(const ExecSpace& space, GemmPolicy<T>& p, int slot, const T* src, index_t rows, index_t cols,
                 Bf16Storage<T>* dst) {
   rounded_copies(space, kRoundedAhead, src, 0, cols, 0, rows, 1, dst, 0);
-  p.ahead[std::size_t(slot)] = {src, rows * cols, 1, 0, dst};
+  read_rounded(p, slot, src, rows * cols, dst);
 }
 
 // Rows r0 .. r0 + rows - 1 of src rounded to bfloat16 values in dst.

@@ -115,16 +115,26 @@ constexpr bool kHostGelu = true;
 #else
 constexpr bool kHostGelu = false;
 #endif
+// On a host space, exact GELU's f(x) and f'(x) in float formed by
+// host_vec.cpp chunk by chunk (gelu_chunk elements) into buffers on the
+// stack, and use(i0, n, f, f') called on each chunk's.
+template <class Use>
+void host_gelu_chunks(const ExecSpace& space, const char* label, const float* x, index_t NC, Use use) {
+  const index_t L = gelu_chunk(space, NC);
+  Kokkos::parallel_for(label, range(space, (NC + L - 1) / L), [=](const index_t c) {
+    const index_t i0 = c * L, n = NC - i0 < L ? NC - i0 : L;
+    float f[GeluChunk], f1[GeluChunk];
+    host::gelu_erf_value_slope(x + i0, f, f1, n);
+    use(i0, n, f, f1);
+  });
+}
 template <bool E, class T, class D>
 void gelu_value_rounded_kind(const ExecSpace& space, D* y, const T* x, index_t NC) {
   if constexpr (kHostGelu && E && std::is_same<T, float>::value && std::is_same<D, float>::value) {
-    const index_t L = gelu_chunk(space, NC);
-    Kokkos::parallel_for("gnh::gelu::forward::slope", range(space, (NC + L - 1) / L), [=](const index_t c) {
-      const index_t i0 = c * L, n = NC - i0 < L ? NC - i0 : L;
-      float slope[GeluChunk];
-      host::gelu_erf_value_slope(x + i0, y + i0, slope, n);
-      for (index_t i = i0; i < i0 + n; ++i) y[i] = round_bf16(y[i]);
-    });
+    host_gelu_chunks(space, "gnh::gelu::forward::slope", x, NC,
+                     [=](index_t i0, index_t n, const float* f, const float*) {
+                       for (index_t j = 0; j < n; ++j) y[i0 + j] = round_bf16(f[j]);
+                     });
     return;
   }
   Kokkos::parallel_for(
@@ -137,17 +147,14 @@ void gelu_value_rounded_kind(const ExecSpace& space, D* y, const T* x, index_t N
 template <bool E, class T, class D>
 void gelu_reverse_rounded_kind(const ExecSpace& space, T* dx, const T* dy, const T* x, D* rounded, index_t NC) {
   if constexpr (kHostGelu && E && std::is_same<T, float>::value && std::is_same<D, float>::value) {
-    const index_t L = gelu_chunk(space, NC);
-    Kokkos::parallel_for("gnh::gelu::reverse::slope", range(space, (NC + L - 1) / L), [=](const index_t c) {
-      const index_t i0 = c * L, n = NC - i0 < L ? NC - i0 : L;
-      float y[GeluChunk], slope[GeluChunk];
-      host::gelu_erf_value_slope(x + i0, y, slope, n);
-      for (index_t j = 0; j < n; ++j) {
-        const float v = dy[i0 + j] * slope[j];
-        rounded[i0 + j] = round_bf16(v);
-        if (dx) dx[i0 + j] = v;
-      }
-    });
+    host_gelu_chunks(space, "gnh::gelu::reverse::slope", x, NC,
+                     [=](index_t i0, index_t n, const float*, const float* slope) {
+                       for (index_t j = 0; j < n; ++j) {
+                         const float v = dy[i0 + j] * slope[j];
+                         rounded[i0 + j] = round_bf16(v);
+                         if (dx) dx[i0 + j] = v;
+                       }
+                     });
     return;
   }
   Kokkos::parallel_for(

@@ -87,9 +87,17 @@ RoundedInput<T> rounded_input_room(const GemmPolicy<T>& pol, const Act2<T>& x, i
   if (!pol.bf16 || K == 0 || std::size_t((1 + K) * N * in) * sizeof(D) > pol.layer_input.extent(0) * sizeof(T))
     return r;
   r.dst = reinterpret_cast<D*>(pol.layer_input.data());
-  r.pol.ahead[2] = {x.v.data(), N * in, 1, 0, r.dst};
-  r.pol.ahead[3] = {x.d.data(), K * N * in, 1, 0, r.dst + N * in};
+  read_rounded(r.pol, 2, x.v.data(), N * in, r.dst);
+  read_rounded(r.pol, 3, x.d.data(), K * N * in, r.dst + N * in);
   return r;
+}
+
+// pol with ahead slot `slot` reading x's values where the kernel that formed
+// them wrote them rounded, in room; pol as given where room is null.
+template <class T>
+GemmPolicy<T> reading_rounded(GemmPolicy<T> pol, int slot, const Act2<T>& x, const Bf16Storage<T>* room) {
+  if (room) read_rounded(pol, slot, x.v.data(), x.rows() * x.cols(), room);
+  return pol;
 }
 
 // Under bf16-amp in a reverse, where the owner gave room (layer_input holds

@@ -724,7 +724,7 @@ void reverse_block_rounded(const ExecSpace& space, Act2<T> dh, Grads<T> g, Act1<
     for_rows<T>(space, "gnh::lm_head_xent::reverse::softmax", nc,
                 HeadSoftmaxRounded<T>{Span2<const T>(zc, nc, V), dz, lse.v, targets, a, V, kept}, shape);
     GemmPolicy<T> cp = pol;
-    cp.ahead[3] = {zc, nc * V, 1, 0, dz};
+    read_rounded(cp, 3, zc, nc * V, dz);
     gemm<T>(space, cp, "N", "N", T(1), block(zc, 0, nc, V), block(W, 0, V, C), T(0), block(dh.v.data(), a * C, nc, C));
     if (g.per_sequence()) sequence_weight_products(space, cp, g, zc, h.v.data(), a, nc, w, V, C);
     else if (g.v.extent(0) > 0)

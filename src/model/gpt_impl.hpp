@@ -700,9 +700,7 @@ template <class T>
 kernels::detail::RoundedInput<T> Gpt<T>::rounded_input(const Act2<T>& in, bool cut,
                                                        kernels::Bf16Storage<T>* kept) const {
   if (cut) return kernels::detail::rounded_input_room(weights_gemm_, in, shape_.directions);
-  kernels::detail::RoundedInput<T> r{weights_gemm_, kept};
-  if (kept) r.pol.ahead[2] = {in.v.data(), in.rows() * in.cols(), 1, 0, kept};
-  return r;
+  return {kernels::detail::reading_rounded(weights_gemm_, 2, in, kept), kept};
 }
 
 // With keep_rounded_ the reverse's products read a layer's input x where the
@@ -710,9 +708,7 @@ kernels::detail::RoundedInput<T> Gpt<T>::rounded_input(const Act2<T>& in, bool c
 // it is): the same bfloat16 values it would round x to.
 template <class T>
 kernels::GemmPolicy<T> Gpt<T>::kept_input(const Act2<T>& x, const kernels::Bf16Storage<T>* kept) const {
-  kernels::GemmPolicy<T> pol = weights_gemm_;
-  if (kept) pol.ahead[3] = {x.v.data(), x.rows() * x.cols(), 1, 0, kept};
-  return pol;
+  return kernels::detail::reading_rounded(weights_gemm_, 3, x, kept);
 }
 
 // With keep_rounded_, where an adjoint dy's producer writes it rounded for
@@ -988,7 +984,7 @@ kernels::GemmPolicy<T> Gpt<T>::reverse_gelu(const ExecSpace& space, Params<T> p,
     keep_cut<S>(space, l, &CutAdjoints<T>::fc_gelu, d_fcg);
     if (Bf16Storage<T>* const dst = a.r_fcg ? adjoint_room(d_fc) : nullptr) {
       gelu_reverse_rounded<T>(space, o.fc_b >= 0 ? d_fc.v : Span2<T>(), d_fcg.v, a.fc.v, cfg_.gelu, dst);
-      fc_pol.ahead[2] = {d_fc.v.data(), d_fc.rows() * d_fc.cols(), 1, 0, dst};
+      fc_pol = kernels::detail::reading_rounded(fc_pol, 2, d_fc, dst);
     } else {
       gelu_reverse_slope<T>(space, d_fc.v, d_fcg.v, keep_gelu_ ? a.fc.v : d_fc.v);  // where the slope is
     }
@@ -1021,9 +1017,8 @@ bool Gpt<T>::reverse_block(const ExecSpace& space, Params<T> p, Grads<T> g, int 
   const bool parallel = cfg_.parallel_residual;
   auto keep = [&](Act2<T> CutAdjoints<T>::*which, const Act2<T>& adj) { keep_cut<S>(space, l, which, adj); };
   // The policy of a product reading res, where it is in the adjoint room.
-  const auto res_pol = [&](GemmPolicy<T> pol, bool rounded) {
-    if (rounded) pol.ahead[2] = {res.v.data(), res.rows() * res.cols(), 1, 0, adjoint_room(res)};
-    return pol;
+  const auto res_pol = [&](const GemmPolicy<T>& pol, bool rounded) {
+    return kernels::detail::reading_rounded(pol, 2, res, rounded ? adjoint_room(res) : nullptr);
   };
   // The parallel residual's attention reads d x_out before the MLP's adjoint
   // is added to res.
@@ -1056,8 +1051,7 @@ bool Gpt<T>::reverse_block(const ExecSpace& space, Params<T> p, Grads<T> g, int 
   if (rotary_dims_ > 0)
     rotary_reverse<S>(space, d_qkv, d_qkv, cfg_.head_size(), rotary_dims_, rotary_table_, RotarySegments{3, 2});
   if (!a.r_ln1) layernorm_forward<S>(space, a.ln1, a.ln1_mean, a.ln1_rstd, x_in(l), p, o.ln1_w, o.ln1_b, cfg_.ln_eps);
-  GemmPolicy<T> qkv_pol = kept_input(a.ln1, a.r_ln1);
-  if (qkv_room) qkv_pol.ahead[2] = {d_qkv.v.data(), d_qkv.rows() * d_qkv.cols(), 1, 0, qkv_room};
+  const GemmPolicy<T> qkv_pol = kernels::detail::reading_rounded(kept_input(a.ln1, a.r_ln1), 2, d_qkv, qkv_room);
   linear_reverse<S>(space, c1, g, d_qkv, a.ln1, p, o.attn_w, o.attn_b, qkv_pol);
   keep(&CutAdjoints<T>::ln1, c1);
   layernorm_reverse<S>(space, c2, g, c1, x_in(l), a.ln1_mean, a.ln1_rstd, p, o.ln1_w, o.ln1_b);
@@ -1082,9 +1076,8 @@ bool Gpt<T>::reverse_block_llama(const ExecSpace& space, Params<T> p, Grads<T> g
   // x_out = x_mid + down(silu(gate(n2)) up(n2)), n2 = rmsnorm_2(x_mid); the
   // gate's output is recomputed (a shared buffer) but where the forward kept it.
   if (!keep_gelu_) swiglu_forward<S>(space, a.fc_gelu, a.fc);
-  const auto res_pol = [&](GemmPolicy<T> pol, bool rounded) {
-    if (rounded) pol.ahead[2] = {d.res.v.data(), d.res.rows() * d.res.cols(), 1, 0, adjoint_room(d.res)};
-    return pol;
+  const auto res_pol = [&](const GemmPolicy<T>& pol, bool rounded) {
+    return kernels::detail::reading_rounded(pol, 2, d.res, rounded ? adjoint_room(d.res) : nullptr);
   };
   linear_reverse<S>(space, d.fc_gelu, g, d.res, a.fc_gelu, p, o.fc_proj_w, -1,
                     res_pol(kept_input(a.fc_gelu, a.r_fcg), res_rounded));

@@ -264,15 +264,18 @@ void gelu_reverse_kind(const ExecSpace& space, Act2<base_t<S>> dx, Act2<base_t<S
 }
 // y = f(x) with the slope f'(x) beside it (the plain reverse's pair).
 
-// GELU's output column j from its input's planes, for elementwise_cut.
+// GELU's output column j from its input's planes, for elementwise_cut: y =
+// f(x), c = (f'(x), f''(x)).
 template <bool E, class T>
 struct GeluElement {
-  KOKKOS_INLINE_FUNCTION void operator()(const T* x, const T* xd, const T* xdd, index_t j, T& y, T& y1, T& y2) const {
-    T f1, f2;
-    gelu_derivatives<E, 1>(x[j], y, f1, f2);
+  static constexpr int kCoefficients = 2;
+  KOKKOS_INLINE_FUNCTION void primal(const T* x, index_t j, T& y, T* c) const {
+    gelu_derivatives<E, 1>(x[j], y, c[0], c[1]);
+  }
+  KOKKOS_INLINE_FUNCTION void tangents(const T* c, const T* xd, const T* xdd, index_t j, T& y1, T& y2) const {
     const T d = xd[j];
-    y1 = f1 * d;
-    y2 = f2 * d * d + f1 * xdd[j];
+    y1 = c[0] * d;
+    y2 = c[1] * d * d + c[0] * xdd[j];
   }
 };
 }  // namespace detail

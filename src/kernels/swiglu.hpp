@@ -58,14 +58,18 @@ void for_gate_chunks(const ExecSpace& space, const char* label, index_t N, index
 
 // The gate's output column j from its input's planes (x = [a | b], F
 // columns each), for elementwise_cut.
+// y = silu(a) b, c = (silu(a), silu'(a), silu''(a), b).
 template <class T>
 struct SwigluElement {
+  static constexpr int kCoefficients = 4;
   index_t F;
-  KOKKOS_INLINE_FUNCTION void operator()(const T* x, const T* xd, const T* xdd, index_t j, T& y, T& y1, T& y2) const {
-    T silu, s1, s2;
-    silu_coefficients(x[j], silu, s1, s2);
-    const T b = x[F + j], ad = xd[j], bd = xd[F + j];
-    y = silu * b;
+  KOKKOS_INLINE_FUNCTION void primal(const T* x, index_t j, T& y, T* c) const {
+    silu_coefficients(x[j], c[0], c[1], c[2]);
+    c[3] = x[F + j];
+    y = c[0] * c[3];
+  }
+  KOKKOS_INLINE_FUNCTION void tangents(const T* c, const T* xd, const T* xdd, index_t j, T& y1, T& y2) const {
+    const T silu = c[0], s1 = c[1], s2 = c[2], b = c[3], ad = xd[j], bd = xd[F + j];
     y1 = s1 * ad * b + silu * bd;
     y2 = (s2 * ad * ad + s1 * xdd[j]) * b + T(2) * s1 * ad * bd + silu * xdd[F + j];
   }

@@ -9,6 +9,7 @@
 // op. Each check below states K and the magnitude it multiplies.
 #include <catch2/catch.hpp>
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -618,6 +619,14 @@ struct Planes {
     close(cv, rv);
     close(cd, rd);
   }
+  // y and y' of the two outputs bit for bit: the model's tangents take the
+  // same arithmetic with and without cuts (its G.v bit for bit), so the
+  // cut's kernel forms them as the op's forward does, compiled for the same
+  // x86-64 level (kernels/cloned.hpp).
+  void same_bits() const {
+    REQUIRE(std::memcmp(cv.data(), rv.data(), sizeof(float) * cv.extent(0)) == 0);
+    REQUIRE(std::memcmp(cd.data(), rd.data(), sizeof(float) * cd.extent(0)) == 0);
+  }
   // Written as the next product's rounded input (out: y's plane, then the
   // K planes of y'): the bfloat16 rounding of the y and y' written without
   // out, bit for bit, and the same contraction.
@@ -637,42 +646,46 @@ struct Planes {
 TEST_CASE("GELU and SwiGLU with an adjoint cut: y and y' of the second-order forward, y'' contracted and not stored",
           "[kernels]") {
   // gelu_forward_cut against gelu_forward<Jet2>: the same y and y' (the
-  // same expressions, to an ulp or two), y (the output) without second-order
+  // same expressions, bit for bit), y (the output) without second-order
   // planes, and acc(k, n) += sum_c adj(n, c) y''(k, n, c) for the stored
   // y''. The sum is C float products added in float: within (C + 2) eps of
   // the sum of their magnitudes. A wrong row, direction or column of adj
   // or x'' is O(1) off.
+  // Two sizes: a row within one chunk of columns and a group of directions
+  // of the host's kernel (kernels/cut.hpp, ElementwiseCutHostRow), and rows
+  // of 600 columns (three chunks, the last partial) in 18 directions (two
+  // groups, the last partial).
   using T = float;
-  const gnh::index_t N = 9, C = 37, K = 3;
-  for (const Gelu kind : {Gelu::erf, Gelu::tanh}) {
-    CAPTURE(int(kind));
-    std::mt19937 g(23);
-    const cut_test::Planes t(K, N, C, g, 2.0f);
-    View2<double> acc = cut_test::start(K, N);
-    kernels::gelu_forward<Jet2<T>>(ExecSpace(), t.ref, t.x, kind);
-    kernels::gelu_forward_cut<T>(ExecSpace(), t.cut, t.x, kind, t.adj, acc);
-    View1<T> out("out", (1 + K) * N * C);
-    View2<double> acc_out = cut_test::start(K, N);
-    kernels::gelu_forward_cut<T>(ExecSpace(), t.cut, t.x, kind, t.adj, acc_out, out.data());
-    ExecSpace().fence();
-    t.same_values();
-    cut_test::check(acc, t.av, t.rdd, K, N, C);
-    t.same_rounded(out, acc, acc_out);
-  }
-  // SwiGLU's gate (x = [a | b], 2F columns) likewise.
-  std::mt19937 g(31);
-  const gnh::index_t F = 19;
-  const cut_test::Planes t(K, N, 2 * F, g, 2.0f, F);
-  View2<double> acc = cut_test::start(K, N);
-  kernels::swiglu_forward<Jet2<T>>(ExecSpace(), t.ref, t.x);
-  kernels::swiglu_forward_cut<T>(ExecSpace(), t.cut, t.x, t.adj, acc);
-  View1<T> out("out", (1 + K) * N * F);
-  View2<double> acc_out = cut_test::start(K, N);
-  kernels::swiglu_forward_cut<T>(ExecSpace(), t.cut, t.x, t.adj, acc_out, out.data());
-  ExecSpace().fence();
-  t.same_values();
-  cut_test::check(acc, t.av, t.rdd, K, N, F);
-  t.same_rounded(out, acc, acc_out);
+  for (const auto& [N, C, K, F] : {std::array<gnh::index_t, 4>{9, 37, 3, 19}, {3, 600, 18, 300}})
+    for (const Gelu kind : {Gelu::erf, Gelu::tanh}) {
+      CAPTURE(N, C, K, int(kind));
+      std::mt19937 g(23);
+      const cut_test::Planes t(K, N, C, g, 2.0f);
+      View2<double> acc = cut_test::start(K, N);
+      kernels::gelu_forward<Jet2<T>>(ExecSpace(), t.ref, t.x, kind);
+      kernels::gelu_forward_cut<T>(ExecSpace(), t.cut, t.x, kind, t.adj, acc);
+      View1<T> out("out", (1 + K) * N * C);
+      View2<double> acc_out = cut_test::start(K, N);
+      kernels::gelu_forward_cut<T>(ExecSpace(), t.cut, t.x, kind, t.adj, acc_out, out.data());
+      ExecSpace().fence();
+      t.same_bits();
+      cut_test::check(acc, t.av, t.rdd, K, N, C);
+      t.same_rounded(out, acc, acc_out);
+      if (kind == Gelu::tanh) continue;
+      // SwiGLU's gate (x = [a | b], 2F columns) likewise.
+      std::mt19937 gs(31);
+      const cut_test::Planes s(K, N, 2 * F, gs, 2.0f, F);
+      View2<double> sacc = cut_test::start(K, N);
+      kernels::swiglu_forward<Jet2<T>>(ExecSpace(), s.ref, s.x);
+      kernels::swiglu_forward_cut<T>(ExecSpace(), s.cut, s.x, s.adj, sacc);
+      View1<T> sout("out", (1 + K) * N * F);
+      View2<double> sacc_out = cut_test::start(K, N);
+      kernels::swiglu_forward_cut<T>(ExecSpace(), s.cut, s.x, s.adj, sacc_out, sout.data());
+      ExecSpace().fence();
+      s.same_bits();
+      cut_test::check(sacc, s.av, s.rdd, K, N, F);
+      s.same_rounded(sout, sacc, sacc_out);
+    }
   // The cut's adjoint must match x's rows and columns.
   Act2<T> y, x, adj;
   View1<T> v1("v1", 4 * 5), v2("v2", 4 * 5), v3("v3", 2 * 4 * 5), v4("v4", 2 * 4 * 5), v5("v5", 3 * 5);

@@ -30,15 +30,17 @@ class BatchClock {
 
 // The gradients of a group of sequences, g (sequences, P), added into the
 // batch's in sequence order, and the sums of each one's squares per chunk of
-// the flat order into partial (sequence, chunk); g is left zero for the next
-// group (one pass over it instead of two). Each form is deterministic for a
-// backend and team size, and independent of the rank that computes it.
-// Element i of one sequence's gradient: added into the batch's, left zero,
-// its square returned.
-template <class T>
+// the flat order into partial (sequence, chunk); where the engine adds into
+// g (an engine of one sequence) g is left zero for the next group (one pass
+// over it instead of two), where it writes g (Gpt::gradient_per_sequence) g
+// is only read. Each form is deterministic for a backend and team size, and
+// independent of the rank that computes it.
+// Element i of one sequence's gradient: added into the batch's, left zero
+// where asked, its square returned.
+template <bool Zero, class T>
 KOKKOS_INLINE_FUNCTION double take_square(T* g, T* grad, const index_t i) {
   const T x = g[i];
-  g[i] = T(0);
+  if (Zero) g[i] = T(0);
   grad[i] += x;
   return double(x) * double(x);
 }
@@ -47,10 +49,10 @@ KOKKOS_INLINE_FUNCTION double take_square(T* g, T* grad, const index_t i) {
 // (consecutive threads, consecutive entries), each entry's sum over a group
 // of up to kGroup sequences kept in a register, so the microbatch's gradient
 // is read and written once a group instead of once a sequence: per entry and
-// sequence 8 bytes (g read and zeroed) where adding sequence by sequence
-// moved 16. Each thread's squares per sequence of the group sit in the
-// team's scratch (a column a thread), and one thread a sequence adds its
-// row of them in thread order: deterministic for a team size.
+// sequence 4 bytes (g read; 8 where it is zeroed too) where adding sequence
+// by sequence moved 16. Each thread's squares per sequence of the group sit
+// in the team's scratch (a column a thread), and one thread a sequence adds
+// its row of them in thread order: deterministic for a team size.
 template <class T>
 struct AccumulateSquares {
   static constexpr int kGroup = 16;
@@ -61,6 +63,7 @@ struct AccumulateSquares {
   const index_t* chunks;
   double* partial;
   index_t sequences, P, n_chunks;
+  bool zero;
   KOKKOS_INLINE_FUNCTION void operator()(const Member& m) const {
     const index_t c = m.league_rank(), ts = m.team_size(), t = m.team_rank();
     const Scratch acc(m.team_scratch(0), kGroup * ts);  // (sequence of the group, thread)
@@ -72,7 +75,7 @@ struct AccumulateSquares {
         for (index_t q = 0; q < nq; ++q) {
           T* const gq = g + (q0 + q) * P;
           const T x = gq[i];
-          gq[i] = T(0);
+          if (zero) gq[i] = T(0);
           s += x;
           acc(q * ts + t) += double(x) * double(x);
         }
@@ -101,7 +104,13 @@ struct AccumulateSquaresLanes {
   const index_t* chunks;
   double* partial;
   index_t sequences, P, n_chunks;
+  bool zero;
   KOKKOS_INLINE_FUNCTION void operator()(const index_t c) const {
+    if (zero) chunk<true>(c);
+    else chunk<false>(c);
+  }
+  template <bool Zero>
+  KOKKOS_INLINE_FUNCTION void chunk(const index_t c) const {
     constexpr int lanes = 8;
     const index_t begin = chunks[c], end = chunks[c + 1];
     for (index_t q = 0; q < sequences; ++q) {
@@ -109,9 +118,9 @@ struct AccumulateSquaresLanes {
       double s[lanes] = {};
       index_t i = begin;
       for (; i + lanes <= end; i += lanes)
-        for (int l = 0; l < lanes; ++l) s[l] += take_square(gq, grad, i + l);
+        for (int l = 0; l < lanes; ++l) s[l] += take_square<Zero>(gq, grad, i + l);
       double total = 0;
-      for (; i < end; ++i) total += take_square(gq, grad, i);
+      for (; i < end; ++i) total += take_square<Zero>(gq, grad, i);
       for (int l = 0; l < lanes; ++l) total += s[l];
       partial[q * n_chunks + c] = total;
     }
@@ -153,23 +162,24 @@ template <class T>
 void SequenceNorms<T>::accumulate_squares(const ExecSpace& space, Span1<T> grad, double* partial) const {
   const index_t G = index_t(g_.extent(0)), P = index_t(g_.extent(1)), n_chunks = index_t(chunk_range_.size());
   constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible;
-  const bool lanes = host && !engine_.shape().gpu_shaped;
-  // Each g read and zeroed, the batch's gradient read and written once a
-  // sequence (lanes) or once a group of AccumulateSquares::kGroup (teams):
-  // the parameters' extents, two for the matrices (C^2, V C), one for the
-  // norms' and biases' vectors.
+  const bool lanes = host && !engine_.shape().gpu_shaped, zero = G == 1;
+  // Each g read (and zeroed where the engine of one sequence adds into it),
+  // the batch's gradient read and written once a sequence (lanes) or once a
+  // group of AccumulateSquares::kGroup (teams): the parameters' extents, two
+  // for the matrices (C^2, V C), one for the norms' and biases' vectors.
   constexpr index_t group = AccumulateSquares<T>::kGroup;
-  const double passes = double(G + (lanes ? G : (G + group - 1) / group));
+  const double passes = double(G * (zero ? 2 : 1) + 2 * (lanes ? G : (G + group - 1) / group));
   kernels::Traffic("gnh::pass::sequence_squares")
-      .add(passes * double(P - vector_params_), 2 * sizeof(T), 2)
-      .add(passes * double(vector_params_), 2 * sizeof(T), 1);
+      .add(passes * double(P - vector_params_), sizeof(T), 2)
+      .add(passes * double(vector_params_), sizeof(T), 1);
   if (lanes) {
-    Kokkos::parallel_for("gnh::pass::sequence_squares", range(space, n_chunks),
-                         AccumulateSquaresLanes<T>{g_.data(), grad.data(), chunks_.data(), partial, G, P, n_chunks});
+    Kokkos::parallel_for(
+        "gnh::pass::sequence_squares", range(space, n_chunks),
+        AccumulateSquaresLanes<T>{g_.data(), grad.data(), chunks_.data(), partial, G, P, n_chunks, zero});
     return;
   }
   using F = AccumulateSquares<T>;
-  const F f{g_.data(), grad.data(), chunks_.data(), partial, G, P, n_chunks};
+  const F f{g_.data(), grad.data(), chunks_.data(), partial, G, P, n_chunks, zero};
   const int most = TeamRange(space, 1, 1).team_size_max(f, Kokkos::ParallelForTag());
   const int ts = host ? std::max(1, most) : std::min(256, most);
   const auto bytes = F::Scratch::shmem_size(F::kGroup * ts);
@@ -194,7 +204,8 @@ LossSum SequenceNorms<T>::gradients(const ExecSpace& space, Span1<const T> param
   for (index_t b = 0; b < n; b += G) {
     const Span2<const std::int32_t> tokens(batch_tokens.data() + b * context, G, context);
     const Span2<const std::int32_t> targets(batch_targets.data() + b * context, G, context);
-    // g_ is zero: see AccumulateSquares.
+    // An engine of one sequence adds into g_, zero (AccumulateSquares left
+    // it so); gradient_per_sequence writes every row.
     const LossSum s = G == 1 ? engine_.gradient(space, params, tokens, targets, Span1<T>(g_.data(), P))
                              : engine_.gradient_per_sequence(space, params, tokens, targets, g_);
     total.sum += s.sum;

@@ -48,12 +48,19 @@ struct Params {
 // v + s seq_stride, and each row's terms go into its sequence's gradient
 // (analysis.per_sequence in one reverse of the batch). Every kernel that
 // accumulates a gradient honours it or refuses it (require_summed).
+// seq_fresh (per sequence): the weight matrices' products write each
+// sequence's first term (beta 0) over whatever its matrix held, the linear
+// layers' and the head's, and the later terms add to it; every other
+// tensor (norms, biases, the embeddings the products do not write) the
+// caller zeroed, and its kernels accumulate as always. The rows then need
+// no zeroing pass, and the products no read of C.
 template <class T>
 struct Grads {
   Span1<T> v;  // (P), or (sequences, seq_stride) flat
   Span2<T> d;  // (K, P) or empty
   index_t seq_rows = 0;
   index_t seq_stride = 0;
+  bool seq_fresh = false;
   KOKKOS_INLINE_FUNCTION bool per_sequence() const { return seq_rows > 0; }
   // The offset of the gradient that row n's terms go into.
   KOKKOS_INLINE_FUNCTION index_t row_offset(index_t n) const { return seq_rows > 0 ? (n / seq_rows) * seq_stride : 0; }

@@ -189,12 +189,13 @@ void linear_reverse(const ExecSpace& space, Act2<base_t<S>> dx, Grads<base_t<S>>
   const GemmPolicy<T> pol = detail::with_rounded_adjoint(space, policy, dy, x, g.v.extent(0) > 0 || K > 0);
   if (dx.rows() > 0) gemm<T>(space, pol, "N", "N", T(1), dy.v, block(W, 0, out, in), T(0), dx.v);
   if (g.per_sequence()) {
-    // Each sequence's own dW_s += dy_s^T x_s: one batch of products of its
+    // Each sequence's own dW_s += dy_s^T x_s (= where seq_fresh: the layer's
+    // one product writes its weight's rows): one batch of products of its
     // rows, the same products as one of all rows, and its bias the column
     // sums of its rows (a plane each).
     const index_t R = g.seq_rows, n_seq = sequences_of("gnh::linear::reverse", g, N);
     gemm_batched<T>(space, pol, "T", "N", T(1), block(dy.v.data(), 0, R, out), R * out, block(x.v.data(), 0, R, in),
-                    R * in, T(1), block(g.v.data(), w, out, in), g.seq_stride, n_seq);
+                    R * in, g.seq_fresh ? T(0) : T(1), block(g.v.data(), w, out, in), g.seq_stride, n_seq);
     if (b >= 0) detail::add_colsum(space, g.v.data() + b, dy.v.data(), R, out, n_seq, g.seq_stride);
   } else if (g.v.extent(0) > 0) {  // an empty g (primal only): dx alone
     gemm<T>(space, pol, "T", "N", T(1), dy.v, x.v, T(1), block(g.v.data(), w, out, in));

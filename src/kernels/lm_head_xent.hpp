@@ -607,13 +607,17 @@ namespace detail {
 // over rows [r0, r0 + nr), split where sequences begin: a partial sequence
 // at either end alone, the whole ones between as one batch, each into its
 // own sequence's gradient at offset w. dz is the tile (nr, vc), h (N, C).
+// The tiles come in increasing rows for each vocabulary chunk, so a piece
+// that begins a sequence holds its first term there: with seq_fresh it
+// writes (beta 0), the tail of a sequence begun in an earlier tile adds.
 template <class T>
 void sequence_weight_products(const ExecSpace& space, const GemmPolicy<T>& pol, const Grads<T>& g, const T* dz,
                               const T* h, index_t r0, index_t nr, index_t w, index_t vc, index_t C) {
   const index_t R = g.seq_rows, end = r0 + nr;
   const auto piece = [&](index_t a, index_t rows, index_t count) {  // count sequences of `rows` from row a
+    const T beta = g.seq_fresh && a % R == 0 ? T(0) : T(1);
     gemm_batched<T>(space, pol, "T", "N", T(1), block(dz, (a - r0) * vc, rows, vc), rows * vc, block(h, a * C, rows, C),
-                    rows * C, T(1), block(g.v.data(), (a / R) * g.seq_stride + w, vc, C), g.seq_stride, count);
+                    rows * C, beta, block(g.v.data(), (a / R) * g.seq_stride + w, vc, C), g.seq_stride, count);
   };
   index_t a = r0;
   if (a % R != 0) {  // the tail of a sequence begun in an earlier tile

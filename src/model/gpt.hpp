@@ -104,10 +104,12 @@ class Gpt {
   // grad (P) += gradient of the batch's summed loss.
   LossSum gradient(const ExecSpace& space, Span1<const T> params, Span2<const std::int32_t> tokens,
                    Span2<const std::int32_t> targets, Span1<T> grad);
-  // grads (B, P): row s += sequence s's own gradient of its summed loss, from
-  // one forward and one reverse of the batch whose weight products are
-  // batched per sequence (kernels' Grads per sequence): the same products as
-  // gradient()'s, of T rows each instead of B T.
+  // grads (B, P): row s = sequence s's own gradient of its summed loss
+  // (whatever the rows held), from one forward and one reverse of the batch
+  // whose weight products are batched per sequence (kernels' Grads per
+  // sequence): the same products as gradient()'s, of T rows each instead of
+  // B T. The weight matrices' first products write their rows (beta 0), the
+  // rest of each row is zeroed first (Grads::seq_fresh).
   LossSum gradient_per_sequence(const ExecSpace& space, Span1<const T> params, Span2<const std::int32_t> tokens,
                                 Span2<const std::int32_t> targets, Span2<T> grads);
   // dirs (K, P); grad (P) += gradient, hv (K, P) += H_sum dirs_k (H of the summed loss).
@@ -190,6 +192,8 @@ class Gpt {
   Act2<T> act2_planes(const char* name, index_t rows, index_t cols, index_t K, index_t KK);
   Act1<T> act1(const char* name, index_t n, bool tangents, bool second);
   void check_batch(Span2<const std::int32_t> tokens, Span2<const std::int32_t> targets) const;
+  void plan_accumulated();
+  void zero_accumulated(const ExecSpace& space, Span2<T> grads);
 
   ModelConfig cfg_;
   ParamLayout layout_;
@@ -198,9 +202,14 @@ class Gpt {
   kernels::AttentionScratch<T> att_scratch_;                        // the batched path's score planes
   bool att_fused_ = false;                 // the batched path's forward fused (kernels/attention_fused.hpp)
   kernels::detail::TokenWork token_work_;  // GPU-shaped reverse: the embedding's rows grouped on the device
-  bool fused_qkv_ = false;                 // Llama's q, k, v projections as one GEMM (gpt_impl.hpp)
-  index_t rotary_dims_ = 0;                // dims of each head rotated (0: no rotary embedding)
-  View2<T> rotary_table_;                  // cos and sin of every position's angles (kernels/rotary.hpp)
+  struct {
+    bool planned = false;
+    View1<index_t> bounds;  // chunks' (first, end) pairs
+    index_t vectors = 0, matrices = 0;
+  } accumulated_;            // what gradient_per_sequence zeroes (plan_accumulated)
+  bool fused_qkv_ = false;   // Llama's q, k, v projections as one GEMM (gpt_impl.hpp)
+  index_t rotary_dims_ = 0;  // dims of each head rotated (0: no rotary embedding)
+  View2<T> rotary_table_;    // cos and sin of every position's angles (kernels/rotary.hpp)
   Shape shape_;
   index_t N_;
   std::vector<View1<T>> owned_;

@@ -91,6 +91,22 @@ struct CutRow {
     lanes.single([&] { acc(k, n) += double(s); });
   }
 };
+
+// Zeroes chunk c of every sequence's gradient: a team per (sequence, chunk),
+// bounds holding each chunk's first entry and end.
+template <class T>
+struct ZeroSequenceChunks {
+  T* g;
+  const index_t* bounds;
+  index_t n_chunks, stride;
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& m) const {
+    const index_t s = m.league_rank() / n_chunks, c = m.league_rank() - s * n_chunks;
+    T* const row = g + s * stride;
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(m, bounds[2 * c], bounds[2 * c + 1]),
+                         [&](const index_t i) { row[i] = T(0); });
+  }
+};
 }  // namespace gpt_detail
 
 template <class T>
@@ -1156,11 +1172,56 @@ LossSum Gpt<T>::gradient_per_sequence(const ExecSpace& space, Span1<const T> par
   kernels::require_extent("gnh::gpt::gradient_per_sequence", "gradient length", grads.extent(1), layout_.size());
   const Params<T> p{params, {}};
   const LossSum out = forward<T>(space, p, tokens, targets, !head_fused_);
+  zero_accumulated(space, grads);
   Grads<T> g{Span1<T>(grads.data(), grads.size()), {}};
   g.seq_rows = shape_.context;
   g.seq_stride = layout_.size();
+  g.seq_fresh = true;
   reverse<T>(space, p, g, tokens, targets);
   return head_fused_ ? reverse_losses(space, targets) : out;
+}
+
+// The tensors of a sequence's gradient that the reverse adds into instead of
+// writing (Grads::seq_fresh): all but the weight matrices of the linear
+// layers and the head (the 2-D tensors other than wpe and an untied wte,
+// which the embedding's rows add into), as chunks of at most 2^16 entries
+// (a team each), and how many of their entries are matrices'.
+template <class T>
+void Gpt<T>::plan_accumulated() {
+  const ParamLayout& L = layout_;
+  constexpr index_t chunk = index_t(1) << 16;
+  std::vector<std::pair<index_t, index_t>> ranges;  // adjacent tensors merged
+  accumulated_.vectors = accumulated_.matrices = 0;
+  for (const TensorInfo& t : L.tensors()) {
+    const bool untied_wte = t.offset == L.wte && L.wte != L.lm_head;
+    if (t.shape.size() == 2 && t.offset != L.wpe && !untied_wte) continue;
+    (t.shape.size() == 2 ? accumulated_.matrices : accumulated_.vectors) += index_t(t.size);
+    const index_t begin = index_t(t.offset), end = index_t(t.offset + t.size);
+    if (!ranges.empty() && ranges.back().second == begin) ranges.back().second = end;
+    else ranges.emplace_back(begin, end);
+  }
+  std::vector<index_t> bounds;
+  for (const auto& [begin, end] : ranges)
+    for (index_t at = begin; at < end; at += chunk) {
+      bounds.push_back(at);
+      bounds.push_back(std::min(end, at + chunk));
+    }
+  accumulated_.bounds = View1<index_t>("gnh::gpt::accumulated_chunks", bounds.size());
+  Kokkos::deep_copy(accumulated_.bounds, View1<index_t, HostSpace>(bounds.data(), bounds.size()));
+  accumulated_.planned = true;
+}
+
+template <class T>
+void Gpt<T>::zero_accumulated(const ExecSpace& space, Span2<T> grads) {
+  if (!accumulated_.planned) plan_accumulated();
+  const index_t n_chunks = index_t(accumulated_.bounds.extent(0) / 2), S = grads.extent(0);
+  if (n_chunks == 0 || S == 0) return;
+  kernels::Traffic("gnh::gpt::zero_accumulated")
+      .add(double(S * accumulated_.vectors), sizeof(T), 1)
+      .add(double(S * accumulated_.matrices), sizeof(T), 2);
+  Kokkos::parallel_for(
+      "gnh::gpt::zero_accumulated", TeamRange(space, S * n_chunks, Kokkos::AUTO),
+      gpt_detail::ZeroSequenceChunks<T>{grads.data(), accumulated_.bounds.data(), n_chunks, index_t(grads.extent(1))});
 }
 
 template <class T>

@@ -112,6 +112,8 @@ Bf16Gradient bf16_gradient(const ModelConfig& cfg, const View1<float>& p, const 
   Gpt<float> m(cfg, s);
   Bf16Gradient r{m.workspace_bytes(), m.attention_fused(), 0, View1<float>("g", P), View2<float>("per", B, P)};
   r.loss = m.gradient(ExecSpace(), p, tok, tgt, r.g).sum;
+  // gradient_per_sequence writes its rows whatever they held.
+  Kokkos::deep_copy(r.per, std::numeric_limits<float>::quiet_NaN());
   m.gradient_per_sequence(ExecSpace(), p, tok, tgt, r.per);
   return r;
 }
@@ -500,11 +502,14 @@ TEST_CASE("the fused attention reverse: the gradient of the batched GEMMs, witho
     REQUIRE(std::abs(f.loss - b.loss) <= ulp * std::abs(b.loss));
     auto check = [&](const float* x, const float* y, index_t n) {
       double scale = 0, err = 0;
+      index_t not_finite = 0;  // std::max passes NaN over
       for (index_t i = 0; i < n; ++i) {
         scale = std::max(scale, std::abs(double(y[i])));
         err = std::max(err, std::abs(double(x[i]) - double(y[i])));
+        not_finite += !std::isfinite(x[i]) + !std::isfinite(y[i]);
       }
       CAPTURE(err, scale);
+      REQUIRE(not_finite == 0);
       REQUIRE(scale > 0);
       REQUIRE(err <= ulp * scale);
     };
@@ -817,7 +822,9 @@ TEMPLATE_TEST_CASE("each sequence's own gradient from one reverse of the batch i
   // and the head's tiles at sequence boundaries (tiles of 7 rows straddle the
   // sequences of 5, vocabulary chunks of 11); each row of its result must be
   // the gradient of an engine of that sequence alone, in every family, and a
-  // padded sequence (targets ignored) exactly zero. Both sides add the same
+  // padded sequence (targets ignored) exactly zero, whatever the rows held
+  // before (NaN here: the weight matrices' first products write them, the
+  // rest is zeroed, tied and untied wte alike). Both sides add the same
   // terms, in orders that differ only in how the head's tile and chunk
   // products group them: a few roundings of the largest entry, 64 units
   // (eps of T) bounds that, while a row sent to the wrong sequence moves
@@ -853,6 +860,7 @@ TEMPLATE_TEST_CASE("each sequence's own gradient from one reverse of the batch i
     s.head_chunk_vocab = 11;
     Gpt<T> batch(cfg, s);
     View2<T> per("per", B, P);
+    Kokkos::deep_copy(per, std::numeric_limits<T>::quiet_NaN());
     const LossSum all = batch.gradient_per_sequence(ExecSpace(), p, tok, tgt, per);
     s.batch = 1;
     Gpt<T> one(cfg, s);
@@ -865,12 +873,15 @@ TEMPLATE_TEST_CASE("each sequence's own gradient from one reverse of the batch i
       };
       loss += one.gradient(ExecSpace(), p, row(tok), row(tgt), g).sum;
       double diff = 0, largest = 0, padding = 0;
+      index_t not_finite = 0;  // std::max passes NaN over
       for (index_t i = 0; i < P; ++i) {
         diff = std::max(diff, std::abs(double(per(b, i)) - double(g(i))));
         largest = std::max(largest, std::abs(double(g(i))));
         padding = std::max(padding, std::abs(double(per(b, i))));
+        not_finite += !std::isfinite(per(b, i));
       }
       CAPTURE(b, diff, largest);
+      REQUIRE(not_finite == 0);
       if (b == B - 1) REQUIRE(padding == 0.0);
       else REQUIRE((largest > 0 && diff <= tol * largest));
     }

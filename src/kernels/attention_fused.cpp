@@ -133,20 +133,15 @@ inline Carve carve_of(index_t hp, bool tan, bool sec) {
   // the end, each warp's output rows (FP32).
   const std::size_t sc = std::max({score_planes * kWarps * 16 * kKt * sizeof(float),
                                    std::size_t(kWarps) * 16 * h * sizeof(float), q_planes * kR * h * 2});
-  // The probability tiles' region stages the second output's rows at the
-  // end of a direction's pass (its first output is in the score region).
-  const std::size_t pr = std::max(prob_planes * kWarps * 16 * kKt * 2, sec ? std::size_t(kWarps) * 16 * h * 4 : 0);
   Carve c;
   c.scores = aligned(key_planes * kKt * h * 2);
   c.probs = c.scores + aligned(sc);
-  c.stats = c.probs + aligned(pr);
-  c.total = c.stats + aligned(5 * kR * sizeof(float)) + kAlign;
+  c.stats = c.probs + aligned(prob_planes * kWarps * 16 * kKt * 2);
+  c.total = c.stats + aligned(4 * kR * sizeof(float)) + kAlign;
   return c;
 }
 
-// One team: 32 query rows of (sequence b, query head h), and with tangents
-// of direction dir: the primal's team walks the keys twice (statistics,
-// outputs), a direction's once, from the primal's lse and y.
+// One team: 32 query rows of (sequence b, query head h, direction dir).
 template <bool Tan, bool Sec>
 struct FusedForward {
   Act2<float> q, k, v, y;
@@ -157,7 +152,7 @@ struct FusedForward {
   Bf16Storage<float>* out = nullptr;
   bool keep_y = false;  // with out: y written too
   index_t N = 0;
-  index_t B = 0, Tc = 0, H = 0, G = 0, hs = 0, hp = 0, nq = 0, dirs = 1;
+  index_t Tc = 0, H = 0, G = 0, hs = 0, hp = 0, nq = 0, dirs = 1;
   index_t col[3] = {0, 0, 0}, stride[3] = {0, 0, 0};  // q, k, v: first column, head stride
   float scale = 0;
   Carve carve;
@@ -242,110 +237,69 @@ struct FusedForward {
       const index_t r = wi * 16 + i, t = w.r0 + r;
       if (r >= w.nr || kt0 > t) continue;
       const index_t n = t - kt0 + 1 < kKt ? t - kt0 + 1 : kKt;
-      const float* s0 = sc + i * kKt;
+      const float *s0 = sc + i * kKt, *s1 = s0 + kTile, *s2 = s0 + 2 * kTile;
       float mt = 0;
       Kokkos::parallel_reduce(
           Kokkos::ThreadVectorRange(team, n),
           [&](const index_t s, float& a) { a = scale * s0[s] > a ? scale * s0[s] : a; }, Kokkos::Max<float>(mt));
       const float m = st[r] > mt ? st[r] : mt, alpha = jexp(st[r] - m);
-      float se = 0;
+      float se = 0, s1e = 0, s2e = 0;
       Kokkos::parallel_reduce(
           Kokkos::ThreadVectorRange(team, n), [&](const index_t s, float& a) { a += jexp(scale * s0[s] - m); }, se);
+      if (Tan)
+        Kokkos::parallel_reduce(
+            Kokkos::ThreadVectorRange(team, n),
+            [&](const index_t s, float& a) { a += jexp(scale * s0[s] - m) * (scale * s1[s]); }, s1e);
+      if (Sec)
+        Kokkos::parallel_reduce(
+            Kokkos::ThreadVectorRange(team, n),
+            [&](const index_t s, float& a) {
+              const float d = scale * s1[s];
+              a += jexp(scale * s0[s] - m) * (2 * scale * s2[s] + d * d);
+            },
+            s2e);
       Kokkos::single(Kokkos::PerThread(team), [&] {
         st[r] = m;
         st[kR + r] = alpha * st[kR + r] + se;
+        st[2 * kR + r] = alpha * st[2 * kR + r] + s1e;
+        st[3 * kR + r] = alpha * st[3 * kR + r] + s2e;
       });
     }
   }
-  // lse of the team's rows, in st (over m) and out.
+  // lse, lse', lse'' of the team's rows, in st (over m, a1, a2) and out.
   KOKKOS_INLINE_FUNCTION void finish(const Member& team, const Where& w, float* st) const {
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, w.nr), [&](const index_t r) {
-      const float L = st[r] + jlog(st[kR + r]);
+      const float l = st[kR + r], L = st[r] + jlog(l);
+      const float l1 = Tan ? st[2 * kR + r] / l : 0.0f, l2 = Sec ? st[3 * kR + r] / l - l1 * l1 : 0.0f;
       st[r] = L;
-      lse.v((w.b * H + w.h) * Tc + w.r0 + r) = L;
+      st[2 * kR + r] = l1;
+      st[3 * kR + r] = l2;
+      const index_t gi = (w.b * H + w.h) * Tc + w.r0 + r;
+      if (w.dir == 0) lse.v(gi) = L;
+      if (Tan) lse.d(w.dir, gi) = l1;
+      if (Sec) lse.dd(w.dir, gi) = l2;
     });
   }
-  // One warp's P (bfloat16) from its score tiles.
+  // One warp's P, P', P'' and 2P' (bfloat16) from its score tiles.
   KOKKOS_INLINE_FUNCTION void probabilities(const Member& team, const Where& w, int wi, index_t kt0, const float* sc,
                                             const float* st, std::uint16_t* pr) const {
     Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, kTile), [&](const index_t e) {
       const index_t i = e / kKt, s = e % kKt, r = wi * 16 + i;
       const bool ok = r < w.nr && kt0 + s <= w.r0 + r;
-      pr[e] = bf16_bits(ok ? jexp(scale * sc[e] - st[r]) : 0.0f);
+      const float p = ok ? jexp(scale * sc[e] - st[r]) : 0.0f;
+      pr[e] = bf16_bits(p);
+      if (!Tan) return;
+      const float e1 = ok ? scale * sc[kTile + e] - st[2 * kR + r] : 0.0f;
+      const std::uint16_t p1 = bf16_bits(p * e1);
+      pr[kTile + e] = p1;
+      if (!Sec) return;
+      const float e2 = ok ? e1 * e1 + 2 * scale * sc[2 * kTile + e] - st[3 * kR + r] : 0.0f;
+      pr[2 * kTile + e] = bf16_bits(p * e2);
+      pr[3 * kTile + e] = bf16_bits(2.0f * bf16_value(p1));  // exact
     });
   }
-  // A direction's planes of one warp's rows from its score tiles, with the
-  // primal's lse L in st[r]: p = exp(s - L), d = s' - c, q = d^2 + s'' - c2
-  // (s'' = 2 scale Q'K'^T), and p, p d, p q and 2 p d rounded to bfloat16;
-  // the row's sums of p d and p q added into st[2 kR + r], st[3 kR + r]
-  // (FP32). The centres c and c2 (st[kR + r], st[4 kR + r]) are the means of
-  // s' and of d^2 + s'' under p over the first key tile, taken there: any
-  // row constants give the same outputs (write_direction), and these keep
-  // the rounded planes of the order of the centred p' and p'' (exactly
-  // those where the first tile holds the row's keys).
-  KOKKOS_INLINE_FUNCTION void direction_planes(const Member& team, const Where& w, int wi, index_t kt0, const float* sc,
-                                               float* st, std::uint16_t* pr) const {
-    for (int i = 0; i < 16; ++i) {
-      const index_t r = wi * 16 + i, t = w.r0 + r;
-      const float *s0 = sc + i * kKt, *s1 = s0 + kTile, *s2 = s0 + 2 * kTile;
-      std::uint16_t* const p0 = pr + i * kKt;
-      const float L = st[r];
-      const auto prob = [&](const index_t s) { return r < w.nr && kt0 + s <= t ? jexp(scale * s0[s] - L) : 0.0f; };
-      float c = st[kR + r], c2 = st[4 * kR + r];
-      if (kt0 == 0) {
-        float sp = 0, sa = 0;
-        Kokkos::parallel_reduce(
-            Kokkos::ThreadVectorRange(team, index_t(kKt)), [&](const index_t s, float& a) { a += prob(s); }, sp);
-        Kokkos::parallel_reduce(
-            Kokkos::ThreadVectorRange(team, index_t(kKt)),
-            [&](const index_t s, float& a) { a += prob(s) * (scale * s1[s]); }, sa);
-        c = sp > 0 ? sa / sp : 0.0f;
-        float sb = 0;
-        if (Sec)
-          Kokkos::parallel_reduce(
-              Kokkos::ThreadVectorRange(team, index_t(kKt)),
-              [&](const index_t s, float& a) {
-                const float d = scale * s1[s] - c;
-                a += prob(s) * (d * d + 2 * scale * s2[s]);
-              },
-              sb);
-        c2 = sp > 0 ? sb / sp : 0.0f;
-      }
-      float m1 = 0, m2 = 0;
-      Kokkos::parallel_reduce(
-          Kokkos::ThreadVectorRange(team, index_t(kKt)),
-          [&](const index_t s, float& a) {
-            const float p = prob(s), d = p > 0 ? scale * s1[s] - c : 0.0f;
-            const std::uint16_t p1 = bf16_bits(p * d);
-            p0[s] = bf16_bits(p);
-            p0[kTile + s] = p1;
-            if (Sec) {
-              p0[2 * kTile + s] = bf16_bits(p * (d * d + 2 * scale * s2[s] - c2));
-              p0[3 * kTile + s] = bf16_bits(2.0f * bf16_value(p1));  // exact
-            }
-            a += p * d;
-          },
-          m1);
-      if (Sec)
-        Kokkos::parallel_reduce(
-            Kokkos::ThreadVectorRange(team, index_t(kKt)),
-            [&](const index_t s, float& a) {
-              const float p = prob(s), d = p > 0 ? scale * s1[s] - c : 0.0f;
-              a += p * (d * d + 2 * scale * s2[s] - c2);
-            },
-            m2);
-      Kokkos::single(Kokkos::PerThread(team), [&] {
-        st[kR + r] = c;
-        st[4 * kR + r] = c2;
-        st[2 * kR + r] += m1;
-        st[3 * kR + r] += m2;
-      });
-    }
-  }
   // One warp's outputs accumulated over the tile: y += P V (primal),
-  // y' += P' V + P V', y'' += P'' V + (2P') V'. A direction's pass gives
-  // the same products its planes (direction_planes): Y1 = (P d) V + P V',
-  // Y2 = (P (d^2 + s'')) V + (2 P d) V'.
+  // y' += P' V + P V', y'' += P'' V + (2P') V'.
   KOKKOS_INLINE_FUNCTION void outputs(FragC (&acc)[3][kMaxFrags], bool primal, const std::uint16_t* ks,
                                       const std::uint16_t* pr) const {
     const int ld = int(hp);
@@ -369,9 +323,10 @@ struct FusedForward {
       }
     }
   }
-  // Accumulator o of every warp into its rows of stage (32 x hp, FP32).
-  KOKKOS_INLINE_FUNCTION void stage_out(const Member& team, const FragC (&acc)[kPer][3][kMaxFrags], int o,
-                                        float* stage) const {
+  // Output o (0 y, 1 y', 2 y'') of every warp through shared memory.
+  template <int o>
+  KOKKOS_INLINE_FUNCTION void write(const Member& team, const Where& w, const FragC (&acc)[kPer][3][kMaxFrags],
+                                    float* stage) const {
     for (int lw = 0; lw < kPer; ++lw) {
       const int wi = team.team_rank() * kPer + lw;
       GNH_UNROLL for (int nf = 0; nf < kMaxFrags; ++nf) {
@@ -379,49 +334,18 @@ struct FusedForward {
         store(stage + wi * 16 * hp + nf * 16, int(hp), acc[lw][o][nf]);
       }
     }
-  }
-  // The primal's y of every warp through shared memory: rounded into out
-  // (where given) and in FP32 (without out, or with keep_y).
-  KOKKOS_INLINE_FUNCTION void write_primal(const Member& team, const Where& w, const FragC (&acc)[kPer][3][kMaxFrags],
-                                           float* stage) const {
-    stage_out(team, acc, 0, stage);
     team.team_barrier();
-    const index_t n0 = w.b * Tc + w.r0, c0 = w.h * hs, C = H * hs;
+    const index_t n0 = w.b * Tc + w.r0, c0 = w.h * hs;
+    const index_t C = H * hs, plane = o == 0 ? 0 : N + w.dir * N;
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, w.nr * hs), [&](const index_t i) {
       const index_t r = i / hs, c = i % hs;
       const float x = stage[r * hp + c];
-      if (out) out[(n0 + r) * C + c0 + c] = bf16_as<Bf16Storage<float>>(x);
-      if (!out || keep_y) y.v(n0 + r, c0 + c) = x;
-    });
-    team.team_barrier();
-  }
-  // A direction's outputs and statistics from its accumulators (Y1 staged in
-  // s1, Y2 in s2), the row sums mu = sum p d, M = sum p q and the primal's
-  // y (FP32): lse' = c + mu, lse'' = M + c2 - mu^2, y' = Y1 - mu y,
-  // y'' = Y2 - 2 mu Y1 + (2 mu^2 - M) y. (With p' = p (s' - lse') =
-  // p (d - mu) and p'' = p ((s' - lse')^2 + s'' - lse'') = p (q - 2 mu d +
-  // 2 mu^2 - M), sum p = 1: sum p' v + p v' = Y1 - mu y, and
-  // sum p'' v + 2 p' v' = Y2 - 2 mu Y1 + (2 mu^2 - M) y.)
-  KOKKOS_INLINE_FUNCTION void write_direction(const Member& team, const Where& w,
-                                              const FragC (&acc)[kPer][3][kMaxFrags], const float* st, float* s1,
-                                              float* s2) const {
-    stage_out(team, acc, 1, s1);
-    if (Sec) stage_out(team, acc, 2, s2);
-    team.team_barrier();
-    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, w.nr), [&](const index_t r) {
-      const float mu = st[2 * kR + r];
-      const index_t at = (w.b * H + w.h) * Tc + w.r0 + r;
-      lse.d(w.dir, at) = st[kR + r] + mu;
-      if (Sec) lse.dd(w.dir, at) = st[3 * kR + r] + st[4 * kR + r] - mu * mu;
-    });
-    const index_t n0 = w.b * Tc + w.r0, c0 = w.h * hs, C = H * hs;
-    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, w.nr * hs), [&](const index_t i) {
-      const index_t r = i / hs, c = i % hs;
-      const float mu = st[2 * kR + r], y0 = y.v(n0 + r, c0 + c), y1 = s1[r * hp + c];
-      const float x1 = y1 - mu * y0;
-      if (out) out[(N + w.dir * N + n0 + r) * C + c0 + c] = bf16_as<Bf16Storage<float>>(x1);
-      else y.d(w.dir, n0 + r, c0 + c) = x1;
-      if (Sec) y.dd(w.dir, n0 + r, c0 + c) = s2[r * hp + c] - 2 * mu * y1 + (2 * mu * mu - st[3 * kR + r]) * y0;
+      const bool rounded = o < 2 && out;
+      if (rounded) out[(plane + n0 + r) * C + c0 + c] = bf16_as<Bf16Storage<float>>(x);
+      if (rounded && !(o == 0 && keep_y)) return;
+      if (o == 0) y.v(n0 + r, c0 + c) = x;
+      else if (o == 1) y.d(w.dir, n0 + r, c0 + c) = x;
+      else y.dd(w.dir, n0 + r, c0 + c) = x;
     });
     team.team_barrier();
   }
@@ -437,26 +361,6 @@ struct FusedForward {
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const;
 };
 
-// The team's query rows of Q (and Q') staged over the score tiles and
-// loaded into each warp's fragments.
-template <bool Tan>
-KOKKOS_INLINE_FUNCTION void load_queries(const Member& team, index_t hp, const std::uint16_t* qs,
-                                         FragA (&qf)[kPer][2][kMaxFrags]) {
-  for (int lw = 0; lw < kPer; ++lw) {
-    const int wi = team.team_rank() * kPer + lw;
-    GNH_UNROLL for (int kk = 0; kk < kMaxFrags; ++kk) {
-      if (kk >= int(hp / 16)) break;
-      load_a(qf[lw][0][kk], qs + wi * 16 * hp + kk * 16, int(hp));
-      if (Tan) load_a(qf[lw][1][kk], qs + kR * hp + wi * 16 * hp + kk * 16, int(hp));
-    }
-  }
-}
-
-// The primal's team: the statistics over every key tile, then the outputs.
-// A direction's: one walk from the primal's lse (read) and y (read at the
-// end, FP32), its score tiles formed once: p needs no statistics of its
-// own, and lse', lse'' and the outputs' centring are sums over the row taken
-// as the walk goes (direction_planes, write_direction).
 template <bool Tan, bool Sec>
 KOKKOS_INLINE_FUNCTION void FusedForward<Tan, Sec>::operator()(const Member& team) const {
   const Where w = where(team);
@@ -466,42 +370,47 @@ KOKKOS_INLINE_FUNCTION void FusedForward<Tan, Sec>::operator()(const Member& tea
   auto* pr = reinterpret_cast<std::uint16_t*>(base + carve.probs);
   auto* st = reinterpret_cast<float*>(base + carve.stats);
   const int rank = team.team_rank();
+  const auto* qs = reinterpret_cast<const std::uint16_t*>(sc);  // Q staged over the score tiles
   stage_q(team, w, reinterpret_cast<std::uint16_t*>(sc));
   team.team_barrier();
   FragA qf[kPer][2][kMaxFrags];
-  load_queries<Tan>(team, hp, reinterpret_cast<const std::uint16_t*>(sc), qf);
+  for (int lw = 0; lw < kPer; ++lw) {
+    const int wi = rank * kPer + lw;
+    GNH_UNROLL for (int kk = 0; kk < kMaxFrags; ++kk) {
+      if (kk >= int(hp / 16)) break;
+      load_a(qf[lw][0][kk], qs + wi * 16 * hp + kk * 16, int(hp));
+      if (Tan) load_a(qf[lw][1][kk], qs + kR * hp + wi * 16 * hp + kk * 16, int(hp));
+    }
+  }
   Kokkos::parallel_for(Kokkos::TeamVectorRange(team, index_t(kR)), [&](const index_t r) {
-    st[r] = !Tan ? -3.0e38f : r < w.nr ? lse.v((w.b * H + w.h) * Tc + w.r0 + r) : 0.0f;
-    st[kR + r] = st[2 * kR + r] = st[3 * kR + r] = st[4 * kR + r] = 0.0f;
+    st[r] = -3.0e38f;
+    st[kR + r] = st[2 * kR + r] = st[3 * kR + r] = 0.0f;
   });
   team.team_barrier();
-  if (!Tan) {
-    for (index_t kt0 = 0; kt0 < w.end; kt0 += kKt) {  // the statistics
-      tile_scores(team, w, kt0, false, qf, ks, sc);
-      for (int lw = 0, wi = rank * kPer; lw < kPer; ++lw, ++wi)
-        statistics(team, w, wi, kt0, sc + wi * kScorePlanes * kTile, st);
-      team.team_barrier();
-    }
-    finish(team, w, st);
+  for (index_t kt0 = 0; kt0 < w.end; kt0 += kKt) {  // the statistics
+    tile_scores(team, w, kt0, false, qf, ks, sc);
+    for (int lw = 0, wi = rank * kPer; lw < kPer; ++lw, ++wi)
+      statistics(team, w, wi, kt0, sc + wi * kScorePlanes * kTile, st);
     team.team_barrier();
   }
+  finish(team, w, st);
+  team.team_barrier();
   FragC acc[kPer][3][kMaxFrags];
   for (int lw = 0; lw < kPer; ++lw)
     for (int o = 0; o < 3; ++o)
       for (int nf = 0; nf < kMaxFrags; ++nf) zero(acc[lw][o][nf]);
   for (index_t kt0 = 0; kt0 < w.end; kt0 += kKt) {  // the outputs
     tile_scores(team, w, kt0, true, qf, ks, sc);
-    for (int lw = 0, wi = rank * kPer; lw < kPer; ++lw, ++wi) {
-      const float* s = sc + wi * kScorePlanes * kTile;
-      if (Tan) direction_planes(team, w, wi, kt0, s, st, pr + wi * kProbPlanes * kTile);
-      else probabilities(team, w, wi, kt0, s, st, pr + wi * kProbPlanes * kTile);
-    }
+    for (int lw = 0, wi = rank * kPer; lw < kPer; ++lw, ++wi)
+      probabilities(team, w, wi, kt0, sc + wi * kScorePlanes * kTile, st, pr + wi * kProbPlanes * kTile);
     team.team_barrier();
-    for (int lw = 0, wi = rank * kPer; lw < kPer; ++lw, ++wi) outputs(acc[lw], !Tan, ks, pr + wi * kProbPlanes * kTile);
+    for (int lw = 0, wi = rank * kPer; lw < kPer; ++lw, ++wi)
+      outputs(acc[lw], w.dir == 0, ks, pr + wi * kProbPlanes * kTile);
     team.team_barrier();
   }
-  if (Tan) write_direction(team, w, acc, st, sc, reinterpret_cast<float*>(pr));
-  else write_primal(team, w, acc, sc);
+  if (w.dir == 0) write<0>(team, w, acc, sc);
+  if (Tan) write<1>(team, w, acc, sc);
+  if (Sec) write<2>(team, w, acc, sc);
 }
 
 // The share of the positions' square (T x T at the full shape) that the
@@ -513,28 +422,28 @@ double causal_share(index_t T) {
 }
 
 // The work of a call for the cost model (gemm_ledger.hpp): per (sequence,
-// head) the primal's score products twice (its statistics, its outputs) and
-// y's, and per direction its score products once (3 or 4 of hs each) and
-// its outputs' (2 or 4), each over the causal part of the positions' square
-// that the query tiles cover at the full shape (keys up to a tile's last
-// row, in whole key tiles); as FLOPs of the fused unit. Bytes: q, k, v read
-// and y, lse written once in every plane, and a direction's team reading
-// y and lse (a sequence's keys are read again by each of its query tiles,
+// head, direction) the score products twice (the statistics, the outputs:
+// 1, 3 or 4 of hs each) and the outputs' (2 or 4, and direction 0's y), each
+// over the causal part of the positions' square that the query tiles cover
+// at the full shape (keys up to a tile's last row, in whole key tiles); as
+// FLOPs of the fused unit. Bytes: q, k, v read and y, lse written once in
+// every plane (a sequence's keys are read again by each of its query tiles,
 // from L2: the league keeps them next to each other).
 void record_fused(index_t B, index_t Tc, const QkvLayout& L, index_t K, bool tan, bool sec, bool rounded, bool keep_y) {
   GemmWork& gw = gemm_work();
   if (!gw.on) return;
   const double causal = causal_share(Tc * std::max(1, gw.scale));
-  const double dirs = tan ? double(K) : 0.0, heads = double(B * L.H);
-  const double scores = double((tan ? 2 : 0) + (sec ? 1 : 0) + 1), outs = double((tan ? 2 : 0) + (sec ? 2 : 0));
-  record_fused_products("gnh::attention::fused::forward", Tc, Tc, L.hs, causal * heads * (dirs * (scores + outs) + 3));
+  const double dirs = double(std::max<index_t>(K, 1)), heads = double(B * L.H);
+  const double scores = 2.0 * double(1 + (tan ? 2 : 0) + (sec ? 1 : 0));
+  const double outs = double((tan ? 2 : 0) + (sec ? 2 : 0));
+  record_fused_products("gnh::attention::fused::forward", Tc, Tc, L.hs, causal * heads * (dirs * (scores + outs) + 1));
   const double planes = double(1 + (tan ? K : 0)), out_planes = double(1 + (tan ? K : 0) + (sec ? K : 0));
-  const double y_fp32 = rounded && (keep_y || tan) ? 1 : 0;
   Traffic("gnh::attention::fused::forward")
       .add(planes * double(B * Tc * (L.H + 2 * L.G) * L.hs), sizeof(float), 2)
-      .add((out_planes - (rounded ? planes : 0) + y_fp32 + dirs) * double(B * Tc * L.H * L.hs), sizeof(float), 2)
+      .add((out_planes - (rounded ? planes : 0) + (rounded && keep_y ? 1 : 0)) * double(B * Tc * L.H * L.hs),
+           sizeof(float), 2)
       .add((rounded ? planes : 0) * double(B * Tc * L.H * L.hs), 2, 2)
-      .add((out_planes + dirs) * double(B * Tc * L.H), sizeof(float), 1);
+      .add(out_planes * double(B * Tc * L.H), sizeof(float), 1);
 }
 
 // ---------------------------------------------------------------------------
@@ -814,29 +723,6 @@ bool attention_fused_fits(const QkvLayout& L, bool tangents, bool second) {
   return attention_fused_scratch_bytes(L.hs, tangents, second) <= std::size_t(Team::scratch_size_max(kLevel));
 }
 
-// The forward's functor for `dirs` directions (1: the primal).
-template <bool Tan, bool Sec>
-FusedForward<Tan, Sec> fused_forward(Act2<float> y, Act1<float> lse, QkvActs<float> x, const QkvLayout& L, index_t B,
-                                     index_t Tc, void* rounded, bool keep_y, index_t dirs) {
-  FusedForward<Tan, Sec> f;
-  f.q = x.q, f.k = x.k, f.v = x.v, f.y = y, f.lse = lse;
-  f.out = static_cast<Bf16Storage<float>*>(rounded), f.keep_y = keep_y, f.N = B * Tc;
-  f.Tc = Tc, f.H = L.H, f.G = L.G, f.hs = L.hs, f.hp = padded(L.hs);
-  f.nq = (Tc + kR - 1) / kR, f.dirs = dirs, f.B = B;
-  for (int i = 0; i < 3; ++i) f.col[i] = L.off[i], f.stride[i] = L.stride[i];
-  f.scale = 1.0f / std::sqrt(float(L.hs));
-  f.carve = carve_of(f.hp, Tan, Sec);
-  return f;
-}
-
-// A team per (sequence, head, direction, query tile).
-template <bool Tan, bool Sec>
-void launch_fused(const ExecSpace& space, const FusedForward<Tan, Sec>& f) {
-  const Team policy = Team(space, f.B * f.H * f.dirs * f.nq, kHost ? 1 : kWarps, kHost ? 1 : 32)
-                          .set_scratch_size(kLevel, Kokkos::PerTeam(f.carve.total));
-  Kokkos::parallel_for("gnh::attention::fused::forward", policy, f);
-}
-
 template <class S>
 void attention_forward_fused(const ExecSpace& space, Act2<float> y, Act1<float> lse, QkvActs<float> x,
                              const QkvLayout& L, index_t B, index_t Tc, void* rounded, bool keep_y) {
@@ -855,11 +741,18 @@ void attention_forward_fused(const ExecSpace& space, Act2<float> y, Act1<float> 
   require_planes<S>(who, "y", y, K);
   require_planes<S>(who, "k", x.k, K);
   require_planes<S>(who, "v", x.v, K);
+  FusedForward<tan, sec> f;
+  f.q = x.q, f.k = x.k, f.v = x.v, f.y = y, f.lse = lse;
+  f.out = static_cast<Bf16Storage<float>*>(rounded), f.keep_y = keep_y, f.N = B * Tc;
+  f.Tc = Tc, f.H = L.H, f.G = L.G, f.hs = L.hs, f.hp = padded(L.hs);
+  f.nq = (Tc + kR - 1) / kR, f.dirs = std::max<index_t>(K, 1);
+  for (int i = 0; i < 3; ++i) f.col[i] = L.off[i], f.stride[i] = L.stride[i];
+  f.scale = 1.0f / std::sqrt(float(L.hs));
+  f.carve = carve_of(f.hp, tan, sec);
   record_fused(B, Tc, L, K, tan, sec, rounded != nullptr, keep_y);
-  // The primal (writing y in FP32 too where directions follow: they read
-  // it), then the K directions.
-  launch_fused(space, fused_forward<false, false>(y, lse, x, L, B, Tc, rounded, keep_y || tan, 1));
-  if (tan) launch_fused(space, fused_forward<tan, sec>(y, lse, x, L, B, Tc, rounded, keep_y, K));
+  const Team policy = Team(space, B * L.H * f.dirs * f.nq, kHost ? 1 : kWarps, kHost ? 1 : 32)
+                          .set_scratch_size(kLevel, Kokkos::PerTeam(f.carve.total));
+  Kokkos::parallel_for("gnh::attention::fused::forward", policy, f);
 }
 
 bool attention_fused_reverse_fits(const QkvLayout& L) {

@@ -5,33 +5,25 @@
 // engine with adjoint cuts), where attention_batched.hpp writes every plane
 // of every direction and reads it back.
 //
-// A team takes 32 query rows of one (sequence, query head), and with
-// tangents of one direction, as two warps of 16 rows (one 16 x 16 x 16
-// bfloat16 tensor-core product at a time: CUDA's WMMA on sm_80 and later; the
-// same tiles emulated in FP32 elsewhere, so the host runs the GPU's
-// algorithm). The primal's team walks the keys up to its last row in tiles
-// of 32, twice:
-//   - the statistics: S = scale Q K^T per tile into shared memory, and per
-//     row the running maximum m and the sum l = sum exp(s - m) (rescaled as
-//     m grows); then lse = m + log l;
-//   - the outputs: the score tiles again, p = exp(s - lse) rounded to
+// A team takes 32 query rows of one (sequence, query head, direction), as two
+// warps of 16 rows (one 16 x 16 x 16 bfloat16 tensor-core product at a time:
+// CUDA's WMMA on sm_80 and later; the same tiles emulated in FP32 elsewhere,
+// so the host runs the GPU's algorithm). It walks the keys up to its last row
+// in tiles of 32, twice:
+//   - the statistics: S = scale Q K^T, S' = scale (Q' K^T + Q K'^T),
+//     S'' = 2 scale Q' K'^T per tile into shared memory, and per row the
+//     running maximum m and the sums l = sum e, a1 = sum e s', a2 = sum e
+//     (s'' + s'^2), e = exp(s - m) (rescaled as m grows); then lse = m + log
+//     l, lse' = a1 / l, lse'' = a2 / l - lse'^2: attention_batched.hpp's row
+//     statistics;
+//   - the outputs: the score tiles again, and from them p = exp(s - lse),
+//     p' = p (s' - lse'), p'' = p ((s' - lse')^2 + s'' - lse'') rounded to
 //     bfloat16 (the batched path's probabilities, to the FP32 rounding of
-//     their sums), y = P V accumulated in FP32 tensor-core fragments.
-// A direction's team (a second launch, after the primal's) walks them once:
-// S, S' = scale (Q' K^T + Q K'^T) and S'' = 2 scale Q' K'^T per tile, p
-// from the primal's lse, and with d = s' - c and q = d^2 + s'' - c2 (c, c2
-// row constants: the means under p over the first key tile) the planes
-// p d, p q and 2 p d rounded to bfloat16; Y1 = (P d) V + P V' and Y2 =
-// (P q) V + (2 P d) V' accumulated, and per row mu = sum p d, M = sum p q.
-// Since p' = p (s' - lse') = p (d - mu) and p'' = p ((s' - lse')^2 + s'' -
-// lse'') = p (q - 2 mu d + 2 mu^2 - M), the outputs are y' = Y1 - mu y and
-// y'' = Y2 - 2 mu Y1 + (2 mu^2 - M) y (y: the primal's, in FP32), and
-// lse' = c + mu, lse'' = M + c2 - mu^2: attention_batched.hpp's, with the
-// score products of the statistics' walk spared (a direction forms 4 + 4
-// products of hs a key tile where two walks formed 4 + 4 + 4).
+//     their sums), then y = P V (direction 0's team), y' = P' V + P V',
+//     y'' = P'' V + (2P') V' accumulated in FP32 tensor-core fragments.
 // Every operand is rounded to bfloat16 as it is staged in shared memory, so
-// no copy of q, k or v is made. Nothing depends on a host value; the
-// launches are one for the batch's primal and one for all its directions.
+// no copy of q, k or v is made. Nothing depends on a previous launch or a
+// host value; the launch is one for the whole batch.
 //
 // Heads of at most kFusedWidth columns (padded to a multiple of 16 with
 // zeros); wider ones, x'' nonzero, double and FP32/TF32 policies take the

@@ -133,13 +133,11 @@ class CostModel(unittest.TestCase):
                 self.assertEqual(full, mini, (name, engine))
         self.assertIn("cut_gradient", d["second_order"]["plans"])
         # The second-order engine's attention is fused (bf16-amp, adjoint
-        # cuts): no batched call, so one chunk of nothing; two launches a
-        # layer in it (the primal, then its directions, each walking the keys
-        # once: 8 products of hs a key tile, where two walks formed 12) and
-        # one in the cut gradient engine's forward. Its head: 63 tiles of
-        # 1,049 rows (2^25 values a plane, 35 planes).
+        # cuts): no batched call, so one chunk of nothing; one launch a layer
+        # in it and in the cut gradient engine's forward. Its head: 63 tiles
+        # of 1,049 rows (2^25 values a plane, 35 planes).
         self.assertEqual(d["second_order"]["plans"]["engine"][0], [1, 63, 4, 256])
-        self.assertEqual(labels(d, "second_order")["gnh::attention::fused::forward"]["launches"], 3 * 8)
+        self.assertEqual(labels(d, "second_order")["gnh::attention::fused::forward"]["launches"], 2 * 8)
         self.assertNotIn("gnh::attention::batched::softmax", labels(d, "second_order"))
         self.assertGreater(d["second_order"]["plans"]["cut_gradient"][0][1], 1)
         # The gradient pass with per-sequence norms takes every sequence's

@@ -426,15 +426,13 @@ TEST_CASE("the fused attention forward: the second order of the batched GEMMs, w
           "[derivatives][model][fused]") {
   // The GPU's path on this host under bf16-amp with adjoint cuts, at a
   // context of two query tiles (40 = 32 + 8), K = 3: the fused forward
-  // (attention_fused.hpp) against the batched GEMMs (GNH_ATTENTION=batched),
-  // both against float64. Both round the same operands to bfloat16; the
-  // batched path rounds p' and p'', the fused one p d and p q about other
-  // centres (its one walk of the keys), so their bf16-amp errors differ by
-  // about a bfloat16 unit of each quantity. Each is off float64 by
-  // bf16-amp's own error (here 0.1-1% on G^T v and up to 50% on a v^T H v
-  // that cancels, alike in both): the fused path's error is at most the
-  // batched path's plus 2^-8 of the value. The loss is the primal's, formed
-  // as before: within 2^-8 of the batched path's.
+  // (attention_fused.hpp) against the batched GEMMs (GNH_ATTENTION=batched).
+  // Both round the same operands to bfloat16 and form the probabilities from
+  // the same FP32 statistics (summed in another order), so at most a
+  // probability's last bfloat16 bit differs, 2^-8 of it: the losses and
+  // derivatives are within 2^-8 relative however many do (measured here:
+  // 5e-6). Against double both are off by bf16-amp's own error (up to 50%
+  // on a v^T H v that cancels, the same in both): not this test's subject.
   ModelConfig cfg = config(true, false, Gelu::tanh);
   cfg.block_size = 48;
   const index_t Tc = 40, n_blocks = 3, P = ParamLayout(cfg).size(), K = 3;
@@ -464,17 +462,11 @@ TEST_CASE("the fused attention forward: the second order of the batched GEMMs, w
   // least the 1 + 2K planes of H Tc^2 floats of a sequence the batched one holds.
   CAPTURE(fused_bytes, batched_bytes);
   REQUIRE(batched_bytes - fused_bytes >= sizeof(float) * (1 + 2 * K) * cfg.n_head * Tc * Tc);
-  View1<double> p64 = make_params<double>(cfg, 4);
-  View2<double> dirs64("dirs", K, P);
-  fill_rademacher<double>(ExecSpace(), dirs64, 5, 0);
-  Gpt<double> m64(cfg, second_order_shape(2, Tc, K, 0, 1));
-  const EpochCurvature r = epoch_curvature<double>(ExecSpace(), m64, p64, dirs64, ids.data(), all_blocks(n_blocks),
-                                                   CurvatureMethod::second_order_forward);
   const double ulp = std::ldexp(1.0, -8);
   for (index_t k = 0; k < K; ++k) {
-    CAPTURE(k, f.Gv[k], b.Gv[k], r.Gv[k], f.vHv[k], b.vHv[k], r.vHv[k]);
-    REQUIRE(std::abs(f.Gv[k] - r.Gv[k]) <= std::abs(b.Gv[k] - r.Gv[k]) + ulp * std::abs(r.Gv[k]));
-    REQUIRE(std::abs(f.vHv[k] - r.vHv[k]) <= std::abs(b.vHv[k] - r.vHv[k]) + ulp * std::abs(r.vHv[k]));
+    CAPTURE(k, f.Gv[k], b.Gv[k], f.vHv[k], b.vHv[k]);
+    REQUIRE(std::abs(f.Gv[k] - b.Gv[k]) <= ulp * std::abs(b.Gv[k]));
+    REQUIRE(std::abs(f.vHv[k] - b.vHv[k]) <= ulp * std::abs(b.vHv[k]));
   }
   REQUIRE(std::abs(f.loss - b.loss) <= ulp * std::abs(b.loss));
 }

@@ -115,7 +115,8 @@ ProductShape product_shape(const char* who, const char* ta, const char* tb, cons
 }
 }  // namespace detail
 
-// op(A): "N" or "T". Empty products (a zero extent) only scale C.
+// op(A): "N" or "T". Empty products (a zero extent) only scale C (beta 0
+// writes zeros: C is not read, as BLAS does not).
 template <class T>
 void gemm(const ExecSpace& space, const char* ta, const char* tb, T alpha, Span2<const T> A, Span2<const T> B, T beta,
           Span2<T> C) {
@@ -126,7 +127,10 @@ void gemm(const ExecSpace& space, const char* ta, const char* tb, T alpha, Span2
   if (ka == 0) {
     if (beta != T(1)) {
       Kokkos::parallel_for(
-          "gnh::gemm::scale", range(space, m * n), KOKKOS_LAMBDA(const index_t i) { C(i / n, i % n) *= beta; });
+          "gnh::gemm::scale", range(space, m * n), KOKKOS_LAMBDA(const index_t i) {
+            T& c = C(i / n, i % n);
+            c = beta == T(0) ? T(0) : beta * c;
+          });
     }
     return;
   }

@@ -245,6 +245,23 @@ TEST_CASE("gnh::kernels::gemm on float views agrees with the vendor BLAS", "[hos
     }
 }
 
+TEST_CASE("an empty product writes beta C, never reading C where beta is 0", "[host_gemm]") {
+  // C = 0 * A B + beta C with k = 0: beta 0 over NaN gives zeros (BLAS's
+  // rule, which per-sequence gradients written with beta 0 rely on), beta 2
+  // doubles C.
+  const ExecSpace space;
+  View2<float> A("A", 3, 0), B("B", 4, 0), C("C", 3, 4), D("D", 3, 4);
+  Kokkos::deep_copy(C, std::numeric_limits<float>::quiet_NaN());
+  Kokkos::deep_copy(D, 1.5f);
+  gemm<float>(space, "N", "T", 1.0f, A, B, 0.0f, C);
+  gemm<float>(space, "N", "T", 1.0f, A, B, 2.0f, D);
+  space.fence();
+  for (index_t i = 0; i < 12; ++i) {
+    REQUIRE(C.data()[i] == 0.0f);
+    REQUIRE(D.data()[i] == 3.0f);
+  }
+}
+
 TEST_CASE("the start-up probe never picks the slower of gnh's kernel and the vendor BLAS", "[gemm][probe]") {
   using namespace gnh::kernels;
   const auto shapes = model_gemm_shapes(96, 1000, 4096);

@@ -203,7 +203,6 @@ class Gpt {
   bool att_fused_ = false;                 // the batched path's forward fused (kernels/attention_fused.hpp)
   kernels::detail::TokenWork token_work_;  // GPU-shaped reverse: the embedding's rows grouped on the device
   struct {
-    bool planned = false;
     View1<index_t> bounds;  // chunks' (first, end) pairs
     index_t vectors = 0, matrices = 0;
   } accumulated_;            // what gradient_per_sequence zeroes (plan_accumulated)

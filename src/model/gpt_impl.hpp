@@ -244,7 +244,7 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate, std::vect
   plan_layers(att_e);
   plan_attention();
   plan_head(plan);
-  if (shape.reverse) plan_adjoints();
+  if (shape.reverse) plan_adjoints(), plan_accumulated();
   plan_gemm(plan);
   const bool tan = shape.directions > 0, sec = shape.second_order && tan;
   workspace_bytes_ +=
@@ -1185,7 +1185,8 @@ LossSum Gpt<T>::gradient_per_sequence(const ExecSpace& space, Span1<const T> par
 // writing (Grads::seq_fresh): all but the weight matrices of the linear
 // layers and the head (the 2-D tensors other than wpe and an untied wte,
 // which the embedding's rows add into), as chunks of at most 2^16 entries
-// (a team each), and how many of their entries are matrices'.
+// (a team each), and how many of their entries are matrices'. Planned with
+// the engine: a reverse engine may be asked for gradient_per_sequence.
 template <class T>
 void Gpt<T>::plan_accumulated() {
   const ParamLayout& L = layout_;
@@ -1206,14 +1207,14 @@ void Gpt<T>::plan_accumulated() {
       bounds.push_back(at);
       bounds.push_back(std::min(end, at + chunk));
     }
+  workspace_bytes_ += sizeof(index_t) * bounds.size();
+  if (!allocate_) return;
   accumulated_.bounds = View1<index_t>("gnh::gpt::accumulated_chunks", bounds.size());
   Kokkos::deep_copy(accumulated_.bounds, View1<index_t, HostSpace>(bounds.data(), bounds.size()));
-  accumulated_.planned = true;
 }
 
 template <class T>
 void Gpt<T>::zero_accumulated(const ExecSpace& space, Span2<T> grads) {
-  if (!accumulated_.planned) plan_accumulated();
   const index_t n_chunks = index_t(accumulated_.bounds.extent(0) / 2), S = grads.extent(0);
   if (n_chunks == 0 || S == 0) return;
   kernels::Traffic("gnh::gpt::zero_accumulated")

@@ -739,8 +739,12 @@ void attention_forward_fused(const ExecSpace& space, Act2<float> y, Act1<float> 
   require_extent(who, "lse", lse.v.extent(0), B * L.H * Tc);
   const index_t K = tan ? directions_of<S>(x.q) : 0;
   require_planes<S>(who, "y", y, K);
-  require_planes<S>(who, "k", x.k, K);
-  require_planes<S>(who, "v", x.v, K);
+  // x'' is never read (zero: the second order runs fused only with a cut at
+  // the attention's input), so q, k and v need no second-order planes.
+  using X = std::conditional_t<tan, Dual<float>, float>;
+  require_planes<X>(who, "q", x.q, K);
+  require_planes<X>(who, "k", x.k, K);
+  require_planes<X>(who, "v", x.v, K);
   FusedForward<tan, sec> f;
   f.q = x.q, f.k = x.k, f.v = x.v, f.y = y, f.lse = lse;
   f.out = static_cast<Bf16Storage<float>*>(rounded), f.keep_y = keep_y, f.N = B * Tc;

@@ -17,6 +17,7 @@
 #include "kernels/host_parallel.hpp"
 #include "kernels/check.hpp"
 #include "kernels/instances.hpp"
+#include "kernels/room.hpp"
 
 #if defined(KOKKOS_ENABLE_CUDA) && defined(KOKKOSKERNELS_ENABLE_TPL_CUBLAS)
 #include <cublas_v2.h>
@@ -203,6 +204,14 @@ struct GemmPolicy {
   // null elsewhere. No lookup of ahead finds them.
   const Bf16Storage<T>* head_pairs = nullptr;
   index_t head_vocab = 0;
+  // bf16, GPU-shaped second order with adjoint cuts: a linear layer's input
+  // x and its x'_k in the layer-input room's pair blocks (RoomLayout), and
+  // the layer's weight W and its K direction blocks in pair blocks alike
+  // (row o of block j [V_2j,o | W_o | V_2j+1,o], zeros past the last
+  // direction), so that each y'_k is one product over both
+  // (kernels/linear.hpp, pair_forward); null elsewhere.
+  const Bf16Storage<T>* input_pairs = nullptr;
+  const Bf16Storage<T>* weight_pairs = nullptr;
 };
 
 // x as a rounded operand is stored (Bf16Storage<T>).
@@ -281,6 +290,7 @@ template <class T>
 struct RoundedInput {
   GemmPolicy<T> pol;
   Bf16Storage<T>* dst = nullptr;
+  RoomLayout layout;  // of the planes at dst
 };
 
 // The label of a copy rounded ahead (GemmPolicy::ahead) as the backend

@@ -34,6 +34,9 @@ namespace detail {
 // written there instead, rounded as the products that read them round them
 // (kernels/linear.hpp, with_rounded_input's layout: y's plane, then the K
 // planes of y'), and y is not written.
+// x without second-order planes: x'' taken as zero (the model's cut at x
+// contracts its x'' through the weights instead, model/gpt_impl.hpp), the
+// element given a null x''.
 template <class T, class Element, class D = T>
 struct ElementwiseCutRow {
   Act2<T> y, x, adj;
@@ -46,7 +49,7 @@ struct ElementwiseCutRow {
     const index_t k = r / N, n = r - k * N, F = y.cols();
     const T* xv = &x.v(n, 0);
     const T* xd = &x.d(k, n, 0);
-    const T* xdd = &x.dd(k, n, 0);
+    const T* xdd = x.dd.extent(0) > 0 ? &x.dd(k, n, 0) : nullptr;
     const T* a = &adj.v(n, 0);
     T* yv = &y.v(n, 0);
     T* yd = &y.d(k, n, 0);
@@ -124,7 +127,7 @@ struct ElementwiseCutHostRow {
                T* part) const {
     const index_t F = y.cols();
     const T* xd = &x.d(k, n, 0);
-    const T* xdd = &x.dd(k, n, 0);
+    const T* xdd = x.dd.extent(0) > 0 ? &x.dd(k, n, 0) : nullptr;
     const T* a = &adj.v(n, c0);
     T* yd = &y.d(k, n, c0);
     D* od = out ? out + (N + k * N + n) * F + c0 : nullptr;
@@ -146,7 +149,8 @@ struct ElementwiseCutHostRow {
 
 // Every row (k, n) of y from x by element (detail::ElementwiseCutRow), one
 // launch of `label`; x has `width` times y's columns.
-// out (not null): y and y' rounded there (detail::ElementwiseCutRow).
+// out (not null): y and y' rounded there (detail::ElementwiseCutRow). x
+// with no second-order planes: x'' taken as zero.
 template <class T, class Element, class D = T>
 void elementwise_cut(const ExecSpace& space, const char* label, Act2<T> y, Act2<T> x, Act2<T> adj, View2<double> acc,
                      index_t width, const Element& element, D* out = nullptr) {
@@ -154,13 +158,15 @@ void elementwise_cut(const ExecSpace& space, const char* label, Act2<T> y, Act2<
   require_extent(label, "y rows", y.rows(), N);
   require_extent(label, "x cols", x.cols(), width * F);
   require_cut(label, adj, acc, N, F, K);
-  require_planes<Jet2<T>>(label, "x", x, K);
+  const bool second = x.dd.extent(0) > 0;
+  if (second) require_planes<Jet2<T>>(label, "x", x, K);
+  else require_planes<Dual<T>>(label, "x", x, K);
   require_planes<Dual<T>>(label, "y", y, K);
   // x's and y's value planes and the adjoint once; each direction's x' and
   // x'' read, y' written (a GPU's bfloat16 where rounded); a double a row and
   // direction.
   Traffic(label)
-      .add(double((width + 1 + 2 * width * K) * N * F), sizeof(T), 2)
+      .add(double((width + 1 + (second ? 2 : 1) * width * K) * N * F), sizeof(T), 2)
       .add(double((1 + K) * N * F), out ? 2 : sizeof(T), 2)
       .add(double(2 * K * N), sizeof(double), 1);
   if constexpr (default_row_shape() == RowShape::host) {

@@ -275,7 +275,8 @@ struct GeluElement {
   KOKKOS_INLINE_FUNCTION void tangents(const T* c, const T* xd, const T* xdd, index_t j, T& y1, T& y2) const {
     const T d = xd[j];
     y1 = c[0] * d;
-    y2 = c[1] * d * d + c[0] * xdd[j];
+    if (xdd) y2 = c[1] * d * d + c[0] * xdd[j];
+    else y2 = c[1] * d * d;  // x'' null: zero
   }
 };
 }  // namespace detail

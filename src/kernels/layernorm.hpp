@@ -14,6 +14,7 @@
 #include "core/fastmath.hpp"
 #include "core/planes.hpp"
 #include "kernels/check.hpp"
+#include "kernels/room.hpp"
 #include "kernels/colsum.hpp"
 #include "kernels/gemm_ledger.hpp"
 #include "kernels/op.hpp"
@@ -28,7 +29,8 @@ namespace detail {
 // passes, mean then centred squares, for accuracy in float), saved for the
 // directions' rows below, and y. Not Centred: mu = 0 (RMSNorm).
 // out (not null): y written there instead, rounded as the next layer's
-// products round their input (kernels/cut.hpp, ElementwiseCutRow's layout).
+// products round their input, laid out as room says (RoomLayout: y in each
+// of its copies).
 template <class T, bool Centred = true, class D = T>
 struct LayerNormValueRow {
   Act2<T> y;
@@ -38,6 +40,7 @@ struct LayerNormValueRow {
   index_t w, b, C;
   T eps;
   D* out = nullptr;
+  RoomLayout room{};
   template <class Lanes>
   KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t n) const {
     const T* xr = &x.v(n, 0);
@@ -50,7 +53,11 @@ struct LayerNormValueRow {
       rstd.v(n) = r;
     });
     const auto value = [&](index_t c) { return (xr[c] - mu) * r * pv[w + c] + (b >= 0 ? pv[b + c] : T(0)); };
-    if (out) lanes.each(C, [&](index_t c) { out[n * C + c] = bf16_as<D>(value(c)); });
+    if (out)
+      lanes.each(C, [&](index_t c) {
+        const D v = bf16_as<D>(value(c));
+        for (index_t j = 0; j < room.copies(); ++j) out[room.value(n, c, j)] = v;
+      });
     else lanes.each(C, [&](index_t c) { y.v(n, c) = value(c); });
   }
 };
@@ -81,7 +88,8 @@ struct LayerNormDirectionRow {
   // its terms in the order of the cut's own row kernel (model/gpt_impl.hpp).
   Act2<T> cut;
   View2<double> acc;
-  D* out = nullptr;  // y' rounded there (LayerNormValueRow's out, after y's plane)
+  D* out = nullptr;  // y' rounded there (LayerNormValueRow's out and room)
+  RoomLayout room{};
   template <class Lanes>
   KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t i) const {
     const index_t k = i / N, n = i - k * N;
@@ -101,7 +109,7 @@ struct LayerNormDirectionRow {
       const T xh = (xr[c] - mu) * r, xh1 = (xd[c] - mu1) * r + (xr[c] - mu) * r1;
       return xh1 * pv[w + c] + xh * pd[w + c] + (b >= 0 ? pd[b + c] : T(0));
     };
-    if (out) lanes.each(C, [&](index_t c) { out[(N + k * N + n) * C + c] = bf16_as<D>(tangent(c)); });
+    if (out) lanes.each(C, [&](index_t c) { out[room.direction(k, n, c)] = bf16_as<D>(tangent(c)); });
     else lanes.each(C, [&](index_t c) { y.d(k, n, c) = tangent(c); });
     if constexpr (has_second_v<S>) {
       const T* xdd = &x.dd(k, n, 0);
@@ -166,13 +174,13 @@ struct LayerNormReverseRow {
 };
 
 // The forward and reverse of either norm; label: the two kernels' labels.
-// out (not null; with directions only with a cut): y and y' rounded there
-// (LayerNormValueRow).
+// out (not null; with directions only with a cut): y and y' rounded there,
+// laid out as room says (LayerNormValueRow; pairs 0 where room is empty).
 template <class S, bool Centred, class D = base_t<S>>
 void norm_forward(const ExecSpace& space, const char* const (&label)[2], Act2<base_t<S>> y, Act1<base_t<S>> mean,
                   Act1<base_t<S>> rstd, Act2<base_t<S>> x, Params<base_t<S>> p, index_t w, index_t b, double eps,
                   RowShape rows, Act2<base_t<S>> cut = Act2<base_t<S>>(), View2<double> acc = View2<double>(),
-                  D* out = nullptr) {
+                  D* out = nullptr, RoomLayout room = RoomLayout()) {
   using T = base_t<S>;
   const index_t N = x.rows(), C = x.cols(), K = has_tangents_v<S> ? x.d.extent(0) : 0, P = p.v.extent(0);
   require_extent(label[0], "y rows", y.rows(), N);
@@ -185,8 +193,12 @@ void norm_forward(const ExecSpace& space, const char* const (&label)[2], Act2<ba
   // written, and read by the planes of the directions with x again (a
   // second-order plane beside each; with a cut, the adjoint read instead of
   // the y'' planes written, and a double a row and direction).
+  if (room.N == 0) room = RoomLayout{N, C, 0};
   const std::size_t ys = out ? 2 : sizeof(T);
-  Traffic(label[0]).add(double(N * C), sizeof(T), 2).add(double(N * C), ys, 2).add(double(2 * N), sizeof(T), 1);
+  Traffic(label[0])
+      .add(double(N * C), sizeof(T), 2)
+      .add(double((out ? room.copies() : 1) * N * C), ys, 2)
+      .add(double(2 * N), sizeof(T), 1);
   if (K > 0)
     Traffic(label[1])
         .add(double((1 + 2 * K * (std::is_same<S, Jet2<T>>::value ? 2 : 1) + (cutting ? 1 - 2 * K : -K)) * N * C),
@@ -195,10 +207,10 @@ void norm_forward(const ExecSpace& space, const char* const (&label)[2], Act2<ba
         .add(double(2 * N), sizeof(T), 1)
         .add(double(cutting ? 2 * K * N : 0), sizeof(double), 1);
   for_rows<T>(space, label[0], N,
-              LayerNormValueRow<T, Centred, D>{y, mean, rstd, x, p, w, b, C, static_cast<T>(eps), out}, rows);
+              LayerNormValueRow<T, Centred, D>{y, mean, rstd, x, p, w, b, C, static_cast<T>(eps), out, room}, rows);
   if constexpr (has_tangents_v<S>)
     for_rows<T>(space, label[1], K * N,
-                LayerNormDirectionRow<S, Centred, D>{y, mean, rstd, x, p, w, b, C, N, P, cut, acc, out}, rows);
+                LayerNormDirectionRow<S, Centred, D>{y, mean, rstd, x, p, w, b, C, N, P, cut, acc, out, room}, rows);
 }
 
 // The weight and bias of each sequence's own gradient (Grads per sequence,
@@ -287,15 +299,17 @@ void layernorm_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>
 // needs no second-order planes) but contracted as it is formed with the
 // cut's adjoint adj (N, C) into acc (K, N) (model/gpt_impl.hpp, adjoint cuts).
 // rounded (not null): y and y' written there as the next layer's rounded
-// input instead (kernels/linear.hpp, rounded_input_room).
+// input instead, laid out as room says (kernels/linear.hpp,
+// rounded_input_room).
 template <class T, class D = T>
 void layernorm_forward_cut(const ExecSpace& space, Act2<T> y, Act1<T> mean, Act1<T> rstd, Act2<T> x, Params<T> p,
-                           index_t w, index_t b, double eps, Act2<T> adj, View2<double> acc, D* rounded = nullptr) {
+                           index_t w, index_t b, double eps, Act2<T> adj, View2<double> acc, D* rounded = nullptr,
+                           RoomLayout room = RoomLayout()) {
   keep_planes<Jet2<T>>(y, mean, rstd, x, p);
   require_extent("gnh::layernorm::forward", "mean", mean.v.extent(0), x.rows());
   static const char* const label[2] = {"gnh::layernorm::forward", "gnh::layernorm::forward::cut"};
   detail::norm_forward<Jet2<T>, true, D>(space, label, y, mean, rstd, x, p, w, b, eps, default_row_shape(), adj, acc,
-                                         rounded);
+                                         rounded, room);
 }
 
 // The primal forward with y written only as the next layer's rounded input

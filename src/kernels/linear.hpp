@@ -79,17 +79,51 @@ GemmPolicy<T> with_rounded_input(const ExecSpace& space, const GemmPolicy<T>& po
 // with_rounded_input would round it into: where the policy has that room,
 // dst and the policy whose products read the planes there (linear_forward
 // then rounds nothing of x); else dst null and the policy as given.
+// pairs: in pair blocks (RoomLayout) for the pair products of the linear
+// layers that read x (linear_forward; the policy's input_pairs), where the
+// room holds them.
 template <class T>
-RoundedInput<T> rounded_input_room(const GemmPolicy<T>& pol, const Act2<T>& x, index_t K) {
+RoundedInput<T> rounded_input_room(const GemmPolicy<T>& pol, const Act2<T>& x, index_t K, bool pairs = false) {
   using D = Bf16Storage<T>;
-  RoundedInput<T> r{pol, nullptr};
-  const index_t N = x.rows(), in = x.cols();
-  if (!pol.bf16 || K == 0 || std::size_t((1 + K) * N * in) * sizeof(D) > pol.layer_input.extent(0) * sizeof(T))
-    return r;
+  RoundedInput<T> r{pol, nullptr, {}};
+  const index_t N = x.rows(), in = x.cols(), blocks = pairs ? (K + 1) / 2 : 0;
+  const index_t values = pairs ? 3 * blocks * N * in : (1 + K) * N * in;
+  if (!pol.bf16 || K == 0 || std::size_t(values) * sizeof(D) > pol.layer_input.extent(0) * sizeof(T)) return r;
   r.dst = reinterpret_cast<D*>(pol.layer_input.data());
+  r.layout = RoomLayout{N, in, blocks};
+  if (pairs) {
+    r.pol.input_pairs = r.dst;
+    return r;
+  }
   read_rounded(r.pol, 2, x.v.data(), N * in, r.dst);
   read_rounded(r.pol, 3, x.d.data(), K * N * in, r.dst + N * in);
   return r;
+}
+
+// A linear layer's second order with an adjoint cut at its input (x'' = 0)
+// as pair products (GemmPolicy::input_pairs, weight_pairs), both operands
+// rounded in pair blocks, block j holding x'_2j+1 | x | x'_2j and
+// V_2j | W | V_2j+1 (rows of 3 in): y = x W^T from a block's middle; y'_k =
+// [x | x'_k] [V_k | W]^T (k even) or [x'_k | x] [W | V_k]^T (k odd), one
+// product of inner dimension 2 in written once where x'_k W^T and x V_k^T
+// would write y'_k and then read and write it again; y''_k = 2 x'_k V_k^T.
+// Two batched calls a plane kind, the even directions and the odd.
+template <class T>
+void pair_forward(const ExecSpace& space, Act2<T> y, const GemmPolicy<T>& pol, index_t N, index_t in, T beta) {
+  const index_t out = y.cols(), K = y.d.extent(0), in3 = 3 * in, even = (K + 1) / 2, odd = K / 2;
+  const Bf16Storage<T>*const x = pol.input_pairs, *const w = pol.weight_pairs;
+  const index_t xs = N * in3, ws = out * in3, ys = 2 * N * out;
+  gemm_batched_rounded<T>(space, false, true, N, out, in, T(1), x + in, in3, 0, w + in, in3, 0, beta, y.v.data(), out,
+                          0, 1);
+  gemm_batched_rounded<T>(space, false, true, N, out, 2 * in, T(1), x + in, in3, xs, w, in3, ws, beta, y.d.data(), out,
+                          ys, even);
+  gemm_batched_rounded<T>(space, false, true, N, out, 2 * in, T(1), x, in3, xs, w + in, in3, ws, beta,
+                          y.d.data() + N * out, out, ys, odd);
+  if (y.dd.extent(0) == 0) return;
+  gemm_batched_rounded<T>(space, false, true, N, out, in, T(2), x + 2 * in, in3, xs, w, in3, ws, beta, y.dd.data(), out,
+                          ys, even);
+  gemm_batched_rounded<T>(space, false, true, N, out, in, T(2), x, in3, xs, w + 2 * in, in3, ws, beta,
+                          y.dd.data() + N * out, out, ys, odd);
 }
 
 // pol with ahead slot `slot` reading x's values where the kernel that formed
@@ -141,14 +175,27 @@ void linear_forward(const ExecSpace& space, Act2<base_t<S>> y, Act2<base_t<S>> x
   keep_planes<S>(y, x, p);
   const index_t N = x.rows(), in = x.cols(), out = y.cols(), K = y.d.extent(0);
   require_extent("gnh::linear::forward", "y rows", y.rows(), N);
-  require_planes<S>("gnh::linear::forward", "y", y, K);
+  // y'' is formed where y has its planes: with a cut at x (x_second false)
+  // the model may contract it through the weights instead (model/gpt_impl.hpp).
+  if (x_second || y.dd.extent(0) > 0) require_planes<S>("gnh::linear::forward", "y", y, K);
+  else require_planes<Dual<T>>("gnh::linear::forward", "y", y, K);
   // x'' is read only where x_second (a cut input may have no such planes).
   if (x_second) require_planes<S>("gnh::linear::forward", "x", x, K);
   else require_planes<Dual<T>>("gnh::linear::forward", "x", x, K);
   require_planes<S>("gnh::linear::forward", "theta", p, K);
   const T* W = p.v.data() + w;
-  const GemmPolicy<T> pol = detail::with_rounded_input(space, policy, x, K, y.dd.extent(0) > 0);
   const T beta = accumulate ? T(1) : T(0);
+  if (policy.input_pairs) {
+    if (!policy.weight_pairs || K == 0 || x_second || !std::is_same<S, Jet2<T>>::value)
+      throw std::logic_error(
+          "gnh::linear::forward: an input in pair blocks needs the weight's pair blocks and a "
+          "second order with a cut at the input");
+    detail::pair_forward(space, y, policy, N, in, beta);
+    if (b >= 0) detail::add_bias(space, y.v.data(), p.v.data() + b, N, out);
+    if (b >= 0) detail::add_bias(space, y.d.data(), p.d.data() + b, N, out, K, p.d.extent(1));
+    return;
+  }
+  const GemmPolicy<T> pol = detail::with_rounded_input(space, policy, x, K, y.dd.extent(0) > 0);
   gemm<T>(space, pol, "N", "T", T(1), x.v, block(W, 0, out, in), beta, y.v);
   if (b >= 0) detail::add_bias(space, y.v.data(), p.v.data() + b, N, out);
   if (K == 0) return;

@@ -267,10 +267,13 @@ struct HeadChunkRow {
   // Per direction k, over the chunk: a1 = sum_v w_v z'_kv and, in second
   // order or with the Gauss-Newton form, b = sum_v w_v z'_kv^2, where w is
   // the exponentials q (second order: kept in z.dd) or exp(z - m). The wide
-  // rows take kDirections directions a pass over the row, so the shared row
-  // (q or z) is read once for them where the other shapes read it once a
-  // direction; each sum takes its terms in the same order either way.
-  static constexpr int kDirections = 4;
+  // rows take kDirections directions a pass over the row (16: at K = 16 the
+  // shared row once, 20 values read a vocabulary entry of a row where 4 at
+  // a time read 23), so the shared row (q or z) is read once for them where
+  // the other shapes read it once a direction; each sum takes its terms in
+  // the same order either way.
+  static constexpr int kDirections = 16;
+  static constexpr int kWideSums = 2 * kDirections;  // the wide rows' scratch (rows.hpp, WideSumsOf)
   template <class Lanes>
   KOKKOS_INLINE_FUNCTION void add_tangents(const Lanes& lanes, index_t r, index_t n, const T* zr, T m, T corr,
                                            index_t t) const {
@@ -293,7 +296,7 @@ struct HeadChunkRow {
                 if (squares) acc[2 * j + 1] += q * d;
               }
             },
-            s);
+            s, int(2 * nk));
         for (index_t j = 0; j < nk; ++j) finish_direction(lanes, k0 + j, r, n, s[2 * j], s[2 * j + 1], corr, t);
       }
     } else {

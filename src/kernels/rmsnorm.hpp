@@ -26,11 +26,12 @@ void rmsnorm_forward(const ExecSpace& space, Act2<base_t<S>> y, Act1<base_t<S>> 
 // layernorm_forward_cut).
 template <class T, class D = T>
 void rmsnorm_forward_cut(const ExecSpace& space, Act2<T> y, Act1<T> rstd, Act2<T> x, Params<T> p, index_t w, index_t b,
-                         double eps, Act2<T> adj, View2<double> acc, D* rounded = nullptr) {
+                         double eps, Act2<T> adj, View2<double> acc, D* rounded = nullptr,
+                         RoomLayout room = RoomLayout()) {
   keep_planes<Jet2<T>>(y, rstd, x, p);
   static const char* const label[2] = {"gnh::rmsnorm::forward", "gnh::rmsnorm::forward::cut"};
   detail::norm_forward<Jet2<T>, false, D>(space, label, y, Act1<T>(), rstd, x, p, w, b, eps, default_row_shape(), adj,
-                                          acc, rounded);
+                                          acc, rounded, room);
 }
 
 // The primal forward with y written only as the next layer's rounded input

@@ -176,7 +176,7 @@ struct TeamLanes {
 // assignment for Kokkos's broadcast).
 // The body runs on every thread and lane; what one lane computes (one,
 // single, the sums' totals) is seen by all before any goes on.
-template <class Member>
+template <class Member, int Sums = kWideSums>
 struct WideLanes {
   // max_exp_sum in one read of the row: each lane keeps a running maximum and
   // its sum relative to it (a whole vocabulary row does not stay cached
@@ -196,7 +196,7 @@ struct WideLanes {
   // f() on one lane once every lane has arrived, its value seen by all.
   template <class T, class F>
   KOKKOS_INLINE_FUNCTION T broadcast(const F& f) const {
-    T* slot = static_cast<T*>(part) + kWideSums * kWideLanes;
+    T* slot = static_cast<T*>(part) + Sums * kWideLanes;
     team.team_barrier();
     Kokkos::single(Kokkos::PerTeam(team), [&]() { *slot = f(); });
     team.team_barrier();
@@ -210,21 +210,22 @@ struct WideLanes {
       return v;
     });
   }
-  // N <= kWideSums sums in one pass over the row: f(c, acc) adds column c's
+  // N <= Sums sums in one pass over the row: f(c, acc) adds column c's
   // terms into acc[0, N); out[i] is the i-th sum, each in sum's order (lane
   // g its columns in order, then the lanes in order), so its bits are those
   // of sum or sum2 taking the same terms.
+  // Only the first `used` of them are taken (f adds into no others).
   template <class T, int N, class F>
-  KOKKOS_INLINE_FUNCTION void sums(index_t n, const F& f, T (&out)[N]) const {
-    static_assert(N <= kWideSums, "WideLanes::sums: more sums than the scratch holds");
+  KOKKOS_INLINE_FUNCTION void sums(index_t n, const F& f, T (&out)[N], int used = N) const {
+    static_assert(N <= Sums, "WideLanes::sums: more sums than the scratch holds");
     T* p = static_cast<T*>(part);
     lanes([&](const index_t g) {
       T acc[N];
       for (int i = 0; i < N; ++i) acc[i] = T(0);
       for (index_t c = g; c < n; c += kWideLanes) f(c, acc);
-      for (int i = 0; i < N; ++i) p[i * kWideLanes + g] = acc[i];
+      for (int i = 0; i < used; ++i) p[i * kWideLanes + g] = acc[i];
     });
-    for (int i = 0; i < N; ++i) out[i] = in_order(p + i * kWideLanes);
+    for (int i = 0; i < used; ++i) out[i] = in_order(p + i * kWideLanes);
   }
   template <class T, class F>
   KOKKOS_INLINE_FUNCTION T sum(index_t n, const F& f) const {
@@ -363,21 +364,33 @@ struct TeamRows {
   }
 };
 
+// The sums a body takes at once in the wide shape (WideLanes::sums): its
+// kWideSums where it states one, else kWideSums.
+template <class Body, class = void>
+struct WideSumsOf {
+  static constexpr int value = kWideSums;
+};
+template <class Body>
+struct WideSumsOf<Body, std::void_t<decltype(Body::kWideSums)>> {
+  static constexpr int value = Body::kWideSums;
+};
+
 // A team a row (the wide shape).
-// Its scratch holds kWideSums kWideLanes + 1 values of T or of double, the
+// Its scratch holds kSums kWideLanes + 1 values of T or of double, the
 // larger (a body may sum or broadcast in double, as the head's losses are).
 template <class Body, class T>
 struct WideRows {
   using Policy = TeamRange;
   using Member = typename Policy::member_type;
   using Scratch = TeamScratch<double>;
+  static constexpr int kSums = WideSumsOf<Body>::value;
   static constexpr std::size_t kWords =
-      ((kWideSums * kWideLanes + 1) * (sizeof(T) > sizeof(double) ? sizeof(T) : sizeof(double)) + sizeof(double) - 1) /
+      ((kSums * kWideLanes + 1) * (sizeof(T) > sizeof(double) ? sizeof(T) : sizeof(double)) + sizeof(double) - 1) /
       sizeof(double);
   Body body;
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
     Scratch part(team.team_scratch(0), kWords);
-    body(WideLanes<Member>{team, part.data()}, team.league_rank());
+    body(WideLanes<Member, kSums>{team, part.data()}, team.league_rank());
   }
 };
 

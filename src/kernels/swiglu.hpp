@@ -71,7 +71,8 @@ struct SwigluElement {
   KOKKOS_INLINE_FUNCTION void tangents(const T* c, const T* xd, const T* xdd, index_t j, T& y1, T& y2) const {
     const T silu = c[0], s1 = c[1], s2 = c[2], b = c[3], ad = xd[j], bd = xd[F + j];
     y1 = s1 * ad * b + silu * bd;
-    y2 = (s2 * ad * ad + s1 * xdd[j]) * b + T(2) * s1 * ad * bd + silu * xdd[F + j];
+    if (xdd) y2 = (s2 * ad * ad + s1 * xdd[j]) * b + T(2) * s1 * ad * bd + silu * xdd[F + j];
+    else y2 = s2 * ad * ad * b + T(2) * s1 * ad * bd;  // x'' null: zero
   }
 };
 

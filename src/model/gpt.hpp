@@ -52,6 +52,9 @@ template <class T>
 struct GptBuffers;
 template <class T>
 struct CutAdjoints;
+namespace kernels {
+struct RotarySegments;
+}
 
 template <class T>
 class Gpt {
@@ -92,6 +95,7 @@ class Gpt {
   // Whether the attention's forward runs as the fused tensor-core kernel
   // (attention_forward_fused in model/plan.hpp; a second order's with cuts only).
   bool attention_fused() const { return att_fused_; }
+  bool linear_pairs() const { return linear_pairs_; }  // the pair products of kernels/linear.hpp
   // The head's row kernels: a team a vocabulary row when GPU-shaped (tiles
   // of a few hundred whole rows), else the backend's default shape.
   kernels::RowShape head_rows() const {
@@ -150,6 +154,28 @@ class Gpt {
   template <class S>
   void keep_cut(const ExecSpace& space, int layer, Act2<T> CutAdjoints<T>::*which, const Act2<T>& adj);
   void cut_at(const ExecSpace& space, bool cut, const Act2<T>& adj, const Act2<T>& x);
+  // x's rotary embedding in place (kernels/rotary.hpp), every plane S has;
+  // in a second order where x has no second-order planes (cut_through), its
+  // value and tangents.
+  template <class S>
+  void rotate(const ExecSpace& space, const Act2<T>& x, index_t D, const kernels::RotarySegments& seg);
+  // With linear pairs, in the primal reverse of the adjoint cuts' engine: adj
+  // rounded into the outer engine's cut adjoint at dst (null: nothing).
+  template <class S>
+  void keep_cut_rounded(const ExecSpace& space, kernels::Bf16Storage<T>* dst, const Act2<T>& adj);
+  // A projection after a norm: its weight's offset, its output's width and
+  // the cut adjoint at its output (rounded, CutAdjoints::qkv_out or fc_out).
+  struct CutProjection {
+    index_t w, out;
+    const kernels::Bf16Storage<T>* adj;
+  };
+  // With linear pairs and cuts: the y''_k = 2 x'_k V_k^T of the projections
+  // reading r's input, contracted with their cut adjoints a through the
+  // weights, 2 <a V_k, x'_k> a row into cut_dd_, instead of formed.
+  void cut_through(const ExecSpace& space, const kernels::detail::RoundedInput<T>& r,
+                   std::initializer_list<CutProjection> projections);
+  // The pair blocks of the weight at offset w (linear_pairs_).
+  const kernels::Bf16Storage<T>* weight_pairs(index_t w) const;
   template <class S>
   LossSum loss_sums(Span1<const std::int32_t> flat_targets, bool cut) const;
   LossSum reverse_losses(const ExecSpace& space, Span2<const std::int32_t> targets) const;
@@ -174,8 +200,13 @@ class Gpt {
   void round_ahead(const ExecSpace& space, const Params<T>& p);
   // A product's input as the kernel producing it rounds it: with cuts into
   // the layer-input room, else into kept (keep_rounded_; null: not so rounded).
-  kernels::detail::RoundedInput<T> rounded_input(const Act2<T>& in, bool cut,
-                                                 kernels::Bf16Storage<T>* kept = nullptr) const;
+  // pairs: with cuts, for the pair products of the linear layers reading it
+  // (linear_pairs_), in pair blocks.
+  kernels::detail::RoundedInput<T> rounded_input(const Act2<T>& in, bool cut, kernels::Bf16Storage<T>* kept = nullptr,
+                                                 bool pairs = false) const;
+  // The policy of the linear layer of weight offset w reading r: with
+  // input pairs, the weight's pair blocks too.
+  kernels::GemmPolicy<T> pairs_of(const kernels::detail::RoundedInput<T>& r, index_t w) const;
   // A reverse product's policy reading its input x where the forward kept it
   // rounded (kept; null: weights_gemm_).
   kernels::GemmPolicy<T> kept_input(const Act2<T>& x, const kernels::Bf16Storage<T>* kept) const;
@@ -221,6 +252,15 @@ class Gpt {
   // (GemmPolicy::ahead), the policy of every product of a weight.
   View1<T> rounded_ahead_;
   bool head_pairs_ = false;  // the head's direction blocks in pair blocks (GemmPolicy::head_pairs)
+  // With cuts, the linear layers after the norms as pair products
+  // (kernels/linear.hpp, pair_forward): their weights' pair blocks, rounded
+  // a pass after the head's (offset `at` in rounded values), and their
+  // inputs in the layer-input room in pair blocks.
+  bool linear_pairs_ = false;
+  struct PairWeight {
+    index_t w, out, in, at;
+  };
+  std::vector<PairWeight> pair_weights_;
   kernels::GemmPolicy<T> weights_gemm_;
   View1<double> row_loss_v_;
   View2<double> row_loss_d_, row_loss_dd_, row_loss_gn_;  // (K, N)
@@ -250,6 +290,7 @@ class Gpt {
   bool cuts_ = false;
   std::unique_ptr<Gpt<T>> adjoint_engine_;
   View2<double> cut_dd_;                // (K, N)
+  Span2<T> cut_u_;                      // (K N, C): cut_through's a V_k
   GptBuffers<T>* keep_into_ = nullptr;  // set on the adjoint engine during its reverse: where the cut adjoints go
 };
 

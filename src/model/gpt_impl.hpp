@@ -72,9 +72,44 @@ struct CutAdjoints {
   Act2<T> qkv;            // (N, Q): input of the attention (nanoGPT, GPT-NeoX: after the rotation)
   Act2<T> q, k, v;        // Llama: the attention's three inputs (q and k rotated)
   Act2<T> fc_gelu;        // (N, F): input of mlp.c_proj (dense_4h_to_h, down_proj)
+  // With linear pairs (Gpt::cut_through): the adjoints of the projections
+  // after the norms at their outputs, before any rotation, rounded as the
+  // products read them: c_attn's (Llama: the fused q, k, v block's, or q's,
+  // k's and v's one after another) and c_fc's (gate/up); the qkv, q, k, v
+  // above are then not kept.
+  kernels::Bf16Storage<T>* qkv_out = nullptr;
+  kernels::Bf16Storage<T>* fc_out = nullptr;
 };
 
 namespace gpt_detail {
+// A value as a rounded operand stores it (Bf16Storage<T>), back in T.
+template <class T, class D>
+KOKKOS_INLINE_FUNCTION T stored_value(D x) {
+  if constexpr (std::is_same<D, std::uint16_t>::value) return bf16_value(x);
+  else return T(x);
+}
+
+// acc(k, n) += 2 sum_c u_k(n, c) x'_k(n, c), x'_k in the layer-input room
+// (kernels/room.hpp), one row (r = k N + n) a task: a projection's y''_k =
+// 2 x'_k V_k^T contracted with its cut's adjoint a as 2 <a V_k, x'_k>, u_k
+// = a V_k (Gpt::cut_through).
+template <class T>
+struct CutThroughRow {
+  const T* u;
+  const kernels::Bf16Storage<T>* room;
+  kernels::RoomLayout layout;
+  View2<double> acc;
+  index_t N, C;
+  template <class Lanes>
+  KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t r) const {
+    const index_t k = r / N, n = r - k * N;
+    const T* ur = u + r * C;
+    const T s =
+        lanes.template sum<T>(C, [&](index_t c) { return ur[c] * stored_value<T>(room[layout.direction(k, n, c)]); });
+    lanes.single([&] { acc(k, n) += 2.0 * double(s); });
+  }
+};
+
 // acc(k, n) += sum_c adj(n, c) x''_k(n, c), one row (row r = k N + n) a task:
 // what a cut contributes to d2/de2 of the summed loss.
 template <class T>
@@ -241,6 +276,11 @@ Gpt<T>::Gpt(const ModelConfig& cfg, const Shape& shape, bool allocate, std::vect
                attention_forward_fused(cfg, shape_);
   const index_t att_e = choose_kept(plan);
   cuts_ = adjoint_cuts_of(cfg, shape);
+  // bf16-amp, GPU-shaped second order with cuts: the projections after the
+  // norms as pair products (plan_gemm) and their y'' contracted through
+  // their weights (cut_through), never formed.
+  linear_pairs_ = shape_.bf16 && shape_.gpu_shaped && shape_.second_order && shape_.directions > 0 &&
+                  std::is_same<T, float>::value && cuts_ && linear_pairs_requested();
   plan_layers(att_e);
   plan_attention();
   plan_head(plan);
@@ -346,12 +386,14 @@ void Gpt<T>::plan_layers(index_t att_e) {
     a.ln1 = ln_shared;
     if (!llama) a.ln1_mean = act1("ln1_mean", N, tan, sec);
     a.ln1_rstd = act1("ln1_rstd", N, tan, sec);
+    // With linear pairs the projections after the norms form no y''.
+    const bool out_sec = sec && !linear_pairs_;
     if (llama && !fused_qkv_) {
-      a.q = act2("q", N, A, tan, sec);
-      a.k = act2("k", N, Akv, tan, sec);
-      a.v = act2("v", N, Akv, tan, sec);
+      a.q = act2("q", N, A, tan, out_sec);
+      a.k = act2("k", N, Akv, tan, out_sec);
+      a.v = act2("v", N, Akv, tan, out_sec);
     } else {
-      a.qkv = act2("qkv", N, llama ? A + 2 * Akv : 3 * A, tan, sec);
+      a.qkv = act2("qkv", N, llama ? A + 2 * Akv : 3 * A, tan, out_sec);
     }
     a.att = act2("att", N, A, tan, sec);
     a.att_lse = act1("att_lse", shape_.batch * H * shape_.context, tan, sec);
@@ -359,7 +401,7 @@ void Gpt<T>::plan_layers(index_t att_e) {
     a.ln2 = ln_shared;
     if (!llama) a.ln2_mean = act1("ln2_mean", N, tan, sec);
     a.ln2_rstd = act1("ln2_rstd", N, tan, sec);
-    a.fc = act2("fc", N, llama ? 2 * F : F, tan, sec);
+    a.fc = act2("fc", N, llama ? 2 * F : F, tan, out_sec);
     a.fc_gelu = keep_gelu_ && !keep_rounded_ ? act2("fc_gelu", N, F, tan, sec) : gelu_shared;
     a.x_out = act2("x_out", N, C, tan, sec);
     if (keep_rounded_) {
@@ -524,7 +566,27 @@ void Gpt<T>::plan_gemm(const GptTiles& plan) {
   head_pairs_ = shape_.gpu_shaped && shape_.second_order && shape_.directions > 0 && std::is_same<T, float>::value;
   const index_t VC = index_t(cfg_.vocab_size) * cfg_.n_embd;
   const index_t blocks = head_pairs_ ? 3 * ((shape_.directions + 1) / 2) : shape_.directions;
-  const index_t values = layout_.size() + blocks * VC;
+  index_t values = layout_.size() + blocks * VC;
+  // With cuts, the weights of the linear layers after the norms (q, k, v or
+  // their fused block, and the MLP's first) in pair blocks too, after the
+  // head's.
+  pair_weights_.clear();
+  if (linear_pairs_) {
+    const index_t C = cfg_.n_embd, A = index_t(cfg_.n_head) * cfg_.head_size();
+    const index_t Akv = index_t(cfg_.kv_heads()) * cfg_.head_size(), F = cfg_.mlp_width();
+    const bool llama = cfg_.family == Family::llama;
+    const index_t pairs3 = 3 * ((shape_.directions + 1) / 2);
+    const auto add = [&](std::int64_t w, index_t out) {
+      pair_weights_.push_back({index_t(w), out, C, values});
+      values += pairs3 * out * C;
+    };
+    for (const BlockOffsets& o : layout_.blocks) {
+      if (llama && fused_qkv_) add(o.q_w, A + 2 * Akv);
+      else if (llama) add(o.q_w, A), add(o.k_w, Akv), add(o.v_w, Akv);
+      else add(o.attn_w, 3 * A);
+      add(o.fc_w, llama ? 2 * F : F);
+    }
+  }
   const index_t ahead = index_t((std::size_t(values) * sizeof(kernels::Bf16Storage<T>) + sizeof(T) - 1) / sizeof(T));
   workspace_bytes_ += sizeof(T) * static_cast<std::size_t>(ahead);
   if (allocate_)
@@ -543,6 +605,7 @@ void Gpt<T>::plan_gemm(const GptTiles& plan) {
   if (shape_.directions > 0 && !(shape_.second_order && !cuts_)) {
     const index_t width = std::max<index_t>({cfg_.n_embd, index_t(cfg_.n_head) * cfg_.head_size(), cfg_.mlp_width()});
     inputs = N_ * width * (shape_.second_order ? 1 + shape_.directions : 1);
+    if (linear_pairs_) inputs = std::max(inputs, N_ * cfg_.n_embd * 3 * ((shape_.directions + 1) / 2));
   }
   if (shape_.reverse) {
     const index_t C = cfg_.n_embd, A = index_t(cfg_.n_head) * cfg_.head_size(), F = cfg_.mlp_width();
@@ -570,7 +633,11 @@ void Gpt<T>::round_ahead(const ExecSpace& space, const Params<T>& p) {
   const index_t VC = index_t(cfg_.vocab_size) * cfg_.n_embd, P = layout_.size(), w = layout_.lm_head;
   const index_t K = index_t(p.d.extent(0));
   const index_t blocks = head_pairs_ ? 3 * ((K + 1) / 2) : K;
-  if ((P + blocks * VC) * index_t(sizeof(D)) > index_t(rounded_ahead_.extent(0) * sizeof(T)))
+  const index_t end = pair_weights_.empty() ? P + blocks * VC
+                                            : pair_weights_.back().at + 3 * ((K + 1) / 2) * pair_weights_.back().out *
+                                                                            pair_weights_.back().in;
+  if (end * index_t(sizeof(D)) > index_t(rounded_ahead_.extent(0) * sizeof(T)) ||
+      (!pair_weights_.empty() && K != shape_.directions))
     throw std::logic_error("gnh::gpt: the rounded weights hold fewer directions than " + std::to_string(K));
   D* const dst = reinterpret_cast<D*>(rounded_ahead_.data());
   // The matrices span two scalable extents, the vectors (biases, norms) one.
@@ -585,6 +652,8 @@ void Gpt<T>::round_ahead(const ExecSpace& space, const Params<T>& p) {
                                          dst + P);
     weights_gemm_.head_pairs = dst + P;
     weights_gemm_.head_vocab = cfg_.vocab_size;
+    for (const PairWeight& q : pair_weights_)
+      kernels::detail::head_pair_blocks<T>(space, p.v.data() + q.w, p.d.data() + q.w, K, q.out, q.in, P, dst + q.at);
     return;
   }
   kernels::detail::rounded_copies(space, "gnh::gpt::weights_bf16", p.d.data() + w, P, VC, 0, 1, K, dst + P, VC);
@@ -609,7 +678,14 @@ void Gpt<T>::plan_adjoint_cuts() {
     c.ln1 = act2("cut_ln1", N, C, false, false);
     c.att = act2("cut_att", N, A, false, false);
     c.ln2 = act2("cut_ln2", N, C, false, false);
-    if (llama && !fused_qkv_) {
+    if (linear_pairs_) {
+      using R = kernels::Bf16Storage<T>;
+      const index_t values = N * ((llama ? A + 2 * Akv : 3 * A) + (llama ? 2 : 1) * cfg_.mlp_width());
+      const index_t floats = index_t((std::size_t(values) * sizeof(R) + sizeof(T) - 1) / sizeof(T));
+      R* const r = reinterpret_cast<R*>(act2_planes("cut_out", 1, floats, 0, 0).v.data());
+      c.qkv_out = r;
+      if (r) c.fc_out = r + N * (llama ? A + 2 * Akv : 3 * A);
+    } else if (llama && !fused_qkv_) {
       c.q = act2("cut_q", N, A, false, false);
       c.k = act2("cut_k", N, Akv, false, false);
       c.v = act2("cut_v", N, Akv, false, false);
@@ -620,6 +696,8 @@ void Gpt<T>::plan_adjoint_cuts() {
     buf_->cuts.push_back(c);
   }
   workspace_bytes_ += Gpt<T>::planned_bytes(cfg_, g) + sizeof(double) * static_cast<std::size_t>(shape_.directions * N);
+  // cut_through's a V_k, a (N, C) plane a direction.
+  if (linear_pairs_) cut_u_ = act2_planes("cut_u", shape_.directions * N, C, 0, 0).v;
   if (allocate_) {
     adjoint_engine_.reset(new Gpt<T>(cfg_, g, true, std::move(reusable_)));
     reusable_.clear();
@@ -697,6 +775,14 @@ LossSum Gpt<T>::forward(const ExecSpace& space, Params<T> p, Span2<const std::in
   return out;
 }
 
+template <class T>
+template <class S>
+void Gpt<T>::rotate(const ExecSpace& space, const Act2<T>& x, index_t D, const kernels::RotarySegments& seg) {
+  if (has_second_v<S> && x.dd.extent(0) == 0)
+    kernels::rotary_forward<Dual<T>>(space, x, x, D, rotary_dims_, rotary_table_, seg);
+  else kernels::rotary_forward<S>(space, x, x, D, rotary_dims_, rotary_table_, seg);
+}
+
 // acc(k, n) += <adj(n), x''_k(n)> over every direction and row (a cut), when cut.
 template <class T>
 void Gpt<T>::cut_at(const ExecSpace& space, bool cut, const Act2<T>& adj, const Act2<T>& x) {
@@ -713,10 +799,53 @@ void Gpt<T>::cut_at(const ExecSpace& space, bool cut, const Act2<T>& adj, const 
 // (kernels/linear.hpp, rounded_input_room): the room for its planes and the
 // policy reading them there; without cuts or room, weights_gemm_ alone.
 template <class T>
-kernels::detail::RoundedInput<T> Gpt<T>::rounded_input(const Act2<T>& in, bool cut,
-                                                       kernels::Bf16Storage<T>* kept) const {
-  if (cut) return kernels::detail::rounded_input_room(weights_gemm_, in, shape_.directions);
-  return {kernels::detail::reading_rounded(weights_gemm_, 2, in, kept), kept};
+kernels::detail::RoundedInput<T> Gpt<T>::rounded_input(const Act2<T>& in, bool cut, kernels::Bf16Storage<T>* kept,
+                                                       bool pairs) const {
+  if (cut) return kernels::detail::rounded_input_room(weights_gemm_, in, shape_.directions, pairs && linear_pairs_);
+  return {kernels::detail::reading_rounded(weights_gemm_, 2, in, kept), kept, {}};
+}
+
+template <class T>
+const kernels::Bf16Storage<T>* Gpt<T>::weight_pairs(index_t w) const {
+  for (const PairWeight& q : pair_weights_)
+    if (q.w == w) return reinterpret_cast<const kernels::Bf16Storage<T>*>(rounded_ahead_.data()) + q.at;
+  throw std::logic_error("gnh::gpt: no pair blocks of the weight at " + std::to_string(w));
+}
+
+template <class T>
+kernels::GemmPolicy<T> Gpt<T>::pairs_of(const kernels::detail::RoundedInput<T>& r, index_t w) const {
+  if (!r.pol.input_pairs) return r.pol;
+  kernels::GemmPolicy<T> pol = r.pol;
+  pol.weight_pairs = weight_pairs(w);
+  return pol;
+}
+
+// u_k = sum over the projections of a V_k, one batched product a
+// projection and parity (V_k in the weight's pair blocks: block k / 2, at
+// column 0 for k even, 2C for k odd, rows 3C apart), then each row's
+// 2 <u_k, x'_k> with x'_k where the norm wrote it. The same bfloat16 V_k and
+// x'_k as the y''_k product, and a rounded as the products round their
+// operands; the sums in another order.
+template <class T>
+void Gpt<T>::cut_through(const ExecSpace& space, const kernels::detail::RoundedInput<T>& r,
+                         std::initializer_list<CutProjection> projections) {
+  using namespace kernels;
+  const index_t N = N_, C = cfg_.n_embd, K = shape_.directions, C3 = 3 * C;
+  if (!r.pol.input_pairs || r.layout.C != C || projections.size() == 0)
+    throw std::logic_error("gnh::gpt: a cut through the weights without the input's pair blocks");
+  T* const u = cut_u_.data();
+  T beta = T(0);
+  for (const CutProjection& q : projections) {
+    const Bf16Storage<T>* const wp = weight_pairs(q.w);
+    gemm_batched_rounded<T>(space, false, false, N, C, q.out, T(1), q.adj, q.out, 0, wp, C3, q.out * C3, beta, u, C,
+                            2 * N * C, (K + 1) / 2);
+    gemm_batched_rounded<T>(space, false, false, N, C, q.out, T(1), q.adj, q.out, 0, wp + 2 * C, C3, q.out * C3, beta,
+                            u + N * C, C, 2 * N * C, K / 2);
+    beta = T(1);
+  }
+  // u and x' read (x' in a GPU's bfloat16), a double a row and direction.
+  Traffic("gnh::gpt::cut_through").add(double(K * N * C), sizeof(T) + 2, 2).add(double(2 * K * N), sizeof(double), 1);
+  for_rows<T>(space, "gnh::gpt::cut_through", K * N, gpt_detail::CutThroughRow<T>{u, r.dst, r.layout, cut_dd_, N, C});
 }
 
 // With keep_rounded_ the reverse's products read a layer's input x where the
@@ -760,17 +889,19 @@ void Gpt<T>::forward_block(const ExecSpace& space, Params<T> p, int l, bool cut)
   // With cuts, the cut at each norm's output is taken as the norm forms y'',
   // and the norms and the GELU write y and y' as the next product's rounded
   // input where bf16-amp has room.
-  const auto r1 = rounded_input(ln1, cut, a0.r_ln1);
+  const auto r1 = rounded_input(ln1, cut, a0.r_ln1, true);
   if (cut)
     layernorm_forward_cut<T>(space, ln1, a0.ln1_mean, a0.ln1_rstd, x, p, o.ln1_w, o.ln1_b, cfg_.ln_eps, cuts.ln1,
-                             cut_dd_, r1.dst);
+                             cut_dd_, r1.dst, r1.layout);
   else if (r1.dst)
     layernorm_forward_rounded<T>(space, ln1, a0.ln1_mean, a0.ln1_rstd, x, p, o.ln1_w, o.ln1_b, cfg_.ln_eps, r1.dst);
   else layernorm_forward<S>(space, ln1, a0.ln1_mean, a0.ln1_rstd, x, p, o.ln1_w, o.ln1_b, cfg_.ln_eps);
-  linear_forward<S>(space, qkv, ln1, p, o.attn_w, o.attn_b, r1.pol, !cut);
-  if (rotary_dims_ > 0)
-    rotary_forward<S>(space, qkv, qkv, cfg_.head_size(), rotary_dims_, rotary_table_, RotarySegments{3, 2});
-  cut_at(space, cut, cuts.qkv, qkv);
+  linear_forward<S>(space, qkv, ln1, p, o.attn_w, o.attn_b, pairs_of(r1, o.attn_w), !cut);
+  // With linear pairs qkv has no y'': its cut taken through the weights.
+  const bool through = cut && linear_pairs_;
+  if (through) cut_through(space, r1, {{index_t(o.attn_w), qkv.cols(), cuts.qkv_out}});
+  if (rotary_dims_ > 0) rotate<S>(space, qkv, cfg_.head_size(), RotarySegments{3, 2});
+  cut_at(space, cut && !through, cuts.qkv, qkv);
   T* const keep_p = std::is_same<S, T>::value && keep_attention_ ? a0.att_p.v.data() : nullptr;
   const auto r4 = rounded_input(att, cut, a0.r_att);
   const bool att_rounded = attend<S>(space, att, a0.att_lse, QkvActs<T>{qkv, qkv, qkv}, cut, keep_p, r4.dst);
@@ -779,15 +910,16 @@ void Gpt<T>::forward_block(const ExecSpace& space, Params<T> p, int l, bool cut)
                     att_rounded ? r4.pol : weights_gemm_, !cut, in_place);
   if (!in_place) residual_forward<S>(space, x_mid, x, proj);
   const Act2<T> mlp_in = cfg_.parallel_residual ? x : x_mid;
-  const auto r2 = rounded_input(ln2, cut, a0.r_ln2);
+  const auto r2 = rounded_input(ln2, cut, a0.r_ln2, true);
   if (cut)
     layernorm_forward_cut<T>(space, ln2, a0.ln2_mean, a0.ln2_rstd, mlp_in, p, o.ln2_w, o.ln2_b, cfg_.ln_eps, cuts.ln2,
-                             cut_dd_, r2.dst);
+                             cut_dd_, r2.dst, r2.layout);
   else if (r2.dst)
     layernorm_forward_rounded<T>(space, ln2, a0.ln2_mean, a0.ln2_rstd, mlp_in, p, o.ln2_w, o.ln2_b, cfg_.ln_eps,
                                  r2.dst);
   else layernorm_forward<S>(space, ln2, a0.ln2_mean, a0.ln2_rstd, mlp_in, p, o.ln2_w, o.ln2_b, cfg_.ln_eps);
-  linear_forward<S>(space, fc, ln2, p, o.fc_w, o.fc_b, r2.pol, !cut);
+  linear_forward<S>(space, fc, ln2, p, o.fc_w, o.fc_b, pairs_of(r2, o.fc_w), !cut);
+  if (through) cut_through(space, r2, {{index_t(o.fc_w), fc.cols(), cuts.fc_out}});
   const auto r3 = rounded_input(fc_gelu, cut, a0.r_fcg);
   if constexpr (std::is_same<S, T>::value) {
     // fc keeps the pre-activation where the reverse forms the slope again
@@ -820,27 +952,38 @@ void Gpt<T>::forward_block_llama(const ExecSpace& space, Params<T> p, int l, boo
   const Act2<T> x = x_in(l);
   // Adjoint cuts (second_order): at the projections' inputs and the attention's.
   const CutAdjoints<T> cuts = cut ? buf_->cuts[l] : CutAdjoints<T>();
+  const bool through = cut && linear_pairs_;  // the projections' cuts through their weights (cut_through)
   // With cuts, the norms and SwiGLU write y and y' as the next products'
   // rounded input where bf16-amp has room.
-  const auto r1 = rounded_input(a.ln1, cut, a.r_ln1);
-  if (cut) rmsnorm_forward_cut<T>(space, a.ln1, a.ln1_rstd, x, p, o.ln1_w, -1, cfg_.ln_eps, cuts.ln1, cut_dd_, r1.dst);
+  const auto r1 = rounded_input(a.ln1, cut, a.r_ln1, true);
+  if (cut)
+    rmsnorm_forward_cut<T>(space, a.ln1, a.ln1_rstd, x, p, o.ln1_w, -1, cfg_.ln_eps, cuts.ln1, cut_dd_, r1.dst,
+                           r1.layout);
   else if (r1.dst) rmsnorm_forward_rounded<T>(space, a.ln1, a.ln1_rstd, x, p, o.ln1_w, -1, cfg_.ln_eps, r1.dst);
   else rmsnorm_forward<S>(space, a.ln1, a.ln1_rstd, x, p, o.ln1_w, -1, cfg_.ln_eps);
   if (fused_qkv_) {
     // One GEMM into [q | k | v]; the first n_head + n_kv_head segments rotate.
     const index_t H = cfg_.n_head, G = cfg_.kv_heads();
-    linear_forward<S>(space, a.qkv, a.ln1, p, o.q_w, -1, r1.pol, !cut);
-    rotary_forward<S>(space, a.qkv, a.qkv, D, rotary_dims_, rotary_table_, RotarySegments{H + 2 * G, H + G});
-    cut_at(space, cut, cuts.qkv, a.qkv);
+    linear_forward<S>(space, a.qkv, a.ln1, p, o.q_w, -1, pairs_of(r1, o.q_w), !cut);
+    if (through) cut_through(space, r1, {{index_t(o.q_w), a.qkv.cols(), cuts.qkv_out}});
+    rotate<S>(space, a.qkv, D, RotarySegments{H + 2 * G, H + G});
+    cut_at(space, cut && !through, cuts.qkv, a.qkv);
   } else {
-    linear_forward<S>(space, a.q, a.ln1, p, o.q_w, o.q_b, r1.pol, !cut);
-    linear_forward<S>(space, a.k, a.ln1, p, o.k_w, o.k_b, r1.pol, !cut);
-    linear_forward<S>(space, a.v, a.ln1, p, o.v_w, o.v_b, r1.pol, !cut);
-    rotary_forward<S>(space, a.q, a.q, D, rotary_dims_, rotary_table_);
-    rotary_forward<S>(space, a.k, a.k, D, rotary_dims_, rotary_table_);
-    cut_at(space, cut, cuts.q, a.q);
-    cut_at(space, cut, cuts.k, a.k);
-    cut_at(space, cut, cuts.v, a.v);
+    linear_forward<S>(space, a.q, a.ln1, p, o.q_w, o.q_b, pairs_of(r1, o.q_w), !cut);
+    linear_forward<S>(space, a.k, a.ln1, p, o.k_w, o.k_b, pairs_of(r1, o.k_w), !cut);
+    linear_forward<S>(space, a.v, a.ln1, p, o.v_w, o.v_b, pairs_of(r1, o.v_w), !cut);
+    if (through) {
+      const index_t A = a.q.cols(), Akv = a.k.cols();
+      cut_through(space, r1,
+                  {{index_t(o.q_w), A, cuts.qkv_out},
+                   {index_t(o.k_w), Akv, cuts.qkv_out + N_ * A},
+                   {index_t(o.v_w), Akv, cuts.qkv_out + N_ * (A + Akv)}});
+    }
+    rotate<S>(space, a.q, D, RotarySegments{});
+    rotate<S>(space, a.k, D, RotarySegments{});
+    cut_at(space, cut && !through, cuts.q, a.q);
+    cut_at(space, cut && !through, cuts.k, a.k);
+    cut_at(space, cut && !through, cuts.v, a.v);
   }
   const QkvActs<T> x3 = fused_qkv_ ? QkvActs<T>{a.qkv, a.qkv, a.qkv} : QkvActs<T>{a.q, a.k, a.v};
   T* const keep_p = std::is_same<S, T>::value && keep_attention_ ? a.att_p.v.data() : nullptr;
@@ -853,12 +996,14 @@ void Gpt<T>::forward_block_llama(const ExecSpace& space, Params<T> p, int l, boo
   linear_forward<S>(space, in_place ? x : proj, a.att, p, o.attn_proj_w, o.attn_proj_b,
                     att_rounded ? r4.pol : weights_gemm_, !cut, in_place);
   if (!in_place) residual_forward<S>(space, x_mid, x, proj);
-  const auto r2 = rounded_input(a.ln2, cut, a.r_ln2);
+  const auto r2 = rounded_input(a.ln2, cut, a.r_ln2, true);
   if (cut)
-    rmsnorm_forward_cut<T>(space, a.ln2, a.ln2_rstd, x_mid, p, o.ln2_w, -1, cfg_.ln_eps, cuts.ln2, cut_dd_, r2.dst);
+    rmsnorm_forward_cut<T>(space, a.ln2, a.ln2_rstd, x_mid, p, o.ln2_w, -1, cfg_.ln_eps, cuts.ln2, cut_dd_, r2.dst,
+                           r2.layout);
   else if (r2.dst) rmsnorm_forward_rounded<T>(space, a.ln2, a.ln2_rstd, x_mid, p, o.ln2_w, -1, cfg_.ln_eps, r2.dst);
   else rmsnorm_forward<S>(space, a.ln2, a.ln2_rstd, x_mid, p, o.ln2_w, -1, cfg_.ln_eps);
-  linear_forward<S>(space, a.fc, a.ln2, p, o.fc_w, -1, r2.pol, !cut);
+  linear_forward<S>(space, a.fc, a.ln2, p, o.fc_w, -1, pairs_of(r2, o.fc_w), !cut);
+  if (through) cut_through(space, r2, {{index_t(o.fc_w), a.fc.cols(), cuts.fc_out}});
   const auto r3 = rounded_input(a.fc_gelu, cut, a.r_fcg);
   if (cut) swiglu_forward_cut<T>(space, a.fc_gelu, a.fc, cuts.fc_gelu, cut_dd_, r3.dst);
   else if (r3.dst) swiglu_forward_rounded<T>(space, r3.dst, a.fc, cfg_.mlp_width());
@@ -1003,6 +1148,7 @@ kernels::GemmPolicy<T> Gpt<T>::reverse_gelu(const ExecSpace& space, Params<T> p,
       fc_pol = kernels::detail::reading_rounded(fc_pol, 2, d_fc, dst);
     } else {
       gelu_reverse_slope<T>(space, d_fc.v, d_fcg.v, keep_gelu_ ? a.fc.v : d_fc.v);  // where the slope is
+      if (keep_into_) keep_cut_rounded<S>(space, keep_into_->cuts[l].fc_out, d_fc);
     }
   } else {
     gelu_forward<S>(space, a.fc_gelu, a.fc, cfg_.gelu);
@@ -1018,7 +1164,17 @@ kernels::GemmPolicy<T> Gpt<T>::reverse_gelu(const ExecSpace& space, Params<T> p,
 template <class T>
 template <class S>
 void Gpt<T>::keep_cut(const ExecSpace& space, int l, Act2<T> CutAdjoints<T>::*which, const Act2<T>& adj) {
-  if (std::is_same<S, T>::value && keep_into_) Kokkos::deep_copy(space, (keep_into_->cuts[l].*which).v, adj.v);
+  if (!std::is_same<S, T>::value || !keep_into_) return;
+  const Act2<T>& dst = keep_into_->cuts[l].*which;
+  if (dst.v.size() > 0) Kokkos::deep_copy(space, dst.v, adj.v);  // none where kept rounded (keep_cut_rounded)
+}
+
+template <class T>
+template <class S>
+void Gpt<T>::keep_cut_rounded(const ExecSpace& space, kernels::Bf16Storage<T>* dst, const Act2<T>& adj) {
+  if (std::is_same<S, T>::value && dst)
+    kernels::detail::rounded_copies(space, "gnh::gpt::cut_adjoint", adj.v.data(), 0, adj.cols(), 0, adj.rows(), 1, dst,
+                                    0);
 }
 
 template <class T>
@@ -1066,6 +1222,7 @@ bool Gpt<T>::reverse_block(const ExecSpace& space, Params<T> p, Grads<T> g, int 
   keep(&CutAdjoints<T>::qkv, d_qkv);
   if (rotary_dims_ > 0)
     rotary_reverse<S>(space, d_qkv, d_qkv, cfg_.head_size(), rotary_dims_, rotary_table_, RotarySegments{3, 2});
+  if (keep_into_) keep_cut_rounded<S>(space, keep_into_->cuts[l].qkv_out, d_qkv);
   if (!a.r_ln1) layernorm_forward<S>(space, a.ln1, a.ln1_mean, a.ln1_rstd, x_in(l), p, o.ln1_w, o.ln1_b, cfg_.ln_eps);
   const GemmPolicy<T> qkv_pol = kernels::detail::reading_rounded(kept_input(a.ln1, a.r_ln1), 2, d_qkv, qkv_room);
   linear_reverse<S>(space, c1, g, d_qkv, a.ln1, p, o.attn_w, o.attn_b, qkv_pol);
@@ -1099,6 +1256,7 @@ bool Gpt<T>::reverse_block_llama(const ExecSpace& space, Params<T> p, Grads<T> g
                     res_pol(kept_input(a.fc_gelu, a.r_fcg), res_rounded));
   keep(&CutAdjoints<T>::fc_gelu, d.fc_gelu);
   swiglu_reverse<S>(space, d.fc, d.fc_gelu, a.fc);
+  if (keep_into_) keep_cut_rounded<S>(space, keep_into_->cuts[l].fc_out, d.fc);
   if (!a.r_ln2) rmsnorm_forward<S>(space, a.ln2, a.ln2_rstd, a.x_mid, p, o.ln2_w, -1, cfg_.ln_eps);
   linear_reverse<S>(space, d.c1, g, d.fc, a.ln2, p, o.fc_w, -1, kept_input(a.ln2, a.r_ln2));
   keep(&CutAdjoints<T>::ln2, d.c1);
@@ -1118,6 +1276,7 @@ bool Gpt<T>::reverse_block_llama(const ExecSpace& space, Params<T> p, Grads<T> g
     const index_t H = cfg_.n_head, G = cfg_.kv_heads();
     keep(&CutAdjoints<T>::qkv, d.qkv);
     rotary_reverse<S>(space, d.qkv, d.qkv, Dh, rotary_dims_, rotary_table_, RotarySegments{H + 2 * G, H + G});
+    if (keep_into_) keep_cut_rounded<S>(space, keep_into_->cuts[l].qkv_out, d.qkv);
     linear_reverse<S>(space, d.c1, g, d.qkv, a.ln1, p, o.q_w, -1, n1);
   } else {
     keep(&CutAdjoints<T>::q, d.q);
@@ -1125,6 +1284,12 @@ bool Gpt<T>::reverse_block_llama(const ExecSpace& space, Params<T> p, Grads<T> g
     keep(&CutAdjoints<T>::v, d.v);
     rotary_reverse<S>(space, d.q, d.q, Dh, rotary_dims_, rotary_table_);
     rotary_reverse<S>(space, d.k, d.k, Dh, rotary_dims_, rotary_table_);
+    if (Bf16Storage<T>* const out = keep_into_ ? keep_into_->cuts[l].qkv_out : nullptr) {
+      const index_t N = N_, A = d.q.cols(), Akv = d.k.cols();
+      keep_cut_rounded<S>(space, out, d.q);
+      keep_cut_rounded<S>(space, out + N * A, d.k);
+      keep_cut_rounded<S>(space, out + N * (A + Akv), d.v);
+    }
     linear_reverse<S>(space, d.c1, g, d.q, a.ln1, p, o.q_w, o.q_b, n1);
     linear_reverse<S>(space, d.c2, g, d.k, a.ln1, p, o.k_w, o.k_b, n1);
     accumulate<S>(space, d.c1, d.c2);

@@ -154,6 +154,13 @@ index_t attention_score_budget(bool device, index_t planes, bool directions) {
   return std::max(planes * (index_t(1) << 25), index_t(1) << (directions ? 28 : 30));
 }
 
+bool linear_pairs_requested() {
+  const char* env = std::getenv("GNH_LINEAR_PAIRS");
+  if (!env || !*env || std::string(env) == "1") return true;
+  if (std::string(env) == "0") return false;
+  throw std::invalid_argument(std::string("GNH_LINEAR_PAIRS=") + env + ": expected 0 or 1");
+}
+
 bool attention_forward_fused(const ModelConfig& cfg, const Shape& shape) {
   if (!shape.bf16 || cfg.head_size() > kernels::kFusedWidth) return false;
   return !kernels::attention_batched_requested();

@@ -73,6 +73,10 @@ ForwardFlops forward_flops_per_token(const ModelConfig& cfg, index_t context);
 // throughout. A second-order forward is fused only with adjoint cuts (x'' is
 // zero at the attention); its reverse is always the batched GEMMs'.
 bool attention_forward_fused(const ModelConfig& cfg, const Shape& shape);
+// Whether the second order's linear layers after the norms run as pair
+// products where they can (kernels/linear.hpp, pair_forward): yes unless
+// GNH_LINEAR_PAIRS=0 (1 or unset: yes; anything else is refused).
+bool linear_pairs_requested();
 
 // Whether an engine of this shape runs the second order with adjoint cuts:
 // Shape::adjoint_cuts 0 or 1, else GNH_ADJOINT_CUTS (0 or 1) where it is set,

@@ -167,6 +167,16 @@ class CostModel(unittest.TestCase):
         self.assertEqual(per["gnh::gpt::zero_accumulated"]["launches"], 1)
         self.assertLess(per["gnh::gpt::zero_accumulated"]["bytes"],
                         0.02 * per["gnh::pass::sequence_squares"]["bytes"])
+        # The second order's projections after the norms (c_attn, c_fc) form
+        # each direction's x'_k W^T + x V_k^T as one product of inner
+        # dimension 2C from pair blocks (kernels/linear.hpp, pair_forward),
+        # y'_k written once: 16 directions x 8 layers of (B T, 3C or 4C, 2C);
+        # no product of their K stacked tangent planes is left.
+        sl = labels(d, "second_order")
+        pairs = {(sh["n"], sh["count"]) for sh in sl["gnh::gemm_batch"]["shapes"]
+                 if sh["m"] == 64 * 1024 and sh["k"] == 2 * 320}
+        self.assertEqual(pairs, {(3 * 320, 16 * 8), (4 * 320, 16 * 8)})
+        self.assertFalse([sh for sh in sl["gnh::gemm"]["shapes"] if sh["m"] == 16 * 64 * 1024 and sh["n"] in (3 * 320, 4 * 320)])
         # The gradient's head forms each tile's logits once, its forward and
         # reverse together (kernels/lm_head_xent.hpp, lm_head_xent_gradient):
         # one (rows, C) by (C, V) product a tile, the plan's tiles a batch.

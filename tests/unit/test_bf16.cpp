@@ -94,6 +94,14 @@ View1<float> random_view(const char* name, index_t n, std::uint64_t seed) {
   for (index_t i = 0; i < n; ++i) v(i) = float(r[std::size_t(i)]);
   return v;
 }
+// N rows of cols from base: a value plane, K tangent planes, K second-order planes.
+Act2<float> jet_planes(float* base, index_t N, index_t K, index_t cols) {
+  Act2<float> a;
+  a.v = Span2<float>(base, N, cols);
+  a.d = Span3<float>(base + N * cols, K, N, cols);
+  a.dd = Span3<float>(base + (1 + K) * N * cols, K, N, cols);
+  return a;
+}
 kernels::GemmPolicy<float> bf16_policy(index_t scratch) {
   kernels::GemmPolicy<float> p;
   p.bf16 = true;
@@ -379,13 +387,7 @@ TEST_CASE("bf16-amp: a linear layer's input rounded once for all its products, t
   const index_t N = 9, in = 6, out = 5, K = 3, P = out * in + out + 7;
   const View1<float> xs = random_view("x", (1 + 2 * K) * N * in, 31), pv = random_view("p", P, 32),
                      pd = random_view("pd", K * P, 33);
-  auto planes = [&](float* base, index_t cols) {
-    Act2<float> a;
-    a.v = Span2<float>(base, N, cols);
-    a.d = Span3<float>(base + N * cols, K, N, cols);
-    a.dd = Span3<float>(base + (1 + K) * N * cols, K, N, cols);
-    return a;
-  };
+  auto planes = [&](float* base, index_t cols) { return jet_planes(base, N, K, cols); };
   const Params<float> p{Span1<const float>(pv.data(), P), Span2<const float>(pd.data(), K, P)};
   kernels::GemmPolicy<float> own = bf16_policy(1 << 12);
   own.chunk_elements = 4 * in;
@@ -440,6 +442,94 @@ TEST_CASE("bf16-amp: a linear layer's input rounded once for all its products, t
   REQUIRE_THROWS_WITH(kernels::linear_forward<Jet2<float>>(ExecSpace(), planes(ys.data(), out), planes(xs.data(), in),
                                                            p, 0, out * in, small),
                       Catch::Contains("rounded input"));
+}
+
+TEST_CASE("bf16-amp: a linear layer's second order with a cut as pair products from pair blocks", "[bf16]") {
+  // With a cut at its input (x'' = 0) and x, x' in the room's pair blocks
+  // (RoomLayout: [x'_2j+1 | x | x'_2j]) and W, V_k in pair blocks
+  // [V_2j | W | V_2j+1] (head_pair_blocks), y'_k is one product over both,
+  // [x | x'_k] [V_k | W]^T or [x'_k | x] [W | V_k]^T, y = x W^T and
+  // y''_k = 2 x'_k V_k^T from the blocks: the same bfloat16 products as the
+  // room's standard layout (rounded_input_room without pairs), summed in
+  // another order. An entry is an FP32 sum of at most 2 in products: each
+  // order is within 2 in eps of the sum of their magnitudes |t|, so the two
+  // agree within 4 in eps |t| + the bias's rounding (eps |y|). K = 3: the
+  // last pair has no odd direction. A direction paired with the wrong block,
+  // a swapped half or a wrong stride is off by O(|t|).
+  const index_t N = 9, in = 6, out = 5, K = 3, P = out * in + out + 7, pairs = (K + 1) / 2;
+  const View1<float> xs = random_view("x", (1 + 2 * K) * N * in, 41), pv = random_view("p", P, 42),
+                     pd = random_view("pd", K * P, 43);
+  auto planes = [&](float* base, index_t cols) { return jet_planes(base, N, K, cols); };
+  const Params<float> p{Span1<const float>(pv.data(), P), Span2<const float>(pd.data(), K, P)};
+  const Act2<float> x = planes(xs.data(), in);
+  // The standard layout: x, then each x'_k, as a norm with a cut writes them.
+  kernels::GemmPolicy<float> standard = bf16_policy(1 << 12);
+  standard.layer_input = View1<float>("room", (1 + K) * N * in);
+  const auto rs = kernels::detail::rounded_input_room(standard, x, K);
+  REQUIRE(rs.dst != nullptr);
+  REQUIRE(rs.pol.input_pairs == nullptr);
+  for (index_t i = 0; i < (1 + K) * N * in; ++i) rs.dst[i] = round_bf16(xs(i));
+  View1<float> y0("y0", (1 + 2 * K) * N * out), y1("y1", (1 + 2 * K) * N * out);
+  const auto run0 = perf::record_run([&] {
+    kernels::linear_forward<Jet2<float>>(ExecSpace(), planes(y0.data(), out), x, p, 0, out * in, rs.pol, false);
+  });
+  // The pair blocks: the standard layout's room holds too few values.
+  REQUIRE(kernels::detail::rounded_input_room(standard, x, K, true).dst == nullptr);
+  kernels::GemmPolicy<float> paired = standard;
+  paired.layer_input = View1<float>("pairs", 3 * pairs * N * in);
+  const auto rp = kernels::detail::rounded_input_room(paired, x, K, true);
+  REQUIRE(rp.dst != nullptr);
+  REQUIRE(rp.pol.input_pairs == rp.dst);
+  REQUIRE(rp.layout.pairs == pairs);
+  for (index_t n = 0; n < N; ++n)
+    for (index_t c = 0; c < in; ++c) {
+      for (index_t j = 0; j < rp.layout.copies(); ++j) rp.dst[rp.layout.value(n, c, j)] = round_bf16(x.v(n, c));
+      for (index_t k = 0; k < K; ++k) rp.dst[rp.layout.direction(k, n, c)] = round_bf16(x.d(k, n, c));
+    }
+  View1<float> wp("weight_pairs", 3 * pairs * out * in);
+  kernels::detail::head_pair_blocks<float>(ExecSpace(), pv.data(), pd.data(), K, out, in, P, wp.data());
+  kernels::GemmPolicy<float> pol = rp.pol;
+  // Without the weight's pair blocks, a logic error rather than a read of x
+  // where it does not lie.
+  REQUIRE_THROWS_WITH(
+      kernels::linear_forward<Jet2<float>>(ExecSpace(), planes(y1.data(), out), x, p, 0, out * in, pol, false),
+      Catch::Contains("pair blocks"));
+  pol.weight_pairs = wp.data();
+  const auto run1 = perf::record_run([&] {
+    kernels::linear_forward<Jet2<float>>(ExecSpace(), planes(y1.data(), out), x, p, 0, out * in, pol, false);
+  });
+  // The bound's |t|, per plane (0: y, 1: y'_k, 2: y''_k), row and column.
+  auto r = [](float v) { return double(round_bf16(v)); };
+  const double eps = std::numeric_limits<float>::epsilon();
+  const Act2<float> a0 = planes(y0.data(), out), a1 = planes(y1.data(), out);
+  for (index_t kind = 0; kind < 3; ++kind)
+    for (index_t k = 0; k < (kind == 0 ? 1 : K); ++k)
+      for (index_t n = 0; n < N; ++n)
+        for (index_t o = 0; o < out; ++o) {
+          double t = 0;
+          for (index_t i = 0; i < in; ++i) {
+            const double W = r(pv(o * in + i)), V = r(pd(k * P + o * in + i));
+            if (kind == 0) t += std::abs(r(x.v(n, i)) * W);
+            if (kind == 1) t += std::abs(r(x.d(k, n, i)) * W) + std::abs(r(x.v(n, i)) * V);
+            if (kind == 2) t += 2 * std::abs(r(x.d(k, n, i)) * V);
+          }
+          const float u = kind == 0 ? a0.v(n, o) : kind == 1 ? a0.d(k, n, o) : a0.dd(k, n, o);
+          const float w = kind == 0 ? a1.v(n, o) : kind == 1 ? a1.d(k, n, o) : a1.dd(k, n, o);
+          CAPTURE(kind, k, n, o, u, w, t);
+          REQUIRE(std::isfinite(w));
+          REQUIRE(std::abs(double(u) - double(w)) <= 4 * in * eps * t + eps * std::abs(double(u)));
+        }
+  // Nothing rounded by the products, and each y'_k written once: fewer bytes
+  // of results than x'_k W^T written and x V_k^T reading and writing y'_k.
+  REQUIRE(run1.work.labels.count("gnh::gemm::round_bf16") == 0);
+  auto gemm_bytes = [](const perf::RecordedRun& rr) {
+    double b = 0;
+    for (const char* l : {"gnh::gemm", "gnh::gemm_batch"})
+      if (rr.work.labels.count(l)) b += rr.work.labels.at(l).total_bytes();
+    return b;
+  };
+  CAPTURE(gemm_bytes(run0), gemm_bytes(run1));
+  REQUIRE(gemm_bytes(run1) < gemm_bytes(run0));
 }
 
 TEST_CASE("bf16-amp: a linear layer's adjoint and input rounded once in its reverse, the same bits", "[bf16]") {

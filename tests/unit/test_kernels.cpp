@@ -1382,7 +1382,8 @@ TEST_CASE("LM head and cross-entropy: the GPU-shaped row kernels agree with the 
   // Tiles of rows and vocabulary chunks (the online log-sum-exp's running
   // sums carried from chunk to chunk), K = 3 directions: a chunk narrower
   // than the lanes (vc 4, C 5); chunks of 17 and C = 37 (two rounds of lanes
-  // and a tail); one tile of the whole batch (V = 50). Both shapes take each
+  // and a tail); one tile of the whole batch (V = 50), also at K = 17 (the
+  // wide rows' directions a group of 16 and a group of 1). Both shapes take each
   // sum in lane_sum's order, and maxima are exact, so they differ only where
   // the compiler fuses multiply-adds differently (as for LayerNorm). A loss or
   // lse is a sum over up to max(V, C) terms: within (n + 8) eps (|y| + 1) of
@@ -1391,14 +1392,14 @@ TEST_CASE("LM head and cross-entropy: the GPU-shaped row kernels agree with the 
   // chunk or plane is O(1) off; a 0.1% error in a running sum fails it. And
   // the teams shape repeats its bits.
   struct Tiling {
-    gnh::index_t N, C, V, rows, vchunk;
+    gnh::index_t N, C, V, rows, vchunk, K;
   };
-  for (const Tiling t :
-       {Tiling{7, 5, 11, 3, 4}, Tiling{9, 37, 40, 4, 17}, Tiling{6, 20, 50, 6, 0}, Tiling{5, 9, 300, 2, 0}}) {
-    CAPTURE(t.N, t.C, t.V, t.rows, t.vchunk);
+  for (const Tiling t : {Tiling{7, 5, 11, 3, 4, 3}, Tiling{9, 37, 40, 4, 17, 3}, Tiling{6, 20, 50, 6, 0, 3},
+                         Tiling{6, 20, 50, 6, 0, 17}, Tiling{5, 9, 300, 2, 0, 3}}) {
+    CAPTURE(t.N, t.C, t.V, t.rows, t.vchunk, t.K);
     auto run = [&](kernels::RowShape shape) {
       kernels::LmHeadXentOp<float> op(t.N, t.C, t.V, t.rows, t.vchunk, shape);
-      return rows_test::op_all_modes(op, 3);
+      return rows_test::op_all_modes(op, t.K);
     };
     const auto host = run(kernels::RowShape::host);
     // The wide shape (a team a row, 128 lanes) sums other partials in

@@ -194,6 +194,25 @@ Shape second_order_shape(index_t batch, index_t Tc, index_t K, index_t vocab_chu
   return s;
 }
 
+// The curvature of a GPU-shaped second-order engine under bf16-amp with
+// adjoint cuts (batches of 2 sequences of Tc tokens, K Rademacher
+// directions, parameters of seed `seed` and directions of seed + 1) over
+// n_blocks blocks of ids; look(engine) before the pass.
+template <class F>
+EpochCurvature bf16_second_order(const ModelConfig& cfg, index_t Tc, index_t K, const std::vector<std::int32_t>& ids,
+                                 index_t n_blocks, std::uint64_t seed, const F& look) {
+  View1<float> p = make_params<float>(cfg, seed);
+  View2<float> dirs("dirs", K, ParamLayout(cfg).size());
+  fill_rademacher<float>(ExecSpace(), dirs, seed + 1, 0);
+  Shape s = second_order_shape(2, Tc, K, 0, 1);
+  s.bf16 = true;
+  s.gpu_shaped = true;
+  Gpt<float> m(cfg, s);
+  look(m);
+  return epoch_curvature<float>(ExecSpace(), m, p, dirs, ids.data(), all_blocks(n_blocks),
+                                CurvatureMethod::second_order_forward);
+}
+
 }  // namespace
 
 TEST_CASE("whole model, double: gradient, H v and quadratic forms against finite differences", "[derivatives][model]") {
@@ -435,20 +454,13 @@ TEST_CASE("the fused attention forward: the second order of the batched GEMMs, w
   // on a v^T H v that cancels, the same in both): not this test's subject.
   ModelConfig cfg = config(true, false, Gelu::tanh);
   cfg.block_size = 48;
-  const index_t Tc = 40, n_blocks = 3, P = ParamLayout(cfg).size(), K = 3;
+  const index_t Tc = 40, n_blocks = 3, K = 3;
   const auto ids = make_ids(n_blocks * Tc + 1, cfg.vocab_size, 23);
   auto run = [&](std::size_t& bytes, bool& fused) {
-    View1<float> p = make_params<float>(cfg, 4);
-    View2<float> dirs("dirs", K, P);
-    fill_rademacher<float>(ExecSpace(), dirs, 5, 0);
-    Shape s = second_order_shape(2, Tc, K, 0, 1);
-    s.bf16 = true;
-    s.gpu_shaped = true;
-    Gpt<float> m(cfg, s);
-    bytes = m.workspace_bytes();
-    fused = m.attention_fused();
-    return epoch_curvature<float>(ExecSpace(), m, p, dirs, ids.data(), all_blocks(n_blocks),
-                                  CurvatureMethod::second_order_forward);
+    return bf16_second_order(cfg, Tc, K, ids, n_blocks, 4, [&](const Gpt<float>& m) {
+      bytes = m.workspace_bytes();
+      fused = m.attention_fused();
+    });
   };
   std::size_t fused_bytes = 0, batched_bytes = 0;
   bool fused = false, batched_fused = true;
@@ -469,6 +481,50 @@ TEST_CASE("the fused attention forward: the second order of the batched GEMMs, w
     REQUIRE(std::abs(f.vHv[k] - b.vHv[k]) <= ulp * std::abs(b.vHv[k]));
   }
   REQUIRE(std::abs(f.loss - b.loss) <= ulp * std::abs(b.loss));
+}
+
+TEST_CASE("the second order's projections as pair products, cut through their weights: the values apart",
+          "[derivatives][model][fused]") {
+  // The GPU's path on this host under bf16-amp with adjoint cuts, K = 3 (a
+  // pair without its odd direction), every family's projections after the
+  // norms (nanoGPT's and GPT-NeoX's qkv and c_fc, Llama's fused q, k, v or
+  // Qwen2's three, and gate/up): their x'_k W^T + x V_k^T as one product of
+  // pair blocks (kernels/linear.hpp, pair_forward), and their y''_k =
+  // 2 x'_k V_k^T contracted with the cut's adjoint a through the weights as
+  // 2 <a V_k, x'_k> (Gpt::cut_through), against the two products and y''
+  // formed and contracted (GNH_LINEAR_PAIRS=0). The same bfloat16 products
+  // summed in another order, and a rounded to bfloat16 as a product's
+  // operand, so at most an operand's last bfloat16 bit differs further on,
+  // 2^-8 of it: G.v and v^T H v within 2^-8 relative (as the fused
+  // attention's forward against the batched GEMMs). A norm writing its
+  // planes where the pairs do not read them, or a weight's pair blocks
+  // built from another direction, is O(1) off; the cuts through the weights
+  // taken 5% short move v^T H v by 1.2% here.
+  for (const ModelConfig& cfg : fused_families(true)) {
+    CAPTURE(to_string(cfg.family), cfg.qkv_bias, cfg.bias);
+    const index_t Tc = 40, n_blocks = 3, K = 3;
+    const auto ids = make_ids(n_blocks * Tc + 1, cfg.vocab_size, 31);
+    auto run = [&](bool& pairs) {
+      return bf16_second_order(cfg, Tc, K, ids, n_blocks, 7, [&](const Gpt<float>& m) { pairs = m.linear_pairs(); });
+    };
+    bool paired = false, apart = true;
+    const EpochCurvature a = run(paired);
+    ::setenv("GNH_LINEAR_PAIRS", "0", 1);
+    const EpochCurvature b = run(apart);
+    ::unsetenv("GNH_LINEAR_PAIRS");
+    REQUIRE(paired);
+    REQUIRE_FALSE(apart);
+    const double ulp = std::ldexp(1.0, -8);
+    for (index_t k = 0; k < K; ++k) {
+      CAPTURE(k, a.Gv[k], b.Gv[k], a.vHv[k], b.vHv[k]);
+      REQUIRE(std::isfinite(a.vHv[k]));
+      REQUIRE(std::abs(a.Gv[k] - b.Gv[k]) <= ulp * std::abs(b.Gv[k]));
+      REQUIRE(std::abs(a.vHv[k] - b.vHv[k]) <= ulp * std::abs(b.vHv[k]));
+    }
+  }
+  ::setenv("GNH_LINEAR_PAIRS", "2", 1);
+  REQUIRE_THROWS_WITH(linear_pairs_requested(), Catch::Contains("GNH_LINEAR_PAIRS=2"));
+  ::unsetenv("GNH_LINEAR_PAIRS");
 }
 
 TEST_CASE("the fused attention reverse: the gradient of the batched GEMMs, without score planes",

@@ -141,18 +141,17 @@ void chunk_logits(const ExecSpace& space, Act2<T> z, Act2<T> h, Params<T> p, ind
 // The second-order moments of a tile: M_W += q W and M_k += q V_k over the
 // chunk's vocabulary, q (nr, vc) the exponentials the forward left in plane 0
 // of z.dd (M rescaled by the forward's kernel before, beta 1 after the first chunk).
+// With the pairs, q as the forward's row kernel wrote it rounded
+// (HeadChunkRow::q_out) at q's place.
 template <class T>
 void chunk_moments(const ExecSpace& space, Act2<T> m, const T* q, Params<T> p, index_t w, index_t nr, index_t v0,
                    index_t vc, bool first, const GemmPolicy<T>& pol) {
   const index_t C = m.cols(), K = m.d.extent(0), P = p.v.extent(0);
   const T beta = first ? T(0) : T(1);
   if (pol.head_pairs) {
-    // q rounded once; M_W from the pairs' W (pair 0's middle columns), the
-    // M_k from their V_k, the even directions' and the odd's.
-    if (index_t(pol.scratch_a.extent(0) * sizeof(T)) < nr * vc * index_t(sizeof(Bf16Storage<T>)))
-      throw std::logic_error("gnh::lm_head_xent: bf16 scratch too small for the exponentials");
-    Bf16Storage<T>* const qs = reinterpret_cast<Bf16Storage<T>*>(pol.scratch_a.data());
-    rounded_copies(space, "gnh::lm_head_xent::operands", q, 0, vc, 0, nr, 1, qs, 0);
+    // M_W from the pairs' W (pair 0's middle columns), the M_k from their
+    // V_k, the even directions' and the odd's.
+    const Bf16Storage<T>* const qs = reinterpret_cast<const Bf16Storage<T>*>(q);
     const index_t C3 = 3 * C, pair = pol.head_vocab * C3;
     const Bf16Storage<T>* const B = pol.head_pairs + v0 * C3;
     gemm_batched_rounded<T>(space, false, false, nr, C, vc, T(1), qs, vc, 0, B + C, C3, 0, beta, m.v.data(), C, 0, 1);
@@ -194,6 +193,11 @@ struct HeadChunkRow {
   bool first;
   bool keep = false;  // primal, one chunk: e_v = exp(z_v - m) over z (lm_head_xent_forward's keep_exponentials)
   Span2<double> gn;   // (K, N) or empty: the running sum_v e_v z'_v^2 of the Gauss-Newton form
+  // Second order, not null: the exponentials q written here rounded (rows vc
+  // apart), as the moments' products read them (GemmPolicy::head_pairs), by
+  // the directions' pass, which forms them again from z instead of reading
+  // them back in FP32 (the same floats: the same sums).
+  Bf16Storage<T>* q_out = nullptr;
   template <class Lanes>
   KOKKOS_INLINE_FUNCTION void operator()(const Lanes& lanes, const index_t r) const {
     const index_t n = r0 + r;
@@ -209,11 +213,12 @@ struct HeadChunkRow {
       // Rescale what earlier chunks accumulated to the new maximum.
       corr = first ? T(0) : fast_exp(m_old - m);
       if constexpr (has_second_v<S>) {
-        // q kept for the moments' GEMMs; the same terms, the same sum.
+        // q kept for the moments' GEMMs (or written rounded later, q_out);
+        // the same terms, the same sum.
         T* qr = &zc.dd(0, r, 0);
         e = lanes.template sum<T>(vc, [&](index_t v) {
           const T q = fast_exp_bounded(zr[v] - m);
-          qr[v] = q;
+          if (!q_out) qr[v] = q;
           return q;
         });
       } else if (keep) {
@@ -279,9 +284,11 @@ struct HeadChunkRow {
                                            index_t t) const {
     constexpr bool second = has_second_v<S>;
     const bool squares = second || gn.extent(0) > 0;
-    const T* qr = second ? &zc.dd(0, r, 0) : nullptr;
-    // The weight of column v: q_v kept, or exp(z_v - m).
-    const auto weight = [&](index_t v) { return second ? qr[v] : fast_exp_bounded(zr[v] - m); };
+    const T* qr = second && !q_out ? &zc.dd(0, r, 0) : nullptr;
+    Bf16Storage<T>* const qo = q_out ? q_out + r * vc : nullptr;
+    // The weight of column v: q_v kept, or exp(z_v - m) (written rounded to
+    // qo by the first direction's pass where q_out).
+    const auto weight = [&](index_t v) { return qr ? qr[v] : fast_exp_bounded(zr[v] - m); };
     if constexpr (Lanes::kOnline) {
       for (index_t k0 = 0; k0 < K; k0 += kDirections) {
         const index_t nk = K - k0 < kDirections ? K - k0 : kDirections;
@@ -290,6 +297,7 @@ struct HeadChunkRow {
             vc,
             [&](index_t v, T* acc) {
               const T w = weight(v);
+              if (qo && k0 == 0) qo[v] = bf16_stored(w);
               for (index_t j = 0; j < nk; ++j) {
                 const T d = zc.d(k0 + j, r, v), q = w * d;
                 acc[2 * j] += q;
@@ -307,7 +315,9 @@ struct HeadChunkRow {
           lanes.template sum2<T>(
               vc,
               [&](index_t v, T& s1, T& s2) {
-                const T q = weight(v) * dr[v];
+                const T w = weight(v);
+                if (qo && k == 0) qo[v] = bf16_stored(w);
+                const T q = w * dr[v];
                 s1 += q;
                 s2 += q * dr[v];
               },
@@ -542,12 +552,17 @@ void forward_block(const ExecSpace& space, Act1<double> loss, Act1<base_t<S>> ls
     const bool wide = shape == RowShape::wide;
     const index_t primal = keep ? 3 : wide ? 1 : 2;
     const index_t D = HeadChunkRow<S>::kDirections, shared = wide ? (K + D - 1) / D : K;
-    const index_t values = tangents ? 2 + (second ? 1 : 0) + shared + K : primal;
+    // With the pairs, q written rounded (half the bytes on a GPU) where the
+    // moments' products read it, instead of in FP32 and rounded again.
+    Bf16Storage<T>* const q_out = second && pol.head_pairs ? reinterpret_cast<Bf16Storage<T>*>(zc.dd.data()) : nullptr;
+    const index_t values = tangents ? 2 + (second && !q_out ? 1 : 0) + shared + K : primal;
     Traffic("gnh::lm_head_xent::forward")
         .add(double(values * nr * vc), sizeof(T), 2)
+        .add(double(q_out ? nr * vc : 0), 2, 2)
         .add(double((2 + (tangents ? K : 0)) * nr), 2 * sizeof(T), 1);
-    for_rows<T>(space, "gnh::lm_head_xent::forward", nr,
-                HeadChunkRow<S>{loss, lse, zc, mc, stats, targets, r0, v0, vc, K, C, first, keep, gn}, shape);
+    HeadChunkRow<S> row{loss, lse, zc, mc, stats, targets, r0, v0, vc, K, C, first, keep, gn};
+    row.q_out = q_out;
+    for_rows<T>(space, "gnh::lm_head_xent::forward", nr, row, shape);
     if (second) chunk_moments(space, mc, zc.dd.data(), p, w, nr, v0, vc, first, pol);
   }
   // The rows of this block are complete: lse and the losses (the moments

@@ -251,6 +251,9 @@ TEST_CASE("bf16-amp LM head: a direction's tangent logits in one product from th
   // blocks [V_2j | W | V_2j+1] rounded once: the same bfloat16 products as
   // the two GEMMs, summed in another order. K = 3 (a pair without its odd
   // direction), tiles of 3 of 7 rows, the whole vocabulary or chunks of 5.
+  // With the pairs the row kernel also writes the exponentials rounded for
+  // the moments' products (HeadChunkRow::q_out) where apart they are
+  // written in FP32 and rounded by the product: the same bfloat16 values.
   // A logit is a sum of 2C products of bfloat16 values in FP32: the two
   // orders differ by a few C eps |terms|; a loss or lse plane adds a sum
   // over V such values and their squares, so they agree within

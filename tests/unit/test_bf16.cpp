@@ -471,7 +471,7 @@ TEST_CASE("bf16-amp: a linear layer's second order with a cut as pair products f
   const auto rs = kernels::detail::rounded_input_room(standard, x, K);
   REQUIRE(rs.dst != nullptr);
   REQUIRE(rs.pol.input_pairs == nullptr);
-  for (index_t i = 0; i < (1 + K) * N * in; ++i) rs.dst[i] = round_bf16(xs(i));
+  for (index_t i = 0; i < (1 + K) * N * in; ++i) rs.dst[i] = kernels::bf16_stored(xs(i));
   View1<float> y0("y0", (1 + 2 * K) * N * out), y1("y1", (1 + 2 * K) * N * out);
   const auto run0 = perf::record_run([&] {
     kernels::linear_forward<Jet2<float>>(ExecSpace(), planes(y0.data(), out), x, p, 0, out * in, rs.pol, false);
@@ -486,10 +486,11 @@ TEST_CASE("bf16-amp: a linear layer's second order with a cut as pair products f
   REQUIRE(rp.layout.pairs == pairs);
   for (index_t n = 0; n < N; ++n)
     for (index_t c = 0; c < in; ++c) {
-      for (index_t j = 0; j < rp.layout.copies(); ++j) rp.dst[rp.layout.value(n, c, j)] = round_bf16(x.v(n, c));
-      for (index_t k = 0; k < K; ++k) rp.dst[rp.layout.direction(k, n, c)] = round_bf16(x.d(k, n, c));
+      for (index_t j = 0; j < rp.layout.copies(); ++j)
+        rp.dst[rp.layout.value(n, c, j)] = kernels::bf16_stored(x.v(n, c));
+      for (index_t k = 0; k < K; ++k) rp.dst[rp.layout.direction(k, n, c)] = kernels::bf16_stored(x.d(k, n, c));
     }
-  View1<float> wp("weight_pairs", 3 * pairs * out * in);
+  View1<kernels::Bf16Storage<float>> wp("weight_pairs", 3 * pairs * out * in);
   kernels::detail::head_pair_blocks<float>(ExecSpace(), pv.data(), pd.data(), K, out, in, P, wp.data());
   kernels::GemmPolicy<float> pol = rp.pol;
   // Without the weight's pair blocks, a logic error rather than a read of x

@@ -121,14 +121,44 @@ constexpr std::size_t kAlign = 128;
 constexpr std::size_t aligned(std::size_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
 inline index_t padded(index_t hs) { return (hs + 15) / 16 * 16; }
 
+// One warp's two score tiles (16 rows x kKt keys, unscaled, 16 kKt apart in
+// sc): a0 B0^T and a1 B1^T (B0, B1: kKt rows of hp).
+KOKKOS_INLINE_FUNCTION void two_scores(index_t hp, const FragA (&a0)[kMaxFrags], const FragA (&a1)[kMaxFrags],
+                                       const std::uint16_t* b0, const std::uint16_t* b1, float* sc) {
+  const int nk = int(hp / 16), ld = int(hp);
+  for (int nf = 0; nf < kKt / 16; ++nf) {
+    FragC c0, c1;
+    zero(c0);
+    zero(c1);
+    GNH_UNROLL for (int kk = 0; kk < kMaxFrags; ++kk) {
+      if (kk >= nk) break;
+      FragBt b;
+      load_bt(b, b0 + nf * 16 * ld + kk * 16, ld);
+      mma(c0, a0[kk], b);
+      load_bt(b, b1 + nf * 16 * ld + kk * 16, ld);
+      mma(c1, a1[kk], b);
+    }
+    store(sc + nf * 16, kKt, c0);
+    store(sc + 16 * kKt + nf * 16, kKt, c1);
+  }
+}
+
+// Warp wi's 16 rows of fragments into the stage (FP32 rows of hp).
+KOKKOS_INLINE_FUNCTION void stage_warp(index_t hp, int wi, const FragC (&acc)[kMaxFrags], float* stage) {
+  GNH_UNROLL for (int nf = 0; nf < kMaxFrags; ++nf) {
+    if (nf >= int(hp / 16)) break;
+    store(stage + wi * 16 * hp + nf * 16, int(hp), acc[nf]);
+  }
+}
+
 // A team's shared memory, in bytes from its (kAlign-aligned) start.
 struct Carve {
   std::size_t keys = 0, scores = 0, probs = 0, stats = 0, total = 0;
 };
-inline Carve carve_of(index_t hp, bool tan, bool sec) {
+inline Carve carve_of(index_t hp, bool tan) {
   const std::size_t h = std::size_t(hp);
-  const std::size_t key_planes = tan ? 4 : 2, score_planes = 1 + (tan ? 1 : 0) + (sec ? 1 : 0);
-  const std::size_t prob_planes = 1 + (tan ? 1 : 0) + (sec ? 2 : 0), q_planes = tan ? 2 : 1;
+  const std::size_t key_planes = tan ? 4 : 2, score_planes = tan ? 2 : 1;
+  const std::size_t prob_planes = tan ? 2 : 1, q_planes = tan ? 2 : 1;
   // The score tiles' region also stages Q (kR rows of each plane) and, at
   // the end, each warp's output rows (FP32).
   const std::size_t sc = std::max({score_planes * kWarps * 16 * kKt * sizeof(float),
@@ -137,12 +167,13 @@ inline Carve carve_of(index_t hp, bool tan, bool sec) {
   c.scores = aligned(key_planes * kKt * h * 2);
   c.probs = c.scores + aligned(sc);
   c.stats = c.probs + aligned(prob_planes * kWarps * 16 * kKt * 2);
-  c.total = c.stats + aligned(4 * kR * sizeof(float)) + kAlign;
+  c.total = c.stats + aligned(3 * kR * sizeof(float)) + kAlign;
   return c;
 }
 
-// One team: 32 query rows of (sequence b, query head h, direction dir).
-template <bool Tan, bool Sec>
+// One team: 32 query rows of (sequence b, query head h, direction dir) of
+// the primal or the tangents.
+template <bool Tan>
 struct FusedForward {
   Act2<float> q, k, v, y;
   Act1<float> lse;
@@ -157,8 +188,8 @@ struct FusedForward {
   float scale = 0;
   Carve carve;
   static constexpr index_t kTile = 16 * kKt;  // one warp's plane of a score tile
-  static constexpr index_t kScorePlanes = 1 + (Tan ? 1 : 0) + (Sec ? 1 : 0);
-  static constexpr index_t kProbPlanes = 1 + (Tan ? 1 : 0) + (Sec ? 2 : 0);
+  static constexpr index_t kScorePlanes = 1 + (Tan ? 1 : 0);
+  static constexpr index_t kProbPlanes = 1 + (Tan ? 1 : 0);
   static constexpr int kKeyPlanes = Tan ? 2 : 1;  // K (and K'), then V (and V')
 
   struct Where {
@@ -206,7 +237,8 @@ struct FusedForward {
     });
   }
   // One warp's score tiles (16 rows x kKt keys, unscaled) from its query
-  // fragments: S = Q K^T, S' = Q' K^T + Q K'^T, S'' = Q' K'^T.
+  // fragments: S = Q K^T, S' = Q' K^T + Q K'^T, and with Sec S'' = Q' K'^T.
+  template <bool Sec = false>
   KOKKOS_INLINE_FUNCTION void scores(const FragA (&qf)[2][kMaxFrags], const std::uint16_t* ks, float* sc) const {
     const int nk = int(hp / 16), ld = int(hp);
     for (int nf = 0; nf < kKt / 16; ++nf) {
@@ -237,50 +269,39 @@ struct FusedForward {
       const index_t r = wi * 16 + i, t = w.r0 + r;
       if (r >= w.nr || kt0 > t) continue;
       const index_t n = t - kt0 + 1 < kKt ? t - kt0 + 1 : kKt;
-      const float *s0 = sc + i * kKt, *s1 = s0 + kTile, *s2 = s0 + 2 * kTile;
+      const float *s0 = sc + i * kKt, *s1 = s0 + kTile;
       float mt = 0;
       Kokkos::parallel_reduce(
           Kokkos::ThreadVectorRange(team, n),
           [&](const index_t s, float& a) { a = scale * s0[s] > a ? scale * s0[s] : a; }, Kokkos::Max<float>(mt));
       const float m = st[r] > mt ? st[r] : mt, alpha = jexp(st[r] - m);
-      float se = 0, s1e = 0, s2e = 0;
+      float se = 0, s1e = 0;
       Kokkos::parallel_reduce(
           Kokkos::ThreadVectorRange(team, n), [&](const index_t s, float& a) { a += jexp(scale * s0[s] - m); }, se);
       if (Tan)
         Kokkos::parallel_reduce(
             Kokkos::ThreadVectorRange(team, n),
             [&](const index_t s, float& a) { a += jexp(scale * s0[s] - m) * (scale * s1[s]); }, s1e);
-      if (Sec)
-        Kokkos::parallel_reduce(
-            Kokkos::ThreadVectorRange(team, n),
-            [&](const index_t s, float& a) {
-              const float d = scale * s1[s];
-              a += jexp(scale * s0[s] - m) * (2 * scale * s2[s] + d * d);
-            },
-            s2e);
       Kokkos::single(Kokkos::PerThread(team), [&] {
         st[r] = m;
         st[kR + r] = alpha * st[kR + r] + se;
         st[2 * kR + r] = alpha * st[2 * kR + r] + s1e;
-        st[3 * kR + r] = alpha * st[3 * kR + r] + s2e;
       });
     }
   }
-  // lse, lse', lse'' of the team's rows, in st (over m, a1, a2) and out.
+  // lse, lse' of the team's rows, in st (over m, a1) and out.
   KOKKOS_INLINE_FUNCTION void finish(const Member& team, const Where& w, float* st) const {
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, w.nr), [&](const index_t r) {
       const float l = st[kR + r], L = st[r] + jlog(l);
-      const float l1 = Tan ? st[2 * kR + r] / l : 0.0f, l2 = Sec ? st[3 * kR + r] / l - l1 * l1 : 0.0f;
+      const float l1 = Tan ? st[2 * kR + r] / l : 0.0f;
       st[r] = L;
       st[2 * kR + r] = l1;
-      st[3 * kR + r] = l2;
       const index_t gi = (w.b * H + w.h) * Tc + w.r0 + r;
       if (w.dir == 0) lse.v(gi) = L;
       if (Tan) lse.d(w.dir, gi) = l1;
-      if (Sec) lse.dd(w.dir, gi) = l2;
     });
   }
-  // One warp's P, P', P'' and 2P' (bfloat16) from its score tiles.
+  // One warp's P and P' (bfloat16) from its score tiles.
   KOKKOS_INLINE_FUNCTION void probabilities(const Member& team, const Where& w, int wi, index_t kt0, const float* sc,
                                             const float* st, std::uint16_t* pr) const {
     Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, kTile), [&](const index_t e) {
@@ -290,25 +311,19 @@ struct FusedForward {
       pr[e] = bf16_bits(p);
       if (!Tan) return;
       const float e1 = ok ? scale * sc[kTile + e] - st[2 * kR + r] : 0.0f;
-      const std::uint16_t p1 = bf16_bits(p * e1);
-      pr[kTile + e] = p1;
-      if (!Sec) return;
-      const float e2 = ok ? e1 * e1 + 2 * scale * sc[2 * kTile + e] - st[3 * kR + r] : 0.0f;
-      pr[2 * kTile + e] = bf16_bits(p * e2);
-      pr[3 * kTile + e] = bf16_bits(2.0f * bf16_value(p1));  // exact
+      pr[kTile + e] = bf16_bits(p * e1);
     });
   }
   // One warp's outputs accumulated over the tile: y += P V (primal),
-  // y' += P' V + P V', y'' += P'' V + (2P') V'.
-  KOKKOS_INLINE_FUNCTION void outputs(FragC (&acc)[3][kMaxFrags], bool primal, const std::uint16_t* ks,
+  // y' += P' V + P V'.
+  KOKKOS_INLINE_FUNCTION void outputs(FragC (&acc)[2][kMaxFrags], bool primal, const std::uint16_t* ks,
                                       const std::uint16_t* pr) const {
     const int ld = int(hp);
     const std::uint16_t *V0 = ks + kKeyPlanes * kKt * ld, *V1 = V0 + kKt * ld;
     for (int kk = 0; kk < kKt / 16; ++kk) {
-      FragA p0, p1, p2, p3;
+      FragA p0, p1;
       load_a(p0, pr + kk * 16, kKt);
       if (Tan) load_a(p1, pr + kTile + kk * 16, kKt);
-      if (Sec) load_a(p2, pr + 2 * kTile + kk * 16, kKt), load_a(p3, pr + 3 * kTile + kk * 16, kKt);
       GNH_UNROLL for (int nf = 0; nf < kMaxFrags; ++nf) {
         if (nf >= ld / 16) break;
         FragB b;
@@ -316,36 +331,26 @@ struct FusedForward {
         if (primal) mma(acc[0][nf], p0, b);
         if (!Tan) continue;
         mma(acc[1][nf], p1, b);
-        if (Sec) mma(acc[2][nf], p2, b);
         load_b(b, V1 + kk * 16 * ld + nf * 16, ld);
         mma(acc[1][nf], p0, b);
-        if (Sec) mma(acc[2][nf], p3, b);
       }
     }
   }
-  // Output o (0 y, 1 y', 2 y'') of every warp through shared memory.
+  // Output o (0 y, 1 y') of every warp through shared memory.
   template <int o>
-  KOKKOS_INLINE_FUNCTION void write(const Member& team, const Where& w, const FragC (&acc)[kPer][3][kMaxFrags],
+  KOKKOS_INLINE_FUNCTION void write(const Member& team, const Where& w, const FragC (&acc)[kPer][2][kMaxFrags],
                                     float* stage) const {
-    for (int lw = 0; lw < kPer; ++lw) {
-      const int wi = team.team_rank() * kPer + lw;
-      GNH_UNROLL for (int nf = 0; nf < kMaxFrags; ++nf) {
-        if (nf >= int(hp / 16)) break;
-        store(stage + wi * 16 * hp + nf * 16, int(hp), acc[lw][o][nf]);
-      }
-    }
+    for (int lw = 0; lw < kPer; ++lw) stage_warp(hp, team.team_rank() * kPer + lw, acc[lw][o], stage);
     team.team_barrier();
     const index_t n0 = w.b * Tc + w.r0, c0 = w.h * hs;
     const index_t C = H * hs, plane = o == 0 ? 0 : N + w.dir * N;
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, w.nr * hs), [&](const index_t i) {
       const index_t r = i / hs, c = i % hs;
       const float x = stage[r * hp + c];
-      const bool rounded = o < 2 && out;
-      if (rounded) out[(plane + n0 + r) * C + c0 + c] = bf16_as<Bf16Storage<float>>(x);
-      if (rounded && !(o == 0 && keep_y)) return;
+      if (out) out[(plane + n0 + r) * C + c0 + c] = bf16_as<Bf16Storage<float>>(x);
+      if (out && !(o == 0 && keep_y)) return;
       if (o == 0) y.v(n0 + r, c0 + c) = x;
-      else if (o == 1) y.d(w.dir, n0 + r, c0 + c) = x;
-      else y.dd(w.dir, n0 + r, c0 + c) = x;
+      else y.d(w.dir, n0 + r, c0 + c) = x;
     });
     team.team_barrier();
   }
@@ -361,8 +366,8 @@ struct FusedForward {
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const;
 };
 
-template <bool Tan, bool Sec>
-KOKKOS_INLINE_FUNCTION void FusedForward<Tan, Sec>::operator()(const Member& team) const {
+template <bool Tan>
+KOKKOS_INLINE_FUNCTION void FusedForward<Tan>::operator()(const Member& team) const {
   const Where w = where(team);
   char* base = static_cast<char*>(team.team_scratch(int(kLevel)).get_shmem_aligned(carve.total - kAlign, kAlign));
   auto* ks = reinterpret_cast<std::uint16_t*>(base);
@@ -384,7 +389,7 @@ KOKKOS_INLINE_FUNCTION void FusedForward<Tan, Sec>::operator()(const Member& tea
   }
   Kokkos::parallel_for(Kokkos::TeamVectorRange(team, index_t(kR)), [&](const index_t r) {
     st[r] = -3.0e38f;
-    st[kR + r] = st[2 * kR + r] = st[3 * kR + r] = 0.0f;
+    st[kR + r] = st[2 * kR + r] = 0.0f;
   });
   team.team_barrier();
   for (index_t kt0 = 0; kt0 < w.end; kt0 += kKt) {  // the statistics
@@ -395,9 +400,9 @@ KOKKOS_INLINE_FUNCTION void FusedForward<Tan, Sec>::operator()(const Member& tea
   }
   finish(team, w, st);
   team.team_barrier();
-  FragC acc[kPer][3][kMaxFrags];
+  FragC acc[kPer][2][kMaxFrags];
   for (int lw = 0; lw < kPer; ++lw)
-    for (int o = 0; o < 3; ++o)
+    for (int o = 0; o < 2; ++o)
       for (int nf = 0; nf < kMaxFrags; ++nf) zero(acc[lw][o][nf]);
   for (index_t kt0 = 0; kt0 < w.end; kt0 += kKt) {  // the outputs
     tile_scores(team, w, kt0, true, qf, ks, sc);
@@ -410,7 +415,6 @@ KOKKOS_INLINE_FUNCTION void FusedForward<Tan, Sec>::operator()(const Member& tea
   }
   if (w.dir == 0) write<0>(team, w, acc, sc);
   if (Tan) write<1>(team, w, acc, sc);
-  if (Sec) write<2>(team, w, acc, sc);
 }
 
 // The share of the positions' square (T x T at the full shape) that the
@@ -423,27 +427,231 @@ double causal_share(index_t T) {
 
 // The work of a call for the cost model (gemm_ledger.hpp): per (sequence,
 // head, direction) the score products twice (the statistics, the outputs:
-// 1, 3 or 4 of hs each) and the outputs' (2 or 4, and direction 0's y), each
-// over the causal part of the positions' square that the query tiles cover
-// at the full shape (keys up to a tile's last row, in whole key tiles); as
-// FLOPs of the fused unit. Bytes: q, k, v read and y, lse written once in
-// every plane (a sequence's keys are read again by each of its query tiles,
-// from L2: the league keeps them next to each other).
-void record_fused(index_t B, index_t Tc, const QkvLayout& L, index_t K, bool tan, bool sec, bool rounded, bool keep_y) {
+// 1 or 3 of hs each) and the outputs' (2 with tangents, and direction 0's
+// y), each over the causal part of the positions' square that the query
+// tiles cover at the full shape (keys up to a tile's last row, in whole key
+// tiles); as FLOPs of the fused unit. Bytes: q, k, v read and y, lse
+// written once in every plane (a sequence's keys are read again by each of
+// its query tiles, from L2: the league keeps them next to each other).
+void record_fused(index_t B, index_t Tc, const QkvLayout& L, index_t K, bool tan, bool rounded, bool keep_y) {
   GemmWork& gw = gemm_work();
   if (!gw.on) return;
   const double causal = causal_share(Tc * std::max(1, gw.scale));
   const double dirs = double(std::max<index_t>(K, 1)), heads = double(B * L.H);
-  const double scores = 2.0 * double(1 + (tan ? 2 : 0) + (sec ? 1 : 0));
-  const double outs = double((tan ? 2 : 0) + (sec ? 2 : 0));
+  const double scores = 2.0 * double(1 + (tan ? 2 : 0)), outs = tan ? 2.0 : 0.0;
   record_fused_products("gnh::attention::fused::forward", Tc, Tc, L.hs, causal * heads * (dirs * (scores + outs) + 1));
-  const double planes = double(1 + (tan ? K : 0)), out_planes = double(1 + (tan ? K : 0) + (sec ? K : 0));
+  const double planes = double(1 + (tan ? K : 0));
   Traffic("gnh::attention::fused::forward")
       .add(planes * double(B * Tc * (L.H + 2 * L.G) * L.hs), sizeof(float), 2)
-      .add((out_planes - (rounded ? planes : 0) + (rounded && keep_y ? 1 : 0)) * double(B * Tc * L.H * L.hs),
-           sizeof(float), 2)
+      .add((rounded ? (keep_y ? 1 : 0) : planes) * double(B * Tc * L.H * L.hs), sizeof(float), 2)
       .add((rounded ? planes : 0) * double(B * Tc * L.H * L.hs), 2, 2)
-      .add(out_planes * double(B * Tc * L.H), sizeof(float), 1);
+      .add(planes * double(B * Tc * L.H), sizeof(float), 1);
+}
+
+// ---------------------------------------------------------------------------
+// The second order with a cut at the output (attention_fused.hpp): the
+// primal's kernel first (y, lse), then a team per 32 query rows of
+// (sequence, query head, direction) walking the keys once.
+
+// A second-order team's shared memory, in bytes from its start: the key
+// tile's four planes (K, K', V, V'), the warps' five FP32 score tiles (S,
+// S', S'', G = A V^T, H = A V'^T; first Q, Q' and A staged, last the output
+// stage), their three bfloat16 tiles (P and P s' in two parts), and per row
+// lse and lse', with each lane's running sums.
+struct SecondCarve {
+  std::size_t scores = 0, probs = 0, stats = 0, total = 0;
+};
+constexpr int kSecondScores = 5, kSecondProbs = 3, kSecondSums = 8, kLanes = 32;
+inline SecondCarve second_carve_of(index_t hp) {
+  const std::size_t h = std::size_t(hp), tile = std::size_t(16) * kKt;
+  const std::size_t sc = std::max({std::size_t(kSecondScores) * kWarps * tile * sizeof(float),
+                                   std::size_t(kWarps) * 16 * h * sizeof(float), std::size_t(3) * kR * h * 2});
+  SecondCarve c;
+  c.scores = aligned(4 * kKt * h * 2);
+  c.probs = c.scores + aligned(sc);
+  c.stats = c.probs + aligned(std::size_t(kSecondProbs) * kWarps * tile * 2);
+  c.total = c.stats + aligned((2 * kR + std::size_t(kWarps) * kLanes * kSecondSums) * sizeof(float)) + kAlign;
+  return c;
+}
+
+// One team of the second order: FusedForward<true>'s staging and score
+// products (with S''), one walk.
+struct FusedSecond : FusedForward<true> {
+  Act2<float> adj;           // the cut's adjoint at y (N, H hs)
+  float* partial = nullptr;  // <adj, y''> per (direction, head, row)
+  SecondCarve second;
+  // One warp's entries of a key tile: P, and P s' as two bfloat16 parts
+  // (high, and the rest), into pr; each lane (a row, half of the keys, in
+  // an order rotated by the row so that the lanes read distinct banks) adds
+  // its row's eight sums over them into its slot.
+  KOKKOS_INLINE_FUNCTION void entries(const Member& team, const Where& w, int wi, index_t kt0, const float* sc,
+                                      std::uint16_t* pr, float* st) const {
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, index_t(kLanes)), [&](const index_t lane) {
+      const index_t i = lane % 16, half = lane / 16, r = wi * 16 + i, t = w.r0 + r;
+      float* slot = st + 2 * kR + (wi * kLanes + lane) * kSecondSums;
+      float a[kSecondSums];
+      for (int j = 0; j < kSecondSums; ++j) a[j] = slot[j];
+      const float L = st[r];
+      for (index_t u = 0; u < 16; ++u) {
+        const index_t s = half * 16 + (u + i) % 16, e = i * kKt + s;
+        const bool ok = r < w.nr && kt0 + s <= t;
+        const std::uint16_t pb = bf16_bits(ok ? jexp(scale * sc[e] - L) : 0.0f);
+        const float p = bf16_value(pb), d = ok ? scale * sc[kTile + e] : 0.0f, ps = p * d;
+        const std::uint16_t hi = bf16_bits(ps);
+        pr[e] = pb;
+        pr[kTile + e] = hi;
+        pr[2 * kTile + e] = bf16_bits(ps - bf16_value(hi));
+        const float e2 = ok ? d * d + 2 * scale * sc[2 * kTile + e] : 0.0f, g = sc[3 * kTile + e],
+                    h = sc[4 * kTile + e];
+        a[0] += p, a[1] += ps, a[2] += p * e2;
+        a[3] += p * g, a[4] += ps * g, a[5] += p * e2 * g;
+        a[6] += p * h, a[7] += ps * h;
+      }
+      for (int j = 0; j < kSecondSums; ++j) slot[j] = a[j];
+    });
+  }
+  // One warp's y' accumulated over the tile: (P s') V in its two parts, and P V'.
+  KOKKOS_INLINE_FUNCTION void tangent(FragC (&acc)[kMaxFrags], const std::uint16_t* ks, const std::uint16_t* pr) const {
+    const int ld = int(hp);
+    const std::uint16_t *V0 = ks + 2 * kKt * ld, *V1 = V0 + kKt * ld;
+    for (int kk = 0; kk < kKt / 16; ++kk) {
+      FragA p0, ph, pl;
+      load_a(p0, pr + kk * 16, kKt);
+      load_a(ph, pr + kTile + kk * 16, kKt);
+      load_a(pl, pr + 2 * kTile + kk * 16, kKt);
+      GNH_UNROLL for (int nf = 0; nf < kMaxFrags; ++nf) {
+        if (nf >= ld / 16) break;
+        FragB b;
+        load_b(b, V0 + kk * 16 * ld + nf * 16, ld);
+        mma(acc[nf], ph, b);
+        mma(acc[nf], pl, b);
+        load_b(b, V1 + kk * 16 * ld + nf * 16, ld);
+        mma(acc[nf], p0, b);
+      }
+    }
+  }
+  // Each row's two lanes' sums: lse' = mu, lse'' = nu and the cut's
+  // <a, y''> = sum p [(s' - mu)^2 + s'' - nu] g + 2 p (s' - mu) h, from the
+  // moments (in double: the moments about zero cancel as far as mu is from
+  // the p-weighted spread of s').
+  KOKKOS_INLINE_FUNCTION void finish(const Member& team, const Where& w, float* st) const {
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, w.nr), [&](const index_t r) {
+      const float* s0 = st + 2 * kR + ((r / 16) * kLanes + r % 16) * kSecondSums;
+      double m[kSecondSums];
+      for (int j = 0; j < kSecondSums; ++j) m[j] = double(s0[j]) + double(s0[16 * kSecondSums + j]);
+      const double mu = m[1] / m[0], nu = m[2] / m[0] - mu * mu;
+      const double c = m[5] - 2 * mu * m[4] + (mu * mu - nu) * m[3] + 2 * (m[7] - mu * m[6]);
+      const index_t gi = (w.b * H + w.h) * Tc + w.r0 + r;
+      lse.d(w.dir, gi) = float(mu);
+      lse.dd(w.dir, gi) = float(nu);
+      partial[(w.dir * H + w.h) * N + w.b * Tc + w.r0 + r] = float(c);
+      st[kR + r] = float(mu);
+    });
+  }
+  // y' = (P s') V + P V' - lse' y of every warp through shared memory, y the
+  // primal's (FP32).
+  KOKKOS_INLINE_FUNCTION void write_tangent(const Member& team, const Where& w, const FragC (&acc)[kPer][kMaxFrags],
+                                            float* stage, const float* st) const {
+    for (int lw = 0; lw < kPer; ++lw) stage_warp(hp, team.team_rank() * kPer + lw, acc[lw], stage);
+    team.team_barrier();
+    const index_t n0 = w.b * Tc + w.r0, c0 = w.h * hs, C = H * hs;
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, w.nr * hs), [&](const index_t i) {
+      const index_t r = i / hs, c = i % hs;
+      const float x = stage[r * hp + c] - st[kR + r] * y.v(n0 + r, c0 + c);
+      if (out) out[(N + w.dir * N + n0 + r) * C + c0 + c] = bf16_as<Bf16Storage<float>>(x);
+      else y.d(w.dir, n0 + r, c0 + c) = x;
+    });
+  }
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const;
+};
+
+KOKKOS_INLINE_FUNCTION void FusedSecond::operator()(const Member& team) const {
+  const Where w = where(team);
+  char* base = static_cast<char*>(team.team_scratch(int(kLevel)).get_shmem_aligned(second.total - kAlign, kAlign));
+  auto* ks = reinterpret_cast<std::uint16_t*>(base);
+  auto* sc = reinterpret_cast<float*>(base + second.scores);
+  auto* pr = reinterpret_cast<std::uint16_t*>(base + second.probs);
+  auto* st = reinterpret_cast<float*>(base + second.stats);
+  const int rank = team.team_rank();
+  auto* qs = reinterpret_cast<std::uint16_t*>(sc);  // Q, Q' and A staged over the score tiles
+  stage_q(team, w, qs);
+  const index_t n0 = w.b * Tc + w.r0, a0 = w.h * hs;
+  Kokkos::parallel_for(Kokkos::TeamVectorRange(team, kR * hp), [&](const index_t i) {
+    const index_t r = i / hp, c = i % hp;
+    qs[2 * kR * hp + i] = bf16_bits(r < w.nr && c < hs ? adj.v(n0 + r, a0 + c) : 0.0f);
+  });
+  Kokkos::parallel_for(Kokkos::TeamVectorRange(team, index_t(kR)),
+                       [&](const index_t r) { st[r] = r < w.nr ? lse.v((w.b * H + w.h) * Tc + w.r0 + r) : 0.0f; });
+  Kokkos::parallel_for(Kokkos::TeamVectorRange(team, index_t(kWarps * kLanes * kSecondSums)),
+                       [&](const index_t i) { st[2 * kR + i] = 0.0f; });
+  team.team_barrier();
+  FragA qf[kPer][2][kMaxFrags], af[kPer][kMaxFrags];
+  for (int lw = 0; lw < kPer; ++lw) {
+    const int wi = rank * kPer + lw;
+    GNH_UNROLL for (int kk = 0; kk < kMaxFrags; ++kk) {
+      if (kk >= int(hp / 16)) break;
+      load_a(qf[lw][0][kk], qs + wi * 16 * hp + kk * 16, int(hp));
+      load_a(qf[lw][1][kk], qs + kR * hp + wi * 16 * hp + kk * 16, int(hp));
+      load_a(af[lw][kk], qs + 2 * kR * hp + wi * 16 * hp + kk * 16, int(hp));
+    }
+  }
+  FragC acc[kPer][kMaxFrags];
+  for (int lw = 0; lw < kPer; ++lw)
+    for (int nf = 0; nf < kMaxFrags; ++nf) zero(acc[lw][nf]);
+  constexpr index_t kPlanesWarp = kSecondScores * kTile, kProbsWarp = kSecondProbs * kTile;
+  for (index_t kt0 = 0; kt0 < w.end; kt0 += kKt) {
+    stage_keys(team, w, kt0, true, ks);
+    team.team_barrier();
+    for (int lw = 0, wi = rank * kPer; lw < kPer; ++lw, ++wi) {
+      scores<true>(qf[lw], ks, sc + wi * kPlanesWarp);
+      // G = A V^T and H = A V'^T.
+      two_scores(hp, af[lw], af[lw], ks + 2 * kKt * hp, ks + 3 * kKt * hp, sc + wi * kPlanesWarp + 3 * kTile);
+    }
+    team.team_barrier();
+    for (int lw = 0, wi = rank * kPer; lw < kPer; ++lw, ++wi)
+      entries(team, w, wi, kt0, sc + wi * kPlanesWarp, pr + wi * kProbsWarp, st);
+    team.team_barrier();
+    for (int lw = 0, wi = rank * kPer; lw < kPer; ++lw, ++wi) tangent(acc[lw], ks, pr + wi * kProbsWarp);
+    team.team_barrier();
+  }
+  finish(team, w, st);
+  team.team_barrier();
+  write_tangent(team, w, acc, sc, st);
+}
+
+// acc(k, n) += the heads' <adj, y''> of row n in order: a thread per (k, n).
+struct FusedCutSum {
+  const float* partial;
+  View2<double> acc;
+  index_t H, N;
+  KOKKOS_INLINE_FUNCTION void operator()(const index_t i) const {
+    const index_t k = i / N, n = i - k * N;
+    double s = 0;
+    for (index_t h = 0; h < H; ++h) s += double(partial[(k * H + h) * N + n]);
+    acc(k, n) += s;
+  }
+};
+
+// The second order's work for the cost model: per (sequence, head,
+// direction) one walk of 9 products of hs (S, S' in two, S'', A V^T, A V'^T,
+// (P s') V in two parts, P V') over the causal tiles. Bytes: q, k, v and
+// their directions read, the adjoint, y and lse read once (each direction's
+// teams of a head next to each other, from L2), y' (rounded or FP32), lse',
+// lse'' and the partial contractions written; the sum over the heads.
+void record_second(index_t B, index_t Tc, const QkvLayout& L, index_t K, bool rounded) {
+  GemmWork& gw = gemm_work();
+  if (!gw.on) return;
+  const double causal = causal_share(Tc * std::max(1, gw.scale));
+  record_fused_products("gnh::attention::fused::second_order", Tc, Tc, L.hs,
+                        causal * double(B * L.H) * double(K) * 9.0);
+  const double N = double(B * Tc), A = double(L.H * L.hs), rows = double(B * L.H * Tc);
+  Traffic("gnh::attention::fused::second_order")
+      .add(double(1 + K) * N * double((L.H + 2 * L.G) * L.hs) + 2.0 * N * A, sizeof(float), 2)
+      .add(double(K) * N * A, rounded ? 2 : sizeof(float), 2)
+      .add(rows * double(1 + 3 * K), sizeof(float), 1);
+  Traffic("gnh::attention::fused::cut")
+      .add(rows * double(K), sizeof(float), 1)
+      .add(2.0 * double(K) * N, sizeof(double), 0);
 }
 
 // ---------------------------------------------------------------------------
@@ -507,27 +715,6 @@ struct FusedReverseBase {
       dst[i] = bf16_bits(r < nv && c < hs ? a.v(n0 + r, c0 + c) : 0.0f);
     });
   }
-  // One warp's two score tiles (16 rows x 32, unscaled): a0 B0^T and a1 B1^T
-  // (B0, B1: 32 rows of hp).
-  KOKKOS_INLINE_FUNCTION void pair_scores(const FragA (&a0)[kMaxFrags], const FragA (&a1)[kMaxFrags],
-                                          const std::uint16_t* b0, const std::uint16_t* b1, float* sc) const {
-    const int nk = int(hp / 16), ld = int(hp);
-    for (int nf = 0; nf < kKt / 16; ++nf) {
-      FragC c0, c1;
-      zero(c0);
-      zero(c1);
-      GNH_UNROLL for (int kk = 0; kk < kMaxFrags; ++kk) {
-        if (kk >= nk) break;
-        FragBt b;
-        load_bt(b, b0 + nf * 16 * ld + kk * 16, ld);
-        mma(c0, a0[kk], b);
-        load_bt(b, b1 + nf * 16 * ld + kk * 16, ld);
-        mma(c1, a1[kk], b);
-      }
-      store(sc + nf * 16, kKt, c0);
-      store(sc + kTile + nf * 16, kKt, c1);
-    }
-  }
   // Each warp's fragments of its 16 rows of the two planes of own (32 x hp
   // each).
   KOKKOS_INLINE_FUNCTION void own_fragments(const Member& team, const std::uint16_t* own, FragA (&a0)[kPer][kMaxFrags],
@@ -550,7 +737,7 @@ struct FusedReverseBase {
                                           const FragA (&a1)[kPer][kMaxFrags], const Parts& m, const F& f) const {
     for (int lw = 0; lw < kPer; ++lw) {
       const int wi = team.team_rank() * kPer + lw;
-      pair_scores(a0[lw], a1[lw], m.walk, m.walk + kR * hp, m.sc + wi * 2 * kTile);
+      two_scores(hp, a0[lw], a1[lw], m.walk, m.walk + kR * hp, m.sc + wi * 2 * kTile);
     }
     team.team_barrier();
     for (int lw = 0; lw < kPer; ++lw) {
@@ -588,13 +775,7 @@ struct FusedReverseBase {
   // columns c0 .. c0 + hs - 1 of out.
   KOKKOS_INLINE_FUNCTION void write(const Member& team, const FragC (&acc)[kPer][kMaxFrags], float* stage,
                                     const Act2<float>& out, index_t n0, index_t nv, index_t c0) const {
-    for (int lw = 0; lw < kPer; ++lw) {
-      const int wi = team.team_rank() * kPer + lw;
-      GNH_UNROLL for (int nf = 0; nf < kMaxFrags; ++nf) {
-        if (nf >= int(hp / 16)) break;
-        store(stage + wi * 16 * hp + nf * 16, int(hp), acc[lw][nf]);
-      }
-    }
+    for (int lw = 0; lw < kPer; ++lw) stage_warp(hp, team.team_rank() * kPer + lw, acc[lw], stage);
     team.team_barrier();
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, nv * hs), [&](const index_t i) {
       const index_t r = i / hs, c = i % hs;
@@ -715,7 +896,8 @@ void record_fused_reverse(index_t B, index_t Tc, const QkvLayout& L, bool rounde
 }  // namespace
 
 std::size_t attention_fused_scratch_bytes(index_t hs, bool tangents, bool second) {
-  return carve_of(padded(hs), tangents, second).total;
+  if (second) return std::max(carve_of(padded(hs), false).total, second_carve_of(padded(hs)).total);
+  return carve_of(padded(hs), tangents).total;
 }
 
 bool attention_fused_fits(const QkvLayout& L, bool tangents, bool second) {
@@ -725,7 +907,8 @@ bool attention_fused_fits(const QkvLayout& L, bool tangents, bool second) {
 
 template <class S>
 void attention_forward_fused(const ExecSpace& space, Act2<float> y, Act1<float> lse, QkvActs<float> x,
-                             const QkvLayout& L, index_t B, index_t Tc, void* rounded, bool keep_y) {
+                             const QkvLayout& L, index_t B, index_t Tc, void* rounded, bool keep_y,
+                             const FusedCut* cut) {
   constexpr bool tan = has_tangents_v<S>, sec = has_second_v<S>;
   keep_planes<S>(y, lse, x.q, x.k, x.v);
   const char* who = "gnh::attention::forward (fused)";
@@ -738,25 +921,59 @@ void attention_forward_fused(const ExecSpace& space, Act2<float> y, Act1<float> 
   require_extent(who, "y cols", y.cols(), L.H * L.hs);
   require_extent(who, "lse", lse.v.extent(0), B * L.H * Tc);
   const index_t K = tan ? directions_of<S>(x.q) : 0;
-  require_planes<S>(who, "y", y, K);
   // x'' is never read (zero: the second order runs fused only with a cut at
-  // the attention's input), so q, k and v need no second-order planes.
+  // the attention's input), so q, k and v need no second-order planes; nor
+  // y (its y'' is contracted with the cut's adjoint, never formed).
   using X = std::conditional_t<tan, Dual<float>, float>;
+  require_planes<X>(who, "y", y, K);
+  require_planes<S>(who, "lse", lse, K);
   require_planes<X>(who, "q", x.q, K);
   require_planes<X>(who, "k", x.k, K);
   require_planes<X>(who, "v", x.v, K);
-  FusedForward<tan, sec> f;
-  f.q = x.q, f.k = x.k, f.v = x.v, f.y = y, f.lse = lse;
-  f.out = static_cast<Bf16Storage<float>*>(rounded), f.keep_y = keep_y, f.N = B * Tc;
-  f.Tc = Tc, f.H = L.H, f.G = L.G, f.hs = L.hs, f.hp = padded(L.hs);
-  f.nq = (Tc + kR - 1) / kR, f.dirs = std::max<index_t>(K, 1);
-  for (int i = 0; i < 3; ++i) f.col[i] = L.off[i], f.stride[i] = L.stride[i];
-  f.scale = 1.0f / std::sqrt(float(L.hs));
-  f.carve = carve_of(f.hp, tan, sec);
-  record_fused(B, Tc, L, K, tan, sec, rounded != nullptr, keep_y);
-  const Team policy = Team(space, B * L.H * f.dirs * f.nq, kHost ? 1 : kWarps, kHost ? 1 : 32)
-                          .set_scratch_size(kLevel, Kokkos::PerTeam(f.carve.total));
-  Kokkos::parallel_for("gnh::attention::fused::forward", policy, f);
+  const index_t N = B * Tc, nq = (Tc + kR - 1) / kR;
+  if (sec) {
+    if (!cut || !cut->partial) throw std::logic_error(cat(who, ": a second order without its cut's adjoint"));
+    require_extent(who, "lse's second-order planes", lse.dd.extent(0), K);
+    require_extent(who, "the cut's adjoint rows", cut->adj.rows(), N);
+    require_extent(who, "the cut's adjoint cols", cut->adj.cols(), L.H * L.hs);
+    require_extent(who, "the cut's directions", cut->acc.extent(0), K);
+    require_extent(who, "the cut's rows", cut->acc.extent(1), N);
+  }
+  auto fill = [&](auto& f, index_t dirs) {
+    f.q = x.q, f.k = x.k, f.v = x.v, f.y = y, f.lse = lse;
+    f.out = static_cast<Bf16Storage<float>*>(rounded), f.keep_y = keep_y, f.N = N;
+    f.Tc = Tc, f.H = L.H, f.G = L.G, f.hs = L.hs, f.hp = padded(L.hs);
+    f.nq = nq, f.dirs = dirs;
+    for (int i = 0; i < 3; ++i) f.col[i] = L.off[i], f.stride[i] = L.stride[i];
+    f.scale = 1.0f / std::sqrt(float(L.hs));
+  };
+  const auto policy = [&](index_t league, std::size_t bytes) {
+    return Team(space, league, kHost ? 1 : kWarps, kHost ? 1 : 32).set_scratch_size(kLevel, Kokkos::PerTeam(bytes));
+  };
+  if constexpr (sec) {
+    // The primal (y in FP32 too: each direction's y' is centred with it),
+    // then the directions in one walk, then the heads' contractions summed.
+    FusedForward<false> f0;
+    fill(f0, 1);
+    f0.keep_y = true;
+    f0.carve = carve_of(f0.hp, false);
+    record_fused(B, Tc, L, 0, false, rounded != nullptr, true);
+    Kokkos::parallel_for("gnh::attention::fused::forward", policy(B * L.H * nq, f0.carve.total), f0);
+    FusedSecond f;
+    fill(f, K);
+    f.adj = cut->adj, f.partial = cut->partial;
+    f.second = second_carve_of(f.hp);
+    record_second(B, Tc, L, K, rounded != nullptr);
+    Kokkos::parallel_for("gnh::attention::fused::second_order", policy(B * L.H * K * nq, f.second.total), f);
+    Kokkos::parallel_for("gnh::attention::fused::cut", Kokkos::RangePolicy<ExecSpace>(space, 0, K * N),
+                         FusedCutSum{cut->partial, cut->acc, L.H, N});
+  } else {
+    FusedForward<tan> f;
+    fill(f, std::max<index_t>(K, 1));
+    f.carve = carve_of(f.hp, tan);
+    record_fused(B, Tc, L, K, tan, rounded != nullptr, keep_y);
+    Kokkos::parallel_for("gnh::attention::fused::forward", policy(B * L.H * f.dirs * nq, f.carve.total), f);
+  }
 }
 
 bool attention_fused_reverse_fits(const QkvLayout& L) {

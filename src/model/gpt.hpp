@@ -187,7 +187,7 @@ class Gpt {
   void plan_attention();
   template <class S>
   bool attend(const ExecSpace& space, const Act2<T>& y, const Act1<T>& lse, const kernels::QkvActs<T>& x, bool cut,
-              T* keep_p, kernels::Bf16Storage<T>* rounded = nullptr);
+              T* keep_p, kernels::Bf16Storage<T>* rounded, const Act2<T>& cut_adj);
   template <class S>
   void attend_reverse(const ExecSpace& space, const kernels::QkvActs<T>& dx, const Act1<T>& D, const Act2<T>& dy,
                       const kernels::QkvActs<T>& x, const Act2<T>& y, const Act1<T>& lse, const T* kept_p,
@@ -291,6 +291,7 @@ class Gpt {
   std::unique_ptr<Gpt<T>> adjoint_engine_;
   View2<double> cut_dd_;                // (K, N)
   Span2<T> cut_u_;                      // (K N, C): cut_through's a V_k
+  Span2<T> cut_att_;                    // (K H, N): the fused attention's cut, head by head
   GptBuffers<T>* keep_into_ = nullptr;  // set on the adjoint engine during its reverse: where the cut adjoints go
 };
 

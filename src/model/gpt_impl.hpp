@@ -395,7 +395,8 @@ void Gpt<T>::plan_layers(index_t att_e) {
     } else {
       a.qkv = act2("qkv", N, llama ? A + 2 * Akv : 3 * A, tan, out_sec);
     }
-    a.att = act2("att", N, A, tan, sec);
+    // With cuts the fused attention contracts its y'' as it forms it.
+    a.att = act2("att", N, A, tan, sec && !(att_fused_ && cuts_));
     a.att_lse = act1("att_lse", shape_.batch * H * shape_.context, tan, sec);
     if (!residual_in_place_) a.x_mid = act2("x_mid", N, C, tan, sec);
     a.ln2 = ln_shared;
@@ -458,17 +459,24 @@ void Gpt<T>::plan_attention() {
 
 // Attention on the engine's path: the fused kernel, the batched GEMMs or
 // attention.hpp's kernels (the host tiles or the rows); cut: x'' is taken as
-// zero. rounded (not null): where the fused kernel runs, y and y' written
-// there as the output projection's rounded input (without a cut, the
-// primal's y beside them: keep_rounded_); returns whether they were.
+// zero and y'' contracted with cut_adj (the cut at the output projection's
+// input: the fused kernel as it forms y'', else cut_at). rounded (not null):
+// where the fused kernel runs, y and y' written there as the output
+// projection's rounded input (without a cut, the primal's y beside them:
+// keep_rounded_); returns whether they were.
 template <class T>
 template <class S>
 bool Gpt<T>::attend(const ExecSpace& space, const Act2<T>& y, const Act1<T>& lse, const kernels::QkvActs<T>& x,
-                    bool cut, T* keep_p, kernels::Bf16Storage<T>* rounded) {
+                    bool cut, T* keep_p, kernels::Bf16Storage<T>* rounded, const Act2<T>& cut_adj) {
   const index_t B = shape_.batch, Tc = shape_.context;
   if constexpr (std::is_same<T, float>::value)
     if (att_fused_ && (!has_second_v<S> || cut)) {
-      kernels::attention_forward_fused<S>(space, y, lse, x, qkv_layout_, B, Tc, rounded, !cut);
+      if (has_second_v<S>) {
+        const kernels::FusedCut fc{cut_adj, cut_dd_, cut_att_.data()};
+        kernels::attention_forward_fused<S>(space, y, lse, x, qkv_layout_, B, Tc, rounded, false, &fc);
+      } else {
+        kernels::attention_forward_fused<S>(space, y, lse, x, qkv_layout_, B, Tc, rounded, !cut);
+      }
       return rounded != nullptr;
     }
   if (att_path_ == kernels::AttentionPath::batched)
@@ -477,6 +485,7 @@ bool Gpt<T>::attend(const ExecSpace& space, const Act2<T>& y, const Act1<T>& lse
   else
     kernels::attention_forward<S>(space, y, lse, x, qkv_layout_, B, Tc, gemm_.bf16, kernels::default_row_shape(), !cut,
                                   keep_p);
+  cut_at(space, cut, cut_adj, y);
   return false;
 }
 template <class T>
@@ -698,6 +707,8 @@ void Gpt<T>::plan_adjoint_cuts() {
   workspace_bytes_ += Gpt<T>::planned_bytes(cfg_, g) + sizeof(double) * static_cast<std::size_t>(shape_.directions * N);
   // cut_through's a V_k, a (N, C) plane a direction.
   if (linear_pairs_) cut_u_ = act2_planes("cut_u", shape_.directions * N, C, 0, 0).v;
+  // The fused attention's cut, a (K, N) plane a head (summed in order).
+  if (att_fused_) cut_att_ = act2_planes("cut_att_heads", shape_.directions * cfg_.n_head, N, 0, 0).v;
   if (allocate_) {
     adjoint_engine_.reset(new Gpt<T>(cfg_, g, true, std::move(reusable_)));
     reusable_.clear();
@@ -904,8 +915,7 @@ void Gpt<T>::forward_block(const ExecSpace& space, Params<T> p, int l, bool cut)
   cut_at(space, cut && !through, cuts.qkv, qkv);
   T* const keep_p = std::is_same<S, T>::value && keep_attention_ ? a0.att_p.v.data() : nullptr;
   const auto r4 = rounded_input(att, cut, a0.r_att);
-  const bool att_rounded = attend<S>(space, att, a0.att_lse, QkvActs<T>{qkv, qkv, qkv}, cut, keep_p, r4.dst);
-  cut_at(space, cut, cuts.att, att);
+  const bool att_rounded = attend<S>(space, att, a0.att_lse, QkvActs<T>{qkv, qkv, qkv}, cut, keep_p, r4.dst, cuts.att);
   linear_forward<S>(space, in_place ? x : proj, att, p, o.attn_proj_w, o.attn_proj_b,
                     att_rounded ? r4.pol : weights_gemm_, !cut, in_place);
   if (!in_place) residual_forward<S>(space, x_mid, x, proj);
@@ -988,8 +998,7 @@ void Gpt<T>::forward_block_llama(const ExecSpace& space, Params<T> p, int l, boo
   const QkvActs<T> x3 = fused_qkv_ ? QkvActs<T>{a.qkv, a.qkv, a.qkv} : QkvActs<T>{a.q, a.k, a.v};
   T* const keep_p = std::is_same<S, T>::value && keep_attention_ ? a.att_p.v.data() : nullptr;
   const auto r4 = rounded_input(a.att, cut, a.r_att);
-  const bool att_rounded = attend<S>(space, a.att, a.att_lse, x3, cut, keep_p, r4.dst);
-  cut_at(space, cut, cuts.att, a.att);
+  const bool att_rounded = attend<S>(space, a.att, a.att_lse, x3, cut, keep_p, r4.dst, cuts.att);
   // In place, the stream x is x_mid and x_out too.
   const bool in_place = residual_in_place_;
   const Act2<T> x_mid = in_place ? x : a.x_mid;

@@ -111,6 +111,9 @@ class CostModel(unittest.TestCase):
         # The gradient's bound: 6 s a full epoch on an H200 (the PyTorch
         # pipeline takes 28.7 s on its GPU).
         self.assertLessEqual(gradient, 6.0)
+        # The second order's bound: 5 s a full-epoch direction at K = 16
+        # under bf16-amp (the PyTorch pipeline: 32.73 s a direction in bf16).
+        self.assertLessEqual(second, 5.0)
         self.assertEqual(launches, s["device_launches"])
         # The last line is the passes' per-batch time over the epoch, to its
         # three printed digits.
@@ -138,6 +141,11 @@ class CostModel(unittest.TestCase):
         # of 1,049 rows (2^25 values a plane, 35 planes).
         self.assertEqual(d["second_order"]["plans"]["engine"][0], [1, 63, 4, 256])
         self.assertEqual(labels(d, "second_order")["gnh::attention::fused::forward"]["launches"], 2 * 8)
+        # Its directions in one walk of the keys a layer (y'' contracted with
+        # the cut's adjoint as it is formed), and each row's heads summed
+        # into the cut: one launch each a layer.
+        self.assertEqual(labels(d, "second_order")["gnh::attention::fused::second_order"]["launches"], 8)
+        self.assertEqual(labels(d, "second_order")["gnh::attention::fused::cut"]["launches"], 8)
         self.assertNotIn("gnh::attention::batched::softmax", labels(d, "second_order"))
         self.assertGreater(d["second_order"]["plans"]["cut_gradient"][0][1], 1)
         # The gradient pass with per-sequence norms takes every sequence's

@@ -178,9 +178,9 @@ struct FusedForward {
   Act2<float> q, k, v, y;
   Act1<float> lse;
   // Not null: y and y' written there instead, rounded as the next product's
-  // input (kernels/linear.hpp, rounded_input_room: y's N rows, then y''s
-  // K planes of N).
+  // input (kernels/linear.hpp, rounded_input_room), where room lays them.
   Bf16Storage<float>* out = nullptr;
+  RoomLayout room;
   bool keep_y = false;  // with out: y written too
   index_t N = 0;
   index_t Tc = 0, H = 0, G = 0, hs = 0, hp = 0, nq = 0, dirs = 1;
@@ -343,11 +343,12 @@ struct FusedForward {
     for (int lw = 0; lw < kPer; ++lw) stage_warp(hp, team.team_rank() * kPer + lw, acc[lw][o], stage);
     team.team_barrier();
     const index_t n0 = w.b * Tc + w.r0, c0 = w.h * hs;
-    const index_t C = H * hs, plane = o == 0 ? 0 : N + w.dir * N;
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, w.nr * hs), [&](const index_t i) {
       const index_t r = i / hs, c = i % hs;
       const float x = stage[r * hp + c];
-      if (out) out[(plane + n0 + r) * C + c0 + c] = bf16_as<Bf16Storage<float>>(x);
+      if (out && o == 0)
+        for (index_t j = 0; j < room.copies(); ++j) out[room.value(n0 + r, c0 + c, j)] = bf16_as<Bf16Storage<float>>(x);
+      if (out && o == 1) out[room.direction(w.dir, n0 + r, c0 + c)] = bf16_as<Bf16Storage<float>>(x);
       if (out && !(o == 0 && keep_y)) return;
       if (o == 0) y.v(n0 + r, c0 + c) = x;
       else y.d(w.dir, n0 + r, c0 + c) = x;
@@ -432,8 +433,10 @@ double causal_share(index_t T) {
 // tiles cover at the full shape (keys up to a tile's last row, in whole key
 // tiles); as FLOPs of the fused unit. Bytes: q, k, v read and y, lse
 // written once in every plane (a sequence's keys are read again by each of
-// its query tiles, from L2: the league keeps them next to each other).
-void record_fused(index_t B, index_t Tc, const QkvLayout& L, index_t K, bool tan, bool rounded, bool keep_y) {
+// its query tiles, from L2: the league keeps them next to each other), y
+// rounded into each of copies.
+void record_fused(index_t B, index_t Tc, const QkvLayout& L, index_t K, bool tan, bool rounded, bool keep_y,
+                  index_t copies) {
   GemmWork& gw = gemm_work();
   if (!gw.on) return;
   const double causal = causal_share(Tc * std::max(1, gw.scale));
@@ -444,7 +447,7 @@ void record_fused(index_t B, index_t Tc, const QkvLayout& L, index_t K, bool tan
   Traffic("gnh::attention::fused::forward")
       .add(planes * double(B * Tc * (L.H + 2 * L.G) * L.hs), sizeof(float), 2)
       .add((rounded ? (keep_y ? 1 : 0) : planes) * double(B * Tc * L.H * L.hs), sizeof(float), 2)
-      .add((rounded ? planes : 0) * double(B * Tc * L.H * L.hs), 2, 2)
+      .add((rounded ? planes - 1 + double(copies) : 0) * double(B * Tc * L.H * L.hs), 2, 2)
       .add(planes * double(B * Tc * L.H), sizeof(float), 1);
 }
 
@@ -554,11 +557,11 @@ struct FusedSecond : FusedForward<true> {
                                             float* stage, const float* st) const {
     for (int lw = 0; lw < kPer; ++lw) stage_warp(hp, team.team_rank() * kPer + lw, acc[lw], stage);
     team.team_barrier();
-    const index_t n0 = w.b * Tc + w.r0, c0 = w.h * hs, C = H * hs;
+    const index_t n0 = w.b * Tc + w.r0, c0 = w.h * hs;
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, w.nr * hs), [&](const index_t i) {
       const index_t r = i / hs, c = i % hs;
       const float x = stage[r * hp + c] - st[kR + r] * y.v(n0 + r, c0 + c);
-      if (out) out[(N + w.dir * N + n0 + r) * C + c0 + c] = bf16_as<Bf16Storage<float>>(x);
+      if (out) out[room.direction(w.dir, n0 + r, c0 + c)] = bf16_as<Bf16Storage<float>>(x);
       else y.d(w.dir, n0 + r, c0 + c) = x;
     });
   }
@@ -907,8 +910,8 @@ bool attention_fused_fits(const QkvLayout& L, bool tangents, bool second) {
 
 template <class S>
 void attention_forward_fused(const ExecSpace& space, Act2<float> y, Act1<float> lse, QkvActs<float> x,
-                             const QkvLayout& L, index_t B, index_t Tc, void* rounded, bool keep_y,
-                             const FusedCut* cut) {
+                             const QkvLayout& L, index_t B, index_t Tc, void* rounded, bool keep_y, const FusedCut* cut,
+                             RoomLayout room) {
   constexpr bool tan = has_tangents_v<S>, sec = has_second_v<S>;
   keep_planes<S>(y, lse, x.q, x.k, x.v);
   const char* who = "gnh::attention::forward (fused)";
@@ -931,6 +934,9 @@ void attention_forward_fused(const ExecSpace& space, Act2<float> y, Act1<float> 
   require_planes<X>(who, "k", x.k, K);
   require_planes<X>(who, "v", x.v, K);
   const index_t N = B * Tc, nq = (Tc + kR - 1) / kR;
+  if (room.N > 0 && (room.N != N || room.C != L.H * L.hs || (room.pairs > 0 && 2 * room.pairs < K)))
+    throw std::logic_error(cat(who, ": a room of ", room.pairs, " pair blocks of ", room.N, " x ", room.C, " for ", K,
+                               " directions of ", N, " x ", L.H * L.hs));
   if (sec) {
     if (!cut || !cut->partial) throw std::logic_error(cat(who, ": a second order without its cut's adjoint"));
     require_extent(who, "lse's second-order planes", lse.dd.extent(0), K);
@@ -942,6 +948,7 @@ void attention_forward_fused(const ExecSpace& space, Act2<float> y, Act1<float> 
   auto fill = [&](auto& f, index_t dirs) {
     f.q = x.q, f.k = x.k, f.v = x.v, f.y = y, f.lse = lse;
     f.out = static_cast<Bf16Storage<float>*>(rounded), f.keep_y = keep_y, f.N = N;
+    f.room = room.N > 0 ? room : RoomLayout{N, L.H * L.hs, 0};
     f.Tc = Tc, f.H = L.H, f.G = L.G, f.hs = L.hs, f.hp = padded(L.hs);
     f.nq = nq, f.dirs = dirs;
     for (int i = 0; i < 3; ++i) f.col[i] = L.off[i], f.stride[i] = L.stride[i];
@@ -957,7 +964,7 @@ void attention_forward_fused(const ExecSpace& space, Act2<float> y, Act1<float> 
     fill(f0, 1);
     f0.keep_y = true;
     f0.carve = carve_of(f0.hp, false);
-    record_fused(B, Tc, L, 0, false, rounded != nullptr, true);
+    record_fused(B, Tc, L, 0, false, rounded != nullptr, true, f0.room.copies());
     Kokkos::parallel_for("gnh::attention::fused::forward", policy(B * L.H * nq, f0.carve.total), f0);
     FusedSecond f;
     fill(f, K);
@@ -971,7 +978,7 @@ void attention_forward_fused(const ExecSpace& space, Act2<float> y, Act1<float> 
     FusedForward<tan> f;
     fill(f, std::max<index_t>(K, 1));
     f.carve = carve_of(f.hp, tan);
-    record_fused(B, Tc, L, K, tan, rounded != nullptr, keep_y);
+    record_fused(B, Tc, L, K, tan, rounded != nullptr, keep_y, f.room.copies());
     Kokkos::parallel_for("gnh::attention::fused::forward", policy(B * L.H * f.dirs * nq, f.carve.total), f);
   }
 }

@@ -49,6 +49,7 @@
 #include "kernels/attention_host.hpp"
 #include "kernels/attention_types.hpp"
 #include "kernels/instances.hpp"
+#include "kernels/room.hpp"
 
 namespace gnh::kernels {
 
@@ -75,12 +76,14 @@ struct FusedCut {
 // Jet2 y'' is contracted with cut's adjoint instead of written (cut needed).
 // rounded (not null: Bf16Storage<float>, kernels/blas.hpp): y and y' written
 // there instead, as the output projection's rounded input
-// (kernels/linear.hpp, rounded_input_room); keep_y: the primal's y written
-// too (the gradient engine's reverse reads it in FP32; with Jet2 always).
+// (kernels/linear.hpp, rounded_input_room), laid as room says (y in each of
+// its copies; no rows: y's N rows, then each y''s); keep_y: the primal's y
+// written too (the gradient engine's reverse reads it in FP32; with Jet2
+// always).
 template <class S>
 void attention_forward_fused(const ExecSpace& space, Act2<float> y, Act1<float> lse, QkvActs<float> x,
                              const QkvLayout& L, index_t B, index_t Tc, void* rounded = nullptr, bool keep_y = false,
-                             const FusedCut* cut = nullptr);
+                             const FusedCut* cut = nullptr, RoomLayout room = {});
 
 // Whether the fused reverse can take a call (as attention_fused_fits).
 bool attention_fused_reverse_fits(const QkvLayout& L);
@@ -96,9 +99,10 @@ void attention_reverse_fused(const ExecSpace& space, QkvActs<float> dx, Act1<flo
                              Act2<float> y, Act1<float> lse, const QkvLayout& L, index_t B, index_t Tc,
                              void* rounded = nullptr, bool fp32 = true);
 
-#define GNH_ATTENTION_FUSED_FORWARD(EXT, S)                                                                \
-  EXT template void attention_forward_fused<S>(const ExecSpace&, Act2<float>, Act1<float>, QkvActs<float>, \
-                                               const QkvLayout&, index_t, index_t, void*, bool, const FusedCut*);
+#define GNH_ATTENTION_FUSED_FORWARD(EXT, S)                                                                      \
+  EXT template void attention_forward_fused<S>(const ExecSpace&, Act2<float>, Act1<float>, QkvActs<float>,       \
+                                               const QkvLayout&, index_t, index_t, void*, bool, const FusedCut*, \
+                                               RoomLayout);
 GNH_FORWARD_SCALARS(GNH_ATTENTION_FUSED_FORWARD, extern, float)
 
 }  // namespace gnh::kernels

@@ -187,7 +187,7 @@ class Gpt {
   void plan_attention();
   template <class S>
   bool attend(const ExecSpace& space, const Act2<T>& y, const Act1<T>& lse, const kernels::QkvActs<T>& x, bool cut,
-              T* keep_p, kernels::Bf16Storage<T>* rounded, const Act2<T>& cut_adj);
+              T* keep_p, const kernels::detail::RoundedInput<T>& r, const Act2<T>& cut_adj);
   template <class S>
   void attend_reverse(const ExecSpace& space, const kernels::QkvActs<T>& dx, const Act1<T>& D, const Act2<T>& dy,
                       const kernels::QkvActs<T>& x, const Act2<T>& y, const Act1<T>& lse, const T* kept_p,

@@ -460,22 +460,23 @@ void Gpt<T>::plan_attention() {
 // Attention on the engine's path: the fused kernel, the batched GEMMs or
 // attention.hpp's kernels (the host tiles or the rows); cut: x'' is taken as
 // zero and y'' contracted with cut_adj (the cut at the output projection's
-// input: the fused kernel as it forms y'', else cut_at). rounded (not null):
+// input: the fused kernel as it forms y'', else cut_at). r.dst (not null):
 // where the fused kernel runs, y and y' written there as the output
-// projection's rounded input (without a cut, the primal's y beside them:
-// keep_rounded_); returns whether they were.
+// projection's rounded input, laid as r.layout says (without a cut, the
+// primal's y beside them: keep_rounded_); returns whether they were.
 template <class T>
 template <class S>
 bool Gpt<T>::attend(const ExecSpace& space, const Act2<T>& y, const Act1<T>& lse, const kernels::QkvActs<T>& x,
-                    bool cut, T* keep_p, kernels::Bf16Storage<T>* rounded, const Act2<T>& cut_adj) {
+                    bool cut, T* keep_p, const kernels::detail::RoundedInput<T>& r, const Act2<T>& cut_adj) {
+  kernels::Bf16Storage<T>* const rounded = r.dst;
   const index_t B = shape_.batch, Tc = shape_.context;
   if constexpr (std::is_same<T, float>::value)
     if (att_fused_ && (!has_second_v<S> || cut)) {
       if (has_second_v<S>) {
         const kernels::FusedCut fc{cut_adj, cut_dd_, cut_att_.data()};
-        kernels::attention_forward_fused<S>(space, y, lse, x, qkv_layout_, B, Tc, rounded, false, &fc);
+        kernels::attention_forward_fused<S>(space, y, lse, x, qkv_layout_, B, Tc, rounded, false, &fc, r.layout);
       } else {
-        kernels::attention_forward_fused<S>(space, y, lse, x, qkv_layout_, B, Tc, rounded, !cut);
+        kernels::attention_forward_fused<S>(space, y, lse, x, qkv_layout_, B, Tc, rounded, !cut, nullptr, r.layout);
       }
       return rounded != nullptr;
     }
@@ -578,22 +579,24 @@ void Gpt<T>::plan_gemm(const GptTiles& plan) {
   index_t values = layout_.size() + blocks * VC;
   // With cuts, the weights of the linear layers after the norms (q, k, v or
   // their fused block, and the MLP's first) in pair blocks too, after the
-  // head's.
+  // head's, and the attention's output projection where the fused attention
+  // writes its input in pair blocks.
   pair_weights_.clear();
   if (linear_pairs_) {
     const index_t C = cfg_.n_embd, A = index_t(cfg_.n_head) * cfg_.head_size();
     const index_t Akv = index_t(cfg_.kv_heads()) * cfg_.head_size(), F = cfg_.mlp_width();
     const bool llama = cfg_.family == Family::llama;
     const index_t pairs3 = 3 * ((shape_.directions + 1) / 2);
-    const auto add = [&](std::int64_t w, index_t out) {
-      pair_weights_.push_back({index_t(w), out, C, values});
-      values += pairs3 * out * C;
+    const auto add = [&](std::int64_t w, index_t out, index_t in) {
+      pair_weights_.push_back({index_t(w), out, in, values});
+      values += pairs3 * out * in;
     };
     for (const BlockOffsets& o : layout_.blocks) {
-      if (llama && fused_qkv_) add(o.q_w, A + 2 * Akv);
-      else if (llama) add(o.q_w, A), add(o.k_w, Akv), add(o.v_w, Akv);
-      else add(o.attn_w, 3 * A);
-      add(o.fc_w, llama ? 2 * F : F);
+      if (llama && fused_qkv_) add(o.q_w, A + 2 * Akv, C);
+      else if (llama) add(o.q_w, A, C), add(o.k_w, Akv, C), add(o.v_w, Akv, C);
+      else add(o.attn_w, 3 * A, C);
+      if (att_fused_) add(o.attn_proj_w, C, A);
+      add(o.fc_w, llama ? 2 * F : F, C);
     }
   }
   const index_t ahead = index_t((std::size_t(values) * sizeof(kernels::Bf16Storage<T>) + sizeof(T) - 1) / sizeof(T));
@@ -614,7 +617,10 @@ void Gpt<T>::plan_gemm(const GptTiles& plan) {
   if (shape_.directions > 0 && !(shape_.second_order && !cuts_)) {
     const index_t width = std::max<index_t>({cfg_.n_embd, index_t(cfg_.n_head) * cfg_.head_size(), cfg_.mlp_width()});
     inputs = N_ * width * (shape_.second_order ? 1 + shape_.directions : 1);
-    if (linear_pairs_) inputs = std::max(inputs, N_ * cfg_.n_embd * 3 * ((shape_.directions + 1) / 2));
+    // Pair blocks: of the norms' outputs, and of the fused attention's.
+    const index_t paired =
+        att_fused_ ? std::max<index_t>(cfg_.n_embd, index_t(cfg_.n_head) * cfg_.head_size()) : cfg_.n_embd;
+    if (linear_pairs_) inputs = std::max(inputs, N_ * paired * 3 * ((shape_.directions + 1) / 2));
   }
   if (shape_.reverse) {
     const index_t C = cfg_.n_embd, A = index_t(cfg_.n_head) * cfg_.head_size(), F = cfg_.mlp_width();
@@ -914,10 +920,11 @@ void Gpt<T>::forward_block(const ExecSpace& space, Params<T> p, int l, bool cut)
   if (rotary_dims_ > 0) rotate<S>(space, qkv, cfg_.head_size(), RotarySegments{3, 2});
   cut_at(space, cut && !through, cuts.qkv, qkv);
   T* const keep_p = std::is_same<S, T>::value && keep_attention_ ? a0.att_p.v.data() : nullptr;
-  const auto r4 = rounded_input(att, cut, a0.r_att);
-  const bool att_rounded = attend<S>(space, att, a0.att_lse, QkvActs<T>{qkv, qkv, qkv}, cut, keep_p, r4.dst, cuts.att);
+  // With cuts the fused attention writes y and y' in pair blocks.
+  const auto r4 = rounded_input(att, cut, a0.r_att, att_fused_);
+  const bool att_rounded = attend<S>(space, att, a0.att_lse, QkvActs<T>{qkv, qkv, qkv}, cut, keep_p, r4, cuts.att);
   linear_forward<S>(space, in_place ? x : proj, att, p, o.attn_proj_w, o.attn_proj_b,
-                    att_rounded ? r4.pol : weights_gemm_, !cut, in_place);
+                    att_rounded ? pairs_of(r4, o.attn_proj_w) : weights_gemm_, !cut, in_place);
   if (!in_place) residual_forward<S>(space, x_mid, x, proj);
   const Act2<T> mlp_in = cfg_.parallel_residual ? x : x_mid;
   const auto r2 = rounded_input(ln2, cut, a0.r_ln2, true);
@@ -997,13 +1004,13 @@ void Gpt<T>::forward_block_llama(const ExecSpace& space, Params<T> p, int l, boo
   }
   const QkvActs<T> x3 = fused_qkv_ ? QkvActs<T>{a.qkv, a.qkv, a.qkv} : QkvActs<T>{a.q, a.k, a.v};
   T* const keep_p = std::is_same<S, T>::value && keep_attention_ ? a.att_p.v.data() : nullptr;
-  const auto r4 = rounded_input(a.att, cut, a.r_att);
-  const bool att_rounded = attend<S>(space, a.att, a.att_lse, x3, cut, keep_p, r4.dst, cuts.att);
+  const auto r4 = rounded_input(a.att, cut, a.r_att, att_fused_);
+  const bool att_rounded = attend<S>(space, a.att, a.att_lse, x3, cut, keep_p, r4, cuts.att);
   // In place, the stream x is x_mid and x_out too.
   const bool in_place = residual_in_place_;
   const Act2<T> x_mid = in_place ? x : a.x_mid;
   linear_forward<S>(space, in_place ? x : proj, a.att, p, o.attn_proj_w, o.attn_proj_b,
-                    att_rounded ? r4.pol : weights_gemm_, !cut, in_place);
+                    att_rounded ? pairs_of(r4, o.attn_proj_w) : weights_gemm_, !cut, in_place);
   if (!in_place) residual_forward<S>(space, x_mid, x, proj);
   const auto r2 = rounded_input(a.ln2, cut, a.r_ln2, true);
   if (cut)

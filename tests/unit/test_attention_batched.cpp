@@ -501,10 +501,11 @@ void check_fused(const Layout& l, index_t Tq, std::mt19937& g, double trend = 0,
   // The second order's cut at y: acc(k, n) += <a(n), y''_k(n)> for an
   // adjoint a, added to what acc held.
   const Buf a(N, C, g, 1.0);
-  View2<double> acc("acc", K, N), acc0("acc0", K, N), acco("acco", K, N);
+  View2<double> acc("acc", K, N), acc0("acc0", K, N), acco("acco", K, N), accp("accp", K, N);
   View1<float> partial("partial", K * L.H * N);
   for (index_t i = 0; i < K * N; ++i) acc.data()[i] = acc0.data()[i] = std::uniform_real_distribution<double>(-1, 1)(g);
-  const FusedCut cut{a.act<float>(), acc, partial.data()}, cuto{a.act<float>(), acco, partial.data()};
+  const FusedCut cut{a.act<float>(), acc, partial.data()}, cuto{a.act<float>(), acco, partial.data()},
+      cutp{a.act<float>(), accp, partial.data()};
   attention_forward_fused<S>(ExecSpace(), y.act<float>(), lse.act1<float>(), x.acts<float>(), L, B, Tq, nullptr, false,
                              sec ? &cut : nullptr);
   AttentionScratch<float> sc;
@@ -530,6 +531,20 @@ void check_fused(const Layout& l, index_t Tq, std::mt19937& g, double trend = 0,
   ExecSpace().fence();
   for (index_t i = 0; i < index_t(out.extent(0)); ++i) REQUIRE(out(i) == round_bf16(y.f(i)));
   REQUIRE(std::memcmp(lseo.f.data(), lse.f.data(), sizeof(float) * lse.f.extent(0)) == 0);
+  if constexpr (tan) {
+    // In pair blocks (the output projection's pair products, kernels/room.hpp):
+    // y in every block, y'_k in its slot, the same bits.
+    const RoomLayout room{N, C, (K + 1) / 2};
+    View1<float> pairs("pairs", 3 * room.pairs * N * C);
+    attention_forward_fused<S>(ExecSpace(), yo.act<float>(), lseo.act1<float>(), x.acts<float>(), L, B, Tq,
+                               pairs.data(), false, sec ? &cutp : nullptr, room);
+    ExecSpace().fence();
+    for (index_t n = 0; n < N; ++n)
+      for (index_t c = 0; c < C; ++c) {
+        for (index_t j = 0; j < room.pairs; ++j) REQUIRE(pairs(room.value(n, c, j)) == out(n * C + c));
+        for (index_t k = 0; k < K; ++k) REQUIRE(pairs(room.direction(k, n, c)) == out((N + k * N + n) * C + c));
+      }
+  }
   // y'' is never written in the second order: y's planes up to y' compared.
   constexpr index_t yp = value_planes<std::conditional_t<sec, Dual<float>, S>>();
   compare(y.view<float>(), yb.d, yp, N * C, L.hs, what + ": y against batched", true);
@@ -555,6 +570,7 @@ void check_fused(const Layout& l, index_t Tq, std::mt19937& g, double trend = 0,
         REQUIRE(std::fabs(got - ref) <= std::ldexp(1.0, -7) * big * abs_a + std::ldexp(1.0, -8) * abs_ay);
         // With the output rounded: the same contraction (added to zero).
         REQUIRE(std::fabs(acco(k, n) - got) <= 1e-12 * (1 + std::fabs(got)));
+        REQUIRE(accp(k, n) == acco(k, n));
       }
     }
   }

@@ -153,7 +153,7 @@ KOKKOS_INLINE_FUNCTION void stage_warp(index_t hp, int wi, const FragC (&acc)[kM
 
 // A team's shared memory, in bytes from its (kAlign-aligned) start.
 struct Carve {
-  std::size_t keys = 0, scores = 0, probs = 0, stats = 0, total = 0;
+  std::size_t scores = 0, probs = 0, stats = 0, total = 0;
 };
 inline Carve carve_of(index_t hp, bool tan) {
   const std::size_t h = std::size_t(hp);
@@ -364,17 +364,28 @@ struct FusedForward {
     for (int lw = 0; lw < kPer; ++lw) scores(qf[lw], ks, sc + (team.team_rank() * kPer + lw) * kScorePlanes * kTile);
     team.team_barrier();
   }
+  // The team's shared memory as carve lays it: the key tile, the score
+  // tiles, the bfloat16 tiles, the rows' values.
+  struct Parts {
+    std::uint16_t* ks;
+    float* sc;
+    std::uint16_t* pr;
+    float* st;
+  };
+  KOKKOS_INLINE_FUNCTION Parts parts(const Member& team) const {
+    char* base = static_cast<char*>(team.team_scratch(int(kLevel)).get_shmem_aligned(carve.total - kAlign, kAlign));
+    return {reinterpret_cast<std::uint16_t*>(base), reinterpret_cast<float*>(base + carve.scores),
+            reinterpret_cast<std::uint16_t*>(base + carve.probs), reinterpret_cast<float*>(base + carve.stats)};
+  }
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const;
 };
 
 template <bool Tan>
 KOKKOS_INLINE_FUNCTION void FusedForward<Tan>::operator()(const Member& team) const {
   const Where w = where(team);
-  char* base = static_cast<char*>(team.team_scratch(int(kLevel)).get_shmem_aligned(carve.total - kAlign, kAlign));
-  auto* ks = reinterpret_cast<std::uint16_t*>(base);
-  auto* sc = reinterpret_cast<float*>(base + carve.scores);
-  auto* pr = reinterpret_cast<std::uint16_t*>(base + carve.probs);
-  auto* st = reinterpret_cast<float*>(base + carve.stats);
+  const Parts m = parts(team);
+  std::uint16_t *const ks = m.ks, *const pr = m.pr;
+  float *const sc = m.sc, *const st = m.st;
   const int rank = team.team_rank();
   const auto* qs = reinterpret_cast<const std::uint16_t*>(sc);  // Q staged over the score tiles
   stage_q(team, w, reinterpret_cast<std::uint16_t*>(sc));
@@ -461,15 +472,12 @@ void record_fused(index_t B, index_t Tc, const QkvLayout& L, index_t K, bool tan
 // S', S'', G = A V^T, H = A V'^T; first Q, Q' and A staged, last the output
 // stage), their three bfloat16 tiles (P and P s' in two parts), and per row
 // lse and lse', with each lane's running sums.
-struct SecondCarve {
-  std::size_t scores = 0, probs = 0, stats = 0, total = 0;
-};
 constexpr int kSecondScores = 5, kSecondProbs = 3, kSecondSums = 8, kLanes = 32;
-inline SecondCarve second_carve_of(index_t hp) {
+inline Carve second_carve_of(index_t hp) {
   const std::size_t h = std::size_t(hp), tile = std::size_t(16) * kKt;
   const std::size_t sc = std::max({std::size_t(kSecondScores) * kWarps * tile * sizeof(float),
                                    std::size_t(kWarps) * 16 * h * sizeof(float), std::size_t(3) * kR * h * 2});
-  SecondCarve c;
+  Carve c;
   c.scores = aligned(4 * kKt * h * 2);
   c.probs = c.scores + aligned(sc);
   c.stats = c.probs + aligned(std::size_t(kSecondProbs) * kWarps * tile * 2);
@@ -482,7 +490,6 @@ inline SecondCarve second_carve_of(index_t hp) {
 struct FusedSecond : FusedForward<true> {
   Act2<float> adj;           // the cut's adjoint at y (N, H hs)
   float* partial = nullptr;  // <adj, y''> per (direction, head, row)
-  SecondCarve second;
   // One warp's entries of a key tile: P, and P s' as two bfloat16 parts
   // (high, and the rest), into pr; each lane (a row, half of the keys, in
   // an order rotated by the row so that the lanes read distinct banks) adds
@@ -570,11 +577,9 @@ struct FusedSecond : FusedForward<true> {
 
 KOKKOS_INLINE_FUNCTION void FusedSecond::operator()(const Member& team) const {
   const Where w = where(team);
-  char* base = static_cast<char*>(team.team_scratch(int(kLevel)).get_shmem_aligned(second.total - kAlign, kAlign));
-  auto* ks = reinterpret_cast<std::uint16_t*>(base);
-  auto* sc = reinterpret_cast<float*>(base + second.scores);
-  auto* pr = reinterpret_cast<std::uint16_t*>(base + second.probs);
-  auto* st = reinterpret_cast<float*>(base + second.stats);
+  const Parts m = parts(team);
+  std::uint16_t *const ks = m.ks, *const pr = m.pr;
+  float *const sc = m.sc, *const st = m.st;
   const int rank = team.team_rank();
   auto* qs = reinterpret_cast<std::uint16_t*>(sc);  // Q, Q' and A staged over the score tiles
   stage_q(team, w, qs);
@@ -969,9 +974,9 @@ void attention_forward_fused(const ExecSpace& space, Act2<float> y, Act1<float> 
     FusedSecond f;
     fill(f, K);
     f.adj = cut->adj, f.partial = cut->partial;
-    f.second = second_carve_of(f.hp);
+    f.carve = second_carve_of(f.hp);
     record_second(B, Tc, L, K, rounded != nullptr);
-    Kokkos::parallel_for("gnh::attention::fused::second_order", policy(B * L.H * K * nq, f.second.total), f);
+    Kokkos::parallel_for("gnh::attention::fused::second_order", policy(B * L.H * K * nq, f.carve.total), f);
     Kokkos::parallel_for("gnh::attention::fused::cut", Kokkos::RangePolicy<ExecSpace>(space, 0, K * N),
                          FusedCutSum{cut->partial, cut->acc, L.H, N});
   } else {

@@ -3,7 +3,8 @@
 """gnh-convert on Hugging Face checkpoint directories of the Llama and
 GPT-NeoX families (SPEC section 11): model.safetensors and pytorch_model.bin,
 each single and sharded with its index JSON; float32, float16 and bfloat16;
-tied and untied; Qwen2's and Mistral's configs. Values bit for bit (bf16 and
+tied and untied; Qwen2's and Mistral's configs (Mistral's without a sliding
+window converts as llama). Values bit for bit (bf16 and
 f16 widened exactly), /config as SPEC section 11 names it, canonical order,
 buffers ignored. Every refusal (rope_scaling, sliding windows, mlp_bias, an
 unknown architecture, unknown, missing or misshapen tensors, a tied head that
@@ -131,6 +132,69 @@ class HFConvertTests(unittest.TestCase):
         with open(os.path.join(d, "pytorch_model.bin.index.json"), "w") as fh:
             json.dump({"metadata": {}, "weight_map": wm}, fh)
 
+    def test_config_records_every_hyperparameter(self):
+        # Values away from the defaults, so that a hyperparameter dropped or
+        # taken from the wrong key of config.json shows. The expected /config
+        # is read from the directory's config.json, not from the HFConfig.
+        cases = [("llama", llama(head_dim=6, norm_eps=3e-5, rope_theta=12345.0, max_position_embeddings=48,
+                                 qkv_bias=True, o_bias=True, vocab_size=41)),
+                 ("qwen2", llama(qkv_bias=True, num_key_value_heads=1, intermediate_size=40, norm_eps=2e-6)),
+                 ("neox", neox(use_parallel_residual=False, hidden_act="gelu_new", rotary_pct=0.5,
+                               rope_theta=777.0, norm_eps=4e-5, qkv_bias=False, tie_word_embeddings=True))]
+        common = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                  "max_position_embeddings", "tie_word_embeddings")
+        for i, (name, cfg) in enumerate(cases):
+            with self.subTest(case=name):
+                d = os.path.join(self.tmp, name)
+                gnh_hf.save_dir(d, cfg, state_of(cfg, 10 + i))
+                with open(os.path.join(d, "config.json")) as fh:
+                    cj = json.load(fh)
+                want = {k: cj[k] for k in common}
+                if cfg.family == "llama":
+                    qwen2 = cj["architectures"] == ["Qwen2ForCausalLM"]
+                    want.update(num_key_value_heads=cj["num_key_value_heads"], head_dim=cj["head_dim"],
+                                rms_norm_eps=cj["rms_norm_eps"], rope_theta=cj["rope_theta"],
+                                qkv_bias=True if qwen2 else cj["attention_bias"],
+                                o_bias=False if qwen2 else cj["attention_bias"])
+                else:
+                    want.update(rotary_pct=cj["rotary_pct"], rotary_emb_base=cj["rotary_emb_base"],
+                                layer_norm_eps=cj["layer_norm_eps"],
+                                use_parallel_residual=cj["use_parallel_residual"], hidden_act=cj["hidden_act"],
+                                attention_bias=cj["attention_bias"])
+                with h5py.File(self.convert_ok(d), "r") as f:
+                    got = dict(f["config"].attrs)
+                self.assertEqual(got.pop("family"), cfg.family)
+                self.assertEqual(sorted(got), sorted(want))
+                for key, value in want.items():
+                    g = got[key]
+                    g = g.decode() if isinstance(g, bytes) else g
+                    if isinstance(value, bool):
+                        self.assertEqual(int(g), int(value), key)
+                    elif isinstance(value, str):
+                        self.assertEqual(g, value, key)
+                    else:
+                        self.assertEqual(float(g), float(value), key)
+
+    def test_mistral_config_without_a_sliding_window_is_llama(self):
+        cfg = llama(num_key_value_heads=1)
+        state = state_of(cfg, 21)
+        d = os.path.join(self.tmp, "mistral")
+        gnh_hf.save_dir(d, cfg, state)
+        with open(os.path.join(d, "config.json")) as fh:
+            c = json.load(fh)
+        # MistralConfig as transformers writes it: no attention_bias, mlp_bias
+        # or head_dim keys, sliding_window null.
+        for key in ("attention_bias", "mlp_bias", "head_dim"):
+            c.pop(key, None)
+        c.update(architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=None)
+        with open(os.path.join(d, "config.json"), "w") as fh:
+            json.dump(c, fh)
+        h5 = self.convert_ok(d)
+        self.check_file(h5, cfg, state)
+        with h5py.File(h5, "r") as f:
+            self.assertEqual(int(f["config"].attrs["qkv_bias"]), 0)
+            self.assertEqual(int(f["config"].attrs["head_dim"]), cfg.hidden_size // cfg.num_attention_heads)
+
     def test_pytorch_bin_single_and_sharded_with_buffers_and_a_tied_head_written_out(self):
         cfg = llama(tie_word_embeddings=True)
         state = state_of(cfg, 7)
@@ -213,6 +277,24 @@ class HFConvertTests(unittest.TestCase):
         st = state_of(tied, 4)
         st["lm_head.weight"] = st["model.embed_tokens.weight"] + 1
         self.refused(fresh("tied", st, tied), "lm_head.weight", "tie_word_embeddings")
+        # GPT-NeoX's tensors: the fused per-head q/k/v product misshapen, a
+        # bias that attention_bias = true requires missing, and a tensor the
+        # family does not have.
+        nx = neox()
+        nst = state_of(nx, 5)
+        st = dict(nst)
+        st["gpt_neox.layers.1.attention.query_key_value.weight"] = np.ones((16, 16), np.float32)
+        self.refused(fresh("neox-shape", st, nx), "gpt_neox.layers.1.attention.query_key_value.weight", "(16, 16)")
+        st = dict(nst)
+        del st["gpt_neox.layers.0.attention.query_key_value.bias"]
+        self.refused(fresh("neox-missing", st, nx), "missing tensor",
+                     "gpt_neox.layers.0.attention.query_key_value.bias")
+        st = dict(nst)
+        st["gpt_neox.layers.0.attention.dense.extra"] = np.ones(2, np.float32)
+        self.refused(fresh("neox-unknown", st, nx), "unknown tensor", "gpt_neox.layers.0.attention.dense.extra")
+        d = fresh("neox-rope", c=nx)
+        self.edit_config(d, rope_scaling={"type": "dynamic", "factor": 2.0})
+        self.refused(d, "rope_scaling")
         d = os.path.join(self.tmp, "empty")
         os.makedirs(d)
         with open(os.path.join(d, "config.json"), "w") as fh:

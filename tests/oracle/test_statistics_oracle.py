@@ -438,7 +438,9 @@ class FamilyStatistics(unittest.TestCase):
     statistics by both curvature methods, the per-block statistics of the
     layer partition (embed, h.i, head), the per-sequence noise and the update
     between the checkpoints, on two ranks and bit for bit the same on one;
-    then the float policies (fp32, tf32, bf16-amp) against the fp64 values.
+    the AdamW-preconditioned statistics of a file given AdamW state, and the
+    note on one without; then the float policies (fp32, tf32, bf16-amp)
+    against the fp64 values.
     Bars as StatisticsOracle's; bf16-amp within 5% of fp32's loss and G (its
     operands carry 8 bits)."""
 
@@ -562,6 +564,73 @@ class FamilyStatistics(unittest.TestCase):
                             self.assertLessEqual(abs(got[e][k] - base[e][k]), rel * abs(base[e][k]), (k, got[e][k]))
                 if policy == "fp32":
                     fp32 = got
+
+
+    def adam_file(self, fam, dest):
+        """epoch1.h5 with an /optimizer group as gnh-convert writes one: the
+        AdamW state after three steps of training the loaded model in float64
+        on random tokens (the file's weights stay those of epoch 1: what is
+        checked is how the state is read, by canonical name)."""
+        src = os.path.join(self.dirs[fam], "ckpt", "epoch1.h5")
+        shutil.copy(src, dest)
+        model = stats_reference.load_model(src)
+        named = stats_reference.canonical_named(model)
+        opt = torch.optim.AdamW(list(named.values()), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+        gen = torch.Generator().manual_seed(3)
+        for _ in range(3):
+            idx = torch.randint(0, self.CONFIGS[fam]["vocab_size"], (2, self.context + 1), generator=gen)
+            _, loss = model(idx[:, :-1], idx[:, 1:])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        with h5py.File(dest, "r+") as f:
+            o = f.create_group("optimizer")
+            o.attrs["step"] = np.int64(3)
+            for key, value in (("beta1", 0.9), ("beta2", 0.95), ("eps", 1e-8), ("weight_decay", 0.1), ("lr", 1e-3)):
+                o.attrs[key] = np.float64(value)
+            for key in ("exp_avg", "exp_avg_sq"):
+                g = o.create_group(key, track_order=True)
+                for name, p in named.items():
+                    g.create_dataset(name, data=opt.state[p][key].numpy().astype(np.float32))
+
+    def test_preconditioned_with_adamw_state_and_the_note_without(self):
+        # SPEC §10's AdamW-preconditioned statistics of a family file with
+        # AdamW state against float64 double backward (PreconditionedOracle's
+        # bars), beside a file without state, which gets the note and no
+        # preconditioned values (converted Hugging Face checkpoints carry none).
+        rel = 1e-10
+        for fam, d in self.dirs.items():
+            with self.subTest(family=fam):
+                p = os.path.join(d, "precond")
+                shutil.rmtree(p, ignore_errors=True)
+                os.makedirs(p)
+                adam = os.path.join(p, "adam.h5")
+                self.adam_file(fam, adam)
+                shutil.copy(os.path.join(d, "ckpt", "epoch2.h5"), os.path.join(p, "plain.h5"))
+                ref = stats_reference.load_reference(adam, os.path.join(d, "train.bin"), self.context)
+                st = stats_reference.statistics_of(ref, ANALYSIS["noise_samples"], ANALYSIS["noise_batch"],
+                                                   ANALYSIS["directions"], ANALYSIS["seed"])
+                w = stats_reference.preconditioned_statistics(ref, st, stats_reference.adam_preconditioner(adam))
+                deck = os.path.join(d, "precond.toml")
+                gnhtest.write_deck(deck, "out/precond.h5", ["precond/*.h5"], self.context, "train.bin",
+                                   analysis=ANALYSIS, extra="[curvature]\npreconditioned = true\n")
+                r = gnhtest.run_gnh(deck, 2, ["precision.policy=fp64", "analysis.curvature_method=forward-over-reverse"])
+                self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
+                with h5py.File(os.path.join(d, "out", "precond.h5"), "r") as f:
+                    g = groups_by_alias(f)
+                    self.assertEqual(gnhtest.text(g["adam.h5"].attrs["preconditioner"]), "AdamW state of adam.h5")
+                    self.assertIn("none: no AdamW state", gnhtest.text(g["plain.h5"].attrs["preconditioner"]))
+                    for name in ("GPG", "PG_H_PG", "B_simple_P", "B_noise_P", "curvature_preconditioned"):
+                        self.assertNotIn(name, g["plain.h5"]["seen"].attrs)
+                    c = g["adam.h5"]["seen"].attrs
+                    self.assertLessEqual(abs(c["GPG"] - w["GPG"]), rel * w["GPG"])
+                    self.assertLessEqual(abs(c["PG_H_PG"] - w["PG_H_PG"]), rel * w["PG_H_PG_scale"])
+                    # Ratios of those forms: their bar times the form's
+                    # cancellation (PreconditionedOracle).
+                    amp = max(1.0, abs(w["PG_H_PG_scale"] / w["PG_H_PG"]))
+                    for name in ("B_simple_P", "B_noise_P", "curvature_preconditioned"):
+                        scale = max(abs(w[name]), w.get(name + "_se", 0.0))
+                        self.assertLessEqual(abs(c[name] - w[name]), 10 * rel * scale * amp, name)
 
 
 class UpdateIdentityAndOrder(unittest.TestCase):

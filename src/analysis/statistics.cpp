@@ -50,6 +50,59 @@ void histogram(const std::vector<double>& x, std::vector<double>& edges, std::ve
 }
 }  // namespace
 
+namespace {
+// I_x(a, b) by its continued fraction (modified Lentz), for x < (a + 1) /
+// (a + b + 2), where it converges quickly; the other side by I_x(a, b) = 1 -
+// I_{1-x}(b, a).
+double incomplete_beta(double a, double b, double x) {
+  if (x <= 0) return 0;
+  if (x >= 1) return 1;
+  if (x > (a + 1) / (a + b + 2)) return 1 - incomplete_beta(b, a, 1 - x);
+  const double tiny = 1e-300;
+  const double front =
+      std::exp(std::lgamma(a + b) - std::lgamma(a) - std::lgamma(b) + a * std::log(x) + b * std::log1p(-x)) / a;
+  double c = 1, d = 1 - (a + b) * x / (a + 1);
+  d = 1 / (std::abs(d) < tiny ? tiny : d);
+  double f = d;
+  for (int m = 1; m <= 500; ++m) {
+    // The even then the odd term of the fraction.
+    for (int odd = 0; odd < 2; ++odd) {
+      const double num = odd ? -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
+                             : m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m));
+      d = 1 + num * d;
+      c = 1 + num / c;
+      d = 1 / (std::abs(d) < tiny ? tiny : d);
+      c = std::abs(c) < tiny ? tiny : c;
+      f *= c * d;
+      if (odd && std::abs(c * d - 1) < 1e-15) return front * f;
+    }
+  }
+  return front * f;
+}
+}  // namespace
+
+double student_t_tail(double t, double nu) {
+  t = std::abs(t);
+  if (std::isinf(nu)) return std::erfc(t / std::sqrt(2.0));
+  return incomplete_beta(nu / 2, 0.5, nu / (nu + t * t));
+}
+
+double student_t_quantile(double alpha, double nu) {
+  double lo = 0, hi = 1;
+  while (student_t_tail(hi, nu) > alpha) hi *= 2;
+  while (hi - lo > 1e-12 * hi) {
+    const double mid = 0.5 * (lo + hi);
+    (student_t_tail(mid, nu) > alpha ? lo : hi) = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+
+double welch_dof(double se_a, double n_a, double se_b, double n_b) {
+  const double va = se_a * se_a, vb = se_b * se_b;
+  const double den = (n_a > 1 ? va * va / (n_a - 1) : 0.0) + (n_b > 1 ? vb * vb / (n_b - 1) : 0.0);
+  return den > 0 ? (va + vb) * (va + vb) / den : std::numeric_limits<double>::infinity();
+}
+
 Estimate sequence_trace(double sum, double sum_sq, double n, double G_sqnorm) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   if (n < 1) return {nan, nan};

@@ -184,4 +184,17 @@ Estimate mean_se(const std::vector<double>& x);
 // (NaN for fewer than two sequences).
 Estimate sequence_trace(double sum, double sum_sq, double n, double G_sqnorm);
 
+// P(|T| > t) for Student's t with nu > 0 degrees of freedom (nu need not be
+// whole: Welch's), from the regularised incomplete beta function.
+double student_t_tail(double t, double nu);
+
+// The t > 0 with student_t_tail(t, nu) = alpha, 0 < alpha < 1 (to a relative
+// 1e-12).
+double student_t_quantile(double alpha, double nu);
+
+// Welch-Satterthwaite's degrees of freedom of the difference of two means
+// with standard errors se_a, se_b from n_a, n_b samples (infinite where a
+// side has a single sample's weight of zero error).
+double welch_dof(double se_a, double n_a, double se_b, double n_b);
+
 }  // namespace gnh

@@ -94,6 +94,11 @@ class Compare(unittest.TestCase):
         subprocess.run([sys.executable if sys.executable.startswith("/usr/bin") else "/usr/bin/python3",
                         os.path.join(gnhtest.ROOT, "apps", "gnh-demo-campaign"), demo],
                        check=True, capture_output=True, env=gnhtest.mpi_env(), timeout=600)
+        # A second call finds its stamp and does nothing.
+        again = subprocess.run([sys.executable if sys.executable.startswith("/usr/bin") else "/usr/bin/python3",
+                                os.path.join(gnhtest.ROOT, "apps", "gnh-demo-campaign"), demo],
+                               check=True, capture_output=True, text=True, env=gnhtest.mpi_env(), timeout=600)
+        self.assertIn("is up to date", again.stdout)
         deck = os.path.join(demo, "demo.toml")
         with open(os.path.join(gnhtest.ROOT, "inputs", "demo.toml")) as f:
             text = f.read().replace("../build/demo/", "").replace("max_blocks = 256", "max_blocks = 64")

@@ -171,3 +171,23 @@ def read_results(path):
             for a in aliases:
                 out[a] = dict(cases, group=h)
     return out
+
+
+COMPARED = ["loss", "G_sqnorm", "GHG", "trace_sigma", "trace_HSigma", "trace_H", "B_simple", "B_noise"]
+
+
+def check_bf16_compare(tc, path, cases):
+    """A `gnh compare` of bf16-amp against fp32 (its .compare.h5 at path):
+    every requested statistic within the default 5% or honestly reported
+    failing, G's direction kept (bfloat16 operands, 8 bits, leave a cosine of
+    1 - O(2^-16) for an error of O(2^-8) a component), `cases` cases."""
+    with h5py.File(path, "r") as f:
+        n = 0
+        for g in f["groups"].values():
+            for c in g.values():
+                worst = max(c.attrs["rel_err_" + s] for s in COMPARED)
+                tc.assertAlmostEqual(c.attrs["max_rel_err_requested"], worst)
+                tc.assertEqual(c.attrs["pass"], 1.0 if worst <= 0.05 else 0.0)
+                tc.assertGreater(c.attrs["G_cosine"], 0.999)
+                n += 1
+        tc.assertEqual(n, cases)

@@ -106,17 +106,7 @@ class Compare(unittest.TestCase):
             f.write(text)
         r = run_compare(deck, 2, "fp32,bf16-amp")
         self.assertEqual(r.returncode, 0, r.stderr)
-        with h5py.File(os.path.join(demo, "results", "demo.compare.h5"), "r") as f:
-            n = 0
-            for g in f["groups"].values():
-                for c in g.values():
-                    worst = max(c.attrs["rel_err_" + s] for s in REQUESTED)
-                    self.assertAlmostEqual(c.attrs["max_rel_err_requested"], worst)
-                    # Within the default 5%, or honestly reported as failing.
-                    self.assertEqual(c.attrs["pass"], 1.0 if worst <= 0.05 else 0.0)
-                    self.assertGreater(c.attrs["G_cosine"], 0.999)
-                    n += 1
-            self.assertEqual(n, 6)
+        gnhtest.check_bf16_compare(self, os.path.join(demo, "results", "demo.compare.h5"), 6)
         print(r.stdout[-1200:])
 
 

@@ -11,7 +11,8 @@ forms, as test_derivative_oracle.py checks nanoGPT.
 The configurations are awkward on purpose: an odd vocabulary, one key/value
 head and n_head/2 of them, head_dim other than hidden_size/n_head, rotary_pct
 0.25 (2 of 8 dims rotated), tied and untied heads, with and without biases,
-parallel and sequential residuals, gelu and gelu_new.
+parallel and sequential residuals, gelu and gelu_new; and `gnh run` under
+bf16-amp on the same configurations, within 5% of fp32.
 
 Bars, and their reasons, as in test_derivative_oracle.py: 1e-10 relative in
 double (rounding of a few thousand terms), 1e-4 in float (float roundoff
@@ -27,6 +28,7 @@ import unittest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "integration"))
 sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
 import gnhtest  # noqa: E402
+import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from stats_reference import rademacher  # noqa: E402
@@ -122,6 +124,33 @@ class FamilyOracle(unittest.TestCase):
                             self.assertLessEqual(abs(got["quad_" + tag][k] - quads[k]), rel * scale,
                                                  (tag, k, got["quad_" + tag][k], quads[k]))
                     self.check_gauss_newton(got, ggn, ggn_fd, vs, rel)
+
+    def test_bf16_amp_within_five_percent_of_fp32(self):
+        # `gnh run` under bf16-amp against fp32 on the same awkward files:
+        # bfloat16 operands carry 8 bits (2^-8 relative a product), so the
+        # loss and |G|^2 stay within the policy's 5% (doc/precision.md).
+        context = 7
+        for i, (name, cfg) in enumerate(CASES.items()):
+            d = os.path.join(self.tmp, "bf16-" + name)
+            gnh_hf.save_dir(os.path.join(d, "hf"), cfg, random_state(cfg, 400 + i))
+            h5 = os.path.join(d, "model.h5")
+            gnhtest.gnh_convert.convert(os.path.join(d, "hf"), h5, gnhtest.gnh_convert.default_options())
+            gnhtest.write_tokens(os.path.join(d, "tokens.bin"), context * 9 + 3, cfg.vocab_size, 70 + i)
+            deck = os.path.join(d, "deck.toml")
+            gnhtest.write_deck(deck, "out/r.h5", [h5], context, "tokens.bin",
+                               analysis=dict(noise_samples=2, noise_batch=3, directions=2, directions_per_pass=5))
+            got = {}
+            for policy in ("fp32", "bf16-amp"):
+                r = gnhtest.run_gnh(deck, 1, [f"precision.policy={policy}"])
+                self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
+                with h5py.File(os.path.join(d, "out", "r.h5"), "r") as f:
+                    (g,) = f["groups"].values()
+                    got[policy] = {k: float(g["seen"].attrs[k]) for k in ("loss", "G_sqnorm")}
+            with self.subTest(case=name):
+                for k in ("loss", "G_sqnorm"):
+                    self.assertLessEqual(abs(got["bf16-amp"][k] - got["fp32"][k]), 5e-2 * abs(got["fp32"][k]), k)
+                # And not the same numbers: the policy reached the engine.
+                self.assertNotEqual(got["bf16-amp"]["G_sqnorm"], got["fp32"]["G_sqnorm"])
 
 
 if __name__ == "__main__":

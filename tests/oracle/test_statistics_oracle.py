@@ -387,7 +387,8 @@ class LargeVocabulary(unittest.TestCase):
     """A vocabulary above 65,535: uint32 token files, ids across the whole
     range, an untied head of 70,003 rows, end to end against float64 PyTorch
     (1e-10: the bars of StatisticsOracle), on one rank and two, with the
-    memory plan of `--dry-run` counting the head."""
+    memory plan of `--dry-run` counting the head; and a Llama file with a
+    tied head of as many rows, converted from bfloat16 safetensors."""
 
     def test_uint32_tokens_and_a_head_of_70003_rows(self):
         tmp = tempfile.mkdtemp(prefix="gnh-vocab-")
@@ -429,6 +430,55 @@ class LargeVocabulary(unittest.TestCase):
                 np.testing.assert_allclose(c["seq_grad_sqnorm"][()], seq["seq_grad_sqnorm"], rtol=rel)
                 snaps.append({k: c.attrs[k] for k in ("loss", "G_sqnorm", "GHG", "trace_sigma_seq")})
         self.assertEqual(snaps[0], snaps[1])
+
+
+    def test_llama_uint32_tokens_and_a_tied_head_of_70003_rows(self):
+        # The same on a Llama file converted from a Hugging Face directory:
+        # one key/value head, a tied head of 70,003 rows; fp64 against float64
+        # PyTorch on two ranks, fp32 within float's 1e-4 of it.
+        import gnh_hf
+        from gnh_layout import HFConfig
+        tmp = tempfile.mkdtemp(prefix="gnh-vocab-llama-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        V, context = 70003, 8
+        cfg = HFConfig(family="llama", vocab_size=V, hidden_size=8, intermediate_size=12, num_hidden_layers=1,
+                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=context, norm_eps=1e-5,
+                       rope_theta=100.0, hidden_act="silu", tie_word_embeddings=True)
+        import gnh_families
+        model = gnh_families.init_random(gnh_families.CausalLM(cfg).double(), 6, 0.3)
+        state = {n: p.numpy().astype(np.float32) for n, p in gnh_families.canonical_state(model).items()}
+        gnh_hf.save_dir(os.path.join(tmp, "hf"), cfg, state, dtype="BF16")
+        ck = os.path.join(tmp, "llama.h5")
+        gnhtest.gnh_convert.convert(os.path.join(tmp, "hf"), ck, gnhtest.gnh_convert.default_options())
+        ids = gnhtest.write_tokens(os.path.join(tmp, "train.bin"), context * 12 + 1, V, 7, dtype=np.uint32)
+        self.assertGreater(int(ids.max()), 65535)
+        deck = os.path.join(tmp, "deck.toml")
+        gnhtest.write_deck(deck, "out/v.h5", [ck], context, "train.bin", analysis=ANALYSIS)
+        with open(deck) as f:
+            text = f.read().replace('dtype = "uint16"', 'dtype = "uint32"')
+        with open(deck, "w") as f:
+            f.write(text)
+        ref = stats_reference.load_reference(ck, os.path.join(tmp, "train.bin"), context, dtype="uint32")
+        want = stats_reference.statistics_of(ref, ANALYSIS["noise_samples"], ANALYSIS["noise_batch"],
+                                             ANALYSIS["directions"], ANALYSIS["seed"])
+        got = {}
+        for policy, np_ in (("fp64", 2), ("fp32", 1)):
+            r = gnhtest.run_gnh(deck, np_, [f"precision.policy={policy}"])
+            self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
+            self.assertIn("vocab_size=70003", r.stdout)
+            with h5py.File(os.path.join(tmp, "out", "v.h5"), "r") as f:
+                self.assertEqual(int(f.attrs["identities_ok"]), 1)
+                (g,) = f["groups"].values()
+                got[policy] = {k: g["seen"].attrs[k] for k in ("tokens", "loss", "G_sqnorm", "GHG")}
+                got[policy]["xi_sqnorm"] = g["seen"]["xi_sqnorm"][()]
+        g, rel = got["fp64"], 1e-10
+        self.assertEqual(int(g["tokens"]), want["tokens"])
+        self.assertLessEqual(abs(g["loss"] - want["loss"]), rel * want["loss"])
+        self.assertLessEqual(abs(g["G_sqnorm"] - want["G_sqnorm"]), rel * want["G_sqnorm"])
+        self.assertLessEqual(abs(g["GHG"] - want["GHG"]), rel * max(abs(want["GHG"]), want["GHG_abs"]))
+        np.testing.assert_allclose(g["xi_sqnorm"], want["xi_sqnorm"], rtol=rel)
+        for k in ("loss", "G_sqnorm"):
+            self.assertLessEqual(abs(got["fp32"][k] - g[k]), 1e-4 * abs(g[k]), k)
 
 
 class FamilyStatistics(unittest.TestCase):

@@ -48,9 +48,7 @@ void histogram(const std::vector<double>& x, std::vector<double>& edges, std::ve
     ++counts[std::size_t(std::clamp<std::ptrdiff_t>(at, 0, histogram_bins - 1))];
   }
 }
-}  // namespace
 
-namespace {
 // I_x(a, b) by its continued fraction (modified Lentz), for x < (a + 1) /
 // (a + b + 2), where it converges quickly; the other side by I_x(a, b) = 1 -
 // I_{1-x}(b, a).

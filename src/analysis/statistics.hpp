@@ -193,8 +193,9 @@ double student_t_tail(double t, double nu);
 double student_t_quantile(double alpha, double nu);
 
 // Welch-Satterthwaite's degrees of freedom of the difference of two means
-// with standard errors se_a, se_b from n_a, n_b samples (infinite where a
-// side has a single sample's weight of zero error).
+// with standard errors se_a, se_b from n_a, n_b samples (a side with one
+// sample or no error adds no uncertainty to the errors; both such:
+// infinite).
 double welch_dof(double se_a, double n_a, double se_b, double n_b);
 
 }  // namespace gnh

@@ -390,14 +390,10 @@ class LargeVocabulary(unittest.TestCase):
     memory plan of `--dry-run` counting the head; and a Llama file with a
     tied head of as many rows, converted from bfloat16 safetensors."""
 
-    def test_uint32_tokens_and_a_head_of_70003_rows(self):
-        tmp = tempfile.mkdtemp(prefix="gnh-vocab-")
-        self.addCleanup(shutil.rmtree, tmp, True)
-        V, context = 70003, 8
-        cfg = gnhtest.gnh_model.GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=context, vocab_size=V,
-                                          bias=True, tie_embeddings=False, gelu="tanh")
-        ck = gnhtest.save_checkpoint(gnhtest.make_model(cfg, seed=3, scale=0.3), tmp, "big_vocab", iter_num=1)
-        ids = gnhtest.write_tokens(os.path.join(tmp, "train.bin"), context * 12 + 1, V, 5, dtype=np.uint32)
+    def uint32_deck(self, tmp, ck, V, context, seed):
+        """tmp/deck.toml on ck over uint32 tokens in tmp/train.bin with ids
+        above 65,535."""
+        ids = gnhtest.write_tokens(os.path.join(tmp, "train.bin"), context * 12 + 1, V, seed, dtype=np.uint32)
         self.assertGreater(int(ids.max()), 65535)
         deck = os.path.join(tmp, "deck.toml")
         gnhtest.write_deck(deck, "out/v.h5", [ck], context, "train.bin", analysis=ANALYSIS)
@@ -405,6 +401,16 @@ class LargeVocabulary(unittest.TestCase):
             text = f.read().replace('dtype = "uint16"', 'dtype = "uint32"')
         with open(deck, "w") as f:
             f.write(text)
+        return deck
+
+    def test_uint32_tokens_and_a_head_of_70003_rows(self):
+        tmp = tempfile.mkdtemp(prefix="gnh-vocab-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        V, context = 70003, 8
+        cfg = gnhtest.gnh_model.GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=context, vocab_size=V,
+                                          bias=True, tie_embeddings=False, gelu="tanh")
+        ck = gnhtest.save_checkpoint(gnhtest.make_model(cfg, seed=3, scale=0.3), tmp, "big_vocab", iter_num=1)
+        deck = self.uint32_deck(tmp, ck, V, context, 5)
         dry = subprocess.run([gnhtest.MPIEXEC, "-np", "1", gnhtest.GNH, "run", deck, "--dry-run"], capture_output=True,
                              text=True, timeout=300, env=gnhtest.mpi_env())
         self.assertEqual(dry.returncode, 0, dry.stderr + dry.stdout)
@@ -436,6 +442,7 @@ class LargeVocabulary(unittest.TestCase):
         # The same on a Llama file converted from a Hugging Face directory:
         # one key/value head, a tied head of 70,003 rows; fp64 against float64
         # PyTorch on two ranks, fp32 within float's 1e-4 of it.
+        import gnh_families
         import gnh_hf
         from gnh_layout import HFConfig
         tmp = tempfile.mkdtemp(prefix="gnh-vocab-llama-")
@@ -444,20 +451,12 @@ class LargeVocabulary(unittest.TestCase):
         cfg = HFConfig(family="llama", vocab_size=V, hidden_size=8, intermediate_size=12, num_hidden_layers=1,
                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=context, norm_eps=1e-5,
                        rope_theta=100.0, hidden_act="silu", tie_word_embeddings=True)
-        import gnh_families
         model = gnh_families.init_random(gnh_families.CausalLM(cfg).double(), 6, 0.3)
         state = {n: p.numpy().astype(np.float32) for n, p in gnh_families.canonical_state(model).items()}
         gnh_hf.save_dir(os.path.join(tmp, "hf"), cfg, state, dtype="BF16")
         ck = os.path.join(tmp, "llama.h5")
         gnhtest.gnh_convert.convert(os.path.join(tmp, "hf"), ck, gnhtest.gnh_convert.default_options())
-        ids = gnhtest.write_tokens(os.path.join(tmp, "train.bin"), context * 12 + 1, V, 7, dtype=np.uint32)
-        self.assertGreater(int(ids.max()), 65535)
-        deck = os.path.join(tmp, "deck.toml")
-        gnhtest.write_deck(deck, "out/v.h5", [ck], context, "train.bin", analysis=ANALYSIS)
-        with open(deck) as f:
-            text = f.read().replace('dtype = "uint16"', 'dtype = "uint32"')
-        with open(deck, "w") as f:
-            f.write(text)
+        deck = self.uint32_deck(tmp, ck, V, context, 7)
         ref = stats_reference.load_reference(ck, os.path.join(tmp, "train.bin"), context, dtype="uint32")
         want = stats_reference.statistics_of(ref, ANALYSIS["noise_samples"], ANALYSIS["noise_batch"],
                                              ANALYSIS["directions"], ANALYSIS["seed"])

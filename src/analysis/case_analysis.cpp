@@ -167,7 +167,7 @@ struct CaseAnalysis {
     out_.derived = derive(out_.m);
     for (const BlockMeasurements& b : blocks_) out_.blocks.push_back(derive_blocks(b, out_.m, out_.derived));
     block_identity();
-    sequence_identity();
+    sequence_consistency();
     double total = 0;
     for (const auto& t : out_.timings) total += t.second;
     out_.timings.emplace_back("total", total);
@@ -513,20 +513,13 @@ struct CaseAnalysis {
   }
 
   // The batch and the per-sequence estimators of tr(Sigma) estimate the same
-  // epoch quantity (doc/statistics.md): their difference, in units of their
-  // combined standard errors, is within the three-sigma two-sided quantile
-  // (false alarms at 0.27%) of Student's t with Welch's degrees of freedom:
-  // the batch estimator's error rests on noise_samples values, and with four
-  // of them a difference of 3 such errors has a 6% chance, of 5.8 1%. A
-  // sampling statement, not a rounding one; 3 where both rest on many.
-  void sequence_identity() {
-    const Estimate a = out_.derived.trace_sigma, b = out_.derived.trace_sigma_seq;
-    const double se = std::hypot(a.se, b.se);
-    const double nu = welch_dof(a.se, double(out_.m.xi_sqnorm.size()), b.se, out_.derived.n_sequences);
-    const double bar = student_t_quantile(std::erfc(3 / std::sqrt(2.0)), nu);
-    IdentityCheck c{"noise_estimators", 0, bar, std::isfinite(a.value) && std::isfinite(b.value) && se > 0};
-    if (c.checked) c.deviation = std::abs(a.value - b.value) / se;
-    out_.identities.push_back(c);
+  // epoch quantity (doc/statistics.md): a statistical consistency check, with
+  // the batch side's null distribution taken from the per-sequence side.
+  void sequence_consistency() {
+    const DerivedStatistics& d = out_.derived;
+    out_.consistency.push_back(noise_estimators_consistency(
+        d.trace_sigma.value, d.trace_sigma_seq.value, d.trace_sigma_seq.se, d.n_sequences,
+        double(out_.m.xi_sqnorm.size()), double(out_.m.noise_batch), double(out_.m.n_blocks)));
   }
 
   // SPEC §10: each partition's block values sum to the whole-model ones.

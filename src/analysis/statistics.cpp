@@ -5,6 +5,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <utility>
 
 namespace gnh {
 
@@ -49,56 +50,77 @@ void histogram(const std::vector<double>& x, std::vector<double>& edges, std::ve
   }
 }
 
-// I_x(a, b) by its continued fraction (modified Lentz), for x < (a + 1) /
-// (a + b + 2), where it converges quickly; the other side by I_x(a, b) = 1 -
-// I_{1-x}(b, a).
-double incomplete_beta(double a, double b, double x) {
-  if (x <= 0) return 0;
-  if (x >= 1) return 1;
-  if (x > (a + 1) / (a + b + 2)) return 1 - incomplete_beta(b, a, 1 - x);
-  const double tiny = 1e-300;
-  const double front =
-      std::exp(std::lgamma(a + b) - std::lgamma(a) - std::lgamma(b) + a * std::log(x) + b * std::log1p(-x)) / a;
-  double c = 1, d = 1 - (a + b) * x / (a + 1);
-  d = 1 / (std::abs(d) < tiny ? tiny : d);
-  double f = d;
-  for (int m = 1; m <= 500; ++m) {
-    // The even then the odd term of the fraction.
-    for (int odd = 0; odd < 2; ++odd) {
-      const double num = odd ? -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
-                             : m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m));
-      d = 1 + num * d;
-      c = 1 + num / c;
-      d = 1 / (std::abs(d) < tiny ? tiny : d);
-      c = std::abs(c) < tiny ? tiny : c;
-      f *= c * d;
-      if (odd && std::abs(c * d - 1) < 1e-15) return front * f;
+// {P(a, x), Q(a, x)}: the one computed directly is the smaller one's side,
+// so neither loses digits to cancellation where it is small.
+std::pair<double, double> incomplete_gamma(double a, double x) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  if (!(a > 0) || !(x >= 0)) return {nan, nan};
+  if (x == 0) return {0.0, 1.0};
+  const double log_prefix = a * std::log(x) - x - std::lgamma(a);
+  if (x < a + 1) {
+    // The series of P(a, x).
+    double term = 1.0 / a, sum = term;
+    for (int k = 1; k < 100000 && std::abs(term) > 1e-17 * std::abs(sum); ++k) {
+      term *= x / (a + k);
+      sum += term;
     }
+    const double P = sum * std::exp(log_prefix);
+    return {P, 1.0 - P};
   }
-  return front * f;
+  // The continued fraction of Q(a, x) (modified Lentz).
+  const double tiny = 1e-300;
+  double b = x + 1 - a, c = 1 / tiny, d = 1 / b, h = d;
+  for (int i = 1; i < 100000; ++i) {
+    const double an = -i * (i - a);
+    b += 2;
+    d = an * d + b;
+    if (std::abs(d) < tiny) d = tiny;
+    c = b + an / c;
+    if (std::abs(c) < tiny) c = tiny;
+    d = 1 / d;
+    const double delta = d * c;
+    h *= delta;
+    if (std::abs(delta - 1) < 1e-16) break;
+  }
+  const double Q = std::exp(log_prefix) * h;
+  return {1.0 - Q, Q};
 }
 }  // namespace
 
-double student_t_tail(double t, double nu) {
-  t = std::abs(t);
-  if (std::isinf(nu)) return std::erfc(t / std::sqrt(2.0));
-  return incomplete_beta(nu / 2, 0.5, nu / (nu + t * t));
+double gamma_p(double a, double x) { return incomplete_gamma(a, x).first; }
+double gamma_q(double a, double x) { return incomplete_gamma(a, x).second; }
+
+ConsistencyCheck noise_estimators_consistency(double trace_batch, double trace_seq, double trace_seq_se,
+                                              double n_sequences, double m, double B, double n) {
+  ConsistencyCheck c{"noise_estimators", 0, 1, false};
+  if (!(m >= 1) || !(B >= 1) || !(n > B) || !std::isfinite(trace_batch) || !(trace_seq > 0)) return c;
+  // cv_d from the per-sequence error sd(d)/sqrt(n) (an upper bound where the
+  // pass had no a_i . G: kappa, and the check, err on the wide side).
+  const double cv2 = std::isfinite(trace_seq_se) && n_sequences > 1
+                         ? trace_seq_se * trace_seq_se * n_sequences / (trace_seq * trace_seq)
+                         : 0.0;
+  const double kappa = cv2 / B * (n - 1) / (n - B) + 2 * (1 - 1 / B);
+  if (!(kappa > 0)) return c;  // B = 1 and every d_i equal: nothing varies
+  const double R = trace_batch / trace_seq;
+  c.checked = true;
+  c.deviation = (R - 1) * std::sqrt(m / kappa);
+  const double shape = m / kappa, x = std::max(0.0, m * R / kappa);
+  const auto [lower, upper] = incomplete_gamma(shape, x);
+  c.p_value = std::min(1.0, 2 * std::min(lower, upper));
+  return c;
 }
 
-double student_t_quantile(double alpha, double nu) {
-  double lo = 0, hi = 1;
-  while (student_t_tail(hi, nu) > alpha) hi *= 2;
-  while (hi - lo > 1e-12 * hi) {
-    const double mid = 0.5 * (lo + hi);
-    (student_t_tail(mid, nu) > alpha ? lo : hi) = mid;
+std::vector<bool> holm_rejections(const std::vector<double>& p, double alpha, std::size_t family) {
+  family = std::max(family, p.size());
+  std::vector<std::size_t> order(p.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return p[a] < p[b]; });
+  std::vector<bool> reject(p.size(), false);
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    if (!(p[order[k]] <= alpha / double(family - k))) break;
+    reject[order[k]] = true;
   }
-  return 0.5 * (lo + hi);
-}
-
-double welch_dof(double se_a, double n_a, double se_b, double n_b) {
-  const double va = se_a * se_a, vb = se_b * se_b;
-  const double den = (n_a > 1 ? va * va / (n_a - 1) : 0.0) + (n_b > 1 ? vb * vb / (n_b - 1) : 0.0);
-  return den > 0 ? (va + vb) * (va + vb) / den : std::numeric_limits<double>::infinity();
+  return reject;
 }
 
 Estimate sequence_trace(double sum, double sum_sq, double n, double G_sqnorm) {

@@ -150,6 +150,20 @@ struct IdentityCheck {
   bool ok() const { return !checked || deviation <= tolerance; }
 };
 
+// A statistical consistency check between two estimators of one quantity: a
+// sampling statement, not an identity. It never sets identities_ok or blocks
+// a merge; its p-value is judged against a campaign-wide false-alarm rate
+// (kConsistencyAlpha over all of a campaign's checks, Holm's procedure).
+struct ConsistencyCheck {
+  std::string name;
+  double deviation = 0;  // the difference in units of its null standard error
+  double p_value = 1;    // two-sided, under the null distribution (doc/statistics.md)
+  bool checked = false;  // false where one side is missing
+};
+
+// The campaign-wide false-alarm rate of the consistency checks.
+constexpr double kConsistencyAlpha = 0.01;
+
 // Everything one case of one parameter state yields: what the results layer
 // writes and reads (io/results.hpp), with no engine or device type in it.
 struct CaseStatistics {
@@ -159,6 +173,7 @@ struct CaseStatistics {
   DerivedStatistics derived;
   std::vector<std::vector<index_t>> noise_blocks;
   std::vector<IdentityCheck> identities;
+  std::vector<ConsistencyCheck> consistency;
   std::vector<std::pair<std::string, double>> timings;  // stage, seconds
   // Measured per stage (analysis/usage.hpp: StageMeter): batch and direction
   // time spreads, host high-water mark, device memory; attributes of `timings`.
@@ -184,18 +199,28 @@ Estimate mean_se(const std::vector<double>& x);
 // (NaN for fewer than two sequences).
 Estimate sequence_trace(double sum, double sum_sq, double n, double G_sqnorm);
 
-// P(|T| > t) for Student's t with nu > 0 degrees of freedom (nu need not be
-// whole: Welch's), from the regularised incomplete beta function.
-double student_t_tail(double t, double nu);
+// The regularised incomplete gamma functions P(a, x) and Q(a, x) = 1 - P(a, x)
+// (a > 0, x >= 0), each to about 1e-14 relative where it is the small one.
+double gamma_p(double a, double x);
+double gamma_q(double a, double x);
 
-// The t > 0 with student_t_tail(t, nu) = alpha, 0 < alpha < 1 (to a relative
-// 1e-12).
-double student_t_quantile(double alpha, double nu);
+// noise_estimators: the batch estimator of tr(Sigma) (m noise batches of B of
+// the epoch's n sequences) against the per-sequence one, which is tr(Sigma)
+// of the epoch itself. The batch side's null distribution comes from the
+// per-sequence side, known in full: with R = tr_batch/tr_seq, X_j =
+// |xi_j|^2/E|xi|^2 has mean 1 and variance at most
+//   kappa = cv_d^2/B (n-1)/(n-B) + 2(1 - 1/B),
+// cv_d the coefficient of variation of d_i = |a_i - G|^2 (the first term is
+// the batch's own sequences, exact; the second its cross terms, with tr(Sigma^2)
+// bounded by tr(Sigma)^2, reached when Sigma has rank one), and the sum m R of
+// the m samples is taken as Gamma(m/kappa, kappa) (a weighted chi-square's
+// two-moment match; exact for rank one). deviation = (R - 1) sqrt(m/kappa); the
+// p-value is two-sided. Unchecked without both sides or with B >= n.
+ConsistencyCheck noise_estimators_consistency(double trace_batch, double trace_seq, double trace_seq_se,
+                                              double n_sequences, double m, double B, double n);
 
-// Welch-Satterthwaite's degrees of freedom of the difference of two means
-// with standard errors se_a, se_b from n_a, n_b samples (a side with one
-// sample or no error adds no uncertainty to the errors; both such:
-// infinite).
-double welch_dof(double se_a, double n_a, double se_b, double n_b);
+// Holm's step-down procedure at family-wise rate alpha over `family` tests
+// (family >= p.size(): tests not in p count as accepted): which of p reject.
+std::vector<bool> holm_rejections(const std::vector<double>& p, double alpha, std::size_t family);
 
 }  // namespace gnh

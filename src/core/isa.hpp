@@ -7,6 +7,7 @@
 // Elsewhere (Arm, nvcc, other compilers) the macro is empty and the build's
 // own -march decides.
 #pragma once
+#include <string>
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && !defined(__NVCOMPILER)
 #define GNH_HOST_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
@@ -23,4 +24,10 @@ namespace gnh {
 // "x86-64-v3", "x86-64-v2" or "x86-64" below it), or the architecture's name
 // elsewhere: printed and recorded with the host GEMM's choice.
 const char* host_isa_level();
+// The processor's class, for choices that must be made once per class of
+// node (the host GEMM of a campaign): its model name as the CPU reports it,
+// with the x86 family and model numbers and the ISA level, e.g. "AMD EPYC 9B14
+// (family 25 model 17, x86-64-v4)"; the architecture's name where there is no
+// model name to read.
+std::string host_cpu_class();
 }  // namespace gnh

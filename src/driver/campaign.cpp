@@ -20,6 +20,7 @@
 #include "io/checkpoint.hpp"
 #include "io/hdf5.hpp"
 #include "core/deal.hpp"
+#include "driver/gemm_record.hpp"
 #include "kernels/gemm_probe.hpp"
 #include "parallel/pack.hpp"
 
@@ -326,6 +327,8 @@ RunInfo run_info_of(const Campaign& c, int ranks) {
   ri.ranks = ranks;
   ri.ranks_per_checkpoint = int(c.deck.ranks_per_checkpoint);
   for (const auto& f : c.files) ri.campaign_checkpoints.push_back(f.name);
+  ri.strict_kernels = c.deck.strict_kernels;
+  ri.consistency_family = std::int64_t(c.groups.size() * c.cases.size());
   ri.adjoint_cuts = adjoint_cuts_setting();
   ri.adjoint_cuts_engines = adjoint_cuts_engines(c);
   if constexpr (std::is_same_v<ExecSpace, Kokkos::DefaultHostExecutionSpace>)
@@ -385,37 +388,49 @@ bool group_file_reusable(const std::string& path, const RunInfo& info, const std
   if (!group_file_complete(path, info.settings_fingerprint, partner)) return false;
   RunInfo recorded;
   try {
+    recorded = read_run_info(path);
     h5::File f = h5::File::open_read(path);
-    recorded.host_threads = int(h5::read_int_attr(f.id(), "host_threads", path).value_or(0));
+    h5::Handle all = h5::open_group(f.id(), "groups", path);
+    for (const auto& hash : h5::list_children(all.id(), path)) {
+      h5::Handle g = h5::open_group(all.id(), hash, path);
+      recorded.host_gemm = h5::read_string_attr(g.id(), "host_gemm", path).value_or(recorded.host_gemm);
+      recorded.vector_level = h5::read_string_attr(g.id(), "vector_level", path).value_or(recorded.vector_level);
+    }
   } catch (const Error&) {
     return false;
   }
-  return same_host_threads(recorded, info);
+  if (!same_host_threads(recorded, info)) return false;
+  // run.strict_kernels: a group of another kernel kind is recomputed.
+  return !info.strict_kernels || info.host_gemm.empty() ||
+         (recorded.host_gemm == info.host_gemm && recorded.vector_level == info.vector_level);
 }
 
-void choose_host_gemm(const Comm& comm, Campaign& c, bool quiet, bool float_gemms) {
+void choose_host_gemm(const Comm& comm, Campaign& c, const std::string& campaign_output, bool quiet, bool float_gemms) {
   if constexpr (!std::is_same_v<ExecSpace, Kokkos::DefaultHostExecutionSpace>) {
     c.info.host_gemm = "device BLAS";
-    (void)comm, (void)quiet, (void)float_gemms;
+    c.info.vector_level = "device";
+    (void)comm, (void)campaign_output, (void)quiet, (void)float_gemms;
   } else {
+    c.info.vector_level = host_isa_level();
     if (!float_gemms) {
       // gnh's kernel is single precision.
       c.info.host_gemm = "vendor";
       return;
     }
-    // Rank 0 probes; every rank selects its answer (the kernel's name) and
-    // records the probe (JSON, for the output).
+    // Rank 0 takes the campaign's choice for this CPU class (probing where
+    // there is none yet); every rank selects its answer (the kernel's name)
+    // and records the probe behind it (JSON, for the output).
     Pack mine;
-    if (comm.rank() == 0) {
+    comm.collective([&] {
+      if (comm.rank() != 0) return;
       const index_t rows = c.deck.analysis.hvp_batch * c.deck.analysis.context;
-      const kernels::GemmProbe p = kernels::choose_host_gemm(c.cfg.n_embd, c.cfg.vocab_size, rows);
-      mine << std::string(kernels::host::name(p.chosen)) << p.json();
+      const GemmChoice g = campaign_host_gemm(campaign_output, "gnh run", c.cfg.n_embd, c.cfg.vocab_size, rows);
+      mine << g.kernel << g.probe;
       if (!quiet) {
-        std::printf("gnh: host sgemm: %s (%s); vector loops: %s\n", kernels::host::name(p.chosen), p.reason.c_str(),
-                    host_isa_level());
+        std::printf("gnh: host sgemm: %s (%s); vector loops: %s\n", g.kernel.c_str(), g.how.c_str(), host_isa_level());
         std::fflush(stdout);
       }
-    }
+    });
     std::string chosen;
     Unpack(comm.allgather(mine.bytes()).front()) >> chosen >> c.info.host_gemm_probe;
     if (const auto k = kernels::host::kernel_named(chosen)) kernels::host::select_kernel(*k);

@@ -55,10 +55,12 @@ void set_pass_sizes(const Comm& comm, Campaign& c, index_t directions_per_pass, 
 // The settings fingerprint: a hash of everything that changes a number in the
 // results (every [analysis] key, the data, the model, the precision, gnh's version).
 std::string settings_fingerprint(const Deck& d, const ModelConfig& cfg, const std::vector<LoadedCase>& cases);
-// The host's dense float GEMM for this run (kernels/gemm_probe.hpp): rank 0
-// probes, every rank selects its answer; recorded in c.info and printed.
-// Without float GEMMs (fp64 only) nothing is probed: the vendor BLAS multiplies.
-void choose_host_gemm(const Comm& comm, Campaign& c, bool quiet, bool float_gemms);
+// The host's dense float GEMM for this run: the campaign's choice for this CPU
+// class (driver/gemm_record.hpp; campaign_output is run.output, a shard's
+// too), taken by rank 0, selected on every rank; recorded in c.info with the
+// vector-loop level, and printed. Without float GEMMs (fp64 only) nothing is
+// probed: the vendor BLAS multiplies.
+void choose_host_gemm(const Comm& comm, Campaign& c, const std::string& campaign_output, bool quiet, bool float_gemms);
 // One line for the log (rank 0): GNH_ADJOINT_CUTS, whether each second-order
 // forward engine of the plan cuts, and the host threads of a rank.
 void print_engine_settings(const Comm& comm, const Campaign& c);

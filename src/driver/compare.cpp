@@ -300,7 +300,7 @@ int compare_command(const Comm& comm, const CompareOptions& opt) {
   comm.collective([&] { check_compare_options(opt); });
   Campaign c = prepare_campaign(comm, opt.deck, opt.overrides, opt.quiet);
   const Precision reference = *precision_named(opt.policies[0]), candidate = *precision_named(opt.policies[1]);
-  choose_host_gemm(comm, c, opt.quiet, reference != Precision::fp64 || candidate != Precision::fp64);
+  choose_host_gemm(comm, c, c.output, opt.quiet, reference != Precision::fp64 || candidate != Precision::fp64);
   if (!opt.quiet) print_engine_settings(comm, c);
   std::string error;
   const Pack mine = compare_my_groups(comm, c, reference, candidate, opt, error);

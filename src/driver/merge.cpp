@@ -102,6 +102,23 @@ std::string settings_difference(const RunInfo& a, const RunInfo& b) {
   return "shards of different decks or settings";
 }
 
+// run.strict_kernels: every group of one kernel kind (host GEMM, vector level,
+// threads), or no merge.
+void refuse_mixed_kernels(const std::vector<ShardHeader>& headers) {
+  std::vector<GroupSummary> groups;
+  bool strict = false;
+  for (const auto& h : headers) {
+    strict = strict || h.info.strict_kernels;
+    for (auto& g : read_group_summaries(h.path)) groups.push_back(std::move(g));
+  }
+  const std::vector<std::string> kinds = kernel_kinds(groups);
+  if (!strict || kinds.empty()) return;
+  std::string list;
+  for (const auto& k : kinds) list += "\n  " + k;
+  fail("cannot merge: run.strict_kernels = true, and the shards' groups were computed in ", kinds.size(),
+       " ways:", list, "\n(recompute the groups of one kind with GNH_HOST_GEMM set to the other's kernel)");
+}
+
 void validate_and_merge(const MergeOptions& opt) {
   if (opt.shards.empty()) fail("gnh merge: no shard files given");
   std::vector<ShardHeader> headers;
@@ -162,6 +179,7 @@ void validate_and_merge(const MergeOptions& opt) {
     if (std::find(first.info.campaign_checkpoints.begin(), first.info.campaign_checkpoints.end(), name) ==
         first.info.campaign_checkpoints.end())
       fail(shard, ": checkpoint ", name, " is not part of the campaign");
+  refuse_mixed_kernels(headers);
   if (!failed_identities.empty()) {
     std::string list;
     for (const auto& f : failed_identities) list += "\n  " + f;

@@ -18,6 +18,7 @@
 #include "core/deal.hpp"
 #include "core/build_info.hpp"
 #include "driver/campaign.hpp"
+#include "driver/gemm_record.hpp"
 #include "driver/install.hpp"
 #include "driver/shell.hpp"
 #include "io/files.hpp"
@@ -309,6 +310,20 @@ void print_receipt(const PlanContext& p, const json& receipt, const std::string&
 
 }  // namespace
 
+// The campaign's host GEMM for this node's CPU class, chosen once for every
+// shard (driver/gemm_record.hpp): shards on nodes of this class multiply with
+// it; a node of another class probes once for its class.
+void record_host_gemm(const Campaign& c) {
+  if constexpr (std::is_same_v<ExecSpace, Kokkos::DefaultHostExecutionSpace>) {
+    if (c.deck.analysis.fp64()) return;  // no float GEMMs
+    const index_t rows = c.deck.analysis.hvp_batch * c.deck.analysis.context;
+    const GemmChoice g = campaign_host_gemm(c.output, "gnh plan", c.cfg.n_embd, c.cfg.vocab_size, rows);
+    std::printf("gnh: host sgemm for the campaign: %s (%s)\n", g.kernel.c_str(), g.how.c_str());
+  } else {
+    (void)c;
+  }
+}
+
 int plan_command(const Comm& comm, const PlanOptions& opt) {
   Campaign c = prepare_campaign(comm, opt.deck, opt.overrides, true);
   if (comm.rank() != 0) return 0;  // planning is serial; every rank validated above
@@ -323,6 +338,7 @@ int plan_command(const Comm& comm, const PlanOptions& opt) {
   if (profile_path.empty() && opt.time.empty())
     fail("no measured timing profile for this recipe ", recipe.dump(),
          "; measure one on the target machine (perf/make_profile.py, see doc/operations.md) or give --time HH:MM:SS");
+  record_host_gemm(c);
   PlanContext p{c, opt};
   p.out_dir = opt.out_dir.empty() ? with_suffix(c.output, ".plan") : opt.out_dir;
   fs::create_directories(p.out_dir);

@@ -302,11 +302,12 @@ int run_command(const Comm& comm, const RunOptions& opt) {
   comm.collective([&] { check_memory(c, budget); });
   if (opt.self_check && !opt.dry_run)
     self_check(comm, c.deck.analysis.precision, c.deck.analysis.curvature_method, opt.quiet);
+  const std::string campaign_output = c.output;  // the campaign's, whichever shard this is
   if (opt.shard_count > 1) take_shard(c, opt.shard_index, opt.shard_count);
   const Teams teams = teams_of(comm, c);
   OutputLock lock;
   const std::string other_run = claim_output(comm, c, opt, lock);
-  if (!opt.dry_run) choose_host_gemm(comm, c, opt.quiet, !c.deck.analysis.fp64());
+  if (!opt.dry_run) choose_host_gemm(comm, c, campaign_output, opt.quiet, !c.deck.analysis.fp64());
   if (opt.dry_run || !opt.quiet) print_engine_settings(comm, c);
   if (root) print_run_plan(c, teams, budget, opt, other_run);
   if (!other_run.empty())

@@ -293,6 +293,14 @@ class GroupRunner {
                      "gnh: WARNING: [rank %d] group %s case %s: identity %s violated: deviation %.3e > "
                      "tolerance %.1e\n",
                      rank_, g.hash.c_str(), rec.name.c_str(), idc.name.c_str(), idc.deviation, idc.tolerance);
+    // A statistical check: noted against the campaign's first Holm threshold, never an error.
+    const double threshold = kConsistencyAlpha / double(std::max<std::int64_t>(c_.info.consistency_family, 1));
+    for (const auto& cc : rec.stats.consistency)
+      if (cc.checked && cc.p_value <= threshold)
+        std::printf(
+            "gnh: note: [rank %d] group %s case %s: consistency check %s: p = %.3g (deviation %.3g), below "
+            "the campaign-wide threshold %.3g\n",
+            rank_, g.hash.c_str(), rec.name.c_str(), cc.name.c_str(), cc.p_value, cc.deviation, threshold);
     if (!quiet_)
       std::printf("gnh: [rank %d] %s %-6s loss %.6f |G|^2 %.4e GHG %.4e B_simple %.4g B_noise %.4g tr(H) %.4g\n", rank_,
                   g.hash.c_str(), rec.name.c_str(), rec.stats.loss, rec.stats.m.G_sqnorm, rec.stats.m.GHG,

@@ -235,8 +235,9 @@ namespace {
 void read_run_section(const Reader& r, const toml::table& root, Deck& d) {
   const toml::table* run = r.section(root, "run", true);
   if (!run) return;
-  r.check_keys(*run, "run", {"name", "output"});
+  r.check_keys(*run, "run", {"name", "output", "strict_kernels"});
   d.output = r.str(*run, "run", "output", "", true);
+  d.strict_kernels = r.boolean(*run, "run", "strict_kernels", false);
   std::string stem = d.file.substr(d.file.find_last_of('/') + 1);
   stem = stem.substr(0, stem.find_last_of('.'));
   d.name = r.str(*run, "run", "name", stem);

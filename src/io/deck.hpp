@@ -28,6 +28,7 @@ struct Deck {
   // [run]
   std::string name;
   std::string output;
+  bool strict_kernels = false;  // refuse groups computed with another host GEMM or vector level
   // [checkpoints]
   std::vector<std::string> checkpoint_paths;  // globs
   // [data] (data.context is analysis.context)

@@ -47,6 +47,10 @@ void write_root_attrs(hid_t root, const RunInfo& info, const std::string& format
   h5::write_attr(root, "campaign_checkpoints", info.campaign_checkpoints);
   if (!info.host_gemm.empty()) h5::write_attr(root, "host_gemm", info.host_gemm);
   if (!info.host_gemm_probe.empty()) h5::write_attr(root, "host_gemm_probe", info.host_gemm_probe);
+  if (!info.vector_level.empty()) h5::write_attr(root, "vector_level", info.vector_level);
+  h5::write_attr(root, "strict_kernels", std::int64_t(info.strict_kernels ? 1 : 0));
+  h5::write_attr(root, "consistency_family", info.consistency_family);
+  h5::write_attr(root, "consistency_alpha", kConsistencyAlpha);
   if (!info.adjoint_cuts.empty()) h5::write_attr(root, "adjoint_cuts", info.adjoint_cuts);
   if (!info.adjoint_cuts_engines.empty()) h5::write_attr(root, "adjoint_cuts_engines", info.adjoint_cuts_engines);
   if (info.host_threads > 0) h5::write_attr(root, "host_threads", std::int64_t(info.host_threads));
@@ -114,7 +118,21 @@ void write_blocks(hid_t id, const std::vector<BlockTable>& blocks, const std::st
   }
 }
 
-void write_case(hid_t parent, const CaseRecord& c, const std::string& where) {
+// Statistical checks (doc/statistics.md): the p-value and the first step of
+// Holm's procedure over the campaign, alpha / family (the merge applies the
+// whole procedure).
+void write_consistency(hid_t id, const std::vector<ConsistencyCheck>& checks, std::int64_t family) {
+  for (const auto& cc : checks) {
+    if (!cc.checked) continue;
+    h5::write_attr(id, "consistency_" + cc.name + "_deviation", cc.deviation);
+    h5::write_attr(id, "consistency_" + cc.name + "_p_value", cc.p_value);
+    h5::write_attr(id, "consistency_" + cc.name + "_threshold",
+                   kConsistencyAlpha / double(std::max<std::int64_t>(family, 1)));
+  }
+}
+
+// family: the campaign's consistency checks of each kind (RunInfo).
+void write_case(hid_t parent, const CaseRecord& c, std::int64_t family, const std::string& where) {
   const CaseStatistics& s = c.stats;
   h5::Handle g = h5::create_group(parent, c.name, where);
   const hid_t id = g.id();
@@ -140,6 +158,7 @@ void write_case(hid_t parent, const CaseRecord& c, const std::string& where) {
     ok = ok && idc.ok();
   }
   h5::write_attr(id, "identities_ok", std::int64_t(ok ? 1 : 0));
+  write_consistency(id, s.consistency, family);
   h5::write_attr(id, "peak_memory_bytes", s.peak_memory_bytes);
   const std::int64_t m = std::int64_t(s.noise_blocks.size()), B = s.m.noise_batch;
   std::vector<std::int64_t> nb;
@@ -212,10 +231,15 @@ void write_group_file(const std::string& path, const RunInfo& info, const GroupR
     h5::write_attr(gg.id(), "n_params", g.n_params);
     if (g.iter_num) h5::write_attr(gg.id(), "iter_num", *g.iter_num);
     if (!g.preconditioner.empty()) h5::write_attr(gg.id(), "preconditioner", g.preconditioner);
+    // How this group was computed (SPEC section 7): a campaign's groups may
+    // come from several runs, and these change the last bits.
+    h5::write_attr(gg.id(), "host_gemm", info.host_gemm);
+    h5::write_attr(gg.id(), "vector_level", info.vector_level);
+    h5::write_attr(gg.id(), "host_threads", std::int64_t(info.host_threads));
     // [curvature] update: the state the update goes to ("" for the last), so
     // that a rerun whose campaign orders the states differently recomputes.
     if (g.ordered) h5::write_attr(gg.id(), "update_partner", g.partner_hash);
-    for (const auto& c : g.cases) write_case(gg.id(), c, tmp);
+    for (const auto& c : g.cases) write_case(gg.id(), c, info.consistency_family, tmp);
     // Written last: a file without it was never finished.
     h5::write_attr(f.id(), "complete", std::int64_t(1));
     f.close();
@@ -259,10 +283,21 @@ std::vector<std::string> read_string_array_attr(hid_t obj, const std::string& na
   return out;
 }
 
-GroupSummary summary_of(hid_t all, const std::string& hash, const std::string& path) {
+std::string kind_of(hid_t group, hid_t root, const std::string& path) {
+  auto str = [&](const char* k) {
+    return h5::read_string_attr(group, k, path).value_or(h5::read_string_attr(root, k, path).value_or("?"));
+  };
+  const auto threads = h5::read_int_attr(group, "host_threads", path);
+  const std::int64_t t = threads ? *threads : h5::read_int_attr(root, "host_threads", path).value_or(0);
+  return "host_gemm " + str("host_gemm") + ", vector loops " + str("vector_level") + ", " +
+         (t > 0 ? std::to_string(t) + " host thread(s)" : std::string("on a device"));
+}
+
+GroupSummary summary_of(hid_t root, hid_t all, const std::string& hash, const std::string& path) {
   GroupSummary s;
   s.hash = hash;
   h5::Handle g = h5::open_group(all, hash, path);
+  s.kernel_kind = kind_of(g.id(), root, path);
   s.iter_num = h5::read_int_attr(g.id(), "iter_num", path);
   s.aliases = read_string_array_attr(g.id(), "aliases", path + ": group " + hash);
   for (const auto& c : h5::list_children(g.id(), path)) {
@@ -286,7 +321,20 @@ std::vector<GroupSummary> read_group_summaries(const std::string& path) {
   h5::File f = h5::File::open_read(path);
   h5::Handle all = h5::open_group(f.id(), "groups", path);
   std::vector<GroupSummary> out;
-  for (const auto& hash : h5::list_children(all.id(), path)) out.push_back(summary_of(all.id(), hash, path));
+  for (const auto& hash : h5::list_children(all.id(), path)) out.push_back(summary_of(f.id(), all.id(), hash, path));
+  return out;
+}
+
+std::vector<std::string> kernel_kinds(const std::vector<GroupSummary>& groups) {
+  std::map<std::string, std::vector<std::string>> by_kind;
+  for (const auto& g : groups) by_kind[g.kernel_kind].push_back(g.hash);
+  std::vector<std::string> out;
+  if (by_kind.size() < 2) return out;
+  for (const auto& [kind, hashes] : by_kind) {
+    std::string line = kind + ": " + std::to_string(hashes.size()) + " group(s):";
+    for (const auto& h : hashes) line += " " + h;
+    out.push_back(line);
+  }
   return out;
 }
 
@@ -320,6 +368,9 @@ RunInfo read_run_info(const std::string& path) {
   ri.adjoint_cuts = h5::read_string_attr(r, "adjoint_cuts", path).value_or("");
   ri.adjoint_cuts_engines = h5::read_string_attr(r, "adjoint_cuts_engines", path).value_or("");
   ri.host_threads = int(h5::read_int_attr(r, "host_threads", path).value_or(0));
+  ri.vector_level = h5::read_string_attr(r, "vector_level", path).value_or("");
+  ri.strict_kernels = h5::read_int_attr(r, "strict_kernels", path).value_or(0) != 0;
+  ri.consistency_family = h5::read_int_attr(r, "consistency_family", path).value_or(0);
   return ri;
 }
 
@@ -395,6 +446,55 @@ void topk_overlaps(hid_t file, const std::vector<GroupSummary>& summaries) {
   }
 }
 
+// Holm's procedure over the file's consistency checks, at the campaign-wide
+// rate (doc/statistics.md): the checks it flags, one line each.
+std::vector<std::string> consistency_alarms(const std::vector<GroupSummary>& summaries, std::int64_t family) {
+  const std::string prefix = "consistency_", suffix = "_p_value";
+  std::vector<double> p;
+  std::vector<std::string> what;
+  for (const auto& s : summaries)
+    for (const auto& [cname, attrs] : s.cases)
+      for (const auto& [name, value] : attrs) {
+        if (name.rfind(prefix, 0) != 0 || name.size() <= prefix.size() + suffix.size() ||
+            name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+          continue;
+        const std::string check = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+        const auto dev = attrs.find(prefix + check + "_deviation");
+        char line[160];
+        std::snprintf(line, sizeof(line), ": p = %.3g, deviation %.3g", value,
+                      dev == attrs.end() ? std::nan("") : dev->second);
+        p.push_back(value);
+        what.push_back("group " + s.hash + " case " + cname + " " + check + line);
+      }
+  const std::vector<bool> reject =
+      holm_rejections(p, kConsistencyAlpha, std::size_t(std::max<std::int64_t>(family, 0)));
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < p.size(); ++i)
+    if (reject[i]) out.push_back(what[i]);
+  return out;
+}
+
+// The groups of each kernel kind and the flagged consistency checks, as notes.
+void print_merge_notes(const std::string& output, const std::vector<std::string>& kinds,
+                       const std::vector<std::string>& alarms) {
+  if (!alarms.empty()) {
+    std::printf(
+        "gnh: note: %zu statistical consistency check(s) of %s fall below the campaign-wide threshold "
+        "(Holm, false-alarm rate %g over the campaign; a sign to look, not an identity):\n",
+        alarms.size(), output.c_str(), kConsistencyAlpha);
+    for (const auto& a : alarms) std::printf("  %s\n", a.c_str());
+    std::fflush(stdout);
+  }
+  if (!kinds.empty()) {
+    std::printf(
+        "gnh: note: %s holds groups computed in %zu ways (their last bits differ; run.strict_kernels = "
+        "true refuses this):\n",
+        output.c_str(), kinds.size());
+    for (const auto& k : kinds) std::printf("  %s\n", k.c_str());
+    std::fflush(stdout);
+  }
+}
+
 }  // namespace
 
 void merge_results(const std::string& output, const RunInfo& info, const std::vector<std::string>& sources,
@@ -413,9 +513,15 @@ void merge_results(const std::string& output, const RunInfo& info, const std::ve
     if (!present.count(name)) missing.push_back(name);
   bool all_ok = true;
   for (const auto& s : summaries) all_ok = all_ok && s.identities_ok;
+  const std::vector<std::string> kinds = kernel_kinds(summaries);
+  const std::vector<std::string> alarms = consistency_alarms(summaries, info.consistency_family);
+  print_merge_notes(output, kinds, alarms);
   write_atomically(output, [&](const std::string& tmp) {
     h5::File f = h5::File::create(tmp);
     write_root_attrs(f.id(), info, "gnh-results");
+    // One line per kind when the groups were computed in more than one way.
+    h5::write_attr(f.id(), "kernel_kinds", kinds);
+    h5::write_attr(f.id(), "consistency_alarms", alarms);
     h5::write_attr(f.id(), "identities_ok", std::int64_t(all_ok ? 1 : 0));
     // Whether every checkpoint this file was asked to hold is in it.
     h5::write_attr(f.id(), "complete", std::int64_t(missing.empty() ? 1 : 0));

@@ -51,6 +51,11 @@ struct RunInfo {
   std::vector<std::string> campaign_checkpoints;  // every checkpoint file name of the deck
   std::string host_gemm;                          // the dense GEMM's kernel ("avx2", "avx512", "vendor", ...)
   std::string host_gemm_probe;                    // the start-up probe behind the choice (JSON), if one ran
+  std::string vector_level;                       // host_isa_level() of the vector loops ("device" on a GPU)
+  bool strict_kernels = false;                    // run.strict_kernels: groups of one kernel kind only
+  // The campaign's consistency checks of each kind: every state x case (the
+  // family over which their false-alarm rate is controlled).
+  std::int64_t consistency_family = 0;
   // GNH_ADJOINT_CUTS ("0", "1" or "auto") and, per second-order forward
   // engine the plan builds, whether it cuts (they regroup v^T H v's sums).
   std::string adjoint_cuts, adjoint_cuts_engines;
@@ -69,7 +74,14 @@ struct GroupSummary {
   std::optional<std::int64_t> iter_num;
   std::map<std::string, std::map<std::string, double>> cases;  // case -> scalar attributes
   bool identities_ok = true;
+  // How it was computed: "host_gemm avx512, vector loops x86-64-v4, 1 host
+  // thread(s)" (the group's attributes, else its file's, for older files).
+  std::string kernel_kind;
 };
+
+// The groups of each kernel kind, one line per kind ("<kind>: N group(s): hash,
+// ..."), when they hold more than one kind; empty otherwise.
+std::vector<std::string> kernel_kinds(const std::vector<GroupSummary>& groups);
 
 // The per-run directory of group files: OUTPUT with ".h5" replaced by ".groups".
 std::string groups_directory(const std::string& output);

@@ -8,6 +8,8 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
 #include <limits>
 #include <sstream>
 #include <tuple>
@@ -53,6 +55,12 @@ void fill(HostMatrix a, std::uint32_t seed) {
 
 }  // namespace
 
+host::GemmKernel decide_host_gemm(host::GemmKernel native, double native_seconds, double vendor_seconds,
+                                  double margin) {
+  if (native == host::GemmKernel::none) return native;
+  return native_seconds > (1.0 + margin) * vendor_seconds ? host::GemmKernel::none : native;
+}
+
 double GemmProbe::native_total() const {
   double t = 0;
   for (const auto& e : entries) t += e.native_seconds;
@@ -69,7 +77,10 @@ std::string GemmProbe::json() const {
   std::ostringstream js;
   js << "{\"host_isa\": \"" << host_isa_level() << "\", \"native\": \"" << host::name(native) << "\", \"chosen\": \""
      << host::name(chosen) << "\", \"threads\": " << threads << ", \"probed\": " << (probed ? "true" : "false")
-     << ", \"reason\": \"" << reason << "\", \"shapes\": [";
+     << ", \"margin\": " << margin << ", \"rule\": \"vendor only when gnh's kernel takes more than (1 + margin) "
+     << "times its time\", \"reason\": \"" << reason << "\"";
+  if (!forced_by_test.empty()) js << ", \"forced_by_test\": \"" << forced_by_test << "\"";
+  js << ", \"shapes\": [";
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const auto& e = entries[i];
     js << (i ? ", " : "") << "{\"what\": \"" << e.shape.what << "\", \"op\": \"" << (e.shape.ta ? 'T' : 'N')
@@ -134,14 +145,24 @@ GemmProbe probe_host_gemm(const std::vector<GemmShape>& shapes, int repeats) {
   }
   p.probed = true;
   const double tn = p.native_total(), tv = p.vendor_total();
-  p.chosen = tv < tn ? host::GemmKernel::none : p.native;
+  p.chosen = decide_host_gemm(p.native, tn, tv, p.margin);
   double flops = 0;
   for (const auto& x : p.entries) flops += 2.0 * double(x.shape.m) * double(x.shape.n) * double(x.shape.k);
-  char line[200];
+  char line[240];
   std::snprintf(line, sizeof(line),
-                "probe of %zu model shapes on %d thread(s): %s %.1f GFLOP/s, vendor BLAS %.1f GFLOP/s",
-                p.entries.size(), p.threads, host::name(p.native), flops / tn * 1e-9, flops / tv * 1e-9);
+                "probe of %zu model shapes on %d thread(s): %s %.1f GFLOP/s, vendor BLAS %.1f GFLOP/s; "
+                "vendor only when faster by more than %.0f%%",
+                p.entries.size(), p.threads, host::name(p.native), flops / tn * 1e-9, flops / tv * 1e-9,
+                100 * p.margin);
   p.reason = line;
+  if (const char* w = std::getenv("GNH_TEST_ONLY_PROBE_WINNER")) {
+    const std::string winner = w;
+    if (winner != "native" && winner != "vendor")
+      throw std::invalid_argument("GNH_TEST_ONLY_PROBE_WINNER=" + winner + ": expected native or vendor");
+    p.forced_by_test = winner;
+    p.chosen = winner == "vendor" ? host::GemmKernel::none : p.native;
+    p.reason += "; decided by GNH_TEST_ONLY_PROBE_WINNER (a variable for tests only)";
+  }
   return p;
 }
 

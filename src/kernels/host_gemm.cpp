@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <new>
 #include <optional>
@@ -21,6 +22,7 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define GNH_HOST_GEMM_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -553,6 +555,51 @@ const char* host_isa_level() {
   return "aarch64";
 #else
   return "host";
+#endif
+}
+
+std::string host_cpu_class() {
+  std::string model;
+#if defined(GNH_HOST_GEMM_X86)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(0x80000000u, &a, &b, &c, &d) && a >= 0x80000004u) {
+    char brand[49] = {};
+    for (unsigned leaf = 0; leaf < 3; ++leaf) {
+      __get_cpuid(0x80000002u + leaf, &a, &b, &c, &d);
+      std::memcpy(brand + 16 * leaf, &a, 4);
+      std::memcpy(brand + 16 * leaf + 4, &b, 4);
+      std::memcpy(brand + 16 * leaf + 8, &c, 4);
+      std::memcpy(brand + 16 * leaf + 12, &d, 4);
+    }
+    model = brand;
+  }
+  unsigned family = 0, number = 0;
+  if (__get_cpuid(1, &a, &b, &c, &d)) {
+    family = (a >> 8) & 0xF;
+    number = (a >> 4) & 0xF;
+    if (family == 0xF) family += (a >> 20) & 0xFF;
+    if (family == 0x6 || family >= 0xF) number += ((a >> 16) & 0xF) << 4;
+  }
+  const std::size_t first = model.find_first_not_of(' '), last = model.find_last_not_of(' ');
+  model = first == std::string::npos ? "x86-64" : model.substr(first, last - first + 1);
+  return model + " (family " + std::to_string(family) + " model " + std::to_string(number) + ", " + host_isa_level() +
+         ")";
+#else
+  // Arm and others: /proc/cpuinfo's implementer and part numbers name the core.
+  std::ifstream info("/proc/cpuinfo");
+  std::string line, implementer, part;
+  while (std::getline(info, line)) {
+    auto value = [&](const char* key) {
+      if (line.rfind(key, 0) != 0) return std::string();
+      const auto colon = line.find(':');
+      return colon == std::string::npos ? std::string() : line.substr(line.find_first_not_of(" \t", colon + 1));
+    };
+    if (implementer.empty()) implementer = value("CPU implementer");
+    if (part.empty()) part = value("CPU part");
+  }
+  model = implementer.empty() ? host_isa_level()
+                              : std::string(host_isa_level()) + " implementer " + implementer + " part " + part;
+  return model;
 #endif
 }
 }  // namespace gnh

@@ -136,11 +136,21 @@ def write_deck(path, output, checkpoints, context, seen, unseen=None, extra="", 
         f.write("\n".join(lines) + "\n" + extra)
 
 
-def run_gnh(deck, np_=1, sets=(), timeout=300):
-    cmd = [MPIEXEC, "-np", str(np_), GNH, "run", deck, "--quiet"]
+def probe_env(winner):
+    """mpi_env() with the host GEMM probed, not pinned, and the probe's decision
+    forced to `winner` ("native" or "vendor") by the test-only variable: a
+    probe that came out that way."""
+    env = mpi_env()
+    env.pop("GNH_HOST_GEMM", None)
+    env["GNH_TEST_ONLY_PROBE_WINNER"] = winner
+    return env
+
+
+def run_gnh(deck, np_=1, sets=(), timeout=300, env=None, quiet=True):
+    cmd = [MPIEXEC, "-np", str(np_), GNH, "run", deck] + (["--quiet"] if quiet else [])
     for s in sets:
         cmd += ["--set", s]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=mpi_env())
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or mpi_env())
 
 
 def report(results, out):

@@ -4,12 +4,15 @@
 - 1, 2 and 3 ranks, and ranks_per_checkpoint = 2 (on 2 and 4 ranks), give
   bitwise-identical datasets and statistics;
 - a run killed with SIGKILL mid-way and rerun ends with a file identical to an
-  uninterrupted run's, recomputing only the unfinished groups;
+  uninterrupted run's, recomputing only the unfinished groups, even where the
+  rerun's own host GEMM probe would choose the other kernel (the campaign's
+  recorded choice wins);
 - SIGTERM finishes the current batch, records progress, exits with 143, and
   the rerun completes;
 - a group whose loss is not finite fails alone: the other groups are written;
 - --dry-run validates and plans without computing."""
 import csv
+import json
 import os
 import shutil
 import signal
@@ -86,8 +89,8 @@ class Parallel(unittest.TestCase):
                         'operator = "both"\n')
         return path
 
-    def run_ok(self, deck, np_, sets=()):
-        r = gnhtest.run_gnh(deck, np_, sets)
+    def run_ok(self, deck, np_, sets=(), env=None, quiet=True):
+        r = gnhtest.run_gnh(deck, np_, sets, env=env, quiet=quiet)
         self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
         return r
 
@@ -113,7 +116,7 @@ class Parallel(unittest.TestCase):
                          "seen@B_noise_P", "seen/blocks/layer/trace_ggn", "seen/vGGNv", "seen@trace_ggn",
                          "seen@residual_share", "seen/blocks/layer/B_simple_seq_se", "seen/seq_grad_sqnorm",
                          "seen/seq_grad_sqnorm_counts", "seen@trace_sigma_seq_se",
-                         "seen@identity_noise_estimators_deviation"):
+                         "seen@consistency_noise_estimators_p_value"):
                 self.assertTrue(any(k.endswith(name) for k in base), name)
             # The report's block table and per-layer figure (doc/outputs.md).
             rep = os.path.join(self.tmp, "report-curv")
@@ -150,10 +153,10 @@ class Parallel(unittest.TestCase):
         self.assertIn("computed 0, reused 5", r.stdout)
         self.assertEqual(snapshot(os.path.join(self.tmp, "out", "rerun.h5")), first)
 
-    def _start_and_kill(self, deck, sig, after_groups):
+    def _start_and_kill(self, deck, sig, after_groups, env=None):
         cmd = [gnhtest.MPIEXEC, "-np", "1", gnhtest.GNH, "run", deck, "--quiet"]
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=gnhtest.mpi_env(),
-                             start_new_session=True)
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=env or gnhtest.mpi_env(), start_new_session=True)
         groups = os.path.join(self.tmp, "out", os.path.basename(deck).replace(".toml", ".groups"))
         deadline = time.time() + 120
         while time.time() < deadline:
@@ -173,15 +176,24 @@ class Parallel(unittest.TestCase):
     def test_sigkill_then_rerun(self):
         deck = self.deck("killed.toml", "out/killed.h5", analysis=dict(directions=6), curvature=True)
         ref_deck = self.deck("uninterrupted.toml", "out/uninterrupted.h5", analysis=dict(directions=6), curvature=True)
-        self.run_ok(ref_deck, 1)
-        rc, _, _, groups = self._start_and_kill(deck, signal.SIGKILL, 2)
+        pinned = gnhtest.mpi_env()
+        pinned["GNH_HOST_GEMM"] = "vendor"
+        self.run_ok(ref_deck, 1, env=pinned)
+        # The killed run's probe chooses the vendor BLAS, the rerun's would
+        # choose gnh's kernel: the rerun takes the campaign's recorded choice.
+        rc, _, _, groups = self._start_and_kill(deck, signal.SIGKILL, 2, env=gnhtest.probe_env("vendor"))
         self.assertNotEqual(rc, 0)
         kept = sorted(f for f in os.listdir(groups) if f.endswith(".h5"))
         self.assertGreaterEqual(len(kept), 2)
         self.assertLess(len(kept), 5, "the run finished before it could be killed; make the campaign longer")
         self.assertFalse(os.path.exists(os.path.join(self.tmp, "out", "killed.h5")))
-        r = self.run_ok(deck, 1)
+        r = self.run_ok(deck, 1, env=gnhtest.probe_env("native"), quiet=False)
         self.assertIn(f"computed {5 - len(kept)}, reused {len(kept)}", r.stdout)
+        self.assertIn("gnh: host sgemm: vendor (recorded for this campaign on ", r.stdout)
+        with open(os.path.join(self.tmp, "out", "killed.host-gemm.json")) as f:
+            (record,) = json.load(f)["classes"].values()
+        self.assertEqual((record["kernel"], record["recorded_by"], record["source"]), ("vendor", "gnh run", "probe"))
+        self.assertEqual(record["probe"]["forced_by_test"], "vendor")
         self.assertEqual(snapshot(os.path.join(self.tmp, "out", "killed.h5")),
                          snapshot(os.path.join(self.tmp, "out", "uninterrupted.h5")))
 

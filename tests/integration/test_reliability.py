@@ -15,6 +15,12 @@ another run gets in the way:
   recomputes them, a merge refuses them in one line; likewise groups of
   another host thread count (a host build's dot products are summed per
   thread);
+- groups computed with different host GEMM kernels are listed by kind in the
+  merge, the output and the report, and run.strict_kernels makes the merge
+  refuse them;
+- statistical consistency checks never block a merge: a campaign with two
+  noise samples merges without flags, and a check below the campaign-wide
+  threshold is a note, listed in the output;
 - --help prints gnh's help, never Kokkos' banner."""
 import json
 import os
@@ -275,13 +281,84 @@ class Reliability(unittest.TestCase):
 
     # --------------------------------------------------------------- --help
     # -------------------------------------------------------------- strict merges
-    def shards(self, name, analysis=None):
-        """Both shards of a 2-shard campaign; returns their paths."""
+    def shards(self, name, analysis=None, kernels=None, sets=()):
+        """Both shards of a 2-shard campaign; returns their paths. kernels:
+        each shard's GNH_HOST_GEMM (default: the tests' pin)."""
         deck = self.make_deck(name + ".toml", f"out/{name}.h5", analysis=analysis)
         for i in range(2):
-            r = self.gnh("run", deck, "--shard", f"{i}/2", "--quiet")
+            env = gnhtest.mpi_env()
+            if kernels:
+                env["GNH_HOST_GEMM"] = kernels[i]
+            cmd = [gnhtest.MPIEXEC, "-np", "1", gnhtest.GNH, "run", deck, "--shard", f"{i}/2", "--quiet"]
+            for s in sets:
+                cmd += ["--set", s]
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
             self.assertEqual(r.returncode, 0, r.stderr)
         return [os.path.join(self.tmp, "out", f"{name}.shard-{i}-of-2.h5") for i in range(2)]
+
+    def test_mixed_kernels_are_listed_and_refused_when_strict(self):
+        shards = self.shards("mixed", kernels=("vendor", "native"))
+        kinds = set()
+        for path in shards:
+            with h5py.File(path, "r") as f:
+                kinds |= {gnhtest.text(g.attrs["host_gemm"]) for g in f["groups"].values()}
+        self.assertEqual(len(kinds), 2, kinds)
+        self.assertIn("vendor", kinds)
+        out = os.path.join(self.tmp, "out", "mixed-merged.h5")
+        r = self.gnh("merge", out, *shards)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("holds groups computed in 2 ways", r.stdout)
+        with h5py.File(out, "r") as f:
+            listed = [gnhtest.text(k) for k in f.attrs["kernel_kinds"]]
+            by_kind = {gnhtest.text(g.attrs["host_gemm"]) for g in f["groups"].values()}
+        self.assertEqual(by_kind, kinds)
+        self.assertEqual(sorted(k.split(",")[0] for k in listed), sorted(f"host_gemm {k}" for k in kinds))
+        for line in listed:
+            self.assertIn(line, r.stdout)
+        r, manifest = gnhtest.report(out, os.path.join(self.tmp, "mixed-report"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(manifest["kernel_kinds"], listed)
+        self.assertIn("were computed in 2 ways", r.stdout)
+        # The strict switch: the same mix refused, in one line naming both kinds.
+        strict = self.shards("strictmix", kernels=("vendor", "native"), sets=["run.strict_kernels=true"])
+        bad = os.path.join(self.tmp, "out", "strictmix-merged.h5")
+        r = self.gnh("merge", bad, *strict)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("cannot merge: run.strict_kernels = true", r.stderr)
+        for k in kinds:
+            self.assertIn(f"host_gemm {k},", r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
+        self.assertFalse(os.path.exists(bad))
+
+    def test_consistency_checks_never_block_a_merge(self):
+        # Two noise samples: the batch side's spread rests on two values.
+        shards = self.shards("twosamples", analysis=dict(noise_samples=2))
+        out = os.path.join(self.tmp, "out", "twosamples-merged.h5")
+        r = self.gnh("merge", out, *shards)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("consistency", r.stdout)
+        with h5py.File(out, "r") as f:
+            self.assertEqual(int(f.attrs["identities_ok"]), 1)
+            self.assertEqual(len(f.attrs["consistency_alarms"]), 0)
+            family = int(f.attrs["consistency_family"])
+            cases = [c for g in f["groups"].values() for c in g.values()]
+            self.assertEqual(family, len(cases))
+            for c in cases:
+                self.assertNotIn("identity_noise_estimators_deviation", c.attrs)
+                self.assertAlmostEqual(c.attrs["consistency_noise_estimators_threshold"], 0.01 / family, delta=0)
+                self.assertGreater(c.attrs["consistency_noise_estimators_p_value"], 0.0)
+        # A check far below the threshold is a note, and the merge goes on.
+        with h5py.File(shards[0], "r+") as f:
+            g = next(iter(f["groups"].values()))
+            g["seen"].attrs["consistency_noise_estimators_p_value"] = 1e-30
+            flagged = f"group {g.name.split('/')[-1]} case seen noise_estimators: p = 1e-30"
+        r = self.gnh("merge", out, *shards)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("1 statistical consistency check(s)", r.stdout)
+        self.assertIn(flagged, r.stdout)
+        with h5py.File(out, "r") as f:
+            self.assertEqual(int(f.attrs["identities_ok"]), 1)
+            self.assertEqual([gnhtest.text(a) for a in f.attrs["consistency_alarms"]][0].split(",")[0], flagged)
 
     def test_merge_refuses_a_failed_identity_unless_accepted_and_recorded(self):
         shards = self.shards("strict")

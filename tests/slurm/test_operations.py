@@ -56,7 +56,9 @@ class Operations(unittest.TestCase):
                            timeout=120)
         if r.returncode != 0:
             raise RuntimeError(f"could not start Slurm: {r.stderr}")
-        cls.env = gnhtest.mpi_env()
+        # The host GEMM probed, its decision forced to the vendor BLAS (a
+        # test-only variable): `gnh plan` records it for the campaign.
+        cls.env = gnhtest.probe_env("vendor")
         cls.env["SLURM_CONF"] = r.stdout.strip().splitlines()[-1]
         cls.env["WORK"] = os.path.join(cls.tmp, "work")
         os.makedirs(cls.env["WORK"])
@@ -112,7 +114,7 @@ class Operations(unittest.TestCase):
         self.assertEqual(self.job_seconds(receipt["merge"]["job_id"])[1], "COMPLETED")
         # 2. The merged file equals a single run of the same deck.
         single = os.path.join(self.work, "single.h5")
-        self.sh(f'{GNH} run "$WORK/demo.toml" --quiet --set run.output={single}')
+        self.sh(f'GNH_HOST_GEMM=vendor {GNH} run "$WORK/demo.toml" --quiet --set run.output={single}')
         merged = os.path.join(results, "demo.h5")
         self.assertEqual(snapshot(merged), snapshot(single))
         # 3. The report.
@@ -128,13 +130,18 @@ class Operations(unittest.TestCase):
                 self.assertGreater(os.path.getsize(p), 1000, p)
         self.assertGreater(os.path.getsize(os.path.join(rep, "statistics.csv")), 100)
 
-        # 4. scancel a shard mid-way, resubmit it, merge again.
+        with open(os.path.join(results, "demo.host-gemm.json")) as f:
+            (record,) = json.load(f)["classes"].values()
+        self.assertEqual((record["kernel"], record["recorded_by"]), ("vendor", "gnh plan"))
+
+        # 4. scancel a shard mid-way, resubmit it, merge again. Its probe would
+        # now choose gnh's kernel: the shard takes the campaign's recorded one.
         shard0 = receipt["shards"][0]
         out0 = shard0["output"]
         groups0 = out0[:-3] + ".groups"
         os.remove(out0)
         shutil.rmtree(groups0)
-        job = self.sh(f"sbatch --parsable {shard0['script']}").stdout.strip()
+        job = self.sh(f"GNH_TEST_ONLY_PROBE_WINNER=native sbatch --parsable {shard0['script']}").stdout.strip()
         deadline = time.time() + 300
         while time.time() < deadline and not (os.path.isdir(groups0) and os.listdir(groups0)):
             time.sleep(0.2)
@@ -143,12 +150,13 @@ class Operations(unittest.TestCase):
         self.assertFalse(os.path.exists(out0), "the cancelled shard finished before scancel")
         kept = [f for f in os.listdir(groups0) if f.endswith(".h5")]
         self.assertGreaterEqual(len(kept), 1)
-        job = self.sh(f"sbatch --parsable {shard0['script']}").stdout.strip()
+        job = self.sh(f"GNH_TEST_ONLY_PROBE_WINNER=native sbatch --parsable {shard0['script']}").stdout.strip()
         self.wait_queue()
         self.assertEqual(self.job_seconds(job)[1], "COMPLETED")
         with open(os.path.join(plan, f"shard-0-{job}.out")) as f:
             log = f.read()
         self.assertIn(f"reused {len(kept)}", log)
+        self.assertIn("gnh: host sgemm: vendor (recorded for this campaign on ", log)
         remerged = os.path.join(self.work, "remerged.h5")
         self.sh(f"{GNH} merge {remerged} {out0} {receipt['shards'][1]['output']}")
         self.assertEqual(snapshot(remerged), snapshot(single))

@@ -11,7 +11,15 @@
 #     perf/device/fatbin_archs.py where the toolkit has no cuobjdump);
 #   - a kernel calling a host-only function (tests/cuda/host_call_in_kernel.cpp)
 #     fails to compile with the same compiler and flags, so a host-only call in
-#     one of gnh's kernels would fail the build above.
+#     one of gnh's kernels would fail the build above;
+#   - every kernel's resources (ptxas's report, kept per object by the preset's
+#     launcher cmake/ptxas-log.sh) pass cmake/check-cuda-resources.py: no spill
+#     in gnh's kernels, the fused attention's shared memory a block within 48 KB
+#     at the team scratch its plan requests for the reference shape and a
+#     Pythia-1B shape (the host build's bench_engine --scratch: build/ must be
+#     built, as cmake/test.sh leaves it), and its occupancy at least the cost
+#     model's; the table goes to build-gh200/cuda-resources.md. The same check
+#     fails on tests/cuda/spill_kernel.cu compiled with its registers capped.
 # Prints the time of each step. CI runs it after the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,4 +57,23 @@ if "$compiler" $defines $includes $flags -c tests/cuda/host_call_in_kernel.cpp -
   exit 1
 fi
 grep -m1 -i "host.*function\|__host__" "$out/log" | sed 's/^/check-cuda: as expected: /' || true
+
+# Resources: the plan's team scratch for two shapes, from the host build.
+bench=build/bin/bench_engine
+if [ ! -x "$bench" ]; then
+  echo "check-cuda: $bench is missing: the resource check takes the plan's team scratch from the host build (cmake/build.sh)" >&2
+  exit 1
+fi
+"$bench" --synthetic reference --batch 1 --scratch > "$out/reference.json"
+"$bench" --synthetic 16,8,2048,50304 --family gpt-neox --context 2048 --batch 1 --scratch > "$out/pythia-1b.json"
+python3 cmake/check-cuda-resources.py build-gh200 --scratch "$out/reference.json" --scratch "$out/pythia-1b.json" \
+  --table build-gh200/cuda-resources.md | tail -1
+# The negative check: a kernel made to spill fails the same parse.
+mkdir -p "$out/spill"
+nvcc -arch=sm_90 -Xptxas=-v -maxrregcount=32 -c tests/cuda/spill_kernel.cu -o "$out/spill/k.o" 2> "$out/spill/k.o.ptxas"
+if python3 cmake/check-cuda-resources.py "$out/spill" > /dev/null 2> "$out/spill.log"; then
+  echo "check-cuda: tests/cuda/spill_kernel.cu spilled unnoticed: the resource check would miss a spill" >&2
+  exit 1
+fi
+sed 's/^/check-cuda: as expected: /' "$out/spill.log"
 echo "check-cuda: passed in $((SECONDS - t0)) s"

@@ -15,6 +15,7 @@
 //                                run without warm-up
 //          --precision fp32|tf32|bf16-amp|fp64
 //          --plan-only           print the engines' planned workspace bytes per pass, run nothing
+//          --scratch             print the fused attention's team scratch per kernel (JSON), run nothing
 //          --validation          also print loss, G.G and v^T H v (K of the first entry of
 //                                --directions, Rademacher seed 1234) by both methods
 //          --adjoint-cuts auto|0|1   the second-order forward's adjoint cuts (default auto)
@@ -66,9 +67,11 @@
 #include <cstring>
 #include <limits>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "analysis/passes.hpp"
@@ -77,6 +80,7 @@
 #include "core/build_info.hpp"
 #include "core/error.hpp"
 #include "core/random.hpp"
+#include "kernels/attention_fused.hpp"
 #include "kernels/blas.hpp"
 #include "kernels/gemm_probe.hpp"
 #include "kernels/host_gemm.hpp"
@@ -107,6 +111,7 @@ struct Options {
   index_t attention_blocks = 0;           // Shape::attention_blocks
   bool validation = false;
   bool plan_only = false;
+  bool scratch = false;  // --scratch: the fused attention's team scratch requests
   bool profile = false;
   bool gpu_shaped = false;
   bool probe = true;
@@ -262,7 +267,8 @@ std::vector<std::int32_t> synthetic_ids(index_t n, int vocab) {
 
 Model synthetic_model(const ModelConfig& cfg, index_t B, index_t T);
 
-Model synthetic(const std::string& spec, index_t B, index_t& T, const std::string& family = "nanogpt") {
+// The configuration of a synthetic model (nothing allocated).
+ModelConfig synthetic_config(const std::string& spec, index_t& T, const std::string& family = "nanogpt") {
   static const std::map<std::string, std::vector<int>> presets = {
       // n_layer, n_head, n_embd, vocab, context (as perf/side_by_side.py)
       {"tiny", {1, 2, 16, 64, 16}},
@@ -302,7 +308,13 @@ Model synthetic(const std::string& spec, index_t B, index_t& T, const std::strin
   } else if (family != "nanogpt") {
     throw Error("--family: expected nanogpt, llama or gpt-neox, got '" + family + "'");
   }
-  return synthetic_model(m.config, B, T);
+  m.config.validate("--synthetic");
+  return m.config;
+}
+
+Model synthetic(const std::string& spec, index_t B, index_t& T, const std::string& family = "nanogpt") {
+  const ModelConfig cfg = synthetic_config(spec, T, family);
+  return synthetic_model(cfg, B, T);
 }
 
 // The synthetic weights and tokens of a model of this configuration.
@@ -938,6 +950,31 @@ void predict(const Options& o) {
       o.predict.c_str(), pg.seconds * batches, K, ps.seconds * batches / K, ps.device_launches);
 }
 
+// The team scratch the plan's fused attention kernels request for this
+// model's heads (cmake/check-cuda-resources.py adds their static shared
+// memory and checks the sum per block); heads wider than the fused kernels
+// take the batched path, which requests none. Nothing is allocated.
+void scratch(const Options& o) {
+  index_t Tc = o.context;
+  const std::string spec = o.synthetic.empty() ? "reference" : o.synthetic;
+  const ModelConfig cfg = synthetic_config(spec, Tc, o.family);
+  const index_t hs = cfg.head_size();
+  const bool fused = hs <= kernels::kFusedWidth;
+  std::printf("{\"model\": \"%s\", \"family\": \"%s\", \"head_size\": %ld, \"fused\": %s, \"requests\": [",
+              spec.c_str(), o.family.c_str(), long(hs), fused ? "true" : "false");
+  if (fused) {
+    const std::pair<const char*, std::size_t> r[] = {
+        {"FusedForward", std::max(kernels::attention_fused_scratch_bytes(hs, false, false),
+                                  kernels::attention_fused_scratch_bytes(hs, true, false))},
+        {"FusedSecond", kernels::attention_fused_scratch_bytes(hs, true, true)},
+        {"FusedReverseQueries", kernels::attention_fused_reverse_scratch_bytes(hs)},
+        {"FusedReverseKeys", kernels::attention_fused_reverse_scratch_bytes(hs)}};
+    for (std::size_t i = 0; i < std::size(r); ++i)
+      std::printf("%s{\"functor\": \"%s\", \"bytes\": %zu}", i ? ", " : "", r[i].first, r[i].second);
+  }
+  std::printf("]}\n");
+}
+
 // The workspace each pass's engine plans (allocated without being touched).
 template <class T>
 void plan(const Options& o) {
@@ -994,6 +1031,7 @@ int main(int argc, char** argv) {
       else if (a == "--family") o.family = next();
       else if (a == "--validation") o.validation = true;
       else if (a == "--plan-only") o.plan_only = true;
+      else if (a == "--scratch") o.scratch = true;
       else if (a == "--profile") o.profile = true;
       else if (a == "--gpu-shaped") o.gpu_shaped = true;
       else if (a == "--no-probe") o.probe = false;
@@ -1047,6 +1085,10 @@ int main(int argc, char** argv) {
   try {
     if (!o.predict.empty()) {
       predict(o);
+      return 0;
+    }
+    if (o.scratch) {
+      scratch(o);
       return 0;
     }
     if (o.plan_only) {

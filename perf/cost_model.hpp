@@ -66,10 +66,14 @@ inline Ceilings h200() {
 // it): FlashAttention-2's forward, whose scores stay in registers (mma.sync),
 // reaches about 35% of an H100's dense bfloat16 rate; this kernel stores its
 // score and probability tiles in shared memory between WMMA products and
-// runs 4 to 8 warps a multiprocessor (registers and 37 KB of shared memory a
-// team of 2), so less: 25%. Its bytes (q, k, v read and y written once) are
-// a roofline's other side.
+// runs 4 to 8 warps a multiprocessor (registers and up to 45 KB of shared
+// memory a team of 2), so less: 25%. Its bytes (q, k, v read and y written
+// once) are a roofline's other side.
 constexpr double kFusedAttentionEfficiency = 0.25;
+// The occupancy that efficiency assumes: at least this many warps of the
+// fused kernels resident on a multiprocessor, as their registers and shared
+// memory allow (cmake/check-cuda-resources.py checks the sm_90 build's).
+constexpr int kFusedAttentionMinWarps = 4;
 
 // The launch budget of a pass: its launches cost at most this share of its
 // predicted time (at the reference shape, 64 x 1024 tokens: the gradient

@@ -903,14 +903,26 @@ void record_fused_reverse(index_t B, index_t Tc, const QkvLayout& L, bool rounde
 
 }  // namespace
 
+std::size_t attention_fused_reverse_scratch_bytes(index_t hs) { return rev_carve_of(padded(hs)).total; }
+
 std::size_t attention_fused_scratch_bytes(index_t hs, bool tangents, bool second) {
   if (second) return std::max(carve_of(padded(hs), false).total, second_carve_of(padded(hs)).total);
   return carve_of(padded(hs), tangents).total;
 }
 
+std::size_t attention_fused_scratch_limit() {
+  // Kokkos's scratch_size_max(0) sets aside the reduction space of a team of
+  // 1024 threads ((1024 + 2) doubles and an int64); a launch of a team of
+  // kWarps rows needs (kWarps + 2) doubles and the int64 beside its scratch in
+  // the block's shared memory (Kokkos 4's ParallelFor of a TeamPolicy on
+  // CUDA), so a fused team may use the rest: 49,112 of a 48 KB block.
+  if constexpr (kHost) return std::size_t(Team::scratch_size_max(kLevel));
+  else return std::size_t(Team::scratch_size_max(kLevel)) + std::size_t(1024 - kWarps) * sizeof(double);
+}
+
 bool attention_fused_fits(const QkvLayout& L, bool tangents, bool second) {
   if (!L.valid() || L.hs > kFusedWidth) return false;
-  return attention_fused_scratch_bytes(L.hs, tangents, second) <= std::size_t(Team::scratch_size_max(kLevel));
+  return attention_fused_scratch_bytes(L.hs, tangents, second) <= attention_fused_scratch_limit();
 }
 
 template <class S>
@@ -990,7 +1002,7 @@ void attention_forward_fused(const ExecSpace& space, Act2<float> y, Act1<float> 
 
 bool attention_fused_reverse_fits(const QkvLayout& L) {
   if (!L.valid() || L.hs > kFusedWidth) return false;
-  return rev_carve_of(padded(L.hs)).total <= std::size_t(Team::scratch_size_max(kLevel));
+  return attention_fused_reverse_scratch_bytes(L.hs) <= attention_fused_scratch_limit();
 }
 
 void attention_reverse_fused(const ExecSpace& space, QkvActs<float> dx, Act1<float> D, Act2<float> dy, QkvActs<float> x,

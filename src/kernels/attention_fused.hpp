@@ -39,8 +39,9 @@
 //
 // Heads of at most kFusedWidth columns (padded to a multiple of 16 with
 // zeros); wider ones, x'' nonzero, double and FP32/TF32 policies take the
-// batched path. Team scratch: attention_fused_scratch_bytes, at most about 45
-// KB, within the 48 KB of shared memory a CUDA block has without opting in.
+// batched path. Team scratch: attention_fused_scratch_bytes, at most 45,440
+// bytes (the second order at heads of 64), within the 48 KB of shared memory a
+// CUDA block has without opting in (attention_fused_scratch_limit).
 #pragma once
 #include <cstddef>
 
@@ -57,6 +58,11 @@ constexpr index_t kFusedQueryRows = 32, kFusedKeyRows = 32, kFusedWidth = 64;
 
 // Team scratch bytes of a call: tangents (Dual or Jet2), second (Jet2).
 std::size_t attention_fused_scratch_bytes(index_t hs, bool tangents, bool second);
+// The reverse's team scratch for heads of hs columns (either of its two kernels).
+std::size_t attention_fused_reverse_scratch_bytes(index_t hs);
+// The team scratch one fused team may request on this backend (CUDA: the
+// block's shared memory less what Kokkos keeps beside a team of its size).
+std::size_t attention_fused_scratch_limit();
 
 // Whether the fused forward can take a call: a valid layout whose heads are
 // at most kFusedWidth wide and whose scratch the backend's teams can have.

@@ -515,9 +515,11 @@ void gemm_loops(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k
 void gemm_one(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* A,
               std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
   if (m <= 0 || n <= 0) return;
-  if (native_kernel() != GemmKernel::none &&
-      sgemm_using(native_kernel(), ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc))
-    return;
+  // The selection's kernel: a choice of the vendor BLAS (probed, recorded or
+  // pinned) multiplies every product with it, so that one name stands for one
+  // set of bits.
+  const GemmKernel kernel = selected_kernel();
+  if (kernel != GemmKernel::none && sgemm_using(kernel, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc)) return;
   vendor_single_threaded();
   if (sgemm_vendor(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc)) return;
   gemm_loops(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);

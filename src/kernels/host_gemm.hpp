@@ -27,8 +27,8 @@ bool kernel_forced();
 // The kernel of the dense GEMMs (kernels::gemm: linear layers, LM head):
 // native_kernel() until select_kernel() sets it (the start-up probe of
 // gemm_probe.hpp picks whichever of it and the vendor BLAS is faster).
-// Attention's small tiles use native_kernel(), or the vendor BLAS where that
-// is none.
+// Attention's small tiles (gemm_one) follow it: gnh's kernel, or the vendor
+// BLAS where that is selected, as GNH_HOST_GEMM=vendor has it.
 GemmKernel selected_kernel();
 void select_kernel(GemmKernel k);
 bool supported(GemmKernel k);
@@ -77,8 +77,8 @@ bool sgemm_using(GemmKernel kernel, bool trans_a, bool trans_b, std::int64_t m, 
                  std::int64_t ldc);
 
 // One product on the calling thread (row-major, lda/ldb/ldc the row strides),
-// whatever the dense GEMMs use: gnh's kernel for this CPU, else the vendor
-// BLAS on one thread (Arm; GNH_HOST_GEMM=vendor pins it), else plain loops;
+// with the selected kernel: gnh's kernel for this CPU, else the vendor BLAS on
+// one thread (Arm; a probe's or GNH_HOST_GEMM's choice), else plain loops;
 // for double the vendor's dgemm where the link has one, else the loops. The
 // callers (attention's host tiles, the mapped batches) are gnh's threads.
 void gemm_one(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* A,

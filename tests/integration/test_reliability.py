@@ -129,7 +129,25 @@ class Reliability(unittest.TestCase):
             self.assertEqual(len(probe["shapes"]), 15)
             native = sum(2 * s["m"] * s["n"] * s["k"] / s["native_gflops"] for s in probe["shapes"])
             vendor = sum(2 * s["m"] * s["n"] * s["k"] / s["vendor_gflops"] for s in probe["shapes"])
-            self.assertEqual(chosen == "vendor", vendor < native)
+            # The tie rule: the vendor BLAS only when faster by more than the margin.
+            self.assertEqual(probe["margin"], 0.15)
+            self.assertEqual(chosen == "vendor", native > (1 + probe["margin"]) * vendor)
+        record_path = os.path.join(self.tmp, "out", "probe.host-gemm.json")
+        with open(record_path) as f:
+            record = json.load(f)
+        (cls,) = record["classes"]
+        self.assertIn(f"recorded for this campaign on {cls} in {record_path}", logged[0])
+        # A node of another CPU class probes for itself and adds its class:
+        # here the record names only another class.
+        record["classes"] = {"Another CPU (family 1 model 2, x86-64-v2)": record["classes"][cls]}
+        with open(record_path, "w") as f:
+            json.dump(record, f)
+        r = subprocess.run([gnhtest.MPIEXEC, "-np", "1", gnhtest.GNH, "run", deck, "--set", "analysis.seed=5"],
+                           capture_output=True, text=True, timeout=300, env=env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(f"; recorded for this campaign on {cls} in {record_path}", r.stdout)
+        with open(record_path) as f:
+            self.assertEqual(sorted(json.load(f)["classes"]), sorted([cls, "Another CPU (family 1 model 2, x86-64-v2)"]))
         # Pinned: no probe, the pinned kernel recorded.
         env["GNH_HOST_GEMM"] = "vendor"
         r = subprocess.run([gnhtest.MPIEXEC, "-np", "1", gnhtest.GNH, "run", deck, "--set", "analysis.seed=7"],

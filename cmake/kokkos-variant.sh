@@ -6,7 +6,7 @@
 # or in KokkosKernels_ROOT), else built by cmake/build-kokkos.sh (cached; from
 # KOKKOS_SRC and KOKKOSKERNELS_SRC, or the release archives in GNH_VENDOR_DIR);
 # PRESET's build directory configured afresh when it was made against another
-# prefix; then built.
+# prefix (or, for CUDA, without the preset's ptxas report launcher); then built.
 gnh_build_variant() {
   local variant="$1" preset="$2" dir prefix
   dir="build-$preset"
@@ -18,7 +18,10 @@ gnh_build_variant() {
     prefix="$(bash cmake/build-kokkos.sh "$variant" | tail -1)"
   fi
   export Kokkos_ROOT="$prefix"
-  if [ ! -f "$dir/CMakeCache.txt" ] || ! grep -q "Kokkos_DIR:PATH=$prefix" "$dir/CMakeCache.txt"; then
+  # Configured afresh too where a CUDA tree predates the preset's ptxas report
+  # launcher (cmake/check-cuda.sh reads its reports).
+  if [ ! -f "$dir/CMakeCache.txt" ] || ! grep -q "Kokkos_DIR:PATH=$prefix" "$dir/CMakeCache.txt" ||
+    { [ "$variant" = cuda ] && ! grep -q "ptxas-log.sh" "$dir/CMakeCache.txt"; }; then
     rm -rf "$dir"
     cmake --preset "$preset"
   fi

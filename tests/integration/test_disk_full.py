@@ -85,11 +85,22 @@ class DiskFull(unittest.TestCase):
         self.assertEqual([f for f in files if ".tmp." in f or f.endswith(".tmp")], [], files)
         return lines
 
+    def recorded(self, deck, output):
+        """Shell: the campaign's host GEMM record made first (gnh plan makes
+        it), so that a later writer is the first to meet the full disk."""
+        plan = self.gnh("plan", deck, "--jobs", "1", "--time", "00:10:00", np_=1)
+        return f"mkdir -p {self.disk}/out && {plan} > /dev/null && rm -r {self.disk}/out/{output}.plan"
+
     def test_group_files(self):
         # One page: the run's probe of the output directory and its lock file
-        # fit (in turn), a group file does not.
+        # fit (in turn); the campaign's host GEMM record does not.
         status, out, err, files = self.on_small_disk(
             f"mkdir -p {self.disk}/out/r.groups && {self.fill_to(PAGE)} && {self.gnh('run', self.deck, '--quiet')}")
+        self.assert_clean_failure(status, out, err, files, "r.host-gemm.json", "cannot write")
+        # With the record made first, a group file does not fit.
+        status, out, err, files = self.on_small_disk(
+            f"{self.recorded(self.deck, 'r')} && mkdir -p {self.disk}/out/r.groups && {self.fill_to(PAGE)} && "
+            f"{self.gnh('run', self.deck, '--quiet')}")
         self.assert_clean_failure(status, out, err, files, "r.groups/", "cannot write")
 
     def test_results_assembly_and_csv_and_a_rerun_with_space(self):
@@ -116,7 +127,7 @@ class DiskFull(unittest.TestCase):
 
     def test_lanczos_state(self):
         status, out, err, files = self.on_small_disk(
-            f"mkdir -p {self.disk}/out/s.groups && {self.fill_to(PAGE)} && "
+            f"{self.recorded(self.spectrum_deck, 's')} && mkdir -p {self.disk}/out/s.groups && {self.fill_to(PAGE)} && "
             f"{self.gnh('run', self.spectrum_deck, '--quiet')}")
         lines = self.assert_clean_failure(status, out, err, files, "s.groups/")
         self.assertTrue(any("spectrum" in l for l in lines), lines)
@@ -149,7 +160,8 @@ class DiskFull(unittest.TestCase):
         plan = self.gnh("plan", self.deck, "--jobs", "2", "--time", "00:10:00", np_=1)
         plan_dir = f"{self.disk}/out/r.plan"
         # The first shard script.
-        status, out, err, files = self.on_small_disk(f"mkdir -p {self.disk}/out && {self.fill_to(0)} && {plan}")
+        status, out, err, files = self.on_small_disk(
+            f"{self.recorded(self.deck, 'r')} && {self.fill_to(0)} && {plan}")
         self.assert_clean_failure(status, out, err, files, "shard-0.sbatch", "cannot write")
         # The receipt: room for the three scripts only.
         first = f"{plan} && stat -c '%s %n' {plan_dir}/*.sbatch"

@@ -70,7 +70,8 @@ python3 cmake/check-cuda-resources.py build-gh200 --scratch "$out/reference.json
   --table build-gh200/cuda-resources.md | tail -1
 # The negative check: a kernel made to spill fails the same parse.
 mkdir -p "$out/spill"
-nvcc -arch=sm_90 -Xptxas=-v -maxrregcount=32 -c tests/cuda/spill_kernel.cu -o "$out/spill/k.o" 2> "$out/spill/k.o.ptxas"
+nvcc_bin="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"  # as cmake/build-kokkos.sh finds it
+"$nvcc_bin" -arch=sm_90 -Xptxas=-v -maxrregcount=32 -c tests/cuda/spill_kernel.cu -o "$out/spill/k.o" 2> "$out/spill/k.o.ptxas"
 if python3 cmake/check-cuda-resources.py "$out/spill" > /dev/null 2> "$out/spill.log"; then
   echo "check-cuda: tests/cuda/spill_kernel.cu spilled unnoticed: the resource check would miss a spill" >&2
   exit 1

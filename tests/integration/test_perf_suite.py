@@ -178,5 +178,17 @@ class PerfSuite(unittest.TestCase):
         self.assertGreater(w["gradient"], w["forward"])
 
 
+    def test_plan_only_of_a_7b_shape_allocates_neither_model_nor_workspace(self):
+        # A 7B GPT-NeoX shape (32 layers of 4096, Pythia's vocabulary) at
+        # context 2048, planned within 4 GB of address space: counted, not
+        # allocated (the model alone is 27 GB of float32).
+        d = run_json(["prlimit", "--as=4000000000", os.path.join(BIN, "bench_engine"), "--synthetic",
+                      "32,32,4096,50304", "--family", "gpt-neox", "--context", "2048", "--batch", "1",
+                      "--directions", "1", "--plan-only", "--no-probe"])
+        w = d["workspace_bytes"]
+        self.assertGreater(w["gradient"], 4e9)
+        self.assertGreater(w["forward-over-reverse K=1"], w["gradient"])
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -717,15 +717,25 @@ struct Miniature {
   Shape shape;
 };
 
-// Whether extents all divide by s, and the rotary dims scale with them.
+// Whether extents all divide by s, the rotary dims scale with them, and the
+// miniature is a model gnh takes (GPT-NeoX's quarter of a head of 4 would
+// rotate one dim: rotate-half needs pairs).
 bool scalable(const ModelConfig& c, index_t T, int s) {
   const int hs = c.head_size();
   if (T % s || c.n_embd % s || hs % s || c.mlp_width() % s || c.vocab_size % s) return false;
   ModelConfig m = c;
   m.n_embd /= s;
   if (c.head_dim > 0) m.head_dim /= s;
-  if (m.head_size() * s != hs) return false;
-  return m.rotary_dims() * s == c.rotary_dims();
+  if (c.intermediate > 0) m.intermediate /= s;
+  m.vocab_size /= s;
+  m.block_size = int(T / s);
+  if (m.head_size() * s != hs || m.rotary_dims() * s != c.rotary_dims()) return false;
+  try {
+    m.validate("miniature");
+  } catch (const Error&) {
+    return false;
+  }
+  return true;
 }
 
 // The largest power of two up to `most` that scales this model (1 at least).

@@ -243,6 +243,14 @@ class CostModel(unittest.TestCase):
         self.assertLess(labels(blocked, name)[sm]["bytes"], labels(square, name)[sm]["bytes"])
         self.assertLess(blocked[name]["prediction"]["seconds_per_batch"], square[name]["prediction"]["seconds_per_batch"])
 
+    def test_gpt_neox_predicts_at_its_default_scale(self):
+        # GPT-NeoX rotates a quarter of each head: at the reference's heads of
+        # 64 a miniature of scale 16 (heads of 4) would rotate one dim, which
+        # no model can; the default scale is the largest valid one, 8.
+        d, last = predict("--synthetic", "reference", "--family", "gpt-neox", "--batch", "4")
+        self.assertEqual((d["family"], d["scale"]), ("gpt-neox", 8))
+        self.assertRegex(last, LAST)
+
     def test_bad_scale_is_one_line(self):
         r = subprocess.run([BENCH, "--predict", "h200", "--synthetic", "reference", "--batch", "64",
                             "--predict-scale", "3"], capture_output=True, text=True, env=gnhtest.mpi_env())

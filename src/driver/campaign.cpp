@@ -248,7 +248,7 @@ LoadedCase load_case(const Deck& deck, const DataCaseSpec& spec, const ModelConf
   const index_t context = deck.analysis.context;
   LoadedCase c;
   c.name = spec.name;
-  c.data = read_tokens(deck.resolve(spec.path), spec.dtype, spec.dataset, cfg.vocab_size);
+  c.data = read_token_source(deck.resolve(spec.path), spec.format, spec.dtype, spec.dataset, cfg.vocab_size);
   c.blocks = epoch_blocks(static_cast<index_t>(c.data.ids.size()), context, deck.max_blocks);
   if (c.blocks == 0)
     fail(c.data.path, ": ", c.data.ids.size(), " tokens are too few for one block of context ", context, " (data.",

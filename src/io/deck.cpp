@@ -255,12 +255,24 @@ DataCaseSpec read_data_case(const Reader& r, const toml::node& n, const char* c)
   const std::string sec = std::string("data.") + c;
   if (!n.is_table()) fail(r.where(n, sec), ": ", sec, " must be a table like { path = \"...\", dtype = \"uint16\" }");
   const toml::table& t = *n.as_table();
-  r.check_keys(t, sec, {"path", "dtype", "dataset"});
+  r.check_keys(t, sec, {"path", "format", "dtype", "dataset"});
   DataCaseSpec cs;
   cs.name = c;
   cs.path = r.str(t, sec, "path", "", true);
   cs.dtype = r.str(t, sec, "dtype", "uint16", false, {"uint16", "uint32", "hdf5"});
   cs.dataset = r.str(t, sec, "dataset", "");
+  cs.format = r.str(t, sec, "format", cs.dtype == "hdf5" ? "hdf5" : "bin", false, {"bin", "hdf5", "megatron", "npy"});
+  if (cs.format == "megatron" || cs.format == "npy") {
+    // Their files say what their ids are.
+    for (const char* key : {"dtype", "dataset"})
+      if (const toml::node* k = t.get(key))
+        fail(r.where(*k, sec + "." + key), ": ", sec, ".", key, " does not go with format \"", cs.format,
+             "\" (the file gives its own dtype)");
+    return cs;
+  }
+  if (cs.format == "bin" && cs.dtype == "hdf5")
+    fail(r.where(*t.get("dtype"), sec + ".dtype"), ": ", sec, ".dtype = \"hdf5\" does not go with format \"bin\"");
+  if (cs.format == "hdf5") cs.dtype = "hdf5";
   if (cs.dtype == "hdf5" && cs.dataset.empty()) fail(r.where(t, sec), ": ", sec, " has dtype \"hdf5\" but no dataset");
   if (cs.dtype != "hdf5" && !cs.dataset.empty())
     fail(r.where(*t.get("dataset"), sec + ".dataset"), ": ", sec, ".dataset = \"", cs.dataset,

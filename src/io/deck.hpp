@@ -14,7 +14,8 @@ namespace gnh {
 struct DataCaseSpec {
   std::string name;              // "seen" | "unseen"
   std::string path;              // as written in the deck
-  std::string dtype = "uint16";  // "uint16" | "uint32" | "hdf5"
+  std::string format = "bin";    // "bin" | "hdf5" | "megatron" | "npy" (io/tokens.hpp)
+  std::string dtype = "uint16";  // "uint16" | "uint32" | "hdf5" (a bin file's; the others' is in the file)
   std::string dataset;           // HDF5 dataset (dtype "hdf5")
 };
 

@@ -1,7 +1,12 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "io/tokens.hpp"
 
+#include <sys/stat.h>
+
+#include <cstring>
 #include <fstream>
+#include <map>
+#include <regex>
 
 #include "core/error.hpp"
 #include "core/sha256.hpp"
@@ -26,7 +31,193 @@ void decode(const std::vector<unsigned char>& bytes, std::vector<std::int32_t>& 
   }
 }
 
+// Little-endian integers of `width` bytes, signed or not, decoded in turn and
+// checked against the vocabulary; `at` counts the elements already decoded
+// and `byte0` is the file offset of the stream's first element.
+struct IntStream {
+  std::string path;
+  std::size_t width = 2;
+  bool is_signed = false;
+  std::uint64_t byte0 = 0;
+  int vocab_size = 0;
+  std::size_t at = 0;
+
+  void decode(const unsigned char* p, std::size_t n, std::vector<std::int32_t>& ids) {
+    for (std::size_t i = 0; i < n; ++i, ++at) {
+      std::uint64_t u = 0;
+      for (std::size_t k = 0; k < width; ++k) u |= std::uint64_t(p[i * width + k]) << (8 * k);
+      std::int64_t v = std::int64_t(u);
+      if (is_signed && width < 8 && (u >> (8 * width - 1)) & 1)
+        v = std::int64_t(u | (~std::uint64_t(0) << (8 * width)));
+      if (is_signed ? (v < 0 || v >= vocab_size) : u >= std::uint64_t(vocab_size))
+        fail(path, ": token id ", is_signed ? std::to_string(v) : std::to_string(u), " at offset ", at, " (byte ",
+             byte0 + at * width, ") is outside 0..vocab_size-1 (", vocab_size - 1, ")");
+      ids.push_back(std::int32_t(v));
+    }
+  }
+};
+
+std::uint64_t file_size(const std::string& path, const char* what) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) fail(path, ": cannot open ", what, " (no such file or not readable)");
+  if (S_ISDIR(st.st_mode)) fail(path, ": ", what, " is a directory");
+  return std::uint64_t(st.st_size);
+}
+
+// Reads `bytes` bytes of `path` from `offset` in chunks, decoding them as one
+// integer stream into ids and hashing them.
+void stream_ids(const std::string& path, std::uint64_t offset, std::uint64_t bytes, IntStream& s,
+                std::vector<std::int32_t>& ids, Sha256& h) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, ": cannot open");
+  in.seekg(std::streamoff(offset));
+  ids.reserve(ids.size() + bytes / s.width);
+  const std::size_t chunk = (std::size_t(1) << 20) / s.width * s.width;
+  std::vector<unsigned char> buf(chunk);
+  for (std::uint64_t done = 0; done < bytes;) {
+    const std::size_t n = std::size_t(std::min<std::uint64_t>(chunk, bytes - done));
+    in.read(reinterpret_cast<char*>(buf.data()), std::streamsize(n));
+    if (std::size_t(in.gcount()) != n) fail(path, ": read error at byte ", offset + done);
+    h.update(buf.data(), n);
+    s.decode(buf.data(), n / s.width, ids);
+    done += n;
+  }
+}
+
+std::vector<unsigned char> read_file(const std::string& path, std::uint64_t size) {
+  std::vector<unsigned char> bytes(static_cast<std::size_t>(size));
+  std::ifstream in(path, std::ios::binary);
+  if (!in || !in.read(reinterpret_cast<char*>(bytes.data()), std::streamsize(size))) fail(path, ": read error");
+  return bytes;
+}
+
+template <class U>
+U little(const std::vector<unsigned char>& b, std::size_t at) {
+  std::uint64_t v = 0;
+  for (std::size_t k = 0; k < sizeof(U); ++k) v |= std::uint64_t(b[at + k]) << (8 * k);
+  return U(v);
+}
+
+// Megatron's indexed dataset (MMapIndexedDataset): PREFIX.idx holds the magic
+// "MMIDIDX\0\0", version 1 (uint64), a dtype code (uint8), the sequence and
+// document counts n and d (uint64 each), then n int32 sizes, n int64 byte
+// pointers into PREFIX.bin and d int64 document indices.
+TokenFile read_megatron(const std::string& path, int vocab_size) {
+  std::string prefix = path;
+  for (const char* ext : {".bin", ".idx"})
+    if (prefix.size() > 4 && prefix.compare(prefix.size() - 4, 4, ext) == 0) prefix.resize(prefix.size() - 4);
+  const std::string idx = prefix + ".idx", bin = prefix + ".bin";
+  const std::uint64_t idx_size = file_size(idx, "the Megatron index"), bin_size = file_size(bin, "the Megatron data");
+  constexpr std::uint64_t kHeader = 34;
+  if (idx_size < kHeader) fail(idx, ": truncated: ", idx_size, " bytes, the header alone has ", kHeader);
+  const std::vector<unsigned char> b = read_file(idx, idx_size);
+  if (std::memcmp(b.data(), "MMIDIDX\0\0", 9) != 0) fail(idx, ": not a Megatron index (no MMIDIDX magic at byte 0)");
+  if (const auto version = little<std::uint64_t>(b, 9); version != 1)
+    fail(idx, ": version ", version, " at byte 9 (gnh reads version 1)");
+  static const std::map<int, std::pair<std::size_t, bool>> codes = {{1, {1, false}}, {2, {1, true}}, {3, {2, true}},
+                                                                    {4, {4, true}},  {5, {8, true}}, {8, {2, false}}};
+  const int code = b[17];
+  if (code == 6 || code == 7) fail(idx, ": dtype code ", code, " at byte 17 is a floating-point type, not token ids");
+  if (!codes.count(code)) fail(idx, ": unknown dtype code ", code, " at byte 17 (1-5 and 8 are integers)");
+  const std::uint64_t n = little<std::uint64_t>(b, 18), d = little<std::uint64_t>(b, 26);
+  if (n > idx_size / 12 || d > idx_size / 8 || kHeader + 12 * n + 8 * d != idx_size)
+    fail(idx, ": ", n, " sequences (byte 18) and ", d, " document indices (byte 26) need ", kHeader, " + 12 n + 8 d",
+         " bytes, the file has ", idx_size);
+  const auto [width, is_signed] = codes.at(code);
+  std::uint64_t end = 0;  // the byte after the sequences so far
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::int32_t size = little<std::int32_t>(b, std::size_t(kHeader + 4 * i));
+    const std::uint64_t at = kHeader + 4 * n + 8 * i;
+    const std::int64_t pointer = little<std::int64_t>(b, std::size_t(at));
+    if (size < 0) fail(idx, ": sequence ", i, " has size ", size, " (byte ", kHeader + 4 * i, ")");
+    if (pointer < 0 || std::uint64_t(pointer) != end)
+      fail(idx, ": sequence ", i, "'s pointer ", pointer, " (byte ", at, ") disagrees with the sizes before it (", end,
+           ")");
+    end += std::uint64_t(size) * width;
+  }
+  if (end != bin_size)
+    fail(bin, end > bin_size ? ": truncated: " : ": ", bin_size, " bytes, where the index's ", n, " sequences of ",
+         width, "-byte tokens take ", end);
+  for (std::uint64_t j = 0; j < d; ++j) {
+    const std::int64_t doc = little<std::int64_t>(b, std::size_t(kHeader + 12 * n + 8 * j));
+    const std::int64_t before = j ? little<std::int64_t>(b, std::size_t(kHeader + 12 * n + 8 * (j - 1))) : 0;
+    if (doc < before || std::uint64_t(doc) > n)
+      fail(idx, ": document index ", j, " = ", doc, " (byte ", kHeader + 12 * n + 8 * j,
+           ") is not within the sequences in order");
+  }
+  TokenFile tf;
+  tf.path = path;
+  tf.format = "megatron";
+  tf.dtype = std::string(is_signed ? "int" : "uint") + std::to_string(8 * width);
+  IntStream s{bin, width, is_signed, 0, vocab_size};
+  Sha256 h;
+  stream_ids(bin, 0, bin_size, s, tf.ids, h);
+  tf.sha256 = h.hexdigest();
+  return tf;
+}
+
+// NumPy's .npy: "\x93NUMPY", a version (1, 2 or 3), the header's length
+// (uint16, or uint32 from version 2), the header (a Python dict literal), the
+// array's bytes.
+TokenFile read_npy(const std::string& path, int vocab_size) {
+  const std::uint64_t size = file_size(path, "the token file");
+  std::ifstream in(path, std::ios::binary);
+  unsigned char pre[12] = {};
+  in.read(reinterpret_cast<char*>(pre), std::streamsize(std::min<std::uint64_t>(size, 12)));
+  if (size < 10 || std::memcmp(pre, "\x93NUMPY", 6) != 0) fail(path, ": not a NumPy .npy file (no magic at byte 0)");
+  const int major = pre[6];
+  if (major < 1 || major > 3) fail(path, ": .npy format version ", major, " at byte 6 (1, 2 or 3 are read)");
+  const std::uint64_t header_len = major == 1 ? std::uint64_t(pre[8] | (pre[9] << 8))
+                                              : std::uint64_t(pre[8]) | std::uint64_t(pre[9]) << 8 |
+                                                    std::uint64_t(pre[10]) << 16 | std::uint64_t(pre[11]) << 24;
+  const std::uint64_t data0 = (major == 1 ? 10 : 12) + header_len;
+  if (data0 > size) fail(path, ": truncated .npy header (", header_len, " bytes from byte ", data0 - header_len, ")");
+  std::string header(std::size_t(header_len), '\0');
+  in.seekg(std::streamoff(data0 - header_len));
+  in.read(header.data(), std::streamsize(header_len));
+  std::smatch m;
+  if (!std::regex_search(header, m, std::regex("'descr'\\s*:\\s*'([^']*)'")))
+    fail(path, ": .npy header has no descr: ", header);
+  const std::string descr = m[1];
+  std::smatch f;
+  if (!std::regex_search(header, f, std::regex("'fortran_order'\\s*:\\s*(True|False)")) || f[1] == "True")
+    fail(path, ": .npy header: the array must be in C order (fortran_order False): ", header);
+  std::smatch sh;
+  if (!std::regex_search(header, sh, std::regex("'shape'\\s*:\\s*\\(\\s*(\\d+)\\s*,\\s*\\)")))
+    fail(path, ": .npy header: the array must be one-dimensional (shape (N,)): ", header);
+  static const std::map<std::string, std::pair<std::size_t, bool>> types = {
+      {"|u1", {1, false}}, {"|i1", {1, true}}, {"<u2", {2, false}}, {"<i2", {2, true}},
+      {"<u4", {4, false}}, {"<i4", {4, true}}, {"<u8", {8, false}}, {"<i8", {8, true}}};
+  if (!types.count(descr))
+    fail(path, ": .npy dtype '", descr, "': token ids must be a little-endian integer array (|u1, <u2, <i4, <i8, ...)");
+  const auto [width, is_signed] = types.at(descr);
+  const std::uint64_t count = std::stoull(sh[1]);
+  if (size - data0 != count * width)
+    fail(path, ": shape (", count, ",) of '", descr, "' needs ", count * width, " bytes after the header (byte ", data0,
+         "), the file has ", size - data0);
+  TokenFile tf;
+  tf.path = path;
+  tf.format = "npy";
+  tf.dtype = std::string(is_signed ? "int" : "uint") + std::to_string(8 * width);
+  IntStream s{path, width, is_signed, data0, vocab_size};
+  Sha256 h;
+  stream_ids(path, data0, size - data0, s, tf.ids, h);
+  tf.sha256 = h.hexdigest();
+  return tf;
+}
+
 }  // namespace
+
+TokenFile read_token_source(const std::string& path, const std::string& format, const std::string& dtype,
+                            const std::string& dataset, int vocab_size) {
+  if (format == "megatron") return read_megatron(path, vocab_size);
+  if (format == "npy") return read_npy(path, vocab_size);
+  if (format != "bin" && format != "hdf5")
+    fail(path, ": unknown token format \"", format, "\" (expected bin, hdf5, megatron or npy)");
+  TokenFile tf = read_tokens(path, format == "hdf5" ? "hdf5" : dtype, dataset, vocab_size);
+  tf.format = format;
+  return tf;
+}
 
 TokenFile read_tokens(const std::string& path, const std::string& dtype, const std::string& dataset, int vocab_size) {
   TokenFile tf;

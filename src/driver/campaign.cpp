@@ -387,22 +387,21 @@ bool same_host_threads(const RunInfo& a, const RunInfo& b) {
 bool group_file_reusable(const std::string& path, const RunInfo& info, const std::string* partner) {
   if (!group_file_complete(path, info.settings_fingerprint, partner)) return false;
   RunInfo recorded;
+  std::string kind;
   try {
     recorded = read_run_info(path);
-    h5::File f = h5::File::open_read(path);
-    h5::Handle all = h5::open_group(f.id(), "groups", path);
-    for (const auto& hash : h5::list_children(all.id(), path)) {
-      h5::Handle g = h5::open_group(all.id(), hash, path);
-      recorded.host_gemm = h5::read_string_attr(g.id(), "host_gemm", path).value_or(recorded.host_gemm);
-      recorded.vector_level = h5::read_string_attr(g.id(), "vector_level", path).value_or(recorded.vector_level);
-    }
+    kind = read_group_summary(path).kernel_kind;
   } catch (const Error&) {
     return false;
   }
   if (!same_host_threads(recorded, info)) return false;
   // run.strict_kernels: a group of another kernel kind is recomputed.
-  return !info.strict_kernels || info.host_gemm.empty() ||
-         (recorded.host_gemm == info.host_gemm && recorded.vector_level == info.vector_level);
+  return !info.strict_kernels || info.host_gemm.empty() || kind == kernel_kind(info);
+}
+
+GemmChoice campaign_gemm_choice(const Campaign& c, const std::string& campaign_output, const char* who) {
+  const index_t rows = c.deck.analysis.hvp_batch * c.deck.analysis.context;
+  return campaign_host_gemm(campaign_output, who, c.cfg.n_embd, c.cfg.vocab_size, rows);
 }
 
 void choose_host_gemm(const Comm& comm, Campaign& c, const std::string& campaign_output, bool quiet, bool float_gemms) {
@@ -423,8 +422,7 @@ void choose_host_gemm(const Comm& comm, Campaign& c, const std::string& campaign
     Pack mine;
     comm.collective([&] {
       if (comm.rank() != 0) return;
-      const index_t rows = c.deck.analysis.hvp_batch * c.deck.analysis.context;
-      const GemmChoice g = campaign_host_gemm(campaign_output, "gnh run", c.cfg.n_embd, c.cfg.vocab_size, rows);
+      const GemmChoice g = campaign_gemm_choice(c, campaign_output, "gnh run");
       mine << g.kernel << g.probe;
       if (!quiet) {
         std::printf("gnh: host sgemm: %s (%s); vector loops: %s\n", g.kernel.c_str(), g.how.c_str(), host_isa_level());

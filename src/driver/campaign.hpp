@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "analysis/settings.hpp"
+#include "driver/gemm_record.hpp"
 #include "io/deck.hpp"
 #include "io/results.hpp"
 #include "io/tokens.hpp"
@@ -60,6 +61,10 @@ std::string settings_fingerprint(const Deck& d, const ModelConfig& cfg, const st
 // too), taken by rank 0, selected on every rank; recorded in c.info with the
 // vector-loop level, and printed. Without float GEMMs (fp64 only) nothing is
 // probed: the vendor BLAS multiplies.
+// The campaign's host GEMM for this CPU class, recorded beside campaign_output
+// (driver/gemm_record.hpp), probed on the model's GEMM shapes where there is
+// none; `who` names the command in the record. One process.
+GemmChoice campaign_gemm_choice(const Campaign& c, const std::string& campaign_output, const char* who);
 void choose_host_gemm(const Comm& comm, Campaign& c, const std::string& campaign_output, bool quiet, bool float_gemms);
 // One line for the log (rank 0): GNH_ADJOINT_CUTS, whether each second-order
 // forward engine of the plan cuts, and the host threads of a rank.

@@ -18,7 +18,6 @@
 #include "core/deal.hpp"
 #include "core/build_info.hpp"
 #include "driver/campaign.hpp"
-#include "driver/gemm_record.hpp"
 #include "driver/install.hpp"
 #include "driver/shell.hpp"
 #include "io/files.hpp"
@@ -316,8 +315,7 @@ void print_receipt(const PlanContext& p, const json& receipt, const std::string&
 void record_host_gemm(const Campaign& c) {
   if constexpr (std::is_same_v<ExecSpace, Kokkos::DefaultHostExecutionSpace>) {
     if (c.deck.analysis.fp64()) return;  // no float GEMMs
-    const index_t rows = c.deck.analysis.hvp_batch * c.deck.analysis.context;
-    const GemmChoice g = campaign_host_gemm(c.output, "gnh plan", c.cfg.n_embd, c.cfg.vocab_size, rows);
+    const GemmChoice g = campaign_gemm_choice(c, c.output, "gnh plan");
     std::printf("gnh: host sgemm for the campaign: %s (%s)\n", g.kernel.c_str(), g.how.c_str());
   } else {
     (void)c;

@@ -283,14 +283,18 @@ std::vector<std::string> read_string_array_attr(hid_t obj, const std::string& na
   return out;
 }
 
+std::string kind_text(const std::string& gemm, const std::string& vector_level, std::int64_t threads) {
+  return "host_gemm " + gemm + ", vector loops " + vector_level + ", " +
+         (threads > 0 ? std::to_string(threads) + " host thread(s)" : std::string("on a device"));
+}
+
 std::string kind_of(hid_t group, hid_t root, const std::string& path) {
   auto str = [&](const char* k) {
     return h5::read_string_attr(group, k, path).value_or(h5::read_string_attr(root, k, path).value_or("?"));
   };
   const auto threads = h5::read_int_attr(group, "host_threads", path);
-  const std::int64_t t = threads ? *threads : h5::read_int_attr(root, "host_threads", path).value_or(0);
-  return "host_gemm " + str("host_gemm") + ", vector loops " + str("vector_level") + ", " +
-         (t > 0 ? std::to_string(t) + " host thread(s)" : std::string("on a device"));
+  return kind_text(str("host_gemm"), str("vector_level"),
+                   threads ? *threads : h5::read_int_attr(root, "host_threads", path).value_or(0));
 }
 
 GroupSummary summary_of(hid_t root, hid_t all, const std::string& hash, const std::string& path) {
@@ -324,6 +328,8 @@ std::vector<GroupSummary> read_group_summaries(const std::string& path) {
   for (const auto& hash : h5::list_children(all.id(), path)) out.push_back(summary_of(f.id(), all.id(), hash, path));
   return out;
 }
+
+std::string kernel_kind(const RunInfo& info) { return kind_text(info.host_gemm, info.vector_level, info.host_threads); }
 
 std::vector<std::string> kernel_kinds(const std::vector<GroupSummary>& groups) {
   std::map<std::string, std::vector<std::string>> by_kind;

@@ -79,6 +79,9 @@ struct GroupSummary {
   std::string kernel_kind;
 };
 
+// The kernel kind of a run, as GroupSummary::kernel_kind names its groups'.
+std::string kernel_kind(const RunInfo& info);
+
 // The groups of each kernel kind, one line per kind ("<kind>: N group(s): hash,
 // ..."), when they hold more than one kind; empty otherwise.
 std::vector<std::string> kernel_kinds(const std::vector<GroupSummary>& groups);

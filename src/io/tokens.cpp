@@ -16,21 +16,6 @@
 namespace gnh {
 namespace {
 
-template <class U>
-void decode(const std::vector<unsigned char>& bytes, std::vector<std::int32_t>& ids, const std::string& path,
-            int vocab_size) {
-  const std::size_t n = bytes.size() / sizeof(U);
-  ids.resize(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    std::uint64_t v = 0;
-    for (std::size_t k = 0; k < sizeof(U); ++k)
-      v |= std::uint64_t(bytes[i * sizeof(U) + k]) << (8 * k);  // little-endian on disk
-    if (v >= static_cast<std::uint64_t>(vocab_size))
-      fail(path, ": token id ", v, " at offset ", i, " (byte ", i * sizeof(U), ") is >= vocab_size ", vocab_size);
-    ids[i] = static_cast<std::int32_t>(v);
-  }
-}
-
 // Little-endian integers of `width` bytes, signed or not, decoded in turn and
 // checked against the vocabulary; `at` counts the elements already decoded
 // and `byte0` is the file offset of the stream's first element.
@@ -51,7 +36,8 @@ struct IntStream {
         v = std::int64_t(u | (~std::uint64_t(0) << (8 * width)));
       if (is_signed ? (v < 0 || v >= vocab_size) : u >= std::uint64_t(vocab_size))
         fail(path, ": token id ", is_signed ? std::to_string(v) : std::to_string(u), " at offset ", at, " (byte ",
-             byte0 + at * width, ") is outside 0..vocab_size-1 (", vocab_size - 1, ")");
+             byte0 + at * width, ") is ",
+             is_signed && v < 0 ? "negative" : ">= vocab_size " + std::to_string(vocab_size));
       ids.push_back(std::int32_t(v));
     }
   }
@@ -252,19 +238,11 @@ TokenFile read_tokens(const std::string& path, const std::string& dtype, const s
   if (dtype == "uint16") width = 2;
   else if (dtype == "uint32") width = 4;
   else fail(path, ": unknown token dtype \"", dtype, "\" (expected uint16, uint32 or hdf5)");
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) fail(path, ": cannot open token file");
-  const std::streamoff size = in.tellg();
-  if (size % static_cast<std::streamoff>(width) != 0)
-    fail(path, ": size ", size, " bytes is not a multiple of ", width, " (", dtype, ")");
-  std::vector<unsigned char> bytes(static_cast<std::size_t>(size));
-  in.seekg(0);
-  in.read(reinterpret_cast<char*>(bytes.data()), size);
-  if (!in) fail(path, ": read error");
-  if (width == 2) decode<std::uint16_t>(bytes, tf.ids, path, vocab_size);
-  else decode<std::uint32_t>(bytes, tf.ids, path, vocab_size);
+  const std::uint64_t size = file_size(path, "the token file");
+  if (size % width != 0) fail(path, ": size ", size, " bytes is not a multiple of ", width, " (", dtype, ")");
+  IntStream st{path, width, false, 0, vocab_size};
   Sha256 h;
-  h.update(bytes.data(), bytes.size());
+  stream_ids(path, 0, size, st, tf.ids, h);
   tf.sha256 = h.hexdigest();
   return tf;
 }

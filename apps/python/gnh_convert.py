@@ -39,6 +39,7 @@ pre-existing path, never through a symlink), then renamed over OUT.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
 import os
 import re
@@ -128,7 +129,7 @@ def _iter_num(value: object) -> int:
     """nanoGPT's iter_num: an integer, or a one-element integer tensor, in
     [0, 2^63) (it is written as an int64 attribute)."""
     it = value
-    if isinstance(it, Tensor) and it.array.size == 1 and not it.is_floating \
+    if isinstance(it, Tensor) and math.prod(it.shape) == 1 and not it.is_floating \
             and it.dtype != "bool":
         it = int(it.array.reshape(-1)[0])
     if isinstance(it, bool) or not isinstance(it, int) or not 0 <= it < _INT64_LIMIT:
@@ -181,9 +182,7 @@ def split_checkpoint(obj: object) -> Source:
 # --------------------------------------------------------------------------- #
 def _bitwise_equal(a: Tensor, b: Tensor) -> bool:
     """True if two tensors have the same dtype, shape and bytes."""
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    return a.array.tobytes() == b.array.tobytes()
+    return a.dtype == b.dtype and gnh_ptfile.equal(a, b, bitwise=True)
 
 
 def _layers_present(state: Dict[str, Tensor]) -> set:
@@ -316,33 +315,55 @@ def resolve_config(state: Dict[str, Tensor], model_args: Optional[dict],
 # --------------------------------------------------------------------------- #
 # Validation
 # --------------------------------------------------------------------------- #
-def _describe_bad(mask: np.ndarray) -> str:
-    flat = np.flatnonzero(mask.reshape(-1))
-    return f"{flat.size} value(s), first at flat index {int(flat[0])}"
+class BadValues(Exception):
+    """A tensor holds values gnh cannot take; the message says which."""
 
 
-def _float32(t: Tensor) -> Tuple[Optional[np.ndarray], str]:
-    """A floating tensor's values as contiguous float32, or ``(None, problem)``."""
-    bad = ~np.isfinite(t.array)
-    if bad.any():
-        return None, f"holds NaN/Inf: {_describe_bad(bad)}"
-    with np.errstate(over="ignore"):
-        arr = np.ascontiguousarray(t.array, dtype="<f4")
-    overflow = ~np.isfinite(arr)
-    if overflow.any():
-        return None, f"overflows float32: {_describe_bad(overflow)}"
-    return arr, ""
+def float32_blocks(t: Tensor):
+    """A floating tensor's values as contiguous float32 blocks of leading
+    rows (:meth:`Tensor.blocks`), so that no tensor is held whole.
+
+    Raises :class:`BadValues` once the tensor has been read to its end if any
+    value is NaN or Inf, or else overflows float32; no block is handed out
+    after the first bad one.
+    """
+    counts, firsts, seen = [0, 0], [None, None], 0
+    for block in t.blocks():
+        flat = block.reshape(-1)
+        with np.errstate(over="ignore"):
+            arr = np.ascontiguousarray(block, dtype="<f4")
+        for k, mask in enumerate((~np.isfinite(flat), ~np.isfinite(arr.reshape(-1)))):
+            hits = np.flatnonzero(mask)
+            if hits.size:
+                counts[k] += int(hits.size)
+                firsts[k] = seen + int(hits[0]) if firsts[k] is None else firsts[k]
+        seen += flat.size
+        if not any(counts):
+            yield arr
+    for k, what in enumerate(("holds NaN/Inf", "overflows float32")):
+        if counts[k]:
+            raise BadValues(f"{what}: {counts[k]} value(s), first at flat index {firsts[k]}")
+
+
+def check_values(t: Tensor) -> Optional[str]:
+    """Why ``t``'s values cannot be written (:func:`float32_blocks`), or None."""
+    try:
+        for _ in float32_blocks(t):
+            pass
+    except BadValues as why:
+        return str(why)
+    return None
 
 
 def collect_params(state: Dict[str, Tensor], cfg: GPTConfig,
-                   limit: Optional[int] = None) -> Dict[str, np.ndarray]:
-    """Validate ``state`` against ``cfg``; return canonical float32 arrays.
+                   limit: Optional[int] = None) -> Dict[str, Tensor]:
+    """Validate ``state`` against ``cfg``; return the canonical tensors.
 
     Checks, in this order: mask buffers are skipped, every canonical tensor
     is present, no unknown tensor remains, then per tensor (canonical order)
     floating dtype and shape, then the output's size against ``limit``
-    (bytes, see :func:`output_limit`), then per tensor finiteness and
-    float32 range.
+    (bytes, see :func:`output_limit`).  The values (finite, in float32's
+    range) are checked as they are written (:func:`write_h5`).
     """
     shapes = canonical_shapes(cfg)
     kept: Dict[str, Tensor] = {}
@@ -357,7 +378,6 @@ def collect_params(state: Dict[str, Tensor], cfg: GPTConfig,
         if name not in shapes and not (cfg.tie_embeddings and name == "lm_head.weight"):
             raise ConvertError(f"unknown tensor {printable(name)}")
 
-    out: Dict[str, np.ndarray] = {}
     for name, shape in shapes.items():
         t = kept[name]
         if not t.is_floating:
@@ -370,18 +390,12 @@ def collect_params(state: Dict[str, Tensor], cfg: GPTConfig,
                            f"more than the {limit} allowed for this file (four "
                            f"times its size plus {gnh_ptfile.MATERIALISE_SLACK >> 20} "
                            f"MiB): one tensor behind many names?")
-    for name, shape in shapes.items():
-        t = kept[name]
-        arr, problem = _float32(t)
-        if arr is None:
-            raise ConvertError(f"tensor {name} ({t.dtype}) {problem}")
-        out[name] = arr
     if cfg.tie_embeddings and "lm_head.weight" in kept:
         head = kept["lm_head.weight"]
         if head.shape != shapes["transformer.wte.weight"]:
             raise ConvertError(f"tensor lm_head.weight has shape {head.shape}, "
                                f"expected {shapes['transformer.wte.weight']}")
-    return out
+    return {name: kept[name] for name in shapes}
 
 
 # --------------------------------------------------------------------------- #
@@ -397,8 +411,8 @@ class OptimizerState:
     eps: float
     weight_decay: float
     lr: float
-    exp_avg: Dict[str, np.ndarray]
-    exp_avg_sq: Dict[str, np.ndarray]
+    exp_avg: Dict[str, Tensor]
+    exp_avg_sq: Dict[str, Tensor]
 
 
 class _LeftOut(Exception):
@@ -414,7 +428,7 @@ def _real(value: object) -> Optional[float]:
     """A Python int/float or a one-element tensor as float; None otherwise
     (also for an integer too large for a float)."""
     try:
-        if isinstance(value, Tensor) and value.array.size == 1 and value.dtype != "bool":
+        if isinstance(value, Tensor) and math.prod(value.shape) == 1 and value.dtype != "bool":
             return float(value.array.reshape(-1)[0])
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
@@ -543,7 +557,7 @@ def collect_optimizer(optimizer: object, cfg: GPTConfig,
     if limit is not None and nbytes > limit:
         raise _LeftOut(f"parameters and moments would take {nbytes} bytes of "
                        f"float32, more than the {limit} allowed for this file")
-    moments: Dict[str, Dict[str, np.ndarray]] = {"exp_avg": {}, "exp_avg_sq": {}}
+    moments: Dict[str, Dict[str, Tensor]] = {"exp_avg": {}, "exp_avg_sq": {}}
     steps: Dict[int, str] = {}
     for pid, name in enumerate(order):
         entry = dict.get(state, pid)
@@ -563,10 +577,7 @@ def collect_optimizer(optimizer: object, cfg: GPTConfig,
                 raise _LeftOut(f"{key} of parameter {pid} has shape {t.shape}, but "
                                f"the parameter it maps to, {name}, has "
                                f"{shapes[name]}")
-            arr, problem = _float32(t)
-            if arr is None:
-                raise _LeftOut(f"{key} of {name} ({t.dtype}) {problem}")
-            out[name] = arr
+            out[name] = t
         step = _real(dict.get(entry, "step"))
         if step is None or not (0 <= step < _INT64_LIMIT and step == int(step)):
             raise _LeftOut(f"the step of parameter {pid} ({name}) is not an "
@@ -579,6 +590,13 @@ def collect_optimizer(optimizer: object, cfg: GPTConfig,
     if len(steps) != 1:
         raise _LeftOut("the parameters have different steps (" + ", ".join(
             f"{s} for {n}" for s, n in sorted(steps.items())) + ")")
+    # The moments' values are read here, a block at a time, so that state
+    # that cannot be carried over is left out before anything is written.
+    for name in order:
+        for key, out in moments.items():
+            problem = check_values(out[name])
+            if problem is not None:
+                raise _LeftOut(f"{key} of {name} ({out[name].dtype}) {problem}")
     return OptimizerState(next(iter(steps)), beta1, beta2, eps, weight_decay, lr,
                           moments["exp_avg"], moments["exp_avg_sq"])
 
@@ -586,17 +604,85 @@ def collect_optimizer(optimizer: object, cfg: GPTConfig,
 # --------------------------------------------------------------------------- #
 # Writing
 # --------------------------------------------------------------------------- #
-def _write_tree(f, cfg: GPTConfig, params: Dict[str, np.ndarray], source_file: str,
+class _Guarded:
+    """The temporary output file as HDF5 writes it (h5py's file-object
+    driver): the first failed write (a full disk, a quota) is kept and every
+    later write skipped while reporting success, so that HDF5 closes cleanly;
+    :meth:`check` raises the failure.  (HDF5 told of a failed write keeps a
+    file it cannot flush, and the process crashes when it is released.)"""
+
+    def __init__(self, fh) -> None:
+        self._fh, self.error = fh, None
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def _guard(self, op, *args):
+        if self.error is None:
+            try:
+                return op(*args)
+            except OSError as exc:
+                self.error = exc
+        return None
+
+    def seek(self, *args):
+        return self._fh.seek(*args)
+
+    def tell(self):
+        return self._fh.tell()
+
+    def read(self, n=-1):
+        return self._fh.read(n)
+
+    def readinto(self, buf):
+        return self._fh.readinto(buf)
+
+    def write(self, buf):
+        self._guard(self._fh.write, buf)
+        return len(buf)
+
+    def truncate(self, size):
+        self._guard(self._fh.truncate, size)
+        return size
+
+    def flush(self):
+        self._guard(self._fh.flush)
+
+
+def _bad_value(name: str, t: Tensor, problem: str) -> str:
+    """The refusal of a tensor whose values cannot be written."""
+    return f"tensor {name} ({t.dtype}) {problem}"
+
+
+def _write_values(group, name: str, t: Tensor, sink: _Guarded, digest,
+                  bad: Callable[[str, Tensor, str], str]) -> None:
+    """``t`` as the float32 dataset ``group/name`` (contiguous, no filters),
+    a block of rows at a time; ``digest`` (if any) takes its bytes."""
+    dset = group.create_dataset(name, shape=t.shape, dtype="<f4")
+    row = 0
+    try:
+        for arr in float32_blocks(t):
+            if dset.ndim == 0:
+                dset[()] = arr
+            else:
+                dset[row:row + len(arr)] = arr
+                row += len(arr)
+            if digest is not None:
+                digest.update(arr)
+            sink.check()
+    except BadValues as why:
+        raise ConvertError(bad(name, t, str(why))) from None
+
+
+def _write_tree(f, sink: _Guarded, cfg: GPTConfig, params: Dict[str, Tensor], source_file: str,
                 source_sha256: str, iter_num: Optional[int],
-                optimizer: Optional[OptimizerState]) -> None:
+                optimizer: Optional[OptimizerState], bad) -> None:
     """The SPEC section 2 layout, into the open h5py file ``f``."""
     f.attrs["format"] = gnh_layout.H5_FORMAT
     f.attrs["format_version"] = np.int64(gnh_layout.H5_FORMAT_VERSION)
     f.attrs["source_file"] = source_file
     f.attrs["source_sha256"] = source_sha256
-    # gnh plans a campaign from this (grouping without reading the values) and
-    # checks it against the values whenever it reads them.
-    f.attrs["param_sha256"] = gnh_layout.param_sha256(cfg, params)
     if iter_num is not None:
         f.attrs["iter_num"] = np.int64(iter_num)
     c = f.create_group("config")
@@ -611,8 +697,13 @@ def _write_tree(f, cfg: GPTConfig, params: Dict[str, np.ndarray], source_file: s
         c.attrs["ln_eps"] = np.float64(cfg.ln_eps)
     # track_order keeps the canonical (creation) order on iteration.
     p = f.create_group("params", track_order=True)
+    # param_sha256 (gnh_layout.param_sha256) taken as the values are written:
+    # gnh plans a campaign from it (grouping without reading the values) and
+    # checks it against the values whenever it reads them.
+    digest = hashlib.sha256()
     for name in gnh_layout.names_of(cfg):
-        p.create_dataset(name, data=params[name])  # contiguous, no filters
+        _write_values(p, name, params[name], sink, digest, bad)
+    f.attrs["param_sha256"] = digest.hexdigest()
     if optimizer is not None:
         o = f.create_group("optimizer")
         o.attrs["step"] = np.int64(optimizer.step)
@@ -621,28 +712,28 @@ def _write_tree(f, cfg: GPTConfig, params: Dict[str, np.ndarray], source_file: s
         for key in ("exp_avg", "exp_avg_sq"):
             g = o.create_group(key, track_order=True)
             for name in gnh_layout.names_of(cfg):
-                g.create_dataset(name, data=getattr(optimizer, key)[name])
+                _write_values(g, name, getattr(optimizer, key)[name], sink, None,
+                              lambda n, t, why, key=key: f"{key} of {n} ({t.dtype}) {why}")
 
 
-def write_h5(out_path: str, cfg: GPTConfig, params: Dict[str, np.ndarray],
+def write_h5(out_path: str, cfg: GPTConfig, params: Dict[str, Tensor],
              source_file: str, source_sha256: str, iter_num: Optional[int],
-             optimizer: Optional[OptimizerState] = None) -> None:
+             optimizer: Optional[OptimizerState] = None,
+             bad: Callable[[str, Tensor, str], str] = _bad_value) -> None:
     """Write the checkpoint atomically: a new temporary file, fsync, rename.
+
+    Tensors are read, checked (:func:`float32_blocks`; a bad one is refused
+    with ``bad(name, tensor, problem)``) and written a block of rows at a
+    time, so that the memory taken is a few blocks whatever the model's size.
 
     The temporary file is created exclusively (``mkstemp``: a fresh name
     ``<basename(OUT)>.<random>.tmp`` in OUT's directory, O_EXCL, so neither
     an existing file nor a planted symlink is ever opened) and HDF5 writes
-    through that very descriptor; it gets the mode a new file would get
-    (0666 less the umask).  ``os.replace`` then puts it in OUT's place (a
-    symlink at OUT is replaced, not followed).  On any failure only that
-    temporary file is removed.
-
-    The HDF5 file is built in memory (h5py's core driver, no backing store)
-    and its image written with plain ``os.write``: a full disk or a quota
-    then fails as an ``OSError`` naming the reason, where HDF5 writing to
-    the disk itself would keep a file it cannot flush and crash at its
-    release.  The image is about the size of the parameters (and optimizer
-    state), which this function holds already.
+    through that very descriptor (h5py's file-object driver); it gets the
+    mode a new file would get (0666 less the umask).  ``os.replace`` then
+    puts it in OUT's place (a symlink at OUT is replaced, not followed).  On
+    any failure only that temporary file is removed.  A full disk or a quota
+    fails as an ``OSError`` naming the reason (see :class:`_Guarded`).
     """
     import h5py
 
@@ -651,17 +742,15 @@ def write_h5(out_path: str, cfg: GPTConfig, params: Dict[str, np.ndarray],
     fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".tmp",
                                prefix=os.path.basename(out_path)[:200] + ".")
     try:
-        with os.fdopen(fd, "w+b") as fh:
+        with os.fdopen(fd, "w+b", buffering=0) as fh:
             umask = os.umask(0)
             os.umask(umask)
             os.fchmod(fh.fileno(), 0o666 & ~umask)
-            with h5py.File(os.path.basename(tmp), "w", driver="core", backing_store=False) as f:
-                _write_tree(f, cfg, params, source_file, source_sha256, iter_num,
-                            optimizer)
-                f.flush()
-                image = memoryview(f.id.get_file_image())
-            while image:
-                image = image[os.write(fh.fileno(), image):]
+            sink = _Guarded(fh)
+            with h5py.File(sink, "w") as f:
+                _write_tree(f, sink, cfg, params, source_file, source_sha256, iter_num,
+                            optimizer, bad)
+            sink.check()
             os.fsync(fh.fileno())
         os.replace(tmp, out_path)
     except BaseException:
@@ -717,18 +806,27 @@ def convert(in_path: str, out_path: str, opts: argparse.Namespace,
             optimizer = collect_optimizer(src.optimizer, cfg, limit)
         except _LeftOut as why:
             left_out = f"optimizer state left out: {why}"
-    try:
-        write_h5(out_path, cfg, params, os.path.basename(in_path), digest,
-                 src.iter_num, optimizer)
-    except OSError as exc:
-        raise ConvertError(f"cannot write {out_path}: {exc.strerror or exc}") from None
+    _write(out_path, cfg, params, os.path.basename(in_path), digest, src.iter_num, optimizer)
     if left_out is not None:  # after writing, so that a failure stays one line
         if warn is None:
             print(_one_line(f"{PROG}: warning: {in_path}: {left_out}"), file=sys.stderr)
         else:
             warn(left_out)
-    n_params = int(sum(a.size for a in params.values()))
-    return cfg, n_params, digest
+    return cfg, _count(params), digest
+
+
+def _count(params: Dict[str, Tensor]) -> int:
+    return int(sum(math.prod(t.shape) for t in params.values()))
+
+
+def _write(out_path: str, *args, **kwargs) -> None:
+    """:func:`write_h5`, its failures as :class:`ConvertError`."""
+    try:
+        write_h5(out_path, *args, **kwargs)
+    except gnh_ptfile.PtFileError as exc:  # a record read while writing
+        raise ConvertError(str(exc)) from None
+    except OSError as exc:
+        raise ConvertError(f"cannot write {out_path}: {exc.strerror or exc}") from None
 
 
 def convert_hf(in_dir: str, out_path: str) -> Tuple[gnh_layout.HFConfig, int, str]:
@@ -738,15 +836,12 @@ def convert_hf(in_dir: str, out_path: str) -> Tuple[gnh_layout.HFConfig, int, st
     try:
         cfg = gnh_hf.read_config(in_dir)
         state, digest = gnh_hf.read_weights(in_dir)
-        params = gnh_hf.collect(state, cfg, _float32)
+        params = gnh_hf.collect(state, cfg)
     except gnh_hf.HFError as exc:
         raise ConvertError(str(exc)) from None
-    try:
-        write_h5(out_path, cfg, params, os.path.basename(os.path.normpath(in_dir)), digest,
-                 gnh_hf.iter_num_of(in_dir), None)
-    except OSError as exc:
-        raise ConvertError(f"cannot write {out_path}: {exc.strerror or exc}") from None
-    return cfg, int(sum(a.size for a in params.values())), digest
+    _write(out_path, cfg, params, os.path.basename(os.path.normpath(in_dir)), digest,
+           gnh_hf.iter_num_of(in_dir), None, bad=lambda name, t, why: f"tensor {name} {why}")
+    return cfg, _count(params), digest
 
 
 # --------------------------------------------------------------------------- #

@@ -18,7 +18,7 @@ import hashlib
 import json
 import os
 import re
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -191,16 +191,17 @@ def read_weights(directory: str) -> Tuple[Dict[str, Tensor], str]:
     return state, digest.hexdigest()
 
 
-def collect(state: Dict[str, Tensor], cfg: HFConfig, to_float32: Callable) -> Dict[str, np.ndarray]:
-    """The canonical tensors as float32, each checked; a tied head present in
-    the file must equal the embedding."""
+def collect(state: Dict[str, Tensor], cfg: HFConfig) -> Dict[str, Tensor]:
+    """The canonical tensors, each of a floating dtype and its shape (the
+    values are checked as they are written); a tied head present in the file
+    must equal the embedding."""
     shapes = hf_canonical_shapes(cfg)
     head = "lm_head.weight" if cfg.family == "llama" else "embed_out.weight"
     emb = "model.embed_tokens.weight" if cfg.family == "llama" else "gpt_neox.embed_in.weight"
     extra = dict(state)
     if cfg.tie_word_embeddings and head in extra:
         h, e = extra.pop(head), state.get(emb)
-        if e is None or h.shape != e.shape or not np.array_equal(h.array, e.array):
+        if e is None or not gnh_ptfile.equal(h, e):
             raise HFError(f"tensor {head} differs from {emb} although tie_word_embeddings is true")
     for name in shapes:
         if name not in extra:
@@ -210,17 +211,14 @@ def collect(state: Dict[str, Tensor], cfg: HFConfig, to_float32: Callable) -> Di
     if unknown:
         raise HFError(f"unknown tensor {printable(unknown[0])} for the {cfg.family} configuration of "
                       f"config.json" + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
-    out: Dict[str, np.ndarray] = {}
+    out: Dict[str, Tensor] = {}
     for name, shape in shapes.items():
         t = extra[name]
         if t.dtype not in ("float32", "float16", "bfloat16", "float64"):
             raise HFError(f"tensor {name}: dtype {t.dtype} is not floating point")
         if tuple(t.shape) != shape:
             raise HFError(f"tensor {name} has shape {tuple(t.shape)}, config.json gives {shape}")
-        arr, problem = to_float32(t)
-        if arr is None:
-            raise HFError(f"tensor {name} {problem}")
-        out[name] = arr
+        out[name] = t
     return out
 
 

@@ -19,8 +19,13 @@ other global is refused with its name before anything is called.  Before a
 pickle is unpickled, :func:`_scan` walks its opcodes without running them and
 refuses the extension-registry opcodes (EXT1/2/4, whose look-up can bypass
 ``find_class``) and the shapes of pickle that exhaust the interpreter.
-Tensors come back as :class:`Tensor`: the source dtype and a numpy array of
-the values (bfloat16 widened exactly to float32).
+Tensors come back as :class:`Tensor`: the source dtype and a zero-copy view
+of the file, which is mapped read-only and hashed in blocks, never read
+whole.  ``Tensor.array`` copies the values out (bfloat16 widened exactly to
+float32); ``Tensor.blocks`` hands them out a block of rows at a time and
+gives the pages it read back to the kernel, so a converter's memory does
+not grow with the model.  A zip record's CRC-32 is checked when its bytes
+are first read.
 
 Limits, each far beyond what ``torch.save`` writes for a model, so that a
 hostile file is refused with a message instead of crashing or exhausting
@@ -44,9 +49,9 @@ the process:
   make the unpickler allocate a memo table of gigabytes.
 * A tensor may not have more elements than its storage (a broadcast view,
   stride 0, would be copied to its full size), and all tensors together may
-  not copy out more than twice the file's size plus
-  :data:`MATERIALISE_SLACK` (64 MiB): real checkpoints copy about the file's
-  size, plus one copy of a storage shared by tied weights.
+  not view more than twice the file's size plus :data:`MATERIALISE_SLACK`
+  (64 MiB), counted when the file is loaded: real checkpoints view about the
+  file's size, plus a storage shared by tied weights once more.
 * Zip archives: storage records must be stored uncompressed (torch.save
   never compresses them) and have exactly the declared size, checked before
   anything is read; data.pkl may not exceed :data:`MAX_PICKLE_BYTES`
@@ -66,15 +71,19 @@ import hashlib
 import io
 import json
 import math
+import mmap
+import os
 import pickle
 import pickletools
+import struct
 import zipfile
+import zlib
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["PtFileError", "Tensor", "Loaded", "load", "printable", "describe",
+__all__ = ["PtFileError", "Tensor", "Loaded", "load", "equal", "printable", "describe",
            "LEGACY_MAGIC", "MAX_DIMS", "MAX_NESTING", "MAX_PICKLE_BYTES",
            "MATERIALISE_SLACK", "MAX_SAFETENSORS_HEADER"]
 
@@ -91,6 +100,10 @@ MAX_PICKLE_BYTES = 64 << 20
 MATERIALISE_SLACK = 64 << 20
 #: Largest safetensors JSON header (the format's own limit).
 MAX_SAFETENSORS_HEADER = 100_000_000
+#: Bytes of a tensor copied out of the file at a time by Tensor.blocks.
+BLOCK_BYTES = 16 << 20
+#: A tensor's copy is kept by Tensor.array up to this size (scalars, steps).
+CACHED_BYTES = 1 << 20
 _INDEX_LIMIT = 1 << 63  # sizes, strides, offsets and counts are int64 in torch
 _NOT_WEIGHTS = "not a tensor, storage or plain container"
 
@@ -208,17 +221,52 @@ class _StorageType:
 
 
 class _Storage:
-    """One storage record: ``numel`` elements of ``dtype``, bytes set once read."""
+    """One storage record: ``numel`` elements of ``dtype``.
 
-    __slots__ = ("key", "dtype", "numel", "data", "big_endian")
+    ``data`` is set once the record is found: a zero-copy slice of the file's
+    mapping (or of bytes given in memory).  ``start`` is its byte offset in
+    the mapping ``mapped``, so that pages read can be handed back; ``crc`` is
+    the zip record's CRC-32, checked the first time the bytes are read.
+    """
+
+    __slots__ = ("key", "dtype", "numel", "data", "big_endian", "mapped", "start",
+                 "crc")
 
     def __init__(self, key: str, dtype: _DType, numel: int) -> None:
         self.key, self.dtype, self.numel = key, dtype, numel
         self.data: Optional[memoryview] = None
         self.big_endian = False
+        self.mapped: Optional[mmap.mmap] = None
+        self.start = 0
+        self.crc: Optional[int] = None
 
     def __setstate__(self, state) -> None:
         raise PtFileError(f"refusing BUILD on storage {printable(self.key)}")
+
+    def release(self, lo: int, hi: int) -> None:
+        """Hand back the mapped pages of bytes [lo, hi) of the record: they
+        were read, and a converter reading a file larger than memory must not
+        keep them resident."""
+        if self.mapped is None or hi <= lo:
+            return
+        begin = (self.start + lo) // mmap.PAGESIZE * mmap.PAGESIZE
+        self.mapped.madvise(mmap.MADV_DONTNEED, begin, self.start + hi - begin)
+
+    def verify(self) -> None:
+        """Check the zip record's CRC-32 (once), reading it in blocks."""
+        if self.crc is None:
+            return
+        crc, n = 0, len(self.data)
+        for lo in range(0, n, BLOCK_BYTES):
+            crc = zlib.crc32(self.data[lo:lo + BLOCK_BYTES], crc)
+            self.release(lo, min(n, lo + BLOCK_BYTES))
+        self.check_crc(crc)
+
+    def check_crc(self, crc: int) -> None:
+        if crc != self.crc:
+            raise PtFileError(f"corrupt zip archive: storage record {printable(self.key)} "
+                              f"fails its CRC-32 check")
+        self.crc = None
 
 
 class _Budget:
@@ -241,13 +289,15 @@ class _Budget:
 class Tensor:
     """A tensor read from a file.
 
-    ``dtype`` is the source dtype's PyTorch name; ``array`` holds the values
-    in native byte order (float16/32/64, integers, bool; bfloat16 widened
-    exactly to float32).  Tensors from pickles are resolved after every
-    storage is read; until then ``array`` raises.
+    ``dtype`` is the source dtype's PyTorch name.  The values are not copied
+    when the file is read: ``array`` copies them out on each use (native byte
+    order; float16/32/64, integers, bool; bfloat16 widened exactly to
+    float32), and :meth:`blocks` hands them out a block of leading rows at a
+    time, so that a tensor never needs to be held whole.  Tensors from pickles
+    are resolved after every storage is found; until then ``array`` raises.
     """
 
-    __slots__ = ("dtype", "shape", "_array", "_storage", "_offset", "_stride")
+    __slots__ = ("dtype", "shape", "_array", "_view", "_storage", "_offset", "_stride")
 
     def __init__(self, dtype: str, shape: Tuple[int, ...],
                  array: Optional[np.ndarray] = None,
@@ -255,6 +305,7 @@ class Tensor:
                  stride: Tuple[int, ...] = ()) -> None:
         self.dtype, self.shape = dtype, shape
         self._array, self._storage = array, storage
+        self._view: Optional[np.ndarray] = None
         self._offset, self._stride = offset, stride
 
     @property
@@ -263,9 +314,71 @@ class Tensor:
 
     @property
     def array(self) -> np.ndarray:
-        if self._array is None:
+        """The values, copied out of the file (a tensor of at most
+        :data:`CACHED_BYTES` keeps its copy)."""
+        if self._array is not None:
+            return self._array
+        if self._view is None:
             raise PtFileError("tensor used before its storage was read")
-        return self._array
+        if self._view.ndim == 0 or not self._view.flags.c_contiguous:
+            self._storage.verify()
+            arr = self._widen(self._view)
+            self._storage.release(0, len(self._storage.data))
+        else:
+            arr, row = None, 0
+            for block in self.blocks():
+                if arr is None:
+                    arr = np.empty(self.shape, dtype=block.dtype)
+                arr[row:row + len(block)] = block
+                row += len(block)
+        if arr.nbytes <= CACHED_BYTES:
+            self._array, self._view = arr, None
+        return arr
+
+    def blocks(self, max_bytes: int = BLOCK_BYTES, rows: Optional[int] = None):
+        """The values as consecutive blocks of leading rows, each a fresh
+        array of ``rows`` rows or at most about ``max_bytes`` (at least one
+        row); a 0-d tensor is one block.  The pages of the file a block was read from are handed
+        back once it is copied, and a zip record's CRC-32 is checked."""
+        if self._array is not None or self._view is None or self._view.ndim == 0 \
+                or not self._view.flags.c_contiguous:
+            whole = self.array
+            if whole.ndim == 0:
+                yield whole
+                return
+            step = rows or max(1, max_bytes // max(1, whole[:1].nbytes))
+            for lo in range(0, whole.shape[0], step):
+                yield whole[lo:lo + step]
+            return
+        view, st = self._view, self._storage
+        # A zip record read whole, in order, is checked as it is read.
+        whole_record = st.crc is not None and self._offset == 0 \
+            and view.nbytes == len(st.data)
+        if not whole_record:
+            st.verify()
+        step = rows or max(1, max_bytes // max(1, view[:1].nbytes))
+        base = self._offset * view.itemsize
+        crc = 0
+        for lo in range(0, view.shape[0], step):
+            part = view[lo:lo + step]
+            if whole_record:
+                crc = zlib.crc32(part, crc)
+            yield self._widen(part)
+            begin = base + lo * view.strides[0]
+            st.release(begin, begin + part.nbytes)
+        if whole_record:
+            st.check_crc(crc)
+
+    def _widen(self, part: np.ndarray) -> np.ndarray:
+        """A copy of ``part`` (a view of the stored bytes) in native byte
+        order, bfloat16 widened to float32."""
+        arr = part.astype(part.dtype.newbyteorder("="), copy=True)
+        if self.dtype == "bfloat16":  # the high half of a float32, exactly
+            wide = np.empty(arr.shape, dtype=np.uint32)
+            np.copyto(wide, arr)
+            wide <<= 16
+            arr = wide.view(np.float32)
+        return arr
 
     def __repr__(self) -> str:
         return f"Tensor({self.dtype}, shape={self.shape})"
@@ -275,15 +388,15 @@ class Tensor:
                           "set by pickled code)")
 
     def resolve(self, where: Callable[[], str], budget: _Budget) -> None:
-        """Build ``array`` from the storage; ``where()`` names the tensor
-        (``tensor model/transformer.wte.weight``).
+        """Check the tensor against its storage and make its zero-copy view;
+        ``where()`` names the tensor (``tensor model/transformer.wte.weight``).
 
         The geometry was checked when the tensor was rebuilt (at most
         :data:`MAX_DIMS` dimensions, sizes, strides and offset in
-        [0, 2**63)); here it is checked against the storage, and the copy
-        against ``budget``, before numpy is given it.
+        [0, 2**63)); here it is checked against the storage, and the bytes a
+        copy would take against ``budget``, before numpy is given it.
         """
-        if self._array is not None:
+        if self._array is not None or self._view is not None:
             return
         st = self._storage
         if st is None or st.data is None:
@@ -297,35 +410,48 @@ class Tensor:
         try:
             if numel == 0:
                 arr = np.empty(shape, dtype=dt.newbyteorder("="))
-            else:
-                need = offset + 1 + sum((n - 1) * s for n, s in zip(shape, stride))
-                if need > st.numel:
-                    raise PtFileError(
-                        f"{where()} of shape {shape} (storage offset "
-                        f"{offset}, stride {stride}) addresses {need} "
-                        f"{st.dtype.name} elements, but its storage "
-                        f"{printable(st.key)} holds {st.numel}")
-                if numel > st.numel:
-                    raise PtFileError(
-                        f"{where()} of shape {shape} (stride {stride}) has "
-                        f"{numel} elements, more than the {st.numel} its storage "
-                        f"{printable(st.key)} holds (a broadcast view, not a weight)")
-                budget.take(numel * dt.itemsize, where)
-                strides = tuple(0 if n == 1 else s * dt.itemsize
-                                for n, s in zip(shape, stride))
-                view = np.ndarray(shape, dtype=dt, buffer=st.data,
-                                  offset=offset * dt.itemsize, strides=strides)
-                arr = view.astype(dt.newbyteorder("="), copy=True)
-            if self.dtype == "bfloat16":  # the high half of a float32, exactly
-                arr = (arr.astype(np.uint32) << 16).view(np.float32)
+                if self.dtype == "bfloat16":
+                    arr = arr.astype(np.float32)
+                self._array = arr
+                return
+            need = offset + 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+            if need > st.numel:
+                raise PtFileError(
+                    f"{where()} of shape {shape} (storage offset "
+                    f"{offset}, stride {stride}) addresses {need} "
+                    f"{st.dtype.name} elements, but its storage "
+                    f"{printable(st.key)} holds {st.numel}")
+            if numel > st.numel:
+                raise PtFileError(
+                    f"{where()} of shape {shape} (stride {stride}) has "
+                    f"{numel} elements, more than the {st.numel} its storage "
+                    f"{printable(st.key)} holds (a broadcast view, not a weight)")
+            budget.take(numel * dt.itemsize, where)
+            strides = tuple(0 if n == 1 else s * dt.itemsize
+                            for n, s in zip(shape, stride))
+            self._view = np.ndarray(shape, dtype=dt, buffer=st.data,
+                                    offset=offset * dt.itemsize, strides=strides)
         except PtFileError:
             raise
         except (ValueError, TypeError, OverflowError, MemoryError) as exc:
             raise PtFileError(f"{where()} of shape {shape}: numpy cannot "
                               f"build it: {type(exc).__name__}: "
                               f"{printable(exc, 200)}") from None
-        self._array = arr
-        self._storage = None
+
+
+def equal(a: Tensor, b: Tensor, bitwise: bool = False) -> bool:
+    """Whether ``a`` and ``b`` have one shape and the same values, read a
+    block at a time: as numbers (NaN equal to nothing), or bit for bit
+    (bfloat16 compared widened, which is exact; the dtypes are the caller's
+    to compare)."""
+    if a.shape != b.shape:
+        return False
+    rows = max(1, BLOCK_BYTES // (8 * max(1, math.prod(a.shape[1:]))))
+    for x, y in zip(a.blocks(rows=rows), b.blocks(rows=rows)):
+        same = x.tobytes() == y.tobytes() if bitwise else np.array_equal(x, y)
+        if not same:
+            return False
+    return True
 
 
 def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=False,
@@ -695,9 +821,58 @@ def _small_member(zf: zipfile.ZipFile, name: str, limit: int) -> bytes:
     return _read_member(zf, name)
 
 
-def _load_zip(raw: bytes, budget: _Budget) -> object:
+class _ViewFile(io.RawIOBase):
+    """A read-only, seekable file over a memoryview of the file's mapping:
+    zipfile and the unpickler read through it (in a BufferedReader), copying
+    only the bytes they read."""
+
+    def __init__(self, data: memoryview) -> None:
+        super().__init__()
+        self._data, self._pos = data, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        base = (0, self._pos, len(self._data))[whence]
+        self._pos = max(0, base + pos)
+        return self._pos
+
+    def readinto(self, buf) -> int:
+        n = min(len(buf), max(0, len(self._data) - self._pos))
+        memoryview(buf).cast("B")[:n] = self._data[self._pos:self._pos + n]
+        self._pos += n
+        return n
+
+
+def _reader(data: memoryview) -> io.BufferedReader:
+    return io.BufferedReader(_ViewFile(data))
+
+
+def _record_start(data: memoryview, info: zipfile.ZipInfo) -> int:
+    """Where a stored member's bytes begin: after its local header (30
+    bytes, the name and torch's alignment padding in the extra field)."""
+    head = bytes(data[info.header_offset:info.header_offset + 30])
+    if len(head) < 30 or head[:4] != b"PK\x03\x04":
+        raise PtFileError(f"truncated or corrupt zip archive: member "
+                          f"{printable(info.filename)} has no local header")
+    name_len, extra_len = struct.unpack("<HH", head[26:30])
+    start = info.header_offset + 30 + name_len + extra_len
+    if start + info.file_size > len(data):
+        raise PtFileError(f"truncated or corrupt zip archive: member "
+                          f"{printable(info.filename)} runs past the end of the file")
+    return start
+
+
+def _load_zip(data: memoryview, budget: _Budget, mapped: Optional[mmap.mmap]) -> object:
     try:
-        zf = zipfile.ZipFile(io.BytesIO(raw))  # shares raw's buffer, no copy
+        zf = zipfile.ZipFile(_reader(data))
     except Exception as exc:
         raise PtFileError(f"truncated or corrupt zip archive: "
                           f"{printable(exc, 200)}") from None
@@ -751,7 +926,9 @@ def _load_zip(raw: bytes, budget: _Budget) -> object:
                               f"bytes, but data.pkl declares {numel} {dtype.name} "
                               f"elements ({need} bytes)")
         st = _Storage(key, dtype, numel)
-        st.data, st.big_endian = memoryview(_read_member(zf, member)), big_endian
+        start = _record_start(data, info)
+        st.data, st.big_endian = data[start:start + info.file_size], big_endian
+        st.mapped, st.start, st.crc = mapped, start, info.CRC
         storages[key] = st
         return st
 
@@ -761,11 +938,11 @@ def _load_zip(raw: bytes, budget: _Budget) -> object:
     return obj
 
 
-def _is_legacy(raw: bytes) -> bool:
-    """True if the first pickle in ``raw`` is exactly the legacy magic number."""
+def _is_legacy(data: memoryview) -> bool:
+    """True if the first pickle in ``data`` is exactly the legacy magic number."""
     try:
         ops = []
-        for op, arg, _ in pickletools.genops(io.BytesIO(raw[:64])):
+        for op, arg, _ in pickletools.genops(io.BytesIO(bytes(data[:64]))):
             if op.name not in ("PROTO", "FRAME"):
                 ops.append((op.name, arg))
             if op.name == "STOP" or len(ops) > 2:
@@ -775,9 +952,8 @@ def _is_legacy(raw: bytes) -> bool:
     return len(ops) == 2 and ops[0][1] == LEGACY_MAGIC and ops[1][0] == "STOP"
 
 
-def _load_legacy(raw: bytes, budget: _Budget) -> object:
-    data = memoryview(raw)  # storages are slices of it, not copies
-    f = io.BytesIO(raw)
+def _load_legacy(data: memoryview, budget: _Budget, mapped: Optional[mmap.mmap]) -> object:
+    f = _reader(data)  # storages are slices of data, not copies
     what = "the legacy torch.save stream"
     _unpickle(f, what)  # the magic number, checked by _is_legacy
     version = _unpickle(f, what)
@@ -830,7 +1006,7 @@ def _load_legacy(raw: bytes, budget: _Budget) -> object:
         if start + nbytes > len(data):
             raise PtFileError(f"truncated or corrupt file: storage {printable(key)} "
                               f"needs {nbytes} bytes, {len(data) - start} remain")
-        st.data = data[start:start + nbytes]
+        st.data, st.mapped, st.start = data[start:start + nbytes], mapped, start
         f.seek(start + nbytes)
     _resolve_all(obj, budget)
     return obj
@@ -858,7 +1034,7 @@ def _no_duplicates(pairs: list) -> dict:
     return out
 
 
-def _load_safetensors(data: memoryview, budget: _Budget
+def _load_safetensors(data: memoryview, budget: _Budget, mapped: Optional[mmap.mmap]
                       ) -> "collections.OrderedDict[str, Tensor]":
     n = int.from_bytes(data[:8], "little")
     if n > len(data) - 8:
@@ -923,7 +1099,7 @@ def _load_safetensors(data: memoryview, budget: _Budget
     for begin, stop, name, dtype, shape in spans:
         st = _Storage(name, _DTYPES[dtype], (stop - begin) // np.dtype(
             _DTYPES[dtype].stored).itemsize)
-        st.data = buffer[begin:stop]
+        st.data, st.mapped, st.start = buffer[begin:stop], mapped, 8 + n + begin
         strides, acc = [], 1
         for size in reversed(shape):
             strides.append(acc)
@@ -946,19 +1122,38 @@ class Loaded:
 
 
 def load(path: str) -> Loaded:
-    """Read ``path`` once; return its object tree with :class:`Tensor` leaves.
+    """Map ``path`` and return its object tree with :class:`Tensor` leaves.
 
-    Raises only :class:`PtFileError`, with a one-line message.
+    The file is hashed in blocks and mapped read-only; tensors view the
+    mapping and copy their values out only when asked (:meth:`Tensor.blocks`),
+    so loading costs no memory of the file's size.  The hash is of the bytes
+    mapped as long as the file is not rewritten while it is read.  Raises
+    only :class:`PtFileError`, with a one-line message.
     """
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise PtFileError(f"cannot read file: {exc.strerror or exc}") from None
-    except MemoryError:
-        raise PtFileError("cannot read file: out of memory") from None
     try:
-        return _load(raw)
+        digest, size = hashlib.sha256(), 0
+        while True:
+            chunk = os.read(fd, BLOCK_BYTES)
+            if not chunk:
+                break
+            digest.update(chunk)
+            size += len(chunk)
+        mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else None
+        if mapped is not None and len(mapped) != size:
+            raise PtFileError("the file changed size while it was read")
+    except OSError as exc:
+        raise PtFileError(f"cannot read file: {exc.strerror or exc}") from None
+    except (MemoryError, ValueError) as exc:
+        raise PtFileError(f"cannot map file: {printable(exc, 200)}") from None
+    finally:
+        os.close(fd)
+    data = memoryview(mapped) if mapped is not None else memoryview(b"")
+    try:
+        return _load(data, digest.hexdigest(), mapped)
     except PtFileError:
         raise
     except Exception as exc:  # MemoryError, RecursionError, a bug: still one line
@@ -966,20 +1161,20 @@ def load(path: str) -> Loaded:
                           f"{printable(exc, 200)}") from None
 
 
-def _load(raw: bytes) -> Loaded:
-    digest = hashlib.sha256(raw).hexdigest()
-    if not raw:
+def _load(data: memoryview, digest: str, mapped: Optional[mmap.mmap]) -> Loaded:
+    if not len(data):
         raise PtFileError("empty file")
-    budget = _Budget(2 * len(raw) + MATERIALISE_SLACK)
-    if raw[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
-        return Loaded(_load_zip(raw, budget), digest, "zip", len(raw))
-    if raw[:1] == b"\x80":  # pickle's PROTO opcode
-        if _is_legacy(raw):
-            return Loaded(_load_legacy(raw, budget), digest, "legacy", len(raw))
+    budget = _Budget(2 * len(data) + MATERIALISE_SLACK)
+    head = bytes(data[:4])
+    if head in (b"PK\x03\x04", b"PK\x05\x06"):
+        return Loaded(_load_zip(data, budget, mapped), digest, "zip", len(data))
+    if head[:1] == b"\x80":  # pickle's PROTO opcode
+        if _is_legacy(data):
+            return Loaded(_load_legacy(data, budget, mapped), digest, "legacy", len(data))
         raise PtFileError("a plain pickle, not a torch.save checkpoint (zip or "
                           "legacy format) or safetensors file")
-    if _looks_like_safetensors(memoryview(raw)):
-        return Loaded(_load_safetensors(memoryview(raw), budget), digest,
-                      "safetensors", len(raw))
+    if _looks_like_safetensors(data):
+        return Loaded(_load_safetensors(data, budget, mapped), digest,
+                      "safetensors", len(data))
     raise PtFileError("not a torch.save checkpoint (zip or legacy format) or "
                       "safetensors file (truncated or corrupt file?)")

@@ -1483,6 +1483,19 @@ class HostileFileTests(TempDirCase):
                 pt.write_bytes(raw[:cut])
                 self.refuse_cli(pt, "truncated or corrupt zip archive")
 
+    def test_corrupt_storage_record(self):
+        """A flipped bit in a record is found by its CRC-32 when the record is
+        read (as the output is written): refused, no output left."""
+        raw = bytearray(self.base_zip.read_bytes())
+        with zipfile.ZipFile(self.base_zip) as z:
+            info = next(i for i in z.infolist() if "/data/" in i.filename and i.file_size > 64)
+        name_len, extra_len = struct.unpack("<HH", raw[info.header_offset + 26:info.header_offset + 30])
+        start = info.header_offset + 30 + name_len + extra_len
+        raw[start + info.file_size // 8 * 4] ^= 0x01  # the lowest mantissa bit of a float32
+        pt = self.path("flipped.pt")
+        pt.write_bytes(bytes(raw))
+        self.refuse_cli(pt, "corrupt zip archive: storage record", "fails its CRC-32 check")
+
 
 # --------------------------------------------------------------------------- #
 # Files built to crash or exhaust the reader

@@ -250,14 +250,18 @@ struct CaseAnalysis {
     set_block_values(&BlockMeasurements::seq_sq, sq);
   }
 
+  // The noise vectors are kept as rows of xi_ (as planned, or for a caller
+  // that takes them), or computed again when a pass is filled (recompute_xi).
+  bool keep_xi() const { return plan_.keep_noise || hooks_.keep != nullptr; }
+
   // Stage 2: noise batches, each computed whole by one member and shared:
-  // its scalars as a NoiseSample, its xi_j as a row of xi_.
+  // its scalars as a NoiseSample, its xi_j as a row of xi_ where kept.
   void noise_samples() {
     meter_.begin();
     out_.noise_blocks = noise_batches(plan_.n_blocks, s_.noise_batch, s_.noise_samples, s_.seed);
     const index_t m = plan_.n_noise;
     if (index_t(out_.noise_blocks.size()) != m) throw std::logic_error("gnh::case: noise batches differ from the plan");
-    xi_ = View2<T>("gnh::case::xi", m, P_);
+    xi_ = View2<T>("gnh::case::xi", keep_xi() ? m : 0, P_);
     gj_ = View1<double>("gnh::case::g_j", P_);
     View1<double> xij("gnh::case::xi_j", P_);
     if (plan_.partition) {
@@ -282,15 +286,7 @@ struct CaseAnalysis {
           const BatchScalars ns = sum_in_order(t);
           for (const BatchScalars& b : t) r.seconds += b.seconds;
           a.to_double(space_, gj_.data(), 1.0 / double(ns.count));
-          auto g = gj_;
-          auto x = xij;
-          auto Gv = G_;
-          auto xr = Kokkos::subview(xi_, j, Kokkos::ALL);
-          Kokkos::parallel_for(
-              "gnh::case::xi", range(space_, P_), KOKKOS_LAMBDA(const index_t i) {
-                x(i) = g(i) - Gv(i);
-                xr(i) = static_cast<T>(x(i));
-              });
+          xi_of_gj(xij, keep_xi() ? xi_.data() + j * P_ : nullptr);
           r.gB_sqnorm = dot(space_, gj_.data(), gj_.data(), P_);
           r.xi_sqnorm = dot(space_, xij.data(), xij.data(), P_);
           r.G_dot_xi = dot(space_, G_.data(), xij.data(), P_);
@@ -302,7 +298,7 @@ struct CaseAnalysis {
         space_.fence();
       }
       team_.broadcast_value(r, owner);
-      team_.broadcast(xi_.data() + j * P_, sizeof(T) * static_cast<std::size_t>(P_), owner);
+      if (keep_xi()) team_.broadcast(xi_.data() + j * P_, sizeof(T) * static_cast<std::size_t>(P_), owner);
       if (!xi_blocks.empty()) team_.broadcast(xi_blocks.data(), sizeof(double) * xi_blocks.size(), owner);
       add_block_row(&BlockMeasurements::xi_sqnorm, xi_blocks);
       stopped = stopped || r.stopped;
@@ -326,6 +322,52 @@ struct CaseAnalysis {
     }
   }
 
+  // xi_j = g_j - G from the noise batch's gradient in gj_, in double into x
+  // (when given) and rounded to the engine's scalar into row (when given).
+  void xi_of_gj(View1<double> x, T* row) {
+    auto g = gj_;
+    auto Gv = G_;
+    if (row != nullptr) {
+      Span1<T> out(row, P_);
+      if (x.extent(0) > 0)
+        Kokkos::parallel_for(
+            "gnh::case::xi", range(space_, P_), KOKKOS_LAMBDA(const index_t i) {
+              x(i) = g(i) - Gv(i);
+              out(i) = static_cast<T>(x(i));
+            });
+      else
+        Kokkos::parallel_for(
+            "gnh::case::xi_row", range(space_, P_),
+            KOKKOS_LAMBDA(const index_t i) { out(i) = static_cast<T>(g(i) - Gv(i)); });
+    } else {
+      Kokkos::parallel_for(
+          "gnh::case::xi", range(space_, P_), KOKKOS_LAMBDA(const index_t i) { x(i) = g(i) - Gv(i); });
+    }
+  }
+
+  // parallel.noise_vectors = "recompute": xi_j into row, its noise batch's
+  // gradient computed again by the member that computed it in stage 2, the
+  // same pass on the same batches, and shared: the bits of the kept row.
+  void recompute_xi(T* row, index_t j) {
+    const int owner = team_.owner(j);
+    bool ok = true;
+    if (team_.rank() == owner) {
+      const auto nb = make_batches(out_.noise_blocks[static_cast<std::size_t>(j)], s_.grad_microbatch);
+      ExactSum a(P_);
+      a.clear(space_);
+      std::vector<BatchScalars> t;
+      ok = gradient_pass<T>(space_, engines_.gradient, stager_, params_, ids_, nb, all_blocks(index_t(nb.size())), a, t,
+                            hooks_.stop);
+      if (ok) {
+        a.to_double(space_, gj_.data(), 1.0 / double(sum_in_order(t).count));
+        xi_of_gj(View1<double>(), row);
+      }
+      space_.fence();
+    }
+    if (team_.any(!ok)) throw Interrupted{};
+    team_.broadcast(row, sizeof(T) * static_cast<std::size_t>(P_), owner);
+  }
+
   // Direction d of the case into row r of dirs: G, then the xi_j, then the
   // Rademacher v_k (SPEC §4's generator, index k), then with the AdamW
   // preconditioner P (SPEC §10) PG and the P xi_j.
@@ -343,7 +385,8 @@ struct CaseAnalysis {
         Kokkos::parallel_for(
             "gnh::case::dir_PG", range(space_, P_), KOKKOS_LAMBDA(const index_t i) { row(i) = T(Pv(i) * Gv(i)); });
       } else {
-        auto x = Kokkos::subview(xi_, d - m - K - 2, Kokkos::ALL);
+        if (!keep_xi()) recompute_xi(dirs.data() + r * P_, d - m - K - 2);
+        auto x = keep_xi() ? Kokkos::subview(xi_, d - m - K - 2, Kokkos::ALL) : row;
         Kokkos::parallel_for(
             "gnh::case::dir_Pxi", range(space_, P_),
             KOKKOS_LAMBDA(const index_t i) { row(i) = T(Pv(i) * double(x(i))); });
@@ -353,7 +396,8 @@ struct CaseAnalysis {
       Kokkos::parallel_for(
           "gnh::case::dir_G", range(space_, P_), KOKKOS_LAMBDA(const index_t i) { row(i) = T(Gv(i)); });
     } else if (d <= m) {
-      Kokkos::deep_copy(space_, row, Kokkos::subview(xi_, d - 1, Kokkos::ALL));
+      if (keep_xi()) Kokkos::deep_copy(space_, row, Kokkos::subview(xi_, d - 1, Kokkos::ALL));
+      else recompute_xi(dirs.data() + r * P_, d - 1);
     } else {
       fill_rademacher<T>(space_, Span2<T>(dirs.data() + r * P_, 1, P_), s_.seed, std::uint64_t(d - 1 - m));
     }

@@ -34,6 +34,7 @@ CasePlan plan_case(const AnalysisSettings& s, index_t n_blocks, bool preconditio
   c.directions_asked = s.directions;
   c.pass_widths = balanced_passes(c.directions(), s.directions_per_pass);
   c.spectrum = s.curvature.lanczos_steps > 0 && (!s.curvature.lanczos_php || preconditioned);
+  c.keep_noise = s.keep_noise_vectors;
   return c;
 }
 
@@ -86,17 +87,29 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const 
   m.checks = plan_gpt_bytes(cfg, check_shape(s, false), scalar) + plan_gpt_bytes(cfg, check_shape(s, true), scalar);
   if (s.per_sequence) m.sequence = sequence_group_bytes(cfg, s, sequence_group(cfg, s, gpu_shaped));
   // G, g_j, xi_j and a check buffer in double; two or three exact sums (the
-  // epoch's, a noise batch's, the partition's); the xi block, the widest
-  // pass's directions, the two check directions and three batch vectors.
-  m.vectors = sizeof(double) * P * 4 + sizeof(fixed128) * P * (c.partition ? 3 : 2) +
-              scalar * P * std::size_t(c.n_noise + c.pass_widths.front() + 2 + 3);
+  // epoch's, a noise batch's, the partition's); the xi block (kept noise
+  // vectors only), the widest pass's directions, the two check directions
+  // and three batch vectors.
+  const index_t doubles = 4, sums = c.partition ? 3 : 2;
+  const index_t rows = (c.keep_noise ? c.n_noise : 0) + c.pass_widths.front() + 2 + 3;
+  m.vectors = sizeof(double) * P * std::size_t(doubles) + sizeof(fixed128) * P * std::size_t(sums) +
+              scalar * P * std::size_t(rows);
+  m.vector_count = doubles + sums + rows;
   // [curvature] with H v kept: an exact sum per direction of the widest pass,
   // the epoch's H v in double, and the diagonal's accumulator in double.
-  if (c.preconditioned) m.vectors += sizeof(double) * P;     // the preconditioner
-  if (c.update) m.vectors += (sizeof(double) + scalar) * P;  // Delta and theta_b
-  if (s.keeps_hv())
-    m.vectors +=
-        sizeof(fixed128) * P * std::size_t(c.pass_widths.front()) + sizeof(double) * P * (s.curvature.diagonal ? 2 : 1);
+  if (c.preconditioned) {  // the preconditioner
+    m.vectors += sizeof(double) * P;
+    m.vector_count += 1;
+  }
+  if (c.update) {  // Delta and theta_b
+    m.vectors += (sizeof(double) + scalar) * P;
+    m.vector_count += 2;
+  }
+  if (s.keeps_hv()) {
+    const index_t hv = s.curvature.diagonal ? 2 : 1;
+    m.vectors += sizeof(fixed128) * P * std::size_t(c.pass_widths.front()) + sizeof(double) * P * std::size_t(hv);
+    m.vector_count += c.pass_widths.front() + hv;
+  }
   if (c.spectrum) {
     m.spectrum = lanczos_bytes(index_t(P), s.curvature, s.directions_per_pass, members);
     // The layer blocks' chains run after the spectrum's, in their own basis:

@@ -26,7 +26,8 @@ struct CasePlan {
   index_t directions_asked = 0;
   bool preconditioned = false;
   bool update = false;
-  bool spectrum = false;  // [curvature] lanczos_steps > 0 (and, for PHP, AdamW state)
+  bool spectrum = false;   // [curvature] lanczos_steps > 0 (and, for PHP, AdamW state)
+  bool keep_noise = true;  // the xi_j kept as rows (AnalysisSettings::keep_noise_vectors)
 };
 // preconditioned / update: the state has AdamW state / a next state and
 // [curvature] asks for it (the plan of a campaign assumes every state has
@@ -63,6 +64,11 @@ struct MemoryPlan {
   std::size_t vectors = 0;   // G, g_j, xi_j in double; the exact sums; the xi and direction blocks;
                              // with [curvature], the epoch's H v of each direction of a pass
   std::size_t spectrum = 0;  // the Lanczos chains' share of one team member (analysis/spectrum.hpp)
+  // How many parameter-sized vectors `vectors` holds (of double, of 128-bit
+  // exact sums and of the engine's scalar): fixed by the pass width, the
+  // checks and the [curvature] options, not by noise_samples or directions
+  // unless the noise vectors are kept.
+  index_t vector_count = 0;
   std::size_t total() const { return gradient + curvature + checks + sequence + vectors + spectrum; }
 };
 // members: the team's size (the Lanczos basis is sharded over it).

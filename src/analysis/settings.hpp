@@ -82,6 +82,12 @@ struct AnalysisSettings {
   index_t context = 0;                    // [data] context: tokens per block
   Precision precision = Precision::fp32;  // [precision] policy
   CurvatureSettings curvature;            // [curvature]
+  // [parallel] noise_vectors as the driver resolved it (driver/run_memory.hpp):
+  // keep the m noise vectors xi_j from the noise stage to the curvature passes
+  // (m parameter-sized rows), or compute each one's noise-batch gradient again
+  // when its pass is filled (no rows, the noise gradients twice). The same
+  // bits either way, so it is not in the settings fingerprint.
+  bool keep_noise_vectors = true;
 
   bool fp64() const { return precision == Precision::fp64; }
   bool bf16() const { return precision == Precision::bf16_amp; }

@@ -66,11 +66,13 @@ void print_plan(const Campaign& c, const std::vector<int>& team_of_group, int te
                                                  std::to_string(sequence_group(c.cfg, s, gpu_shaped_build())) +
                                                  " sequences a reverse)"
                                            : "";
+    const char* noise = m == 0 ? "" : p.keep_noise ? ", the noise vectors kept" : ", the noise vectors recomputed";
     std::printf(
         "         memory per rank %s: gradient engine %s, curvature engine (K = %lld) %s, checks %s, "
-        "vectors %s%s\n",
+        "vectors %s (%lld parameter-sized%s)%s\n",
         gib(mem.total()).c_str(), gib(mem.gradient).c_str(), static_cast<long long>(sizes.front()),
-        gib(mem.curvature).c_str(), gib(mem.checks).c_str(), gib(mem.vectors).c_str(), seq.c_str());
+        gib(mem.curvature).c_str(), gib(mem.checks).c_str(), gib(mem.vectors).c_str(),
+        static_cast<long long>(mem.vector_count), noise, seq.c_str());
     if (p.spectrum)
       std::printf(
           "         spectrum: %lld Lanczos chain(s) of up to %lld steps on %s, %lld epoch pass(es) per step; basis "
@@ -134,6 +136,18 @@ void fit_campaign_to_memory(const Comm& comm, Campaign& c, const MemoryBudget& b
     std::printf("gnh: --fit-memory: analysis.directions_per_pass = %lld, analysis.hvp_batch = %lld (90%% of %s)\n",
                 kb[0], kb[1], budget.what.c_str());
   set_pass_sizes(comm, c, index_t(kb[0]), index_t(kb[1]));
+}
+
+// parallel.noise_vectors: rank 0's choice for every rank (a team's members
+// must agree: recomputing is collective).
+bool choose_noise_vectors(const Comm& comm, Campaign& c, const MemoryBudget& budget) {
+  std::vector<long long> keep = {0};
+  comm.collective([&] {
+    if (comm.rank() == 0) keep[0] = keep_noise_vectors(c, budget) ? 1 : 0;
+  });
+  comm.sum(keep);
+  c.deck.analysis.keep_noise_vectors = keep[0] != 0;
+  return keep[0] != 0;
 }
 
 // A shard of a planned campaign (gnh plan): its share of the groups, dealt
@@ -298,7 +312,11 @@ int run_command(const Comm& comm, const RunOptions& opt) {
   Campaign c = prepare_campaign(comm, opt.deck, opt.overrides, opt.quiet, opt.dry_run);
   MemoryBudget budget;
   comm.collective([&] { budget = memory_budget(comm, opt.memory_budget); });
-  if (opt.fit_memory) fit_campaign_to_memory(comm, c, budget);
+  const bool keep_noise = choose_noise_vectors(comm, c, budget);
+  if (opt.fit_memory) {
+    fit_campaign_to_memory(comm, c, budget);
+    c.deck.analysis.keep_noise_vectors = keep_noise;  // the fit parses the deck again
+  }
   comm.collective([&] { check_memory(c, budget); });
   if (opt.self_check && !opt.dry_run)
     self_check(comm, c.deck.analysis.precision, c.deck.analysis.curvature_method, opt.quiet);

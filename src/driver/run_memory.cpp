@@ -80,6 +80,49 @@ std::size_t planned_per_rank(const Campaign& c, const AnalysisSettings& s, int r
   return most;
 }
 
+bool keep_noise_vectors(const Campaign& c, const MemoryBudget& b) {
+  if (c.deck.noise_vectors != "auto") return c.deck.noise_vectors == "keep";
+  if (b.per_rank < 0) return true;
+  AnalysisSettings s = c.deck.analysis;
+  s.keep_noise_vectors = true;
+  return double(planned_per_rank(c, s, int(c.deck.ranks_per_checkpoint))) <= 0.9 * double(b.per_rank);
+}
+
+namespace {
+
+// "lower a (now 4), b (now 2) or c (now 8)" of the settings above 1, or "".
+std::string lower_of(const std::vector<std::pair<std::string, std::int64_t>>& settings) {
+  std::vector<std::string> named;
+  for (const auto& s : settings)
+    if (s.second > 1) named.push_back(s.first + " (now " + std::to_string(s.second) + ")");
+  std::string out;
+  for (std::size_t i = 0; i < named.size(); ++i)
+    out += (i == 0 ? "lower " : i + 1 == named.size() ? " or " : ", ") + named[i];
+  return out;
+}
+
+// What else frees memory: the noise vectors kept, the Lanczos basis.
+std::string other_remedies(const Campaign& c, int rpc) {
+  const AnalysisSettings& s = c.deck.analysis;
+  std::string out;
+  bool noise = false;
+  for (const auto& cs : c.cases) noise = noise || plan_case(s, cs.blocks, true, true).n_noise > 0;
+  if (s.keep_noise_vectors && noise)
+    out +=
+        ", set parallel.noise_vectors = \"recompute\" (the noise vectors computed again in the curvature passes, not "
+        "kept)";
+  if (s.curvature.lanczos_steps > 0) {
+    const std::string lanczos = lower_of({{"curvature.lanczos_chains", s.curvature.lanczos_chains},
+                                          {"curvature.lanczos_steps", s.curvature.lanczos_steps}});
+    if (!lanczos.empty()) out += ", " + lanczos;
+    out += ", raise parallel.ranks_per_checkpoint (now " + std::to_string(rpc) +
+           ": the Lanczos basis is sharded over the team)";
+  }
+  return out;
+}
+
+}  // namespace
+
 void check_memory(const Campaign& c, const MemoryBudget& b) {
   if (b.per_rank < 0) return;
   const AnalysisSettings& s = c.deck.analysis;
@@ -88,17 +131,15 @@ void check_memory(const Campaign& c, const MemoryBudget& b) {
   const std::size_t need = planned_per_rank(c, s, rpc, &which);
   const double limit = 0.9 * double(b.per_rank);
   if (double(need) <= limit) return;
-  std::string spectrum;
-  if (s.curvature.lanczos_steps > 0)
-    spectrum = ", curvature.lanczos_chains (now " + std::to_string(s.curvature.lanczos_chains) +
-               ") or curvature.lanczos_steps (now " + std::to_string(s.curvature.lanczos_steps) +
-               "), raise parallel.ranks_per_checkpoint (now " + std::to_string(rpc) +
-               ": the Lanczos basis is sharded over the team)";
+  std::string lower = lower_of({{"analysis.hvp_batch", s.hvp_batch},
+                                {"analysis.directions_per_pass", s.directions_per_pass},
+                                {"analysis.grad_microbatch", s.grad_microbatch}});
+  const std::string fit = s.hvp_batch > 1 || s.directions_per_pass > 1
+                              ? ", or pass --fit-memory to choose directions_per_pass and hvp_batch"
+                              : "";
   fail(c.deck.file, ": the plan needs ", gib(need), " per rank (case ", which, ") but 90% of ", b.what, " is ",
-       gib(std::size_t(limit)), ": lower analysis.hvp_batch (now ", s.hvp_batch,
-       "), analysis.directions_per_pass (now ", s.directions_per_pass, ") or analysis.grad_microbatch (now ",
-       s.grad_microbatch, ")", spectrum,
-       ", run fewer ranks per node, or pass --fit-memory to choose directions_per_pass and hvp_batch");
+       gib(std::size_t(limit)), ": ", lower.empty() ? "every batch setting is at 1" : lower, other_remedies(c, rpc),
+       ", run fewer ranks per node", fit);
 }
 
 MemoryFit fit_memory(const Campaign& c, const MemoryBudget& b) {
@@ -118,10 +159,12 @@ MemoryFit fit_memory(const Campaign& c, const MemoryBudget& b) {
   };
   index_t K = std::min<index_t>(most_dirs, 4096);
   while (K > 1 && !fits(K, 1)) --K;
-  if (!fits(K, 1))
+  if (!fits(K, 1)) {
+    const std::string lower = lower_of({{"analysis.grad_microbatch", c.deck.analysis.grad_microbatch}});
     fail(c.deck.file, ": --fit-memory: even one direction per pass and one block per HVP batch need more than 90% of ",
-         b.what, ": lower analysis.grad_microbatch (now ", c.deck.analysis.grad_microbatch,
-         ") or run fewer ranks per node");
+         b.what, ": ", lower.empty() ? "every batch setting is at 1" : lower, other_remedies(c, rpc),
+         ", or run fewer ranks per node");
+  }
   index_t lo = 1, hi = most_blocks;  // the largest B in [lo, hi] that fits
   while (lo < hi) {
     const index_t mid = lo + (hi - lo + 1) / 2;

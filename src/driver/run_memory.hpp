@@ -28,7 +28,14 @@ MemoryBudget memory_budget(const Comm& comm, const std::string& given);
 // The largest plan of any case of the campaign under settings s, per rank.
 std::size_t planned_per_rank(const Campaign& c, const AnalysisSettings& s, int rpc, std::string* which = nullptr);
 
-// Refuses a plan over 90% of the budget, naming what to lower.
+// parallel.noise_vectors: whether the noise vectors are kept ("keep"; "auto"
+// where the plan that keeps them fits 90% of the budget, or the budget is
+// unknown) or computed again in the curvature passes ("recompute"; "auto"
+// otherwise). The same bits either way.
+bool keep_noise_vectors(const Campaign& c, const MemoryBudget& b);
+
+// Refuses a plan over 90% of the budget, naming what to lower (only settings
+// above their least value).
 void check_memory(const Campaign& c, const MemoryBudget& b);
 
 // --fit-memory: the largest directions_per_pass (up to a case's directions),

@@ -366,8 +366,10 @@ void read_curvature_section(const Reader& r, const toml::table& root, Deck& d) {
 void read_parallel_section(const Reader& r, const toml::table& root, Deck& d) {
   const toml::table* p = r.section(root, "parallel", false);
   if (!p) return;
-  r.check_keys(*p, "parallel", {"ranks_per_checkpoint"});
+  r.check_keys(*p, "parallel", {"ranks_per_checkpoint", "noise_vectors"});
   d.ranks_per_checkpoint = r.integer(*p, "parallel", "ranks_per_checkpoint", 1, 1, 1 << 20);
+  d.noise_vectors = r.str(*p, "parallel", "noise_vectors", "auto", false, {"auto", "keep", "recompute"});
+  d.analysis.keep_noise_vectors = d.noise_vectors != "recompute";
 }
 
 }  // namespace

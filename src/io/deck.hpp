@@ -39,6 +39,9 @@ struct Deck {
   AnalysisSettings analysis;
   // [parallel]
   std::int64_t ranks_per_checkpoint = 1;
+  // "auto" | "keep" | "recompute": AnalysisSettings::keep_noise_vectors, which
+  // "auto" takes as keep where the plan fits the memory (driver/run_memory.hpp).
+  std::string noise_vectors = "auto";
 
   // A path from the deck, resolved against the deck's directory unless absolute.
   std::string resolve(const std::string& p) const;

@@ -108,6 +108,43 @@ class Memory(unittest.TestCase):
         self.assertNotEqual(r.returncode, 0)
         self.assertIn("lower analysis.grad_microbatch", r.stderr)
 
+    def test_vector_count_is_fixed_when_noise_vectors_are_recomputed(self):
+        # The plan's parameter-sized vectors: kept noise vectors add one per
+        # noise sample; recomputed, the count stays as noise_samples (3 -> 7,
+        # the most 30 blocks give batches of 4) and directions (3 -> 40) grow.
+        def count(noise, samples, directions):
+            r = self.gnh("--dry-run", "--set", f'parallel.noise_vectors="{noise}"', "--set",
+                         f"analysis.noise_samples={samples}", "--set", f"analysis.directions={directions}")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            m = re.findall(r"vectors [0-9.e+-]+ GiB \((\d+) parameter-sized, the noise vectors (\w+)\)", r.stdout)
+            self.assertTrue(m, r.stdout)
+            self.assertEqual({w for _, w in m}, {"kept" if noise == "keep" else "recomputed"})
+            return {int(n) for n, _ in m}
+        fixed = count("recompute", 3, 3)
+        self.assertEqual(len(fixed), 1)
+        self.assertEqual(count("recompute", 7, 40), fixed)
+        self.assertEqual(count("keep", 3, 3), {n + 3 for n in fixed})
+        self.assertEqual(count("keep", 7, 3), {n + 7 for n in fixed})
+
+    def test_advice_names_only_settings_above_their_least(self):
+        # Every batch setting at 1 (and the noise vectors already recomputed):
+        # nothing of them to lower, and the refusal says so.
+        r = self.gnh("--dry-run", "--memory-budget", "1kB", "--fit-memory", "--set", "analysis.grad_microbatch=1")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertNotIn("grad_microbatch (now 1)", r.stderr)
+        self.assertIn("every batch setting is at 1", r.stderr)
+        self.assertNotIn("noise_vectors", r.stderr)
+        # Kept noise vectors, one direction and one block a batch: only the
+        # noise vectors and the Lanczos chains are named.
+        r = self.gnh("--dry-run", "--memory-budget", "1kB", "--set", 'parallel.noise_vectors="keep"', "--set",
+                     "analysis.grad_microbatch=1", "--set", "analysis.hvp_batch=1", "--set",
+                     "analysis.directions_per_pass=1")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertNotIn("(now 1)", r.stderr)
+        self.assertIn('set parallel.noise_vectors = "recompute"', r.stderr)
+        self.assertIn("lower curvature.lanczos_chains (now 2) or curvature.lanczos_steps (now 3)", r.stderr)
+        self.assertNotIn("--fit-memory", r.stderr)
+
     def test_per_sequence_grouping_follows_the_path(self):
         # The dry run names the sequences whose gradients one reverse takes
         # apart: an engine of one sequence on a host build; on the GPU's path

@@ -103,12 +103,19 @@ class Parallel(unittest.TestCase):
     def check_layouts(self, curvature):
         snaps = {}
         tag = "curv" if curvature else "plain"
-        for np_, rpc in ((1, 1), (2, 1), (3, 1), (2, 2), (4, 2)):
-            out = f"out/layout_{tag}_{np_}_{rpc}.h5"
-            deck = self.deck(f"layout_{tag}_{np_}_{rpc}.toml", out, analysis=dict(seed=5), curvature=curvature)
-            self.run_ok(deck, np_, [f"parallel.ranks_per_checkpoint={rpc}"])
-            snaps[(np_, rpc)] = snapshot(os.path.join(self.tmp, out))
-        base = snaps[(1, 1)]
+        # The last layout computes the noise vectors again in the curvature
+        # passes (each on the team member that computed it first, then shared)
+        # instead of keeping them: the same bits.
+        for np_, rpc, noise in ((1, 1, "keep"), (2, 1, "keep"), (3, 1, "keep"), (2, 2, "keep"), (4, 2, "keep"),
+                                (2, 2, "recompute")):
+            out = f"out/layout_{tag}_{np_}_{rpc}_{noise}.h5"
+            deck = self.deck(f"layout_{tag}_{np_}_{rpc}_{noise}.toml", out, analysis=dict(seed=5),
+                             curvature=curvature)
+            r = self.run_ok(deck, np_, [f"parallel.ranks_per_checkpoint={rpc}", f'parallel.noise_vectors="{noise}"'],
+                            quiet=False)
+            self.assertIn(f"the noise vectors {'kept' if noise == 'keep' else 'recomputed'}", r.stdout)
+            snaps[(np_, rpc, noise)] = snapshot(os.path.join(self.tmp, out))
+        base = snaps[(1, 1, "keep")]
         self.assertGreater(len(base), 50)
         if curvature:  # the SPEC §10 outputs are among the compared objects
             for name in ("seen/blocks/layer/trace_H", "seen/blocks/tensor/frob_H", "seen/hessian_diagonal",
@@ -120,7 +127,7 @@ class Parallel(unittest.TestCase):
                 self.assertTrue(any(k.endswith(name) for k in base), name)
             # The report's block table and per-layer figure (doc/outputs.md).
             rep = os.path.join(self.tmp, "report-curv")
-            r, manifest = gnhtest.report(os.path.join(self.tmp, "out/layout_curv_1_1.h5"), rep)
+            r, manifest = gnhtest.report(os.path.join(self.tmp, "out/layout_curv_1_1_keep.h5"), rep)
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertEqual(manifest["figures"]["layers"]["panels"],
                              ["B_simple", "B_simple_seq", "trace_H", "trace_ggn"])
@@ -132,7 +139,7 @@ class Parallel(unittest.TestCase):
             # 5 states (final is an alias) x 2 cases x (n_layer + 2 layer blocks + the tensors).
             n_tensors = 2 + 6 * self.cfg.n_layer + 1  # no bias, tied: wte, wpe, 6 weights per layer, ln_f
             self.assertEqual(len(rows), 5 * 2 * ((self.cfg.n_layer + 2) + n_tensors))
-            with h5py.File(os.path.join(self.tmp, "out/layout_curv_1_1.h5"), "r") as f:
+            with h5py.File(os.path.join(self.tmp, "out/layout_curv_1_1_keep.h5"), "r") as f:
                 g = next(iter(f["groups"].values()))
                 want = g["seen/blocks/layer/trace_H"][()]
                 hash_ = next(iter(f["groups"]))
@@ -140,10 +147,15 @@ class Parallel(unittest.TestCase):
                    r["partition"] == "layer"]
             self.assertEqual(got, want.tolist())
         for key, snap in snaps.items():
-            with self.subTest(ranks=key[0], ranks_per_checkpoint=key[1]):
+            with self.subTest(ranks=key[0], ranks_per_checkpoint=key[1], noise_vectors=key[2]):
                 self.assertEqual(sorted(snap), sorted(base))
                 diff = [k for k in base if snap[k] != base[k]]
-                self.assertEqual(diff, [])
+                # The planned memory is what recomputing changes: less of it.
+                planned = [k for k in diff if k.endswith("@peak_memory_bytes")] if key[2] == "recompute" else []
+                self.assertEqual(bool(planned), key[2] == "recompute")
+                self.assertEqual(sorted(set(diff) - set(planned)), [])
+                for k in planned:
+                    self.assertLess(np.frombuffer(snap[k], np.int64)[0], np.frombuffer(base[k], np.int64)[0])
 
     def test_rerun_is_identical_and_skips_everything(self):
         deck = self.deck("rerun.toml", "out/rerun.h5")

@@ -128,7 +128,8 @@ struct CaseAnalysis {
     out.reserve(static_cast<std::size_t>(n_block_values_));
     for (const BlockMeasurements& p : blocks_)
       for (std::size_t i = 0; i < p.size(); ++i)
-        out.push_back(dot(space_, a + p.offsets[i], b + p.offsets[i], index_t(p.offsets[i + 1] - p.offsets[i])));
+        out.push_back(dot(space_, a + p.offsets[i], b + p.offsets[i], index_t(p.offsets[i + 1] - p.offsets[i]), false,
+                          index_t(p.offsets[i])));
     return out;
   }
   // Appends the concatenated per-block values v to row lists, one per partition.
@@ -624,11 +625,9 @@ struct CaseAnalysis {
       partition_sum_.to_double(space_, gj_.data(), 1.0 / double(m));
       auto g = gj_;
       auto Gv = G_;
-      double num = 0;
-      Kokkos::parallel_reduce(
-          "gnh::case::partition", range(space_, P_),
-          KOKKOS_LAMBDA(const index_t i, double& a) { a += (g(i) - Gv(i)) * (g(i) - Gv(i)); }, num);
-      part.deviation = std::sqrt(num / cm.G_sqnorm);
+      Kokkos::parallel_for(
+          "gnh::case::partition", range(space_, P_), KOKKOS_LAMBDA(const index_t i) { g(i) -= Gv(i); });
+      part.deviation = std::sqrt(dot(space_, gj_.data(), gj_.data(), P_) / cm.G_sqnorm);
     }
     // Symmetry u^T(Hv) = v^T(Hu) and agreement of the two curvature paths, on block 0.
     IdentityCheck symmetry{"hessian_symmetry", 0, tol, true}, paths{"curvature_paths", 0, tol, true};

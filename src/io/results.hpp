@@ -59,9 +59,9 @@ struct RunInfo {
   // GNH_ADJOINT_CUTS ("0", "1" or "auto") and, per second-order forward
   // engine the plan builds, whether it cuts (they regroup v^T H v's sums).
   std::string adjoint_cuts, adjoint_cuts_engines;
-  // Host builds: a rank's host threads (the double-precision dot products are
-  // summed per thread, analysis/dot.hpp: the count changes their last bits);
-  // 0 where the analysis runs on a device.
+  // Host builds: a rank's host threads (a kernel's reduction split over the
+  // threads may change its last bits with their count; the analysis's dot
+  // products do not, analysis/dot.hpp); 0 where the analysis runs on a device.
   int host_threads = 0;
   // gnh merge --accept-failed-identities: the failed checks merged anyway.
   std::vector<std::string> accepted_failed_identities;

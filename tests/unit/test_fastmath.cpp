@@ -4,6 +4,7 @@
 // header states. GNH_FASTMATH_STRIDE samples more sparsely: the Arm check under
 // qemu takes every 1024th float (2^22), where every 64th cost 99 of its
 // 99-second unit-test run.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <limits>
 #include <vector>
 
+#include "analysis/dot.hpp"
 #include "analysis/exact_sum.hpp"
 #include "core/fastmath.hpp"
 
@@ -147,4 +149,94 @@ TEST_CASE("exact sums: a float's fixed-point value by its bits equals the double
     REQUIRE(std::abs(gnh::from_fixed(gnh::to_fixed(x)) - x) <=
             0x1p-80 + std::abs(x) * 0x1p-52);  // floor, then double rounding
   }
+}
+
+namespace {
+// analysis/dot.hpp's order, written out on the host: lane g % 32 of chunk
+// g / 4096 adds its terms in increasing g, the lanes pairwise (16, 8, ..., 1),
+// and the chunks' sums by the same rule, level by level.
+double rule_sum(std::vector<double> x, std::int64_t origin) {
+  while (true) {
+    const std::int64_t C = gnh::kDotChunk, L = gnh::kDotLanes, n = std::int64_t(x.size());
+    std::vector<double> next;
+    for (std::int64_t c = origin / C; c <= (origin + n - 1) / C; ++c) {
+      double lanes[32] = {};
+      for (std::int64_t g = std::max(origin, c * C); g < std::min(origin + n, (c + 1) * C); ++g)
+        lanes[g % L] += x[std::size_t(g - origin)];
+      for (std::int64_t w = L / 2; w >= 1; w /= 2)
+        for (std::int64_t l = 0; l < w; ++l) lanes[l] += lanes[l + w];
+      next.push_back(lanes[0]);
+    }
+    if (next.size() == 1) return next[0];
+    x = next;
+    origin /= C;
+  }
+}
+// The chunks' sums of two slices, one after the other (as ranks gather them).
+gnh::View1<double> joined(gnh::View1<double> a, gnh::View1<double> b) {
+  const gnh::index_t na = gnh::index_t(a.extent(0)), n = na + gnh::index_t(b.extent(0));
+  gnh::View1<double> out("joined", n);
+  Kokkos::deep_copy(Kokkos::subview(out, std::make_pair(gnh::index_t(0), na)), a);
+  Kokkos::deep_copy(Kokkos::subview(out, std::make_pair(na, n)), b);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("dot products: one order by global index, the same bits over any chunk-aligned slices", "[dot]") {
+  const gnh::ExecSpace space;
+  const gnh::index_t n = 5 * gnh::kDotChunk + 1234;
+  gnh::View1<float> a("a", n);
+  gnh::View1<double> b("b", n);
+  auto ha = Kokkos::create_mirror_view(a);
+  auto hb = Kokkos::create_mirror_view(b);
+  std::uint64_t state = 99;
+  auto next = [&state] { return (state = state * 6364136223846793005ull + 1442695040888963407ull) >> 11; };
+  std::vector<double> terms(std::size_t(n), 0.0);
+  long double exact = 0, magnitude = 0;
+  for (gnh::index_t i = 0; i < n; ++i) {
+    ha(i) = float(std::ldexp(double(next() % 2000001) - 1e6, -20 - int(next() % 8)));
+    hb(i) = std::ldexp(double(next() % 2000001) - 1e6, -10);
+    terms[std::size_t(i)] = double(ha(i)) * hb(i);
+    exact += (long double)ha(i) * hb(i);
+    magnitude += std::fabs((long double)ha(i) * hb(i));
+  }
+  Kokkos::deep_copy(a, ha);
+  Kokkos::deep_copy(b, hb);
+  const double whole = gnh::dot(space, a.data(), b.data(), n);
+  // The documented order, exactly; and the true sum to double rounding:
+  // each term is rounded once (a float times a double) and then passes
+  // through at most 128 additions in its lane (4096 / 32 terms), 5 in the
+  // lanes' tree and 5 in the chunks' (6 chunks, one level): recursive
+  // summation's bound, (1 + 128 + 5 + 5) eps times the sum of |terms|.
+  REQUIRE(whole == rule_sum(terms, 0));
+  REQUIRE(std::fabs(double(whole - exact)) <= 139 * 0x1p-52 * double(magnitude));
+  // A vector in slices cut at chunk multiples (as ranks holding slices of a
+  // sharded vector sum their chunks): its chunks' sums gathered, the same bits.
+  for (gnh::index_t cut : {gnh::kDotChunk, 3 * gnh::kDotChunk}) {
+    auto left = gnh::chunk_sums(space, gnh::DotTerm<float, double>{a.data(), b.data(), false}, cut, 0);
+    auto right =
+        gnh::chunk_sums(space, gnh::DotTerm<float, double>{a.data() + cut, b.data() + cut, false}, n - cut, cut);
+    CAPTURE(cut);
+    REQUIRE(gnh::sum_chunks(space, joined(left, right), 0) == whole);
+  }
+  // A range that starts inside a chunk (a tensor's block of a flat vector)
+  // keeps its elements' global indices: cut anywhere at a chunk multiple of
+  // those, the same bits again.
+  const gnh::index_t lo = 1000, len = n - 2000;
+  const double block = gnh::dot(space, a.data() + lo, b.data() + lo, len, false, lo);
+  REQUIRE(block == rule_sum(std::vector<double>(terms.begin() + lo, terms.begin() + lo + len), lo));
+  auto head = gnh::chunk_sums(space, gnh::DotTerm<float, double>{a.data() + lo, b.data() + lo, false},
+                              2 * gnh::kDotChunk - lo, lo);
+  auto tail = gnh::chunk_sums(
+      space, gnh::DotTerm<float, double>{a.data() + 2 * gnh::kDotChunk, b.data() + 2 * gnh::kDotChunk, false},
+      lo + len - 2 * gnh::kDotChunk, 2 * gnh::kDotChunk);
+  REQUIRE(gnh::sum_chunks(space, joined(head, tail), lo / gnh::kDotChunk) == block);
+  // The chunks' sums of more than one chunk of chunks: two levels.
+  std::vector<double> partials(std::size_t(gnh::kDotChunk + 77));
+  for (double& p : partials) p = std::ldexp(double(next() % 2000001) - 1e6, -30);
+  gnh::View1<double> p("p", gnh::index_t(partials.size()));
+  auto hp = Kokkos::create_mirror_view(p);
+  for (std::size_t i = 0; i < partials.size(); ++i) hp(gnh::index_t(i)) = partials[i];
+  Kokkos::deep_copy(p, hp);
+  REQUIRE(gnh::sum_chunks(space, p, 5) == rule_sum(partials, 5));
 }

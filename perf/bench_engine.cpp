@@ -33,9 +33,10 @@
 //                                another program (perf/device/torch_seed.py)
 //          --dump-batch B        sequences of tokens to dump (synthetic; default --batch)
 //          --inject-slowdown F   stretch every timed run by F (tests of perf/compare.py)
-//          --predict h200        predict the gradient (bf16-amp unless --precision; TF32 beside it) and
+//          --predict h200|gh200  predict the gradient (bf16-amp unless --precision; TF32 beside it) and
 //                                the second-order forward (bf16-amp, K of --directions, else 16) on
-//                                one H200, per batch, epoch and label, from
+//                                one H200 or one GH200's GPU (perf/cost_model.hpp), per batch, epoch
+//                                and label, from
 //                                the GPU-shaped path run here on a miniature of the shape (below);
 //                                the last line: "predicted h200: gradient X s/epoch, second-order
 //                                K=16 bf16-amp Y s/direction, launches per pass N"
@@ -904,11 +905,12 @@ PassPrediction predict_pass(const std::string& name, const perf::RecordedRun& r,
 }
 
 void predict(const Options& o) {
-  if (o.predict != "h200") throw Error("--predict: the cost model knows h200, not '" + o.predict + "'");
+  const std::optional<perf::Ceilings> known = perf::ceilings_named(o.predict);
+  if (!known) throw Error("--predict: the cost model knows h200 and gh200, not '" + o.predict + "'");
   index_t Tc = o.context;
   const Model full = synthetic(o.synthetic.empty() ? "reference" : o.synthetic, 1, Tc, o.family);
   const ModelConfig& c = full.config;
-  const perf::Ceilings ceilings = perf::h200();
+  const perf::Ceilings ceilings = *known;
   const int s = o.predict_scale > 0 ? o.predict_scale : miniature_scale(c, Tc, 32);
   const index_t B = o.batch;
   const double batches = std::ceil(o.epoch_tokens / double(B * Tc));

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,26 @@ inline Ceilings h200() {
   c.launch = 4e-6;
   c.sms = 132;
   return c;
+}
+
+// The Hopper GPU of a GH200 Grace Hopper superchip as the clusters of this
+// project have it (96 GB of HBM3): the H100 die of the H200, 132
+// multiprocessors at the same clocks, so the H200's measured compute rates
+// and launch cost; its memory at the datasheets' ratio, 4.0 TB/s against the
+// H200's 4.8 TB/s (copy 4.3 x 4.0 / 4.8 = 3.58 TB/s). Not measured: no GH200
+// has run gnh's kernels.
+inline Ceilings gh200() {
+  Ceilings c = h200();
+  c.name = "gh200";
+  c.copy = 4.3e12 * 4.0 / 4.8;
+  return c;
+}
+
+// The ceilings of a GPU by its --predict name, or nothing.
+inline std::optional<Ceilings> ceilings_named(const std::string& name) {
+  if (name == "h200") return h200();
+  if (name == "gh200") return gh200();
+  return std::nullopt;
 }
 
 // The share of the bfloat16 tensor-core rate that the fused attention's

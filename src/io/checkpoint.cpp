@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "io/checkpoint.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <set>
@@ -236,6 +237,110 @@ std::vector<double> adam_preconditioner(const AdamState& s, const ModelConfig& c
       P[std::size_t(t.offset + i)] = p;
     }
   return P;
+}
+
+namespace {
+
+// The flat range [a, b) of a C-ordered dataset of extents dims[d..] (the
+// extents before d fixed by start), as hyperslab blocks: a partial leading
+// row, whole rows, a partial trailing row, each partial row in turn cut the
+// same way one extent down. emit() selects start/count as they stand.
+template <class Emit>
+void flat_blocks(const std::vector<hsize_t>& dims, std::size_t d, hsize_t a, hsize_t b, std::vector<hsize_t>& start,
+                 std::vector<hsize_t>& count, Emit&& emit) {
+  if (a >= b) return;
+  if (d + 1 == dims.size()) {
+    start[d] = a;
+    count[d] = b - a;
+    emit();
+    return;
+  }
+  hsize_t inner = 1;
+  for (std::size_t k = d + 1; k < dims.size(); ++k) inner *= dims[k];
+  auto rows = [&](hsize_t r0, hsize_t r1) {  // whole rows [r0, r1)
+    if (r0 >= r1) return;
+    start[d] = r0;
+    count[d] = r1 - r0;
+    for (std::size_t k = d + 1; k < dims.size(); ++k) start[k] = 0, count[k] = dims[k];
+    emit();
+  };
+  auto part = [&](hsize_t r, hsize_t x0, hsize_t x1) {  // row r, its flat [x0, x1)
+    start[d] = r;
+    count[d] = 1;
+    flat_blocks(dims, d + 1, x0, x1, start, count, emit);
+  };
+  const hsize_t r0 = a / inner, r1 = b / inner;
+  if (r0 == (b - 1) / inner && (a % inner != 0 || b % inner != 0)) return part(r0, a % inner, b - r0 * inner);
+  hsize_t first = r0;
+  if (a % inner != 0) part(r0, a % inner, inner), ++first;
+  rows(first, r1);
+  if (b % inner != 0) part(r1, 0, b % inner);
+}
+
+// Values [a, b) of the flat (C-ordered) dataset `name` of group into dst,
+// checked finite; `where` names the tensor in messages.
+void read_flat(hid_t group, const TensorInfo& t, hsize_t a, hsize_t b, float* dst, const std::string& where) {
+  h5::Handle d(H5Dopen2(group, t.name.c_str(), H5P_DEFAULT));
+  if (!d) fail(where, " cannot be opened");
+  h5::Handle space(H5Dget_space(d.id()));
+  std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+  std::vector<hsize_t> start(dims.size()), count(dims.size());
+  bool first = true;
+  flat_blocks(dims, 0, a, b, start, count, [&] {
+    if (H5Sselect_hyperslab(space.id(), first ? H5S_SELECT_SET : H5S_SELECT_OR, start.data(), nullptr, count.data(),
+                            nullptr) < 0)
+      fail(where, ": cannot select values ", a, " to ", b);
+    first = false;
+  });
+  const hsize_t n = b - a;
+  h5::Handle memory(H5Screate_simple(1, &n, nullptr));
+  if (H5Dread(d.id(), H5T_NATIVE_FLOAT, memory.id(), space.id(), H5P_DEFAULT, dst) < 0)
+    fail(where, " cannot be read (truncated file?)");
+  for (hsize_t i = 0; i < n; ++i)
+    if (!std::isfinite(dst[i])) fail(where, " holds a non-finite value at flat index ", a + i, " (", dst[i], ")");
+}
+
+}  // namespace
+
+std::vector<float> read_param_slice(const std::string& path, std::int64_t lo, std::int64_t hi) {
+  h5::File f = h5::File::open_read(path);
+  const CheckpointHeader h = read_header(f, path, nullptr);
+  if (lo < 0 || lo > hi || hi > h.n_params)
+    fail(path, ": a slice [", lo, ", ", hi, ") of a parameter vector of ", h.n_params, " values");
+  h5::Handle params = h5::open_group(f.id(), "params", path);
+  std::vector<float> out(static_cast<std::size_t>(hi - lo));
+  const ParamLayout layout(h.config);
+  for (const TensorInfo& t : layout.tensors()) {
+    const std::int64_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.size);
+    if (a < b)
+      read_flat(params.id(), t, hsize_t(a - t.offset), hsize_t(b - t.offset), out.data() + (a - lo),
+                path + ": tensor '" + t.name + "'");
+  }
+  f.close();
+  return out;
+}
+
+std::string verify_param_hash(const std::string& path, std::int64_t block) {
+  h5::File f = h5::File::open_read(path);
+  const CheckpointHeader h = read_header(f, path, nullptr);
+  h5::Handle params = h5::open_group(f.id(), "params", path);
+  const ParamLayout layout(h.config);
+  std::int64_t most = 1;
+  for (const TensorInfo& t : layout.tensors()) most = std::max(most, std::min(block, t.size));
+  std::vector<float> buffer(static_cast<std::size_t>(most));
+  Sha256 hash;
+  for (const TensorInfo& t : layout.tensors())
+    for (std::int64_t a = 0; a < t.size; a += block) {
+      const std::int64_t b = std::min(t.size, a + block);
+      read_flat(params.id(), t, hsize_t(a), hsize_t(b), buffer.data(), path + ": tensor '" + t.name + "'");
+      hash.update(buffer.data(), std::size_t(b - a) * sizeof(float));
+    }
+  f.close();
+  const std::string got = hash.hexdigest();
+  if (h.stored_sha256 && *h.stored_sha256 != got)
+    fail(path, ": the parameters read hash to ", got.substr(0, 16), "..., not to the file's param_sha256 ",
+         h.stored_sha256->substr(0, 16), "...: the file was changed after conversion; convert it again");
+  return got;
 }
 
 Checkpoint read_checkpoint(const std::string& path) {

@@ -61,4 +61,18 @@ std::vector<double> adam_preconditioner(const AdamState& s, const ModelConfig& c
 // Content hash of a flat parameter vector (what groups identical states).
 std::string params_sha256(const std::vector<float>& params);
 
+// Values [lo, hi) of the flat canonical parameter vector (the slice a rank of
+// a sharded run holds), read by hyperslab from the tensors the range crosses,
+// never the whole vector; the header is validated as by
+// read_checkpoint_header and the values read checked finite. Throws naming
+// the file and the tensor.
+std::vector<float> read_param_slice(const std::string& path, std::int64_t lo, std::int64_t hi);
+
+// The file's parameter vector hashed as params_sha256 does, read in canonical
+// order `block` values at a time (one block in memory, never the vector):
+// how a sharded run, whose ranks hold slices only, checks a file against
+// its param_sha256. Throws naming the file when a value is not finite or the
+// hash differs from the stored one; returns the hash.
+std::string verify_param_hash(const std::string& path, std::int64_t block = std::int64_t(1) << 22);
+
 }  // namespace gnh

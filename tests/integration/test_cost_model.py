@@ -23,8 +23,8 @@ LAST = re.compile(r"^predicted h200: gradient ([0-9.e+-]+) s/epoch, second-order
                   r"s/direction, launches per pass (\d+)$")
 
 
-def predict(*args):
-    r = subprocess.run([BENCH, "--predict", "h200", "--no-probe", *args], capture_output=True, text=True,
+def predict(*args, gpu="h200"):
+    r = subprocess.run([BENCH, "--predict", gpu, "--no-probe", *args], capture_output=True, text=True,
                        env=gnhtest.mpi_env())
     if r.returncode != 0:
         raise AssertionError(f"bench_engine --predict {args} failed: {r.stderr}")
@@ -88,6 +88,23 @@ class CostModel(unittest.TestCase):
                         self.assertGreater(l["bytes"], 0, (family, name, label))
                     if label.startswith("gnh::gemm") and "::" not in label[5:]:
                         self.assertGreater(l["tensor"] + l["fp32"] + l["fp64"], 0, (family, name, label))
+
+    def test_gh200_is_the_h200_die_with_less_memory_bandwidth(self):
+        # The same counted work on both: every label's compute and launch
+        # time alike, its memory time 4.8/4.0 times the H200's (HBM3 at 4.0
+        # TB/s against HBM3e at 4.8), to double rounding of one division.
+        args = ("--synthetic", "small", "--batch", "4", "--directions", "2", "--predict-scale", "1")
+        h, _ = predict(*args)
+        g, last = predict(*args, gpu="gh200")
+        self.assertTrue(last.startswith("predicted gh200: gradient "), last)
+        for name in ("gradient", "second_order"):
+            hl, gl = labels(h, name), labels(g, name)
+            self.assertEqual(sorted(hl), sorted(gl))
+            for label, l in hl.items():
+                self.assertEqual((gl[label]["compute_s"], gl[label]["launch_s"]), (l["compute_s"], l["launch_s"]))
+                self.assertAlmostEqual(gl[label]["memory_s"], l["memory_s"] * 4.8 / 4.0,
+                                       delta=1e-14 * l["memory_s"], msg=label)
+            self.assertGreater(g[name]["prediction"]["seconds_per_batch"], h[name]["prediction"]["seconds_per_batch"])
 
     def test_reference_prediction_and_launch_budget(self):
         d, last = predict("--synthetic", "reference", "--batch", "64")

@@ -15,7 +15,10 @@
 #include "core/deal.hpp"
 #include "core/error.hpp"
 #include "core/sha256.hpp"
+#include "io/checkpoint.hpp"
 #include "io/deck.hpp"
+#include "io/hdf5.hpp"
+#include "model/layout.hpp"
 #include "io/results.hpp"
 #include "io/tokens.hpp"
 
@@ -327,4 +330,66 @@ TEST_CASE("the tensor and layer partitions of SPEC §10 tile the flat vector", "
       // Every layer block is a union of whole tensor blocks.
       for (std::int64_t o : l.offsets) REQUIRE(std::count(t.offsets.begin(), t.offsets.end(), o) == 1);
     }
+}
+
+namespace {
+// A nanoGPT checkpoint of `c` holding `flat` (canonical order) as gnh-convert
+// writes one, with the param_sha256 of `hashed`.
+void write_checkpoint(const std::string& path, const ModelConfig& c, const std::vector<float>& flat,
+                      const std::vector<float>& hashed) {
+  h5::File f = h5::File::create(path);
+  h5::write_attr(f.id(), "format", std::string("gnh-checkpoint"));
+  h5::write_attr(f.id(), "format_version", std::int64_t(1));
+  h5::write_attr(f.id(), "param_sha256", params_sha256(hashed));
+  h5::Handle cfg = h5::create_group(f.id(), "config", path);
+  for (const auto& [key, v] : std::vector<std::pair<std::string, std::int64_t>>{{"n_layer", c.n_layer},
+                                                                                {"n_head", c.n_head},
+                                                                                {"n_embd", c.n_embd},
+                                                                                {"block_size", c.block_size},
+                                                                                {"vocab_size", c.vocab_size},
+                                                                                {"bias", 1},
+                                                                                {"tie_embeddings", 1}})
+    h5::write_attr(cfg.id(), key, v);
+  h5::write_attr(cfg.id(), "gelu", std::string("erf"));
+  h5::write_attr(cfg.id(), "ln_eps", 1e-5);
+  h5::Handle params = h5::create_group(f.id(), "params", path);
+  const ParamLayout layout(c);
+  for (const TensorInfo& t : layout.tensors()) {
+    const std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+    h5::Handle space(H5Screate_simple(int(dims.size()), dims.data(), nullptr));
+    h5::Handle d(
+        H5Dcreate2(params.id(), t.name.c_str(), H5T_IEEE_F32LE, space.id(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+    REQUIRE(H5Dwrite(d.id(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, flat.data() + t.offset) >= 0);
+  }
+  f.close();
+}
+}  // namespace
+
+TEST_CASE("a checkpoint read by slices and hashed by blocks gives the whole vector's values and hash", "[checkpoint]") {
+  ModelConfig c;
+  c.n_layer = 2, c.n_head = 2, c.n_embd = 8, c.block_size = 8, c.vocab_size = 13;
+  const std::int64_t P = ParamLayout(c).size();
+  std::vector<float> flat(static_cast<std::size_t>(P));
+  for (std::int64_t i = 0; i < P; ++i) flat[std::size_t(i)] = float(i % 1024) * 0.25f - float(i / 1024);  // exact
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("gnh-slices-" + std::to_string(getpid()) + ".h5"));
+  write_checkpoint(path, c, flat, flat);
+  // Blocks of 7 values (partial rows of every 2-D tensor) and of the default size.
+  REQUIRE(verify_param_hash(path, 7) == params_sha256(flat));
+  REQUIRE(verify_param_hash(path) == params_sha256(flat));
+  // Slices starting and ending inside rows, across tensors, empty and whole.
+  for (std::int64_t lo : {std::int64_t(0), std::int64_t(1), std::int64_t(5), std::int64_t(107), P - 3, P})
+    for (std::int64_t len : {std::int64_t(0), std::int64_t(1), std::int64_t(9), std::int64_t(130), P}) {
+      const std::int64_t hi = std::min(P, lo + len);
+      CAPTURE(lo, hi);
+      const std::vector<float> got = read_param_slice(path, lo, hi);
+      REQUIRE(got == std::vector<float>(flat.begin() + lo, flat.begin() + hi));
+    }
+  REQUIRE_THROWS_WITH(read_param_slice(path, 3, P + 1), Catch::Contains("a slice [3, " + std::to_string(P + 1)));
+  // A value changed after conversion: the streamed hash says so.
+  std::vector<float> changed = flat;
+  changed[std::size_t(P / 2)] += 1.0f;
+  write_checkpoint(path, c, changed, flat);
+  REQUIRE_THROWS_WITH(verify_param_hash(path, 64), Catch::Contains("the file was changed after conversion"));
+  std::filesystem::remove(path);
 }

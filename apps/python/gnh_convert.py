@@ -835,12 +835,13 @@ def convert_hf(in_dir: str, out_path: str) -> Tuple[gnh_layout.HFConfig, int, st
     no optimizer state: none is written."""
     try:
         cfg = gnh_hf.read_config(in_dir)
+        iter_num = gnh_hf.iter_num_of(in_dir)
         state, digest = gnh_hf.read_weights(in_dir)
         params = gnh_hf.collect(state, cfg)
     except gnh_hf.HFError as exc:
         raise ConvertError(str(exc)) from None
-    _write(out_path, cfg, params, os.path.basename(os.path.normpath(in_dir)), digest,
-           gnh_hf.iter_num_of(in_dir), None, bad=lambda name, t, why: f"tensor {name} {why}")
+    _write(out_path, cfg, params, os.path.basename(os.path.normpath(in_dir)), digest, iter_num, None,
+           bad=lambda name, t, why: f"tensor {name} {why}")
     return cfg, _count(params), digest
 
 

@@ -223,10 +223,21 @@ def collect(state: Dict[str, Tensor], cfg: HFConfig) -> Dict[str, Tensor]:
 
 
 def iter_num_of(directory: str) -> Optional[int]:
-    """The training step of a checkpoint directory named like ``step1000``,
-    ``checkpoint-1000`` or ``...-step1000`` (Pythia's revisions, HF Trainer)."""
+    """The training step of a checkpoint directory: from its name, like
+    ``step1000``, ``checkpoint-1000`` or ``...-step1000`` (Pythia's revisions,
+    the HF Trainer's checkpoints), and from the ``global_step`` of its
+    ``trainer_state.json`` (the HF Trainer's); where both say, they must agree."""
     m = re.search(r"(?:step|checkpoint-)(\d{1,18})$", os.path.basename(os.path.normpath(directory)))
-    return int(m.group(1)) if m else None
+    named = int(m.group(1)) if m else None
+    path = os.path.join(directory, "trainer_state.json")
+    if not os.path.exists(path):
+        return named
+    step = _json(path).get("global_step")
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**63:
+        raise HFError(f"trainer_state.json: global_step = {describe(step)} is not an integer in [0, 2^63)")
+    if named is not None and named != step:
+        raise HFError(f"trainer_state.json: global_step = {step}, but the directory's name says step {named}")
+    return step
 
 
 # --------------------------------------------------------------------------- #

@@ -213,11 +213,31 @@ class HFConvertTests(unittest.TestCase):
         self.check_file(self.convert_ok(d), cfg, {n: bf16_round(a) for n, a in state.items()})
 
     def test_step_directories_give_the_iteration(self):
+        # The step from the directory's name (a Pythia revision), from the
+        # HF Trainer's trainer_state.json, from both where they agree; none
+        # without either; refused, naming the file, where they disagree or
+        # the file's step is not an integer.
         cfg = neox()
-        d = os.path.join(self.tmp, "pythia-14m-step1000")
-        gnh_hf.save_dir(d, cfg, state_of(cfg, 1))
-        with h5py.File(self.convert_ok(d), "r") as f:
-            self.assertEqual(int(f.attrs["iter_num"]), 1000)
+        state = state_of(cfg, 1)
+        cases = {"pythia-14m-step1000": (None, 1000), "trained": (1234, 1234), "checkpoint-500": (500, 500),
+                 "plain": (None, None)}
+        for name, (global_step, want) in cases.items():
+            with self.subTest(directory=name):
+                d = os.path.join(self.tmp, name)
+                gnh_hf.save_dir(d, cfg, state)
+                if global_step is not None:
+                    with open(os.path.join(d, "trainer_state.json"), "w") as fh:
+                        json.dump({"global_step": global_step, "epoch": 0.5}, fh)
+                with h5py.File(self.convert_ok(d), "r") as f:
+                    self.assertEqual(int(f.attrs["iter_num"]) if "iter_num" in f.attrs else None, want)
+        for name, body, words in (("checkpoint-600", {"global_step": 599}, ("global_step = 599", "step 600")),
+                                  ("bad-step", {"global_step": "600"}, ("trainer_state.json", "'600'"))):
+            with self.subTest(directory=name):
+                d = os.path.join(self.tmp, name)
+                gnh_hf.save_dir(d, cfg, state)
+                with open(os.path.join(d, "trainer_state.json"), "w") as fh:
+                    json.dump(body, fh)
+                self.refused(d, *words)
 
     def refused(self, d, *words):
         out = os.path.join(self.tmp, "refused.h5")

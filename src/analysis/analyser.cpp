@@ -16,7 +16,7 @@ struct Analyser::Impl {
   virtual void set_update_target(const std::vector<float>& theta_b) = 0;
   virtual CaseStatistics analyse(Team& team, const std::int32_t* ids, index_t n_blocks, const CaseHooks& hooks) = 0;
   virtual std::vector<double> curvature_along(const std::vector<std::vector<double>>& dirs, const std::int32_t* ids,
-                                              index_t n_blocks) = 0;
+                                              index_t n_blocks, index_t stride) = 0;
 };
 
 namespace {
@@ -54,7 +54,7 @@ struct EnginesOf final : Analyser::Impl {
   }
 
   std::vector<double> curvature_along(const std::vector<std::vector<double>>& dirs, const std::int32_t* ids,
-                                      index_t n_blocks) override {
+                                      index_t n_blocks, index_t stride) override {
     const index_t P = engines.gradient.layout().size();
     std::vector<double> out;
     for (const index_t K : balanced_passes(index_t(dirs.size()), settings.directions_per_pass)) {
@@ -64,8 +64,9 @@ struct EnginesOf final : Analyser::Impl {
       for (index_t r = 0; r < K; ++r)
         for (index_t i = 0; i < P; ++i) hd(r, i) = static_cast<T>(dirs[std::size_t(c0 + r)][std::size_t(i)]);
       Kokkos::deep_copy(d, hd);
-      const EpochCurvature ec = epoch_curvature<T>(space, engines.curvature(K), params, d, ids, all_blocks(n_blocks),
-                                                   settings.curvature_method);
+      const EpochCurvature ec =
+          epoch_curvature<T>(space, engines.curvature(K), params, d, ids, all_blocks(n_blocks),
+                             settings.curvature_method, View2<double>(), CurvatureOperator::hessian, stride);
       out.insert(out.end(), ec.vHv.begin(), ec.vHv.end());
     }
     return out;
@@ -98,8 +99,8 @@ CaseStatistics Analyser::analyse(Team& team, const std::int32_t* ids, index_t n_
 }
 
 std::vector<double> Analyser::curvature_along(const std::vector<std::vector<double>>& dirs, const std::int32_t* ids,
-                                              index_t n_blocks) {
-  return impl_->curvature_along(dirs, ids, n_blocks);
+                                              index_t n_blocks, index_t stride) {
+  return impl_->curvature_along(dirs, ids, n_blocks, stride);
 }
 
 }  // namespace gnh

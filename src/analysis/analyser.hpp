@@ -36,6 +36,10 @@ struct CaseHooks {
   LanczosStore* lanczos = nullptr;         // the spectrum's state between steps; none: not resumable
   LanczosStore* lanczos_ggn = nullptr;     // the Gauss-Newton spectrum's
   LanczosStore* lanczos_blocks = nullptr;  // the per-block spectra's (curvature.spectrum_blocks)
+  // Tokens from one block's first to the next's in ids: the context (0 says
+  // so) for a stream's overlapping blocks, the sample length for
+  // [data] layout = "sequences".
+  index_t block_stride = 0;
 };
 
 class Analyser {
@@ -56,9 +60,10 @@ class Analyser {
   // Every statistic of SPEC §4 for one case, computed by the team.
   CaseStatistics analyse(Team& team, const std::int32_t* ids, index_t n_blocks, const CaseHooks& hooks);
   // v^T H v of the epoch's mean loss along each direction (P values each), in
-  // passes of at most directions_per_pass; one rank.
+  // passes of at most directions_per_pass; one rank. stride: as
+  // CaseHooks::block_stride.
   std::vector<double> curvature_along(const std::vector<std::vector<double>>& dirs, const std::int32_t* ids,
-                                      index_t n_blocks);
+                                      index_t n_blocks, index_t stride = 0);
 
   struct Impl;
 

@@ -88,7 +88,7 @@ struct CaseAnalysis {
         hooks_(hooks),
         plan_(plan_case(s, n_blocks, extras.precond.extent(0) > 0, extras.target.extent(0) > 0)),
         P_(engines.gradient.layout().size()),
-        stager_(std::max<index_t>(s.grad_microbatch, s.hvp_batch), s.context),
+        stager_(std::max<index_t>(s.grad_microbatch, s.hvp_batch), s.context, hooks.block_stride),
         G_("gnh::case::G", P_) {
     out_.m.n_blocks = n_blocks;
     out_.m.context = s.context;

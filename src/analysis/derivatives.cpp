@@ -36,7 +36,7 @@ EpochGradient epoch_gradient(const ExecSpace& space, Gpt<T>& model, Span1<const 
 template <class T>
 EpochCurvature epoch_curvature(const ExecSpace& space, Gpt<T>& model, Span1<const T> params, Span2<const T> dirs,
                                const std::int32_t* ids, const std::vector<index_t>& blocks, CurvatureMethod method,
-                               View2<double> Hv, CurvatureOperator op) {
+                               View2<double> Hv, CurvatureOperator op, index_t stride) {
   const index_t K = dirs.extent(0);
   const auto batches = make_batches(blocks, model.batch());
   EpochCurvature out;
@@ -48,7 +48,7 @@ EpochCurvature epoch_curvature(const ExecSpace& space, Gpt<T>& model, Span1<cons
   if (want_hv)
     for (index_t k = 0; k < K; ++k) hv_sums.emplace_back(P);
   std::vector<BatchScalars> table;
-  BatchStager stager(model.batch(), model.context());
+  BatchStager stager(model.batch(), model.context(), stride);
   curvature_pass<T>(space, model, stager, params, dirs, ids, batches, all_blocks(index_t(batches.size())), method,
                     table, {}, {}, want_hv ? &hv_sums : nullptr, op);
   const BatchScalars s = sum_in_order(table);
@@ -74,7 +74,7 @@ EpochCurvature epoch_curvature(const ExecSpace& space, Gpt<T>& model, Span1<cons
                                            const std::vector<index_t>&, View1<double>);                         \
   template EpochCurvature epoch_curvature<T>(const ExecSpace&, Gpt<T>&, Span1<const T>, Span2<const T>,         \
                                              const std::int32_t*, const std::vector<index_t>&, CurvatureMethod, \
-                                             View2<double>, CurvatureOperator);
+                                             View2<double>, CurvatureOperator, index_t);
 GNH_INSTANTIATE(float)
 GNH_INSTANTIATE(double)
 #undef GNH_INSTANTIATE

@@ -38,11 +38,13 @@ EpochGradient epoch_gradient(const ExecSpace& space, Gpt<T>& model, Span1<const 
 // Quadratic forms along dirs (K, P), K = the model's planned directions.
 // forward_over_reverse needs a model planned with reverse mode; if Hv is
 // non-empty it receives H v_k of the mean loss (K, P). second_order_forward
-// needs second-order planes.
+// needs second-order planes. stride: tokens from one block's first to the
+// next's in ids (0: the context; BatchStager).
 template <class T>
 EpochCurvature epoch_curvature(const ExecSpace& space, Gpt<T>& model, Span1<const T> params, Span2<const T> dirs,
                                const std::int32_t* ids, const std::vector<index_t>& blocks, CurvatureMethod method,
-                               View2<double> Hv = View2<double>(), CurvatureOperator op = CurvatureOperator::hessian);
+                               View2<double> Hv = View2<double>(), CurvatureOperator op = CurvatureOperator::hessian,
+                               index_t stride = 0);
 
 // 0, 1, ..., n-1.
 std::vector<index_t> all_blocks(index_t n);

@@ -10,12 +10,12 @@
 namespace gnh {
 
 void fill_batch(View2<std::int32_t, HostSpace> tokens, View2<std::int32_t, HostSpace> targets, const std::int32_t* ids,
-                const index_t* blocks, index_t count) {
-  const index_t B = tokens.extent(0), T = tokens.extent(1);
+                const index_t* blocks, index_t count, index_t stride) {
+  const index_t B = tokens.extent(0), T = tokens.extent(1), step = stride > 0 ? stride : T;
   if (count > B) throw std::logic_error("fill_batch: more blocks than the batch holds");
   for (index_t b = 0; b < B; ++b) {
     const bool real = b < count;
-    const std::int32_t* block = real ? ids + blocks[b] * T : ids;
+    const std::int32_t* block = real ? ids + blocks[b] * step : ids;
     for (index_t t = 0; t < T; ++t) {
       tokens(b, t) = real ? block[t] : 0;
       targets(b, t) = real ? block[t + 1] : -1;

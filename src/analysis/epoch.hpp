@@ -13,10 +13,11 @@
 
 namespace gnh {
 
-// Fills one (B, T) batch with the listed blocks (count <= B); rows past count
-// are padding: token 0 and ignored targets (-1).
+// Fills one (B, T) batch with the listed blocks (count <= B), block k the
+// T + 1 tokens from ids + k stride (stride 0: T, a stream's overlapping
+// blocks); rows past count are padding: token 0 and ignored targets (-1).
 void fill_batch(View2<std::int32_t, HostSpace> tokens, View2<std::int32_t, HostSpace> targets, const std::int32_t* ids,
-                const index_t* blocks, index_t count);
+                const index_t* blocks, index_t count, index_t stride = 0);
 
 struct EpochLoss {
   double loss = 0.0;        // sum / tokens

@@ -235,8 +235,9 @@ LossSum SequenceNorms<T>::gradients(const ExecSpace& space, Span1<const T> param
   return total;
 }
 
-BatchStager::BatchStager(index_t max_batch, index_t context)
+BatchStager::BatchStager(index_t max_batch, index_t context, index_t stride)
     : context_(context),
+      stride_(stride > 0 ? stride : context),
       tokens_("gnh::batch::tokens", max_batch, context),
       targets_("gnh::batch::targets", max_batch, context),
       h_tokens_(Kokkos::create_mirror_view(tokens_)),
@@ -246,7 +247,7 @@ void BatchStager::stage(const std::int32_t* ids, const Batch& blocks, index_t B)
   if (B > index_t(tokens_.extent(0))) throw std::logic_error("BatchStager: batch larger than planned");
   rows_ = B;
   const View2<std::int32_t, HostSpace> ht(h_tokens_.data(), B, context_), hg(h_targets_.data(), B, context_);
-  fill_batch(ht, hg, ids, blocks.data(), index_t(blocks.size()));
+  fill_batch(ht, hg, ids, blocks.data(), index_t(blocks.size()), stride_);
   const std::size_t n = std::size_t(B * context_);
   Kokkos::deep_copy(Span1<std::int32_t>(tokens_.data(), n), Span1<std::int32_t, HostSpace>(h_tokens_.data(), n));
   Kokkos::deep_copy(Span1<std::int32_t>(targets_.data(), n), Span1<std::int32_t, HostSpace>(h_targets_.data(), n));

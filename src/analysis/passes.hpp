@@ -19,14 +19,15 @@ namespace gnh {
 // largest batch; a batch of B rows uses the first B rows (contiguous).
 class BatchStager {
  public:
-  BatchStager(index_t max_batch, index_t context);
+  // stride: tokens from one block's first to the next's in ids (0: context).
+  BatchStager(index_t max_batch, index_t context, index_t stride = 0);
   // Rows 0..B-1 hold the listed blocks (at most B), padding after them.
   void stage(const std::int32_t* ids, const Batch& blocks, index_t B);
   Span2<const std::int32_t> tokens() const { return Span2<const std::int32_t>(tokens_.data(), rows_, context_); }
   Span2<const std::int32_t> targets() const { return Span2<const std::int32_t>(targets_.data(), rows_, context_); }
 
  private:
-  index_t context_, rows_ = 0;
+  index_t context_, stride_, rows_ = 0;
   View2<std::int32_t> tokens_, targets_;
   typename View2<std::int32_t>::HostMirror h_tokens_, h_targets_;
 };

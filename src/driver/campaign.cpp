@@ -79,7 +79,10 @@ std::string settings_fingerprint(const Deck& d, const ModelConfig& cfg, const st
   j["context"] = d.analysis.context;
   j["max_blocks"] = d.max_blocks;
   j["model"] = cfg.describe();
-  for (const auto& c : cases) j["data"][c.name] = {{"sha256", c.data.sha256}, {"blocks", c.blocks}};
+  for (const auto& c : cases) {
+    j["data"][c.name] = {{"sha256", c.data.sha256}, {"blocks", c.blocks}};
+    if (c.stride != d.analysis.context) j["data"][c.name]["stride"] = c.stride;  // layout "sequences"
+  }
   j["analysis"] = json::object();
   for_each_analysis_key(d.analysis, [&](const AnalysisKey& k, const auto& v) { j["analysis"][k.name] = json_of(v); });
   j["precision"] = to_string(d.analysis.precision);
@@ -249,7 +252,14 @@ LoadedCase load_case(const Deck& deck, const DataCaseSpec& spec, const ModelConf
   LoadedCase c;
   c.name = spec.name;
   c.data = read_token_source(deck.resolve(spec.path), spec.format, spec.dtype, spec.dataset, cfg.vocab_size);
-  c.blocks = epoch_blocks(static_cast<index_t>(c.data.ids.size()), context, deck.max_blocks);
+  c.stride = index_t(spec.stride(context));
+  const index_t n = static_cast<index_t>(c.data.ids.size());
+  if (spec.layout == "sequences") {  // sample i's first T + 1 tokens, wherever they are whole
+    c.blocks = n > context ? (n - context - 1) / c.stride + 1 : 0;
+    if (deck.max_blocks > 0) c.blocks = std::min<index_t>(c.blocks, index_t(deck.max_blocks));
+  } else {
+    c.blocks = epoch_blocks(n, context, deck.max_blocks);
+  }
   if (c.blocks == 0)
     fail(c.data.path, ": ", c.data.ids.size(), " tokens are too few for one block of context ", context, " (data.",
          spec.name, ")");

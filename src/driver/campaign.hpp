@@ -27,6 +27,7 @@ struct LoadedCase {
   std::string name;
   TokenFile data;
   index_t blocks = 0;
+  index_t stride = 0;  // tokens from one block's first to the next's (DataCaseSpec::stride)
 };
 
 struct Campaign {

@@ -84,8 +84,10 @@ PolicyResult run_policy(Precision policy, const Deck& deck, const ModelConfig& c
   PolicyResult r;
   CaseHooks hooks;
   hooks.keep = &r.vectors;
+  hooks.block_stride = c.stride;
   r.stats = analyser.analyse(team, c.data.ids.data(), c.blocks, hooks);
-  if (cross_dirs && !cross_dirs->empty()) r.cross = analyser.curvature_along(*cross_dirs, c.data.ids.data(), c.blocks);
+  if (cross_dirs && !cross_dirs->empty())
+    r.cross = analyser.curvature_along(*cross_dirs, c.data.ids.data(), c.blocks, c.stride);
   return r;
 }
 

@@ -250,6 +250,7 @@ class GroupRunner {
   CaseRecord analyse_case(const GroupRecord& g, const LoadedCase& cs) {
     CaseHooks hooks;
     hooks.stop = [] { return g_terminate != 0; };
+    hooks.block_stride = cs.stride;
     if (leader_) {
       log_.begin(g.hash, cs.name, cs.blocks * c_.deck.analysis.context);
       hooks.progress = [this](const std::string& stage, index_t done, index_t total) { log_(stage, done, total); };

@@ -255,10 +255,17 @@ DataCaseSpec read_data_case(const Reader& r, const toml::node& n, const char* c)
   const std::string sec = std::string("data.") + c;
   if (!n.is_table()) fail(r.where(n, sec), ": ", sec, " must be a table like { path = \"...\", dtype = \"uint16\" }");
   const toml::table& t = *n.as_table();
-  r.check_keys(t, sec, {"path", "format", "dtype", "dataset"});
+  r.check_keys(t, sec, {"path", "format", "dtype", "dataset", "layout", "sequence_length"});
   DataCaseSpec cs;
   cs.name = c;
   cs.path = r.str(t, sec, "path", "", true);
+  cs.layout = r.str(t, sec, "layout", "stream", false, {"stream", "sequences"});
+  cs.sequence_length = r.integer(t, sec, "sequence_length", 0, 2, std::int64_t(1) << 30);
+  if (cs.layout == "sequences" && !t.get("sequence_length"))
+    fail(r.where(t, sec), ": ", sec, " has layout \"sequences\" but no sequence_length (tokens per sample)");
+  if (cs.layout == "stream" && t.get("sequence_length"))
+    fail(r.where(*t.get("sequence_length"), sec + ".sequence_length"), ": ", sec,
+         ".sequence_length needs layout = \"sequences\" (a stream's blocks overlap by one token)");
   cs.dtype = r.str(t, sec, "dtype", "uint16", false, {"uint16", "uint32", "hdf5"});
   cs.dataset = r.str(t, sec, "dataset", "");
   cs.format = r.str(t, sec, "format", cs.dtype == "hdf5" ? "hdf5" : "bin", false, {"bin", "hdf5", "megatron", "npy"});
@@ -287,7 +294,14 @@ void read_data_section(const Reader& r, const toml::table& root, Deck& d) {
   d.analysis.context = r.integer(*data, "data", "context", 0, 1, 1 << 20, true);
   d.max_blocks = r.integer(*data, "data", "max_blocks", 0, 0, INT64_MAX);
   for (const char* c : {"seen", "unseen"})
-    if (const toml::node* n = data->get(c)) d.cases.push_back(read_data_case(r, *n, c));
+    if (const toml::node* n = data->get(c)) {
+      d.cases.push_back(read_data_case(r, *n, c));
+      const DataCaseSpec& cs = d.cases.back();
+      if (cs.layout == "sequences" && cs.sequence_length < d.analysis.context + 1)
+        fail(r.where(*n->as_table()->get("sequence_length"), std::string("data.") + c + ".sequence_length"), ": data.",
+             c, ".sequence_length = ", cs.sequence_length, " is shorter than a block: context ", d.analysis.context,
+             " needs ", d.analysis.context + 1, " tokens a sample (the inputs and the last target)");
+    }
   if (d.cases.empty()) fail(r.where(*data, "data"), ": [data] needs at least one of seen, unseen");
 }
 

@@ -17,6 +17,12 @@ struct DataCaseSpec {
   std::string format = "bin";    // "bin" | "hdf5" | "megatron" | "npy" (io/tokens.hpp)
   std::string dtype = "uint16";  // "uint16" | "uint32" | "hdf5" (a bin file's; the others' is in the file)
   std::string dataset;           // HDF5 dataset (dtype "hdf5")
+  // "stream": block i is tokens [i T, i T + T] (overlapping by one); "sequences":
+  // sample i is tokens [i S, (i + 1) S), its block the first T + 1 of them.
+  std::string layout = "stream";
+  std::int64_t sequence_length = 0;  // S, with layout "sequences" (at least T + 1)
+  // Tokens from one block's first to the next's.
+  std::int64_t stride(std::int64_t context) const { return layout == "sequences" ? sequence_length : context; }
 };
 
 struct Deck {

@@ -5,6 +5,8 @@
   and Megatron indexed datasets (uint16 and int32, documents of uneven
   length, named by .bin, .idx or the prefix) give bitwise the same loss and
   |G|^2;
+- layout = "sequences" (each sample its own block, no overlap) gives the
+  stream's values where its samples hold the stream's blocks;
 - every malformed file stops the run before anything is computed with one
   line naming the file and the field or offset; a dtype beside a format
   whose files carry their own is a deck error with its line."""
@@ -70,6 +72,28 @@ class TokenFormats(unittest.TestCase):
                            ("meg_prefix", '{ path = "mu2", format = "megatron" }')):
             with self.subTest(name=name):
                 self.assertEqual(self.seen_values(name, seen), want)
+
+    def test_samples_layout_gives_the_streams_blocks(self):
+        # layout = "sequences": sample i is tokens [i S, (i + 1) S) and its
+        # block the first T + 1 of them. Samples cut from the stream's blocks
+        # (each the 9 tokens of a block of context 8, then 3 tokens that no
+        # block reads where S = 12) give the stream's loss and |G|^2 bit for
+        # bit, as a flat file and as a Megatron dataset of one document per
+        # sample (Pythia's and Megatron's layout).
+        want = self.seen_values("flat_s", '{ path = "train.bin", dtype = "uint16" }')
+        blocks = [self.tokens[8 * i:8 * i + 9] for i in range((len(self.tokens) - 1) // 8)]
+        np.concatenate(blocks).astype("<u2").tofile(os.path.join(self.tmp, "s9.bin"))
+        padded = [np.concatenate([b, np.full(3, 18, dtype=b.dtype)]) for b in blocks]
+        gnh_tokens.write_megatron(os.path.join(self.tmp, "s12"), padded, np.uint16)
+        for name, seen in (("seq9", '{ path = "s9.bin", layout = "sequences", sequence_length = 9 }'),
+                           ("seq12", '{ path = "s12", format = "megatron", layout = "sequences", '
+                                     'sequence_length = 12 }')):
+            with self.subTest(name=name):
+                self.assertEqual(self.seen_values(name, seen), want)
+        self.refused("seq_short", '{ path = "s9.bin", layout = "sequences", sequence_length = 8 }',
+                     "data.seen.sequence_length = 8 is shorter than a block", "context 8 needs 9 tokens")
+        self.refused("seq_none", '{ path = "s9.bin", layout = "sequences" }', "no sequence_length")
+        self.refused("seq_stream", '{ path = "s9.bin", sequence_length = 9 }', 'needs layout = "sequences"')
 
     def refused(self, name, seen, *expect):
         # One process without mpirun (MPI's singleton): a fifth of the start-up.

@@ -697,7 +697,9 @@ def _write_tree(f, sink: _Guarded, cfg: GPTConfig, params: Dict[str, Tensor], so
         c.attrs["ln_eps"] = np.float64(cfg.ln_eps)
     # track_order keeps the canonical (creation) order on iteration.
     p = f.create_group("params", track_order=True)
-    # param_sha256 (gnh_layout.param_sha256) taken as the values are written:
+    # param_sha256, the SHA-256 of the flat float32 little-endian vector in
+    # canonical order (what the C++ reader computes from the values it reads),
+    # taken as the values are written:
     # gnh plans a campaign from it (grouping without reading the values) and
     # checks it against the values whenever it reads them.
     digest = hashlib.sha256()

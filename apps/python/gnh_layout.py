@@ -9,7 +9,6 @@ where PyTorch is not installed.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
@@ -101,17 +100,6 @@ def canonical_names(cfg: GPTConfig) -> List[str]:
     if not cfg.tie_embeddings:
         names.append("lm_head.weight")
     return names
-
-
-def param_sha256(cfg: GPTConfig, params: Dict[str, np.ndarray]) -> str:
-    """The content hash gnh groups identical states by: SHA-256 of the flat
-    float32 little-endian parameter vector in canonical order (what the C++
-    reader computes from the values it reads, and checks against the
-    checkpoint's ``param_sha256`` attribute)."""
-    h = hashlib.sha256()
-    for name in names_of(cfg):
-        h.update(np.ascontiguousarray(params[name], dtype="<f4").tobytes())
-    return h.hexdigest()
 
 
 def canonical_shapes(cfg: GPTConfig) -> Dict[str, Tuple[int, ...]]:

@@ -328,22 +328,14 @@ struct CaseAnalysis {
   void xi_of_gj(View1<double> x, T* row) {
     auto g = gj_;
     auto Gv = G_;
-    if (row != nullptr) {
-      Span1<T> out(row, P_);
-      if (x.extent(0) > 0)
-        Kokkos::parallel_for(
-            "gnh::case::xi", range(space_, P_), KOKKOS_LAMBDA(const index_t i) {
-              x(i) = g(i) - Gv(i);
-              out(i) = static_cast<T>(x(i));
-            });
-      else
-        Kokkos::parallel_for(
-            "gnh::case::xi_row", range(space_, P_),
-            KOKKOS_LAMBDA(const index_t i) { out(i) = static_cast<T>(g(i) - Gv(i)); });
-    } else {
-      Kokkos::parallel_for(
-          "gnh::case::xi", range(space_, P_), KOKKOS_LAMBDA(const index_t i) { x(i) = g(i) - Gv(i); });
-    }
+    const Span1<T> out(row, row != nullptr ? P_ : 0);
+    const bool to_x = x.extent(0) > 0, to_row = row != nullptr;
+    Kokkos::parallel_for(
+        "gnh::case::xi", range(space_, P_), KOKKOS_LAMBDA(const index_t i) {
+          const double d = g(i) - Gv(i);
+          if (to_x) x(i) = d;
+          if (to_row) out(i) = static_cast<T>(d);
+        });
   }
 
   // parallel.noise_vectors = "recompute": xi_j into row, its noise batch's

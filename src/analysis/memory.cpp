@@ -86,29 +86,29 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const 
   m.curvature = plan_gpt_bytes(cfg, curvature_shape(s, c.pass_widths.front()), scalar);
   m.checks = plan_gpt_bytes(cfg, check_shape(s, false), scalar) + plan_gpt_bytes(cfg, check_shape(s, true), scalar);
   if (s.per_sequence) m.sequence = sequence_group_bytes(cfg, s, sequence_group(cfg, s, gpu_shaped));
+  // n parameter-sized vectors of `each` bytes an element, counted and sized.
+  auto add = [&](std::size_t each, index_t n) {
+    m.vectors += each * P * std::size_t(n);
+    m.vector_count += n;
+  };
+  const index_t width = c.pass_widths.front();
   // G, g_j, xi_j and a check buffer in double; two or three exact sums (the
   // epoch's, a noise batch's, the partition's); the xi block (kept noise
   // vectors only), the widest pass's directions, the two check directions
   // and three batch vectors.
-  const index_t doubles = 4, sums = c.partition ? 3 : 2;
-  const index_t rows = (c.keep_noise ? c.n_noise : 0) + c.pass_widths.front() + 2 + 3;
-  m.vectors = sizeof(double) * P * std::size_t(doubles) + sizeof(fixed128) * P * std::size_t(sums) +
-              scalar * P * std::size_t(rows);
-  m.vector_count = doubles + sums + rows;
+  add(sizeof(double), 4);
+  add(sizeof(fixed128), c.partition ? 3 : 2);
+  add(scalar, (c.keep_noise ? c.n_noise : 0) + width + 2 + 3);
+  if (c.preconditioned) add(sizeof(double), 1);  // the preconditioner
+  if (c.update) {                                // Delta and theta_b
+    add(sizeof(double), 1);
+    add(scalar, 1);
+  }
   // [curvature] with H v kept: an exact sum per direction of the widest pass,
   // the epoch's H v in double, and the diagonal's accumulator in double.
-  if (c.preconditioned) {  // the preconditioner
-    m.vectors += sizeof(double) * P;
-    m.vector_count += 1;
-  }
-  if (c.update) {  // Delta and theta_b
-    m.vectors += (sizeof(double) + scalar) * P;
-    m.vector_count += 2;
-  }
   if (s.keeps_hv()) {
-    const index_t hv = s.curvature.diagonal ? 2 : 1;
-    m.vectors += sizeof(fixed128) * P * std::size_t(c.pass_widths.front()) + sizeof(double) * P * std::size_t(hv);
-    m.vector_count += c.pass_widths.front() + hv;
+    add(sizeof(fixed128), width);
+    add(sizeof(double), s.curvature.diagonal ? 2 : 1);
   }
   if (c.spectrum) {
     m.spectrum = lanczos_bytes(index_t(P), s.curvature, s.directions_per_pass, members);

@@ -8,9 +8,10 @@
 
 namespace gnh {
 
-index_t epoch_blocks(index_t n_tokens, index_t context, index_t cap) {
+index_t epoch_blocks(index_t n_tokens, index_t context, index_t cap, index_t stride) {
   if (context <= 0) fail("context ", context, " must be positive");
-  const index_t n = n_tokens > 0 ? (n_tokens - 1) / context : 0;
+  const index_t step = stride > 0 ? stride : context;
+  const index_t n = n_tokens > context ? (n_tokens - context - 1) / step + 1 : 0;
   return cap > 0 && cap < n ? cap : n;
 }
 

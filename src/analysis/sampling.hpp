@@ -13,9 +13,10 @@
 
 namespace gnh {
 
-// Number of blocks of an epoch over n_tokens ids (SPEC §3: floor((N-1)/T));
-// cap <= 0 means no cap.
-index_t epoch_blocks(index_t n_tokens, index_t context, index_t cap);
+// Number of blocks of an epoch over n_tokens ids, block b the T + 1 ids from
+// b stride (stride 0: T, SPEC §3's floor((N-1)/T); a sample length for
+// layout "sequences"): those whose ids are all there. cap <= 0 means no cap.
+index_t epoch_blocks(index_t n_tokens, index_t context, index_t cap, index_t stride = 0);
 
 std::vector<std::vector<index_t>> noise_batches(index_t n_blocks, index_t noise_batch, index_t noise_samples,
                                                 std::uint64_t seed);

@@ -253,13 +253,7 @@ LoadedCase load_case(const Deck& deck, const DataCaseSpec& spec, const ModelConf
   c.name = spec.name;
   c.data = read_token_source(deck.resolve(spec.path), spec.format, spec.dtype, spec.dataset, cfg.vocab_size);
   c.stride = index_t(spec.stride(context));
-  const index_t n = static_cast<index_t>(c.data.ids.size());
-  if (spec.layout == "sequences") {  // sample i's first T + 1 tokens, wherever they are whole
-    c.blocks = n > context ? (n - context - 1) / c.stride + 1 : 0;
-    if (deck.max_blocks > 0) c.blocks = std::min<index_t>(c.blocks, index_t(deck.max_blocks));
-  } else {
-    c.blocks = epoch_blocks(n, context, deck.max_blocks);
-  }
+  c.blocks = epoch_blocks(static_cast<index_t>(c.data.ids.size()), context, deck.max_blocks, c.stride);
   if (c.blocks == 0)
     fail(c.data.path, ": ", c.data.ids.size(), " tokens are too few for one block of context ", context, " (data.",
          spec.name, ")");
@@ -371,7 +365,9 @@ void set_pass_sizes(const Comm& comm, Campaign& c, index_t directions_per_pass, 
     overrides.push_back("analysis.hvp_batch=" + std::to_string(hvp_batch));
     const Deck d = parse_deck(c.deck.source_text, c.deck.file, c.deck.dir, overrides);
     c.deck.overrides = d.overrides;
+    const bool keep_noise = c.deck.analysis.keep_noise_vectors;  // resolved by the run, not in the deck
     c.deck.analysis = d.analysis;
+    c.deck.analysis.keep_noise_vectors = keep_noise;
     c.deck.effective_text = d.effective_text;
   });
   c.info.effective_deck = c.deck.effective_text;

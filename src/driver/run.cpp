@@ -140,14 +140,13 @@ void fit_campaign_to_memory(const Comm& comm, Campaign& c, const MemoryBudget& b
 
 // parallel.noise_vectors: rank 0's choice for every rank (a team's members
 // must agree: recomputing is collective).
-bool choose_noise_vectors(const Comm& comm, Campaign& c, const MemoryBudget& budget) {
+void choose_noise_vectors(const Comm& comm, Campaign& c, const MemoryBudget& budget) {
   std::vector<long long> keep = {0};
   comm.collective([&] {
     if (comm.rank() == 0) keep[0] = keep_noise_vectors(c, budget) ? 1 : 0;
   });
   comm.sum(keep);
   c.deck.analysis.keep_noise_vectors = keep[0] != 0;
-  return keep[0] != 0;
 }
 
 // A shard of a planned campaign (gnh plan): its share of the groups, dealt
@@ -312,11 +311,8 @@ int run_command(const Comm& comm, const RunOptions& opt) {
   Campaign c = prepare_campaign(comm, opt.deck, opt.overrides, opt.quiet, opt.dry_run);
   MemoryBudget budget;
   comm.collective([&] { budget = memory_budget(comm, opt.memory_budget); });
-  const bool keep_noise = choose_noise_vectors(comm, c, budget);
-  if (opt.fit_memory) {
-    fit_campaign_to_memory(comm, c, budget);
-    c.deck.analysis.keep_noise_vectors = keep_noise;  // the fit parses the deck again
-  }
+  choose_noise_vectors(comm, c, budget);
+  if (opt.fit_memory) fit_campaign_to_memory(comm, c, budget);
   comm.collective([&] { check_memory(c, budget); });
   if (opt.self_check && !opt.dry_run)
     self_check(comm, c.deck.analysis.precision, c.deck.analysis.curvature_method, opt.quiet);

@@ -3,11 +3,14 @@
 
 #include <algorithm>
 
+#include <fnmatch.h>
 #include <glob.h>
 
 #include <cstdio>
 #include <functional>
+#include <tuple>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <type_traits>
@@ -80,7 +83,17 @@ std::string settings_fingerprint(const Deck& d, const ModelConfig& cfg, const st
   j["max_blocks"] = d.max_blocks;
   j["model"] = cfg.describe();
   for (const auto& c : cases) {
-    j["data"][c.name] = {{"sha256", c.data.sha256}, {"blocks", c.blocks}};
+    if (!c.spec.windowed()) {
+      j["data"][c.name] = {{"sha256", c.data.sha256}, {"blocks", c.blocks}};
+    } else {
+      // The selection, not its tokens: those may differ per state, and each
+      // group file records its own (tokens_sha256, checked before reuse).
+      j["data"][c.name] = {{"format", c.source.format}, {"dtype", c.source.dtype}, {"tokens", c.source.count}};
+      if (c.spec.step_tied())
+        j["data"][c.name]["steps_before"] = {c.spec.steps_before, c.spec.batch_samples};
+      else
+        j["data"][c.name]["samples"] = {c.spec.samples_first, c.spec.samples_end};
+    }
     if (c.stride != d.analysis.context) j["data"][c.name]["stride"] = c.stride;  // layout "sequences"
   }
   j["analysis"] = json::object();
@@ -134,14 +147,12 @@ Unpack& operator>>(Unpack& u, FileInfo& f) {
 // states with the same iter_num leave the order undefined: an error naming
 // the files.
 void order_by_iteration(const Deck& deck, const std::vector<CheckpointFile>& files, const std::vector<FileInfo>& info,
-                        std::vector<GroupRecord>& groups) {
-  std::map<std::string, std::size_t> group_of;
-  for (std::size_t g = 0; g < groups.size(); ++g) group_of[groups[g].param_sha256] = g;
+                        const std::vector<std::size_t>& group_of, std::vector<GroupRecord>& groups) {
   for (std::size_t i = 0; i < files.size(); ++i) {
     if (!info[i].has_iter)
       fail(deck.file, ": curvature.update orders the checkpoints by iter_num, but ", files[i].path,
            " has no iter_num (convert it from a nanoGPT file that has one, or set curvature.update = false)");
-    const GroupRecord& g = groups[group_of.at(info[i].sha256)];
+    const GroupRecord& g = groups[group_of[i]];
     if (g.iter_num && *g.iter_num != info[i].iter_num)
       fail(deck.file, ": curvature.update: ", files[i].path, " and ", g.alias_paths.front(),
            " hold the same parameters but iter_num ", info[i].iter_num, " and ", *g.iter_num,
@@ -246,21 +257,49 @@ std::vector<FileInfo> gather_file_info(const Comm& comm, std::vector<CheckpointF
   return info;
 }
 
-// One data case of the deck, read and checked against the model and the settings.
+// One data case of the deck, opened and checked against the model and the
+// settings; read whole unless it selects samples.
 LoadedCase load_case(const Deck& deck, const DataCaseSpec& spec, const ModelConfig& cfg) {
   const index_t context = deck.analysis.context;
   LoadedCase c;
   c.name = spec.name;
-  c.data = read_token_source(deck.resolve(spec.path), spec.format, spec.dtype, spec.dataset, cfg.vocab_size);
+  c.spec = spec;
+  c.source = open_token_source(deck.resolve(spec.path), spec.format, spec.dtype, spec.dataset);
   c.stride = index_t(spec.stride(context));
-  c.blocks = epoch_blocks(static_cast<index_t>(c.data.ids.size()), context, deck.max_blocks, c.stride);
-  if (c.blocks == 0)
-    fail(c.data.path, ": ", c.data.ids.size(), " tokens are too few for one block of context ", context, " (data.",
+  c.available = epoch_blocks(index_t(c.source.count), context, 0, c.stride);
+  if (c.available == 0)
+    fail(c.source.path, ": ", c.source.count, " tokens are too few for one block of context ", context, " (data.",
          spec.name, ")");
-  if (deck.analysis.noise_samples > 0 && c.blocks <= deck.analysis.noise_batch)
-    fail(c.data.path, ": ", c.blocks, " blocks of context ", context, " are too few for noise batches of ",
-         deck.analysis.noise_batch, " (data.", spec.name, " needs more than analysis.noise_batch blocks)");
+  if (spec.windowed()) return c;  // read per state (case_tokens), its size set with the states
+  c.data = read_token_source(c.source.path, spec.format, spec.dtype, spec.dataset, cfg.vocab_size);
+  c.blocks = epoch_blocks(static_cast<index_t>(c.data.ids.size()), context, deck.max_blocks, c.stride);
   return c;
+}
+
+// Every state's samples of every case within its source and enough for the
+// noise batches; a windowed case's plan size is the largest.
+void check_case_samples(Campaign& c) {
+  const Deck& d = c.deck;
+  for (auto& cs : c.cases) {
+    const std::string key = "data." + cs.name;
+    for (const auto& g : c.groups) {
+      const auto [first, end] = case_samples(d, cs, g);
+      const std::string which =
+          cs.spec.step_tied() ? " for " + g.aliases.front() + " (step " + std::to_string(*g.step) + ")" : "";
+      if (end <= first)
+        fail(d.file, ": ", key, ".steps_before: ", g.aliases.front(), " is at step ", *g.step,
+             ": no training step before it, so no samples it was trained on");
+      if (end > cs.available)
+        fail(cs.source.path, ": ", key, " selects samples [", first, ", ", end, ")", which, ", the source holds ",
+             cs.available, " (", cs.source.count, " tokens, a sample every ", cs.stride, " from context ",
+             d.analysis.context, ")");
+      if (d.analysis.noise_samples > 0 && end - first <= d.analysis.noise_batch)
+        fail(cs.source.path, ": ", end - first, " blocks of context ", d.analysis.context, which,
+             " are too few for noise batches of ", d.analysis.noise_batch, " (", key,
+             " needs more than analysis.noise_batch blocks)");
+      if (cs.spec.windowed()) cs.blocks = std::max(cs.blocks, end - first);
+    }
+  }
 }
 
 // The model every checkpoint shares, and the data cases, on every rank.
@@ -279,18 +318,59 @@ void load_model_and_data(const Comm& comm, Campaign& c, const std::vector<FileIn
   });
 }
 
+// The training step of file i, where a case's samples are tied to it: the
+// file's iter_num, else the deck's [checkpoints] steps; a disagreement or no
+// step at all is an error naming the file.
+std::optional<std::int64_t> file_step(const Deck& d, const CheckpointFile& f, const FileInfo& info) {
+  std::optional<std::int64_t> from_deck;
+  std::string pattern;
+  for (const auto& [glob, step] : d.checkpoint_steps)
+    if (::fnmatch(glob.c_str(), f.name.c_str(), 0) == 0) {
+      if (from_deck && *from_deck != step)
+        fail(d.file, ": checkpoints.steps: \"", pattern, "\" = ", *from_deck, " and \"", glob, "\" = ", step,
+             " both match ", f.name);
+      from_deck = step;
+      pattern = glob;
+    }
+  if (info.has_iter && from_deck && *from_deck != info.iter_num)
+    fail(d.file, ": checkpoints.steps: \"", pattern, "\" = ", *from_deck, " but ", f.path, " records iter_num ",
+         info.iter_num);
+  if (info.has_iter) return info.iter_num;
+  return from_deck;
+}
+
 // Identical parameter states grouped, in first appearance order; with
-// [curvature] update, ordered by iter_num.
+// [curvature] update, ordered by iter_num. Where a case's samples are tied to
+// the step, a state is its parameters at its step: the same parameters at two
+// steps are analysed on each step's samples.
 void group_states(Campaign& c, const std::vector<FileInfo>& info) {
+  bool step_tied = false;
+  std::string tied_case;
+  for (const auto& cs : c.deck.cases)
+    if (cs.step_tied()) {
+      step_tied = true;
+      tied_case = cs.name;
+    }
   std::map<std::string, std::size_t> group_of;
+  std::vector<std::size_t> file_group(c.files.size());
   for (std::size_t i = 0; i < c.files.size(); ++i) {
     const std::string& sha = info[i].sha256;
-    auto [it, fresh] = group_of.emplace(sha, c.groups.size());
+    std::optional<std::int64_t> step;
+    if (step_tied) {
+      step = file_step(c.deck, c.files[i], info[i]);
+      if (!step)
+        fail(c.deck.file, ": data.", tied_case, ".steps_before needs each checkpoint's training step, but ",
+             c.files[i].path, " records no iter_num and no checkpoints.steps pattern matches ", c.files[i].name);
+    }
+    const std::string key = step ? sha + " step " + std::to_string(*step) : sha;
+    auto [it, fresh] = group_of.emplace(key, c.groups.size());
+    file_group[i] = it->second;
     if (fresh) {
       GroupRecord g;
       g.param_sha256 = sha;
-      g.hash = sha.substr(0, 16);
+      g.hash = step ? sha256_hex(key).substr(0, 16) : sha.substr(0, 16);
       g.n_params = info[i].n_params;
+      g.step = step;
       c.groups.push_back(g);
     }
     GroupRecord& g = c.groups[it->second];
@@ -298,7 +378,7 @@ void group_states(Campaign& c, const std::vector<FileInfo>& info) {
     g.alias_paths.push_back(c.files[i].path);
     if (info[i].has_iter && !g.iter_num) g.iter_num = info[i].iter_num;
   }
-  if (c.deck.analysis.curvature.update) order_by_iteration(c.deck, c.files, info, c.groups);
+  if (c.deck.analysis.curvature.update) order_by_iteration(c.deck, c.files, info, file_group, c.groups);
 }
 
 // The second-order forward engines the plan builds and whether each cuts:
@@ -349,7 +429,10 @@ Campaign prepare_campaign(const Comm& comm, const std::string& deck_path, const 
   print_banner(comm, c.deck, quiet);
   const std::vector<FileInfo> info = gather_file_info(comm, c.files, read_values);
   load_model_and_data(comm, c, info);
-  group_states(c, info);
+  comm.collective([&] {
+    group_states(c, info);
+    check_case_samples(c);
+  });
   c.output = c.deck.resolve(c.deck.output);
   c.info = run_info_of(c, comm.size());
   if (comm.rank() == 0)
@@ -440,6 +523,50 @@ void choose_host_gemm(const Comm& comm, Campaign& c, const std::string& campaign
     if (const auto k = kernels::host::kernel_named(chosen)) kernels::host::select_kernel(*k);
     c.info.host_gemm = chosen;
   }
+}
+
+std::pair<index_t, index_t> case_samples(const Deck& deck, const LoadedCase& cs, const GroupRecord& g) {
+  const DataCaseSpec& sp = cs.spec;
+  index_t first = 0, end = 0;
+  if (sp.step_tied()) {
+    const index_t s = *g.step;
+    first = std::max<index_t>(s - sp.steps_before, 0) * sp.batch_samples;
+    end = s * sp.batch_samples;
+  } else if (sp.windowed()) {
+    first = sp.samples_first;
+    end = sp.samples_end;
+  } else {
+    return {0, cs.blocks};
+  }
+  if (deck.max_blocks > 0 && end - first > deck.max_blocks) end = first + deck.max_blocks;
+  return {first, end};
+}
+
+CaseTokens case_tokens(const Campaign& c, const LoadedCase& cs, const GroupRecord& g) {
+  CaseTokens t;
+  std::tie(t.first, t.end) = case_samples(c.deck, cs, g);
+  t.blocks = t.end - t.first;
+  // From the first sample's first token to the last block's last target.
+  const index_t n = (t.blocks - 1) * cs.stride + c.deck.analysis.context + 1;
+  if (cs.spec.windowed()) {
+    t.owned = read_token_range(cs.source, std::uint64_t(t.first * cs.stride), std::uint64_t(n), c.cfg.vocab_size);
+    t.ids = t.owned.data();
+  } else {
+    t.ids = cs.data.ids.data();
+  }
+  t.sha256 = tokens_sha256(t.ids, std::size_t(n));
+  return t;
+}
+
+bool same_case_tokens(const std::string& path, const Campaign& c, const std::vector<CaseTokens>& tokens) {
+  std::map<std::string, std::string> recorded;
+  for (std::size_t k = 0; k < c.cases.size(); ++k)
+    if (c.cases[k].spec.windowed()) {
+      if (recorded.empty()) recorded = group_tokens_sha256(path);
+      const auto it = recorded.find(c.cases[k].name);
+      if (it == recorded.end() || it->second != tokens[k].sha256) return false;
+    }
+  return true;
 }
 
 std::string shard_output(const std::string& output, int index, int count) {

@@ -25,9 +25,23 @@ struct CheckpointFile {
 
 struct LoadedCase {
   std::string name;
-  TokenFile data;
+  DataCaseSpec spec;
+  TokenSource source;  // opened and checked
+  TokenFile data;      // the whole source, where the case analyses it whole (not spec.windowed())
+  index_t available = 0;  // samples the source holds in the case's layout
+  // Samples analysed: the most of any state where they are tied to its step
+  // (the plan's size), else every state's.
   index_t blocks = 0;
   index_t stride = 0;  // tokens from one block's first to the next's (DataCaseSpec::stride)
+};
+
+// The tokens of one case for one state: samples [first, end) of the case's
+// layout, block 0 at ids.
+struct CaseTokens {
+  std::vector<std::int32_t> owned;  // read for this state (a windowed case)
+  const std::int32_t* ids = nullptr;
+  index_t blocks = 0, first = 0, end = 0;
+  std::string sha256;  // of the tokens from block 0's first to the last block's last target
 };
 
 struct Campaign {
@@ -42,6 +56,17 @@ struct Campaign {
   RunInfo info;
   std::string output;  // run.output resolved
 };
+
+// The samples [first, end) a case analyses for state g (checked when the
+// campaign was prepared).
+std::pair<index_t, index_t> case_samples(const Deck& deck, const LoadedCase& cs, const GroupRecord& g);
+// The tokens of case cs for state g: a windowed case's read from its source
+// (each checked against the vocabulary), another's taken from the whole
+// source in memory.
+CaseTokens case_tokens(const Campaign& c, const LoadedCase& cs, const GroupRecord& g);
+// Whether a complete group file's windowed cases hold the tokens of `tokens`
+// (the fingerprint names a windowed case's selection, not its tokens).
+bool same_case_tokens(const std::string& path, const Campaign& c, const std::vector<CaseTokens>& tokens);
 
 // Groups checkpoints by their stored param_sha256 (the header only), or by
 // reading and hashing the values of a file that has none. With read_values,

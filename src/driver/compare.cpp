@@ -75,7 +75,8 @@ void l2_and_cosine(const std::vector<double>& a, const std::vector<double>& b, d
 
 // One policy on one case; with `cross_dirs`, also this policy's Hessian on those directions.
 PolicyResult run_policy(Precision policy, const Deck& deck, const ModelConfig& cfg, const std::vector<float>& params,
-                        const LoadedCase& c, const std::vector<std::vector<double>>* cross_dirs) {
+                        const LoadedCase& c, const CaseTokens& tk,
+                        const std::vector<std::vector<double>>* cross_dirs) {
   AnalysisSettings s = deck.analysis;
   s.precision = policy;
   Analyser analyser(cfg, s);
@@ -85,9 +86,8 @@ PolicyResult run_policy(Precision policy, const Deck& deck, const ModelConfig& c
   CaseHooks hooks;
   hooks.keep = &r.vectors;
   hooks.block_stride = c.stride;
-  r.stats = analyser.analyse(team, c.data.ids.data(), c.blocks, hooks);
-  if (cross_dirs && !cross_dirs->empty())
-    r.cross = analyser.curvature_along(*cross_dirs, c.data.ids.data(), c.blocks, c.stride);
+  r.stats = analyser.analyse(team, tk.ids, tk.blocks, hooks);
+  if (cross_dirs && !cross_dirs->empty()) r.cross = analyser.curvature_along(*cross_dirs, tk.ids, tk.blocks, c.stride);
   return r;
 }
 
@@ -158,8 +158,9 @@ Pack compare_my_groups(const Comm& comm, const Campaign& c, Precision reference,
       const Checkpoint ck = read_checkpoint(grp.alias_paths.front());
       std::map<std::string, CaseComparison> cases;
       for (const auto& cs : c.cases) {
-        const PolicyResult ref = run_policy(reference, c.deck, c.cfg, ck.params, cs, nullptr);
-        const PolicyResult cand = run_policy(candidate, c.deck, c.cfg, ck.params, cs, &ref.vectors.xi);
+        const CaseTokens tk = case_tokens(c, cs, grp);
+        const PolicyResult ref = run_policy(reference, c.deck, c.cfg, ck.params, cs, tk, nullptr);
+        const PolicyResult cand = run_policy(candidate, c.deck, c.cfg, ck.params, cs, tk, &ref.vectors.xi);
         const CaseComparison jc = compare_case(ref, cand, opt.tolerance);
         if (!opt.quiet) {
           std::printf("gnh: [rank %d] %s %-6s largest relative error %.3e (%s), G cosine %.6f\n", comm.rank(),

@@ -40,8 +40,17 @@ void print_plan(const Campaign& c, const std::vector<int>& team_of_group, int te
     for (const auto& a : c.groups[g].aliases) aliases += (aliases.empty() ? "" : ", ") + a;
     const std::string path = group_file(output, c.groups[g].hash);
     const bool done = group_file_reusable(path, c.info, c.groups[g].ordered ? &c.groups[g].partner_hash : nullptr);
-    std::printf("  group %s -> team %d%s: %s\n", c.groups[g].hash.c_str(), team_of_group[g],
-                done ? " (complete, will be skipped)" : "", aliases.c_str());
+    // Where a case selects samples: which, per state (with its step where tied to it).
+    std::string samples;
+    for (const auto& cs : c.cases)
+      if (cs.spec.windowed()) {
+        const auto [first, end] = case_samples(c.deck, cs, c.groups[g]);
+        samples += "; " + cs.name + " samples [" + std::to_string(first) + ", " + std::to_string(end) + ")";
+        if (cs.spec.step_tied()) samples += " (step " + std::to_string(*c.groups[g].step) + ")";
+      }
+    // By the fingerprint; a windowed case's recorded tokens are compared when the run reads them.
+    std::printf("  group %s -> team %d%s: %s%s\n", c.groups[g].hash.c_str(), team_of_group[g],
+                done ? " (complete, will be skipped)" : "", aliases.c_str(), samples.c_str());
   }
   for (const auto& cs : c.cases) {
     const CasePlan p = plan_case(s, cs.blocks, true, true);
@@ -54,9 +63,10 @@ void print_plan(const Campaign& c, const std::vector<int>& team_of_group, int te
       widths += (widths.empty() ? "" : " + ") + std::to_string(same) + "x" + std::to_string(sizes[i]);
     }
     std::printf(
-        "  case %-6s %lld blocks (%lld tokens): %lld gradient microbatches; %lld noise batches of %lld%s; "
+        "  case %-6s %s%lld blocks (%lld tokens): %lld gradient microbatches; %lld noise batches of %lld%s; "
         "%lld curvature directions in %lld epoch pass(es) (%s directions) of %lld HVP batches (%s)\n",
-        cs.name.c_str(), static_cast<long long>(n), static_cast<long long>(n * s.context),
+        cs.name.c_str(), cs.spec.step_tied() ? "up to " : "", static_cast<long long>(n),
+        static_cast<long long>(n * s.context),
         static_cast<long long>((n + s.grad_microbatch - 1) / s.grad_microbatch), static_cast<long long>(m),
         static_cast<long long>(s.noise_batch), m < s.noise_samples ? " (capped)" : "", static_cast<long long>(D),
         static_cast<long long>(sizes.size()), widths.c_str(),

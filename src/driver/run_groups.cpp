@@ -160,7 +160,25 @@ class GroupRunner {
 
   void run_group(GroupRecord g, Outcome& out) {
     const std::string path = group_file(output_, g.hash);
-    if (already_complete(g, path)) {
+    // The state's samples of every case (read here where they are a window
+    // of their source: a bad token fails this group alone).
+    std::vector<CaseTokens> tokens;
+    std::string error;
+    try {
+      for (const auto& cs : c_.cases) tokens.push_back(case_tokens(c_, cs, g));
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    if (team_.any(!error.empty())) {
+      // Every member read the same tokens: the leader's line stands for the team's.
+      const bool leader_failed = team_.any(leader_ && !error.empty());
+      ++out.failed;
+      if (!error.empty() && (leader_ || !leader_failed))
+        std::fprintf(stderr, "gnh: error: [rank %d] group %s (%s): %s\n", rank_, g.hash.c_str(),
+                     g.aliases.front().c_str(), error.c_str());
+      return;
+    }
+    if (already_complete(g, path, tokens)) {
       ++out.skipped;
       return;
     }
@@ -168,10 +186,9 @@ class GroupRunner {
       ++out.interrupted;
       return;
     }
-    std::string error;
     try {
       load_state(g);
-      for (const auto& cs : c_.cases) g.cases.push_back(analyse_case(g, cs));
+      for (std::size_t k = 0; k < c_.cases.size(); ++k) g.cases.push_back(analyse_case(g, c_.cases[k], tokens[k]));
       if (leader_) {
         write_group_file(path, c_.info, g);
         remove_spectrum_states(g);
@@ -194,8 +211,11 @@ class GroupRunner {
 
  private:
   // Every member decides the same way: the leader looks, then tells.
-  bool already_complete(const GroupRecord& g, const std::string& path) {
-    int complete = leader_ && group_file_reusable(path, c_.info, g.ordered ? &g.partner_hash : nullptr) ? 1 : 0;
+  bool already_complete(const GroupRecord& g, const std::string& path, const std::vector<CaseTokens>& tokens) {
+    int complete = leader_ && group_file_reusable(path, c_.info, g.ordered ? &g.partner_hash : nullptr) &&
+                           same_case_tokens(path, c_, tokens)
+                       ? 1
+                       : 0;
     team_.broadcast_value(complete, 0);
     if (!complete) return false;
     // A run killed between writing the group file and removing the
@@ -247,12 +267,12 @@ class GroupRunner {
     }
   }
 
-  CaseRecord analyse_case(const GroupRecord& g, const LoadedCase& cs) {
+  CaseRecord analyse_case(const GroupRecord& g, const LoadedCase& cs, const CaseTokens& tk) {
     CaseHooks hooks;
     hooks.stop = [] { return g_terminate != 0; };
     hooks.block_stride = cs.stride;
     if (leader_) {
-      log_.begin(g.hash, cs.name, cs.blocks * c_.deck.analysis.context);
+      log_.begin(g.hash, cs.name, tk.blocks * c_.deck.analysis.context);
       hooks.progress = [this](const std::string& stage, index_t done, index_t total) { log_(stage, done, total); };
     }
     // The spectrum's state between steps, beside the group file.
@@ -274,7 +294,10 @@ class GroupRunner {
     }
     CaseRecord rec;
     rec.name = cs.name;
-    rec.stats = analyser_->analyse(team_, cs.data.ids.data(), cs.blocks, hooks);
+    rec.sample_first = tk.first;
+    rec.sample_end = tk.end;
+    rec.tokens_sha256 = tk.sha256;
+    rec.stats = analyser_->analyse(team_, tk.ids, tk.blocks, hooks);
     if (leader_ && !quiet_ && rec.stats.spectrum_resumed_at >= 0) {
       std::printf("gnh: [rank %d] %s %-6s spectrum resumed after step %lld (saved in %s)\n", rank_, g.hash.c_str(),
                   cs.name.c_str(), static_cast<long long>(rec.stats.spectrum_resumed_at),

@@ -246,8 +246,47 @@ void read_run_section(const Reader& r, const toml::table& root, Deck& d) {
 void read_checkpoints_section(const Reader& r, const toml::table& root, Deck& d) {
   const toml::table* ck = r.section(root, "checkpoints", true);
   if (!ck) return;
-  r.check_keys(*ck, "checkpoints", {"paths"});
+  r.check_keys(*ck, "checkpoints", {"paths", "steps"});
   d.checkpoint_paths = r.strings(*ck, "checkpoints", "paths");
+  if (const toml::node* n = ck->get("steps")) {
+    if (!n->is_table())
+      fail(r.where(*n, "checkpoints.steps"), ": checkpoints.steps must be a table of file-name globs and steps, like "
+           "{ \"step1000*\" = 1000 }");
+    for (const auto& [k, v] : *n->as_table()) {
+      const std::string key = "checkpoints.steps." + std::string(k.str());
+      if (!v.is_integer() || v.as_integer()->get() < 0)
+        fail(r.where(v, key), ": ", key, " must be a training step (an integer >= 0)");
+      d.checkpoint_steps.emplace_back(std::string(k.str()), v.as_integer()->get());
+    }
+  }
+}
+
+// samples = [first, end), or steps_before = W with batch_samples = B.
+void read_sample_selection(const Reader& r, const toml::table& t, const std::string& sec, DataCaseSpec& cs) {
+  if (const toml::node* n = t.get("samples")) {
+    const std::string key = sec + ".samples";
+    const toml::array* a = n->as_array();
+    if (!a || a->size() != 2 || !(*a)[0].is_integer() || !(*a)[1].is_integer())
+      fail(r.where(*n, key), ": ", key, " must be [first, end], two integers (samples first .. end - 1)");
+    cs.samples_first = (*a)[0].as_integer()->get();
+    cs.samples_end = (*a)[1].as_integer()->get();
+    if (cs.samples_first < 0 || cs.samples_end <= cs.samples_first)
+      fail(r.where(*n, key), ": ", key, " = [", cs.samples_first, ", ", cs.samples_end,
+           "] is empty or negative (need 0 <= first < end)");
+  }
+  cs.steps_before = r.integer(t, sec, "steps_before", 0, 1, std::int64_t(1) << 40);
+  cs.batch_samples = r.integer(t, sec, "batch_samples", 0, 1, std::int64_t(1) << 30);
+  const toml::node* sb = t.get("steps_before");
+  const toml::node* bs = t.get("batch_samples");
+  if (sb && !bs)
+    fail(r.where(*sb, sec + ".steps_before"), ": ", sec, ".steps_before needs batch_samples (samples per training "
+         "step, 1024 for Pythia)");
+  if (bs && !sb)
+    fail(r.where(*bs, sec + ".batch_samples"), ": ", sec, ".batch_samples goes with steps_before (the training steps "
+         "before each checkpoint)");
+  if (sb && t.get("samples"))
+    fail(r.where(*sb, sec + ".steps_before"), ": ", sec, ".steps_before and ", sec,
+         ".samples both choose the samples: give one");
 }
 
 // data.seen or data.unseen: a table like { path = "...", dtype = "uint16" }.
@@ -255,7 +294,9 @@ DataCaseSpec read_data_case(const Reader& r, const toml::node& n, const char* c)
   const std::string sec = std::string("data.") + c;
   if (!n.is_table()) fail(r.where(n, sec), ": ", sec, " must be a table like { path = \"...\", dtype = \"uint16\" }");
   const toml::table& t = *n.as_table();
-  r.check_keys(t, sec, {"path", "format", "dtype", "dataset", "layout", "sequence_length"});
+  r.check_keys(t, sec,
+               {"path", "format", "dtype", "dataset", "layout", "sequence_length", "samples", "steps_before",
+                "batch_samples"});
   DataCaseSpec cs;
   cs.name = c;
   cs.path = r.str(t, sec, "path", "", true);
@@ -266,6 +307,7 @@ DataCaseSpec read_data_case(const Reader& r, const toml::node& n, const char* c)
   if (cs.layout == "stream" && t.get("sequence_length"))
     fail(r.where(*t.get("sequence_length"), sec + ".sequence_length"), ": ", sec,
          ".sequence_length needs layout = \"sequences\" (a stream's blocks overlap by one token)");
+  read_sample_selection(r, t, sec, cs);
   cs.dtype = r.str(t, sec, "dtype", "uint16", false, {"uint16", "uint32", "hdf5"});
   cs.dataset = r.str(t, sec, "dataset", "");
   cs.format = r.str(t, sec, "format", cs.dtype == "hdf5" ? "hdf5" : "bin", false, {"bin", "hdf5", "megatron", "npy"});

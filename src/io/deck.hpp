@@ -23,6 +23,15 @@ struct DataCaseSpec {
   std::int64_t sequence_length = 0;  // S, with layout "sequences" (at least T + 1)
   // Tokens from one block's first to the next's.
   std::int64_t stride(std::int64_t context) const { return layout == "sequences" ? sequence_length : context; }
+  // The samples (blocks of the layout) analysed: all of them (capped by
+  // data.max_blocks); with `samples`, [samples_first, samples_end); with
+  // steps_before = W and batch_samples = B, for a state of step s the samples
+  // of the W training steps before it, [(s - W) B, s B) (from 0 where s < W).
+  std::int64_t samples_first = 0, samples_end = 0;  // samples_end > 0: a fixed range
+  std::int64_t steps_before = 0, batch_samples = 0;
+  // Read per range (never the whole source), with the range per state where step-tied.
+  bool windowed() const { return samples_end > 0 || steps_before > 0; }
+  bool step_tied() const { return steps_before > 0; }
 };
 
 struct Deck {
@@ -38,6 +47,9 @@ struct Deck {
   bool strict_kernels = false;  // refuse groups computed with another host GEMM or vector level
   // [checkpoints]
   std::vector<std::string> checkpoint_paths;  // globs
+  // [checkpoints] steps: a file-name glob and the training step of the files
+  // it matches, for files that do not record their step (iter_num).
+  std::vector<std::pair<std::string, std::int64_t>> checkpoint_steps;
   // [data] (data.context is analysis.context)
   std::int64_t max_blocks = 0;  // 0: the whole epoch
   std::vector<DataCaseSpec> cases;

@@ -138,6 +138,9 @@ void write_case(hid_t parent, const CaseRecord& c, std::int64_t family, const st
   const hid_t id = g.id();
   h5::write_attr(id, "loss", s.loss);
   h5::write_attr(id, "tokens", s.tokens);
+  h5::write_attr(id, "sample_first", c.sample_first);
+  h5::write_attr(id, "sample_end", c.sample_end);
+  h5::write_attr(id, "tokens_sha256", c.tokens_sha256);
   h5::write_attr(id, "n_blocks", std::int64_t(s.m.n_blocks));
   h5::write_attr(id, "context", std::int64_t(s.m.context));
   h5::write_attr(id, "G_sqnorm", s.m.G_sqnorm);
@@ -230,6 +233,7 @@ void write_group_file(const std::string& path, const RunInfo& info, const GroupR
     h5::write_attr(gg.id(), "param_sha256", g.param_sha256);
     h5::write_attr(gg.id(), "n_params", g.n_params);
     if (g.iter_num) h5::write_attr(gg.id(), "iter_num", *g.iter_num);
+    if (g.step) h5::write_attr(gg.id(), "step", *g.step);
     if (!g.preconditioner.empty()) h5::write_attr(gg.id(), "preconditioner", g.preconditioner);
     // How this group was computed (SPEC section 7): a campaign's groups may
     // come from several runs, and these change the last bits.
@@ -262,6 +266,24 @@ bool group_file_complete(const std::string& path, const std::string& fingerprint
   } catch (const Error&) {
     return false;  // unreadable (e.g. torn by a crash): recompute
   }
+}
+
+std::map<std::string, std::string> group_tokens_sha256(const std::string& path) {
+  std::map<std::string, std::string> out;
+  try {
+    h5::File f = h5::File::open_read(path);
+    h5::Handle all = h5::open_group(f.id(), "groups", path);
+    for (const auto& hash : h5::list_children(all.id(), path)) {
+      h5::Handle g = h5::open_group(all.id(), hash, path);
+      for (const auto& c : h5::list_children(g.id(), path)) {
+        h5::Handle cg = h5::open_group(g.id(), c, path);
+        if (const auto t = h5::read_string_attr(cg.id(), "tokens_sha256", path)) out[c] = *t;
+      }
+    }
+  } catch (const Error&) {
+    out.clear();
+  }
+  return out;
 }
 
 namespace {
@@ -312,6 +334,8 @@ GroupSummary summary_of(hid_t root, hid_t all, const std::string& hash, const st
       char name[256];
       h5::Handle a(H5Aopen_by_idx(cg.id(), ".", H5_INDEX_NAME, H5_ITER_INC, hsize_t(i), H5P_DEFAULT, H5P_DEFAULT));
       H5Aget_name(a.id(), sizeof(name), name);
+      h5::Handle type(H5Aget_type(a.id()));
+      if (H5Tget_class(type.id()) == H5T_STRING) continue;  // tokens_sha256: not a statistic
       const auto v = h5::read_double_attr(cg.id(), name, path);
       if (v) attrs[name] = *v;
     }
@@ -546,7 +570,7 @@ void merge_results(const std::string& output, const RunInfo& info, const std::ve
   const std::string csv = csv_path(output);
   {
     std::ostringstream out;
-    std::vector<std::string> columns = {"loss", "tokens", "G_sqnorm", "GHG"};
+    std::vector<std::string> columns = {"loss", "tokens", "sample_first", "sample_end", "G_sqnorm", "GHG"};
     for (const auto& [name, value] : DerivedStatistics().named()) columns.push_back(name);
     columns.push_back("noise_batch");
     columns.push_back("n_noise");

@@ -18,6 +18,10 @@ namespace gnh {
 
 struct CaseRecord {
   std::string name;  // "seen" | "unseen"
+  // The samples [sample_first, sample_end) of the case's layout analysed, and
+  // the SHA-256 of their tokens as little-endian int32 (io/tokens.hpp).
+  std::int64_t sample_first = 0, sample_end = 0;
+  std::string tokens_sha256;
   CaseStatistics stats;
 };
 
@@ -28,6 +32,9 @@ struct GroupRecord {
   std::vector<std::string> alias_paths;  // as found on disk
   std::int64_t n_params = 0;
   std::optional<std::int64_t> iter_num;
+  // The training step (iter_num, else the deck's [checkpoints] steps), where a
+  // case's samples are tied to it.
+  std::optional<std::int64_t> step;
   // [curvature] preconditioned: which alias's AdamW state gave P, or why none.
   std::string preconditioner;
   // [curvature] update: the next state by iter_num (an index into the
@@ -96,6 +103,8 @@ void write_group_file(const std::string& path, const RunInfo& info, const GroupR
 // True if path is a complete group file written with this settings fingerprint
 // (and, with partner, whose update went to that state: "" for none).
 bool group_file_complete(const std::string& path, const std::string& fingerprint, const std::string* partner = nullptr);
+// The tokens_sha256 of each case of a group file's group (none where unreadable).
+std::map<std::string, std::string> group_tokens_sha256(const std::string& path);
 GroupSummary read_group_summary(const std::string& path);
 // Every group of a results, shard or group file.
 std::vector<GroupSummary> read_group_summaries(const std::string& path);

@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "io/tokens.hpp"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <fstream>
@@ -51,9 +54,9 @@ std::uint64_t file_size(const std::string& path, const char* what) {
 }
 
 // Reads `bytes` bytes of `path` from `offset` in chunks, decoding them as one
-// integer stream into ids and hashing them.
+// integer stream into ids and, with h, hashing them.
 void stream_ids(const std::string& path, std::uint64_t offset, std::uint64_t bytes, IntStream& s,
-                std::vector<std::int32_t>& ids, Sha256& h) {
+                std::vector<std::int32_t>& ids, Sha256* h) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(path, ": cannot open");
   in.seekg(std::streamoff(offset));
@@ -64,21 +67,37 @@ void stream_ids(const std::string& path, std::uint64_t offset, std::uint64_t byt
     const std::size_t n = std::size_t(std::min<std::uint64_t>(chunk, bytes - done));
     in.read(reinterpret_cast<char*>(buf.data()), std::streamsize(n));
     if (std::size_t(in.gcount()) != n) fail(path, ": read error at byte ", offset + done);
-    h.update(buf.data(), n);
+    if (h) h->update(buf.data(), n);
     s.decode(buf.data(), n / s.width, ids);
     done += n;
   }
 }
 
-std::vector<unsigned char> read_file(const std::string& path, std::uint64_t size) {
-  std::vector<unsigned char> bytes(static_cast<std::size_t>(size));
-  std::ifstream in(path, std::ios::binary);
-  if (!in || !in.read(reinterpret_cast<char*>(bytes.data()), std::streamsize(size))) fail(path, ": read error");
-  return bytes;
-}
+// A file mapped read-only (a Megatron index can be gigabytes: it is checked
+// in place, its pages left to the kernel).
+class Mapped {
+ public:
+  Mapped(const std::string& path, std::uint64_t size) : size_(size) {
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    if (fd < 0) fail(path, ": cannot open");
+    p_ = size ? ::mmap(nullptr, std::size_t(size), PROT_READ, MAP_PRIVATE, fd, 0) : nullptr;
+    ::close(fd);
+    if (p_ == MAP_FAILED) fail(path, ": cannot map ", size, " bytes");
+  }
+  ~Mapped() {
+    if (p_ && p_ != MAP_FAILED) ::munmap(p_, std::size_t(size_));
+  }
+  Mapped(const Mapped&) = delete;
+  Mapped& operator=(const Mapped&) = delete;
+  const unsigned char* data() const { return static_cast<const unsigned char*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+  std::uint64_t size_ = 0;
+};
 
 template <class U>
-U little(const std::vector<unsigned char>& b, std::size_t at) {
+U little(const unsigned char* b, std::uint64_t at) {
   std::uint64_t v = 0;
   for (std::size_t k = 0; k < sizeof(U); ++k) v |= std::uint64_t(b[at + k]) << (8 * k);
   return U(v);
@@ -87,8 +106,9 @@ U little(const std::vector<unsigned char>& b, std::size_t at) {
 // Megatron's indexed dataset (MMapIndexedDataset): PREFIX.idx holds the magic
 // "MMIDIDX\0\0", version 1 (uint64), a dtype code (uint8), the sequence and
 // document counts n and d (uint64 each), then n int32 sizes, n int64 byte
-// pointers into PREFIX.bin and d int64 document indices.
-TokenFile read_megatron(const std::string& path, int vocab_size) {
+// pointers into PREFIX.bin and d int64 document indices. The sequences are
+// read in order as one stream.
+TokenSource open_megatron(const std::string& path) {
   std::string prefix = path;
   for (const char* ext : {".bin", ".idx"})
     if (prefix.size() > 4 && prefix.compare(prefix.size() - 4, 4, ext) == 0) prefix.resize(prefix.size() - 4);
@@ -96,8 +116,9 @@ TokenFile read_megatron(const std::string& path, int vocab_size) {
   const std::uint64_t idx_size = file_size(idx, "the Megatron index"), bin_size = file_size(bin, "the Megatron data");
   constexpr std::uint64_t kHeader = 34;
   if (idx_size < kHeader) fail(idx, ": truncated: ", idx_size, " bytes, the header alone has ", kHeader);
-  const std::vector<unsigned char> b = read_file(idx, idx_size);
-  if (std::memcmp(b.data(), "MMIDIDX\0\0", 9) != 0) fail(idx, ": not a Megatron index (no MMIDIDX magic at byte 0)");
+  const Mapped map(idx, idx_size);
+  const unsigned char* b = map.data();
+  if (std::memcmp(b, "MMIDIDX\0\0", 9) != 0) fail(idx, ": not a Megatron index (no MMIDIDX magic at byte 0)");
   if (const auto version = little<std::uint64_t>(b, 9); version != 1)
     fail(idx, ": version ", version, " at byte 9 (gnh reads version 1)");
   static const std::map<int, std::pair<std::size_t, bool>> codes = {{1, {1, false}}, {2, {1, true}}, {3, {2, true}},
@@ -112,9 +133,9 @@ TokenFile read_megatron(const std::string& path, int vocab_size) {
   const auto [width, is_signed] = codes.at(code);
   std::uint64_t end = 0;  // the byte after the sequences so far
   for (std::uint64_t i = 0; i < n; ++i) {
-    const std::int32_t size = little<std::int32_t>(b, std::size_t(kHeader + 4 * i));
+    const std::int32_t size = little<std::int32_t>(b, kHeader + 4 * i);
     const std::uint64_t at = kHeader + 4 * n + 8 * i;
-    const std::int64_t pointer = little<std::int64_t>(b, std::size_t(at));
+    const std::int64_t pointer = little<std::int64_t>(b, at);
     if (size < 0) fail(idx, ": sequence ", i, " has size ", size, " (byte ", kHeader + 4 * i, ")");
     if (pointer < 0 || std::uint64_t(pointer) != end)
       fail(idx, ": sequence ", i, "'s pointer ", pointer, " (byte ", at, ") disagrees with the sizes before it (", end,
@@ -125,27 +146,27 @@ TokenFile read_megatron(const std::string& path, int vocab_size) {
     fail(bin, end > bin_size ? ": truncated: " : ": ", bin_size, " bytes, where the index's ", n, " sequences of ",
          width, "-byte tokens take ", end);
   for (std::uint64_t j = 0; j < d; ++j) {
-    const std::int64_t doc = little<std::int64_t>(b, std::size_t(kHeader + 12 * n + 8 * j));
-    const std::int64_t before = j ? little<std::int64_t>(b, std::size_t(kHeader + 12 * n + 8 * (j - 1))) : 0;
+    const std::int64_t doc = little<std::int64_t>(b, kHeader + 12 * n + 8 * j);
+    const std::int64_t before = j ? little<std::int64_t>(b, kHeader + 12 * n + 8 * (j - 1)) : 0;
     if (doc < before || std::uint64_t(doc) > n)
       fail(idx, ": document index ", j, " = ", doc, " (byte ", kHeader + 12 * n + 8 * j,
            ") is not within the sequences in order");
   }
-  TokenFile tf;
-  tf.path = path;
-  tf.format = "megatron";
-  tf.dtype = std::string(is_signed ? "int" : "uint") + std::to_string(8 * width);
-  IntStream s{bin, width, is_signed, 0, vocab_size};
-  Sha256 h;
-  stream_ids(bin, 0, bin_size, s, tf.ids, h);
-  tf.sha256 = h.hexdigest();
-  return tf;
+  TokenSource src;
+  src.path = path;
+  src.format = "megatron";
+  src.dtype = std::string(is_signed ? "int" : "uint") + std::to_string(8 * width);
+  src.data_path = bin;
+  src.count = bin_size / width;
+  src.width = width;
+  src.is_signed = is_signed;
+  return src;
 }
 
 // NumPy's .npy: "\x93NUMPY", a version (1, 2 or 3), the header's length
 // (uint16, or uint32 from version 2), the header (a Python dict literal), the
 // array's bytes.
-TokenFile read_npy(const std::string& path, int vocab_size) {
+TokenSource open_npy(const std::string& path) {
   const std::uint64_t size = file_size(path, "the token file");
   std::ifstream in(path, std::ios::binary);
   unsigned char pre[12] = {};
@@ -181,37 +202,27 @@ TokenFile read_npy(const std::string& path, int vocab_size) {
   if (size - data0 != count * width)
     fail(path, ": shape (", count, ",) of '", descr, "' needs ", count * width, " bytes after the header (byte ", data0,
          "), the file has ", size - data0);
-  TokenFile tf;
-  tf.path = path;
-  tf.format = "npy";
-  tf.dtype = std::string(is_signed ? "int" : "uint") + std::to_string(8 * width);
-  IntStream s{path, width, is_signed, data0, vocab_size};
-  Sha256 h;
-  stream_ids(path, data0, size - data0, s, tf.ids, h);
-  tf.sha256 = h.hexdigest();
-  return tf;
+  TokenSource src;
+  src.path = path;
+  src.format = "npy";
+  src.dtype = std::string(is_signed ? "int" : "uint") + std::to_string(8 * width);
+  src.data_path = path;
+  src.count = count;
+  src.byte0 = data0;
+  src.width = width;
+  src.is_signed = is_signed;
+  return src;
 }
 
-}  // namespace
-
-TokenFile read_token_source(const std::string& path, const std::string& format, const std::string& dtype,
-                            const std::string& dataset, int vocab_size) {
-  if (format == "megatron") return read_megatron(path, vocab_size);
-  if (format == "npy") return read_npy(path, vocab_size);
-  if (format != "bin" && format != "hdf5")
-    fail(path, ": unknown token format \"", format, "\" (expected bin, hdf5, megatron or npy)");
-  TokenFile tf = read_tokens(path, format == "hdf5" ? "hdf5" : dtype, dataset, vocab_size);
-  tf.format = format;
-  return tf;
-}
-
-TokenFile read_tokens(const std::string& path, const std::string& dtype, const std::string& dataset, int vocab_size) {
-  TokenFile tf;
-  tf.path = path;
-  tf.dtype = dtype;
-  tf.dataset = dataset;
+// A flat file of uint16 or uint32 ids, or a one-dimensional integer HDF5 dataset.
+TokenSource open_flat(const std::string& path, const std::string& dtype, const std::string& dataset) {
   require_not_directory(path, "the token data path");
+  TokenSource src;
+  src.path = src.data_path = path;
+  src.dtype = dtype;
+  src.dataset = dataset;
   if (dtype == "hdf5") {
+    src.format = "hdf5";
     h5::File f = h5::File::open_read(path);
     const std::string where = path + ": dataset '" + dataset + "'";
     if (dataset.empty() || !h5::exists(f.id(), dataset)) fail(where, " not found");
@@ -220,31 +231,100 @@ TokenFile read_tokens(const std::string& path, const std::string& dtype, const s
     if (!d || H5Tget_class(type.id()) != H5T_INTEGER) fail(where, " is not an integer dataset");
     const auto shape = h5::dataset_shape(d.id());
     if (shape.size() != 1) fail(where, " must be one-dimensional");
-    std::vector<std::int64_t> raw(static_cast<std::size_t>(shape[0]));
-    if (!raw.empty() && H5Dread(d.id(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, raw.data()) < 0)
-      fail(where, " cannot be read");
-    tf.ids.resize(raw.size());
-    for (std::size_t i = 0; i < raw.size(); ++i) {
-      if (raw[i] < 0 || raw[i] >= vocab_size)
-        fail(where, ": token id ", raw[i], " at offset ", i, " is outside 0..vocab_size-1 (", vocab_size - 1, ")");
-      tf.ids[i] = static_cast<std::int32_t>(raw[i]);
-    }
-    Sha256 h;
-    h.update(tf.ids.data(), tf.ids.size() * sizeof(std::int32_t));
-    tf.sha256 = h.hexdigest();
-    return tf;
+    src.count = std::uint64_t(shape[0]);
+    return src;
   }
-  std::size_t width = 0;
-  if (dtype == "uint16") width = 2;
-  else if (dtype == "uint32") width = 4;
+  if (dtype == "uint16") src.width = 2;
+  else if (dtype == "uint32") src.width = 4;
   else fail(path, ": unknown token dtype \"", dtype, "\" (expected uint16, uint32 or hdf5)");
   const std::uint64_t size = file_size(path, "the token file");
-  if (size % width != 0) fail(path, ": size ", size, " bytes is not a multiple of ", width, " (", dtype, ")");
-  IntStream st{path, width, false, 0, vocab_size};
+  if (size % src.width != 0) fail(path, ": size ", size, " bytes is not a multiple of ", src.width, " (", dtype, ")");
+  src.count = size / src.width;
+  return src;
+}
+
+// Tokens [first, first + n); with h, the bytes read hashed as stored (the
+// HDF5 dataset's ids as int32).
+std::vector<std::int32_t> read_range(const TokenSource& src, std::uint64_t first, std::uint64_t n, int vocab_size,
+                                     Sha256* h) {
+  if (first > src.count || n > src.count - first)
+    fail(src.path, ": tokens [", first, ", ", first + n, ") asked for, the source holds ", src.count);
+  std::vector<std::int32_t> ids;
+  if (src.format == "hdf5") {
+    const std::string where = src.path + ": dataset '" + src.dataset + "'";
+    h5::File f = h5::File::open_read(src.path);
+    h5::Handle d(H5Dopen2(f.id(), src.dataset.c_str(), H5P_DEFAULT));
+    std::vector<std::int64_t> raw(static_cast<std::size_t>(n));
+    if (n > 0) {
+      h5::Handle space(H5Dget_space(d.id()));
+      const hsize_t start = first, count = n;
+      h5::Handle mem(H5Screate_simple(1, &count, nullptr));
+      if (H5Sselect_hyperslab(space.id(), H5S_SELECT_SET, &start, nullptr, &count, nullptr) < 0 ||
+          H5Dread(d.id(), H5T_NATIVE_INT64, mem.id(), space.id(), H5P_DEFAULT, raw.data()) < 0)
+        fail(where, " cannot be read");
+    }
+    ids.resize(raw.size());
+    for (std::size_t i = 0; i < raw.size(); ++i) {
+      if (raw[i] < 0 || raw[i] >= vocab_size)
+        fail(where, ": token id ", raw[i], " at offset ", first + i, " is outside 0..vocab_size-1 (", vocab_size - 1,
+             ")");
+      ids[i] = static_cast<std::int32_t>(raw[i]);
+    }
+    if (h) h->update(ids.data(), ids.size() * sizeof(std::int32_t));
+    return ids;
+  }
+  IntStream s{src.data_path, src.width, src.is_signed, src.byte0, vocab_size, std::size_t(first)};
+  stream_ids(src.data_path, src.byte0 + first * src.width, n * src.width, s, ids, h);
+  return ids;
+}
+
+}  // namespace
+
+TokenSource open_token_source(const std::string& path, const std::string& format, const std::string& dtype,
+                              const std::string& dataset) {
+  if (format == "megatron") return open_megatron(path);
+  if (format == "npy") return open_npy(path);
+  if (format != "bin" && format != "hdf5")
+    fail(path, ": unknown token format \"", format, "\" (expected bin, hdf5, megatron or npy)");
+  return open_flat(path, format == "hdf5" ? "hdf5" : dtype, dataset);
+}
+
+std::vector<std::int32_t> read_token_range(const TokenSource& src, std::uint64_t first, std::uint64_t n,
+                                           int vocab_size) {
+  return read_range(src, first, n, vocab_size, nullptr);
+}
+
+std::string tokens_sha256(const std::int32_t* ids, std::size_t n) {
+  static_assert(sizeof(std::int32_t) == 4);
   Sha256 h;
-  stream_ids(path, 0, size, st, tf.ids, h);
+  unsigned char buf[4096];
+  for (std::size_t i = 0; i < n;) {
+    std::size_t k = 0;
+    for (; k + 4 <= sizeof(buf) && i < n; ++i, k += 4) {
+      const auto u = std::uint32_t(ids[i]);
+      for (int b = 0; b < 4; ++b) buf[k + std::size_t(b)] = static_cast<unsigned char>(u >> (8 * b));
+    }
+    h.update(buf, k);
+  }
+  return h.hexdigest();
+}
+
+TokenFile read_token_source(const std::string& path, const std::string& format, const std::string& dtype,
+                            const std::string& dataset, int vocab_size) {
+  const TokenSource src = open_token_source(path, format, dtype, dataset);
+  TokenFile tf;
+  tf.path = path;
+  tf.format = src.format;
+  tf.dtype = src.dtype;
+  tf.dataset = src.dataset;
+  Sha256 h;
+  tf.ids = read_range(src, 0, src.count, vocab_size, &h);
   tf.sha256 = h.hexdigest();
   return tf;
+}
+
+TokenFile read_tokens(const std::string& path, const std::string& dtype, const std::string& dataset, int vocab_size) {
+  return read_token_source(path, dtype == "hdf5" ? "hdf5" : "bin", dtype, dataset, vocab_size);
 }
 
 }  // namespace gnh

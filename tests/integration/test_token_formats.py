@@ -9,7 +9,14 @@
   stream's values where its samples hold the stream's blocks;
 - every malformed file stops the run before anything is computed with one
   line naming the file and the field or offset; a dtype beside a format
-  whose files carry their own is a deck error with its line."""
+  whose files carry their own is a deck error with its line;
+- a seen case tied to each checkpoint's step (steps_before, batch_samples;
+  the step from iter_num or the deck's [checkpoints] steps) analyses the
+  samples of the steps before it, records their range and tokens' digest,
+  gives a fixed `samples` range's values bit for bit at 1, 2 and 3 ranks,
+  keeps one analysis per (parameters, step), and recomputes on resume only
+  the state whose tokens changed."""
+import hashlib
 import os
 import shutil
 import struct
@@ -23,6 +30,7 @@ import h5py
 import numpy as np
 
 sys.path.insert(0, os.path.join(gnhtest.ROOT, "apps", "python"))
+import gnh_model  # noqa: E402
 import gnh_tokens  # noqa: E402
 
 ANALYSIS = dict(noise_samples=0, directions=0)
@@ -95,9 +103,96 @@ class TokenFormats(unittest.TestCase):
         self.refused("seq_none", '{ path = "s9.bin", layout = "sequences" }', "no sequence_length")
         self.refused("seq_stream", '{ path = "s9.bin", sequence_length = 9 }', 'needs layout = "sequences"')
 
+    def test_seen_samples_tied_to_each_checkpoints_step(self):
+        # Samples of S = 9 tokens (context 8), B = 2 a training step, the W = 3
+        # steps before each state: step s reads samples [2 (s - 3), 2 s).
+        rng = np.random.default_rng(7)
+        samples = rng.integers(0, 19, size=(20, 9)).astype(np.uint16)
+        d = os.path.join(self.tmp, "steps")
+        os.makedirs(d)
+        gnh_tokens.write_megatron(os.path.join(d, "pile"), list(samples), np.uint16)
+        samples.tofile(os.path.join(d, "flat.bin"))
+        cfg = gnh_model.GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=8, vocab_size=19, bias=True,
+                                  tie_embeddings=True)
+        # a (step 5) and b (step 9) record iter_num; c and d hold a's parameters
+        # without one, at steps 7 and 5 from the deck: c is a state of its own
+        # (other samples), d an alias of a.
+        gnhtest.save_checkpoint(gnhtest.make_model(cfg, seed=0), d, "a", iter_num=5)
+        gnhtest.save_checkpoint(gnhtest.make_model(cfg, seed=1), d, "b", iter_num=9)
+        for stem in ("c", "d"):
+            gnhtest.save_checkpoint(gnhtest.make_model(cfg, seed=0), d, stem)
+        steps = '\nsteps = { "c.h5" = 7, "d*" = 5 }'
+
+        def write(name, seen, table=steps, unseen='{ path = "flat.bin", layout = "sequences", sequence_length = 9, '
+                                                  'samples = [4, 10] }'):
+            path = os.path.join(d, name + ".toml")
+            with open(path, "w") as f:
+                f.write(f'[run]\noutput = "out/{name}.h5"\n[checkpoints]\npaths = ["*.h5"]{table}\n'
+                        f'[data]\ncontext = 8\nseen = {seen}\nunseen = {unseen}\n[analysis]\n'
+                        'grad_microbatch = 4\nhvp_batch = 3\nnoise_samples = 2\nnoise_batch = 3\ndirections = 2\n'
+                        'directions_per_pass = 5\nseed = 1234\n')
+            return path
+
+        seen = ('{ path = "pile", format = "megatron", layout = "sequences", sequence_length = 9, '
+                'steps_before = 3, batch_samples = 2 }')
+        deck = write("tied", seen)
+        keys = ["loss", "G_sqnorm", "GHG", "trace_sigma", "trace_H", "sample_first", "sample_end"]
+
+        def values(out):
+            with h5py.File(os.path.join(d, "out", out + ".h5"), "r") as f:
+                return {tuple(sorted(gnhtest.text(a) for a in g.attrs["aliases"])):
+                        {c: ([float(g[c].attrs[k]) for k in keys], gnhtest.text(g[c].attrs["tokens_sha256"]))
+                         for c in g} for _, g in f["groups"].items()}
+
+        runs = {}
+        for np_, rpc in ((1, 1), (2, 2), (3, 1)):
+            r = gnhtest.run_gnh(deck, np_, sets=[f"run.output=out/tied{np_}.h5",
+                                                 f"parallel.ranks_per_checkpoint={rpc}"])
+            self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
+            runs[np_] = values(f"tied{np_}")
+        self.assertEqual(runs[2], runs[1])
+        self.assertEqual(runs[3], runs[1])
+        v = runs[1]
+        self.assertEqual(sorted(v), [("a.h5", "d.h5"), ("b.h5",), ("c.h5",)])
+        for aliases, (first, end) in ((("a.h5", "d.h5"), (4, 10)), (("b.h5",), (12, 18)), (("c.h5",), (8, 14))):
+            got, digest = v[aliases]["seen"]
+            self.assertEqual(got[-2:], [first, end])
+            # The tokens from the first sample's first to the last block's last
+            # target (every sample's 9 here), as little-endian int32.
+            want = samples[first:end].reshape(-1).astype("<i4").tobytes()
+            self.assertEqual(digest, hashlib.sha256(want).hexdigest())
+        # Step 5's samples [4, 10) are the unseen case's fixed range: the same bits.
+        self.assertEqual(v[("a.h5", "d.h5")]["seen"], v[("a.h5", "d.h5")]["unseen"])
+        self.assertNotEqual(v[("c.h5",)]["seen"][0][0], v[("a.h5", "d.h5")]["seen"][0][0])
+
+        # A resumed run recomputes the state whose samples' tokens changed, and only it.
+        with open(os.path.join(d, "pile.bin"), "r+b") as f:
+            f.seek(2 * (9 * 16 + 3))  # a token of sample 16: b's window alone
+            f.write(np.uint16((samples[16, 3] + 1) % 19).tobytes())
+        r = gnhtest.run_gnh(deck, 1, sets=["run.output=out/tied1.h5"], quiet=False)
+        self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
+        self.assertIn("computed 1, reused 2", r.stdout)
+
+        # Refused before anything is computed, with one line.
+        self.refused_deck(write("no_step", seen, table=""), "steps_before needs each checkpoint's training step",
+                          "c.h5 records no iter_num")
+        self.refused_deck(write("disagree", seen, table='\nsteps = { "c.h5" = 7, "d*" = 5, "a*" = 6 }'),
+                          '"a*" = 6 but', "a.h5 records iter_num 5")
+        self.refused_deck(write("beyond", seen.replace("steps_before = 3, batch_samples = 2",
+                                                       "steps_before = 3, batch_samples = 3")),
+                          "pile", "selects samples [18, 27) for b.h5 (step 9), the source holds 20")
+        self.refused_deck(write("both", seen.replace("steps_before = 3", "steps_before = 3, samples = [0, 4]")),
+                          "data.seen.steps_before and data.seen.samples both choose the samples")
+        self.refused_deck(write("after", seen, unseen='{ path = "flat.bin", layout = "sequences", '
+                                                      'sequence_length = 9, samples = [15, 21] }'),
+                          "flat.bin", "data.unseen selects samples [15, 21), the source holds 20")
+
     def refused(self, name, seen, *expect):
+        self.refused_deck(self.deck(name, seen), *expect)
+
+    def refused_deck(self, deck, *expect):
         # One process without mpirun (MPI's singleton): a fifth of the start-up.
-        r = subprocess.run([gnhtest.GNH, "run", self.deck(name, seen), "--quiet"], capture_output=True, text=True,
+        r = subprocess.run([gnhtest.GNH, "run", deck, "--quiet"], capture_output=True, text=True,
                            timeout=120, env=gnhtest.mpi_env())
         self.assertNotEqual(r.returncode, 0, r.stdout)
         errors = [l for l in r.stderr.splitlines() if l.startswith("gnh: error:")]

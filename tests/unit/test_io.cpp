@@ -129,7 +129,31 @@ TEST_CASE("token files: widths, vocabulary check with offsets, digest", "[tokens
     REQUIRE_THAT(e.what(), Contains("not a multiple of 4"));
   }
   REQUIRE_THROWS_WITH(read_tokens("no/such/file.bin", "uint16", "", 10), Contains("no/such/file.bin"));
+  // A range alone, its offsets those of the source; beyond the end, refused.
+  const TokenSource src = open_token_source(path, "bin", "uint16", "");
+  REQUIRE(src.count == 3);
+  REQUIRE(read_token_range(src, 2, 1, 300) == std::vector<std::int32_t>{7});
+  REQUIRE(read_token_range(src, 2, 1, 8) == std::vector<std::int32_t>{7});  // 258 is not read
+  REQUIRE_THROWS_WITH(read_token_range(src, 1, 2, 200), Contains("token id 258 at offset 1"));
+  REQUIRE_THROWS_WITH(read_token_range(src, 2, 2, 300), Contains("tokens [2, 4) asked for, the source holds 3"));
+  // The digest of ids as little-endian int32, whatever held them.
+  const std::int32_t ids[] = {1, 258, 7};
+  const unsigned char le[] = {1, 0, 0, 0, 2, 1, 0, 0, 7, 0, 0, 0};
+  REQUIRE(tokens_sha256(ids, 3) == sha256_hex(std::string(reinterpret_cast<const char*>(le), sizeof(le))));
   std::remove(path.c_str());
+  // An HDF5 dataset's range by hyperslab.
+  const std::string h5path = "gnh_test_tokens.h5";
+  {
+    h5::File f = h5::File::create(h5path);
+    const std::vector<std::int64_t> v = {3, 4, 5, 6, 7};
+    h5::write_dataset(f.id(), "ids", v, {5});
+    f.close();
+  }
+  const TokenSource hs = open_token_source(h5path, "hdf5", "hdf5", "ids");
+  REQUIRE(hs.count == 5);
+  REQUIRE(read_token_range(hs, 1, 3, 10) == std::vector<std::int32_t>{4, 5, 6});
+  REQUIRE_THROWS_WITH(read_token_range(hs, 3, 2, 7), Contains("token id 7 at offset 4"));
+  std::remove(h5path.c_str());
 }
 
 TEST_CASE("sha256 matches the FIPS 180-4 examples", "[core]") {

@@ -89,10 +89,8 @@ std::string settings_fingerprint(const Deck& d, const ModelConfig& cfg, const st
       // The selection, not its tokens: those may differ per state, and each
       // group file records its own (tokens_sha256, checked before reuse).
       j["data"][c.name] = {{"format", c.source.format}, {"dtype", c.source.dtype}, {"tokens", c.source.count}};
-      if (c.spec.step_tied())
-        j["data"][c.name]["steps_before"] = {c.spec.steps_before, c.spec.batch_samples};
-      else
-        j["data"][c.name]["samples"] = {c.spec.samples_first, c.spec.samples_end};
+      if (c.spec.step_tied()) j["data"][c.name]["steps_before"] = {c.spec.steps_before, c.spec.batch_samples};
+      else j["data"][c.name]["samples"] = {c.spec.samples_first, c.spec.samples_end};
     }
     if (c.stride != d.analysis.context) j["data"][c.name]["stride"] = c.stride;  // layout "sequences"
   }

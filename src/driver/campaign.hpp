@@ -26,8 +26,8 @@ struct CheckpointFile {
 struct LoadedCase {
   std::string name;
   DataCaseSpec spec;
-  TokenSource source;  // opened and checked
-  TokenFile data;      // the whole source, where the case analyses it whole (not spec.windowed())
+  TokenSource source;     // opened and checked
+  TokenFile data;         // the whole source, where the case analyses it whole (not spec.windowed())
   index_t available = 0;  // samples the source holds in the case's layout
   // Samples analysed: the most of any state where they are tied to its step
   // (the plan's size), else every state's.

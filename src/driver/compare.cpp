@@ -75,8 +75,7 @@ void l2_and_cosine(const std::vector<double>& a, const std::vector<double>& b, d
 
 // One policy on one case; with `cross_dirs`, also this policy's Hessian on those directions.
 PolicyResult run_policy(Precision policy, const Deck& deck, const ModelConfig& cfg, const std::vector<float>& params,
-                        const LoadedCase& c, const CaseTokens& tk,
-                        const std::vector<std::vector<double>>* cross_dirs) {
+                        const LoadedCase& c, const CaseTokens& tk, const std::vector<std::vector<double>>* cross_dirs) {
   AnalysisSettings s = deck.analysis;
   s.precision = policy;
   Analyser analyser(cfg, s);

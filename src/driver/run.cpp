@@ -66,10 +66,9 @@ void print_plan(const Campaign& c, const std::vector<int>& team_of_group, int te
         "  case %-6s %s%lld blocks (%lld tokens): %lld gradient microbatches; %lld noise batches of %lld%s; "
         "%lld curvature directions in %lld epoch pass(es) (%s directions) of %lld HVP batches (%s)\n",
         cs.name.c_str(), cs.spec.step_tied() ? "up to " : "", static_cast<long long>(n),
-        static_cast<long long>(n * s.context),
-        static_cast<long long>((n + s.grad_microbatch - 1) / s.grad_microbatch), static_cast<long long>(m),
-        static_cast<long long>(s.noise_batch), m < s.noise_samples ? " (capped)" : "", static_cast<long long>(D),
-        static_cast<long long>(sizes.size()), widths.c_str(),
+        static_cast<long long>(n * s.context), static_cast<long long>((n + s.grad_microbatch - 1) / s.grad_microbatch),
+        static_cast<long long>(m), static_cast<long long>(s.noise_batch), m < s.noise_samples ? " (capped)" : "",
+        static_cast<long long>(D), static_cast<long long>(sizes.size()), widths.c_str(),
         static_cast<long long>((n + s.hvp_batch - 1) / s.hvp_batch), to_string(s.curvature_method));
     const MemoryPlan mem = plan_memory(c.cfg, s, p, rpc);
     const std::string seq = s.per_sequence ? ", per-sequence norms " + gib(mem.sequence) + " (" +

@@ -250,7 +250,8 @@ void read_checkpoints_section(const Reader& r, const toml::table& root, Deck& d)
   d.checkpoint_paths = r.strings(*ck, "checkpoints", "paths");
   if (const toml::node* n = ck->get("steps")) {
     if (!n->is_table())
-      fail(r.where(*n, "checkpoints.steps"), ": checkpoints.steps must be a table of file-name globs and steps, like "
+      fail(r.where(*n, "checkpoints.steps"),
+           ": checkpoints.steps must be a table of file-name globs and steps, like "
            "{ \"step1000*\" = 1000 }");
     for (const auto& [k, v] : *n->as_table()) {
       const std::string key = "checkpoints.steps." + std::string(k.str());
@@ -279,10 +280,12 @@ void read_sample_selection(const Reader& r, const toml::table& t, const std::str
   const toml::node* sb = t.get("steps_before");
   const toml::node* bs = t.get("batch_samples");
   if (sb && !bs)
-    fail(r.where(*sb, sec + ".steps_before"), ": ", sec, ".steps_before needs batch_samples (samples per training "
+    fail(r.where(*sb, sec + ".steps_before"), ": ", sec,
+         ".steps_before needs batch_samples (samples per training "
          "step, 1024 for Pythia)");
   if (bs && !sb)
-    fail(r.where(*bs, sec + ".batch_samples"), ": ", sec, ".batch_samples goes with steps_before (the training steps "
+    fail(r.where(*bs, sec + ".batch_samples"), ": ", sec,
+         ".batch_samples goes with steps_before (the training steps "
          "before each checkpoint)");
   if (sb && t.get("samples"))
     fail(r.where(*sb, sec + ".steps_before"), ": ", sec, ".steps_before and ", sec,
@@ -294,9 +297,9 @@ DataCaseSpec read_data_case(const Reader& r, const toml::node& n, const char* c)
   const std::string sec = std::string("data.") + c;
   if (!n.is_table()) fail(r.where(n, sec), ": ", sec, " must be a table like { path = \"...\", dtype = \"uint16\" }");
   const toml::table& t = *n.as_table();
-  r.check_keys(t, sec,
-               {"path", "format", "dtype", "dataset", "layout", "sequence_length", "samples", "steps_before",
-                "batch_samples"});
+  r.check_keys(
+      t, sec,
+      {"path", "format", "dtype", "dataset", "layout", "sequence_length", "samples", "steps_before", "batch_samples"});
   DataCaseSpec cs;
   cs.name = c;
   cs.path = r.str(t, sec, "path", "", true);

@@ -43,7 +43,18 @@
 //          --predict-scale S     the miniature's scale (a power of two; default the largest up to 32
 //                                that divides the context and widths; 1: the shape itself)
 //          --epoch-tokens N      tokens of a full epoch (default 10,202,112, SPEC §9's)
+//          --parameter-shards R  with --predict: the same passes in a team of --gpus GPUs of the
+//                                GPU's node (perf/cost_model.hpp, Fabric) whose parameter-sized
+//                                vectors are sliced over shard groups of R: the layer gathers and
+//                                gradient scatters at the node's link bandwidth, overlapped with
+//                                the next layer's compute, and the memory a GPU holds; K as the
+//                                memory allows (at most 16) unless --directions gives it. The
+//                                last line: "predicted gh200 x4, parameter_shards R: gradient X
+//                                s/epoch, direction Y s (K=k), memory Z GiB a GPU of W, ..."
+//          --gpus N              GPUs of the team (default: one node's)
 //
+// --synthetic L,H,d,V,kv,I: a published shape, its key/value heads kv (Llama's)
+// and MLP width I given, its head untied (Llama-2-7B: 32,32,4096,32000,32,11008).
 // --family: the synthetic model at the preset's sizes in that family, as
 // perf/side_by_side.py's family_config: Llama with n_head/2 key/value heads and a
 // SwiGLU of width 8d/3 rounded up to 16, tied; GPT-NeoX as Pythia (parallel
@@ -75,6 +86,8 @@
 #include <utility>
 #include <vector>
 
+#include "analysis/blocks.hpp"
+#include "analysis/memory.hpp"
 #include "analysis/passes.hpp"
 #include "kernels/gemm_ledger.hpp"
 #include "analysis/settings.hpp"
@@ -120,6 +133,8 @@ struct Options {
   index_t dump_batch = 0;          // sequences of tokens.i32 (0: --batch)
   std::string predict;             // --predict: the GPU whose time to predict
   int predict_scale = 0;           // the miniature's scale (0: the largest up to 32)
+  int parameter_shards = 0;        // --parameter-shards: R (0: no sharded prediction)
+  int gpus = 0;                    // --gpus: the team's GPUs (0: one node's)
   double epoch_tokens = 10202112;  // a full epoch (SPEC §9's reference run)
   bool precision_given = false, directions_given = false;
   bool has(const std::string& p) const { return std::find(passes.begin(), passes.end(), p) != passes.end(); }
@@ -282,8 +297,12 @@ ModelConfig synthetic_config(const std::string& spec, index_t& T, const std::str
   } else {
     std::stringstream ss(spec);
     for (std::string x; std::getline(ss, x, ',');) v.push_back(std::stoi(x));
-    if (v.size() != 4) throw Error("--synthetic: expected a preset or n_layer,n_head,n_embd,vocab, got '" + spec + "'");
-    v.push_back(0);
+    if (v.size() != 4 && v.size() != 6)
+      throw Error(
+          "--synthetic: expected a preset, n_layer,n_head,n_embd,vocab or n_layer,n_head,n_embd,vocab,"
+          "kv_heads,intermediate, got '" +
+          spec + "'");
+    v.insert(v.begin() + 4, 0);  // the context: --context's
   }
   if (T == 0) T = v[4] > 0 ? v[4] : 64;
   Model m;
@@ -308,6 +327,12 @@ ModelConfig synthetic_config(const std::string& spec, index_t& T, const std::str
     m.config.tie_embeddings = false;
   } else if (family != "nanogpt") {
     throw Error("--family: expected nanogpt, llama or gpt-neox, got '" + family + "'");
+  }
+  if (v.size() == 7) {  // a published shape's key/value heads and MLP width, its head untied
+    if (family == "nanogpt") throw Error("--synthetic: kv_heads and intermediate need --family llama or gpt-neox");
+    if (family == "llama") m.config.n_kv_head = v[5];
+    m.config.intermediate = v[6];
+    m.config.tie_embeddings = false;
   }
   m.config.validate("--synthetic");
   return m.config;
@@ -534,7 +559,7 @@ void run(const Options& o) {
   const double vendor_rate = probe ? sgemm_gflops(512, true) : 0.0;
   if (!o.dump.empty()) dump_case(o, model, Tc);
   std::ostringstream js;
-  js.precision(6);
+  js.precision(17);
   js << "{\n  \"context\": {\"tool\": \"gnh\", \"git_commit\": \"" << git_commit() << "\", \"build\": \""
      << build_configuration() << "\", \"execution_space\": \"" << ExecSpace::name()
      << "\", \"concurrency\": " << ExecSpace().concurrency()
@@ -904,62 +929,184 @@ PassPrediction predict_pass(const std::string& name, const perf::RecordedRun& r,
   return p;
 }
 
+// The largest power of two up to 32 at which every shape's miniature can be
+// made (1 at least: the shape itself).
+int miniature_scale_for(const ModelConfig& c, const std::vector<Shape>& shapes) {
+  for (int s = miniature_scale(c, shapes.front().context, 32); s > 1; s /= 2) {
+    try {
+      for (const Shape& sh : shapes) miniature_of(c, sh, s);
+      return s;
+    } catch (const Error&) {
+    }
+  }
+  return 1;
+}
+
+// What one GPU of a sharded team holds (bytes): the engines whole, the
+// parameter-sized vectors of the case's plan (noise vectors recomputed) and
+// the parameters as slices, and the gathered layer buffers: the weights and
+// the pass's K directions of the layer computing and of the next one in
+// flight (the largest layer block: embed, a layer, the head).
+struct ShardedMemory {
+  double gradient = 0, curvature = 0, checks = 0, sequence = 0;  // the engines
+  double engines = 0, vectors = 0, parameters = 0, gathered = 0;
+  double total() const { return engines + vectors + parameters + gathered; }
+};
+
+ShardedMemory sharded_memory(const ModelConfig& c, index_t B, index_t Tc, int K, int R, double epoch_tokens) {
+  AnalysisSettings a;
+  a.context = Tc;
+  a.grad_microbatch = a.hvp_batch = B;
+  a.directions_per_pass = K;
+  a.precision = Precision::bf16_amp;
+  a.keep_noise_vectors = false;
+  const MemoryPlan m = plan_memory(c, a, plan_case(a, index_t(epoch_tokens / double(Tc)), false, false), 1, true);
+  const ParamLayout layout(c);
+  std::int64_t largest = 0;
+  for (const Partition& p : parameter_partitions(layout))
+    if (p.names.size() == std::size_t(layer_blocks(c)))
+      for (std::size_t b = 0; b + 1 < p.offsets.size(); ++b)
+        largest = std::max(largest, p.offsets[b + 1] - p.offsets[b]);
+  ShardedMemory sm;
+  sm.gradient = double(m.gradient), sm.curvature = double(m.curvature), sm.checks = double(m.checks);
+  sm.sequence = double(m.sequence);
+  sm.engines = sm.gradient + sm.curvature + sm.checks + sm.sequence;
+  sm.vectors = double(m.vectors) / double(R);
+  sm.parameters = 4.0 * double(layout.size()) / double(R);
+  sm.gathered = R > 1 ? 2.0 * double(1 + K) * 4.0 * double(largest) : 0.0;
+  return sm;
+}
+
+struct Predictions {
+  PassPrediction gradient, gradient_tf32, second_order, sequence;
+  std::string json;
+};
+
+// The gradient (bf16-amp unless --precision), its TF32 twin, the second-order
+// forward along K directions (bf16-amp) and the per-sequence gradient, each
+// from its miniature.
+Predictions predict_passes(const Options& o, const ModelConfig& c, index_t Tc, int K, const perf::Ceilings& ceilings,
+                           double batches) {
+  const index_t B = o.batch;
+  Options og = o;
+  og.gpu_shaped = true;
+  og.policy = o.precision_given ? o.policy : Precision::bf16_amp;
+  Options ot = og;
+  ot.policy = Precision::tf32;
+  Options os = o;
+  os.gpu_shaped = true;
+  os.policy = Precision::bf16_amp;
+  const Shape gs = shape_of(og, Tc, true), ts = shape_of(ot, Tc, true), ss = shape_of(os, Tc, false, K, true);
+  const int s = o.predict_scale > 0 ? o.predict_scale : miniature_scale_for(c, {gs, ts, ss});
+  Predictions p;
+  const Miniature mg = miniature_of(c, gs, s), ms = miniature_of(c, ss, s);
+  p.gradient = predict_pass("gradient", run_miniature(mg), s, ceilings, batches, 1.0);
+  p.gradient_tf32 = predict_pass("gradient", run_miniature(miniature_of(c, ts, s)), s, ceilings, batches, 1.0);
+  p.second_order = predict_pass("second-order", run_miniature(ms), s, ceilings, batches, double(K));
+  // The gradient pass with analysis.per_sequence (the deck's default): the
+  // gradient engine with its weight products batched per sequence.
+  p.sequence = predict_pass("sequence", run_sequences(mg, B), s, ceilings, batches, 1.0);
+  const std::string gp = o.precision_given ? o.precision : "bf16-amp";
+  char head[1024];
+  std::snprintf(head, sizeof(head),
+                "{\"predict\": \"%s\", \"model\": \"%s\", \"family\": \"%s\", \"batch\": %ld, \"seq_len\": %ld, "
+                "\"epoch_tokens\": %.0f, \"scale\": %d, \"execution_space\": \"%s\",\n \"ceilings\": {\"bf16\": %g, "
+                "\"tf32\": %g, \"fp32\": %g, \"fp64\": %g, \"copy\": %g, \"memory\": %g, \"launch\": %g, "
+                "\"sms\": %d},\n",
+                o.predict.c_str(), o.synthetic.empty() ? "reference" : o.synthetic.c_str(), o.family.c_str(), long(B),
+                long(Tc), o.epoch_tokens, s, ExecSpace::name(), ceilings.bf16, ceilings.tf32, ceilings.fp32,
+                ceilings.fp64, ceilings.copy, ceilings.memory, ceilings.launch, ceilings.sms);
+  p.json = std::string(head) + " \"gradient\": {\"precision\": \"" + gp + "\", \"plans\": " + plans_json(c, gs, mg) +
+           ", \"prediction\": " + p.gradient.json + "},\n \"second_order\": {\"K\": " + std::to_string(K) +
+           ", \"precision\": \"bf16-amp\", \"adjoint_cuts\": " + (adjoint_cuts_of(c, ss) ? "true" : "false") +
+           ", \"plans\": " + plans_json(c, ss, ms) + ", \"prediction\": " + p.second_order.json +
+           "},\n \"per_sequence\": {\"precision\": \"" + gp + "\", \"plans\": " + plans_json(c, gs, mg) +
+           ", \"prediction\": " + p.sequence.json +
+           "},\n \"gradient_tf32\": {\"precision\": \"tf32\", \"prediction\": " + p.gradient_tf32.json + "}";
+  return p;
+}
+
+// --parameter-shards: the team's epoch (its GPUs split the batches) with the
+// collectives of a shard group of R: a batch of the gradient gathers every
+// layer's weights twice (forward, reverse) and reduce-scatters its gradient;
+// a curvature batch gathers the weights and the K directions' slices once
+// (the second-order forward's products are scalars: nothing to scatter).
+std::string sharded_json(const Options& o, const ModelConfig& c, index_t Tc, int K, const ShardedMemory& mem,
+                         const Predictions& p, const perf::Fabric& f, int gpus, double batches, std::string& line) {
+  const double P4 = 4.0 * double(ParamLayout(c).size());
+  const int R = o.parameter_shards;
+  const double per_gpu = std::ceil(batches / double(gpus));
+  perf::ShardedBatch g{p.gradient.seconds, 3 * perf::collective_seconds(P4, R, f), c.n_layer};
+  perf::ShardedBatch d{p.second_order.seconds, perf::collective_seconds(double(1 + K) * P4, R, f), c.n_layer};
+  const bool fits = mem.total() <= 0.9 * f.memory;
+  auto pass = [&](const perf::ShardedBatch& b, double per) {
+    std::ostringstream js;
+    js.precision(17);
+    js << "{\"compute_s_per_batch\": " << b.compute << ", \"communication_s_per_batch\": " << b.communication
+       << ", \"exposed_s_per_batch\": " << b.exposed() << ", \"seconds\": " << per_gpu * b.seconds() / per
+       << ", \"communication_share\": " << b.communication_share() << "}";
+    return js.str();
+  };
+  std::ostringstream js;
+  js.precision(17);
+  js << ",\n \"sharded\": {\"fabric\": \"" << f.name << "\", \"peer\": " << f.peer << ", \"injection\": " << f.injection
+     << ", \"network\": " << f.network << ", \"gpus\": " << gpus << ", \"parameter_shards\": " << R << ", \"K\": " << K
+     << ", \"batches_per_gpu\": " << per_gpu << ", \"memory_bytes\": {\"gradient_engine\": " << mem.gradient
+     << ", \"curvature_engine\": " << mem.curvature << ", \"check_engines\": " << mem.checks
+     << ", \"sequence_gradients\": " << mem.sequence << ", \"engines\": " << mem.engines
+     << ", \"vectors\": " << mem.vectors << ", \"parameters\": " << mem.parameters << ", \"gathered\": " << mem.gathered
+     << ", \"total\": " << mem.total() << ", \"gpu\": " << f.memory << ", \"fits\": " << (fits ? "true" : "false")
+     << "}, \"gradient_epoch\": " << pass(g, 1.0) << ", \"direction\": " << pass(d, double(K)) << "}";
+  char buf[512];
+  std::snprintf(buf, sizeof(buf),
+                "predicted %s x%d, parameter_shards %d: gradient %.3g s/epoch, direction %.3g s (K=%d), memory "
+                "%.1f GiB a GPU of %.0f GB%s, communication %.1f%% of the gradient's time, %.1f%% of a "
+                "direction's\n",
+                o.predict.c_str(), gpus, R, per_gpu * g.seconds(), per_gpu * d.seconds() / K, K,
+                mem.total() / double(1 << 30), f.memory / 1e9, fits ? "" : " (does not fit)",
+                100 * g.communication_share(), 100 * d.communication_share());
+  line = buf;
+  (void)Tc;
+  return js.str();
+}
+
 void predict(const Options& o) {
   const std::optional<perf::Ceilings> known = perf::ceilings_named(o.predict);
   if (!known) throw Error("--predict: the cost model knows h200 and gh200, not '" + o.predict + "'");
   index_t Tc = o.context;
-  const Model full = synthetic(o.synthetic.empty() ? "reference" : o.synthetic, 1, Tc, o.family);
-  const ModelConfig& c = full.config;
+  // The configuration alone: a miniature's weights are made for it, and a 7B
+  // model's own would not fit a small host.
+  const ModelConfig c = synthetic_config(o.synthetic.empty() ? "reference" : o.synthetic, Tc, o.family);
   const perf::Ceilings ceilings = *known;
-  const int s = o.predict_scale > 0 ? o.predict_scale : miniature_scale(c, Tc, 32);
-  const index_t B = o.batch;
-  const double batches = std::ceil(o.epoch_tokens / double(B * Tc));
-  // The gradient at --precision where given, else under bf16-amp (the
-  // PyTorch pipeline's production policy, that of its 28.7 s gradient, and
-  // the faster of the tensor-core policies here), and at TF32 (the FP32
-  // class's) beside it; the second-order forward under bf16-amp at K (16
-  // unless --directions gives it).
-  Options og = o;
-  og.gpu_shaped = true;
-  og.policy = o.precision_given ? o.policy : Precision::bf16_amp;
-  const Shape gs = shape_of(og, Tc, true);
-  const Miniature mg = miniature_of(c, gs, s);
-  const perf::RecordedRun rg = run_miniature(mg);
-  const PassPrediction pg = predict_pass("gradient", rg, s, ceilings, batches, 1.0);
-  Options ot = og;
-  ot.policy = Precision::tf32;
-  const PassPrediction pt =
-      predict_pass("gradient", run_miniature(miniature_of(c, shape_of(ot, Tc, true), s)), s, ceilings, batches, 1.0);
-  Options os = o;
-  os.gpu_shaped = true;
-  os.policy = Precision::bf16_amp;
-  const int K = o.directions_given ? o.K.front() : 16;
-  const Shape ss = shape_of(os, Tc, false, K, true);
-  const Miniature ms = miniature_of(c, ss, s);
-  const perf::RecordedRun rs = run_miniature(ms);
-  const PassPrediction ps = predict_pass("second-order", rs, s, ceilings, batches, double(K));
-  // The gradient pass with analysis.per_sequence (the deck's default): the
-  // gradient engine with its weight products batched per sequence.
-  const Shape qs = gs;
-  const Miniature& mq = mg;
-  const PassPrediction pq = predict_pass("sequence", run_sequences(mq, B), s, ceilings, batches, 1.0);
-  const std::string gp = o.precision_given ? o.precision : "bf16-amp";
-  std::printf(
-      "{\"predict\": \"%s\", \"model\": \"%s\", \"family\": \"%s\", \"batch\": %ld, \"seq_len\": %ld, "
-      "\"epoch_tokens\": %.0f, \"scale\": %d, \"execution_space\": \"%s\",\n \"ceilings\": {\"bf16\": %g, "
-      "\"tf32\": %g, \"fp32\": %g, \"fp64\": %g, \"copy\": %g, \"memory\": %g, \"launch\": %g, "
-      "\"sms\": %d},\n \"gradient\": {\"precision\": \"%s\", \"plans\": %s, \"prediction\": %s},\n "
-      "\"second_order\": {\"K\": %d, \"precision\": \"bf16-amp\", \"adjoint_cuts\": %s, \"plans\": %s, "
-      "\"prediction\": %s},\n \"per_sequence\": {\"precision\": \"%s\", \"plans\": %s, \"prediction\": %s},\n "
-      "\"gradient_tf32\": {\"precision\": \"tf32\", \"prediction\": %s}}\n",
-      o.predict.c_str(), o.synthetic.empty() ? "reference" : o.synthetic.c_str(), o.family.c_str(), long(B), long(Tc),
-      o.epoch_tokens, s, ExecSpace::name(), ceilings.bf16, ceilings.tf32, ceilings.fp32, ceilings.fp64, ceilings.copy,
-      ceilings.memory, ceilings.launch, ceilings.sms, gp.c_str(), plans_json(c, gs, mg).c_str(), pg.json.c_str(), K,
-      adjoint_cuts_of(c, ss) ? "true" : "false", plans_json(c, ss, ms).c_str(), ps.json.c_str(), gp.c_str(),
-      plans_json(c, qs, mq).c_str(), pq.json.c_str(), pt.json.c_str());
-  std::printf(
-      "predicted %s: gradient %.3g s/epoch, second-order K=%d bf16-amp %.3g s/direction, launches per pass %ld\n",
-      o.predict.c_str(), pg.seconds * batches, K, ps.seconds * batches / K, ps.device_launches);
+  const double batches = std::ceil(o.epoch_tokens / double(o.batch * Tc));
+  int K = o.directions_given ? o.K.front() : 16;
+  if (o.parameter_shards <= 0) {
+    // The gradient at --precision where given, else under bf16-amp (the
+    // PyTorch pipeline's production policy, that of its 28.7 s gradient, and
+    // the faster of the tensor-core policies here), and at TF32 (the FP32
+    // class's) beside it; the second-order forward under bf16-amp at K (16
+    // unless --directions gives it).
+    const Predictions p = predict_passes(o, c, Tc, K, ceilings, batches);
+    std::printf("%s}\n", p.json.c_str());
+    std::printf(
+        "predicted %s: gradient %.3g s/epoch, second-order K=%d bf16-amp %.3g s/direction, launches per pass %ld\n",
+        o.predict.c_str(), p.gradient.seconds * batches, K, p.second_order.seconds * batches / K,
+        p.second_order.device_launches);
+    return;
+  }
+  const perf::Fabric f = *perf::fabric_named(o.predict);
+  const int gpus = o.gpus > 0 ? o.gpus : f.gpus_per_node;
+  const int R = o.parameter_shards;
+  if (gpus % R != 0)
+    throw Error("--parameter-shards " + std::to_string(R) + " does not divide --gpus " + std::to_string(gpus));
+  // K as the memory allows: the widest pass up to 16 that fits 90% of a GPU.
+  if (!o.directions_given)
+    while (K > 1 && sharded_memory(c, o.batch, Tc, K, R, o.epoch_tokens).total() > 0.9 * f.memory) K /= 2;
+  const ShardedMemory mem = sharded_memory(c, o.batch, Tc, K, R, o.epoch_tokens);
+  const Predictions p = predict_passes(o, c, Tc, K, ceilings, batches);
+  std::string line;
+  const std::string sj = sharded_json(o, c, Tc, K, mem, p, f, gpus, batches, line);
+  std::printf("%s%s}\n%s", p.json.c_str(), sj.c_str(), line.c_str());
 }
 
 // The team scratch the plan's fused attention kernels request for this
@@ -1039,6 +1186,8 @@ int main(int argc, char** argv) {
       else if (a == "--attention-blocks") o.attention_blocks = std::stol(next());
       else if (a == "--predict-scale") o.predict_scale = std::stoi(next());
       else if (a == "--epoch-tokens") o.epoch_tokens = std::stod(next());
+      else if (a == "--parameter-shards") o.parameter_shards = std::stoi(next());
+      else if (a == "--gpus") o.gpus = std::stoi(next());
       else if (a == "--synthetic") o.synthetic = next();
       else if (a == "--family") o.family = next();
       else if (a == "--validation") o.validation = true;

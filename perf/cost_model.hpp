@@ -75,6 +75,62 @@ inline Ceilings gh200() {
   return c;
 }
 
+// The links of a node that a sharded run's collectives use (parameters,
+// gradient and products as slices over the R GPUs of a shard group: an
+// all-gather of a layer's slices before it runs, a reduce-scatter of its
+// gradient after). Datasheet figures; nothing measured.
+struct Fabric {
+  std::string name;
+  double peer = 0;       // bytes/s each way that one GPU reaches one other GPU of its node at
+  double injection = 0;  // bytes/s each way that one GPU reaches all the others of its node at
+  double network = 0;    // bytes/s each way that one GPU reaches other nodes at
+  int gpus_per_node = 0;
+  double memory = 0;  // bytes of memory a GPU
+};
+
+// A GH200 node as the clusters of this project have it (HPE Cray EX254n):
+// four GH200s, every pair joined by six NVLink 4 links (150 GB/s each way),
+// so 450 GB/s from one GPU to the three others together; one Slingshot-11
+// NIC (200 Gb/s, 25 GB/s) a GPU between nodes; 96 GB of HBM3 a GPU.
+inline Fabric gh200_node() { return {"gh200 node (4 GPUs, NVLink 4 all-to-all)", 150e9, 450e9, 25e9, 4, 96e9}; }
+
+// An HGX H200 node: eight H200s behind NVSwitch, 450 GB/s each way from any
+// GPU to any set of the others; a 400 Gb/s NIC (50 GB/s) a GPU; 141 GB of
+// HBM3e a GPU.
+inline Fabric h200_node() { return {"HGX H200 node (8 GPUs, NVSwitch)", 450e9, 450e9, 50e9, 8, 141e9}; }
+
+// Seconds to all-gather a vector of `bytes` held as R equal slices, one a
+// GPU (each GPU receives the R - 1 slices it lacks), or to reduce-scatter one
+// (each sends them): within a node over min(R - 1 links, the GPU's
+// injection), beyond it over the network. Latency is left out: a layer's
+// slices are megabytes.
+inline double collective_seconds(double bytes, int R, const Fabric& f) {
+  if (R <= 1) return 0;
+  const double moved = bytes * double(R - 1) / double(R);
+  const double bandwidth = R <= f.gpus_per_node ? std::min(f.peer * double(R - 1), f.injection) : f.network;
+  return moved / bandwidth;
+}
+
+// A sharded pass's batch: its compute and its collectives, the next layer's
+// gather in flight while this layer computes, so that only the first layer's
+// gather and any collective time beyond the compute are exposed.
+struct ShardedBatch {
+  double compute = 0, communication = 0;
+  int layers = 1;
+  double exposed() const {
+    return std::max(0.0, communication - compute) + communication / double(std::max(layers, 1));
+  }
+  double seconds() const { return compute + exposed(); }
+  double communication_share() const { return seconds() > 0 ? exposed() / seconds() : 0; }
+};
+
+// The fabric of the node that --predict's GPU comes in, or nothing.
+inline std::optional<Fabric> fabric_named(const std::string& name) {
+  if (name == "h200") return h200_node();
+  if (name == "gh200") return gh200_node();
+  return std::nullopt;
+}
+
 // The ceilings of a GPU by its --predict name, or nothing.
 inline std::optional<Ceilings> ceilings_named(const std::string& name) {
   if (name == "h200") return h200();

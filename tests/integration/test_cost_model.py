@@ -106,6 +106,45 @@ class CostModel(unittest.TestCase):
                                        delta=1e-14 * l["memory_s"], msg=label)
             self.assertGreater(g[name]["prediction"]["seconds_per_batch"], h[name]["prediction"]["seconds_per_batch"])
 
+    def test_sharded_team_prices_its_collectives(self):
+        # A team of one GH200 node's 4 GPUs with its vectors sliced over R:
+        # a gradient batch gathers the weights twice and reduce-scatters the
+        # gradient (3 x 4P bytes), a curvature batch gathers the weights and
+        # K directions once ((1 + K) x 4P), each GPU receiving (R - 1)/R of
+        # them over R - 1 NVLink peers of 150 GB/s (at most 450 GB/s).
+        args = ("--synthetic", "small", "--batch", "4", "--directions", "2", "--predict-scale", "1")
+        out = {}
+        for R in (1, 2, 4):
+            d, last = predict(*args, "--parameter-shards", str(R), gpu="gh200")
+            self.assertTrue(last.startswith(f"predicted gh200 x4, parameter_shards {R}: gradient "), last)
+            out[R] = d
+        P = out[1]["sharded"]["memory_bytes"]["parameters"] / 4
+        self.assertEqual(P, int(P))
+        layers = 2  # the small preset's
+        for R, d in out.items():
+            sh = d["sharded"]
+            g, v = sh["gradient_epoch"], sh["direction"]
+            bandwidth = min(150e9 * (R - 1), 450e9)
+            for pass_, moved in ((g, 3 * 4 * P), (v, 3 * 4 * P)):  # K = 2: 1 + K = 3
+                want = moved * (R - 1) / R / bandwidth if R > 1 else 0.0
+                # Two divisions and a product in double apart.
+                self.assertAlmostEqual(pass_["communication_s_per_batch"], want, delta=1e-12 * want + 1e-300)
+                c, x = pass_["compute_s_per_batch"], pass_["communication_s_per_batch"]
+                self.assertAlmostEqual(pass_["exposed_s_per_batch"], max(0.0, x - c) + x / layers,
+                                       delta=1e-12 * (c + x))
+            # The batches split over the team's 4 GPUs; the compute is a GPU's own.
+            self.assertEqual(g["compute_s_per_batch"], d["gradient"]["prediction"]["seconds_per_batch"])
+            self.assertEqual(sh["batches_per_gpu"], math.ceil(d["gradient"]["prediction"]["batches_per_epoch"] / 4))
+            mem = sh["memory_bytes"]
+            self.assertAlmostEqual(mem["vectors"], out[1]["sharded"]["memory_bytes"]["vectors"] / R,
+                                   delta=1e-12 * mem["vectors"])
+            self.assertEqual(mem["gathered"] == 0, R == 1)
+        self.assertEqual(out[1]["sharded"]["gradient_epoch"]["communication_share"], 0)
+        r = subprocess.run([BENCH, "--predict", "gh200", "--no-probe", *args, "--parameter-shards", "3"],
+                           capture_output=True, text=True, env=gnhtest.mpi_env())
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("--parameter-shards 3 does not divide --gpus 4", r.stderr)
+
     def test_reference_prediction_and_launch_budget(self):
         d, last = predict("--synthetic", "reference", "--batch", "64")
         m = LAST.match(last)

@@ -264,7 +264,8 @@ struct CaseAnalysis {
     if (index_t(out_.noise_blocks.size()) != m) throw std::logic_error("gnh::case: noise batches differ from the plan");
     xi_ = View2<T>("gnh::case::xi", keep_xi() ? m : 0, P_);
     gj_ = View1<double>("gnh::case::g_j", P_);
-    View1<double> xij("gnh::case::xi_j", P_);
+    // xi_j = g_j - G is formed in gj_'s place once g_j's own scalars are taken.
+    const View1<double> xij = gj_;
     if (plan_.partition) {
       partition_sum_ = ExactSum(P_);
       partition_sum_.clear(space_);
@@ -287,14 +288,14 @@ struct CaseAnalysis {
           const BatchScalars ns = sum_in_order(t);
           for (const BatchScalars& b : t) r.seconds += b.seconds;
           a.to_double(space_, gj_.data(), 1.0 / double(ns.count));
-          xi_of_gj(xij, keep_xi() ? xi_.data() + j * P_ : nullptr);
           r.gB_sqnorm = dot(space_, gj_.data(), gj_.data(), P_);
+          if (plan_.partition) partition_sum_.add(space_, gj_.data());
+          xi_of_gj(xij, keep_xi() ? xi_.data() + j * P_ : nullptr);
           r.xi_sqnorm = dot(space_, xij.data(), xij.data(), P_);
           r.G_dot_xi = dot(space_, G_.data(), xij.data(), P_);
           r.finite = std::isfinite(r.gB_sqnorm);
           xi_blocks = block_dots(xij.data(), xij.data());
           if (plan_.preconditioned) r.xiPxi = weighted_dot(space_, xij.data(), precond_.data(), xij.data(), P_);
-          if (plan_.partition) partition_sum_.add(space_, gj_.data());
         }
         space_.fence();
       }
@@ -324,7 +325,8 @@ struct CaseAnalysis {
   }
 
   // xi_j = g_j - G from the noise batch's gradient in gj_, in double into x
-  // (when given) and rounded to the engine's scalar into row (when given).
+  // (when given; gj_ itself, in place) and rounded to the engine's scalar
+  // into row (when given).
   void xi_of_gj(View1<double> x, T* row) {
     auto g = gj_;
     auto Gv = G_;

@@ -92,11 +92,11 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const 
     m.vector_count += n;
   };
   const index_t width = c.pass_widths.front();
-  // G, g_j, xi_j and a check buffer in double; two or three exact sums (the
+  // G, g_j (then xi_j in its place) and a check buffer in double; two or three exact sums (the
   // epoch's, a noise batch's, the partition's); the xi block (kept noise
   // vectors only), the widest pass's directions, the two check directions
   // and three batch vectors.
-  add(sizeof(double), 4);
+  add(sizeof(double), 3);
   add(sizeof(fixed128), c.partition ? 3 : 2);
   add(scalar, (c.keep_noise ? c.n_noise : 0) + width + 2 + 3);
   if (c.preconditioned) add(sizeof(double), 1);  // the preconditioner

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "analysis/usage.hpp"
 #include "core/error.hpp"
 #include "driver/command.hpp"
 #include "parallel/comm.hpp"
@@ -38,6 +39,7 @@ int main(int argc, char** argv) {
     kokkos_argv.push_back(nullptr);
     gnh_argv.push_back(nullptr);
     Kokkos::initialize(kokkos_argc, kokkos_argv.data());
+    gnh::watch_allocations();  // each stage's allocated high-water mark, beside the plan
     try {
       if (!kokkos_help) status = gnh::run_gnh(gnh_argc, gnh_argv.data(), comm);
     } catch (const gnh::ErrorElsewhere&) {

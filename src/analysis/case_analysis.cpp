@@ -21,8 +21,6 @@ namespace gnh {
 template <class T>
 Engines<T>::Engines(const ModelConfig& cfg, const AnalysisSettings& s)
     : gradient(cfg, gradient_shape(s)),
-      check_for(cfg, check_shape(s, false)),
-      check_sof(cfg, check_shape(s, true)),
       sequence_group(s.per_sequence ? gnh::sequence_group(cfg, s, gradient.shape().gpu_shaped) : 0),
       sequence(sequence_group > 0 && sequence_group != s.grad_microbatch
                    ? std::make_unique<Gpt<T>>(cfg, sequence_shape(s, sequence_group))
@@ -44,6 +42,26 @@ Gpt<T>& Engines<T>::curvature(index_t K) {
     curvature_ = std::make_unique<Gpt<T>>(cfg_, curvature_shape(settings_, K), std::move(storage));
   }
   return *curvature_;
+}
+
+template <class T>
+Gpt<T>& Engines<T>::check_for() {
+  curvature_.reset();
+  if (!check_for_) check_for_ = std::make_unique<Gpt<T>>(cfg_, check_shape(settings_, false));
+  return *check_for_;
+}
+
+template <class T>
+Gpt<T>& Engines<T>::check_sof() {
+  curvature_.reset();
+  if (!check_sof_) check_sof_ = std::make_unique<Gpt<T>>(cfg_, check_shape(settings_, true));
+  return *check_sof_;
+}
+
+template <class T>
+void Engines<T>::release_checks() {
+  check_for_.reset();
+  check_sof_.reset();
 }
 
 namespace {
@@ -603,6 +621,7 @@ struct CaseAnalysis {
   // compared computations round their operands at different points (8-bit
   // mantissas): 1e-2.
   void identities() {
+    reset_peak_allocated();
     constexpr bool fp64 = std::is_same<T, double>::value;
     const double tol = fp64 ? 1e-10 : s_.bf16() ? 1e-2 : 1e-4;
     const index_t m = plan_.n_noise;
@@ -632,12 +651,12 @@ struct CaseAnalysis {
     Kokkos::deep_copy(space_, grad, T(0));
     Kokkos::deep_copy(space_, hv, T(0));
     stager_.stage(ids_, Batch{0}, 1);
-    engines_.check_for.hvp(space_, params_, uv, stager_.tokens(), stager_.targets(), grad, hv);
+    engines_.check_for().hvp(space_, params_, uv, stager_.tokens(), stager_.targets(), grad, hv);
     const double uHv = dot(space_, uv.data(), hv.data() + P_, P_, false);
     const double vHu = dot(space_, uv.data() + P_, hv.data(), P_, false);
     const double scale = dot(space_, uv.data(), hv.data() + P_, P_, true);
     symmetry.deviation = std::abs(uHv - vHu) / scale;
-    const LossSum so = engines_.check_sof.second_order(space_, params_, uv, stager_.tokens(), stager_.targets());
+    const LossSum so = engines_.check_sof().second_order(space_, params_, uv, stager_.tokens(), stager_.targets());
     for (index_t k = 0; k < 2; ++k) {
       const double q = dot(space_, uv.data() + k * P_, hv.data() + k * P_, P_, false);
       const double qs = dot(space_, uv.data() + k * P_, hv.data() + k * P_, P_, true);
@@ -645,6 +664,9 @@ struct CaseAnalysis {
     }
     out_.identities = {pyth, gradient_first, part, symmetry, paths};
     if (cm.gauss_newton) gauss_newton_identities(uv, so, tol);
+    engines_.release_checks();
+    if (const std::int64_t a = peak_allocated(); a >= 0)
+      out_.measured.emplace_back("checks_peak_allocated_bytes", double(a));
   }
 
   // The Gauss-Newton operator's identities, on block 0 with the same two
@@ -658,8 +680,8 @@ struct CaseAnalysis {
     View2<T> gv("gnh::case::check_ggnv", 2, P_);
     Kokkos::deep_copy(space_, grad, T(0));
     Kokkos::deep_copy(space_, gv, T(0));
-    engines_.check_for.hvp(space_, params_, uv, stager_.tokens(), stager_.targets(), grad, gv,
-                           CurvatureOperator::gauss_newton);
+    engines_.check_for().hvp(space_, params_, uv, stager_.tokens(), stager_.targets(), grad, gv,
+                             CurvatureOperator::gauss_newton);
     IdentityCheck symmetry{"ggn_symmetry", 0, tol, true}, paths{"ggn_paths", 0, tol, true};
     const double uGv = dot(space_, uv.data(), gv.data() + P_, P_, false);
     const double vGu = dot(space_, uv.data() + P_, gv.data(), P_, false);

@@ -22,12 +22,18 @@ namespace gnh {
 // Engines planned once per rank (one configuration per run) and reused. The
 // curvature engine is planned for the directions of the pass it runs (at most
 // directions_per_pass) and replanned only when a pass needs another count.
+// The identity checks' two engines exist only while the checks run, and the
+// curvature engine is released before them, so that a case's peak holds the
+// larger of the two, not both (analysis/memory.hpp, MemoryPlan::total).
 template <class T>
 struct Engines {
   Engines(const ModelConfig& cfg, const AnalysisSettings& s);
-  Gpt<T> gradient;   // reverse, grad_microbatch
-  Gpt<T> check_for;  // forward-over-reverse, K = 2, one block: identity checks
-  Gpt<T> check_sof;  // second-order forward, K = 2, one block
+  Gpt<T> gradient;  // reverse, grad_microbatch
+  // The checks' engines, made where there are none: forward-over-reverse and
+  // second-order forward, K = 2, one block. The curvature engine goes first.
+  Gpt<T>& check_for();
+  Gpt<T>& check_sof();
+  void release_checks();
   // analysis.per_sequence: the sequences a reverse takes apart (memory.hpp,
   // sequence_group; 0 without it), and their engine where it is not the
   // gradient engine (null otherwise).
@@ -39,7 +45,7 @@ struct Engines {
  private:
   ModelConfig cfg_;
   AnalysisSettings settings_;
-  std::unique_ptr<Gpt<T>> curvature_;
+  std::unique_ptr<Gpt<T>> curvature_, check_for_, check_sof_;
 };
 
 // What a state brings beyond its parameters (SPEC §10); empty views: none.

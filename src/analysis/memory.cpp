@@ -86,30 +86,43 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const 
   m.curvature = plan_gpt_bytes(cfg, curvature_shape(s, c.pass_widths.front()), scalar);
   m.checks = plan_gpt_bytes(cfg, check_shape(s, false), scalar) + plan_gpt_bytes(cfg, check_shape(s, true), scalar);
   if (s.per_sequence) m.sequence = sequence_group_bytes(cfg, s, sequence_group(cfg, s, gpu_shaped));
-  // n parameter-sized vectors of `each` bytes an element, counted and sized.
-  auto add = [&](std::size_t each, index_t n) {
-    m.vectors += each * P * std::size_t(n);
-    m.vector_count += n;
+  // The parameter-sized vectors, stage by stage (analysis/case_analysis.cpp):
+  // those held throughout the case and each stage's own, in double, in
+  // 128-bit exact sums and in the engine's scalar; the plan takes the stage
+  // that needs the most bytes (and counts its vectors).
+  struct Count {
+    index_t d = 0, x = 0, t = 0;
   };
-  const index_t width = c.pass_widths.front();
-  // G, g_j (then xi_j in its place) and a check buffer in double; two or three exact sums (the
-  // epoch's, a noise batch's, the partition's); the xi block (kept noise
-  // vectors only), the widest pass's directions, the two check directions
-  // and three batch vectors.
-  add(sizeof(double), 3);
-  add(sizeof(fixed128), c.partition ? 3 : 2);
-  add(scalar, (c.keep_noise ? c.n_noise : 0) + width + 2 + 3);
-  if (c.preconditioned) add(sizeof(double), 1);  // the preconditioner
-  if (c.update) {                                // Delta and theta_b
-    add(sizeof(double), 1);
-    add(scalar, 1);
-  }
-  // [curvature] with H v kept: an exact sum per direction of the widest pass,
-  // the epoch's H v in double, and the diagonal's accumulator in double.
-  if (s.keeps_hv()) {
-    add(sizeof(fixed128), width);
-    add(sizeof(double), s.curvature.diagonal ? 2 : 1);
-  }
+  const index_t K = c.pass_widths.front(), part = c.partition ? 1 : 0;
+  const bool fr = s.curvature_method == CurvatureMethod::forward_over_reverse;
+  const bool recompute = !c.keep_noise && c.n_noise > 0, hv = s.keeps_hv();
+  // Throughout: G, the parameters, the kept noise vectors; the AdamW
+  // preconditioner; the update's Delta and theta_b; the diagonal.
+  Count held{1 + (c.preconditioned ? 1 : 0) + (c.update ? 1 : 0) + (hv && s.curvature.diagonal ? 1 : 0), 0,
+             1 + (c.update ? 1 : 0) + (c.keep_noise ? c.n_noise : 0)};
+  const std::vector<Count> stages = {
+      // the gradient: the epoch's exact sum, a batch's gradient
+      {0, 1, 1},
+      // the noise batches: g_j (then xi_j), a batch's exact sum (and the
+      // partition's), a batch's gradient
+      {1, 1 + part, 1},
+      // the curvature passes: g_j; the partition's sum; the pass's K
+      // directions; a noise vector recomputed (an exact sum and a batch's
+      // gradient); forward-over-reverse's batch gradient and K products; with
+      // H v kept, an exact sum per direction and H v in double
+      {1 + (hv ? 1 : 0), part + (recompute ? 1 : 0) + (hv ? K : 0), K + (recompute ? 1 : 0) + (fr ? 1 + K : 0)},
+      // the identity checks: g_j; the partition's sum; two directions, a
+      // gradient and two products (and the Gauss-Newton part's three)
+      {1, part, 5 + (s.curvature.gauss_newton() ? 3 : 0)}};
+  auto bytes = [&](const Count& n) {
+    return P * (sizeof(double) * std::size_t(held.d + n.d) + sizeof(fixed128) * std::size_t(held.x + n.x) +
+                scalar * std::size_t(held.t + n.t));
+  };
+  for (const Count& n : stages)
+    if (bytes(n) > m.vectors) {
+      m.vectors = bytes(n);
+      m.vector_count = held.d + n.d + held.x + n.x + held.t + n.t;
+    }
   if (c.spectrum) {
     m.spectrum = lanczos_bytes(index_t(P), s.curvature, s.directions_per_pass, members);
     // The layer blocks' chains run after the spectrum's, in their own basis:
@@ -120,9 +133,13 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const 
       blocks.eigenvectors = 0;
       m.spectrum = std::max(m.spectrum, lanczos_bytes(index_t(P), blocks, s.directions_per_pass, members));
     }
-    // The curvature engine at the chains' width, where it is wider than the §4 passes'.
-    const index_t K = std::min(s.curvature.lanczos_chains, s.directions_per_pass);
-    if (K > c.pass_widths.front()) m.curvature = plan_gpt_bytes(cfg, curvature_shape(s, K), scalar);
+    // The curvature engine at the chains' width, and forward-over-reverse's
+    // batch products of a pass, where it is wider than the §4 passes'.
+    const index_t Ks = std::min(s.curvature.lanczos_chains, s.directions_per_pass);
+    if (Ks > K) {
+      m.curvature = plan_gpt_bytes(cfg, curvature_shape(s, Ks), scalar);
+      m.spectrum += scalar * P * std::size_t(Ks - K);
+    }
   }
   return m;
 }

@@ -4,6 +4,7 @@
 // memory they and the case's vectors take. The analysis runs by this plan and
 // the dry run prints it, so the two cannot disagree. No Kokkos here.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <vector>
 
@@ -69,7 +70,8 @@ struct MemoryPlan {
   // checks and the [curvature] options, not by noise_samples or directions
   // unless the noise vectors are kept.
   index_t vector_count = 0;
-  std::size_t total() const { return gradient + curvature + checks + sequence + vectors + spectrum; }
+  // The curvature engine and the checks' engines never live at once (analysis/case_analysis.hpp, Engines).
+  std::size_t total() const { return gradient + std::max(curvature, checks) + sequence + vectors + spectrum; }
 };
 // members: the team's size (the Lanczos basis is sharded over it).
 // gpu_shaped: the engines run the GPU's path (gpu_shaped_build()).

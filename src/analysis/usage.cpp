@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "analysis/usage.hpp"
 
+#include "core/types.hpp"
+
 #include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <cmath>
@@ -28,7 +30,31 @@ std::int64_t proc_kb(const char* path, const char* key) {
   return -1;
 }
 
+bool g_watched = false;
+std::int64_t g_allocated = 0, g_peak_allocated = 0;
+
+bool in_execution_memory(const Kokkos::Tools::SpaceHandle& h) {
+  return std::strcmp(h.name, ExecSpace::memory_space::name()) == 0;
+}
+void on_allocate(const Kokkos::Tools::SpaceHandle h, const char*, const void*, const std::uint64_t size) {
+  if (!in_execution_memory(h)) return;
+  g_allocated += std::int64_t(size);
+  g_peak_allocated = std::max(g_peak_allocated, g_allocated);
+}
+void on_deallocate(const Kokkos::Tools::SpaceHandle h, const char*, const void*, const std::uint64_t size) {
+  if (in_execution_memory(h)) g_allocated -= std::int64_t(size);
+}
+
 }  // namespace
+
+void watch_allocations() {
+  if (g_watched) return;
+  Kokkos::Tools::Experimental::set_allocate_data_callback(on_allocate);
+  Kokkos::Tools::Experimental::set_deallocate_data_callback(on_deallocate);
+  g_watched = true;
+}
+void reset_peak_allocated() { g_peak_allocated = g_allocated; }
+std::int64_t peak_allocated() { return g_watched ? g_peak_allocated : -1; }
 
 bool reset_peak_host_memory() {
   std::FILE* f = std::fopen("/proc/self/clear_refs", "w");
@@ -77,6 +103,7 @@ void StageMeter::begin() {
   direction_.clear();
   device_ = -1;
   reset_ = reset_peak_host_memory();
+  reset_peak_allocated();
 }
 
 void StageMeter::add(const std::vector<BatchScalars>& table, index_t K) {
@@ -106,6 +133,7 @@ void StageMeter::end(const std::string& stage, std::vector<std::pair<std::string
   }
   out.emplace_back(stage + "_peak_host_bytes", double(peak_host_memory()));
   if (!reset_) out.emplace_back(stage + "_peak_host_since_start", 1.0);
+  if (const std::int64_t a = peak_allocated(); a >= 0) out.emplace_back(stage + "_peak_allocated_bytes", double(a));
   if (device_ >= 0) out.emplace_back(stage + "_device_bytes", device_);
 }
 

@@ -25,6 +25,14 @@ std::int64_t host_memory_total();
 std::int64_t device_memory_in_use();
 std::int64_t device_memory_total();
 
+// Bytes allocated through Kokkos in the execution space's memory, watched
+// from watch_allocations() on (once, after Kokkos::initialize; a program
+// with its own Kokkos Tools callbacks does not call it): the high-water mark
+// since reset_peak_allocated(), -1 when not watched.
+void watch_allocations();
+void reset_peak_allocated();
+std::int64_t peak_allocated();
+
 // Median and the 10th and 90th percentiles (nearest rank) of x; NaN if empty.
 struct Spread {
   double median, p10, p90;
@@ -42,7 +50,8 @@ class StageMeter {
   void add_seconds(double batch_seconds, double direction_seconds = -1);
   // Appends <stage>_batches, <stage>_batch_seconds_{median,p10,p90},
   // <stage>_direction_seconds_{...} (passes with directions),
-  // <stage>_peak_host_bytes and <stage>_device_bytes (GPU) to out.
+  // <stage>_peak_host_bytes, <stage>_peak_allocated_bytes (where watched)
+  // and <stage>_device_bytes (GPU) to out.
   void end(const std::string& stage, std::vector<std::pair<std::string, double>>& out);
 
  private:

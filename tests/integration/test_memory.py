@@ -5,7 +5,8 @@
 - every stage's batch-time spread (median, p10, p90), per-direction times
   for the passes with directions, and the host high-water mark per stage are
   attributes of each case's `timings`; the high-water mark covers the planned
-  buffers, which the run allocates and touches;
+  buffers, which the run allocates and touches, and every stage's Kokkos
+  allocations stay within the plan (both curvature methods);
 - a plan over 90% of the memory budget is refused before anything is
   computed, naming the deck keys to lower;
 - --fit-memory picks the largest directions_per_pass, then hvp_batch, that
@@ -69,6 +70,7 @@ class Memory(unittest.TestCase):
                     # The resident high-water mark over the stage holds at
                     # least the planned engines and vectors, all touched.
                     self.assertGreaterEqual(t[f"{stage}_peak_host_bytes"], c.attrs["peak_memory_bytes"])
+            self.plan_holds_the_allocations(f)
             # Batches counted over the whole team: the epoch's microbatches.
             self.assertEqual(t["gradient_batches"], -(-blocks // 4))
             self.assertEqual(t["noise_batches"], 3)
@@ -77,6 +79,29 @@ class Memory(unittest.TestCase):
             self.assertIn("curvature_direction_seconds_median", t)
             self.assertIn("spectrum_direction_seconds_median", t)
             self.assertEqual(t["spectrum_batches"], 3 * -(-blocks // 4))
+
+    def plan_holds_the_allocations(self, f):
+        # What every stage allocated through Kokkos (engines, vectors,
+        # staging, scratch: counted by Kokkos's allocation callbacks, exact
+        # byte counts) stays within the plan of its stage's case.
+        for h, g in f["groups"].items():
+            for cname, c in g.items():
+                t = c["timings"].attrs
+                stages = [k for k in t if k.endswith("_peak_allocated_bytes")]
+                self.assertIn("checks_peak_allocated_bytes", stages)
+                for k in stages:
+                    self.assertLessEqual(t[k], c.attrs["peak_memory_bytes"], (h, cname, k))
+
+    def test_second_order_plan_with_recomputed_noise_holds_its_allocations(self):
+        # The other path: the second-order forward, noise vectors recomputed
+        # in the curvature passes (an exact sum and a batch gradient more there).
+        r = self.gnh("--set", 'analysis.curvature_method="second-order-forward"', "--set",
+                     'parallel.noise_vectors="recompute"', "--set", "curvature.lanczos_steps=0", "--set",
+                     "curvature.update=false", "--set", "analysis.noise_samples=7", "--set",
+                     "analysis.directions_per_pass=5", "--set", 'run.output="out/sof.h5"')
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with h5py.File(os.path.join(self.tmp, "out", "sof.h5"), "r") as f:
+            self.plan_holds_the_allocations(f)
 
     def test_a_plan_over_the_budget_is_refused_naming_the_keys(self):
         r = self.gnh("--dry-run", "--set", "analysis.hvp_batch=100000000")
@@ -109,8 +134,8 @@ class Memory(unittest.TestCase):
         self.assertIn("lower analysis.grad_microbatch", r.stderr)
 
     def test_vector_count_is_fixed_when_noise_vectors_are_recomputed(self):
-        # The plan's parameter-sized vectors: kept noise vectors add one per
-        # noise sample; recomputed, the count stays as noise_samples (3 -> 7,
+        # The plan's parameter-sized vectors at its largest stage: recomputed
+        # noise vectors, the count stays as noise_samples (3 -> 7,
         # the most 30 blocks give batches of 4) and directions (3 -> 40) grow.
         def count(noise, samples, directions):
             r = self.gnh("--dry-run", "--set", f'parallel.noise_vectors="{noise}"', "--set",
@@ -123,8 +148,10 @@ class Memory(unittest.TestCase):
         fixed = count("recompute", 3, 3)
         self.assertEqual(len(fixed), 1)
         self.assertEqual(count("recompute", 7, 40), fixed)
-        self.assertEqual(count("keep", 3, 3), {n + 3 for n in fixed})
-        self.assertEqual(count("keep", 7, 3), {n + 7 for n in fixed})
+        # Kept, each noise sample adds its vector, and the curvature stage
+        # needs no exact sum and batch gradient to recompute one.
+        self.assertEqual(count("keep", 3, 3), {n + 3 - 2 for n in fixed})
+        self.assertEqual(count("keep", 7, 3), {n + 7 - 2 for n in fixed})
 
     def test_advice_names_only_settings_above_their_least(self):
         # Every batch setting at 1 (and the noise vectors already recomputed):

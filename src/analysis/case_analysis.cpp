@@ -47,6 +47,7 @@ Gpt<T>& Engines<T>::curvature(index_t K) {
 template <class T>
 Gpt<T>& Engines<T>::check_for() {
   curvature_.reset();
+  check_sof_.reset();
   if (!check_for_) check_for_ = std::make_unique<Gpt<T>>(cfg_, check_shape(settings_, false));
   return *check_for_;
 }
@@ -54,6 +55,7 @@ Gpt<T>& Engines<T>::check_for() {
 template <class T>
 Gpt<T>& Engines<T>::check_sof() {
   curvature_.reset();
+  check_for_.reset();
   if (!check_sof_) check_sof_ = std::make_unique<Gpt<T>>(cfg_, check_shape(settings_, true));
   return *check_sof_;
 }

@@ -22,15 +22,16 @@ namespace gnh {
 // Engines planned once per rank (one configuration per run) and reused. The
 // curvature engine is planned for the directions of the pass it runs (at most
 // directions_per_pass) and replanned only when a pass needs another count.
-// The identity checks' two engines exist only while the checks run, and the
-// curvature engine is released before them, so that a case's peak holds the
-// larger of the two, not both (analysis/memory.hpp, MemoryPlan::total).
+// The identity checks' two engines exist only while the checks run, one at a
+// time, and the curvature engine is released before them, so that a case's
+// peak holds the largest of the three, not their sum (analysis/memory.hpp).
 template <class T>
 struct Engines {
   Engines(const ModelConfig& cfg, const AnalysisSettings& s);
   Gpt<T> gradient;  // reverse, grad_microbatch
   // The checks' engines, made where there are none: forward-over-reverse and
-  // second-order forward, K = 2, one block. The curvature engine goes first.
+  // second-order forward, K = 2, one block. The curvature engine and the
+  // other check engine go first.
   Gpt<T>& check_for();
   Gpt<T>& check_sof();
   void release_checks();

@@ -84,7 +84,9 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const 
   MemoryPlan m;
   m.gradient = plan_gpt_bytes(cfg, gradient_shape(s), scalar);
   m.curvature = plan_gpt_bytes(cfg, curvature_shape(s, c.pass_widths.front()), scalar);
-  m.checks = plan_gpt_bytes(cfg, check_shape(s, false), scalar) + plan_gpt_bytes(cfg, check_shape(s, true), scalar);
+  // The checks' two engines, one at a time (analysis/case_analysis.hpp, Engines).
+  m.checks =
+      std::max(plan_gpt_bytes(cfg, check_shape(s, false), scalar), plan_gpt_bytes(cfg, check_shape(s, true), scalar));
   if (s.per_sequence) m.sequence = sequence_group_bytes(cfg, s, sequence_group(cfg, s, gpu_shaped));
   // The parameter-sized vectors, stage by stage (analysis/case_analysis.cpp):
   // those held throughout the case and each stage's own, in double, in

@@ -970,7 +970,9 @@ ShardedMemory sharded_memory(const ModelConfig& c, index_t B, index_t Tc, int K,
   ShardedMemory sm;
   sm.gradient = double(m.gradient), sm.curvature = double(m.curvature), sm.checks = double(m.checks);
   sm.sequence = double(m.sequence);
-  sm.engines = sm.gradient + sm.curvature + sm.checks + sm.sequence;
+  // The engines of the stage that holds the most (analysis/memory.cpp): the
+  // gradient's and the curvature's in the passes, or the checks' alone.
+  sm.engines = std::max(sm.gradient + sm.curvature, sm.checks) + sm.sequence;
   sm.vectors = double(m.vectors) / double(R);
   sm.parameters = 4.0 * double(layout.size()) / double(R);
   sm.gathered = R > 1 ? 2.0 * double(1 + K) * 4.0 * double(largest) : 0.0;

@@ -39,13 +39,13 @@ struct EnginesOf final : Analyser::Impl {
   EnginesOf(const ModelConfig& cfg, const AnalysisSettings& s) : settings(s), engines(cfg, s) {}
 
   void set_parameters(const std::vector<float>& p) override {
-    params = device_copy<T>(p, engines.gradient.layout().size(), "gnh::analyser::params");
+    params = device_copy<T>(p, engines.layout().size(), "gnh::analyser::params");
   }
   void set_preconditioner(const std::vector<double>& p) override {
-    precond = device_copy<double>(p, engines.gradient.layout().size(), "gnh::analyser::preconditioner");
+    precond = device_copy<double>(p, engines.layout().size(), "gnh::analyser::preconditioner");
   }
   void set_update_target(const std::vector<float>& b) override {
-    target = device_copy<T>(b, engines.gradient.layout().size(), "gnh::analyser::update_target");
+    target = device_copy<T>(b, engines.layout().size(), "gnh::analyser::update_target");
   }
 
   CaseStatistics analyse(Team& team, const std::int32_t* ids, index_t n_blocks, const CaseHooks& hooks) override {
@@ -55,7 +55,7 @@ struct EnginesOf final : Analyser::Impl {
 
   std::vector<double> curvature_along(const std::vector<std::vector<double>>& dirs, const std::int32_t* ids,
                                       index_t n_blocks, index_t stride) override {
-    const index_t P = engines.gradient.layout().size();
+    const index_t P = engines.layout().size();
     std::vector<double> out;
     for (const index_t K : balanced_passes(index_t(dirs.size()), settings.directions_per_pass)) {
       const index_t c0 = index_t(out.size());

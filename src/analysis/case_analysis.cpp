@@ -20,13 +20,17 @@ namespace gnh {
 
 template <class T>
 Engines<T>::Engines(const ModelConfig& cfg, const AnalysisSettings& s)
-    : gradient(cfg, gradient_shape(s)),
-      sequence_group(s.per_sequence ? gnh::sequence_group(cfg, s, gradient.shape().gpu_shaped) : 0),
-      sequence(sequence_group > 0 && sequence_group != s.grad_microbatch
-                   ? std::make_unique<Gpt<T>>(cfg, sequence_shape(s, sequence_group))
-                   : nullptr),
-      cfg_(cfg),
-      settings_(s) {}
+    : cfg_(cfg), settings_(s), layout_(cfg), gradient_(std::make_unique<Gpt<T>>(cfg, gradient_shape(s))) {
+  sequence_group = s.per_sequence ? gnh::sequence_group(cfg, s, gradient_->shape().gpu_shaped) : 0;
+  if (sequence_group > 0 && sequence_group != s.grad_microbatch)
+    sequence = std::make_unique<Gpt<T>>(cfg, sequence_shape(s, sequence_group));
+}
+
+template <class T>
+Gpt<T>& Engines<T>::gradient() {
+  if (!gradient_) gradient_ = std::make_unique<Gpt<T>>(cfg_, gradient_shape(settings_));
+  return *gradient_;
+}
 
 template <class T>
 Gpt<T>& Engines<T>::curvature(index_t K) {
@@ -46,6 +50,7 @@ Gpt<T>& Engines<T>::curvature(index_t K) {
 
 template <class T>
 Gpt<T>& Engines<T>::check_for() {
+  gradient_.reset();
   curvature_.reset();
   check_sof_.reset();
   if (!check_for_) check_for_ = std::make_unique<Gpt<T>>(cfg_, check_shape(settings_, false));
@@ -54,6 +59,7 @@ Gpt<T>& Engines<T>::check_for() {
 
 template <class T>
 Gpt<T>& Engines<T>::check_sof() {
+  gradient_.reset();
   curvature_.reset();
   check_for_.reset();
   if (!check_sof_) check_sof_ = std::make_unique<Gpt<T>>(cfg_, check_shape(settings_, true));
@@ -107,7 +113,7 @@ struct CaseAnalysis {
         s_(s),
         hooks_(hooks),
         plan_(plan_case(s, n_blocks, extras.precond.extent(0) > 0, extras.target.extent(0) > 0)),
-        P_(engines.gradient.layout().size()),
+        P_(engines.layout().size()),
         stager_(std::max<index_t>(s.grad_microbatch, s.hvp_batch), s.context, hooks.block_stride),
         G_("gnh::case::G", P_) {
     out_.m.n_blocks = n_blocks;
@@ -118,7 +124,7 @@ struct CaseAnalysis {
     out_.m.hessian_too = s.curvature.op == OperatorChoice::both;
     if (plan_.update) form_delta();
     if (s.curvature.blocks)
-      for (Partition& p : parameter_partitions(engines.gradient.layout())) {
+      for (Partition& p : parameter_partitions(engines.layout())) {
         BlockMeasurements b;
         b.partition = std::move(p.name);
         b.names = std::move(p.names);
@@ -194,7 +200,7 @@ struct CaseAnalysis {
     out_.timings.emplace_back("total", total);
     // Within "spectrum": its epoch passes and its Lanczos arithmetic.
     out_.timings.insert(out_.timings.end(), spectrum_parts_.begin(), spectrum_parts_.end());
-    out_.peak_memory_bytes = std::int64_t(plan_memory(engines_.gradient.config(), s_, plan_, team_.size()).total());
+    out_.peak_memory_bytes = std::int64_t(plan_memory(engines_.config(), s_, plan_, team_.size()).total());
     return std::move(out_);
   }
 
@@ -214,7 +220,7 @@ struct CaseAnalysis {
     std::vector<BatchScalars> table;
     std::unique_ptr<SequenceNorms<T>> seq;
     if (engines_.sequence_group > 0) seq = sequence_norms();
-    const bool ok = gradient_pass<T>(space_, engines_.gradient, stager_, params_, ids_, batches,
+    const bool ok = gradient_pass<T>(space_, engines_.gradient(), stager_, params_, ids_, batches,
                                      team_.share_of(index_t(batches.size())), acc, table, hooks_.stop,
                                      progress("gradient"), seq.get());
     if (team_.any(!ok)) throw Interrupted{};
@@ -238,7 +244,7 @@ struct CaseAnalysis {
   // canonical tensors) and, per block value, the tensors it sums.
   std::unique_ptr<SequenceNorms<T>> sequence_norms() const {
     std::vector<std::int64_t> ranges;
-    for (const TensorInfo& t : engines_.gradient.layout().tensors()) ranges.push_back(t.offset);
+    for (const TensorInfo& t : engines_.layout().tensors()) ranges.push_back(t.offset);
     ranges.push_back(P_);
     std::sort(ranges.begin(), ranges.end());
     std::vector<std::pair<std::size_t, std::size_t>> values;
@@ -250,7 +256,7 @@ struct CaseAnalysis {
     for (const BlockMeasurements& p : blocks_)
       for (std::size_t i = 0; i < p.size(); ++i)
         values.emplace_back(range_at(p.offsets[i]), range_at(p.offsets[i + 1]));
-    Gpt<T>& engine = engines_.sequence ? *engines_.sequence : engines_.gradient;
+    Gpt<T>& engine = engines_.sequence ? *engines_.sequence : engines_.gradient();
     return std::make_unique<SequenceNorms<T>>(engine, ranges, std::move(values), s_.grad_microbatch);
   }
 
@@ -300,7 +306,7 @@ struct CaseAnalysis {
         ExactSum a(P_);
         a.clear(space_);
         std::vector<BatchScalars> t;
-        if (stopped || !gradient_pass<T>(space_, engines_.gradient, stager_, params_, ids_, nb,
+        if (stopped || !gradient_pass<T>(space_, engines_.gradient(), stager_, params_, ids_, nb,
                                          all_blocks(index_t(nb.size())), a, t, hooks_.stop)) {
           stopped = true;
           r.stopped = true;
@@ -371,8 +377,8 @@ struct CaseAnalysis {
       ExactSum a(P_);
       a.clear(space_);
       std::vector<BatchScalars> t;
-      ok = gradient_pass<T>(space_, engines_.gradient, stager_, params_, ids_, nb, all_blocks(index_t(nb.size())), a, t,
-                            hooks_.stop);
+      ok = gradient_pass<T>(space_, engines_.gradient(), stager_, params_, ids_, nb, all_blocks(index_t(nb.size())), a,
+                            t, hooks_.stop);
       if (ok) {
         a.to_double(space_, gj_.data(), 1.0 / double(sum_in_order(t).count));
         xi_of_gj(View1<double>(), row);
@@ -526,8 +532,8 @@ struct CaseAnalysis {
     for (index_t b : team_.share_of(index_t(batches.size()))) {
       if (hooks_.stop && hooks_.stop()) break;
       const auto t0 = std::chrono::steady_clock::now();
-      stager_.stage(ids_, batches[std::size_t(b)], engines_.gradient.batch());
-      const LossSum l = engines_.gradient.forward_loss(space_, theta_b, stager_.tokens(), stager_.targets());
+      stager_.stage(ids_, batches[std::size_t(b)], engines_.gradient().batch());
+      const LossSum l = engines_.gradient().forward_loss(space_, theta_b, stager_.tokens(), stager_.targets());
       BatchScalars& r = table[std::size_t(b)];
       r.loss_sum = l.sum;
       r.count = l.count;
@@ -653,7 +659,7 @@ struct CaseAnalysis {
     Kokkos::deep_copy(space_, grad, T(0));
     Kokkos::deep_copy(space_, hv, T(0));
     stager_.stage(ids_, Batch{0}, 1);
-    engines_.check_for().hvp(space_, params_, uv, stager_.tokens(), stager_.targets(), grad, hv);
+    check_products(uv, grad, hv, CurvatureOperator::hessian);
     const double uHv = dot(space_, uv.data(), hv.data() + P_, P_, false);
     const double vHu = dot(space_, uv.data() + P_, hv.data(), P_, false);
     const double scale = dot(space_, uv.data(), hv.data() + P_, P_, true);
@@ -671,6 +677,15 @@ struct CaseAnalysis {
       out_.measured.emplace_back("checks_peak_allocated_bytes", double(a));
   }
 
+  // The checks' products op u and op v by forward-over-reverse on block 0
+  // (staged), one direction at a time: an engine of one direction, half the
+  // memory of two. grad is a sink (each call adds the gradient).
+  void check_products(View2<T> uv, View1<T> grad, View2<T> out, CurvatureOperator op) {
+    for (index_t k = 0; k < 2; ++k)
+      engines_.check_for().hvp(space_, params_, Span2<const T>(uv.data() + k * P_, 1, P_), stager_.tokens(),
+                               stager_.targets(), grad, Span2<T>(out.data() + k * P_, 1, P_), op);
+  }
+
   // The Gauss-Newton operator's identities, on block 0 with the same two
   // directions: GGN v_k by forward-over-reverse is symmetric, u^T(GGN v) =
   // v^T(GGN u); its forms v^T(GGN v) equal the head's z'^T H_z z' of the
@@ -682,8 +697,7 @@ struct CaseAnalysis {
     View2<T> gv("gnh::case::check_ggnv", 2, P_);
     Kokkos::deep_copy(space_, grad, T(0));
     Kokkos::deep_copy(space_, gv, T(0));
-    engines_.check_for().hvp(space_, params_, uv, stager_.tokens(), stager_.targets(), grad, gv,
-                             CurvatureOperator::gauss_newton);
+    check_products(uv, grad, gv, CurvatureOperator::gauss_newton);
     IdentityCheck symmetry{"ggn_symmetry", 0, tol, true}, paths{"ggn_paths", 0, tol, true};
     const double uGv = dot(space_, uv.data(), gv.data() + P_, P_, false);
     const double vGu = dot(space_, uv.data() + P_, gv.data(), P_, false);
@@ -792,7 +806,7 @@ struct CaseAnalysis {
   void layer_spectra() {
     meter_.begin();
     Partition layer;
-    for (Partition& p : parameter_partitions(engines_.gradient.layout()))
+    for (Partition& p : parameter_partitions(engines_.layout()))
       if (p.name == "layer") layer = std::move(p);
     SpectrumRun sp = lanczos_spectrum<T>(space_, team_, engines_, stager_, params_, precond_, ids_, plan_.n_blocks,
                                          tokens_, s_, hooks_, CurvatureOperator::hessian, &layer);

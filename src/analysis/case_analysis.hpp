@@ -23,15 +23,19 @@ namespace gnh {
 // curvature engine is planned for the directions of the pass it runs (at most
 // directions_per_pass) and replanned only when a pass needs another count.
 // The identity checks' two engines exist only while the checks run, one at a
-// time, and the curvature engine is released before them, so that a case's
-// peak holds the largest of the three, not their sum (analysis/memory.hpp).
+// time, and the gradient and curvature engines are released before them, so
+// that the checks' stage holds one engine (analysis/memory.hpp, by stage).
 template <class T>
 struct Engines {
   Engines(const ModelConfig& cfg, const AnalysisSettings& s);
-  Gpt<T> gradient;  // reverse, grad_microbatch
-  // The checks' engines, made where there are none: forward-over-reverse and
-  // second-order forward, K = 2, one block. The curvature engine and the
-  // other check engine go first.
+  // Reverse, grad_microbatch; made where there is none (the checks release it).
+  Gpt<T>& gradient();
+  const ParamLayout& layout() const { return layout_; }
+  const ModelConfig& config() const { return cfg_; }
+  // The checks' engines, made where there are none, one block each:
+  // forward-over-reverse along one direction (K = 1, each in turn) and the
+  // second-order forward along both (K = 2). The gradient and curvature
+  // engines and the other check engine go first.
   Gpt<T>& check_for();
   Gpt<T>& check_sof();
   void release_checks();
@@ -46,7 +50,8 @@ struct Engines {
  private:
   ModelConfig cfg_;
   AnalysisSettings settings_;
-  std::unique_ptr<Gpt<T>> curvature_, check_for_, check_sof_;
+  ParamLayout layout_;
+  std::unique_ptr<Gpt<T>> gradient_, curvature_, check_for_, check_sof_;
 };
 
 // What a state brings beyond its parameters (SPEC §10); empty views: none.

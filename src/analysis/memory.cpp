@@ -46,12 +46,14 @@ Shape curvature_shape(const AnalysisSettings& s, index_t K) {
 }
 
 Shape check_shape(const AnalysisSettings& s, bool second_order) {
-  return shape_of(s, 1, 2, !second_order, second_order);
+  // The second-order forward along both directions at once; forward-over-reverse one at a time.
+  return shape_of(s, 1, second_order ? 2 : 1, !second_order, second_order);
 }
 
 std::size_t sequence_group_bytes(const ModelConfig& cfg, const AnalysisSettings& s, index_t G) {
   const std::size_t scalar = s.fp64() ? sizeof(double) : sizeof(float);
-  const std::size_t grads = scalar * std::size_t(ParamLayout(cfg).size()) * std::size_t(G);
+  // Batches of one sequence take it in place: its gradient is the batch's (analysis/passes.hpp).
+  const std::size_t grads = s.grad_microbatch == 1 ? 0 : scalar * std::size_t(ParamLayout(cfg).size()) * std::size_t(G);
   return grads + (G == s.grad_microbatch ? 0 : plan_gpt_bytes(cfg, sequence_shape(s, G), scalar));
 }
 
@@ -125,6 +127,12 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const 
       m.vectors = bytes(n);
       m.vector_count = held.d + n.d + held.x + n.x + held.t + n.t;
     }
+  // The engines of each stage: the gradient's (and the per-sequence
+  // gradients') through the curvature passes, the curvature engine beside it
+  // there, and the checks' engine alone (analysis/case_analysis.hpp, Engines).
+  const std::size_t through = m.gradient + m.sequence;
+  const std::size_t engines[] = {through, through, through + m.curvature, m.sequence + m.checks};
+  for (std::size_t k = 0; k < stages.size(); ++k) m.peak = std::max(m.peak, engines[k] + bytes(stages[k]));
   if (c.spectrum) {
     m.spectrum = lanczos_bytes(index_t(P), s.curvature, s.directions_per_pass, members);
     // The layer blocks' chains run after the spectrum's, in their own basis:
@@ -142,6 +150,8 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const 
       m.curvature = plan_gpt_bytes(cfg, curvature_shape(s, Ks), scalar);
       m.spectrum += scalar * P * std::size_t(Ks - K);
     }
+    // The spectrum's passes: the curvature stage's engines and vectors and the chains.
+    m.peak = std::max(m.peak, m.gradient + m.sequence + m.curvature + bytes(stages[2]) + m.spectrum);
   }
   return m;
 }

@@ -37,7 +37,8 @@ CasePlan plan_case(const AnalysisSettings& s, index_t n_blocks, bool preconditio
 
 // The engines of a case: the gradient (reverse, grad_microbatch), the
 // curvature (hvp_batch, K directions, by the chosen method) and the two
-// one-block engines of the identity checks (K = 2).
+// one-block engines of the identity checks (forward-over-reverse along one
+// direction at a time, the second-order forward along two).
 Shape gradient_shape(const AnalysisSettings& s);
 Shape curvature_shape(const AnalysisSettings& s, index_t K);
 Shape check_shape(const AnalysisSettings& s, bool second_order);
@@ -62,16 +63,18 @@ std::size_t sequence_group_bytes(const ModelConfig& cfg, const AnalysisSettings&
 struct MemoryPlan {
   std::size_t gradient = 0, curvature = 0, checks = 0;  // engines (model/plan.hpp)
   std::size_t sequence = 0;  // analysis.per_sequence: its engine (unless the gradient's) and G sequences' gradients
-  std::size_t vectors = 0;   // G, g_j, xi_j in double; the exact sums; the xi and direction blocks;
-                             // with [curvature], the epoch's H v of each direction of a pass
+  std::size_t vectors = 0;   // the parameter-sized vectors of the stage that needs the most (memory.cpp);
+                             // G and g_j in double, exact sums, directions, batch vectors
   std::size_t spectrum = 0;  // the Lanczos chains' share of one team member (analysis/spectrum.hpp)
   // How many parameter-sized vectors `vectors` holds (of double, of 128-bit
   // exact sums and of the engine's scalar): fixed by the pass width, the
   // checks and the [curvature] options, not by noise_samples or directions
   // unless the noise vectors are kept.
   index_t vector_count = 0;
-  // The curvature engine and the checks' engines never live at once (analysis/case_analysis.hpp, Engines).
-  std::size_t total() const { return gradient + std::max(curvature, checks) + sequence + vectors + spectrum; }
+  // The most a rank holds at once: the stage (gradient, noise, curvature,
+  // spectrum, checks) whose engines and vectors take the most bytes.
+  std::size_t peak = 0;
+  std::size_t total() const { return peak; }
 };
 // members: the team's size (the Lanczos basis is sharded over it).
 // gpu_shaped: the engines run the GPU's path (gpu_shaped_build()).

@@ -41,7 +41,7 @@ template <bool Zero, class T>
 KOKKOS_INLINE_FUNCTION double take_square(T* g, T* grad, const index_t i) {
   const T x = g[i];
   if (Zero) g[i] = T(0);
-  grad[i] += x;
+  if (g != grad) grad[i] += x;  // in place (g is the batch's gradient): its square alone
   return double(x) * double(x);
 }
 
@@ -79,7 +79,7 @@ struct AccumulateSquares {
           s += x;
           acc(q * ts + t) += double(x) * double(x);
         }
-        grad[i] = s;
+        if (g != grad) grad[i] = s;  // in place (g is the batch's gradient): its square alone
       }
       m.team_barrier();
       for (index_t q = t; q < nq; q += ts) {
@@ -150,7 +150,8 @@ SequenceNorms<T>::SequenceNorms(Gpt<T>& engine, const std::vector<std::int64_t>&
     if (t.shape.size() == 1) vector_params_ += index_t(t.size);
   chunks_ = View1<index_t>("gnh::pass::sequence_chunks", bounds.size());
   Kokkos::deep_copy(chunks_, View1<index_t, HostSpace>(bounds.data(), bounds.size()));
-  g_ = View2<T>("gnh::pass::sequence_gradient", engine.batch(), engine.layout().size());
+  in_place_ = max_batch == 1 && engine.batch() == 1;
+  g_ = View2<T>("gnh::pass::sequence_gradient", in_place_ ? 0 : engine.batch(), engine.layout().size());
   partial_ = View2<double>("gnh::pass::sequence_squares", max_batch, index_t(chunk_range_.size()));
 }
 
@@ -160,26 +161,27 @@ SequenceNorms<T>::SequenceNorms(Gpt<T>& engine, const std::vector<std::int64_t>&
 // threads on a GPU, as many as a host team holds).
 template <class T>
 void SequenceNorms<T>::accumulate_squares(const ExecSpace& space, Span1<T> grad, double* partial) const {
-  const index_t G = index_t(g_.extent(0)), P = index_t(g_.extent(1)), n_chunks = index_t(chunk_range_.size());
+  const index_t G = in_place_ ? 1 : index_t(g_.extent(0)), P = index_t(g_.extent(1));
+  const index_t n_chunks = index_t(chunk_range_.size());
+  T* const g = in_place_ ? grad.data() : g_.data();
   constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible;
-  const bool lanes = host && !engine_.shape().gpu_shaped, zero = G == 1;
+  const bool lanes = host && !engine_.shape().gpu_shaped, zero = G == 1 && !in_place_;
   // Each g read (and zeroed where the engine of one sequence adds into it),
   // the batch's gradient read and written once a sequence (lanes) or once a
   // group of AccumulateSquares::kGroup (teams): the parameters' extents, two
   // for the matrices (C^2, V C), one for the norms' and biases' vectors.
   constexpr index_t group = AccumulateSquares<T>::kGroup;
-  const double passes = double(G * (zero ? 2 : 1) + 2 * (lanes ? G : (G + group - 1) / group));
+  const double passes = in_place_ ? 1.0 : double(G * (zero ? 2 : 1) + 2 * (lanes ? G : (G + group - 1) / group));
   kernels::Traffic("gnh::pass::sequence_squares")
       .add(passes * double(P - vector_params_), sizeof(T), 2)
       .add(passes * double(vector_params_), sizeof(T), 1);
   if (lanes) {
-    Kokkos::parallel_for(
-        "gnh::pass::sequence_squares", range(space, n_chunks),
-        AccumulateSquaresLanes<T>{g_.data(), grad.data(), chunks_.data(), partial, G, P, n_chunks, zero});
+    Kokkos::parallel_for("gnh::pass::sequence_squares", range(space, n_chunks),
+                         AccumulateSquaresLanes<T>{g, grad.data(), chunks_.data(), partial, G, P, n_chunks, zero});
     return;
   }
   using F = AccumulateSquares<T>;
-  const F f{g_.data(), grad.data(), chunks_.data(), partial, G, P, n_chunks, zero};
+  const F f{g, grad.data(), chunks_.data(), partial, G, P, n_chunks, zero};
   const int most = TeamRange(space, 1, 1).team_size_max(f, Kokkos::ParallelForTag());
   const int ts = host ? std::max(1, most) : std::min(256, most);
   const auto bytes = F::Scratch::shmem_size(F::kGroup * ts);
@@ -206,8 +208,9 @@ LossSum SequenceNorms<T>::gradients(const ExecSpace& space, Span1<const T> param
     const Span2<const std::int32_t> targets(batch_targets.data() + b * context, G, context);
     // An engine of one sequence adds into g_, zero (AccumulateSquares left
     // it so); gradient_per_sequence writes every row.
-    const LossSum s = G == 1 ? engine_.gradient(space, params, tokens, targets, Span1<T>(g_.data(), P))
-                             : engine_.gradient_per_sequence(space, params, tokens, targets, g_);
+    const LossSum s = in_place_ ? engine_.gradient(space, params, tokens, targets, grad)
+                      : G == 1  ? engine_.gradient(space, params, tokens, targets, Span1<T>(g_.data(), P))
+                                : engine_.gradient_per_sequence(space, params, tokens, targets, g_);
     total.sum += s.sum;
     total.count += s.count;
     accumulate_squares(space, grad, partial_.data() + b * n_chunks);

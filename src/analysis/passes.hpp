@@ -59,8 +59,11 @@ class SequenceNorms {
   std::size_t n_ranges_;
   index_t vector_params_ = 0;  // parameters of one-extent tensors (norms, biases): the cost model's extents
   View1<index_t> chunks_;      // chunk boundaries in the flat order (n_chunks + 1)
-  View2<T> g_;                 // (G, P): a group's gradients
-  View2<double> partial_;      // (max_batch, n_chunks) sums of squares
+  View2<T> g_;                 // (G, P): a group's gradients; (0, P) in place
+  // Batches of one sequence through an engine of one: the sequence's
+  // gradient is the batch's, written into it and its squares taken there.
+  bool in_place_ = false;
+  View2<double> partial_;  // (max_batch, n_chunks) sums of squares
 };
 
 // Gradients of the summed loss of each batch in `mine`, added into acc.

@@ -62,7 +62,7 @@ struct LanczosChains {
         name_(blocks                                  ? "spectrum_blocks"
               : op == CurvatureOperator::gauss_newton ? "spectrum_ggn"
                                                       : "spectrum"),
-        P_(engines.gradient.layout().size()),
+        P_(engines.layout().size()),
         C_(blocks ? index_t(blocks->names.size()) : s.curvature.lanczos_chains),
         m_(s.curvature.lanczos_steps),
         rows_(std::min(m_, P_) + 1),

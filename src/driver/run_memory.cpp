@@ -105,8 +105,16 @@ std::string lower_of(const std::vector<std::pair<std::string, std::int64_t>>& se
 std::string other_remedies(const Campaign& c, int rpc) {
   const AnalysisSettings& s = c.deck.analysis;
   std::string out;
+  // Recomputing them frees the kept vectors but holds an exact sum and a
+  // batch gradient in the curvature passes: advised where that is less.
   bool noise = false;
-  for (const auto& cs : c.cases) noise = noise || plan_case(s, cs.blocks, true, true).n_noise > 0;
+  for (const auto& cs : c.cases) {
+    const CasePlan kept = plan_case(s, cs.blocks, true, true);
+    CasePlan again = kept;
+    again.keep_noise = false;
+    noise = noise ||
+            (kept.n_noise > 0 && plan_memory(c.cfg, s, again, rpc).total() < plan_memory(c.cfg, s, kept, rpc).total());
+  }
   if (s.keep_noise_vectors && noise)
     out +=
         ", set parallel.noise_vectors = \"recompute\" (the noise vectors computed again in the curvature passes, not "

@@ -162,15 +162,19 @@ class Memory(unittest.TestCase):
         self.assertIn("every batch setting is at 1", r.stderr)
         self.assertNotIn("noise_vectors", r.stderr)
         # Kept noise vectors, one direction and one block a batch: only the
-        # noise vectors and the Lanczos chains are named.
-        r = self.gnh("--dry-run", "--memory-budget", "1kB", "--set", 'parallel.noise_vectors="keep"', "--set",
-                     "analysis.grad_microbatch=1", "--set", "analysis.hvp_batch=1", "--set",
-                     "analysis.directions_per_pass=1")
-        self.assertNotEqual(r.returncode, 0)
-        self.assertNotIn("(now 1)", r.stderr)
-        self.assertIn('set parallel.noise_vectors = "recompute"', r.stderr)
-        self.assertIn("lower curvature.lanczos_chains (now 2) or curvature.lanczos_steps (now 3)", r.stderr)
-        self.assertNotIn("--fit-memory", r.stderr)
+        # noise vectors and the Lanczos chains are named; the noise vectors
+        # where recomputing them plans less (7 kept vectors of 4 bytes a
+        # parameter against an exact sum and a batch gradient, 20), not where
+        # it plans more (3 of them).
+        for samples, advised in ((7, True), (3, False)):
+            r = self.gnh("--dry-run", "--memory-budget", "1kB", "--set", 'parallel.noise_vectors="keep"', "--set",
+                         "analysis.grad_microbatch=1", "--set", "analysis.hvp_batch=1", "--set",
+                         "analysis.directions_per_pass=1", "--set", f"analysis.noise_samples={samples}")
+            self.assertNotEqual(r.returncode, 0)
+            self.assertNotIn("(now 1)", r.stderr)
+            self.assertEqual('set parallel.noise_vectors = "recompute"' in r.stderr, advised, r.stderr)
+            self.assertIn("lower curvature.lanczos_chains (now 2) or curvature.lanczos_steps (now 3)", r.stderr)
+            self.assertNotIn("--fit-memory", r.stderr)
 
     def test_per_sequence_grouping_follows_the_path(self):
         # The dry run names the sequences whose gradients one reverse takes

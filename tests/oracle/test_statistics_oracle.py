@@ -258,7 +258,7 @@ class StatisticsOracle(unittest.TestCase):
                                                          os.path.join(self.tmp, tok), self.context)
                     yield e, case, ref, groups[f"epoch{e}.h5"][case]
 
-    def check_per_sequence(self, policy, rel, method):
+    def check_per_sequence(self, policy, rel, method, *extra):
         """Every sequence's |a_i|^2, tr(Sigma) and B_simple from them, their
         SEs, the histogram and the per-block values against float64 PyTorch
         (stats_reference.sequence_statistics), for every state and case.
@@ -270,7 +270,7 @@ class StatisticsOracle(unittest.TestCase):
         the same extremes) and the counts are those of the |a_i|^2 written
         (already checked) on them: the reference's own extremes may fall a
         rounding outside gnh's edges."""
-        sets = [f"precision.policy={policy}", f"analysis.curvature_method={method}", "curvature.blocks=true"]
+        sets = [f"precision.policy={policy}", f"analysis.curvature_method={method}", "curvature.blocks=true", *extra]
         for e, case, ref, c in self.states_and_cases(sets):
             want = stats_reference.sequence_statistics(ref)
             with self.subTest(epoch=e, case=case, policy=policy, method=method):
@@ -303,7 +303,8 @@ class StatisticsOracle(unittest.TestCase):
         self.check_per_sequence("fp64", 1e-10, "second-order-forward")
 
     def test_fp32_per_sequence(self):
-        self.check_per_sequence("fp32", 1e-4, "forward-over-reverse")
+        # Batches of one sequence: its gradient is the batch's, its norms taken there.
+        self.check_per_sequence("fp32", 1e-4, "forward-over-reverse", "analysis.grad_microbatch=1")
 
     def test_per_sequence_off_writes_none(self):
         r = gnhtest.run_gnh(self.deck, 1, ["precision.policy=fp64", "analysis.per_sequence=false"])

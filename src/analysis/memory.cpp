@@ -79,21 +79,14 @@ PlannedCuts planned_adjoint_cuts(const ModelConfig& cfg, const AnalysisSettings&
   return p;
 }
 
-MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const CasePlan& c, int members,
-                       bool gpu_shaped) {
-  const std::size_t scalar = s.fp64() ? sizeof(double) : sizeof(float);
-  const std::size_t P = std::size_t(ParamLayout(cfg).size());
-  MemoryPlan m;
-  m.gradient = plan_gpt_bytes(cfg, gradient_shape(s), scalar);
-  m.curvature = plan_gpt_bytes(cfg, curvature_shape(s, c.pass_widths.front()), scalar);
-  // The checks' two engines, one at a time (analysis/case_analysis.hpp, Engines).
-  m.checks =
-      std::max(plan_gpt_bytes(cfg, check_shape(s, false), scalar), plan_gpt_bytes(cfg, check_shape(s, true), scalar));
-  if (s.per_sequence) m.sequence = sequence_group_bytes(cfg, s, sequence_group(cfg, s, gpu_shaped));
-  // The parameter-sized vectors, stage by stage (analysis/case_analysis.cpp):
-  // those held throughout the case and each stage's own, in double, in
-  // 128-bit exact sums and in the engine's scalar; the plan takes the stage
-  // that needs the most bytes (and counts its vectors).
+namespace {
+
+// The parameter-sized vectors, stage by stage (analysis/case_analysis.cpp):
+// those held throughout the case and each stage's own, in double, in 128-bit
+// exact sums and in the engine's scalar, as (bytes, count) for the gradient
+// pass, the noise batches, the curvature passes and the identity checks.
+std::vector<std::pair<std::size_t, index_t>> stage_vectors(const AnalysisSettings& s, const CasePlan& c, std::size_t P,
+                                                           std::size_t scalar) {
   struct Count {
     index_t d = 0, x = 0, t = 0;
   };
@@ -102,9 +95,9 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const 
   const bool recompute = !c.keep_noise && c.n_noise > 0, hv = s.keeps_hv();
   // Throughout: G, the parameters, the kept noise vectors; the AdamW
   // preconditioner; the update's Delta and theta_b; the diagonal.
-  Count held{1 + (c.preconditioned ? 1 : 0) + (c.update ? 1 : 0) + (hv && s.curvature.diagonal ? 1 : 0), 0,
-             1 + (c.update ? 1 : 0) + (c.keep_noise ? c.n_noise : 0)};
-  const std::vector<Count> stages = {
+  const Count held{1 + (c.preconditioned ? 1 : 0) + (c.update ? 1 : 0) + (hv && s.curvature.diagonal ? 1 : 0), 0,
+                   1 + (c.update ? 1 : 0) + (c.keep_noise ? c.n_noise : 0)};
+  const Count stages[] = {
       // the gradient: the epoch's exact sum, a batch's gradient
       {0, 1, 1},
       // the noise batches: g_j (then xi_j), a batch's exact sum (and the
@@ -118,31 +111,64 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const 
       // the identity checks: g_j; the partition's sum; two directions, a
       // gradient and two products (and the Gauss-Newton part's three)
       {1, part, 5 + (s.curvature.gauss_newton() ? 3 : 0)}};
-  auto bytes = [&](const Count& n) {
-    return P * (sizeof(double) * std::size_t(held.d + n.d) + sizeof(fixed128) * std::size_t(held.x + n.x) +
-                scalar * std::size_t(held.t + n.t));
-  };
+  std::vector<std::pair<std::size_t, index_t>> out;
   for (const Count& n : stages)
-    if (bytes(n) > m.vectors) {
-      m.vectors = bytes(n);
-      m.vector_count = held.d + n.d + held.x + n.x + held.t + n.t;
+    out.emplace_back(P * (sizeof(double) * std::size_t(held.d + n.d) + sizeof(fixed128) * std::size_t(held.x + n.x) +
+                          scalar * std::size_t(held.t + n.t)),
+                     held.d + n.d + held.x + n.x + held.t + n.t);
+  return out;
+}
+
+// The Lanczos chains' share of a rank, the layer blocks' chains included
+// (they run after the spectrum's, in their own basis: one chain per block,
+// n_layer + 2, each over the whole flat order).
+std::size_t spectrum_bytes(const ModelConfig& cfg, const AnalysisSettings& s, std::size_t P, int members) {
+  std::size_t bytes = lanczos_bytes(index_t(P), s.curvature, s.directions_per_pass, members);
+  if (s.curvature.layer_spectra) {
+    CurvatureSettings blocks = s.curvature;
+    blocks.lanczos_chains = layer_blocks(cfg);
+    blocks.eigenvectors = 0;
+    bytes = std::max(bytes, lanczos_bytes(index_t(P), blocks, s.directions_per_pass, members));
+  }
+  return bytes;
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const CasePlan& c, int members,
+                       bool gpu_shaped) {
+  const std::size_t scalar = s.fp64() ? sizeof(double) : sizeof(float);
+  const std::size_t P = std::size_t(ParamLayout(cfg).size());
+  const index_t K = c.pass_widths.front();
+  MemoryPlan m;
+  m.gradient = plan_gpt_bytes(cfg, gradient_shape(s), scalar);
+  m.curvature = plan_gpt_bytes(cfg, curvature_shape(s, K), scalar);
+  // The checks' two engines, one at a time (analysis/case_analysis.hpp, Engines).
+  m.checks =
+      std::max(plan_gpt_bytes(cfg, check_shape(s, false), scalar), plan_gpt_bytes(cfg, check_shape(s, true), scalar));
+  if (s.per_sequence) m.sequence = sequence_group_bytes(cfg, s, sequence_group(cfg, s, gpu_shaped));
+  const auto vectors = stage_vectors(s, c, P, scalar);
+  for (const auto& [bytes, count] : vectors)
+    if (bytes > m.vectors) {
+      m.vectors = bytes;
+      m.vector_count = count;
     }
   // The engines of each stage: the gradient's (and the per-sequence
   // gradients') through the curvature passes, the curvature engine beside it
   // there, and the checks' engine alone (analysis/case_analysis.hpp, Engines).
   const std::size_t through = m.gradient + m.sequence;
   const std::size_t engines[] = {through, through, through + m.curvature, m.sequence + m.checks};
-  for (std::size_t k = 0; k < stages.size(); ++k) m.peak = std::max(m.peak, engines[k] + bytes(stages[k]));
+  const char* names[] = {"the gradient pass", "the noise batches", "the curvature passes", "the identity checks"};
+  auto stage = [&m](const char* name, std::size_t e, std::size_t v) {
+    if (e + v <= m.peak) return;
+    m.peak = e + v;
+    m.peak_stage = name;
+    m.peak_engines = e;
+    m.peak_vectors = v;
+  };
+  for (std::size_t k = 0; k < vectors.size(); ++k) stage(names[k], engines[k], vectors[k].first);
   if (c.spectrum) {
-    m.spectrum = lanczos_bytes(index_t(P), s.curvature, s.directions_per_pass, members);
-    // The layer blocks' chains run after the spectrum's, in their own basis:
-    // one chain per block (n_layer + 2), each over the whole flat order.
-    if (s.curvature.layer_spectra) {
-      CurvatureSettings blocks = s.curvature;
-      blocks.lanczos_chains = layer_blocks(cfg);
-      blocks.eigenvectors = 0;
-      m.spectrum = std::max(m.spectrum, lanczos_bytes(index_t(P), blocks, s.directions_per_pass, members));
-    }
+    m.spectrum = spectrum_bytes(cfg, s, P, members);
     // The curvature engine at the chains' width, and forward-over-reverse's
     // batch products of a pass, where it is wider than the §4 passes'.
     const index_t Ks = std::min(s.curvature.lanczos_chains, s.directions_per_pass);
@@ -151,7 +177,7 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const 
       m.spectrum += scalar * P * std::size_t(Ks - K);
     }
     // The spectrum's passes: the curvature stage's engines and vectors and the chains.
-    m.peak = std::max(m.peak, m.gradient + m.sequence + m.curvature + bytes(stages[2]) + m.spectrum);
+    stage("the spectrum", m.gradient + m.sequence + m.curvature, vectors[2].first + m.spectrum);
   }
   return m;
 }

@@ -75,6 +75,10 @@ struct MemoryPlan {
   // spectrum, checks) whose engines and vectors take the most bytes.
   std::size_t peak = 0;
   std::size_t total() const { return peak; }
+  // That stage, by name, and what it holds: engines and vectors (with the
+  // Lanczos chains' share at the spectrum).
+  const char* peak_stage = "";
+  std::size_t peak_engines = 0, peak_vectors = 0;
 };
 // members: the team's size (the Lanczos basis is sharded over it).
 // gpu_shaped: the engines run the GPU's path (gpu_shaped_build()).

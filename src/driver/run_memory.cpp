@@ -71,10 +71,12 @@ MemoryBudget memory_budget(const Comm& comm, const std::string& given_text) {
 std::size_t planned_per_rank(const Campaign& c, const AnalysisSettings& s, int rpc, std::string* which) {
   std::size_t most = 0;
   for (const auto& cs : c.cases) {
-    const std::size_t t = plan_memory(c.cfg, s, plan_case(s, cs.blocks, true, true), rpc).total();
-    if (t > most) {
-      most = t;
-      if (which) *which = cs.name;
+    const MemoryPlan m = plan_memory(c.cfg, s, plan_case(s, cs.blocks, true, true), rpc);
+    if (m.total() > most) {
+      most = m.total();
+      if (which)
+        *which = cs.name + "; its largest stage, " + m.peak_stage + ": engines " + gib(m.peak_engines) + ", vectors " +
+                 gib(m.peak_vectors);
     }
   }
   return most;

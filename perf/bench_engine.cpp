@@ -1033,8 +1033,8 @@ Predictions predict_passes(const Options& o, const ModelConfig& c, index_t Tc, i
 // layer's weights twice (forward, reverse) and reduce-scatters its gradient;
 // a curvature batch gathers the weights and the K directions' slices once
 // (the second-order forward's products are scalars: nothing to scatter).
-std::string sharded_json(const Options& o, const ModelConfig& c, index_t Tc, int K, const ShardedMemory& mem,
-                         const Predictions& p, const perf::Fabric& f, int gpus, double batches, std::string& line) {
+std::string sharded_json(const Options& o, const ModelConfig& c, int K, const ShardedMemory& mem, const Predictions& p,
+                         const perf::Fabric& f, int gpus, double batches, std::string& line) {
   const double P4 = 4.0 * double(ParamLayout(c).size());
   const int R = o.parameter_shards;
   const double per_gpu = std::ceil(batches / double(gpus));
@@ -1068,7 +1068,6 @@ std::string sharded_json(const Options& o, const ModelConfig& c, index_t Tc, int
                 mem.total() / double(1 << 30), f.memory / 1e9, fits ? "" : " (does not fit)",
                 100 * g.communication_share(), 100 * d.communication_share());
   line = buf;
-  (void)Tc;
   return js.str();
 }
 
@@ -1107,7 +1106,7 @@ void predict(const Options& o) {
   const ShardedMemory mem = sharded_memory(c, o.batch, Tc, K, R, o.epoch_tokens);
   const Predictions p = predict_passes(o, c, Tc, K, ceilings, batches);
   std::string line;
-  const std::string sj = sharded_json(o, c, Tc, K, mem, p, f, gpus, batches, line);
+  const std::string sj = sharded_json(o, c, K, mem, p, f, gpus, batches, line);
   std::printf("%s%s}\n%s", p.json.c_str(), sj.c_str(), line.c_str());
 }
 

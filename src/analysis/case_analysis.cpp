@@ -49,21 +49,13 @@ Gpt<T>& Engines<T>::curvature(index_t K) {
 }
 
 template <class T>
-Gpt<T>& Engines<T>::check_for() {
+Gpt<T>& Engines<T>::check(bool second_order) {
   gradient_.reset();
   curvature_.reset();
-  check_sof_.reset();
-  if (!check_for_) check_for_ = std::make_unique<Gpt<T>>(cfg_, check_shape(settings_, false));
-  return *check_for_;
-}
-
-template <class T>
-Gpt<T>& Engines<T>::check_sof() {
-  gradient_.reset();
-  curvature_.reset();
-  check_for_.reset();
-  if (!check_sof_) check_sof_ = std::make_unique<Gpt<T>>(cfg_, check_shape(settings_, true));
-  return *check_sof_;
+  (second_order ? check_for_ : check_sof_).reset();
+  std::unique_ptr<Gpt<T>>& engine = second_order ? check_sof_ : check_for_;
+  if (!engine) engine = std::make_unique<Gpt<T>>(cfg_, check_shape(settings_, second_order));
+  return *engine;
 }
 
 template <class T>

@@ -36,8 +36,8 @@ struct Engines {
   // forward-over-reverse along one direction (K = 1, each in turn) and the
   // second-order forward along both (K = 2). The gradient and curvature
   // engines and the other check engine go first.
-  Gpt<T>& check_for();
-  Gpt<T>& check_sof();
+  Gpt<T>& check_for() { return check(false); }
+  Gpt<T>& check_sof() { return check(true); }
   void release_checks();
   // analysis.per_sequence: the sequences a reverse takes apart (memory.hpp,
   // sequence_group; 0 without it), and their engine where it is not the
@@ -48,6 +48,7 @@ struct Engines {
   Gpt<T>& curvature(index_t K);
 
  private:
+  Gpt<T>& check(bool second_order);
   ModelConfig cfg_;
   AnalysisSettings settings_;
   ParamLayout layout_;

@@ -9,6 +9,7 @@
 
 #include "analysis/blocks.hpp"
 #include "analysis/dot.hpp"
+#include "analysis/landscape.hpp"
 #include "analysis/passes.hpp"
 #include "analysis/sampling.hpp"
 #include "analysis/spectrum.hpp"
@@ -179,6 +180,10 @@ struct CaseAnalysis {
     if (plan_.update) {
       update_step();
       out_.timings.emplace_back("update", clock_.lap());
+    }
+    if (s_.landscape.any()) {
+      landscapes();
+      out_.timings.emplace_back("landscape", clock_.lap());
     }
     identities();
     out_.identities.insert(out_.identities.end(), spectrum_checks_.begin(), spectrum_checks_.end());
@@ -547,6 +552,183 @@ struct CaseAnalysis {
     u.curvature_along = u.dHd / u.delta_sqnorm;
   }
 
+  // [landscape]: one direction's displacement D at alpha = 1 (in double, of
+  // values the engine's scalar holds where the direction is not G's or the
+  // update's), its unit, and the quadratic model's D^T G and D^T H D.
+  struct LandscapeAxis {
+    LandscapeDirection dir;
+    View1<double> D;
+    std::string unit;
+    double slope = 0, curvature = 0;
+  };
+
+  // Stage "landscape" (SPEC §13): every direction's displacement, the random
+  // directions' D^T H D in one epoch curvature pass, then each line and the
+  // plane by forward passes (losses_at).
+  void landscapes() {
+    meter_.begin();
+    const LandscapeSettings& ls = s_.landscape;
+    std::vector<LandscapeAxis> axes;
+    for (const LandscapeDirection& d : ls.used())
+      if (d.kind != LandscapeKind::update || plan_.update) axes.push_back(landscape_axis(d));
+    random_curvature(axes);
+    auto axis_of = [&axes](const LandscapeDirection& d) -> const LandscapeAxis* {
+      for (const LandscapeAxis& a : axes)
+        if (a.dir == d) return &a;
+      return nullptr;  // the update, at the last state
+    };
+    const std::vector<double> grid = landscape_grid(ls.points, ls.range);
+    for (const LandscapeDirection& d : ls.directions) {
+      const LandscapeAxis* a = axis_of(d);
+      if (!a) continue;
+      std::vector<std::pair<double, double>> points;
+      for (const double x : grid) points.emplace_back(x, 0.0);
+      const double norm = std::sqrt(dot(space_, a->D.data(), a->D.data(), P_));
+      out_.landscape.push_back(landscape_line(d.name(), a->unit, norm, out_.loss, a->slope, a->curvature, grid,
+                                              losses_at(a->D, View1<double>(), points)));
+    }
+    const LandscapeAxis* x = ls.plane.empty() ? nullptr : axis_of(ls.plane[0]);
+    const LandscapeAxis* y = ls.plane.empty() ? nullptr : axis_of(ls.plane[1]);
+    if (x && y) {
+      LandscapePlane& p = out_.plane;
+      p.x = x->dir.name();
+      p.y = y->dir.name();
+      p.alpha = p.beta = landscape_grid(ls.plane_points, ls.range);
+      std::vector<std::pair<double, double>> points;
+      for (const double a : p.alpha)
+        for (const double b : p.beta) points.emplace_back(a, b);
+      p.loss = losses_at(x->D, y->D, points);
+    }
+    meter_.end("landscape", out_.measured);
+  }
+
+  LandscapeAxis landscape_axis(const LandscapeDirection& d) {
+    LandscapeAxis a{d, View1<double>("gnh::case::landscape_D", P_), "", 0, 0};
+    auto D = a.D;
+    double scale = 1;
+    switch (d.kind) {
+      case LandscapeKind::gradient: {
+        // D = -eps* G, eps* = |G|^2 / G^T H G: alpha = 1 at the quadratic
+        // model's step; where G^T H G <= 0, |G|^2 / |G^T H G| (D^T H D < 0).
+        const double G2 = out_.m.G_sqnorm, GHG = out_.m.GHG;
+        scale = GHG != 0 ? G2 / std::abs(GHG) : 1.0;
+        a.unit = GHG > 0 ? "eps* |G|, eps* = |G|^2 / G^T H G" : "|G|^3 / |G^T H G| (G^T H G <= 0)";
+        a.slope = -scale * G2;
+        a.curvature = scale * scale * GHG;
+        auto Gv = G_;
+        const double e = scale;
+        Kokkos::parallel_for(
+            "gnh::case::landscape_G", range(space_, P_), KOKKOS_LAMBDA(const index_t i) { D(i) = -e * Gv(i); });
+        break;
+      }
+      case LandscapeKind::update:
+        a.unit = "the next state (Delta)";
+        Kokkos::deep_copy(space_, D, delta_);
+        a.slope = out_.update.G_dot_delta;
+        a.curvature = out_.update.dHd;
+        break;
+      case LandscapeKind::eigenvector: {
+        // D = (2 / |lambda_i|) u_i; u_i^T H u_i is its Ritz value.
+        const double lambda = ritz_values_.at(std::size_t(d.index - 1));
+        scale = lambda != 0 ? 2 / std::abs(lambda) : 1.0;
+        a.unit = "2 / |lambda_i| along the unit Ritz vector";
+        auto y = Kokkos::subview(ritz_, d.index - 1, Kokkos::ALL);
+        const double e = scale;
+        Kokkos::parallel_for(
+            "gnh::case::landscape_u", range(space_, P_), KOKKOS_LAMBDA(const index_t i) { D(i) = e * y(i); });
+        a.slope = dot(space_, D.data(), G_.data(), P_);
+        a.curvature = scale * scale * lambda;
+        break;
+      }
+      case LandscapeKind::random: {
+        // Rounded to the engine's scalar, the direction its curvature pass applies.
+        a.unit = "filter-normalised: each matrix row as long as theta's";
+        filter_normalised<T>(space_, engines_.layout(), params_.data(), s_.landscape.seed, std::uint64_t(d.index), D);
+        Kokkos::parallel_for(
+            "gnh::case::landscape_round", range(space_, P_), KOKKOS_LAMBDA(const index_t i) { D(i) = double(T(D(i))); });
+        a.slope = dot(space_, D.data(), G_.data(), P_);
+        break;
+      }
+    }
+    space_.fence();
+    return a;
+  }
+
+  // D^T H D of the random directions, in one epoch curvature pass of their
+  // own (the case's method, hvp_batch), summed in batch order over the team.
+  void random_curvature(std::vector<LandscapeAxis>& axes) {
+    std::vector<LandscapeAxis*> random;
+    for (LandscapeAxis& a : axes)
+      if (a.dir.kind == LandscapeKind::random) random.push_back(&a);
+    const index_t K = index_t(random.size());
+    if (K == 0) return;
+    View2<T> dirs("gnh::case::landscape_dirs", K, P_);
+    for (index_t r = 0; r < K; ++r) {
+      auto row = Kokkos::subview(dirs, r, Kokkos::ALL);
+      auto D = random[std::size_t(r)]->D;
+      Kokkos::parallel_for(
+          "gnh::case::landscape_dir", range(space_, P_), KOKKOS_LAMBDA(const index_t i) { row(i) = T(D(i)); });
+    }
+    space_.fence();
+    const auto batches = make_batches(all_blocks(plan_.n_blocks), s_.hvp_batch);
+    std::vector<BatchScalars> ct;
+    const bool ok = curvature_pass<T>(space_, engines_.curvature(K), stager_, params_, Span2<const T>(dirs.data(), K, P_),
+                                      ids_, batches, team_.share_of(index_t(batches.size())), s_.curvature_method, ct,
+                                      hooks_.stop, progress("landscape curvature"));
+    if (team_.any(!ok)) throw Interrupted{};
+    team_.share(ct);
+    meter_.add(ct, K);
+    const BatchScalars cs = sum_in_order(ct);
+    for (index_t r = 0; r < K; ++r) random[std::size_t(r)]->curvature = cs.second[std::size_t(r)] / double(tokens_);
+  }
+
+  // The epoch loss (mean over its tokens) at theta + a D1 + b D2 for every
+  // point (a, b) (D2 empty: a line): each batch staged once for all points,
+  // each point's parameters formed in the engine's scalar, the batches split
+  // over the team and summed in batch order (the same at any rank count).
+  std::vector<double> losses_at(View1<double> D1, View1<double> D2, const std::vector<std::pair<double, double>>& points) {
+    const auto batches = make_batches(all_blocks(plan_.n_blocks), s_.grad_microbatch);
+    const std::size_t n = points.size();
+    std::vector<BatchScalars> table(batches.size());
+    View1<T> theta(Kokkos::view_alloc(Kokkos::WithoutInitializing, "gnh::case::landscape_theta"), P_);
+    Gpt<T>& engine = engines_.gradient();
+    const bool two = D2.extent(0) > 0;
+    auto p0 = params_;
+    for (index_t b : team_.share_of(index_t(batches.size()))) {
+      if (hooks_.stop && hooks_.stop()) break;
+      const auto t0 = std::chrono::steady_clock::now();
+      stager_.stage(ids_, batches[std::size_t(b)], engine.batch());
+      BatchScalars& r = table[std::size_t(b)];
+      r.first.assign(n, 0.0);  // per point: the batch's summed loss
+      for (std::size_t p = 0; p < n; ++p) {
+        const double a = points[p].first, c = points[p].second;
+        Kokkos::parallel_for(
+            "gnh::case::landscape_point", range(space_, P_), KOKKOS_LAMBDA(const index_t i) {
+              theta(i) = T(double(p0(i)) + a * D1(i) + (two ? c * D2(i) : 0.0));
+            });
+        const LossSum l = engine.forward_loss(space_, Span1<const T>(theta.data(), P_), stager_.tokens(),
+                                              stager_.targets());
+        r.first[p] = l.sum;
+        r.count = l.count;
+      }
+      r.done = true;
+      space_.fence();
+      r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    bool stopped = false;
+    for (index_t b : team_.share_of(index_t(batches.size()))) stopped = stopped || !table[std::size_t(b)].done;
+    if (team_.any(stopped)) throw Interrupted{};
+    team_.share(table);
+    meter_.add(table);
+    const BatchScalars sum = sum_in_order(table);
+    std::vector<double> out;
+    for (std::size_t p = 0; p < n; ++p) {
+      out.push_back(sum.first[p] / double(sum.count));
+      if (!std::isfinite(out.back())) out.back() = std::numeric_limits<double>::quiet_NaN();
+    }
+    return out;
+  }
+
   // What the epoch's H v of direction d (dir, in the engine's precision, as
   // the pass applied it) gives beyond d^T H d: its per-block shares and, for a
   // Rademacher direction, |Hv|^2 (whole and per block) and the diagonal.
@@ -825,6 +1007,10 @@ struct CaseAnalysis {
     SpectrumRun sp = lanczos_spectrum<T>(space_, team_, engines_, stager_, params_, precond_, ids_, plan_.n_blocks,
                                          tokens_, s_, hooks_, op);
     if (sp.vectors.extent(0) > 0) topk_projections(sp);
+    if (!ggn && s_.landscape.top_eigenvector() > 0) {  // the eigenvector:i landscapes' directions
+      ritz_ = sp.vectors;
+      ritz_values_ = sp.values;
+    }
     (ggn ? out_.spectrum_ggn : out_.spectrum) = std::move(sp.stats);
     if (!ggn || out_.spectrum_resumed_at < 0) out_.spectrum_resumed_at = sp.resumed_at;
     record_spectrum(name, sp);
@@ -837,6 +1023,8 @@ struct CaseAnalysis {
   View1<double> diagonal_;                      // [curvature] diagonal: sum_k v_k * (H v_k)
   std::vector<IdentityCheck> spectrum_checks_;  // the spectra's quadrature (and Gauss-Newton sign) identities
   StageMeter meter_;                            // the measured time and memory of the stage under way
+  View2<double> ritz_;                          // the eigenvector:i landscapes' Ritz vectors (k, P)
+  std::vector<double> ritz_values_;             // and their Ritz values
   std::vector<std::pair<std::string, double>> spectrum_parts_;
 };
 

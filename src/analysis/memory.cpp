@@ -93,6 +93,7 @@ std::vector<std::pair<std::size_t, index_t>> stage_vectors(const AnalysisSetting
   const index_t K = c.pass_widths.front(), part = c.partition ? 1 : 0;
   const bool fr = s.curvature_method == CurvatureMethod::forward_over_reverse;
   const bool recompute = !c.keep_noise && c.n_noise > 0, hv = s.keeps_hv();
+  const index_t R = s.landscape.random_count(), g = c.n_noise > 0 ? 1 : 0;  // g_j, allocated with the noise stage
   // Throughout: G, the parameters, the kept noise vectors; the AdamW
   // preconditioner; the update's Delta and theta_b; the diagonal.
   const Count held{1 + (c.preconditioned ? 1 : 0) + (c.update ? 1 : 0) + (hv && s.curvature.diagonal ? 1 : 0), 0,
@@ -110,7 +111,13 @@ std::vector<std::pair<std::size_t, index_t>> stage_vectors(const AnalysisSetting
       {1 + (hv ? 1 : 0), part + (recompute ? 1 : 0) + (hv ? K : 0), K + (recompute ? 1 : 0) + (fr ? 1 + K : 0)},
       // the identity checks: g_j; the partition's sum; two directions, a
       // gradient and two products (and the Gauss-Newton part's three)
-      {1, part, 5 + (s.curvature.gauss_newton() ? 3 : 0)}};
+      {1, part, 5 + (s.curvature.gauss_newton() ? 3 : 0)},
+      // the landscapes: every direction's displacement in double (and the
+      // Ritz vectors they take), one point's parameters; the random
+      // directions' curvature pass (its directions, forward-over-reverse's
+      // batch gradient and products)
+      {g + index_t(s.landscape.used().size()) + (s.landscape.top_eigenvector() > 0 ? s.curvature.eigenvectors : 0), part,
+       1 + R + (fr && R > 0 ? 1 + R : 0)}};
   std::vector<std::pair<std::size_t, index_t>> out;
   for (const Count& n : stages)
     out.emplace_back(P * (sizeof(double) * std::size_t(held.d + n.d) + sizeof(fixed128) * std::size_t(held.x + n.x) +
@@ -148,17 +155,20 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const 
       std::max(plan_gpt_bytes(cfg, check_shape(s, false), scalar), plan_gpt_bytes(cfg, check_shape(s, true), scalar));
   if (s.per_sequence) m.sequence = sequence_group_bytes(cfg, s, sequence_group(cfg, s, gpu_shaped));
   const auto vectors = stage_vectors(s, c, P, scalar);
-  for (const auto& [bytes, count] : vectors)
-    if (bytes > m.vectors) {
-      m.vectors = bytes;
-      m.vector_count = count;
+  for (std::size_t k = 0; k < vectors.size(); ++k)
+    if (vectors[k].first > m.vectors && (k < 4 || s.landscape.any())) {
+      m.vectors = vectors[k].first;
+      m.vector_count = vectors[k].second;
     }
   // The engines of each stage: the gradient's (and the per-sequence
   // gradients') through the curvature passes, the curvature engine beside it
   // there, and the checks' engine alone (analysis/case_analysis.hpp, Engines).
   const std::size_t through = m.gradient + m.sequence;
-  const std::size_t engines[] = {through, through, through + m.curvature, m.sequence + m.checks};
-  const char* names[] = {"the gradient pass", "the noise batches", "the curvature passes", "the identity checks"};
+  const index_t R = s.landscape.random_count();
+  const std::size_t landscape = through + (R > 0 ? std::max(m.curvature, plan_gpt_bytes(cfg, curvature_shape(s, R), scalar)) : 0);
+  const std::size_t engines[] = {through, through, through + m.curvature, m.sequence + m.checks, landscape};
+  const char* names[] = {"the gradient pass", "the noise batches", "the curvature passes", "the identity checks",
+                         "the landscapes"};
   auto stage = [&m](const char* name, std::size_t e, std::size_t v) {
     if (e + v <= m.peak) return;
     m.peak = e + v;
@@ -166,7 +176,8 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const 
     m.peak_engines = e;
     m.peak_vectors = v;
   };
-  for (std::size_t k = 0; k < vectors.size(); ++k) stage(names[k], engines[k], vectors[k].first);
+  for (std::size_t k = 0; k < vectors.size(); ++k)
+    if (k < 4 || s.landscape.any()) stage(names[k], engines[k], vectors[k].first);
   if (c.spectrum) {
     m.spectrum = spectrum_bytes(cfg, s, P, members);
     // The curvature engine at the chains' width, and forward-over-reverse's

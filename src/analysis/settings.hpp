@@ -75,6 +75,41 @@ struct CurvatureSettings {
   }
 };
 
+// [landscape] (SPEC §13): the full-epoch loss at theta + alpha u d along
+// chosen directions d, each in its own unit u (doc/statistics.md,
+// "Landscapes"): gradient (d = -G/|G|, alpha = 1 at the quadratic model's
+// step eps* |G|), update (d = Delta, alpha = 1 at the next state),
+// eigenvector:i (the i-th Ritz vector, alpha = 1 at 2/lambda_i) and
+// random:j (a filter-normalised Gaussian direction, alpha = 1 at |d| = |theta|).
+enum class LandscapeKind { gradient, update, eigenvector, random };
+struct LandscapeDirection {
+  LandscapeKind kind = LandscapeKind::gradient;
+  index_t index = 0;  // i of eigenvector:i, j of random:j (from 1); 0 otherwise
+  std::string name() const;
+  bool operator==(const LandscapeDirection& o) const { return kind == o.kind && index == o.index; }
+};
+// "gradient", "update", "eigenvector:i", "random:j" (i, j >= 1); none otherwise.
+std::optional<LandscapeDirection> landscape_direction_named(const std::string& s);
+
+struct LandscapeSettings {
+  std::vector<LandscapeDirection> directions;  // one line of `points` each
+  index_t points = 21;                         // odd: alpha = 0 is a point
+  double range = 1.0;                          // alpha from -range to +range
+  std::vector<LandscapeDirection> plane;       // none, or the plane's two directions
+  index_t plane_points = 11;                   // odd, per side of the plane's grid
+  std::uint64_t seed = 1234;                   // of the random:j directions
+  bool any() const { return !directions.empty() || !plane.empty(); }
+  // Every direction a line or the plane needs, each once, lines first.
+  std::vector<LandscapeDirection> used() const;
+  // The epoch forward passes (the lines' points and the plane's grid).
+  index_t forward_passes() const {
+    return index_t(directions.size()) * points + (plane.empty() ? 0 : plane_points * plane_points);
+  }
+  // The random directions used (their curvature pass's width).
+  index_t random_count() const;
+  index_t top_eigenvector() const;  // the largest i of eigenvector:i used (0: none)
+};
+
 struct AnalysisSettings {
 #define GNH_SETTINGS_MEMBER(key, type, dflt, lo, hi, recipe) type key = dflt;
   GNH_ANALYSIS_KEYS(GNH_SETTINGS_MEMBER)
@@ -82,6 +117,7 @@ struct AnalysisSettings {
   index_t context = 0;                    // [data] context: tokens per block
   Precision precision = Precision::fp32;  // [precision] policy
   CurvatureSettings curvature;            // [curvature]
+  LandscapeSettings landscape;            // [landscape]
   // [parallel] noise_vectors as the driver resolved it (driver/run_memory.hpp):
   // keep the m noise vectors xi_j from the noise stage to the curvature passes
   // (m parameter-sized rows), or compute each one's noise-batch gradient again

@@ -555,8 +555,10 @@ struct LanczosChains {
     const RitzPairs r = ritz_pairs(st.alpha, st.beta, true);
     const index_t n = index_t(r.values.size());
     Kokkos::View<double**, Kokkos::LayoutRight, HostSpace> hc("gnh::lanczos::ritz_coefficients", k, n);
-    for (index_t i = 0; i < k; ++i)
+    for (index_t i = 0; i < k; ++i) {
       for (index_t j = 0; j < n; ++j) hc(i, j) = r.vectors[std::size_t(j * n + (n - 1 - i))];
+      out.values.push_back(r.values[std::size_t(n - 1 - i)]);
+    }
     auto coef = Kokkos::create_mirror_view_and_copy(MemSpace(), hc);
     View2<double> local("gnh::lanczos::ritz_local", k, L_);
     auto Q = Q_;

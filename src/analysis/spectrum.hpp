@@ -31,6 +31,7 @@ struct SpectrumRun {
   // curvature.eigenvectors: the first chain's top Ritz vectors (k, n_params),
   // descending, and the identity that they are orthonormal.
   View2<double> vectors;
+  std::vector<double> values;  // their Ritz values, descending
   IdentityCheck orthonormal;
   // On blocks (lanczos_spectrum's `blocks`): each block's spectrum, by name;
   // `stats` is then empty.

@@ -164,6 +164,23 @@ struct ConsistencyCheck {
 // The campaign-wide false-alarm rate of the consistency checks.
 constexpr double kConsistencyAlpha = 0.01;
 
+// [landscape] (SPEC §13): the epoch loss along one direction, alpha in the
+// direction's unit (the displacement `unit_norm` long at alpha = 1), beside
+// the quadratic model L + alpha slope + alpha^2 curvature / 2 of the same
+// run (slope = D^T G, curvature = D^T H D for the displacement D of alpha = 1).
+struct LandscapeLine {
+  std::string direction, unit;
+  double unit_norm = 0, slope = 0, curvature = 0;
+  std::vector<double> alpha, loss, quadratic;
+  double argmin_alpha = 0;            // the grid's lowest point, refined by the parabola through it and its neighbours
+  double predicted_argmin_alpha = 0;  // -slope / curvature; NaN where the curvature is not positive
+};
+// Two of the directions as a grid: loss (alpha.size() x beta.size()), alpha's row-major.
+struct LandscapePlane {
+  std::string x, y;  // the directions of alpha and beta (empty: no plane)
+  std::vector<double> alpha, beta, loss;
+};
+
 // Everything one case of one parameter state yields: what the results layer
 // writes and reads (io/results.hpp), with no engine or device type in it.
 struct CaseStatistics {
@@ -187,6 +204,8 @@ struct CaseStatistics {
   // curvature.spectrum_blocks = "layer": each layer block's H_bb (or P^1/2 H P^1/2's), by block name
   std::vector<std::pair<std::string, SpectrumStatistics>> spectrum_blocks;
   std::int64_t spectrum_resumed_at = -1;  // the Lanczos steps a saved state had done (-1: started afresh); not written
+  std::vector<LandscapeLine> landscape;   // [landscape] directions
+  LandscapePlane plane;                   // [landscape] plane
 };
 
 // Mean and standard error (sample sd with ddof 1, over sqrt(count)). Not

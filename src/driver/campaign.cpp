@@ -116,6 +116,15 @@ std::string settings_fingerprint(const Deck& d, const ModelConfig& cfg, const st
   if (d.analysis.curvature.eigenvectors > 0)
     j["curvature"]["lanczos"]["eigenvectors"] = d.analysis.curvature.eigenvectors;
   if (d.analysis.curvature.layer_spectra) j["curvature"]["lanczos"]["spectrum_blocks"] = "layer";
+  // The landscapes, only when asked for (likewise).
+  if (d.analysis.landscape.any()) {
+    const LandscapeSettings& ls = d.analysis.landscape;
+    std::vector<std::string> lines, plane;
+    for (const LandscapeDirection& x : ls.directions) lines.push_back(x.name());
+    for (const LandscapeDirection& x : ls.plane) plane.push_back(x.name());
+    j["landscape"] = {{"directions", lines}, {"points", ls.points},         {"range", ls.range},
+                      {"plane", plane},      {"plane_points", ls.plane_points}, {"seed", ls.seed}};
+  }
   // Adjoint cuts regroup the sums of every v^T H v (doc/derivatives.md):
   // which engines cut, only where one does (a plan without cuts keeps its
   // fingerprint). The rule's other inputs (model, context, widths) are above.

@@ -99,6 +99,19 @@ void print_plan(const Campaign& c, const std::vector<int>& team_of_group, int te
       std::printf("         eigenvectors: the first chain's top %lld Ritz vectors (float32 in the output: %s)\n",
                   static_cast<long long>(s.curvature.eigenvectors),
                   gib(std::size_t(s.curvature.eigenvectors) * 4 * std::size_t(ParamLayout(c.cfg).size())).c_str());
+    if (s.landscape.any()) {
+      // A forward pass costs about a third of a gradient pass (its reverse twice the forward).
+      const LandscapeSettings& ls = s.landscape;
+      const index_t fwd = ls.forward_passes(), R = ls.random_count();
+      std::printf(
+          "         landscape: %lld line(s) of %lld points%s over +-%g: %lld epoch forward passes of %lld "
+          "microbatches (about %.3g gradient passes)%s\n",
+          static_cast<long long>(ls.directions.size()), static_cast<long long>(ls.points),
+          ls.plane.empty() ? "" : (", a plane of " + std::to_string(ls.plane_points) + "^2").c_str(), ls.range,
+          static_cast<long long>(fwd), static_cast<long long>((n + s.grad_microbatch - 1) / s.grad_microbatch),
+          double(fwd) / 3.0,
+          R > 0 ? (", and one curvature pass along its " + std::to_string(R) + " random direction(s)").c_str() : "");
+    }
   }
   std::printf("  output %s (group files in %s)\n", output.c_str(), groups_directory(output).c_str());
   std::fflush(stdout);

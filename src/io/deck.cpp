@@ -422,6 +422,61 @@ void read_curvature_section(const Reader& r, const toml::table& root, Deck& d) {
          to_string(d.analysis.curvature_method), "\")");
 }
 
+// One [landscape] direction list (SPEC §13), each name checked against what
+// the run computes: the update needs curvature.update, eigenvector:i the
+// Hessian's first i Ritz vectors.
+std::vector<LandscapeDirection> landscape_directions(const Reader& r, const toml::table& l, const std::string& key,
+                                                     const Deck& d) {
+  const std::string dotted = "landscape." + key;
+  const toml::node& n = *l.get(key);
+  const CurvatureSettings& cv = d.analysis.curvature;
+  std::vector<LandscapeDirection> out;
+  for (const std::string& name : r.strings(l, "landscape", key)) {
+    const auto dir = landscape_direction_named(name);
+    if (!dir)
+      fail(r.where(n, dotted), ": ", dotted, ": \"", name,
+           "\" is not a direction: \"gradient\", \"update\", \"eigenvector:i\" or \"random:j\" (i, j from 1)");
+    if (std::find(out.begin(), out.end(), *dir) != out.end())
+      fail(r.where(n, dotted), ": ", dotted, " names \"", name, "\" twice");
+    if (dir->kind == LandscapeKind::update && !cv.update)
+      fail(r.where(n, dotted), ": ", dotted, ": \"update\" is the update to the next state: set curvature.update = true");
+    if (dir->kind == LandscapeKind::eigenvector) {
+      if (cv.eigenvectors < dir->index)
+        fail(r.where(n, dotted), ": ", dotted, ": \"", name, "\" needs the top ", dir->index,
+             " Ritz vectors: set curvature.eigenvectors to at least ", dir->index);
+      if (cv.lanczos_php || cv.op == OperatorChoice::ggn)
+        fail(r.where(n, dotted), ": ", dotted, ": \"", name,
+             "\" takes the Hessian's Ritz vectors: curvature.lanczos_operator = \"H\" and curvature.operator "
+             "\"hessian\" or \"both\"");
+    }
+    out.push_back(*dir);
+  }
+  return out;
+}
+
+void read_landscape_section(const Reader& r, const toml::table& root, Deck& d) {
+  const toml::table* l = r.section(root, "landscape", false);
+  if (!l) return;
+  r.check_keys(*l, "landscape", {"directions", "points", "range", "plane", "plane_points", "seed"});
+  LandscapeSettings& ls = d.analysis.landscape;
+  if (l->get("directions")) ls.directions = landscape_directions(r, *l, "directions", d);
+  if (l->get("plane")) {
+    ls.plane = landscape_directions(r, *l, "plane", d);
+    if (ls.plane.size() != 2)
+      fail(r.where(*l->get("plane"), "landscape.plane"), ": landscape.plane names ", ls.plane.size(),
+           " directions: a plane takes two");
+  }
+  if (!ls.any()) fail(r.file(), ": [landscape] names no direction: set landscape.directions or landscape.plane");
+  ls.points = r.integer(*l, "landscape", "points", 21, 3, 10001);
+  ls.plane_points = r.integer(*l, "landscape", "plane_points", 11, 3, 1001);
+  for (const auto& [key, v] : {std::pair<const char*, index_t>{"points", ls.points}, {"plane_points", ls.plane_points}})
+    if (v % 2 == 0)
+      fail(r.where(*l->get(key), std::string("landscape.") + key), ": landscape.", key, " = ", v,
+           " is even: the grid is symmetric about alpha = 0, which is one of its points");
+  ls.range = r.real(*l, "landscape", "range", 1.0, 1e-12, 1e12);
+  ls.seed = std::uint64_t(r.integer(*l, "landscape", "seed", std::int64_t(d.analysis.seed), 0, INT64_MAX));
+}
+
 void read_parallel_section(const Reader& r, const toml::table& root, Deck& d) {
   const toml::table* p = r.section(root, "parallel", false);
   if (!p) return;
@@ -449,7 +504,7 @@ Deck parse_deck(const std::string& text, const std::string& name, const std::str
   std::map<std::string, std::string> origin;
   for (const auto& o : overrides) apply_override(root, o, origin);
   const Reader r(name, origin);
-  r.check_keys(root, "", {"run", "checkpoints", "data", "analysis", "precision", "parallel", "curvature"});
+  r.check_keys(root, "", {"run", "checkpoints", "data", "analysis", "precision", "parallel", "curvature", "landscape"});
   // In this order: [curvature] checks analysis.curvature_method.
   read_run_section(r, root, d);
   read_checkpoints_section(r, root, d);
@@ -457,6 +512,7 @@ Deck parse_deck(const std::string& text, const std::string& name, const std::str
   read_analysis_section(r, root, d);
   read_precision_section(r, root, d);
   read_curvature_section(r, root, d);
+  read_landscape_section(r, root, d);
   read_parallel_section(r, root, d);
   std::ostringstream eff;
   eff << root;

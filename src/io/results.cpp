@@ -94,6 +94,31 @@ void write_spectrum(hid_t parent, const std::string& name, const SpectrumStatist
     if (std::isfinite(value)) h5::write_attr(id, attr, value);
 }
 
+// SPEC §13's landscape group of a case: a group per direction, and the plane.
+void write_landscape(hid_t id, const CaseStatistics& s, const std::string& where) {
+  h5::Handle lg = h5::create_group(id, "landscape", where);
+  for (const LandscapeLine& l : s.landscape) {
+    h5::Handle g = h5::create_group(lg.id(), l.direction, where);
+    h5::write_dataset(g.id(), "alpha", l.alpha);
+    h5::write_dataset(g.id(), "loss", l.loss);
+    h5::write_dataset(g.id(), "quadratic", l.quadratic);
+    h5::write_attr(g.id(), "unit", l.unit);
+    h5::write_attr(g.id(), "unit_norm", l.unit_norm);
+    h5::write_attr(g.id(), "slope", l.slope);
+    h5::write_attr(g.id(), "curvature", l.curvature);
+    h5::write_attr(g.id(), "argmin_alpha", l.argmin_alpha);
+    if (std::isfinite(l.predicted_argmin_alpha)) h5::write_attr(g.id(), "predicted_argmin_alpha", l.predicted_argmin_alpha);
+  }
+  if (s.plane.x.empty()) return;
+  h5::Handle g = h5::create_group(lg.id(), "plane", where);
+  h5::write_dataset(g.id(), "alpha", s.plane.alpha);
+  h5::write_dataset(g.id(), "beta", s.plane.beta);
+  h5::write_dataset(g.id(), "loss", s.plane.loss,
+                    {std::int64_t(s.plane.alpha.size()), std::int64_t(s.plane.beta.size())});
+  h5::write_attr(g.id(), "alpha_direction", s.plane.x);
+  h5::write_attr(g.id(), "beta_direction", s.plane.y);
+}
+
 void write_update(hid_t id, const UpdateStatistics& u, const std::string& where) {
   h5::Handle ug = h5::create_group(id, "update", where);
   h5::write_attr(ug.id(), "partner", u.partner);
@@ -185,6 +210,7 @@ void write_case(hid_t parent, const CaseRecord& c, std::int64_t family, const st
   // SPEC §10, where [curvature] asked for them.
   if (!s.m.Hv_sqnorm.empty()) h5::write_dataset(id, "Hv_sqnorm", s.m.Hv_sqnorm);
   if (s.update.present) write_update(id, s.update, where);
+  if (!s.landscape.empty() || !s.plane.x.empty()) write_landscape(id, s, where);
   if (s.m.preconditioned) {
     h5::write_dataset(id, "xiPxi", s.m.xiPxi);
     h5::write_dataset(id, "PxiHPxi", s.m.PxiHPxi);

@@ -55,7 +55,9 @@ class Memory(unittest.TestCase):
                               capture_output=True, text=True, env=env, timeout=300)
 
     def test_every_stage_is_measured(self):
-        r = self.gnh(np_=2)
+        # With landscapes: their stage's allocations within the plan too.
+        r = self.gnh("--set", 'landscape.directions=["gradient", "update", "random:1"]', "--set", "landscape.points=3",
+                     "--set", 'landscape.plane=["gradient", "random:2"]', "--set", "landscape.plane_points=3", np_=2)
         self.assertEqual(r.returncode, 0, r.stderr)
         with h5py.File(os.path.join(self.tmp, "out", "m.h5"), "r") as f:
             g = f["groups"][sorted(f["groups"], key=lambda h: int(f["groups"][h].attrs["iter_num"]))[0]]
@@ -71,6 +73,10 @@ class Memory(unittest.TestCase):
                     # least the planned engines and vectors, all touched.
                     self.assertGreaterEqual(t[f"{stage}_peak_host_bytes"], c.attrs["peak_memory_bytes"])
             self.plan_holds_the_allocations(f)
+            self.assertIn("landscape_peak_allocated_bytes", t)
+            # The random directions' curvature pass, then three lines and a
+            # plane, each staging every batch once for all its points.
+            self.assertEqual(t["landscape_batches"], 5 * -(-blocks // 4))
             # Batches counted over the whole team: the epoch's microbatches.
             self.assertEqual(t["gradient_batches"], -(-blocks // 4))
             self.assertEqual(t["noise_batches"], 3)

@@ -18,11 +18,14 @@ Bars, all in the fp64 policy:
   of v^T H v and |H v|^2 (+ sigma^2 for the second: the Gaussian broadening)
   to 1e-9 relative: the trapezoid rule on Gaussians sampled at sigma / 9 is
   exact to far below that, and the grid's 8-sigma margins lose < 1e-15;
+- [landscape] lines and plane against PyTorch's float64 loss at the same
+  points (test_landscapes_against_pytorch states its bars);
 - on a model of over two chunks of the chains' dot products (3 chunks), 1, 2
-  and 3 ranks give bitwise-identical files, and a run SIGKILLed between
+  and 3 ranks give bitwise-identical files (landscapes included), and a run SIGKILLed between
   Lanczos steps, rerun, resumes after its last saved step and writes the
   same file as an uninterrupted run."""
 import csv
+import math
 import os
 import shutil
 import signal
@@ -94,6 +97,64 @@ def dense_gauss_newton(ref):
         GGN += torch.einsum("nvp,nvw,nwq->pq", J, Hz, J)
         count += tgt.numel()
     return (GGN / count).numpy()
+
+
+def filter_normalised(ref, seed, j):
+    """random:j of [landscape] (doc/statistics.md): a Gaussian draw by
+    Box-Muller on splitmix64 words, each matrix row scaled to theta's row
+    norm (sums in index order, as gnh takes them), vectors left at zero."""
+    M = stats_reference.MASK64
+    key = stats_reference.splitmix64(stats_reference.splitmix64((seed & M) ^ stats_reference.splitmix64(j))
+                                     ^ 0x6C616E6473636170)
+
+    def z(i):
+        u1 = ((stats_reference.splitmix64(key ^ (2 * i)) >> 11) + 1) * 2.0 ** -53
+        u2 = (stats_reference.splitmix64(key ^ (2 * i + 1)) >> 11) * 2.0 ** -53
+        return math.sqrt(-2.0 * math.log(u1)) * math.cos(6.283185307179586 * u2)
+
+    theta = ref.flat_params().numpy()
+    out = np.zeros(ref.P)
+    off = 0
+    for p in ref.params:
+        n = p.numel()
+        if p.dim() >= 2:
+            cols = n // p.shape[0]
+            for r in range(p.shape[0]):
+                a = off + r * cols
+                draw = [z(i) for i in range(a, a + cols)]
+                ts = ds = 0.0
+                for i in range(cols):
+                    ts += theta[a + i] * theta[a + i]
+                    ds += draw[i] * draw[i]
+                scale = math.sqrt(ts / ds)
+                out[a:a + cols] = [x * scale for x in draw]
+        off += n
+    return out
+
+
+def rows_of(ref, d, theta):
+    """(name, rows of d, rows of theta) per matrix; (name, None, slice) per vector."""
+    off = 0
+    for i, p in enumerate(ref.params):
+        n = p.numel()
+        if p.dim() >= 2:
+            yield i, d[off:off + n].reshape(p.shape[0], -1), theta[off:off + n].reshape(p.shape[0], -1)
+        else:
+            yield i, None, slice(off, off + n)
+        off += n
+
+
+def measured_argmin(alpha, loss):
+    """The documented rule: the lowest point, inside the grid refined to the
+    vertex of the parabola through it and its neighbours."""
+    k = int(np.argmin(loss))
+    a = float(alpha[k])
+    if 0 < k < len(loss) - 1:
+        lo, mid, hi = float(loss[k - 1]), float(loss[k]), float(loss[k + 1])
+        bend = lo - 2 * mid + hi
+        if bend > 0:
+            a += 0.5 * (float(alpha[k + 1]) - float(alpha[k])) * (lo - hi) / bend
+    return a
 
 
 class SpectrumOracle(unittest.TestCase):
@@ -317,6 +378,107 @@ class SpectrumOracle(unittest.TestCase):
         self.assertEqual(manifest["figures"]["eigenvectors"]["panels"],
                          ["G_in_topk", "delta_in_topk", "topk_overlap_prev"])
 
+    def test_landscapes_against_pytorch(self):
+        """[landscape] on the fp64 policy: the epoch loss at every grid point
+        of the gradient, update, random:1 (filter-normalised, rebuilt here
+        from its generator) and eigenvector:1 lines and of the (gradient,
+        random:2) plane against PyTorch's float64 loss at the same theta +
+        alpha D, the quadratic model's slope D^T G and curvature D^T H D
+        against the oracle's G and dense H, the model and both minima as
+        the documented rules give them from the file's own numbers, and the
+        update's alpha = 1 equal to the next state's loss.
+
+        Tolerances: 1e-10 relative for losses and slopes along directions
+        formed in double (the same float64 sums of ~80 token losses in other
+        orders differ by ~1e-15; D itself, built from gnh's G, carries G's
+        1e-13 agreement into the loss at first order); 1e-8 relative for the
+        curvatures (Lanczos-free dense products against gnh's exact-sum
+        passes, ~1e-13, and eps* through G^T H G); the eigenvector line's
+        direction is read back in float32 (6e-8 relative), so its losses
+        and slope within 1e-6."""
+        deck = os.path.join(self.tmp, "landscape.toml")
+        spectrum_deck(deck, "out/landscape.h5", ["ckpt/small.h5", "ckpt/other.h5"], 120, 2,
+                      extra="eigenvectors = 2\nupdate = true\n")
+        with open(deck, "a") as f:
+            f.write('\n[landscape]\ndirections = ["gradient", "update", "random:1", "eigenvector:1"]\npoints = 5\n'
+                    'range = 2\nplane = ["gradient", "random:2"]\nplane_points = 3\nseed = 7\n')
+        self.run_ok(deck, 1, ["precision.policy=fp64"])
+        ref = stats_reference.load_reference(self.small, os.path.join(self.tmp, "train.bin"), CONTEXT)
+        theta = ref.flat_params()
+        loss0, G = ref.gradient()
+        G = G.numpy()
+        other = stats_reference.load_reference(os.path.join(self.tmp, "ckpt", "other.h5"),
+                                               os.path.join(self.tmp, "train.bin"), CONTEXT)
+        delta = (other.flat_params() - theta).numpy()
+
+        def loss_at(D):
+            ref.set_flat_params(theta + torch.from_numpy(D))
+            try:
+                return ref.loss()
+            finally:
+                ref.set_flat_params(theta)
+
+        def close(got, want, rel, what):
+            self.assertLessEqual(abs(got - want), rel * max(abs(want), 1e-300), (what, got, want))
+
+        with h5py.File(os.path.join(self.tmp, "out", "landscape.h5"), "r") as f:
+            groups = {gnhtest.text(g.attrs["aliases"][0]): g for g in f["groups"].values()}
+            c = groups["small.h5"]["seen"]
+            ls = c["landscape"]
+            self.assertEqual(sorted(ls), ["eigenvector:1", "gradient", "plane", "random:1", "update"])
+            L = float(c.attrs["loss"])
+            GHG = float(G @ self.H @ G)
+            U = c["spectrum"]["eigenvectors"][()].astype(np.float64)
+            lam = float(c["spectrum"]["top_eigenvalues"][0])
+            rand = {j: filter_normalised(ref, 7, j) for j in (1, 2)}
+            want_D = {"gradient": -(G @ G) / GHG * G, "update": delta, "random:1": rand[1],
+                      "eigenvector:1": 2 / abs(lam) * U[0]}
+            rel = {"gradient": 1e-10, "update": 1e-10, "random:1": 1e-10, "eigenvector:1": 1e-6}
+            for name, D in want_D.items():
+                line = ls[name]
+                alpha, loss, quad = line["alpha"][()], line["loss"][()], line["quadratic"][()]
+                np.testing.assert_array_equal(alpha, [-2.0, -1.0, 0.0, 1.0, 2.0])
+                self.assertEqual(alpha[2], 0.0)
+                for a, got in zip(alpha, loss):
+                    close(got, loss_at(a * D), rel[name], (name, a))
+                slope, curv = float(line.attrs["slope"]), float(line.attrs["curvature"])
+                close(slope, float(D @ G), rel[name], (name, "slope"))
+                close(curv, float(D @ self.H @ D), max(rel[name], 1e-8), (name, "curvature"))
+                close(float(line.attrs["unit_norm"]), float(np.linalg.norm(D)), rel[name], (name, "unit_norm"))
+                # The same double arithmetic (1e-14: a compiler may fuse a multiply-add).
+                np.testing.assert_allclose(quad, L + alpha * slope + 0.5 * alpha ** 2 * curv, rtol=1e-14, atol=0)
+                close(float(line.attrs["argmin_alpha"]), measured_argmin(alpha, loss), 1e-12, (name, "argmin"))
+                if curv > 0:
+                    self.assertEqual(float(line.attrs["predicted_argmin_alpha"]), -slope / curv, name)
+            # The gradient's unit is the quadratic model's step: its minimum at alpha = 1.
+            close(float(ls["gradient"].attrs["predicted_argmin_alpha"]), 1.0, 1e-12, "eps*")
+            # alpha = 1 along the update is the next state, whose epoch loss its own group has.
+            k1 = int(np.flatnonzero(ls["update"]["alpha"][()] == 1.0)[0])
+            close(float(ls["update"]["loss"][k1]), float(groups["other.h5"]["seen"].attrs["loss"]), 1e-12, "next")
+            # Filter normalisation: every matrix row of random:1 as long as theta's, vectors untouched.
+            for name, row_d, row_t in rows_of(ref, rand[1], theta.numpy()):
+                if row_d is None:
+                    self.assertFalse(np.any(rand[1][row_t]), name)
+                else:
+                    np.testing.assert_allclose(np.linalg.norm(row_d, axis=1), np.linalg.norm(row_t, axis=1),
+                                               rtol=1e-12, err_msg=name)
+            plane = ls["plane"]
+            self.assertEqual((gnhtest.text(plane.attrs["alpha_direction"]), gnhtest.text(plane.attrs["beta_direction"])),
+                             ("gradient", "random:2"))
+            grid = plane["loss"][()]
+            self.assertEqual(grid.shape, (3, 3))
+            for i, a in enumerate(plane["alpha"][()]):
+                for j, b in enumerate(plane["beta"][()]):
+                    close(grid[i, j], loss_at(a * want_D["gradient"] + b * rand[2]), 1e-10, ("plane", a, b))
+            # The last state has no next one: no update line there.
+            self.assertNotIn("update", groups["other.h5"]["seen"]["landscape"])
+        # The report draws every line and both states' planes.
+        r, manifest = gnhtest.report(os.path.join(self.tmp, "out", "landscape.h5"), os.path.join(self.tmp, "rep_ls"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(manifest["figures"]["landscape"]["panels"],
+                         ["eigenvector:1", "gradient", "random:1", "update"])
+        self.assertEqual(manifest["figures"]["landscape_plane"]["panels"], ["small.h5 seen", "other.h5 seen"])
+
     def test_layer_spectra_against_the_dense_diagonal_blocks(self):
         """curvature.spectrum_blocks = "layer": a chain per layer block on its
         diagonal block H_bb, against the dense Hessian's blocks: the top
@@ -385,24 +547,29 @@ class SpectrumOracle(unittest.TestCase):
                     got = [float(r["eigenvalue"]) for r in rows if r["group"] == h and r["case"] == case]
                     self.assertEqual(got, want)
 
-    def big_deck(self, name, steps, tolerance=0.0):
+    def big_deck(self, name, steps, tolerance=0.0, landscape=False):
         deck = os.path.join(self.tmp, name + ".toml")
         # With two Ritz vectors: their assembly over a sharded basis (and, on
         # resume, the first chain's rows read back) is part of what is compared.
         spectrum_deck(deck, f"out/{name}.h5", ["big/big.h5"], steps, 3, tolerance=tolerance, extra="eigenvectors = 2\n")
+        if landscape:  # lines and a plane, their batches split over the team
+            with open(deck, "a") as f:
+                f.write('\n[landscape]\ndirections = ["gradient", "eigenvector:1", "random:1"]\npoints = 3\n'
+                        'plane = ["random:1", "random:2"]\nplane_points = 3\n')
         return deck
 
     def test_rank_counts_are_bitwise_identical(self):
         self.assertGreater(self.big_params, 2 * 65536)
         snaps = {}
         for np_ in (1, 2, 3):
-            deck = self.big_deck(f"ranks{np_}", 6)
+            deck = self.big_deck(f"ranks{np_}", 6, landscape=True)
             self.run_ok(deck, np_, [f"parallel.ranks_per_checkpoint={np_}", "precision.policy=fp32"])
             # Everything but the planned memory per rank, which shrinks with
             # the team: the basis is sharded over it.
             snaps[np_] = {k: v for k, v in snapshot(os.path.join(self.tmp, "out", f"ranks{np_}.h5")).items()
                           if not k.endswith("@peak_memory_bytes")}
         self.assertTrue(any(k.endswith("seen/spectrum/alpha") for k in snaps[1]))
+        self.assertTrue(any(k.endswith("seen/landscape/plane/loss") for k in snaps[1]))
         for np_ in (2, 3):
             diff = [k for k in snaps[1] if snaps[np_].get(k) != snaps[1][k]]
             self.assertEqual(diff, [], f"{np_} ranks")

@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "analysis/blocks.hpp"
+#include "analysis/landscape.hpp"
 #include "core/deal.hpp"
 #include "core/error.hpp"
 #include "core/sha256.hpp"
@@ -317,6 +318,40 @@ TEST_CASE("[curvature]: its keys are read and typed; the spectrum needs forward-
   REQUIRE_THAT(error_of(std::string(kDeck) + "[curvature]\nlanczos_steps = 20\nspectrum_blocks = \"tensor\"\n",
                         {"analysis.curvature_method=forward-over-reverse"}),
                Contains("deck.toml:14:") && Contains("spectrum_blocks"));
+}
+
+TEST_CASE("[landscape]: its directions, grids and what each direction needs", "[deck][landscape]") {
+  const std::string spectrum = std::string(kDeck) + "[curvature]\nlanczos_steps = 20\neigenvectors = 2\nupdate = true\n";
+  const std::vector<std::string> fr = {"analysis.curvature_method=forward-over-reverse"};
+  const Deck d = parse_deck(spectrum + "[landscape]\ndirections = [\"gradient\", \"update\", \"eigenvector:2\", "
+                            "\"random:1\"]\nplane = [\"random:1\", \"random:3\"]\npoints = 7\nrange = 0.5\n",
+                            "deck.toml", "/runs", fr);
+  const LandscapeSettings& ls = d.analysis.landscape;
+  REQUIRE(ls.directions.size() == 4);
+  REQUIRE(ls.directions[2] == LandscapeDirection{LandscapeKind::eigenvector, 2});
+  REQUIRE(ls.directions[3].name() == "random:1");
+  REQUIRE(ls.points == 7);
+  REQUIRE(ls.range == 0.5);
+  REQUIRE(ls.plane_points == 11);
+  REQUIRE(ls.seed == d.analysis.seed);
+  REQUIRE(ls.used().size() == 5);  // random:1 once, random:3 from the plane
+  REQUIRE(ls.random_count() == 2);
+  REQUIRE(ls.top_eigenvector() == 2);
+  REQUIRE(ls.forward_passes() == 4 * 7 + 11 * 11);
+  REQUIRE(landscape_grid(5, 2.0) == std::vector<double>{-2.0, -1.0, 0.0, 1.0, 2.0});
+  // Each refusal names the line and what to set.
+  const std::string l = "[landscape]\ndirections = ";
+  REQUIRE_THAT(error_of(spectrum + l + "[\"eigenvector:3\"]\n", fr),
+               Contains("deck.toml:17:") && Contains("set curvature.eigenvectors to at least 3"));
+  REQUIRE_THAT(error_of(std::string(kDeck) + l + "[\"update\"]\n"), Contains("set curvature.update = true"));
+  REQUIRE_THAT(error_of(std::string(kDeck) + l + "[\"random:0\"]\n"), Contains("is not a direction"));
+  REQUIRE_THAT(error_of(std::string(kDeck) + l + "[\"gradient\", \"gradient\"]\n"), Contains("twice"));
+  REQUIRE_THAT(error_of(std::string(kDeck) + l + "[\"gradient\"]\npoints = 4\n"),
+               Contains("landscape.points = 4 is even"));
+  REQUIRE_THAT(error_of(std::string(kDeck) + "[landscape]\nplane = [\"gradient\"]\n"), Contains("a plane takes two"));
+  REQUIRE_THAT(error_of(std::string(kDeck) + "[landscape]\npoints = 5\n"), Contains("names no direction"));
+  REQUIRE_THAT(error_of(spectrum + "lanczos_operator = \"PHP\"\n" + l + "[\"eigenvector:1\"]\n", fr),
+               Contains("takes the Hessian's Ritz vectors"));
 }
 
 TEST_CASE("the tensor and layer partitions of SPEC §10 tile the flat vector", "[blocks]") {

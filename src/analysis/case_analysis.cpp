@@ -177,6 +177,10 @@ struct CaseAnalysis {
     if (plan_.spectrum && s_.curvature.op != OperatorChoice::ggn) spectrum(CurvatureOperator::hessian);
     if (plan_.spectrum && s_.curvature.gauss_newton()) spectrum(CurvatureOperator::gauss_newton);
     if (plan_.spectrum && s_.curvature.layer_spectra) layer_spectra();
+    if (s_.curvature.hutchpp) {
+      traces();
+      out_.timings.emplace_back("traces", clock_.lap());
+    }
     if (plan_.update) {
       update_step();
       out_.timings.emplace_back("update", clock_.lap());
@@ -552,6 +556,172 @@ struct CaseAnalysis {
     u.curvature_along = u.dHd / u.delta_sqnorm;
   }
 
+  // Stage "traces" (SPEC §13): tr H by Hutch++ at the §4 directions' number
+  // of products and by deflation with the top Ritz vectors, tr GGN by
+  // Hutch++; each an exact part over a basis Q and Hutchinson samples of the
+  // complement (doc/statistics.md, "Traces with less variance").
+  void traces() {
+    meter_.begin();
+    const index_t m = s_.directions, k = hutchpp_sketch(s_);
+    if (s_.curvature.op != OperatorChoice::ggn) {
+      out_.m.hutchpp = projected_trace(sketch(CurvatureOperator::hessian, k), CurvatureOperator::hessian, out_.m.vHv, k,
+                                       m - k, s_.keeps_hv() && !blocks_.empty());
+      if (ritz_.extent(0) > 0) {
+        View2<T> U("gnh::case::ritz_rounded", ritz_.extent(0), P_);
+        auto R = ritz_;
+        Kokkos::parallel_for(
+            "gnh::case::ritz_round", range(space_, index_t(U.size())),
+            KOKKOS_LAMBDA(const index_t i) { U.data()[i] = T(R.data()[i]); });
+        out_.m.deflated = projected_trace(U, CurvatureOperator::hessian, out_.m.vHv, 0, m);
+      }
+    }
+    if (s_.curvature.gauss_newton())
+      out_.m.hutchpp_ggn = projected_trace(sketch(CurvatureOperator::gauss_newton, k), CurvatureOperator::gauss_newton,
+                                           out_.m.vGv_ggn, k, m - k);
+    meter_.end("traces", out_.measured);
+  }
+
+  // The epoch's A r (A = H or GGN) of every row r of rows (K, P), in passes
+  // of at most directions_per_pass, each product summed exactly over the
+  // batches and the team and handed to take(i, A r_i) in double.
+  template <class Take>
+  void products(View2<T> rows, CurvatureOperator op, Take&& take) {
+    const index_t K = index_t(rows.extent(0)), width = std::min(K, s_.directions_per_pass);
+    const auto batches = make_batches(all_blocks(plan_.n_blocks), s_.hvp_batch);
+    std::vector<ExactSum> sums;
+    for (index_t r = 0; r < width; ++r) sums.emplace_back(P_);
+    View1<double> Ar("gnh::case::trace_product", P_);
+    for (index_t first = 0; first < K; first += width) {
+      const index_t n = std::min(width, K - first);
+      std::vector<ExactSum> pass(sums.begin(), sums.begin() + n);
+      for (ExactSum& e : pass) e.clear(space_);
+      std::vector<BatchScalars> ct;
+      const bool ok = curvature_pass<T>(space_, engines_.curvature(n), stager_, params_,
+                                        Span2<const T>(rows.data() + first * P_, n, P_), ids_, batches,
+                                        team_.share_of(index_t(batches.size())), CurvatureMethod::forward_over_reverse,
+                                        ct, hooks_.stop, progress("traces"), &pass, op);
+      if (team_.any(!ok)) throw Interrupted{};
+      team_.share(ct);
+      meter_.add(ct, n);
+      for (index_t r = 0; r < n; ++r) {
+        team_.sum(pass[std::size_t(r)]);
+        pass[std::size_t(r)].to_double(space_, Ar.data(), 1.0 / double(tokens_));
+        space_.fence();
+        take(first + r, Ar);
+      }
+    }
+  }
+
+  // Hutch++'s basis: Q orthonormal (Gram-Schmidt twice, in double) over the
+  // products A v_1 .. A v_k of the first k Rademacher directions, rounded to
+  // the engine's scalar (the values its products then apply); a product
+  // in the span of the others is dropped.
+  View2<T> sketch(CurvatureOperator op, index_t k) {
+    View2<T> S("gnh::case::sketch", k, P_);
+    fill_rademacher<T>(space_, Span2<T>(S.data(), k, P_), s_.seed, 0);
+    View2<T> Q("gnh::case::sketch_basis", k, P_);
+    index_t kept = 0;
+    products(S, op, [&](index_t, View1<double> y) { kept += orthonormal_row(Q, kept, y) ? 1 : 0; });
+    return Kokkos::subview(Q, std::make_pair(index_t(0), kept), Kokkos::ALL);
+  }
+
+  // y made orthogonal to rows 0 .. kept-1 of Q (twice) and, unless nothing
+  // is left of it, normalised into row `kept`.
+  bool orthonormal_row(View2<T> Q, index_t kept, View1<double> y) {
+    const double norm0 = std::sqrt(dot(space_, y.data(), y.data(), P_));
+    for (int twice = 0; twice < 2; ++twice)
+      for (index_t j = 0; j < kept; ++j) {
+        const double c = dot(space_, Q.data() + j * P_, y.data(), P_);
+        auto q = Kokkos::subview(Q, j, Kokkos::ALL);
+        Kokkos::parallel_for(
+            "gnh::case::sketch_project", range(space_, P_),
+            KOKKOS_LAMBDA(const index_t i) { y(i) -= c * double(q(i)); });
+      }
+    const double norm = std::sqrt(dot(space_, y.data(), y.data(), P_));
+    if (!(norm > 1e-10 * norm0)) return false;
+    auto q = Kokkos::subview(Q, kept, Kokkos::ALL);
+    const double inv = 1.0 / norm;
+    Kokkos::parallel_for(
+        "gnh::case::sketch_normalise", range(space_, P_), KOKKOS_LAMBDA(const index_t i) { q(i) = T(y(i) * inv); });
+    space_.fence();
+    return true;
+  }
+
+  // tr(Q^T A Q) from the products along Q, and for the Rademacher directions
+  // g = v_{first+1} .. v_end the complement's samples
+  //   g^T (I - QQ^T) A (I - QQ^T) g = g^T A g - 2 c.e + c^T M c,
+  // c = Q^T g, e = (A Q)^T g, M = Q^T A Q (symmetrised), g^T A g the case's
+  // own curvature pass's (vAv); A Q is never held whole.
+  // With by_block, each block's share of every sample too (block_hutchpp).
+  CaseMeasurements::ProjectedTrace projected_trace(View2<T> Q, CurvatureOperator op, const std::vector<double>& vAv,
+                                                   index_t first, index_t end, bool by_block = false) {
+    const index_t k = index_t(Q.extent(0)), n = end - first;
+    std::vector<double> M(std::size_t(k * k)), c(std::size_t(n * k)), e(std::size_t(n * k));
+    // by_block: X[i k + l] = (q_i)_b^T (A q_l)_b and Y[i n + j] = (g_j)_b^T (A q_i)_b, every block b.
+    std::vector<std::vector<double>> X(by_block ? std::size_t(k * k) : 0), Y(by_block ? std::size_t(k * n) : 0);
+    View2<T> g("gnh::case::trace_g", 1, P_);
+    auto dir = [&](index_t j) {
+      fill_rademacher<T>(space_, Span2<T>(g.data(), 1, P_), s_.seed, std::uint64_t(first + j));
+      return g.data();
+    };
+    for (index_t j = 0; j < n; ++j)
+      for (index_t i = 0; i < k; ++i) c[std::size_t(j * k + i)] = dot(space_, Q.data() + i * P_, dir(j), P_);
+    products(Q, op, [&](index_t i, View1<double> Aq) {
+      for (index_t j = 0; j < k; ++j) {
+        M[std::size_t(i * k + j)] = dot(space_, Q.data() + j * P_, Aq.data(), P_);
+        if (by_block) X[std::size_t(j * k + i)] = block_dots(Q.data() + j * P_, Aq.data());
+      }
+      for (index_t j = 0; j < n; ++j) {
+        e[std::size_t(j * k + i)] = dot(space_, dir(j), Aq.data(), P_);
+        if (by_block) Y[std::size_t(i * n + j)] = block_dots(g.data(), Aq.data());
+      }
+    });
+    if (by_block) block_hutchpp(X, Y, c, k, first, n);
+    CaseMeasurements::ProjectedTrace t;
+    for (index_t i = 0; i < k; ++i) {
+      t.top += M[std::size_t(i * k + i)];
+      for (index_t j = 0; j < i; ++j)
+        M[std::size_t(i * k + j)] = M[std::size_t(j * k + i)] =
+            0.5 * (M[std::size_t(i * k + j)] + M[std::size_t(j * k + i)]);
+    }
+    for (index_t j = 0; j < n; ++j) {
+      const double* cj = c.data() + j * k;
+      double ce = 0, cMc = 0;
+      for (index_t i = 0; i < k; ++i) {
+        ce += cj[i] * e[std::size_t(j * k + i)];
+        for (index_t l = 0; l < k; ++l) cMc += cj[i] * M[std::size_t(i * k + l)] * cj[l];
+      }
+      t.rest.push_back(vAv[std::size_t(first + j)] - 2 * ce + cMc);
+    }
+    return t;
+  }
+
+  // Each block's share of Hutch++'s samples: for g_j, sum_i X_ii + (g_j)_b^T
+  // (H g_j)_b - 2 sum_i c_i Y_ij + sum_il c_i c_l X_il (doc/statistics.md:
+  // unbiased for tr(H_bb), the blocks summing to the sample), with (g_j)_b^T
+  // (H g_j)_b the curvature passes' block shares of v_j.
+  void block_hutchpp(const std::vector<std::vector<double>>& X, const std::vector<std::vector<double>>& Y,
+                     const std::vector<double>& c, index_t k, index_t first, index_t n) {
+    const std::size_t nb = std::size_t(n_block_values_);
+    // The passes' v^T H v shares, concatenated over the partitions.
+    std::vector<std::vector<double>> vHv(static_cast<std::size_t>(n));
+    for (const BlockMeasurements& p : blocks_)
+      for (index_t j = 0; j < n; ++j) {
+        const auto& row = p.vHv[std::size_t(first + j)];
+        vHv[std::size_t(j)].insert(vHv[std::size_t(j)].end(), row.begin(), row.end());
+      }
+    for (index_t j = 0; j < n; ++j) {
+      std::vector<double> v = vHv[std::size_t(j)];
+      const double* cj = c.data() + j * k;
+      for (std::size_t b = 0; b < nb; ++b)
+        for (index_t i = 0; i < k; ++i) {
+          v[b] += X[std::size_t(i * k + i)][b] - 2 * cj[i] * Y[std::size_t(i * n + j)][b];
+          for (index_t l = 0; l < k; ++l) v[b] += cj[i] * cj[l] * X[std::size_t(i * k + l)][b];
+        }
+      add_block_row(&BlockMeasurements::hutchpp, v);
+    }
+  }
+
   // [landscape]: one direction's displacement D at alpha = 1 (in double, of
   // values the engine's scalar holds where the direction is not G's or the
   // update's), its unit, and the quadratic model's D^T G and D^T H D.
@@ -645,7 +815,8 @@ struct CaseAnalysis {
         a.unit = "filter-normalised: each matrix row as long as theta's";
         filter_normalised<T>(space_, engines_.layout(), params_.data(), s_.landscape.seed, std::uint64_t(d.index), D);
         Kokkos::parallel_for(
-            "gnh::case::landscape_round", range(space_, P_), KOKKOS_LAMBDA(const index_t i) { D(i) = double(T(D(i))); });
+            "gnh::case::landscape_round", range(space_, P_),
+            KOKKOS_LAMBDA(const index_t i) { D(i) = double(T(D(i))); });
         a.slope = dot(space_, D.data(), G_.data(), P_);
         break;
       }
@@ -672,9 +843,9 @@ struct CaseAnalysis {
     space_.fence();
     const auto batches = make_batches(all_blocks(plan_.n_blocks), s_.hvp_batch);
     std::vector<BatchScalars> ct;
-    const bool ok = curvature_pass<T>(space_, engines_.curvature(K), stager_, params_, Span2<const T>(dirs.data(), K, P_),
-                                      ids_, batches, team_.share_of(index_t(batches.size())), s_.curvature_method, ct,
-                                      hooks_.stop, progress("landscape curvature"));
+    const bool ok = curvature_pass<T>(
+        space_, engines_.curvature(K), stager_, params_, Span2<const T>(dirs.data(), K, P_), ids_, batches,
+        team_.share_of(index_t(batches.size())), s_.curvature_method, ct, hooks_.stop, progress("landscape curvature"));
     if (team_.any(!ok)) throw Interrupted{};
     team_.share(ct);
     meter_.add(ct, K);
@@ -686,7 +857,8 @@ struct CaseAnalysis {
   // point (a, b) (D2 empty: a line): each batch staged once for all points,
   // each point's parameters formed in the engine's scalar, the batches split
   // over the team and summed in batch order (the same at any rank count).
-  std::vector<double> losses_at(View1<double> D1, View1<double> D2, const std::vector<std::pair<double, double>>& points) {
+  std::vector<double> losses_at(View1<double> D1, View1<double> D2,
+                                const std::vector<std::pair<double, double>>& points) {
     const auto batches = make_batches(all_blocks(plan_.n_blocks), s_.grad_microbatch);
     const std::size_t n = points.size();
     std::vector<BatchScalars> table(batches.size());
@@ -703,11 +875,10 @@ struct CaseAnalysis {
       for (std::size_t p = 0; p < n; ++p) {
         const double a = points[p].first, c = points[p].second;
         Kokkos::parallel_for(
-            "gnh::case::landscape_point", range(space_, P_), KOKKOS_LAMBDA(const index_t i) {
-              theta(i) = T(double(p0(i)) + a * D1(i) + (two ? c * D2(i) : 0.0));
-            });
-        const LossSum l = engine.forward_loss(space_, Span1<const T>(theta.data(), P_), stager_.tokens(),
-                                              stager_.targets());
+            "gnh::case::landscape_point", range(space_, P_),
+            KOKKOS_LAMBDA(const index_t i) { theta(i) = T(double(p0(i)) + a * D1(i) + (two ? c * D2(i) : 0.0)); });
+        const LossSum l =
+            engine.forward_loss(space_, Span1<const T>(theta.data(), P_), stager_.tokens(), stager_.targets());
         r.first[p] = l.sum;
         r.count = l.count;
       }
@@ -1007,7 +1178,8 @@ struct CaseAnalysis {
     SpectrumRun sp = lanczos_spectrum<T>(space_, team_, engines_, stager_, params_, precond_, ids_, plan_.n_blocks,
                                          tokens_, s_, hooks_, op);
     if (sp.vectors.extent(0) > 0) topk_projections(sp);
-    if (!ggn && s_.landscape.top_eigenvector() > 0) {  // the eigenvector:i landscapes' directions
+    // The eigenvector:i landscapes' directions, and the deflated trace's basis.
+    if (!ggn && !s_.curvature.lanczos_php && (s_.landscape.top_eigenvector() > 0 || s_.curvature.hutchpp)) {
       ritz_ = sp.vectors;
       ritz_values_ = sp.values;
     }

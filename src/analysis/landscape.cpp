@@ -73,8 +73,8 @@ void filter_normalised(const ExecSpace& space, const ParamLayout& layout, const 
   space.fence();
 }
 
-template void filter_normalised<float>(const ExecSpace&, const ParamLayout&, const float*, std::uint64_t,
-                                       std::uint64_t, View1<double>);
+template void filter_normalised<float>(const ExecSpace&, const ParamLayout&, const float*, std::uint64_t, std::uint64_t,
+                                       View1<double>);
 template void filter_normalised<double>(const ExecSpace&, const ParamLayout&, const double*, std::uint64_t,
                                         std::uint64_t, View1<double>);
 

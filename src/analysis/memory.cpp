@@ -94,6 +94,13 @@ std::vector<std::pair<std::size_t, index_t>> stage_vectors(const AnalysisSetting
   const bool fr = s.curvature_method == CurvatureMethod::forward_over_reverse;
   const bool recompute = !c.keep_noise && c.n_noise > 0, hv = s.keeps_hv();
   const index_t R = s.landscape.random_count(), g = c.n_noise > 0 ? 1 : 0;  // g_j, allocated with the noise stage
+  // The Ritz vectors kept past the spectrum (landscapes, the deflated trace);
+  // Hutch++'s sketch of k3 directions and its passes' width.
+  const bool keeps_ritz = c.spectrum && !s.curvature.lanczos_php && s.curvature.op != OperatorChoice::ggn &&
+                          (s.landscape.top_eigenvector() > 0 || s.curvature.hutchpp);
+  // The sketch planned at its largest, directions_per_pass: the plan does not grow with the directions.
+  const index_t ritz = keeps_ritz ? s.curvature.eigenvectors : 0, k3 = s.directions_per_pass;
+  const index_t tw = s.directions_per_pass;  // the traces' passes, at their widest
   // Throughout: G, the parameters, the kept noise vectors; the AdamW
   // preconditioner; the update's Delta and theta_b; the diagonal.
   const Count held{1 + (c.preconditioned ? 1 : 0) + (c.update ? 1 : 0) + (hv && s.curvature.diagonal ? 1 : 0), 0,
@@ -116,8 +123,11 @@ std::vector<std::pair<std::size_t, index_t>> stage_vectors(const AnalysisSetting
       // Ritz vectors they take), one point's parameters; the random
       // directions' curvature pass (its directions, forward-over-reverse's
       // batch gradient and products)
-      {g + index_t(s.landscape.used().size()) + (s.landscape.top_eigenvector() > 0 ? s.curvature.eigenvectors : 0), part,
-       1 + R + (fr && R > 0 ? 1 + R : 0)}};
+      {g + index_t(s.landscape.used().size()) + ritz, part, 1 + R + (fr && R > 0 ? 1 + R : 0)},
+      // the traces: the Ritz vectors (and their rounded copies), a product in
+      // double, a pass's exact sums; the sketch and its basis, a direction,
+      // forward-over-reverse's batch gradient and the pass's products
+      {g + ritz + 1, part + tw, 2 * k3 + ritz + 1 + 1 + tw}};
   std::vector<std::pair<std::size_t, index_t>> out;
   for (const Count& n : stages)
     out.emplace_back(P * (sizeof(double) * std::size_t(held.d + n.d) + sizeof(fixed128) * std::size_t(held.x + n.x) +
@@ -155,8 +165,10 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const 
       std::max(plan_gpt_bytes(cfg, check_shape(s, false), scalar), plan_gpt_bytes(cfg, check_shape(s, true), scalar));
   if (s.per_sequence) m.sequence = sequence_group_bytes(cfg, s, sequence_group(cfg, s, gpu_shaped));
   const auto vectors = stage_vectors(s, c, P, scalar);
+  // The stages a case runs: the landscapes and traces only where asked for.
+  auto planned = [&s](std::size_t k) { return k < 4 || (k == 4 ? s.landscape.any() : s.curvature.hutchpp); };
   for (std::size_t k = 0; k < vectors.size(); ++k)
-    if (vectors[k].first > m.vectors && (k < 4 || s.landscape.any())) {
+    if (vectors[k].first > m.vectors && planned(k)) {
       m.vectors = vectors[k].first;
       m.vector_count = vectors[k].second;
     }
@@ -165,10 +177,14 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const 
   // there, and the checks' engine alone (analysis/case_analysis.hpp, Engines).
   const std::size_t through = m.gradient + m.sequence;
   const index_t R = s.landscape.random_count();
-  const std::size_t landscape = through + (R > 0 ? std::max(m.curvature, plan_gpt_bytes(cfg, curvature_shape(s, R), scalar)) : 0);
-  const std::size_t engines[] = {through, through, through + m.curvature, m.sequence + m.checks, landscape};
-  const char* names[] = {"the gradient pass", "the noise batches", "the curvature passes", "the identity checks",
-                         "the landscapes"};
+  const std::size_t landscape =
+      through + (R > 0 ? std::max(m.curvature, plan_gpt_bytes(cfg, curvature_shape(s, R), scalar)) : 0);
+  // The traces' passes at their widest, directions_per_pass (the plan does not grow with the directions).
+  const std::size_t traces =
+      through + std::max(m.curvature, plan_gpt_bytes(cfg, curvature_shape(s, s.directions_per_pass), scalar));
+  const std::size_t engines[] = {through, through, through + m.curvature, m.sequence + m.checks, landscape, traces};
+  const char* names[] = {"the gradient pass",   "the noise batches", "the curvature passes",
+                         "the identity checks", "the landscapes",    "the traces"};
   auto stage = [&m](const char* name, std::size_t e, std::size_t v) {
     if (e + v <= m.peak) return;
     m.peak = e + v;
@@ -177,7 +193,7 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const 
     m.peak_vectors = v;
   };
   for (std::size_t k = 0; k < vectors.size(); ++k)
-    if (k < 4 || s.landscape.any()) stage(names[k], engines[k], vectors[k].first);
+    if (planned(k)) stage(names[k], engines[k], vectors[k].first);
   if (c.spectrum) {
     m.spectrum = spectrum_bytes(cfg, s, P, members);
     // The curvature engine at the chains' width, and forward-over-reverse's

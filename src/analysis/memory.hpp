@@ -60,6 +60,11 @@ Shape sequence_shape(const AnalysisSettings& s, index_t G);
 // unless it is the whole microbatch, an engine of G sequences.
 std::size_t sequence_group_bytes(const ModelConfig& cfg, const AnalysisSettings& s, index_t G);
 
+// Hutch++'s sketch (curvature.trace_estimator): k = floor(directions / 3)
+// directions, at most directions_per_pass, so that the vectors a rank holds
+// stay bounded by the pass width whatever the number of directions.
+inline index_t hutchpp_sketch(const AnalysisSettings& s) { return std::min(s.directions / 3, s.directions_per_pass); }
+
 struct MemoryPlan {
   std::size_t gradient = 0, curvature = 0, checks = 0;  // engines (model/plan.hpp)
   std::size_t sequence = 0;  // analysis.per_sequence: its engine (unless the gradient's) and G sequences' gradients

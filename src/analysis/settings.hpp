@@ -69,6 +69,15 @@ struct CurvatureSettings {
   // spectrum (one chain per block, sharing its passes).
   bool layer_spectra = false;
   OperatorChoice op = OperatorChoice::hessian;
+  // trace_estimator: "hutchinson" (the §4 directions alone), or "hutch++" and
+  // "both" (the same: Hutchinson's estimate is always reported) adding tr H
+  // by Hutch++ at the same number of products, by deflation with the
+  // eigenvectors' Ritz vectors where they are saved, and tr GGN by Hutch++
+  // with the Gauss-Newton operator (doc/statistics.md). Needs
+  // forward-over-reverse and at least 3 directions; the default where those
+  // hold (with a [curvature] section).
+  bool hutchpp = false;
+  std::string trace_estimator = "hutchinson";
   bool gauss_newton() const { return op != OperatorChoice::hessian; }
   bool any() const {
     return blocks || diagonal || preconditioned || update || lanczos_steps > 0 || op != OperatorChoice::hessian;

@@ -150,6 +150,15 @@ DerivedStatistics derive(const CaseMeasurements& m) {
     d.B_noise = scaled(d.trace_HSigma, 1.0 / m.GHG);
   }
   d.trace_H = mean_se(m.vHv);
+  auto projected = [nan](const CaseMeasurements::ProjectedTrace& t) {
+    if (t.rest.empty()) return Estimate{nan, nan};
+    const Estimate e = mean_se(t.rest);
+    return Estimate{t.top + e.value, e.se};
+  };
+  d.trace_H_hutchpp = projected(m.hutchpp);
+  d.trace_H_deflated = projected(m.deflated);
+  d.trace_ggn_hutchpp = projected(m.hutchpp_ggn);
+  d.trace_variance_ratio = (d.trace_H.se * d.trace_H.se) / (d.trace_H_hutchpp.se * d.trace_H_hutchpp.se);
   d.frob_H = mean_se(m.Hv_sqnorm);
   d.effective_rank = d.trace_H.value * d.trace_H.value / d.frob_H.value;
   if (m.preconditioned) {
@@ -243,7 +252,14 @@ std::vector<std::pair<std::string, double>> DerivedStatistics::named() const {
           {"B_simple_seq", B_simple_seq.value},
           {"B_simple_seq_se", B_simple_seq.se},
           {"GHG_over_G_sqnorm", GHG_over_G_sqnorm},
-          {"eps_star", eps_star}};
+          {"eps_star", eps_star},
+          {"trace_H_hutchpp", trace_H_hutchpp.value},
+          {"trace_H_hutchpp_se", trace_H_hutchpp.se},
+          {"trace_H_deflated", trace_H_deflated.value},
+          {"trace_H_deflated_se", trace_H_deflated.se},
+          {"trace_ggn_hutchpp", trace_ggn_hutchpp.value},
+          {"trace_ggn_hutchpp_se", trace_ggn_hutchpp.se},
+          {"trace_variance_ratio", trace_variance_ratio}};
 }
 
 namespace {
@@ -299,6 +315,7 @@ BlockTable derive_blocks(const BlockMeasurements& b, const CaseMeasurements& m, 
   estimated("xiHxi_contrib", [&](std::size_t i) { return mean_se(column_of(b.xiHxi, i)); });
   estimated("frob_H", [&](std::size_t i) { return mean_se(column_of(b.Hv_sqnorm, i)); });
   if (!b.vGv.empty()) estimated("trace_ggn", [&](std::size_t i) { return mean_se(column_of(b.vGv, i)); });
+  if (!b.hutchpp.empty()) estimated("trace_H_hutchpp", [&](std::size_t i) { return mean_se(column_of(b.hutchpp, i)); });
   return t;
 }
 

@@ -3,6 +3,7 @@
 // case; definitions and estimators are in doc/statistics.md.
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,6 +36,14 @@ struct CaseMeasurements {
   std::vector<double> seq_sqnorm;
   // and a_i . G of each, from the curvature pass along G (empty where none ran)
   std::vector<double> seq_dot_G;
+  // Variance-reduced traces (SPEC §13, doc/statistics.md): per estimator the
+  // exact part tr(Q^T A Q) over an orthonormal Q and the Hutchinson samples
+  // of the complement, g^T (I - QQ^T) A (I - QQ^T) g; empty: not computed.
+  struct ProjectedTrace {
+    double top = 0;
+    std::vector<double> rest;
+  };
+  ProjectedTrace hutchpp, deflated, hutchpp_ggn;
 };
 
 struct Estimate {
@@ -67,6 +76,11 @@ struct DerivedStatistics {
   double GHG_over_G_sqnorm = 0, eps_star = 0;
   // Batch sizes in tokens (the values above are in sequences).
   Estimate B_simple_tokens, B_noise_tokens;
+  // tr H by Hutch++ and by deflation with the top Ritz vectors, tr GGN by
+  // Hutch++ (the errors: the complement's samples'), and plain Hutchinson's
+  // variance over Hutch++'s at equal products; NaN where not computed.
+  Estimate trace_H_hutchpp, trace_H_deflated, trace_ggn_hutchpp;
+  double trace_variance_ratio = 0;
   // (name, value) pairs in a fixed order, for the output and the CSV table.
   std::vector<std::pair<std::string, double>> named() const;
 };
@@ -85,6 +99,9 @@ struct BlockMeasurements {
   std::vector<std::vector<double>> xi_sqnorm, xiHxi;  // per noise sample: |xi_b|^2, xi_b^T (H xi)_b
   std::vector<std::vector<double>> vHv, Hv_sqnorm;    // per direction: v_b^T (Hv)_b, |(Hv)_b|^2
   std::vector<std::vector<double>> vGv;               // per direction: v_b^T (GGN v)_b (operator "both")
+  // curvature.trace_estimator: per complement direction g, the block's share
+  // of Hutch++'s sample tr(Q^T H Q) + t(g) (doc/statistics.md), summing to it
+  std::vector<std::vector<double>> hutchpp;
   // analysis.per_sequence: over the sequences i, sum |a_i,b|^2 and sum |a_i,b|^4
   std::vector<double> seq_sum, seq_sq;
   std::size_t size() const { return names.size(); }
@@ -204,8 +221,14 @@ struct CaseStatistics {
   // curvature.spectrum_blocks = "layer": each layer block's H_bb (or P^1/2 H P^1/2's), by block name
   std::vector<std::pair<std::string, SpectrumStatistics>> spectrum_blocks;
   std::int64_t spectrum_resumed_at = -1;  // the Lanczos steps a saved state had done (-1: started afresh); not written
-  std::vector<LandscapeLine> landscape;   // [landscape] directions
-  LandscapePlane plane;                   // [landscape] plane
+  // The edge of stability (SPEC §13; NaN where unknown): the learning rate
+  // at the state, eta lambda_max / 2 of H's spectrum, and with the AdamW
+  // state and the PHP spectrum eta lambda_max (1 - beta1) / (2 + 2 beta1).
+  double learning_rate = std::numeric_limits<double>::quiet_NaN();
+  double sharpness_ratio = std::numeric_limits<double>::quiet_NaN();
+  double sharpness_ratio_adam = std::numeric_limits<double>::quiet_NaN();
+  std::vector<LandscapeLine> landscape;  // [landscape] directions
+  LandscapePlane plane;                  // [landscape] plane
 };
 
 // Mean and standard error (sample sd with ddof 1, over sqrt(count)). Not

@@ -116,14 +116,22 @@ std::string settings_fingerprint(const Deck& d, const ModelConfig& cfg, const st
   if (d.analysis.curvature.eigenvectors > 0)
     j["curvature"]["lanczos"]["eigenvectors"] = d.analysis.curvature.eigenvectors;
   if (d.analysis.curvature.layer_spectra) j["curvature"]["lanczos"]["spectrum_blocks"] = "layer";
+  // The learning rates given in the deck, only where given (likewise).
+  for (const auto& [glob, lr] : d.checkpoint_learning_rates) j["learning_rates"][glob] = lr;
+  // The variance-reduced traces, only where computed (likewise).
+  if (d.analysis.curvature.hutchpp) j["curvature"]["trace_estimator"] = "hutch++";
   // The landscapes, only when asked for (likewise).
   if (d.analysis.landscape.any()) {
     const LandscapeSettings& ls = d.analysis.landscape;
     std::vector<std::string> lines, plane;
     for (const LandscapeDirection& x : ls.directions) lines.push_back(x.name());
     for (const LandscapeDirection& x : ls.plane) plane.push_back(x.name());
-    j["landscape"] = {{"directions", lines}, {"points", ls.points},         {"range", ls.range},
-                      {"plane", plane},      {"plane_points", ls.plane_points}, {"seed", ls.seed}};
+    j["landscape"] = {{"directions", lines},
+                      {"points", ls.points},
+                      {"range", ls.range},
+                      {"plane", plane},
+                      {"plane_points", ls.plane_points},
+                      {"seed", ls.seed}};
   }
   // Adjoint cuts regroup the sums of every v^T H v (doc/derivatives.md):
   // which engines cut, only where one does (a plan without cuts keeps its

@@ -29,6 +29,21 @@ std::string spectrum_operators(const CurvatureSettings& cv) {
   return cv.op == OperatorChoice::hessian ? h : cv.op == OperatorChoice::ggn ? g : h + " and " + g;
 }
 
+// The [landscape] forward passes of a case of n blocks (a forward pass costs
+// about a third of a gradient pass: its reverse twice the forward).
+void print_landscape_plan(const LandscapeSettings& ls, index_t n, index_t microbatch) {
+  const index_t fwd = ls.forward_passes(), R = ls.random_count();
+  const std::string plane = ls.plane.empty() ? "" : ", a plane of " + std::to_string(ls.plane_points) + "^2";
+  const std::string random =
+      R > 0 ? ", and one curvature pass along its " + std::to_string(R) + " random direction(s)" : "";
+  std::printf(
+      "         landscape: %lld line(s) of %lld points%s over +-%g: %lld epoch forward passes of %lld microbatches "
+      "(about %.3g gradient passes)%s\n",
+      static_cast<long long>(ls.directions.size()), static_cast<long long>(ls.points), plane.c_str(), ls.range,
+      static_cast<long long>(fwd), static_cast<long long>((n + microbatch - 1) / microbatch), double(fwd) / 3.0,
+      random.c_str());
+}
+
 void print_plan(const Campaign& c, const std::vector<int>& team_of_group, int teams, int rpc,
                 const std::string& output) {
   const AnalysisSettings& s = c.deck.analysis;
@@ -99,19 +114,7 @@ void print_plan(const Campaign& c, const std::vector<int>& team_of_group, int te
       std::printf("         eigenvectors: the first chain's top %lld Ritz vectors (float32 in the output: %s)\n",
                   static_cast<long long>(s.curvature.eigenvectors),
                   gib(std::size_t(s.curvature.eigenvectors) * 4 * std::size_t(ParamLayout(c.cfg).size())).c_str());
-    if (s.landscape.any()) {
-      // A forward pass costs about a third of a gradient pass (its reverse twice the forward).
-      const LandscapeSettings& ls = s.landscape;
-      const index_t fwd = ls.forward_passes(), R = ls.random_count();
-      std::printf(
-          "         landscape: %lld line(s) of %lld points%s over +-%g: %lld epoch forward passes of %lld "
-          "microbatches (about %.3g gradient passes)%s\n",
-          static_cast<long long>(ls.directions.size()), static_cast<long long>(ls.points),
-          ls.plane.empty() ? "" : (", a plane of " + std::to_string(ls.plane_points) + "^2").c_str(), ls.range,
-          static_cast<long long>(fwd), static_cast<long long>((n + s.grad_microbatch - 1) / s.grad_microbatch),
-          double(fwd) / 3.0,
-          R > 0 ? (", and one curvature pass along its " + std::to_string(R) + " random direction(s)").c_str() : "");
-    }
+    if (s.landscape.any()) print_landscape_plan(s.landscape, n, s.grad_microbatch);
   }
   std::printf("  output %s (group files in %s)\n", output.c_str(), groups_directory(output).c_str());
   std::fflush(stdout);

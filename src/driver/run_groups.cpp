@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "driver/run_groups.hpp"
 
+#include <fnmatch.h>
+
 #include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <memory>
 
@@ -143,6 +146,48 @@ std::vector<double> group_preconditioner(MpiTeam& team, const GroupRecord& g, co
   return P;
 }
 
+// The edge of stability's inputs of group g (SPEC §13): the learning rate
+// from the first [checkpoints] learning_rates pattern, in the deck's order,
+// that matches one of its file names, else from the first alias whose AdamW
+// state records one; beta1 from the first alias with AdamW state. Read by
+// the team leader (hyperparameters only) and shared; NaN where unknown.
+struct Stability {
+  double learning_rate = std::numeric_limits<double>::quiet_NaN();
+  double beta1 = std::numeric_limits<double>::quiet_NaN();
+};
+Stability group_stability(MpiTeam& team, const GroupRecord& g, const Deck& d) {
+  Stability st;
+  std::string error;
+  if (team.rank() == 0) {
+    for (const auto& [glob, lr] : d.checkpoint_learning_rates)
+      for (const auto& a : g.aliases)
+        if (!(st.learning_rate == st.learning_rate) && ::fnmatch(glob.c_str(), a.c_str(), 0) == 0)
+          st.learning_rate = lr;
+    try {
+      for (const auto& path : g.alias_paths)
+        if (const auto h = read_adam_hyperparameters(path)) {
+          if (!(st.beta1 == st.beta1)) st.beta1 = h->beta1;
+          if (!(st.learning_rate == st.learning_rate)) st.learning_rate = h->lr;
+        }
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  if (team.any(!error.empty())) throw Error(error);
+  team.broadcast_value(st, 0);
+  return st;
+}
+
+// SPEC §13's ratios from a case's spectrum: eta lambda_max / 2 on H's, and
+// eta lambda_max (1 - beta1) / (2 + 2 beta1) on P^1/2 H P^1/2's.
+void stability_ratios(const Stability& st, CaseStatistics& s) {
+  s.learning_rate = st.learning_rate;
+  if (!s.spectrum.present || s.spectrum.top_eigenvalues.empty()) return;
+  const double top = s.spectrum.top_eigenvalues.front();
+  if (s.spectrum.op == "H") s.sharpness_ratio = st.learning_rate * top / 2;
+  if (s.spectrum.op == "PHP") s.sharpness_ratio_adam = st.learning_rate * top * (1 - st.beta1) / (2 + 2 * st.beta1);
+}
+
 // One team's groups, one after the other, on one Analyser (its engines are
 // planned once). Every member calls every step: the collectives match.
 class GroupRunner {
@@ -243,6 +288,7 @@ class GroupRunner {
     if (!analyser_) analyser_ = std::make_unique<Analyser>(c_.cfg, c_.deck.analysis);
     analyser_->set_parameters(params);
     const CurvatureSettings& cv = c_.deck.analysis.curvature;
+    stability_ = group_stability(team_, g, c_.deck);
     if (cv.preconditioned || (cv.lanczos_steps > 0 && cv.lanczos_php)) {
       std::vector<double> P = group_preconditioner(team_, g, c_.cfg, g.preconditioner);
       if (leader_ && !quiet_)
@@ -305,6 +351,7 @@ class GroupRunner {
       std::fflush(stdout);
     }
     rec.stats.update.partner = g.partner_hash;
+    stability_ratios(stability_, rec.stats);
     if (leader_) report_case(g, rec);
     return rec;
   }
@@ -341,6 +388,7 @@ class GroupRunner {
   ProgressLog log_;
   std::map<std::string, bool> hashed_;  // path -> read in full while planning
   std::unique_ptr<Analyser> analyser_;
+  Stability stability_;  // of the group being analysed
 };
 
 }  // namespace

@@ -103,7 +103,7 @@ std::string lower_of(const std::vector<std::pair<std::string, std::int64_t>>& se
   return out;
 }
 
-// What else frees memory: the noise vectors kept, the Lanczos basis.
+// What else frees memory: the noise vectors kept, Hutch++'s sketch, the Lanczos basis.
 std::string other_remedies(const Campaign& c, int rpc) {
   const AnalysisSettings& s = c.deck.analysis;
   std::string out;
@@ -121,6 +121,16 @@ std::string other_remedies(const Campaign& c, int rpc) {
     out +=
         ", set parallel.noise_vectors = \"recompute\" (the noise vectors computed again in the curvature passes, not "
         "kept)";
+  if (s.curvature.hutchpp) {
+    AnalysisSettings plain = s;
+    plain.curvature.hutchpp = false;
+    bool frees = false;
+    for (const auto& cs : c.cases) {
+      const CasePlan p = plan_case(s, cs.blocks, true, true);
+      frees = frees || plan_memory(c.cfg, plain, p, rpc).total() < plan_memory(c.cfg, s, p, rpc).total();
+    }
+    if (frees) out += ", set curvature.trace_estimator = \"hutchinson\" (no Hutch++ sketch)";
+  }
   if (s.curvature.lanczos_steps > 0) {
     const std::string lanczos = lower_of({{"curvature.lanczos_chains", s.curvature.lanczos_chains},
                                           {"curvature.lanczos_steps", s.curvature.lanczos_steps}});

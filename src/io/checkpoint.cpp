@@ -195,7 +195,8 @@ CheckpointHeader read_checkpoint_header(const std::string& path) {
   return h;
 }
 
-std::optional<AdamState> read_adam_state(const std::string& path) {
+namespace {
+std::optional<AdamState> read_adam(const std::string& path, bool tensors) {
   h5::File f = h5::File::open_read(path);
   if (!h5::exists(f.id(), "optimizer")) return std::nullopt;
   const ModelConfig cfg = read_config(f);
@@ -215,11 +216,18 @@ std::optional<AdamState> read_adam_state(const std::string& path) {
   s.beta1 = real("beta1", 0.0, 1.0);
   s.beta2 = real("beta2", 0.0, 1.0);
   s.eps = real("eps", 0.0, HUGE_VAL);
-  h5::Handle v = h5::open_group(o.id(), "exp_avg_sq", path);
-  read_tensors(v.id(), layout, path, "/optimizer/exp_avg_sq/", &s.exp_avg_sq, true);
+  if (h5::read_double_attr(o.id(), "lr", where)) s.lr = real("lr", 0.0, HUGE_VAL);
+  if (tensors) {
+    h5::Handle v = h5::open_group(o.id(), "exp_avg_sq", path);
+    read_tensors(v.id(), layout, path, "/optimizer/exp_avg_sq/", &s.exp_avg_sq, true);
+  }
   f.close();
   return s;
 }
+}  // namespace
+
+std::optional<AdamState> read_adam_state(const std::string& path) { return read_adam(path, true); }
+std::optional<AdamState> read_adam_hyperparameters(const std::string& path) { return read_adam(path, false); }
 
 std::vector<double> adam_preconditioner(const AdamState& s, const ModelConfig& cfg, const std::string& path) {
   const ParamLayout layout(cfg);

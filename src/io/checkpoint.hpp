@@ -2,6 +2,7 @@
 // Reader for the HDF5 checkpoint of SPEC §2.
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -44,7 +45,8 @@ Checkpoint read_checkpoint(const std::string& path);
 struct AdamState {
   std::int64_t step = 0;
   double beta1 = 0, beta2 = 0, eps = 0;
-  std::vector<float> exp_avg_sq;  // flat, canonical order
+  double lr = std::numeric_limits<double>::quiet_NaN();  // the learning rate at the state (NaN: not recorded)
+  std::vector<float> exp_avg_sq;                         // flat, canonical order
 };
 
 // The file's AdamW state, validated (every tensor present, float32, the
@@ -52,6 +54,8 @@ struct AdamState {
 // or nothing when the file has no /optimizer. Throws gnh::Error naming the
 // file, the attribute or the tensor.
 std::optional<AdamState> read_adam_state(const std::string& path);
+// The same without its tensors (exp_avg_sq left empty): the hyperparameters.
+std::optional<AdamState> read_adam_hyperparameters(const std::string& path);
 
 // SPEC §10's preconditioner P = 1/(sqrt(v_hat) + eps), v_hat = exp_avg_sq /
 // (1 - beta2^step), flat; throws naming the file, tensor and index where it

@@ -4,6 +4,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -246,7 +247,7 @@ void read_run_section(const Reader& r, const toml::table& root, Deck& d) {
 void read_checkpoints_section(const Reader& r, const toml::table& root, Deck& d) {
   const toml::table* ck = r.section(root, "checkpoints", true);
   if (!ck) return;
-  r.check_keys(*ck, "checkpoints", {"paths", "steps"});
+  r.check_keys(*ck, "checkpoints", {"paths", "steps", "learning_rates"});
   d.checkpoint_paths = r.strings(*ck, "checkpoints", "paths");
   if (const toml::node* n = ck->get("steps")) {
     if (!n->is_table())
@@ -258,6 +259,20 @@ void read_checkpoints_section(const Reader& r, const toml::table& root, Deck& d)
       if (!v.is_integer() || v.as_integer()->get() < 0)
         fail(r.where(v, key), ": ", key, " must be a training step (an integer >= 0)");
       d.checkpoint_steps.emplace_back(std::string(k.str()), v.as_integer()->get());
+    }
+  }
+  if (const toml::node* n = ck->get("learning_rates")) {
+    if (!n->is_table())
+      fail(r.where(*n, "checkpoints.learning_rates"),
+           ": checkpoints.learning_rates must be a table of file-name globs and learning rates, like "
+           "{ \"ckpt_*\" = 6e-4 }");
+    for (const auto& [k, v] : *n->as_table()) {
+      const std::string key = "checkpoints.learning_rates." + std::string(k.str());
+      const double x = v.is_integer()          ? double(v.as_integer()->get())
+                       : v.is_floating_point() ? v.as_floating_point()->get()
+                                               : -1.0;
+      if (!(x > 0 && std::isfinite(x))) fail(r.where(v, key), ": ", key, " must be a learning rate (a number > 0)");
+      d.checkpoint_learning_rates.emplace_back(std::string(k.str()), x);
     }
   }
 }
@@ -374,12 +389,30 @@ void read_precision_section(const Reader& r, const toml::table& root, Deck& d) {
       *precision_named(r.str(*p, "precision", "policy", to_string(d.analysis.precision), false, precision_names()));
 }
 
+// curvature.trace_estimator: "both" by default where the curvature passes
+// keep products (forward-over-reverse) and there are directions enough for
+// a sketch, its products and a complement (3); asked for elsewhere, refused.
+void read_trace_estimator(const Reader& r, const toml::table& c, Deck& d) {
+  CurvatureSettings& cv = d.analysis.curvature;
+  const bool allow = d.analysis.curvature_method == CurvatureMethod::forward_over_reverse && d.analysis.directions >= 3;
+  cv.trace_estimator =
+      r.str(c, "curvature", "trace_estimator", allow ? "both" : "hutchinson", false, {"hutchinson", "hutch++", "both"});
+  cv.hutchpp = cv.trace_estimator != "hutchinson";
+  if (cv.hutchpp && !allow)
+    fail(r.where(*c.get("trace_estimator"), "curvature.trace_estimator"), ": curvature.trace_estimator = \"",
+         cv.trace_estimator,
+         "\" applies the Hessian to a sketch of the directions: it needs "
+         "analysis.curvature_method = \"forward-over-reverse\" and analysis.directions >= 3 (now ",
+         to_string(d.analysis.curvature_method), ", ", d.analysis.directions, ")");
+}
+
 void read_curvature_section(const Reader& r, const toml::table& root, Deck& d) {
   const toml::table* c = r.section(root, "curvature", false);
   if (!c) return;
-  r.check_keys(*c, "curvature",
-               {"blocks", "diagonal", "update", "preconditioned", "lanczos_steps", "lanczos_chains", "lanczos_operator",
-                "top_eigenvalues", "lanczos_tolerance", "operator", "eigenvectors", "spectrum_blocks"});
+  r.check_keys(
+      *c, "curvature",
+      {"blocks", "diagonal", "update", "preconditioned", "lanczos_steps", "lanczos_chains", "lanczos_operator",
+       "top_eigenvalues", "lanczos_tolerance", "operator", "eigenvectors", "spectrum_blocks", "trace_estimator"});
   d.analysis.curvature.blocks = r.boolean(*c, "curvature", "blocks", false);
   d.analysis.curvature.diagonal = r.boolean(*c, "curvature", "diagonal", false);
   d.analysis.curvature.preconditioned = r.boolean(*c, "curvature", "preconditioned", false);
@@ -403,6 +436,7 @@ void read_curvature_section(const Reader& r, const toml::table& root, Deck& d) {
   if (cv.eigenvectors > cv.lanczos_steps && cv.lanczos_steps > 0)
     fail(r.where(*c->get("eigenvectors"), "curvature.eigenvectors"), ": curvature.eigenvectors = ", cv.eigenvectors,
          " is more than the Ritz vectors of a chain of curvature.lanczos_steps = ", cv.lanczos_steps, " steps");
+  read_trace_estimator(r, *c, d);
   const std::string op = r.str(*c, "curvature", "operator", "hessian", false, {"hessian", "ggn", "both"});
   cv.op = op == "ggn" ? OperatorChoice::ggn : op == "both" ? OperatorChoice::both : OperatorChoice::hessian;
   // With "ggn" the products behind the per-block values and the diagonal
@@ -439,7 +473,8 @@ std::vector<LandscapeDirection> landscape_directions(const Reader& r, const toml
     if (std::find(out.begin(), out.end(), *dir) != out.end())
       fail(r.where(n, dotted), ": ", dotted, " names \"", name, "\" twice");
     if (dir->kind == LandscapeKind::update && !cv.update)
-      fail(r.where(n, dotted), ": ", dotted, ": \"update\" is the update to the next state: set curvature.update = true");
+      fail(r.where(n, dotted), ": ", dotted,
+           ": \"update\" is the update to the next state: set curvature.update = true");
     if (dir->kind == LandscapeKind::eigenvector) {
       if (cv.eigenvectors < dir->index)
         fail(r.where(n, dotted), ": ", dotted, ": \"", name, "\" needs the top ", dir->index,

@@ -50,6 +50,9 @@ struct Deck {
   // [checkpoints] steps: a file-name glob and the training step of the files
   // it matches, for files that do not record their step (iter_num).
   std::vector<std::pair<std::string, std::int64_t>> checkpoint_steps;
+  // [checkpoints] learning_rates: a file-name glob and the learning rate at
+  // the files it matches, over what a file's AdamW state records (SPEC §13).
+  std::vector<std::pair<std::string, double>> checkpoint_learning_rates;
   // [data] (data.context is analysis.context)
   std::int64_t max_blocks = 0;  // 0: the whole epoch
   std::vector<DataCaseSpec> cases;

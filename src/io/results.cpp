@@ -94,6 +94,14 @@ void write_spectrum(hid_t parent, const std::string& name, const SpectrumStatist
     if (std::isfinite(value)) h5::write_attr(id, attr, value);
 }
 
+// SPEC §13's edge-of-stability attributes of a case, where known.
+void write_stability(hid_t id, const CaseStatistics& s) {
+  for (const auto& [name, value] : {std::pair<const char*, double>{"learning_rate", s.learning_rate},
+                                    {"sharpness_ratio", s.sharpness_ratio},
+                                    {"sharpness_ratio_adam", s.sharpness_ratio_adam}})
+    if (std::isfinite(value)) h5::write_attr(id, name, value);
+}
+
 // SPEC §13's landscape group of a case: a group per direction, and the plane.
 void write_landscape(hid_t id, const CaseStatistics& s, const std::string& where) {
   h5::Handle lg = h5::create_group(id, "landscape", where);
@@ -107,7 +115,8 @@ void write_landscape(hid_t id, const CaseStatistics& s, const std::string& where
     h5::write_attr(g.id(), "slope", l.slope);
     h5::write_attr(g.id(), "curvature", l.curvature);
     h5::write_attr(g.id(), "argmin_alpha", l.argmin_alpha);
-    if (std::isfinite(l.predicted_argmin_alpha)) h5::write_attr(g.id(), "predicted_argmin_alpha", l.predicted_argmin_alpha);
+    if (std::isfinite(l.predicted_argmin_alpha))
+      h5::write_attr(g.id(), "predicted_argmin_alpha", l.predicted_argmin_alpha);
   }
   if (s.plane.x.empty()) return;
   h5::Handle g = h5::create_group(lg.id(), "plane", where);
@@ -210,6 +219,7 @@ void write_case(hid_t parent, const CaseRecord& c, std::int64_t family, const st
   // SPEC §10, where [curvature] asked for them.
   if (!s.m.Hv_sqnorm.empty()) h5::write_dataset(id, "Hv_sqnorm", s.m.Hv_sqnorm);
   if (s.update.present) write_update(id, s.update, where);
+  write_stability(id, s);
   if (!s.landscape.empty() || !s.plane.x.empty()) write_landscape(id, s, where);
   if (s.m.preconditioned) {
     h5::write_dataset(id, "xiPxi", s.m.xiPxi);

@@ -146,9 +146,9 @@ class Memory(unittest.TestCase):
         # The plan's parameter-sized vectors at its largest stage: recomputed
         # noise vectors, the count stays as noise_samples (3 -> 7,
         # the most 30 blocks give batches of 4) and directions (3 -> 40) grow.
-        def count(noise, samples, directions):
+        def count(noise, samples, directions, *sets):
             r = self.gnh("--dry-run", "--set", f'parallel.noise_vectors="{noise}"', "--set",
-                         f"analysis.noise_samples={samples}", "--set", f"analysis.directions={directions}")
+                         f"analysis.noise_samples={samples}", "--set", f"analysis.directions={directions}", *sets)
             self.assertEqual(r.returncode, 0, r.stderr)
             m = re.findall(r"vectors [0-9.e+-]+ GiB \((\d+) parameter-sized, the noise vectors (\w+)\)", r.stdout)
             self.assertTrue(m, r.stdout)
@@ -156,11 +156,16 @@ class Memory(unittest.TestCase):
             return {int(n) for n, _ in m}
         fixed = count("recompute", 3, 3)
         self.assertEqual(len(fixed), 1)
+        # Hutch++'s sketch (the default here) too: at most a pass wide.
         self.assertEqual(count("recompute", 7, 40), fixed)
         # Kept, each noise sample adds its vector, and the curvature stage
-        # needs no exact sum and batch gradient to recompute one.
-        self.assertEqual(count("keep", 3, 3), {n + 3 - 2 for n in fixed})
-        self.assertEqual(count("keep", 7, 3), {n + 7 - 2 for n in fixed})
+        # (the largest without Hutch++) needs no exact sum and batch
+        # gradient to recompute one.
+        plain = ("--set", 'curvature.trace_estimator="hutchinson"')
+        fixed = count("recompute", 3, 3, *plain)
+        self.assertEqual(count("recompute", 7, 40, *plain), fixed)
+        self.assertEqual(count("keep", 3, 3, *plain), {n + 3 - 2 for n in fixed})
+        self.assertEqual(count("keep", 7, 3, *plain), {n + 7 - 2 for n in fixed})
 
     def test_advice_names_only_settings_above_their_least(self):
         # Every batch setting at 1 (and the noise vectors already recomputed):

@@ -320,11 +320,28 @@ TEST_CASE("[curvature]: its keys are read and typed; the spectrum needs forward-
                Contains("deck.toml:14:") && Contains("spectrum_blocks"));
 }
 
+TEST_CASE("[checkpoints] learning_rates: globs and rates > 0", "[deck]") {
+  std::string text = kDeck;
+  const std::string at = "[checkpoints]\n";
+  text.replace(text.find(at), at.size(), at + "learning_rates = { \"ckpt_*\" = 6e-4, \"final.h5\" = 1 }\n");
+  const Deck d = parse_deck(text, "deck.toml", "/runs");
+  REQUIRE(d.checkpoint_learning_rates.size() == 2);
+  REQUIRE(d.checkpoint_learning_rates[0].second == 6e-4);
+  REQUIRE(d.checkpoint_learning_rates[1].second == 1.0);
+  for (const char* bad : {"{ \"a\" = -1.0 }", "{ \"a\" = \"fast\" }", "6e-4"}) {
+    std::string t = kDeck;
+    t.replace(t.find(at), at.size(), at + "learning_rates = " + bad + "\n");
+    REQUIRE_THAT(error_of(t), Contains("deck.toml:") && Contains("checkpoints.learning_rates"));
+  }
+}
+
 TEST_CASE("[landscape]: its directions, grids and what each direction needs", "[deck][landscape]") {
-  const std::string spectrum = std::string(kDeck) + "[curvature]\nlanczos_steps = 20\neigenvectors = 2\nupdate = true\n";
+  const std::string spectrum =
+      std::string(kDeck) + "[curvature]\nlanczos_steps = 20\neigenvectors = 2\nupdate = true\n";
   const std::vector<std::string> fr = {"analysis.curvature_method=forward-over-reverse"};
-  const Deck d = parse_deck(spectrum + "[landscape]\ndirections = [\"gradient\", \"update\", \"eigenvector:2\", "
-                            "\"random:1\"]\nplane = [\"random:1\", \"random:3\"]\npoints = 7\nrange = 0.5\n",
+  const Deck d = parse_deck(spectrum +
+                                "[landscape]\ndirections = [\"gradient\", \"update\", \"eigenvector:2\", "
+                                "\"random:1\"]\nplane = [\"random:1\", \"random:3\"]\npoints = 7\nrange = 0.5\n",
                             "deck.toml", "/runs", fr);
   const LandscapeSettings& ls = d.analysis.landscape;
   REQUIRE(ls.directions.size() == 4);

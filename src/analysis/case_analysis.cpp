@@ -866,7 +866,10 @@ struct CaseAnalysis {
     Gpt<T>& engine = engines_.gradient();
     const bool two = D2.extent(0) > 0;
     auto p0 = params_;
-    for (index_t b : team_.share_of(index_t(batches.size()))) {
+    const ProgressFn report = progress("landscape");
+    const std::vector<index_t> mine = team_.share_of(index_t(batches.size()));
+    index_t done = 0;
+    for (index_t b : mine) {
       if (hooks_.stop && hooks_.stop()) break;
       const auto t0 = std::chrono::steady_clock::now();
       stager_.stage(ids_, batches[std::size_t(b)], engine.batch());
@@ -885,9 +888,10 @@ struct CaseAnalysis {
       r.done = true;
       space_.fence();
       r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (report) report(++done, index_t(mine.size()));
     }
     bool stopped = false;
-    for (index_t b : team_.share_of(index_t(batches.size()))) stopped = stopped || !table[std::size_t(b)].done;
+    for (index_t b : mine) stopped = stopped || !table[std::size_t(b)].done;
     if (team_.any(stopped)) throw Interrupted{};
     team_.share(table);
     meter_.add(table);

@@ -594,7 +594,8 @@ TEST_CASE("the fused forward equals the batched GEMMs and the rows under bf16-am
     }
 }
 
-TEST_CASE("the fused forward where attention is on the latest keys", "[attention][fused][bf16]") {
+// [long]: 193 s under qemu-aarch64 (cmake/cross-aarch64.sh leaves it to the native suite).
+TEST_CASE("the fused forward where attention is on the latest keys", "[attention][fused][bf16][long]") {
   // Scores that grow with the key's position put p on the latest keys of a
   // long row, and s' (through q k') trends with them, so that the first key
   // tiles' mean of s' is far from lse'. The fused directions' p' and p''

@@ -741,12 +741,14 @@ struct CaseAnalysis {
     std::vector<LandscapeAxis> axes;
     for (const LandscapeDirection& d : ls.used())
       if (d.kind != LandscapeKind::update || plan_.update) axes.push_back(landscape_axis(d));
-    random_curvature(axes);
     auto axis_of = [&axes](const LandscapeDirection& d) -> const LandscapeAxis* {
       for (const LandscapeAxis& a : axes)
         if (a.dir == d) return &a;
       return nullptr;  // the update, at the last state
     };
+    const LandscapeAxis* x = ls.plane.empty() ? nullptr : axis_of(ls.plane[0]);
+    const LandscapeAxis* y = ls.plane.empty() ? nullptr : axis_of(ls.plane[1]);
+    const double cross = landscape_curvatures(axes, x, y);
     const std::vector<double> grid = landscape_grid(ls.points, ls.range);
     for (const LandscapeDirection& d : ls.directions) {
       const LandscapeAxis* a = axis_of(d);
@@ -757,16 +759,19 @@ struct CaseAnalysis {
       out_.landscape.push_back(landscape_line(d.name(), a->unit, norm, out_.loss, a->slope, a->curvature, grid,
                                               losses_at(a->D, View1<double>(), points)));
     }
-    const LandscapeAxis* x = ls.plane.empty() ? nullptr : axis_of(ls.plane[0]);
-    const LandscapeAxis* y = ls.plane.empty() ? nullptr : axis_of(ls.plane[1]);
     if (x && y) {
       LandscapePlane& p = out_.plane;
       p.x = x->dir.name();
       p.y = y->dir.name();
       p.alpha = p.beta = landscape_grid(ls.plane_points, ls.range);
+      p.cross_curvature = cross;
       std::vector<std::pair<double, double>> points;
       for (const double a : p.alpha)
-        for (const double b : p.beta) points.emplace_back(a, b);
+        for (const double b : p.beta) {
+          points.emplace_back(a, b);
+          p.quadratic.push_back(out_.loss + a * x->slope + b * y->slope +
+                                0.5 * (a * a * x->curvature + 2 * a * b * cross + b * b * y->curvature));
+        }
       p.loss = losses_at(x->D, y->D, points);
     }
     meter_.end("landscape", out_.measured);
@@ -825,32 +830,47 @@ struct CaseAnalysis {
     return a;
   }
 
-  // D^T H D of the random directions, in one epoch curvature pass of their
-  // own (the case's method, hvp_batch), summed in batch order over the team.
-  void random_curvature(std::vector<LandscapeAxis>& axes) {
+  // D^T H D of the random directions and, for the plane, (D_x + D_y)^T H
+  // (D_x + D_y) (its cross term), in epoch curvature passes of their own
+  // (the case's method, hvp_batch, at most directions_per_pass directions
+  // each), summed in batch order over the team.
+  // Returns the plane's cross term D_x^T H D_y (0 without a plane).
+  double landscape_curvatures(std::vector<LandscapeAxis>& axes, const LandscapeAxis* x, const LandscapeAxis* y) {
     std::vector<LandscapeAxis*> random;
     for (LandscapeAxis& a : axes)
       if (a.dir.kind == LandscapeKind::random) random.push_back(&a);
-    const index_t K = index_t(random.size());
-    if (K == 0) return;
+    const index_t R = index_t(random.size()), K = R + (x && y ? 1 : 0);
+    if (K == 0) return 0;
     View2<T> dirs("gnh::case::landscape_dirs", K, P_);
     for (index_t r = 0; r < K; ++r) {
       auto row = Kokkos::subview(dirs, r, Kokkos::ALL);
-      auto D = random[std::size_t(r)]->D;
+      auto D = r < R ? random[std::size_t(r)]->D : x->D;
+      auto E = r < R ? View1<double>() : y->D;
+      const bool sum = r == R;
       Kokkos::parallel_for(
-          "gnh::case::landscape_dir", range(space_, P_), KOKKOS_LAMBDA(const index_t i) { row(i) = T(D(i)); });
+          "gnh::case::landscape_dir", range(space_, P_),
+          KOKKOS_LAMBDA(const index_t i) { row(i) = T(sum ? D(i) + E(i) : D(i)); });
     }
     space_.fence();
+    // In passes of at most directions_per_pass.
     const auto batches = make_batches(all_blocks(plan_.n_blocks), s_.hvp_batch);
-    std::vector<BatchScalars> ct;
-    const bool ok = curvature_pass<T>(
-        space_, engines_.curvature(K), stager_, params_, Span2<const T>(dirs.data(), K, P_), ids_, batches,
-        team_.share_of(index_t(batches.size())), s_.curvature_method, ct, hooks_.stop, progress("landscape curvature"));
-    if (team_.any(!ok)) throw Interrupted{};
-    team_.share(ct);
-    meter_.add(ct, K);
-    const BatchScalars cs = sum_in_order(ct);
-    for (index_t r = 0; r < K; ++r) random[std::size_t(r)]->curvature = cs.second[std::size_t(r)] / double(tokens_);
+    std::vector<double> dHd;
+    for (index_t first = 0, width = std::min(K, s_.directions_per_pass); first < K; first += width) {
+      const index_t n = std::min(width, K - first);
+      std::vector<BatchScalars> ct;
+      const bool ok = curvature_pass<T>(space_, engines_.curvature(n), stager_, params_,
+                                        Span2<const T>(dirs.data() + first * P_, n, P_), ids_, batches,
+                                        team_.share_of(index_t(batches.size())), s_.curvature_method, ct, hooks_.stop,
+                                        progress("landscape curvature"));
+      if (team_.any(!ok)) throw Interrupted{};
+      team_.share(ct);
+      meter_.add(ct, n);
+      const BatchScalars cs = sum_in_order(ct);
+      for (index_t r = 0; r < n; ++r) dHd.push_back(cs.second[std::size_t(r)] / double(tokens_));
+    }
+    for (index_t r = 0; r < R; ++r) random[std::size_t(r)]->curvature = dHd[std::size_t(r)];
+    if (K == R) return 0;
+    return 0.5 * (dHd[std::size_t(R)] - x->curvature - y->curvature);
   }
 
   // The epoch loss (mean over its tokens) at theta + a D1 + b D2 for every

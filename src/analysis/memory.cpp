@@ -93,7 +93,8 @@ std::vector<std::pair<std::size_t, index_t>> stage_vectors(const AnalysisSetting
   const index_t K = c.pass_widths.front(), part = c.partition ? 1 : 0;
   const bool fr = s.curvature_method == CurvatureMethod::forward_over_reverse;
   const bool recompute = !c.keep_noise && c.n_noise > 0, hv = s.keeps_hv();
-  const index_t R = s.landscape.random_count(), g = c.n_noise > 0 ? 1 : 0;  // g_j, allocated with the noise stage
+  const index_t R = std::min(s.landscape.curvature_directions(), s.directions_per_pass),
+                g = c.n_noise > 0 ? 1 : 0;  // g_j, allocated with the noise stage
   // The Ritz vectors kept past the spectrum (landscapes, the deflated trace);
   // Hutch++'s sketch of k3 directions and its passes' width.
   const bool keeps_ritz = c.spectrum && !s.curvature.lanczos_php && s.curvature.op != OperatorChoice::ggn &&
@@ -176,7 +177,7 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const 
   // gradients') through the curvature passes, the curvature engine beside it
   // there, and the checks' engine alone (analysis/case_analysis.hpp, Engines).
   const std::size_t through = m.gradient + m.sequence;
-  const index_t R = s.landscape.random_count();
+  const index_t R = std::min(s.landscape.curvature_directions(), s.directions_per_pass);
   const std::size_t landscape =
       through + (R > 0 ? std::max(m.curvature, plan_gpt_bytes(cfg, curvature_shape(s, R), scalar)) : 0);
   // The traces' passes at their widest, directions_per_pass (the plan does not grow with the directions).

@@ -114,8 +114,11 @@ struct LandscapeSettings {
   index_t forward_passes() const {
     return index_t(directions.size()) * points + (plane.empty() ? 0 : plane_points * plane_points);
   }
-  // The random directions used (their curvature pass's width).
+  // The random directions used.
   index_t random_count() const;
+  // The width of the landscapes' curvature pass: the random directions, and
+  // the plane's D_x + D_y (its cross term).
+  index_t curvature_directions() const { return random_count() + (plane.empty() ? 0 : 1); }
   index_t top_eigenvector() const;  // the largest i of eigenvector:i used (0: none)
 };
 

@@ -193,9 +193,12 @@ struct LandscapeLine {
   double predicted_argmin_alpha = 0;  // -slope / curvature; NaN where the curvature is not positive
 };
 // Two of the directions as a grid: loss (alpha.size() x beta.size()), alpha's row-major.
+// quadratic: L + alpha a_x + beta a_y + (alpha^2 b_x + 2 alpha beta c + beta^2
+// b_y) / 2, the lines' slopes a and curvatures b, c = D_x^T H D_y (cross_curvature).
 struct LandscapePlane {
   std::string x, y;  // the directions of alpha and beta (empty: no plane)
-  std::vector<double> alpha, beta, loss;
+  std::vector<double> alpha, beta, loss, quadratic;
+  double cross_curvature = 0;
 };
 
 // Everything one case of one parameter state yields: what the results layer

@@ -32,10 +32,11 @@ std::string spectrum_operators(const CurvatureSettings& cv) {
 // The [landscape] forward passes of a case of n blocks (a forward pass costs
 // about a third of a gradient pass: its reverse twice the forward).
 void print_landscape_plan(const LandscapeSettings& ls, index_t n, index_t microbatch) {
-  const index_t fwd = ls.forward_passes(), R = ls.random_count();
+  const index_t fwd = ls.forward_passes(), R = ls.curvature_directions();
   const std::string plane = ls.plane.empty() ? "" : ", a plane of " + std::to_string(ls.plane_points) + "^2";
   const std::string random =
-      R > 0 ? ", and one curvature pass along its " + std::to_string(R) + " random direction(s)" : "";
+      R > 0 ? ", and curvature passes along " + std::to_string(R) + " direction(s) (the random ones, the plane's sum)"
+            : "";
   std::printf(
       "         landscape: %lld line(s) of %lld points%s over +-%g: %lld epoch forward passes of %lld microbatches "
       "(about %.3g gradient passes)%s\n",

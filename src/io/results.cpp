@@ -124,6 +124,9 @@ void write_landscape(hid_t id, const CaseStatistics& s, const std::string& where
   h5::write_dataset(g.id(), "beta", s.plane.beta);
   h5::write_dataset(g.id(), "loss", s.plane.loss,
                     {std::int64_t(s.plane.alpha.size()), std::int64_t(s.plane.beta.size())});
+  h5::write_dataset(g.id(), "quadratic", s.plane.quadratic,
+                    {std::int64_t(s.plane.alpha.size()), std::int64_t(s.plane.beta.size())});
+  h5::write_attr(g.id(), "cross_curvature", s.plane.cross_curvature);
   h5::write_attr(g.id(), "alpha_direction", s.plane.x);
   h5::write_attr(g.id(), "beta_direction", s.plane.y);
 }

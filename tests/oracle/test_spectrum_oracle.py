@@ -493,11 +493,18 @@ class SpectrumOracle(unittest.TestCase):
             plane = ls["plane"]
             self.assertEqual((gnhtest.text(plane.attrs["alpha_direction"]), gnhtest.text(plane.attrs["beta_direction"])),
                              ("gradient", "random:2"))
-            grid = plane["loss"][()]
+            grid, quad = plane["loss"][()], plane["quadratic"][()]
             self.assertEqual(grid.shape, (3, 3))
+            # The plane's model: the lines' slopes and curvatures and the cross term D_x^T H D_y.
+            Dx, Dy = want_D["gradient"], rand[2]
+            cross = float(Dx @ self.H @ Dy)
+            close(float(plane.attrs["cross_curvature"]), cross, 1e-8 * math.sqrt(abs(Dx @ self.H @ Dx * (Dy @ self.H @ Dy))),
+                  "cross")
             for i, a in enumerate(plane["alpha"][()]):
                 for j, b in enumerate(plane["beta"][()]):
-                    close(grid[i, j], loss_at(a * want_D["gradient"] + b * rand[2]), 1e-10, ("plane", a, b))
+                    D = a * Dx + b * Dy
+                    close(grid[i, j], loss_at(D), 1e-10, ("plane", a, b))
+                    close(quad[i, j], L + D @ G + 0.5 * D @ self.H @ D, 1e-8, ("plane model", a, b))
             # The last state has no next one: no update line there.
             self.assertNotIn("update", groups["other.h5"]["seen"]["landscape"])
         # The report draws every line and both states' planes.

@@ -587,7 +587,6 @@ struct CaseAnalysis {
   template <class Take>
   void products(View2<T> rows, CurvatureOperator op, Take&& take) {
     const index_t K = index_t(rows.extent(0)), width = std::min(K, s_.directions_per_pass);
-    const auto batches = make_batches(all_blocks(plan_.n_blocks), s_.hvp_batch);
     std::vector<ExactSum> sums;
     for (index_t r = 0; r < width; ++r) sums.emplace_back(P_);
     View1<double> Ar("gnh::case::trace_product", P_);
@@ -595,14 +594,7 @@ struct CaseAnalysis {
       const index_t n = std::min(width, K - first);
       std::vector<ExactSum> pass(sums.begin(), sums.begin() + n);
       for (ExactSum& e : pass) e.clear(space_);
-      std::vector<BatchScalars> ct;
-      const bool ok = curvature_pass<T>(space_, engines_.curvature(n), stager_, params_,
-                                        Span2<const T>(rows.data() + first * P_, n, P_), ids_, batches,
-                                        team_.share_of(index_t(batches.size())), CurvatureMethod::forward_over_reverse,
-                                        ct, hooks_.stop, progress("traces"), &pass, op);
-      if (team_.any(!ok)) throw Interrupted{};
-      team_.share(ct);
-      meter_.add(ct, n);
+      chunk_pass(rows, first, n, CurvatureMethod::forward_over_reverse, op, "traces", &pass);
       for (index_t r = 0; r < n; ++r) {
         team_.sum(pass[std::size_t(r)]);
         pass[std::size_t(r)].to_double(space_, Ar.data(), 1.0 / double(tokens_));
@@ -610,6 +602,22 @@ struct CaseAnalysis {
         take(first + r, Ar);
       }
     }
+  }
+
+  // One epoch curvature pass along rows first .. first + n - 1 of rows
+  // (hvp_batch, split over the team), its batch scalars summed in batch
+  // order; with sums (forward-over-reverse), each row's product added there.
+  BatchScalars chunk_pass(View2<T> rows, index_t first, index_t n, CurvatureMethod method, CurvatureOperator op,
+                          const std::string& stage, std::vector<ExactSum>* sums) {
+    const auto batches = make_batches(all_blocks(plan_.n_blocks), s_.hvp_batch);
+    std::vector<BatchScalars> ct;
+    const bool ok = curvature_pass<T>(
+        space_, engines_.curvature(n), stager_, params_, Span2<const T>(rows.data() + first * P_, n, P_), ids_, batches,
+        team_.share_of(index_t(batches.size())), method, ct, hooks_.stop, progress(stage), sums, op);
+    if (team_.any(!ok)) throw Interrupted{};
+    team_.share(ct);
+    meter_.add(ct, n);
+    return sum_in_order(ct);
   }
 
   // Hutch++'s basis: Q orthonormal (Gram-Schmidt twice, in double) over the
@@ -664,8 +672,10 @@ struct CaseAnalysis {
       fill_rademacher<T>(space_, Span2<T>(g.data(), 1, P_), s_.seed, std::uint64_t(first + j));
       return g.data();
     };
-    for (index_t j = 0; j < n; ++j)
-      for (index_t i = 0; i < k; ++i) c[std::size_t(j * k + i)] = dot(space_, Q.data() + i * P_, dir(j), P_);
+    for (index_t j = 0; j < n; ++j) {
+      const T* gj = dir(j);
+      for (index_t i = 0; i < k; ++i) c[std::size_t(j * k + i)] = dot(space_, Q.data() + i * P_, gj, P_);
+    }
     products(Q, op, [&](index_t i, View1<double> Aq) {
       for (index_t j = 0; j < k; ++j) {
         M[std::size_t(i * k + j)] = dot(space_, Q.data() + j * P_, Aq.data(), P_);
@@ -853,19 +863,11 @@ struct CaseAnalysis {
     }
     space_.fence();
     // In passes of at most directions_per_pass.
-    const auto batches = make_batches(all_blocks(plan_.n_blocks), s_.hvp_batch);
     std::vector<double> dHd;
     for (index_t first = 0, width = std::min(K, s_.directions_per_pass); first < K; first += width) {
       const index_t n = std::min(width, K - first);
-      std::vector<BatchScalars> ct;
-      const bool ok = curvature_pass<T>(space_, engines_.curvature(n), stager_, params_,
-                                        Span2<const T>(dirs.data() + first * P_, n, P_), ids_, batches,
-                                        team_.share_of(index_t(batches.size())), s_.curvature_method, ct, hooks_.stop,
-                                        progress("landscape curvature"));
-      if (team_.any(!ok)) throw Interrupted{};
-      team_.share(ct);
-      meter_.add(ct, n);
-      const BatchScalars cs = sum_in_order(ct);
+      const BatchScalars cs =
+          chunk_pass(dirs, first, n, s_.curvature_method, CurvatureOperator::hessian, "landscape curvature", nullptr);
       for (index_t r = 0; r < n; ++r) dHd.push_back(cs.second[std::size_t(r)] / double(tokens_));
     }
     for (index_t r = 0; r < R; ++r) random[std::size_t(r)]->curvature = dHd[std::size_t(r)];

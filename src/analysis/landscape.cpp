@@ -64,11 +64,12 @@ void filter_normalised(const ExecSpace& space, const ParamLayout& layout, const 
         double theta_sq = 0, draw_sq = 0;
         for (index_t i = a; i < b; ++i) {
           const double z = landscape_gaussian(key, std::uint64_t(i));
+          out(i) = z;
           theta_sq += double(theta[i]) * double(theta[i]);
           draw_sq += z * z;
         }
         const double scale = draw_sq > 0 ? kmath::sqrt(theta_sq / draw_sq) : 0.0;
-        for (index_t i = a; i < b; ++i) out(i) = landscape_gaussian(key, std::uint64_t(i)) * scale;
+        for (index_t i = a; i < b; ++i) out(i) *= scale;
       });
   space.fence();
 }

@@ -164,11 +164,13 @@ Stability group_stability(MpiTeam& team, const GroupRecord& g, const Deck& d) {
         if (!(st.learning_rate == st.learning_rate) && ::fnmatch(glob.c_str(), a.c_str(), 0) == 0)
           st.learning_rate = lr;
     try {
-      for (const auto& path : g.alias_paths)
+      for (const auto& path : g.alias_paths) {
+        if (st.beta1 == st.beta1 && st.learning_rate == st.learning_rate) break;  // both known
         if (const auto h = read_adam_hyperparameters(path)) {
           if (!(st.beta1 == st.beta1)) st.beta1 = h->beta1;
           if (!(st.learning_rate == st.learning_rate)) st.learning_rate = h->lr;
         }
+      }
     } catch (const Error& e) {
       error = e.what();
     }

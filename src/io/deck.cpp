@@ -244,37 +244,38 @@ void read_run_section(const Reader& r, const toml::table& root, Deck& d) {
   d.name = r.str(*run, "run", "name", stem);
 }
 
+// [checkpoints] key = { "file-glob" = value, ... }: each entry to take(glob,
+// value, dotted key); anything but a table refused with an example.
+template <class Take>
+void glob_table(const Reader& r, const toml::table& ck, const std::string& key, const char* example, Take&& take) {
+  const toml::node* n = ck.get(key);
+  if (!n) return;
+  const std::string dotted = "checkpoints." + key;
+  if (!n->is_table())
+    fail(r.where(*n, dotted), ": ", dotted, " must be a table of file-name globs and values, like ", example);
+  for (const auto& [k, v] : *n->as_table()) take(std::string(k.str()), v, dotted + "." + std::string(k.str()));
+}
+
 void read_checkpoints_section(const Reader& r, const toml::table& root, Deck& d) {
   const toml::table* ck = r.section(root, "checkpoints", true);
   if (!ck) return;
   r.check_keys(*ck, "checkpoints", {"paths", "steps", "learning_rates"});
   d.checkpoint_paths = r.strings(*ck, "checkpoints", "paths");
-  if (const toml::node* n = ck->get("steps")) {
-    if (!n->is_table())
-      fail(r.where(*n, "checkpoints.steps"),
-           ": checkpoints.steps must be a table of file-name globs and steps, like "
-           "{ \"step1000*\" = 1000 }");
-    for (const auto& [k, v] : *n->as_table()) {
-      const std::string key = "checkpoints.steps." + std::string(k.str());
-      if (!v.is_integer() || v.as_integer()->get() < 0)
-        fail(r.where(v, key), ": ", key, " must be a training step (an integer >= 0)");
-      d.checkpoint_steps.emplace_back(std::string(k.str()), v.as_integer()->get());
-    }
-  }
-  if (const toml::node* n = ck->get("learning_rates")) {
-    if (!n->is_table())
-      fail(r.where(*n, "checkpoints.learning_rates"),
-           ": checkpoints.learning_rates must be a table of file-name globs and learning rates, like "
-           "{ \"ckpt_*\" = 6e-4 }");
-    for (const auto& [k, v] : *n->as_table()) {
-      const std::string key = "checkpoints.learning_rates." + std::string(k.str());
-      const double x = v.is_integer()          ? double(v.as_integer()->get())
-                       : v.is_floating_point() ? v.as_floating_point()->get()
-                                               : -1.0;
-      if (!(x > 0 && std::isfinite(x))) fail(r.where(v, key), ": ", key, " must be a learning rate (a number > 0)");
-      d.checkpoint_learning_rates.emplace_back(std::string(k.str()), x);
-    }
-  }
+  glob_table(r, *ck, "steps", "{ \"step1000*\" = 1000 }",
+             [&](const std::string& glob, const toml::node& v, const std::string& key) {
+               if (!v.is_integer() || v.as_integer()->get() < 0)
+                 fail(r.where(v, key), ": ", key, " must be a training step (an integer >= 0)");
+               d.checkpoint_steps.emplace_back(glob, v.as_integer()->get());
+             });
+  glob_table(r, *ck, "learning_rates", "{ \"ckpt_*\" = 6e-4 }",
+             [&](const std::string& glob, const toml::node& v, const std::string& key) {
+               const double x = v.is_integer()          ? double(v.as_integer()->get())
+                                : v.is_floating_point() ? v.as_floating_point()->get()
+                                                        : -1.0;
+               if (!(x > 0 && std::isfinite(x)))
+                 fail(r.where(v, key), ": ", key, " must be a learning rate (a number > 0)");
+               d.checkpoint_learning_rates.emplace_back(glob, x);
+             });
 }
 
 // samples = [first, end), or steps_before = W with batch_samples = B.

@@ -11,6 +11,7 @@
 #include "analysis/dot.hpp"
 #include "analysis/landscape.hpp"
 #include "analysis/passes.hpp"
+#include "analysis/shard_dot.hpp"
 #include "analysis/sampling.hpp"
 #include "analysis/spectrum.hpp"
 #include "analysis/usage.hpp"
@@ -98,6 +99,7 @@ struct CaseAnalysis {
                const CaseHooks& hooks)
       : space_(space),
         team_(team),
+        replicas_(team.replicas()),
         engines_(engines),
         params_(params),
         precond_(extras.precond),
@@ -107,8 +109,11 @@ struct CaseAnalysis {
         hooks_(hooks),
         plan_(plan_case(s, n_blocks, extras.precond.extent(0) > 0, extras.target.extent(0) > 0)),
         P_(engines.layout().size()),
+        slice_(team.shards(), P_),
+        begin_(slice_.begin),
+        n_(slice_.n),
         stager_(std::max<index_t>(s.grad_microbatch, s.hvp_batch), s.context, hooks.block_stride),
-        G_("gnh::case::G", P_) {
+        G_("gnh::case::G", n_) {
     out_.m.n_blocks = n_blocks;
     out_.m.context = s.context;
     out_.m.noise_batch = s.noise_batch;
@@ -128,28 +133,54 @@ struct CaseAnalysis {
     for (const BlockMeasurements& b : blocks_) n_block_values_ += index_t(b.size());
   }
 
-  // Delta = theta_b - theta_a in double, from the parameters as the engine
-  // holds them. (A member function: nvcc allows no device lambda in a constructor.)
+  // Delta = theta_b - theta_a in double (this member's slice), from the
+  // parameters as the engine holds them. (A member function: nvcc allows no
+  // device lambda in a constructor.)
   void form_delta() {
-    delta_ = View1<double>("gnh::case::delta", P_);
+    delta_ = View1<double>("gnh::case::delta", n_);
     auto d = delta_;
-    auto a = params_;
-    auto b = target_;
+    const T* a = params_.data() + begin_;
+    const T* b = target_.data() + begin_;
     Kokkos::parallel_for(
-        "gnh::case::delta", range(space_, P_), KOKKOS_LAMBDA(const index_t i) { d(i) = double(b(i)) - double(a(i)); });
+        "gnh::case::delta", range(space_, n_), KOKKOS_LAMBDA(const index_t i) { d(i) = double(b[i]) - double(a[i]); });
   }
 
+  // sum_i a_i b_i of two of this member's slices (parallel.parameter_shards;
+  // whole vectors at R = 1), the same bits at any R (analysis/shard_dot.hpp).
+  template <class A, class B>
+  double sdot(const A* a, const B* b) const {
+    return sharded_dot(space_, slice_, a, b);
+  }
+  // The AdamW preconditioner's slice.
+  const double* precond_slice() const { return precond_.data() + begin_; }
+
   // sum_i a_i b_i over every block of every partition, in order (all
-  // partitions' blocks concatenated); empty without [curvature] blocks.
+  // partitions' blocks concatenated), of two of this member's slices; empty
+  // without [curvature] blocks.
   template <class A, class B>
   std::vector<double> block_dots(const A* a, const B* b) const {
     std::vector<double> out;
     out.reserve(static_cast<std::size_t>(n_block_values_));
-    for (const BlockMeasurements& p : blocks_)
-      for (std::size_t i = 0; i < p.size(); ++i)
-        out.push_back(dot(space_, a + p.offsets[i], b + p.offsets[i], index_t(p.offsets[i + 1] - p.offsets[i]), false,
-                          index_t(p.offsets[i])));
+    for (const BlockMeasurements& p : blocks_) {
+      const std::vector<double> v = sharded_range_dots(space_, slice_, a, b, p.offsets);
+      out.insert(out.end(), v.begin(), v.end());
+    }
     return out;
+  }
+
+  // A slice made whole (a copy), for what needs every element on every member.
+  template <class V>
+  V whole_of(V slice) const {
+    if (slice_.whole()) return slice;
+    V whole(std::string(slice.label()) + "_whole", P_);
+    Kokkos::deep_copy(space_, Kokkos::subview(whole, std::make_pair(begin_, begin_ + n_)), slice);
+    space_.fence();
+    slice_.group->gather(slice_.layout, whole.data());
+    return whole;
+  }
+  // The stages that run on whole vectors only (the deck refuses them with R > 1).
+  void needs_whole(const char* stage) const {
+    if (!slice_.whole()) throw std::logic_error(std::string("gnh::case: ") + stage + " with parameter_shards > 1");
   }
   // Appends the concatenated per-block values v to row lists, one per partition.
   void add_block_row(std::vector<std::vector<double>> BlockMeasurements::*rows, const std::vector<double>& v) {
@@ -216,16 +247,16 @@ struct CaseAnalysis {
   void loss_and_gradient() {
     meter_.begin();
     const auto batches = make_batches(all_blocks(plan_.n_blocks), s_.grad_microbatch);
-    ExactSum acc(P_);
+    ExactSum acc(n_);
     acc.clear(space_);
     std::vector<BatchScalars> table;
     std::unique_ptr<SequenceNorms<T>> seq;
     if (engines_.sequence_group > 0) seq = sequence_norms();
     const bool ok = gradient_pass<T>(space_, engines_.gradient(), stager_, params_, ids_, batches,
                                      team_.share_of(index_t(batches.size())), acc, table, hooks_.stop,
-                                     progress("gradient"), seq.get());
+                                     progress("gradient"), seq.get(), &slice_);
     if (team_.any(!ok)) throw Interrupted{};
-    team_.sum(acc);
+    replicas_.sum(acc);
     team_.share(table);
     meter_.add(table);
     meter_.end("gradient", out_.measured);
@@ -235,9 +266,9 @@ struct CaseAnalysis {
     out_.loss = gs.loss_sum / double(gs.count);
     if (!std::isfinite(out_.loss)) fail("the epoch loss is not finite (", out_.loss, ")");
     acc.to_double(space_, G_.data(), 1.0 / double(gs.count));
-    out_.m.G_sqnorm = dot(space_, G_.data(), G_.data(), P_);
+    out_.m.G_sqnorm = sdot(G_.data(), G_.data());
     set_block_values(&BlockMeasurements::G_sqnorm, block_dots(G_.data(), G_.data()));
-    if (plan_.preconditioned) out_.m.GPG = weighted_dot(space_, G_.data(), precond_.data(), G_.data(), P_);
+    if (plan_.preconditioned) out_.m.GPG = sharded_weighted_dot(space_, slice_, G_.data(), precond_slice(), G_.data());
     if (seq) sequence_measurements(table, double(gs.count) / double(plan_.n_blocks));
   }
 
@@ -282,53 +313,71 @@ struct CaseAnalysis {
   // that takes them), or computed again when a pass is filled (recompute_xi).
   bool keep_xi() const { return plan_.keep_noise || hooks_.keep != nullptr; }
 
-  // Stage 2: noise batches, each computed whole by one member and shared:
-  // its scalars as a NoiseSample, its xi_j as a row of xi_ where kept.
+  // The shard group that computes noise sample j (the team's members in
+  // groups of parameter_shards; at R = 1 a member alone), and its first
+  // member, whose results the team takes.
+  int noise_group(index_t j) const { return dealt_to(j, team_.size() / slice_.layout.R); }
+  int my_group() const { return team_.rank() / slice_.layout.R; }
+
+  // Noise sample j's gradient g_j (this member's slice) into gj_, its group's
+  // members splitting its batches; false if stopped. Collective in the group.
+  bool noise_gradient(index_t j, std::vector<BatchScalars>& t) {
+    ShardGroup& group = *slice_.group;
+    const auto nb = make_batches(out_.noise_blocks[static_cast<std::size_t>(j)], s_.grad_microbatch);
+    ExactSum a(n_);
+    a.clear(space_);
+    if (!gradient_pass<T>(space_, engines_.gradient(), stager_, params_, ids_, nb, group.share_of(index_t(nb.size())),
+                          a, t, hooks_.stop, {}, nullptr, &slice_))
+      return false;
+    group.share(t);
+    a.to_double(space_, gj_.data(), 1.0 / double(sum_in_order(t).count));
+    return true;
+  }
+
+  // Stage 2: noise batches, each computed by one shard group (one member at
+  // R = 1) and shared: its scalars as a NoiseSample, its xi_j as a row of xi_
+  // where kept (each member its slice, from its replica in that group).
   void noise_samples() {
     meter_.begin();
     out_.noise_blocks = noise_batches(plan_.n_blocks, s_.noise_batch, s_.noise_samples, s_.seed);
     const index_t m = plan_.n_noise;
     if (index_t(out_.noise_blocks.size()) != m) throw std::logic_error("gnh::case: noise batches differ from the plan");
-    xi_ = View2<T>("gnh::case::xi", keep_xi() ? m : 0, P_);
-    gj_ = View1<double>("gnh::case::g_j", P_);
+    xi_ = View2<T>("gnh::case::xi", keep_xi() ? m : 0, n_);
+    gj_ = View1<double>("gnh::case::g_j", n_);
     // xi_j = g_j - G is formed in gj_'s place once g_j's own scalars are taken.
     const View1<double> xij = gj_;
     if (plan_.partition) {
-      partition_sum_ = ExactSum(P_);
+      partition_sum_ = ExactSum(n_);
       partition_sum_.clear(space_);
     }
     bool stopped = false;
     std::vector<double> xi_blocks(static_cast<std::size_t>(n_block_values_));
     for (index_t j = 0; j < m; ++j) {
-      const int owner = team_.owner(j);
+      const int group = noise_group(j);
       NoiseSample r;
-      if (team_.rank() == owner) {
-        const auto nb = make_batches(out_.noise_blocks[static_cast<std::size_t>(j)], s_.grad_microbatch);
-        ExactSum a(P_);
-        a.clear(space_);
+      if (my_group() == group) {
         std::vector<BatchScalars> t;
-        if (stopped || !gradient_pass<T>(space_, engines_.gradient(), stager_, params_, ids_, nb,
-                                         all_blocks(index_t(nb.size())), a, t, hooks_.stop)) {
+        if (stopped || !noise_gradient(j, t)) {
           stopped = true;
           r.stopped = true;
         } else {
-          const BatchScalars ns = sum_in_order(t);
           for (const BatchScalars& b : t) r.seconds += b.seconds;
-          a.to_double(space_, gj_.data(), 1.0 / double(ns.count));
-          r.gB_sqnorm = dot(space_, gj_.data(), gj_.data(), P_);
+          r.gB_sqnorm = sdot(gj_.data(), gj_.data());
           if (plan_.partition) partition_sum_.add(space_, gj_.data());
-          xi_of_gj(xij, keep_xi() ? xi_.data() + j * P_ : nullptr);
-          r.xi_sqnorm = dot(space_, xij.data(), xij.data(), P_);
-          r.G_dot_xi = dot(space_, G_.data(), xij.data(), P_);
+          xi_of_gj(xij, keep_xi() ? xi_.data() + j * n_ : nullptr);
+          r.xi_sqnorm = sdot(xij.data(), xij.data());
+          r.G_dot_xi = sdot(G_.data(), xij.data());
           r.finite = std::isfinite(r.gB_sqnorm);
           xi_blocks = block_dots(xij.data(), xij.data());
-          if (plan_.preconditioned) r.xiPxi = weighted_dot(space_, xij.data(), precond_.data(), xij.data(), P_);
+          if (plan_.preconditioned)
+            r.xiPxi = sharded_weighted_dot(space_, slice_, xij.data(), precond_slice(), xij.data());
         }
         space_.fence();
       }
-      team_.broadcast_value(r, owner);
-      if (keep_xi()) team_.broadcast(xi_.data() + j * P_, sizeof(T) * static_cast<std::size_t>(P_), owner);
-      if (!xi_blocks.empty()) team_.broadcast(xi_blocks.data(), sizeof(double) * xi_blocks.size(), owner);
+      const int root = group * slice_.layout.R;
+      team_.broadcast_value(r, root);
+      if (keep_xi()) replicas_.broadcast(xi_.data() + j * n_, sizeof(T) * static_cast<std::size_t>(n_), group);
+      if (!xi_blocks.empty()) team_.broadcast(xi_blocks.data(), sizeof(double) * xi_blocks.size(), root);
       add_block_row(&BlockMeasurements::xi_sqnorm, xi_blocks);
       stopped = stopped || r.stopped;
       if (!stopped && !r.finite) fail("noise batch ", j, ": the gradient is not finite");
@@ -342,87 +391,93 @@ struct CaseAnalysis {
     if (team_.any(stopped)) throw Interrupted{};
     meter_.end("noise", out_.measured);
     if (hooks_.keep) {
-      auto hG = Kokkos::create_mirror_view_and_copy(HostSpace(), G_);
-      auto hxi = Kokkos::create_mirror_view_and_copy(HostSpace(), xi_);
+      auto hG = Kokkos::create_mirror_view_and_copy(HostSpace(), whole_of(G_));
       hooks_.keep->G.assign(hG.data(), hG.data() + P_);
       hooks_.keep->xi.assign(static_cast<std::size_t>(m), std::vector<double>(static_cast<std::size_t>(P_)));
-      for (index_t j = 0; j < m; ++j)
-        for (index_t i = 0; i < P_; ++i) hooks_.keep->xi[j][i] = double(hxi(j, i));
+      for (index_t j = 0; j < m; ++j) {
+        View1<T> row(Kokkos::view_alloc(Kokkos::WithoutInitializing, "gnh::case::xi_row"), n_);
+        Kokkos::deep_copy(space_, row, Kokkos::subview(xi_, j, Kokkos::ALL));
+        auto hxi = Kokkos::create_mirror_view_and_copy(HostSpace(), whole_of(row));
+        for (index_t i = 0; i < P_; ++i) hooks_.keep->xi[j][i] = double(hxi(i));
+      }
     }
   }
 
-  // xi_j = g_j - G from the noise batch's gradient in gj_, in double into x
-  // (when given; gj_ itself, in place) and rounded to the engine's scalar
-  // into row (when given).
+  // xi_j = g_j - G from the noise batch's gradient in gj_ (slices), in
+  // double into x (when given; gj_ itself, in place) and rounded to the
+  // engine's scalar into row (a slice, when given).
   void xi_of_gj(View1<double> x, T* row) {
     auto g = gj_;
     auto Gv = G_;
-    const Span1<T> out(row, row != nullptr ? P_ : 0);
+    const Span1<T> out(row, row != nullptr ? n_ : 0);
     const bool to_x = x.extent(0) > 0, to_row = row != nullptr;
     Kokkos::parallel_for(
-        "gnh::case::xi", range(space_, P_), KOKKOS_LAMBDA(const index_t i) {
+        "gnh::case::xi", range(space_, n_), KOKKOS_LAMBDA(const index_t i) {
           const double d = g(i) - Gv(i);
           if (to_x) x(i) = d;
           if (to_row) out(i) = static_cast<T>(d);
         });
   }
 
-  // parallel.noise_vectors = "recompute": xi_j into row, its noise batch's
-  // gradient computed again by the member that computed it in stage 2, the
-  // same pass on the same batches, and shared: the bits of the kept row.
+  // parallel.noise_vectors = "recompute": xi_j into this member's slice of
+  // row, its noise batch's gradient computed again by the group that
+  // computed it in stage 2, the same pass on the same batches, and shared
+  // with the replicas: the bits of the kept row.
   void recompute_xi(T* row, index_t j) {
-    const int owner = team_.owner(j);
+    const int group = noise_group(j);
     bool ok = true;
-    if (team_.rank() == owner) {
-      const auto nb = make_batches(out_.noise_blocks[static_cast<std::size_t>(j)], s_.grad_microbatch);
-      ExactSum a(P_);
-      a.clear(space_);
+    if (my_group() == group) {
       std::vector<BatchScalars> t;
-      ok = gradient_pass<T>(space_, engines_.gradient(), stager_, params_, ids_, nb, all_blocks(index_t(nb.size())), a,
-                            t, hooks_.stop);
-      if (ok) {
-        a.to_double(space_, gj_.data(), 1.0 / double(sum_in_order(t).count));
-        xi_of_gj(View1<double>(), row);
-      }
+      ok = noise_gradient(j, t);
+      if (ok) xi_of_gj(View1<double>(), row + begin_);
       space_.fence();
     }
     if (team_.any(!ok)) throw Interrupted{};
-    team_.broadcast(row, sizeof(T) * static_cast<std::size_t>(P_), owner);
+    replicas_.broadcast(row + begin_, sizeof(T) * static_cast<std::size_t>(n_), group);
   }
 
   // Direction d of the case into row r of dirs: G, then the xi_j, then the
   // Rademacher v_k (SPEC §4's generator, index k), then with the AdamW
-  // preconditioner P (SPEC §10) PG and the P xi_j.
+  // preconditioner P (SPEC §10) PG and the P xi_j. Each member fills its
+  // slice of the row (the Rademacher rows whole); fill_directions gathers.
   void fill_direction(View2<T> dirs, index_t r, index_t d) {
     const index_t m = plan_.n_noise, K = plan_.directions_asked;
-    auto row = Kokkos::subview(dirs, r, Kokkos::ALL);
+    T* const whole_row = dirs.data() + r * P_;
+    const Span1<T> row(whole_row + begin_, n_);
     if (plan_.update && d == plan_.directions() - 1) {
       auto Dv = delta_;
       Kokkos::parallel_for(
-          "gnh::case::dir_delta", range(space_, P_), KOKKOS_LAMBDA(const index_t i) { row(i) = T(Dv(i)); });
+          "gnh::case::dir_delta", range(space_, n_), KOKKOS_LAMBDA(const index_t i) { row(i) = T(Dv(i)); });
     } else if (d > m + K) {
-      auto Pv = precond_;
+      const Span1<const double> Pv(precond_slice(), n_);
       if (d == m + K + 1) {
         auto Gv = G_;
         Kokkos::parallel_for(
-            "gnh::case::dir_PG", range(space_, P_), KOKKOS_LAMBDA(const index_t i) { row(i) = T(Pv(i) * Gv(i)); });
+            "gnh::case::dir_PG", range(space_, n_), KOKKOS_LAMBDA(const index_t i) { row(i) = T(Pv(i) * Gv(i)); });
       } else {
-        if (!keep_xi()) recompute_xi(dirs.data() + r * P_, d - m - K - 2);
-        auto x = keep_xi() ? Kokkos::subview(xi_, d - m - K - 2, Kokkos::ALL) : row;
+        if (!keep_xi()) recompute_xi(whole_row, d - m - K - 2);
+        const Span1<const T> x(keep_xi() ? xi_.data() + (d - m - K - 2) * n_ : row.data(), n_);
         Kokkos::parallel_for(
-            "gnh::case::dir_Pxi", range(space_, P_),
+            "gnh::case::dir_Pxi", range(space_, n_),
             KOKKOS_LAMBDA(const index_t i) { row(i) = T(Pv(i) * double(x(i))); });
       }
     } else if (d == 0) {
       auto Gv = G_;
       Kokkos::parallel_for(
-          "gnh::case::dir_G", range(space_, P_), KOKKOS_LAMBDA(const index_t i) { row(i) = T(Gv(i)); });
+          "gnh::case::dir_G", range(space_, n_), KOKKOS_LAMBDA(const index_t i) { row(i) = T(Gv(i)); });
     } else if (d <= m) {
       if (keep_xi()) Kokkos::deep_copy(space_, row, Kokkos::subview(xi_, d - 1, Kokkos::ALL));
-      else recompute_xi(dirs.data() + r * P_, d - 1);
+      else recompute_xi(whole_row, d - 1);
     } else {
-      fill_rademacher<T>(space_, Span2<T>(dirs.data() + r * P_, 1, P_), s_.seed, std::uint64_t(d - 1 - m));
+      fill_rademacher<T>(space_, Span2<T>(whole_row, 1, P_), s_.seed, std::uint64_t(d - 1 - m));
     }
+  }
+
+  // Rows 0 .. K - 1 of dirs: directions d0 .. d0 + K - 1, whole on every member.
+  void fill_directions(View2<T> dirs, index_t K, index_t d0) {
+    for (index_t r = 0; r < K; ++r) fill_direction(dirs, r, d0 + r);
+    space_.fence();
+    for (index_t r = 0; r < K && !slice_.whole(); ++r) slice_.group->gather(slice_.layout, dirs.data() + r * P_);
   }
 
   // The first pass's first direction is G: with per-sequence norms, every
@@ -450,18 +505,17 @@ struct CaseAnalysis {
     std::vector<ExactSum> hv_sums;
     View1<double> Hv;
     if (keep_hv) {
-      for (index_t k = 0; k < sizes.front(); ++k) hv_sums.emplace_back(P_);
-      Hv = View1<double>("gnh::case::Hv", P_);
+      for (index_t k = 0; k < sizes.front(); ++k) hv_sums.emplace_back(n_);
+      Hv = View1<double>("gnh::case::Hv", n_);
       if (s_.curvature.diagonal) {
-        diagonal_ = View1<double>("gnh::case::diagonal", P_);
+        diagonal_ = View1<double>("gnh::case::diagonal", n_);
         Kokkos::deep_copy(space_, diagonal_, 0.0);
       }
     }
     first_.assign(static_cast<std::size_t>(D), 0.0);
     for (index_t c = 0, d0 = 0; c < passes; d0 += sizes[std::size_t(c)], ++c) {
       const index_t K = sizes[std::size_t(c)];
-      for (index_t r = 0; r < K; ++r) fill_direction(dirs, r, d0 + r);
-      space_.fence();
+      fill_directions(dirs, K, d0);
       std::vector<BatchScalars> ct;
       // The first K rows of dirs, contiguous (LayoutRight).
       const Span2<const T> pass_dirs(dirs.data(), K, P_);
@@ -470,10 +524,10 @@ struct CaseAnalysis {
       const bool ok = curvature_pass<T>(space_, engines_.curvature(K), stager_, params_, pass_dirs, ids_, batches,
                                         team_.share_of(index_t(batches.size())), s_.curvature_method, ct, hooks_.stop,
                                         progress("curvature " + std::to_string(c + 1) + "/" + std::to_string(passes)),
-                                        keep_hv ? &pass_sums : nullptr);
+                                        keep_hv ? &pass_sums : nullptr, CurvatureOperator::hessian, &slice_);
       if (team_.any(!ok)) throw Interrupted{};
       for (index_t r = 0; keep_hv && r < K; ++r) {
-        team_.sum(pass_sums[std::size_t(r)]);
+        replicas_.sum(pass_sums[std::size_t(r)]);
         pass_sums[std::size_t(r)].to_double(space_, Hv.data(), 1.0 / double(tokens_));
         kept_hv(dirs.data() + r * P_, Hv, d0 + r);
       }
@@ -512,7 +566,7 @@ struct CaseAnalysis {
       if (!std::isfinite(q)) fail("a curvature quadratic form is not finite");
     if (diagonal_.extent(0) > 0 && s_.directions > 0) {
       out_.hessian_diagonal.resize(static_cast<std::size_t>(P_));
-      auto h = Kokkos::create_mirror_view_and_copy(HostSpace(), diagonal_);
+      auto h = Kokkos::create_mirror_view_and_copy(HostSpace(), whole_of(diagonal_));
       for (index_t i = 0; i < P_; ++i) out_.hessian_diagonal[i] = float(h(i) / double(s_.directions));
     }
   }
@@ -525,8 +579,8 @@ struct CaseAnalysis {
     meter_.begin();
     UpdateStatistics& u = out_.update;
     u.present = true;
-    u.delta_sqnorm = dot(space_, delta_.data(), delta_.data(), P_);
-    u.G_dot_delta = dot(space_, G_.data(), delta_.data(), P_);
+    u.delta_sqnorm = sdot(delta_.data(), delta_.data());
+    u.G_dot_delta = sdot(G_.data(), delta_.data());
     const auto batches = make_batches(all_blocks(plan_.n_blocks), s_.grad_microbatch);
     std::vector<BatchScalars> table(batches.size());
     const Span1<const T> theta_b(target_.data(), P_);
@@ -561,6 +615,7 @@ struct CaseAnalysis {
   // Hutch++; each an exact part over a basis Q and Hutchinson samples of the
   // complement (doc/statistics.md, "Traces with less variance").
   void traces() {
+    needs_whole("the traces");
     meter_.begin();
     const index_t m = s_.directions, k = hutchpp_sketch(s_);
     if (s_.curvature.op != OperatorChoice::ggn) {
@@ -746,6 +801,7 @@ struct CaseAnalysis {
   // directions' D^T H D in one epoch curvature pass, then each line and the
   // plane by forward passes (losses_at).
   void landscapes() {
+    needs_whole("the landscapes");
     meter_.begin();
     const LandscapeSettings& ls = s_.landscape;
     std::vector<LandscapeAxis> axes;
@@ -929,20 +985,22 @@ struct CaseAnalysis {
   // What the epoch's H v of direction d (dir, in the engine's precision, as
   // the pass applied it) gives beyond d^T H d: its per-block shares and, for a
   // Rademacher direction, |Hv|^2 (whole and per block) and the diagonal.
-  void kept_hv(const T* dir, View1<double> Hv, index_t d) {
+  // Hv is this member's slice, dir whole.
+  void kept_hv(const T* whole_dir, View1<double> Hv, index_t d) {
     const index_t m = plan_.n_noise;
     if (d > m + plan_.directions_asked) return;  // the preconditioned and update directions
+    const T* const dir = whole_dir + begin_;
     const std::vector<double> shares = block_dots(dir, Hv.data());
     if (d == 0) set_block_values(&BlockMeasurements::GHG, shares);
     else if (d <= m) add_block_row(&BlockMeasurements::xiHxi, shares);
     else {
       add_block_row(&BlockMeasurements::vHv, shares);
       add_block_row(&BlockMeasurements::Hv_sqnorm, block_dots(Hv.data(), Hv.data()));
-      out_.m.Hv_sqnorm.push_back(dot(space_, Hv.data(), Hv.data(), P_));
+      out_.m.Hv_sqnorm.push_back(sdot(Hv.data(), Hv.data()));
       if (diagonal_.extent(0) > 0) {
         auto diag = diagonal_;
         Kokkos::parallel_for(
-            "gnh::case::diagonal", range(space_, P_),
+            "gnh::case::diagonal", range(space_, n_),
             KOKKOS_LAMBDA(const index_t i) { diag(i) += double(dir[i]) * Hv(i); });
       }
     }
@@ -1013,13 +1071,13 @@ struct CaseAnalysis {
     IdentityCheck gradient_first{"gradient_first_order", std::abs(first_[0] - cm.G_sqnorm) / cm.G_sqnorm, tol, true};
     IdentityCheck part{"partition_mean_gradient", 0, tol, plan_.partition};
     if (plan_.partition) {
-      team_.sum(partition_sum_);
+      replicas_.sum(partition_sum_);
       partition_sum_.to_double(space_, gj_.data(), 1.0 / double(m));
       auto g = gj_;
       auto Gv = G_;
       Kokkos::parallel_for(
-          "gnh::case::partition", range(space_, P_), KOKKOS_LAMBDA(const index_t i) { g(i) -= Gv(i); });
-      part.deviation = std::sqrt(dot(space_, gj_.data(), gj_.data(), P_) / cm.G_sqnorm);
+          "gnh::case::partition", range(space_, n_), KOKKOS_LAMBDA(const index_t i) { g(i) -= Gv(i); });
+      part.deviation = std::sqrt(sdot(gj_.data(), gj_.data()) / cm.G_sqnorm);
     }
     // Symmetry u^T(Hv) = v^T(Hu) and agreement of the two curvature paths, on block 0.
     IdentityCheck symmetry{"hessian_symmetry", 0, tol, true}, paths{"curvature_paths", 0, tol, true};
@@ -1095,6 +1153,7 @@ struct CaseAnalysis {
 
   const ExecSpace& space_;
   Team& team_;
+  Team& replicas_;  // the members holding this member's slice, one per shard group
   Engines<T>& engines_;
   Span1<const T> params_;
   View1<double> precond_;  // the AdamW preconditioner P, or empty
@@ -1105,12 +1164,17 @@ struct CaseAnalysis {
   const CaseHooks& hooks_;
   const CasePlan plan_;
   const index_t P_;
+  // parallel.parameter_shards: this member's slice [begin_, begin_ + n_) of
+  // the flat order; G_, gj_, xi_'s rows, delta_, the exact sums, Hv and the
+  // diagonal hold it alone (the whole order at R = 1).
+  const Slice slice_;
+  const index_t begin_, n_;
   BatchStager stager_;
   Stopwatch clock_;
   CaseStatistics out_;
   std::int64_t tokens_ = 0;  // targets of the epoch
-  View1<double> G_, gj_;     // (P) the epoch's mean gradient; a noise batch's (then the partition's mean)
-  View2<T> xi_;              // (m, P) the noise vectors
+  View1<double> G_, gj_;     // (n_) the epoch's mean gradient; a noise batch's (then the partition's mean)
+  View2<T> xi_;              // (m, n_) the noise vectors
   // With operator "both" and per-block statistics: the epoch's GGN v_k of
   // each Rademacher direction (K more forward-over-reverse directions, in
   // passes no wider than the planned ones), for the per-block trace_ggn.
@@ -1120,8 +1184,7 @@ struct CaseAnalysis {
     const std::vector<index_t> widths = balanced_passes(K, plan_.pass_widths.front());
     for (index_t c = 0, d0 = 1 + m; c < index_t(widths.size()); d0 += widths[std::size_t(c)], ++c) {
       const index_t W = widths[std::size_t(c)];
-      for (index_t r = 0; r < W; ++r) fill_direction(dirs, r, d0 + r);
-      space_.fence();
+      fill_directions(dirs, W, d0);
       std::vector<ExactSum> sums(hv_sums.begin(), hv_sums.begin() + W);  // the planned sums, reused
       for (ExactSum& e : sums) e.clear(space_);
       std::vector<BatchScalars> ct;
@@ -1129,12 +1192,12 @@ struct CaseAnalysis {
           space_, engines_.curvature(W), stager_, params_, Span2<const T>(dirs.data(), W, P_), ids_, batches,
           team_.share_of(index_t(batches.size())), CurvatureMethod::forward_over_reverse, ct, hooks_.stop,
           progress("curvature ggn " + std::to_string(c + 1) + "/" + std::to_string(widths.size())), &sums,
-          CurvatureOperator::gauss_newton);
+          CurvatureOperator::gauss_newton, &slice_);
       if (team_.any(!ok)) throw Interrupted{};
       for (index_t r = 0; r < W; ++r) {
-        team_.sum(sums[std::size_t(r)]);
+        replicas_.sum(sums[std::size_t(r)]);
         sums[std::size_t(r)].to_double(space_, Hv.data(), 1.0 / double(tokens_));
-        add_block_row(&BlockMeasurements::vGv, block_dots(dirs.data() + r * P_, Hv.data()));
+        add_block_row(&BlockMeasurements::vGv, block_dots(dirs.data() + r * P_ + begin_, Hv.data()));
       }
       team_.share(ct);
       meter_.add(ct, W);
@@ -1175,6 +1238,7 @@ struct CaseAnalysis {
   // curvature.spectrum_blocks = "layer": Lanczos on every layer block's H_bb,
   // the blocks' chains in shared passes.
   void layer_spectra() {
+    needs_whole("the layer spectra");
     meter_.begin();
     Partition layer;
     for (Partition& p : parameter_partitions(engines_.layout()))
@@ -1198,6 +1262,7 @@ struct CaseAnalysis {
   }
 
   void spectrum(CurvatureOperator op) {
+    needs_whole("the spectrum");
     const bool ggn = op == CurvatureOperator::gauss_newton;
     const std::string name = ggn ? "spectrum_ggn" : "spectrum";
     meter_.begin();

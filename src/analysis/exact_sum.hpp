@@ -79,6 +79,13 @@ class ExactSum {
     Kokkos::parallel_for(
         "gnh::exact_sum::add", range(space, size()), KOKKOS_LAMBDA(const index_t i) { a(i) += to_fixed(x[i]); });
   }
+  // Elements offset .. offset + n - 1 += x[0 .. n - 1].
+  template <class T>
+  void add_at(const ExecSpace& space, const T* x, index_t offset, index_t n) {
+    auto a = acc_;
+    Kokkos::parallel_for(
+        "gnh::exact_sum::add", range(space, n), KOKKOS_LAMBDA(const index_t i) { a(offset + i) += to_fixed(x[i]); });
+  }
   // out = sum * scale
   void to_double(const ExecSpace& space, double* out, double scale) const {
     auto a = acc_;

@@ -7,6 +7,7 @@
 #include "analysis/exact_sum.hpp"
 #include "analysis/sampling.hpp"
 #include "analysis/lanczos.hpp"
+#include "analysis/team.hpp"
 #include "model/layout.hpp"
 
 namespace gnh {
@@ -85,6 +86,10 @@ namespace {
 // those held throughout the case and each stage's own, in double, in 128-bit
 // exact sums and in the engine's scalar, as (bytes, count) for the gradient
 // pass, the noise batches, the curvature passes and the identity checks.
+// With parameter_shards R > 1 the doubles, the exact sums and the kept noise
+// vectors are a member's slice (the largest, ShardLayout); what the engines
+// read (parameters, directions, a batch's gradient and products) is whole,
+// and a scatter's round buffers are added.
 std::vector<std::pair<std::size_t, index_t>> stage_vectors(const AnalysisSettings& s, const CasePlan& c, std::size_t P,
                                                            std::size_t scalar) {
   struct Count {
@@ -105,7 +110,12 @@ std::vector<std::pair<std::size_t, index_t>> stage_vectors(const AnalysisSetting
   // Throughout: G, the parameters, the kept noise vectors; the AdamW
   // preconditioner; the update's Delta and theta_b; the diagonal.
   const Count held{1 + (c.preconditioned ? 1 : 0) + (c.update ? 1 : 0) + (hv && s.curvature.diagonal ? 1 : 0), 0,
-                   1 + (c.update ? 1 : 0) + (c.keep_noise ? c.n_noise : 0)};
+                   1 + (c.update ? 1 : 0)};
+  const index_t kept_noise = c.keep_noise ? c.n_noise : 0;  // slices
+  const int shards = int(s.parameter_shards);
+  const std::size_t Ps = shards > 1 ? std::size_t(ShardLayout(index_t(P), shards).largest()) : P;
+  const std::size_t rounds =
+      shards > 1 ? scalar * std::min(Ps, std::size_t(1) << 22) * (2 * std::size_t(shards) + 1) : 0;
   const Count stages[] = {
       // the gradient: the epoch's exact sum, a batch's gradient
       {0, 1, 1},
@@ -131,9 +141,10 @@ std::vector<std::pair<std::size_t, index_t>> stage_vectors(const AnalysisSetting
       {g + ritz + 1, part + tw, 2 * k3 + ritz + 1 + 1 + tw}};
   std::vector<std::pair<std::size_t, index_t>> out;
   for (const Count& n : stages)
-    out.emplace_back(P * (sizeof(double) * std::size_t(held.d + n.d) + sizeof(fixed128) * std::size_t(held.x + n.x) +
-                          scalar * std::size_t(held.t + n.t)),
-                     held.d + n.d + held.x + n.x + held.t + n.t);
+    out.emplace_back(Ps * (sizeof(double) * std::size_t(held.d + n.d) + sizeof(fixed128) * std::size_t(held.x + n.x) +
+                           scalar * std::size_t(kept_noise)) +
+                         P * scalar * std::size_t(held.t + n.t) + rounds,
+                     held.d + n.d + held.x + n.x + held.t + n.t + kept_noise);
   return out;
 }
 

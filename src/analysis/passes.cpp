@@ -256,21 +256,37 @@ void BatchStager::stage(const std::int32_t* ids, const Batch& blocks, index_t B)
   Kokkos::deep_copy(Span1<std::int32_t>(targets_.data(), n), Span1<std::int32_t, HostSpace>(h_targets_.data(), n));
 }
 
+// The rounds a pass runs: its batches, or with a shard group of R > 1 (its
+// members in step) the most any member has.
+inline index_t pass_rounds(const std::vector<index_t>& mine, const Slice* slice) {
+  return slice && !slice->whole() ? slice->group->max(index_t(mine.size())) : index_t(mine.size());
+}
+inline bool stopping(const StopCheck& stop, const Slice* slice) {
+  const bool s = stop && stop();
+  return slice && !slice->whole() ? slice->group->any(s) : s;
+}
+
 template <class T>
 bool gradient_pass(const ExecSpace& space, Gpt<T>& model, BatchStager& stager, Span1<const T> params,
                    const std::int32_t* ids, const std::vector<Batch>& batches, const std::vector<index_t>& mine,
                    ExactSum& acc, std::vector<BatchScalars>& table, const StopCheck& stop, const ProgressFn& progress,
-                   SequenceNorms<T>* seq) {
+                   SequenceNorms<T>* seq, const Slice* slice) {
   Kokkos::Profiling::pushRegion("gnh::pass::gradient");
   const index_t P = model.layout().size();
   View1<T> grad("gnh::pass::batch_gradient", P);
   table.resize(batches.size());
-  index_t done = 0;
-  for (index_t b : mine) {
-    if (stop && stop()) {
+  const index_t rounds = pass_rounds(mine, slice);
+  for (index_t i = 0; i < rounds; ++i) {
+    if (stopping(stop, slice)) {
       Kokkos::Profiling::popRegion();
       return false;
     }
+    const bool have = i < index_t(mine.size());
+    if (!have) {  // a member of a shard group without a batch left
+      slice->add(space, static_cast<const T*>(nullptr), acc);
+      continue;
+    }
+    const index_t b = mine[std::size_t(i)];
     const BatchClock clock;
     const Batch& blocks = batches[static_cast<std::size_t>(b)];
     stager.stage(ids, blocks, model.batch());
@@ -279,12 +295,13 @@ bool gradient_pass(const ExecSpace& space, Gpt<T>& model, BatchStager& stager, S
     const LossSum s =
         seq ? seq->gradients(space, params, stager.tokens(), stager.targets(), index_t(blocks.size()), grad, r)
             : model.gradient(space, params, stager.tokens(), stager.targets(), grad);
-    acc.add(space, grad.data());
+    if (slice) slice->add(space, static_cast<const T*>(grad.data()), acc);
+    else acc.add(space, grad.data());
     r.loss_sum = s.sum;
     r.count = s.count;
     r.done = true;
     clock.finish(space, r);
-    if (progress) progress(++done, index_t(mine.size()));
+    if (progress) progress(i + 1, index_t(mine.size()));
   }
   space.fence();
   Kokkos::Profiling::popRegion();
@@ -296,7 +313,7 @@ bool curvature_pass(const ExecSpace& space, Gpt<T>& model, BatchStager& stager, 
                     Span2<const T> dirs, const std::int32_t* ids, const std::vector<Batch>& batches,
                     const std::vector<index_t>& mine, CurvatureMethod method, std::vector<BatchScalars>& table,
                     const StopCheck& stop, const ProgressFn& progress, std::vector<ExactSum>* hv_sums,
-                    CurvatureOperator op) {
+                    CurvatureOperator op, const Slice* slice) {
   Kokkos::Profiling::pushRegion("gnh::pass::curvature");
   const index_t P = model.layout().size(), K = dirs.extent(0);
   if (K != model.shape().directions) throw std::logic_error("curvature_pass: directions differ from the plan");
@@ -306,13 +323,20 @@ bool curvature_pass(const ExecSpace& space, Gpt<T>& model, BatchStager& stager, 
     grad = View1<T>("gnh::pass::batch_gradient", P);
     hv = View2<T>("gnh::pass::batch_hv", K, P);
   }
+  // Only the products' sums are scattered: without them the members need not go in step.
+  const Slice* scatter = hv_sums && method == CurvatureMethod::forward_over_reverse ? slice : nullptr;
   table.resize(batches.size());
-  index_t done = 0;
-  for (index_t b : mine) {
-    if (stop && stop()) {
+  const index_t rounds = pass_rounds(mine, scatter);
+  for (index_t i = 0; i < rounds; ++i) {
+    if (stopping(stop, scatter)) {
       Kokkos::Profiling::popRegion();
       return false;
     }
+    if (i >= index_t(mine.size())) {  // a member of a shard group without a batch left
+      for (index_t k = 0; k < K; ++k) scatter->add(space, static_cast<const T*>(nullptr), (*hv_sums)[std::size_t(k)]);
+      continue;
+    }
+    const index_t b = mine[std::size_t(i)];
     const BatchClock clock;
     const Batch& blocks = batches[static_cast<std::size_t>(b)];
     stager.stage(ids, blocks, model.batch());
@@ -328,7 +352,10 @@ bool curvature_pass(const ExecSpace& space, Gpt<T>& model, BatchStager& stager, 
       r.second.assign(static_cast<std::size_t>(K), 0.0);
       for (index_t k = 0; k < K; ++k) {
         r.second[k] = dot(space, dirs.data() + k * P, hv.data() + k * P, P);
-        if (hv_sums) (*hv_sums)[static_cast<std::size_t>(k)].add(space, hv.data() + k * P);
+        if (!hv_sums) continue;
+        const T* hk = hv.data() + k * P;
+        if (scatter) scatter->add(space, hk, (*hv_sums)[static_cast<std::size_t>(k)]);
+        else (*hv_sums)[static_cast<std::size_t>(k)].add(space, hk);
       }
     }
     r.first = s.first;
@@ -338,7 +365,7 @@ bool curvature_pass(const ExecSpace& space, Gpt<T>& model, BatchStager& stager, 
     r.count = s.count;
     r.done = true;
     clock.finish(space, r);
-    if (progress) progress(++done, index_t(mine.size()));
+    if (progress) progress(i + 1, index_t(mine.size()));
   }
   space.fence();
   Kokkos::Profiling::popRegion();
@@ -362,15 +389,16 @@ BatchScalars sum_in_order(const std::vector<BatchScalars>& table) {
   return s;
 }
 
-#define GNH_INSTANTIATE(T)                                                                                            \
-  template bool gradient_pass<T>(const ExecSpace&, Gpt<T>&, BatchStager&, Span1<const T>, const std::int32_t*,        \
-                                 const std::vector<Batch>&, const std::vector<index_t>&, ExactSum&,                   \
-                                 std::vector<BatchScalars>&, const StopCheck&, const ProgressFn&, SequenceNorms<T>*); \
-  template class SequenceNorms<T>;                                                                                    \
-  template bool curvature_pass<T>(const ExecSpace&, Gpt<T>&, BatchStager&, Span1<const T>, Span2<const T>,            \
-                                  const std::int32_t*, const std::vector<Batch>&, const std::vector<index_t>&,        \
-                                  CurvatureMethod, std::vector<BatchScalars>&, const StopCheck&, const ProgressFn&,   \
-                                  std::vector<ExactSum>*, CurvatureOperator);
+#define GNH_INSTANTIATE(T)                                                                                           \
+  template bool gradient_pass<T>(const ExecSpace&, Gpt<T>&, BatchStager&, Span1<const T>, const std::int32_t*,       \
+                                 const std::vector<Batch>&, const std::vector<index_t>&, ExactSum&,                  \
+                                 std::vector<BatchScalars>&, const StopCheck&, const ProgressFn&, SequenceNorms<T>*, \
+                                 const Slice*);                                                                      \
+  template class SequenceNorms<T>;                                                                                   \
+  template bool curvature_pass<T>(const ExecSpace&, Gpt<T>&, BatchStager&, Span1<const T>, Span2<const T>,           \
+                                  const std::int32_t*, const std::vector<Batch>&, const std::vector<index_t>&,       \
+                                  CurvatureMethod, std::vector<BatchScalars>&, const StopCheck&, const ProgressFn&,  \
+                                  std::vector<ExactSum>*, CurvatureOperator, const Slice*);
 GNH_INSTANTIATE(float)
 GNH_INSTANTIATE(double)
 #undef GNH_INSTANTIATE

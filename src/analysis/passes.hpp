@@ -10,6 +10,7 @@
 #include "analysis/batch_scalars.hpp"
 #include "analysis/derivatives.hpp"
 #include "analysis/exact_sum.hpp"
+#include "analysis/team.hpp"
 #include "model/gpt.hpp"
 
 namespace gnh {
@@ -68,20 +69,26 @@ class SequenceNorms {
 
 // Gradients of the summed loss of each batch in `mine`, added into acc.
 // Returns false if stopped early. With seq, every sequence's gradient apart
-// (SequenceNorms).
+// (SequenceNorms). With a slice of a shard group of R > 1, acc is this
+// member's slice and every batch's gradient is scattered into the members'
+// slices as it is made (Slice::add): the members go in step, a batch each
+// at a time (one without a batch left adds nothing), and a stop stops them
+// all at the same batch.
 template <class T>
 bool gradient_pass(const ExecSpace& space, Gpt<T>& model, BatchStager& stager, Span1<const T> params,
                    const std::int32_t* ids, const std::vector<Batch>& batches, const std::vector<index_t>& mine,
                    ExactSum& acc, std::vector<BatchScalars>& table, const StopCheck& stop = {},
-                   const ProgressFn& progress = {}, SequenceNorms<T>* seq = nullptr);
+                   const ProgressFn& progress = {}, SequenceNorms<T>* seq = nullptr, const Slice* slice = nullptr);
 
 // Quadratic forms of each batch in `mine` along dirs (K, P) = the model's directions.
-// With forward-over-reverse, hv_sums (K of them) may also collect H_sum v_k.
+// With forward-over-reverse, hv_sums (K of them) may also collect H_sum v_k,
+// by slices as the gradient pass's sum with a slice of R > 1.
 template <class T>
 bool curvature_pass(const ExecSpace& space, Gpt<T>& model, BatchStager& stager, Span1<const T> params,
                     Span2<const T> dirs, const std::int32_t* ids, const std::vector<Batch>& batches,
                     const std::vector<index_t>& mine, CurvatureMethod method, std::vector<BatchScalars>& table,
                     const StopCheck& stop = {}, const ProgressFn& progress = {},
-                    std::vector<ExactSum>* hv_sums = nullptr, CurvatureOperator op = CurvatureOperator::hessian);
+                    std::vector<ExactSum>* hv_sums = nullptr, CurvatureOperator op = CurvatureOperator::hessian,
+                    const Slice* slice = nullptr);
 
 }  // namespace gnh

@@ -136,6 +136,10 @@ struct AnalysisSettings {
   // when its pass is filled (no rows, the noise gradients twice). The same
   // bits either way, so it is not in the settings fingerprint.
   bool keep_noise_vectors = true;
+  // [parallel] parameter_shards: R, each member of a shard group of R holding
+  // one slice of every parameter-sized vector of the analysis (SPEC §12).
+  // The same bits at any R, so not in the settings fingerprint.
+  index_t parameter_shards = 1;
 
   bool fp64() const { return precision == Precision::fp64; }
   bool bf16() const { return precision == Precision::bf16_amp; }

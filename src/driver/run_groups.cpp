@@ -195,7 +195,7 @@ void stability_ratios(const Stability& st, CaseStatistics& s) {
 class GroupRunner {
  public:
   GroupRunner(const Comm& world, const Comm& team_comm, const Campaign& c, const std::string& output, bool quiet)
-      : team_(team_comm),
+      : team_(team_comm, int(c.deck.analysis.parameter_shards)),
         leader_(team_.rank() == 0),
         rank_(world.rank()),
         c_(c),

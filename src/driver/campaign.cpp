@@ -17,11 +17,13 @@
 
 #include "analysis/memory.hpp"
 #include "analysis/sampling.hpp"
+#include "analysis/team.hpp"
 #include "core/build_info.hpp"
 #include "core/isa.hpp"
 #include "core/sha256.hpp"
 #include "io/checkpoint.hpp"
 #include "io/hdf5.hpp"
+#include "model/layout.hpp"
 #include "core/deal.hpp"
 #include "driver/gemm_record.hpp"
 #include "kernels/gemm_probe.hpp"
@@ -425,6 +427,9 @@ RunInfo run_info_of(const Campaign& c, int ranks) {
   ri.precision = to_string(c.deck.analysis.precision);
   ri.ranks = ranks;
   ri.ranks_per_checkpoint = int(c.deck.ranks_per_checkpoint);
+  ri.parameter_shards = int(c.deck.analysis.parameter_shards);
+  for (const index_t b : ShardLayout(ParamLayout(c.cfg).size(), ri.parameter_shards).bounds)
+    ri.parameter_shard_bounds.push_back(std::int64_t(b));
   for (const auto& f : c.files) ri.campaign_checkpoints.push_back(f.name);
   ri.strict_kernels = c.deck.strict_kernels;
   ri.consistency_family = std::int64_t(c.groups.size() * c.cases.size());

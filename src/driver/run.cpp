@@ -10,6 +10,7 @@
 #include "analysis/blocks.hpp"
 #include "analysis/memory.hpp"
 #include "analysis/sampling.hpp"
+#include "analysis/team.hpp"
 #include "core/deal.hpp"
 #include "driver/campaign.hpp"
 #include "driver/run_groups.hpp"
@@ -92,12 +93,18 @@ void print_plan(const Campaign& c, const std::vector<int>& team_of_group, int te
                                                  " sequences a reverse)"
                                            : "";
     const char* noise = m == 0 ? "" : p.keep_noise ? ", the noise vectors kept" : ", the noise vectors recomputed";
+    const int R = int(s.parameter_shards);
+    const std::string sharded = R == 1 ? ""
+                                       : ", the doubles, exact sums and noise vectors as slices of at most " +
+                                             std::to_string(ShardLayout(ParamLayout(c.cfg).size(), R).largest()) +
+                                             " of " + std::to_string(ParamLayout(c.cfg).size()) +
+                                             " parameters (parameter_shards = " + std::to_string(R) + ")";
     std::printf(
         "         memory per rank %s: gradient engine %s, curvature engine (K = %lld) %s, checks %s, "
-        "vectors %s (%lld parameter-sized%s)%s\n",
+        "vectors %s (%lld parameter-sized%s%s)%s\n",
         gib(mem.total()).c_str(), gib(mem.gradient).c_str(), static_cast<long long>(sizes.front()),
         gib(mem.curvature).c_str(), gib(mem.checks).c_str(), gib(mem.vectors).c_str(),
-        static_cast<long long>(mem.vector_count), noise, seq.c_str());
+        static_cast<long long>(mem.vector_count), noise, sharded.c_str(), seq.c_str());
     if (p.spectrum)
       std::printf(
           "         spectrum: %lld Lanczos chain(s) of up to %lld steps on %s, %lld epoch pass(es) per step; basis "

@@ -121,6 +121,19 @@ std::optional<std::int64_t> read_int_attr(hid_t obj, const std::string& name, co
   return v;
 }
 
+std::vector<std::int64_t> read_int_array_attr(hid_t obj, const std::string& name, const std::string& where) {
+  Handle a = open_attr(obj, name);
+  if (!a) return {};
+  Handle t(H5Aget_type(a.id()));
+  if (H5Tget_class(t.id()) != H5T_INTEGER) fail(where, ": attribute '", name, "' is not an integer list");
+  Handle space(H5Aget_space(a.id()));
+  const hssize_t n = H5Sget_simple_extent_npoints(space.id());
+  std::vector<std::int64_t> v(static_cast<std::size_t>(n > 0 ? n : 0));
+  if (!v.empty() && H5Aread(a.id(), H5T_NATIVE_INT64, v.data()) < 0)
+    fail(where, ": cannot read attribute '", name, "'");
+  return v;
+}
+
 std::optional<double> read_double_attr(hid_t obj, const std::string& name, const std::string& where) {
   Handle a = open_attr(obj, name);
   if (!a) return std::nullopt;
@@ -190,6 +203,15 @@ void write_attr(hid_t obj, const std::string& name, const std::vector<std::strin
   Handle a(H5Acreate2(obj, name.c_str(), t.id(), space.id(), H5P_DEFAULT, H5P_DEFAULT));
   // An empty list is the attribute's (0)-shaped dataspace alone: nothing to write.
   if (!a || (!v.empty() && H5Awrite(a.id(), t.id(), ptrs.data()) < 0))
+    fail("HDF5: cannot write attribute '", name, "'");
+}
+
+void write_attr(hid_t obj, const std::string& name, const std::vector<std::int64_t>& v) {
+  if (H5Aexists(obj, name.c_str()) > 0) H5Adelete(obj, name.c_str());
+  const hsize_t n = v.size();
+  Handle space(H5Screate_simple(1, &n, nullptr));
+  Handle a(H5Acreate2(obj, name.c_str(), H5T_NATIVE_INT64, space.id(), H5P_DEFAULT, H5P_DEFAULT));
+  if (!a || (!v.empty() && H5Awrite(a.id(), H5T_NATIVE_INT64, v.data()) < 0))
     fail("HDF5: cannot write attribute '", name, "'");
 }
 

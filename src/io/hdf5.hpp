@@ -60,12 +60,14 @@ std::vector<std::string> list_children(hid_t group, const std::string& where);
 
 // Attributes. `where` names the file/object in error messages.
 std::optional<std::int64_t> read_int_attr(hid_t obj, const std::string& name, const std::string& where);
+std::vector<std::int64_t> read_int_array_attr(hid_t obj, const std::string& name, const std::string& where);
 std::optional<double> read_double_attr(hid_t obj, const std::string& name, const std::string& where);
 std::optional<std::string> read_string_attr(hid_t obj, const std::string& name, const std::string& where);
 void write_attr(hid_t obj, const std::string& name, std::int64_t v);
 void write_attr(hid_t obj, const std::string& name, double v);
 void write_attr(hid_t obj, const std::string& name, const std::string& v);
 void write_attr(hid_t obj, const std::string& name, const std::vector<std::string>& v);
+void write_attr(hid_t obj, const std::string& name, const std::vector<std::int64_t>& v);
 
 // Datasets.
 std::vector<std::int64_t> dataset_shape(hid_t dset);

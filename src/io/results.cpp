@@ -43,6 +43,8 @@ void write_root_attrs(hid_t root, const RunInfo& info, const std::string& format
   h5::write_attr(root, "precision", info.precision);
   h5::write_attr(root, "ranks", std::int64_t(info.ranks));
   h5::write_attr(root, "ranks_per_checkpoint", std::int64_t(info.ranks_per_checkpoint));
+  h5::write_attr(root, "parameter_shards", std::int64_t(info.parameter_shards));
+  h5::write_attr(root, "parameter_shard_bounds", info.parameter_shard_bounds);
   h5::write_attr(root, "shard", info.shard);
   h5::write_attr(root, "campaign_checkpoints", info.campaign_checkpoints);
   if (!info.host_gemm.empty()) h5::write_attr(root, "host_gemm", info.host_gemm);
@@ -431,6 +433,8 @@ RunInfo read_run_info(const std::string& path) {
   ri.shard = str("shard");
   ri.ranks = int(h5::read_int_attr(r, "ranks", path).value_or(1));
   ri.ranks_per_checkpoint = int(h5::read_int_attr(r, "ranks_per_checkpoint", path).value_or(1));
+  ri.parameter_shards = int(h5::read_int_attr(r, "parameter_shards", path).value_or(1));
+  ri.parameter_shard_bounds = h5::read_int_array_attr(r, "parameter_shard_bounds", path);
   ri.campaign_checkpoints = read_string_array_attr(r, "campaign_checkpoints", path);
   ri.host_gemm = h5::read_string_attr(r, "host_gemm", path).value_or("");
   ri.host_gemm_probe = h5::read_string_attr(r, "host_gemm_probe", path).value_or("");

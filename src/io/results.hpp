@@ -54,6 +54,10 @@ struct RunInfo {
   std::string run_name;
   std::string precision;
   int ranks = 1, ranks_per_checkpoint = 1;
+  // parallel.parameter_shards and where its slices of the flat order begin
+  // (R + 1 bounds, analysis/team.hpp's ShardLayout); the results do not depend on them.
+  int parameter_shards = 1;
+  std::vector<std::int64_t> parameter_shard_bounds;
   std::string shard = "0/1";                      // this file's share of the campaign
   std::vector<std::string> campaign_checkpoints;  // every checkpoint file name of the deck
   std::string host_gemm;                          // the dense GEMM's kernel ("avx2", "avx512", "vendor", ...)

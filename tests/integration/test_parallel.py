@@ -347,6 +347,98 @@ class Parallel(unittest.TestCase):
         self.assertIn("too few for noise batches of 15", r.stderr)
 
 
+class ParameterShards(unittest.TestCase):
+    """parallel.parameter_shards: a team's members in shard groups of R, each
+    holding a slice of every vector of the analysis (doc/sharding.md), give the
+    bits of R = 1: every output but the planned memory per rank, which shrinks."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="gnh-par-shards-")
+        # 34208 parameters: 9 chunks of the dot product (4096), so that 2 and
+        # 3 slices each hold several and their cuts fall inside tensors.
+        cfg = gnhtest.gnh_model.GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=257,
+                                          bias=True, tie_embeddings=True, gelu="erf")
+        ck = os.path.join(cls.tmp, "ckpt")
+        os.makedirs(ck)
+        for i in range(2):  # AdamW state and a next state: the preconditioned directions and the update
+            model = gnhtest.make_model(cfg, seed=i, scale=0.3)
+            gnhtest.save_checkpoint(model, ck, f"ckpt_{i}", iter_num=i,
+                                    optimizer=gnhtest.train_adamw(model, steps=2, seed=i))
+        cls.P = sum(p.numel() for p in gnhtest.make_model(cfg, seed=0).parameters())
+        gnhtest.write_tokens(os.path.join(cls.tmp, "train.bin"), 12 * 40 + 7, 257, 1)
+        cls.deck = os.path.join(cls.tmp, "deck.toml")
+        gnhtest.write_deck(cls.deck, "out/r.h5", ["ckpt/*.h5"], 12, "train.bin",
+                           analysis=dict(noise_samples=3, noise_batch=5, directions=3, directions_per_pass=3,
+                                         curvature_method="forward-over-reverse", seed=5))
+        with open(cls.deck, "a") as f:
+            f.write("\n[curvature]\nblocks = true\ndiagonal = true\nupdate = true\npreconditioned = true\n"
+                    'operator = "both"\ntrace_estimator = "hutchinson"\n')
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def run_layout(self, name, np_, rpc, R, sets=()):
+        out = f"out/{name}.h5"
+        r = gnhtest.run_gnh(self.deck, np_, [f"parallel.ranks_per_checkpoint={rpc}", f"parallel.parameter_shards={R}",
+                                             f"run.output={out}", *sets])
+        self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
+        path = os.path.join(self.tmp, out)
+        with h5py.File(path, "r") as f:
+            self.assertEqual(int(f.attrs["parameter_shards"]), R)
+            bounds = list(f.attrs["parameter_shard_bounds"])
+        self.assertEqual(len(bounds), R + 1)
+        self.assertEqual((bounds[0], bounds[-1]), (0, self.P))
+        self.assertTrue(all(b % 4096 == 0 for b in bounds[1:-1]), bounds)
+        snap = snapshot(path)
+        memory = {k: np.frombuffer(v, dtype=np.int64)[0] for k, v in snap.items() if k.endswith("@peak_memory_bytes")}
+        return {k: v for k, v in snap.items() if k not in memory}, memory
+
+    def test_shard_groups_give_the_bits_of_whole_vectors(self):
+        base, whole_memory = self.run_layout("whole", 1, 1, 1)
+        for name in ("seen/blocks/layer/trace_H", "seen/blocks/tensor/frob_H", "seen/hessian_diagonal",
+                     "seen/Hv_sqnorm", "seen/update@dHd", "seen/xiPxi", "seen/blocks/layer/trace_ggn",
+                     "seen/seq_grad_sqnorm", "seen@B_noise_P"):
+            self.assertTrue(any(k.endswith(name) for k in base), name)
+        # Two groups of two on four ranks (the slices' sums over the
+        # replicas), three slices with the noise vectors computed again.
+        for np_, rpc, R, noise in ((2, 2, 2, "keep"), (3, 3, 3, "recompute"), (4, 4, 2, "keep")):
+            with self.subTest(ranks=np_, parameter_shards=R, noise_vectors=noise):
+                snap, memory = self.run_layout(f"r{np_}_{R}", np_, rpc, R, [f'parallel.noise_vectors="{noise}"'])
+                self.assertEqual([k for k in base if snap.get(k) != base[k]], [])
+                self.assertEqual(sorted(snap), sorted(base))
+                if noise == "keep":
+                    self.assertTrue(all(memory[k] < whole_memory[k] for k in memory), (memory, whole_memory))
+        # The second-order forward in float64 (its passes scatter nothing).
+        fp64 = ["precision.policy=fp64", 'analysis.curvature_method="second-order-forward"']
+        base, _ = self.run_layout("whole_sof", 1, 1, 1, fp64)
+        snap, _ = self.run_layout("r2_sof", 2, 2, 2, fp64)
+        self.assertEqual([k for k in base if snap.get(k) != base[k]], [])
+
+    def test_a_killed_sharded_run_resumes_to_the_same_bits(self):
+        base, _ = self.run_layout("uninterrupted", 2, 2, 2)
+        sets = ["--set", "parallel.ranks_per_checkpoint=2", "--set", "parallel.parameter_shards=2", "--set",
+                "run.output=out/killed.h5"]
+        cmd = [gnhtest.MPIEXEC, "-np", "2", gnhtest.GNH, "run", self.deck, "--quiet", *sets]
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=gnhtest.mpi_env(),
+                             start_new_session=True)
+        groups = os.path.join(self.tmp, "out", "killed.groups")
+        deadline = time.time() + 120
+        while time.time() < deadline and not (os.path.isdir(groups) and
+                                              any(f.endswith(".h5") for f in os.listdir(groups))):
+            time.sleep(0.02)
+        subprocess.run(["pkill", "-KILL", "-f", f"^{gnhtest.GNH} run {self.deck}"], check=False)
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate(timeout=120)
+        with h5py.File(os.path.join(self.tmp, "out", "uninterrupted.h5"), "r") as f:
+            n_groups = len(f["groups"])
+        done = [f for f in os.listdir(groups) if f.endswith(".h5")]
+        self.assertLess(len(done), n_groups, "the run finished before the kill")
+        snap, _ = self.run_layout("killed", 2, 2, 2)
+        self.assertEqual([k for k in base if snap.get(k) != base[k]], [])
+
+
 class FamilyLayouts(unittest.TestCase):
     """The Llama and GPT-NeoX families (SPEC section 11) through every layout:
     1 rank, 2 ranks, and ranks_per_checkpoint = 2 on 2 and 4 ranks (the
@@ -391,10 +483,35 @@ class FamilyLayouts(unittest.TestCase):
             with open(deck, "a") as f:
                 f.write("\n[curvature]\nblocks = true\ndiagonal = true\nupdate = true\nlanczos_steps = 4\n"
                         'eigenvectors = 2\nspectrum_blocks = "layer"\noperator = "both"\n')
+            # The same campaign without the spectrum, for parameter_shards.
+            sharded = os.path.join(d, "sharded.toml")
+            gnhtest.write_deck(sharded, "out/s.h5", ["ckpt/*.h5"], 12, "train.bin",
+                               analysis=dict(noise_samples=3, noise_batch=5, directions=3, directions_per_pass=3,
+                                             curvature_method="forward-over-reverse", seed=5))
+            with open(sharded, "a") as f:
+                f.write('\n[curvature]\nblocks = true\ndiagonal = true\nupdate = true\noperator = "both"\n'
+                        'trace_estimator = "hutchinson"\n')
 
     @classmethod
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_parameter_shards_give_the_bits_of_whole_vectors(self):
+        for fam in self.CONFIGS:
+            d = os.path.join(self.tmp, fam)
+            snaps = {}
+            for R in (1, 2):
+                out = f"out/s_{R}.h5"
+                r = gnhtest.run_gnh(os.path.join(d, "sharded.toml"), R, [
+                    f"parallel.ranks_per_checkpoint={R}", f"parallel.parameter_shards={R}", f"run.output={out}"])
+                self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
+                with h5py.File(os.path.join(d, out), "r") as f:
+                    self.assertGreater(f.attrs["parameter_shard_bounds"][-1], 4096)  # two slices, neither empty
+                snaps[R] = {k: v for k, v in snapshot(os.path.join(d, out)).items()
+                            if not k.endswith("@peak_memory_bytes")}
+            self.assertTrue(any(k.endswith("seen/blocks/layer/trace_ggn") for k in snaps[1]))
+            with self.subTest(family=fam):
+                self.assertEqual([k for k in snaps[1] if snaps[2].get(k) != snaps[1][k]], [])
 
     def test_layouts_report_and_resume(self):
         for fam in self.CONFIGS:

@@ -13,6 +13,7 @@
 
 #include "analysis/blocks.hpp"
 #include "analysis/landscape.hpp"
+#include "analysis/team.hpp"
 #include "core/deal.hpp"
 #include "core/error.hpp"
 #include "core/sha256.hpp"
@@ -104,6 +105,43 @@ TEST_CASE("deck: --set overrides keys and is named in errors", "[deck]") {
                Contains("--set analysis.nope=1") && Contains("unknown key 'analysis.nope'"));
   REQUIRE_THAT(error_of(kDeck, {"novalue"}), Contains("expected key=value"));
   REQUIRE_THAT(error_of(kDeck, {"data.context.x=1"}), Contains("'context' is not a table"));
+}
+
+TEST_CASE("deck: parallel.parameter_shards divides the team and refuses the stages held whole", "[deck]") {
+  REQUIRE(parse_deck(kDeck, "deck.toml", "/runs").analysis.parameter_shards == 1);
+  const Deck d =
+      parse_deck(kDeck, "deck.toml", "/runs", {"parallel.ranks_per_checkpoint=6", "parallel.parameter_shards=3"});
+  REQUIRE(d.analysis.parameter_shards == 3);
+  REQUIRE_THAT(error_of(kDeck, {"parallel.ranks_per_checkpoint=4", "parallel.parameter_shards=3"}),
+               Contains("--set parallel.parameter_shards=3") &&
+                   Contains("parallel.parameter_shards = 3 does not divide parallel.ranks_per_checkpoint = 4"));
+  const std::vector<std::string> two{"parallel.ranks_per_checkpoint=2", "parallel.parameter_shards=2"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), two.begin(), two.end());
+    return error_of(std::string(kDeck) + "[curvature]\nblocks = true\n", more);
+  };
+  REQUIRE_THAT(with({"analysis.curvature_method=forward-over-reverse", "curvature.lanczos_steps=4"}),
+               Contains("the spectrum (curvature.lanczos_steps > 0) runs on whole vectors only"));
+  REQUIRE_THAT(with({"analysis.curvature_method=forward-over-reverse"}),  // trace_estimator's default is "both" here
+               Contains("the Hutch++ and deflated traces") && Contains("set it to \"hutchinson\""));
+  REQUIRE(with({"analysis.curvature_method=forward-over-reverse", "curvature.trace_estimator=hutchinson"}).empty());
+}
+
+TEST_CASE("shard layout: slices cut at the dot product's chunks, balanced, covering the order", "[deck]") {
+  for (const auto& [P, R] : {std::pair<index_t, int>{34208, 2}, {34208, 3}, {4096 * 7 + 5, 4}, {100, 3}}) {
+    const ShardLayout l(P, R);
+    REQUIRE(l.begin(0) == 0);
+    REQUIRE(l.end(R - 1) == P);
+    index_t most = 0, least = P;
+    for (int r = 0; r < R; ++r) {
+      REQUIRE(l.begin(r) <= l.end(r));
+      if (r + 1 < R) REQUIRE((l.end(r) % ShardLayout::kChunk == 0 || l.end(r) == P));
+      most = std::max(most, l.size(r));
+      least = std::min(least, l.size(r));
+    }
+    REQUIRE(most - least <= ShardLayout::kChunk + P % ShardLayout::kChunk);  // at most a chunk apart, less the tail
+    REQUIRE(l.largest() == most);
+  }
 }
 
 TEST_CASE("token files: widths, vocabulary check with offsets, digest", "[tokens]") {

@@ -461,11 +461,13 @@ Campaign prepare_campaign(const Comm& comm, const std::string& deck_path, const 
   return c;
 }
 
-void set_pass_sizes(const Comm& comm, Campaign& c, index_t directions_per_pass, index_t hvp_batch) {
+void set_pass_sizes(const Comm& comm, Campaign& c, const PassSizes& sizes) {
   comm.collective([&] {
     std::vector<std::string> overrides = c.deck.overrides;
-    overrides.push_back("analysis.directions_per_pass=" + std::to_string(directions_per_pass));
-    overrides.push_back("analysis.hvp_batch=" + std::to_string(hvp_batch));
+    overrides.push_back("analysis.directions_per_pass=" + std::to_string(sizes.directions_per_pass));
+    overrides.push_back("analysis.hvp_batch=" + std::to_string(sizes.hvp_batch));
+    overrides.push_back("analysis.grad_microbatch=" + std::to_string(sizes.grad_microbatch));
+    overrides.push_back("parallel.parameter_shards=" + std::to_string(sizes.parameter_shards));
     const Deck d = parse_deck(c.deck.source_text, c.deck.file, c.deck.dir, overrides);
     c.deck.overrides = d.overrides;
     const bool keep_noise = c.deck.analysis.keep_noise_vectors;  // resolved by the run, not in the deck
@@ -476,6 +478,10 @@ void set_pass_sizes(const Comm& comm, Campaign& c, index_t directions_per_pass, 
   c.info.effective_deck = c.deck.effective_text;
   c.info.settings_fingerprint = settings_fingerprint(c.deck, c.cfg, c.cases);
   c.info.adjoint_cuts_engines = adjoint_cuts_engines(c);
+  c.info.parameter_shards = int(c.deck.analysis.parameter_shards);
+  c.info.parameter_shard_bounds.clear();
+  for (const index_t b : ShardLayout(ParamLayout(c.cfg).size(), c.info.parameter_shards).bounds)
+    c.info.parameter_shard_bounds.push_back(std::int64_t(b));
 }
 
 void print_engine_settings(const Comm& comm, const Campaign& c) {

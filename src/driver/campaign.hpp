@@ -78,7 +78,10 @@ Campaign prepare_campaign(const Comm& comm, const std::string& deck, const std::
 // text in hand is parsed again with the two as --set, so that they are
 // validated as a --set is and the effective deck (echoed into the output)
 // shows them; the settings fingerprint follows. Collective.
-void set_pass_sizes(const Comm& comm, Campaign& c, index_t directions_per_pass, index_t hvp_batch);
+struct PassSizes {
+  index_t directions_per_pass, hvp_batch, grad_microbatch, parameter_shards;
+};
+void set_pass_sizes(const Comm& comm, Campaign& c, const PassSizes& sizes);
 // The settings fingerprint: a hash of everything that changes a number in the
 // results (every [analysis] key, the data, the model, the precision, gnh's version).
 std::string settings_fingerprint(const Deck& d, const ModelConfig& cfg, const std::vector<LoadedCase>& cases);

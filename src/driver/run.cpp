@@ -158,17 +158,19 @@ void print_summary(const std::vector<GroupSummary>& groups, const std::string& o
 // --fit-memory: rank 0's budget decides for every rank (one campaign, one set
 // of settings), and the prepared campaign takes the choice in place.
 void fit_campaign_to_memory(const Comm& comm, Campaign& c, const MemoryBudget& budget) {
-  std::vector<long long> kb = {0, 0};  // rank 0's choice, summed with zeros: on every rank
+  std::vector<long long> kb = {0, 0, 0, 0};  // rank 0's choice, summed with zeros: on every rank
   comm.collective([&] {
     if (comm.rank() != 0) return;
     const MemoryFit fit = fit_memory(c, budget);
-    kb = {fit.directions_per_pass, fit.hvp_batch};
+    kb = {fit.directions_per_pass, fit.hvp_batch, fit.grad_microbatch, fit.parameter_shards};
   });
   comm.sum(kb);
   if (comm.rank() == 0)
-    std::printf("gnh: --fit-memory: analysis.directions_per_pass = %lld, analysis.hvp_batch = %lld (90%% of %s)\n",
-                kb[0], kb[1], budget.what.c_str());
-  set_pass_sizes(comm, c, index_t(kb[0]), index_t(kb[1]));
+    std::printf(
+        "gnh: --fit-memory: analysis.directions_per_pass = %lld, analysis.hvp_batch = %lld, analysis.grad_microbatch "
+        "= %lld, parallel.parameter_shards = %lld (90%% of %s)\n",
+        kb[0], kb[1], kb[2], kb[3], budget.what.c_str());
+  set_pass_sizes(comm, c, {index_t(kb[0]), index_t(kb[1]), index_t(kb[2]), index_t(kb[3])});
 }
 
 // parallel.noise_vectors: rank 0's choice for every rank (a team's members

@@ -103,10 +103,34 @@ std::string lower_of(const std::vector<std::pair<std::string, std::int64_t>>& se
   return out;
 }
 
-// What else frees memory: the noise vectors kept, Hutch++'s sketch, the Lanczos basis.
-std::string other_remedies(const Campaign& c, int rpc) {
+// Whether these settings may shard the vectors (io/deck.cpp refuses the
+// stages held whole beside parameter_shards > 1).
+bool shardable(const AnalysisSettings& s) {
+  return s.curvature.lanczos_steps == 0 && !s.curvature.hutchpp && !s.landscape.any();
+}
+
+// The smallest parameter_shards above the deck's whose plan fits the limit
+// (at most kMostShards; 0: none or not shardable).
+constexpr int kMostShards = 64;
+int shards_that_fit(const Campaign& c, AnalysisSettings s, int rpc, double limit) {
+  if (!shardable(s)) return 0;
+  for (int R = int(s.parameter_shards) + 1; R <= kMostShards; ++R) {
+    s.parameter_shards = R;
+    if (double(planned_per_rank(c, s, std::max(rpc, R))) <= limit) return R;
+  }
+  return 0;
+}
+
+// What else frees memory: more parameter shards, the noise vectors kept,
+// Hutch++'s sketch, the Lanczos basis.
+std::string other_remedies(const Campaign& c, int rpc, double limit) {
   const AnalysisSettings& s = c.deck.analysis;
   std::string out;
+  if (const int R = shards_that_fit(c, s, rpc, limit))
+    out +=
+        ", set parallel.parameter_shards = " + std::to_string(R) +
+        (rpc % R == 0 ? "" : " with parallel.ranks_per_checkpoint a multiple of it (now " + std::to_string(rpc) + ")") +
+        " (each rank then holds a slice of the analysis's vectors)";
   // Recomputing them frees the kept vectors but holds an exact sum and a
   // batch gradient in the curvature passes: advised where that is less.
   bool noise = false;
@@ -154,14 +178,20 @@ void check_memory(const Campaign& c, const MemoryBudget& b) {
   std::string lower = lower_of({{"analysis.hvp_batch", s.hvp_batch},
                                 {"analysis.directions_per_pass", s.directions_per_pass},
                                 {"analysis.grad_microbatch", s.grad_microbatch}});
-  const std::string fit = s.hvp_batch > 1 || s.directions_per_pass > 1
-                              ? ", or pass --fit-memory to choose directions_per_pass and hvp_batch"
-                              : "";
+  const std::string fit =
+      s.hvp_batch > 1 || s.directions_per_pass > 1 || s.grad_microbatch > 1 || shards_that_fit(c, s, rpc, limit) > 0
+          ? ", or pass --fit-memory to choose directions_per_pass, hvp_batch, grad_microbatch and parameter_shards"
+          : "";
   fail(c.deck.file, ": the plan needs ", gib(need), " per rank (case ", which, ") but 90% of ", b.what, " is ",
-       gib(std::size_t(limit)), ": ", lower.empty() ? "every batch setting is at 1" : lower, other_remedies(c, rpc),
-       ", run fewer ranks per node", fit);
+       gib(std::size_t(limit)), ": ", lower.empty() ? "every batch setting is at 1" : lower,
+       other_remedies(c, rpc, limit), ", run fewer ranks per node", fit);
 }
 
+// The smallest parameter_shards dividing the team (from 1 where the
+// settings may shard, else the deck's) whose plan fits at one direction a
+// pass and one block an HVP batch with the deck's grad_microbatch; where none
+// does, the most shards and the largest grad_microbatch that fit; then the
+// largest directions_per_pass, then the largest hvp_batch.
 MemoryFit fit_memory(const Campaign& c, const MemoryBudget& b) {
   if (b.per_rank < 0) fail("--fit-memory: the machine's memory is unknown here; give --memory-budget");
   AnalysisSettings s = c.deck.analysis;
@@ -177,21 +207,47 @@ MemoryFit fit_memory(const Campaign& c, const MemoryBudget& b) {
     s.hvp_batch = B;
     return double(planned_per_rank(c, s, rpc)) <= limit;
   };
+  std::vector<index_t> shards{s.parameter_shards};
+  if (shardable(s)) {
+    shards.clear();
+    for (int R = 1; R <= rpc; ++R)
+      if (rpc % R == 0) shards.push_back(R);
+  }
+  bool found = false;
+  for (const index_t R : shards) {
+    s.parameter_shards = R;
+    if ((found = fits(1, 1))) break;
+  }
+  if (!found) {  // the most shards; the largest grad_microbatch below the deck's that fits
+    index_t lo = 0, hi = s.grad_microbatch - 1;
+    while (lo < hi) {
+      const index_t mid = lo + (hi - lo + 1) / 2;
+      s.grad_microbatch = mid;
+      if (fits(1, 1)) lo = mid;
+      else hi = mid - 1;
+    }
+    s.grad_microbatch = std::max<index_t>(lo, 1);
+    if (lo == 0 || !fits(1, 1)) {
+      AnalysisSettings deck = c.deck.analysis;
+      deck.parameter_shards = s.parameter_shards;
+      fail(c.deck.file,
+           ": --fit-memory: even one direction per pass, one block per HVP batch and per gradient "
+           "microbatch",
+           shardable(deck) ? " and parallel.parameter_shards = " + std::to_string(shards.back()) : "",
+           " need more than 90% of ", b.what, ": every batch setting is at 1", other_remedies(c, rpc, limit),
+           ", or run fewer ranks per node");
+    }
+  }
   index_t K = std::min<index_t>(most_dirs, 4096);
   while (K > 1 && !fits(K, 1)) --K;
-  if (!fits(K, 1)) {
-    const std::string lower = lower_of({{"analysis.grad_microbatch", c.deck.analysis.grad_microbatch}});
-    fail(c.deck.file, ": --fit-memory: even one direction per pass and one block per HVP batch need more than 90% of ",
-         b.what, ": ", lower.empty() ? "every batch setting is at 1" : lower, other_remedies(c, rpc),
-         ", or run fewer ranks per node");
-  }
   index_t lo = 1, hi = most_blocks;  // the largest B in [lo, hi] that fits
   while (lo < hi) {
     const index_t mid = lo + (hi - lo + 1) / 2;
     if (fits(K, mid)) lo = mid;
     else hi = mid - 1;
   }
-  return {static_cast<long long>(K), static_cast<long long>(lo)};
+  return {static_cast<long long>(K), static_cast<long long>(lo), static_cast<long long>(s.grad_microbatch),
+          static_cast<long long>(s.parameter_shards)};
 }
 
 }  // namespace gnh

@@ -42,7 +42,7 @@ void check_memory(const Campaign& c, const MemoryBudget& b);
 // then the largest hvp_batch (up to a case's blocks), whose plan fits in 90%
 // of the budget.
 struct MemoryFit {
-  long long directions_per_pass = 0, hvp_batch = 0;
+  long long directions_per_pass = 0, hvp_batch = 0, grad_microbatch = 0, parameter_shards = 1;
 };
 MemoryFit fit_memory(const Campaign& c, const MemoryBudget& b);
 

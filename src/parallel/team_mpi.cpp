@@ -77,7 +77,8 @@ class MpiShards final : public ShardGroup {
     std::vector<int> has(std::size_t(R), 0);
     MPI_Allgather(&mine, 1, MPI_INT, has.data(), 1, MPI_INT, comm());
     if (std::none_of(has.begin(), has.end(), [](int h) { return h != 0; })) return;
-    const index_t C = std::max<index_t>(1, std::min(kRound, layout.largest()));
+    // Rounds of at most a slice over R: the buffers hold about two slices.
+    const index_t C = std::max<index_t>(1, std::min(kRound, (layout.largest() + R - 1) / R));
     std::vector<T> send(std::size_t(R * C)), recv(std::size_t(R * C));
     View1<T> staged(Kokkos::view_alloc(Kokkos::WithoutInitializing, "gnh::shards::received"), C);
     const std::size_t members = std::size_t(R);

@@ -140,7 +140,31 @@ class Memory(unittest.TestCase):
         self.assertIn(f"analysis.hvp_batch (now {B + 1})", r.stderr)
         r = self.gnh("--memory-budget", "1kB", "--fit-memory")
         self.assertNotEqual(r.returncode, 0)
-        self.assertIn("lower analysis.grad_microbatch", r.stderr)
+        self.assertIn("even one direction per pass, one block per HVP batch and per gradient microbatch", r.stderr)
+
+    def test_fit_memory_chooses_the_fewest_parameter_shards(self):
+        # Without the stages held whole, on a team of two: a budget between the
+        # plans of one and two shards at one direction a pass and one block a
+        # batch is refused at one shard, naming two, and --fit-memory takes two
+        # (and the deck's grad_microbatch).
+        sets = ["--set", "curvature.lanczos_steps=0", "--set", 'curvature.trace_estimator="hutchinson"', "--set",
+                "parallel.ranks_per_checkpoint=2", "--set", "analysis.grad_microbatch=4", "--set",
+                'parallel.noise_vectors="keep"', "--set", "analysis.directions_per_pass=1", "--set",
+                "analysis.hvp_batch=1"]
+        planned = {}  # what the refusal of a tiny budget says each needs
+        for R in (1, 2):
+            r = self.gnh("--dry-run", *sets, "--set", f"parallel.parameter_shards={R}", "--memory-budget", "1kB",
+                         np_=2)
+            planned[R] = float(re.search(r"the plan needs ([0-9.e+-]+) GiB per rank", r.stderr).group(1))
+        self.assertLess(planned[2], 0.95 * planned[1], planned)
+        # 90% of the budget, shared by the node's two ranks, halfway between.
+        budget = str(int((planned[1] + planned[2]) / 2 * 2 ** 30 * 2 / 0.9))
+        r = self.gnh("--dry-run", *sets, "--memory-budget", budget, np_=2)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("set parallel.parameter_shards = 2 (each rank then holds a slice", r.stderr)
+        r = self.gnh("--dry-run", *sets, "--memory-budget", budget, "--fit-memory", np_=2)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("analysis.grad_microbatch = 4, parallel.parameter_shards = 2", r.stdout)
 
     def test_vector_count_is_fixed_when_noise_vectors_are_recomputed(self):
         # The plan's parameter-sized vectors at its largest stage: recomputed

@@ -21,10 +21,12 @@ struct Analyser::Impl {
 
 namespace {
 
-// A host vector on the device (empty when it is), of the layout's size P.
+// A host vector on the device (empty when it is), of the layout's size P
+// (P < 0: of its own size).
 template <class D, class S>
 View1<D> device_copy(const std::vector<S>& v, index_t P, const char* label) {
   if (v.empty()) return View1<D>();
+  if (P < 0) P = index_t(v.size());
   if (index_t(v.size()) != P) throw std::logic_error(std::string(label) + ": size differs from the layout");
   View1<D> out(std::string(label), P);
   auto h = Kokkos::create_mirror_view(out);
@@ -42,7 +44,8 @@ struct EnginesOf final : Analyser::Impl {
     params = device_copy<T>(p, engines.layout().size(), "gnh::analyser::params");
   }
   void set_preconditioner(const std::vector<double>& p) override {
-    precond = device_copy<double>(p, engines.layout().size(), "gnh::analyser::preconditioner");
+    // This member's slice with parameter_shards (analyse_case checks its size).
+    precond = device_copy<double>(p, -1, "gnh::analyser::preconditioner");
   }
   void set_update_target(const std::vector<float>& b) override {
     target = device_copy<T>(b, engines.layout().size(), "gnh::analyser::update_target");

@@ -131,6 +131,8 @@ struct CaseAnalysis {
         blocks_.push_back(std::move(b));
       }
     for (const BlockMeasurements& b : blocks_) n_block_values_ += index_t(b.size());
+    if (precond_.extent(0) != 0 && index_t(precond_.extent(0)) != n_)
+      throw std::logic_error("gnh::case: the preconditioner is not this member's slice");
   }
 
   // Delta = theta_b - theta_a in double (this member's slice), from the
@@ -151,8 +153,8 @@ struct CaseAnalysis {
   double sdot(const A* a, const B* b) const {
     return sharded_dot(space_, slice_, a, b);
   }
-  // The AdamW preconditioner's slice.
-  const double* precond_slice() const { return precond_.data() + begin_; }
+  // The AdamW preconditioner's slice (as the case was given it: its slice with parameter_shards).
+  const double* precond_slice() const { return precond_.data(); }
 
   // sum_i a_i b_i over every block of every partition, in order (all
   // partitions' blocks concatenated), of two of this member's slices; empty
@@ -178,9 +180,19 @@ struct CaseAnalysis {
     slice_.group->gather(slice_.layout, whole.data());
     return whole;
   }
-  // The stages that run on whole vectors only (the deck refuses them with R > 1).
-  void needs_whole(const char* stage) const {
-    if (!slice_.whole()) throw std::logic_error(std::string("gnh::case: ") + stage + " with parameter_shards > 1");
+  // G and Delta whole, for the stages that take them whole (the landscapes):
+  // the slices themselves at R = 1, else gathered once.
+  View1<double> whole_G() {
+    if (G_whole_.extent(0) == 0) G_whole_ = whole_of(G_);
+    return G_whole_;
+  }
+  // The preconditioner whole where the spectrum of P^1/2 H P^1/2 takes it (empty otherwise).
+  View1<double> whole_precond() {
+    return s_.curvature.lanczos_php && precond_.extent(0) > 0 ? whole_of(precond_) : View1<double>();
+  }
+  View1<double> whole_delta() {
+    if (delta_whole_.extent(0) == 0) delta_whole_ = whole_of(delta_);
+    return delta_whole_;
   }
   // Appends the concatenated per-block values v to row lists, one per partition.
   void add_block_row(std::vector<std::vector<double>> BlockMeasurements::*rows, const std::vector<double>& v) {
@@ -615,7 +627,6 @@ struct CaseAnalysis {
   // Hutch++; each an exact part over a basis Q and Hutchinson samples of the
   // complement (doc/statistics.md, "Traces with less variance").
   void traces() {
-    needs_whole("the traces");
     meter_.begin();
     const index_t m = s_.directions, k = hutchpp_sketch(s_);
     if (s_.curvature.op != OperatorChoice::ggn) {
@@ -639,11 +650,13 @@ struct CaseAnalysis {
   // The epoch's A r (A = H or GGN) of every row r of rows (K, P), in passes
   // of at most directions_per_pass, each product summed exactly over the
   // batches and the team and handed to take(i, A r_i) in double.
+  // With parameter_shards, the sums are slices and each product is gathered
+  // whole before it is handed on.
   template <class Take>
   void products(View2<T> rows, CurvatureOperator op, Take&& take) {
     const index_t K = index_t(rows.extent(0)), width = std::min(K, s_.directions_per_pass);
     std::vector<ExactSum> sums;
-    for (index_t r = 0; r < width; ++r) sums.emplace_back(P_);
+    for (index_t r = 0; r < width; ++r) sums.emplace_back(n_);
     View1<double> Ar("gnh::case::trace_product", P_);
     for (index_t first = 0; first < K; first += width) {
       const index_t n = std::min(width, K - first);
@@ -651,9 +664,10 @@ struct CaseAnalysis {
       for (ExactSum& e : pass) e.clear(space_);
       chunk_pass(rows, first, n, CurvatureMethod::forward_over_reverse, op, "traces", &pass);
       for (index_t r = 0; r < n; ++r) {
-        team_.sum(pass[std::size_t(r)]);
-        pass[std::size_t(r)].to_double(space_, Ar.data(), 1.0 / double(tokens_));
+        replicas_.sum(pass[std::size_t(r)]);
+        pass[std::size_t(r)].to_double(space_, Ar.data() + begin_, 1.0 / double(tokens_));
         space_.fence();
+        if (!slice_.whole()) slice_.group->gather(slice_.layout, Ar.data());
         take(first + r, Ar);
       }
     }
@@ -668,7 +682,7 @@ struct CaseAnalysis {
     std::vector<BatchScalars> ct;
     const bool ok = curvature_pass<T>(
         space_, engines_.curvature(n), stager_, params_, Span2<const T>(rows.data() + first * P_, n, P_), ids_, batches,
-        team_.share_of(index_t(batches.size())), method, ct, hooks_.stop, progress(stage), sums, op);
+        team_.share_of(index_t(batches.size())), method, ct, hooks_.stop, progress(stage), sums, op, &slice_);
     if (team_.any(!ok)) throw Interrupted{};
     team_.share(ct);
     meter_.add(ct, n);
@@ -734,11 +748,11 @@ struct CaseAnalysis {
     products(Q, op, [&](index_t i, View1<double> Aq) {
       for (index_t j = 0; j < k; ++j) {
         M[std::size_t(i * k + j)] = dot(space_, Q.data() + j * P_, Aq.data(), P_);
-        if (by_block) X[std::size_t(j * k + i)] = block_dots(Q.data() + j * P_, Aq.data());
+        if (by_block) X[std::size_t(j * k + i)] = block_dots(Q.data() + j * P_ + begin_, Aq.data() + begin_);
       }
       for (index_t j = 0; j < n; ++j) {
         e[std::size_t(j * k + i)] = dot(space_, dir(j), Aq.data(), P_);
-        if (by_block) Y[std::size_t(i * n + j)] = block_dots(g.data(), Aq.data());
+        if (by_block) Y[std::size_t(i * n + j)] = block_dots(g.data() + begin_, Aq.data() + begin_);
       }
     });
     if (by_block) block_hutchpp(X, Y, c, k, first, n);
@@ -801,7 +815,6 @@ struct CaseAnalysis {
   // directions' D^T H D in one epoch curvature pass, then each line and the
   // plane by forward passes (losses_at).
   void landscapes() {
-    needs_whole("the landscapes");
     meter_.begin();
     const LandscapeSettings& ls = s_.landscape;
     std::vector<LandscapeAxis> axes;
@@ -856,7 +869,7 @@ struct CaseAnalysis {
         a.unit = GHG > 0 ? "eps* |G|, eps* = |G|^2 / G^T H G" : "|G|^3 / |G^T H G| (G^T H G <= 0)";
         a.slope = -scale * G2;
         a.curvature = scale * scale * GHG;
-        auto Gv = G_;
+        auto Gv = whole_G();
         const double e = scale;
         Kokkos::parallel_for(
             "gnh::case::landscape_G", range(space_, P_), KOKKOS_LAMBDA(const index_t i) { D(i) = -e * Gv(i); });
@@ -864,7 +877,7 @@ struct CaseAnalysis {
       }
       case LandscapeKind::update:
         a.unit = "the next state (Delta)";
-        Kokkos::deep_copy(space_, D, delta_);
+        Kokkos::deep_copy(space_, D, whole_delta());
         a.slope = out_.update.G_dot_delta;
         a.curvature = out_.update.dHd;
         break;
@@ -877,7 +890,7 @@ struct CaseAnalysis {
         const double e = scale;
         Kokkos::parallel_for(
             "gnh::case::landscape_u", range(space_, P_), KOKKOS_LAMBDA(const index_t i) { D(i) = e * y(i); });
-        a.slope = dot(space_, D.data(), G_.data(), P_);
+        a.slope = dot(space_, D.data(), whole_G().data(), P_);
         a.curvature = scale * scale * lambda;
         break;
       }
@@ -888,7 +901,7 @@ struct CaseAnalysis {
         Kokkos::parallel_for(
             "gnh::case::landscape_round", range(space_, P_),
             KOKKOS_LAMBDA(const index_t i) { D(i) = double(T(D(i))); });
-        a.slope = dot(space_, D.data(), G_.data(), P_);
+        a.slope = dot(space_, D.data(), whole_G().data(), P_);
         break;
       }
     }
@@ -1172,9 +1185,10 @@ struct CaseAnalysis {
   BatchStager stager_;
   Stopwatch clock_;
   CaseStatistics out_;
-  std::int64_t tokens_ = 0;  // targets of the epoch
-  View1<double> G_, gj_;     // (n_) the epoch's mean gradient; a noise batch's (then the partition's mean)
-  View2<T> xi_;              // (m, n_) the noise vectors
+  std::int64_t tokens_ = 0;              // targets of the epoch
+  View1<double> G_, gj_;                 // (n_) the epoch's mean gradient; a noise batch's (then the partition's mean)
+  View1<double> G_whole_, delta_whole_;  // (P) G and Delta gathered (whole_G, whole_delta), where asked for
+  View2<T> xi_;                          // (m, n_) the noise vectors
   // With operator "both" and per-block statistics: the epoch's GGN v_k of
   // each Rademacher direction (K more forward-over-reverse directions, in
   // passes no wider than the planned ones), for the per-block trace_ggn.
@@ -1219,15 +1233,15 @@ struct CaseAnalysis {
       double g = 0, d = 0;
       for (index_t i = 0; i < k; ++i) {
         const double* y = sp.vectors.data() + i * P_;
-        const double a = dot(space_, y, G_.data(), P_);
+        const double a = sdot(y + begin_, G_.data());
         g += a * a;
         if (plan_.update) {
-          const double b = dot(space_, y, delta_.data(), P_);
+          const double b = sdot(y + begin_, delta_.data());
           d += b * b;
         }
       }
       st.G_in_topk = g / out_.m.G_sqnorm;
-      if (plan_.update) st.delta_in_topk = d / dot(space_, delta_.data(), delta_.data(), P_);
+      if (plan_.update) st.delta_in_topk = d / sdot(delta_.data(), delta_.data());
     }
     auto h = Kokkos::create_mirror_view_and_copy(HostSpace(), sp.vectors);
     st.eigenvectors.resize(std::size_t(k * P_));
@@ -1238,13 +1252,12 @@ struct CaseAnalysis {
   // curvature.spectrum_blocks = "layer": Lanczos on every layer block's H_bb,
   // the blocks' chains in shared passes.
   void layer_spectra() {
-    needs_whole("the layer spectra");
     meter_.begin();
     Partition layer;
     for (Partition& p : parameter_partitions(engines_.layout()))
       if (p.name == "layer") layer = std::move(p);
-    SpectrumRun sp = lanczos_spectrum<T>(space_, team_, engines_, stager_, params_, precond_, ids_, plan_.n_blocks,
-                                         tokens_, s_, hooks_, CurvatureOperator::hessian, &layer);
+    SpectrumRun sp = lanczos_spectrum<T>(space_, team_, engines_, stager_, params_, whole_precond(), ids_,
+                                         plan_.n_blocks, tokens_, s_, hooks_, CurvatureOperator::hessian, &layer);
     out_.spectrum_blocks = std::move(sp.blocks);
     record_spectrum("spectrum_blocks", sp);
   }
@@ -1262,12 +1275,11 @@ struct CaseAnalysis {
   }
 
   void spectrum(CurvatureOperator op) {
-    needs_whole("the spectrum");
     const bool ggn = op == CurvatureOperator::gauss_newton;
     const std::string name = ggn ? "spectrum_ggn" : "spectrum";
     meter_.begin();
-    SpectrumRun sp = lanczos_spectrum<T>(space_, team_, engines_, stager_, params_, precond_, ids_, plan_.n_blocks,
-                                         tokens_, s_, hooks_, op);
+    SpectrumRun sp = lanczos_spectrum<T>(space_, team_, engines_, stager_, params_, whole_precond(), ids_,
+                                         plan_.n_blocks, tokens_, s_, hooks_, op);
     if (sp.vectors.extent(0) > 0) topk_projections(sp);
     // The eigenvector:i landscapes' directions, and the deflated trace's basis.
     if (!ggn && !s_.curvature.lanczos_php && (s_.landscape.top_eigenvector() > 0 || s_.curvature.hutchpp)) {

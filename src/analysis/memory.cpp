@@ -89,11 +89,13 @@ namespace {
 // With parameter_shards R > 1 the doubles, the exact sums and the kept noise
 // vectors are a member's slice (the largest, ShardLayout); what the engines
 // read (parameters, directions, a batch's gradient and products) is whole,
-// and a scatter's round buffers are added.
+// as are the doubles of the landscapes and the traces (w: their
+// displacements, Ritz vectors and products, and G and Delta gathered for the
+// landscapes), and a scatter's round buffers are added.
 std::vector<std::pair<std::size_t, index_t>> stage_vectors(const AnalysisSettings& s, const CasePlan& c, std::size_t P,
                                                            std::size_t scalar) {
   struct Count {
-    index_t d = 0, x = 0, t = 0;
+    index_t d = 0, x = 0, t = 0, w = 0;
   };
   const index_t K = c.pass_widths.front(), part = c.partition ? 1 : 0;
   const bool fr = s.curvature_method == CurvatureMethod::forward_over_reverse;
@@ -136,17 +138,18 @@ std::vector<std::pair<std::size_t, index_t>> stage_vectors(const AnalysisSetting
       // Ritz vectors they take), one point's parameters; the random
       // directions' curvature pass (its directions, forward-over-reverse's
       // batch gradient and products)
-      {g + index_t(s.landscape.used().size()) + ritz, part, 1 + R + (fr && R > 0 ? 1 + R : 0)},
+      {g, part, 1 + R + (fr && R > 0 ? 1 + R : 0),
+       index_t(s.landscape.used().size()) + ritz + (shards > 1 ? 1 + (c.update ? 1 : 0) : 0)},
       // the traces: the Ritz vectors (and their rounded copies), a product in
       // double, a pass's exact sums; the sketch and its basis, a direction,
       // forward-over-reverse's batch gradient and the pass's products
-      {g + ritz + 1, part + tw, 2 * k3 + ritz + 1 + 1 + tw}};
+      {g, part + tw, 2 * k3 + ritz + 1 + 1 + tw, ritz + 1}};
   std::vector<std::pair<std::size_t, index_t>> out;
   for (const Count& n : stages)
     out.emplace_back(Ps * (sizeof(double) * std::size_t(held.d + n.d) + sizeof(fixed128) * std::size_t(held.x + n.x) +
                            scalar * std::size_t(kept_noise)) +
-                         P * scalar * std::size_t(held.t + n.t) + rounds,
-                     held.d + n.d + held.x + n.x + held.t + n.t + kept_noise);
+                         P * (scalar * std::size_t(held.t + n.t) + sizeof(double) * std::size_t(n.w)) + rounds,
+                     held.d + n.d + held.x + n.x + held.t + n.t + n.w + kept_noise);
   return out;
 }
 

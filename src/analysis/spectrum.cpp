@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "analysis/dot.hpp"
+#include "analysis/team.hpp"
 #include "analysis/sampling.hpp"
 #include "core/compat.hpp"
 #include "core/error.hpp"
@@ -63,6 +64,7 @@ struct LanczosChains {
               : op == CurvatureOperator::gauss_newton ? "spectrum_ggn"
                                                       : "spectrum"),
         P_(engines.layout().size()),
+        slice_(team.shards(), P_),
         C_(blocks ? index_t(blocks->names.size()) : s.curvature.lanczos_chains),
         m_(s.curvature.lanczos_steps),
         rows_(std::min(m_, P_) + 1),
@@ -220,7 +222,7 @@ struct LanczosChains {
     View2<T> dirs("gnh::lanczos::directions", K, P_);
     std::vector<ExactSum> sums;
     for (index_t k = 0; k < K; ++k) {
-      sums.emplace_back(P_);
+      sums.emplace_back(slice_.n);
       sums.back().clear(space_);
       auto q = Kokkos::subview(q_, chains[std::size_t(k)], Kokkos::ALL);
       auto d = Kokkos::subview(dirs, k, Kokkos::ALL);
@@ -238,7 +240,7 @@ struct LanczosChains {
     const bool ok =
         curvature_pass<T>(space_, engines_.curvature(K), stager_, params_, Span2<const T>(dirs.data(), K, P_), ids_,
                           batches_, team_.share_of(index_t(batches_.size())), CurvatureMethod::forward_over_reverse,
-                          table, hooks_.stop, progress, &sums, op_);
+                          table, hooks_.stop, progress, &sums, op_, &slice_);
     if (team_.any(!ok)) throw Interrupted{};
     team_.share(table);
     for (const BatchScalars& r : table) {
@@ -246,8 +248,12 @@ struct LanczosChains {
       direction_seconds_.push_back(r.seconds / double(K));
     }
     for (index_t k = 0; k < K; ++k) {
-      team_.sum(sums[std::size_t(k)]);
-      sums[std::size_t(k)].to_double(space_, Hv_.data(), 1.0 / double(tokens_));
+      // With parameter_shards: each member's slice of the product, then the
+      // product whole on every member (the basis is dealt over the team).
+      team_.replicas().sum(sums[std::size_t(k)]);
+      sums[std::size_t(k)].to_double(space_, Hv_.data() + slice_.begin, 1.0 / double(tokens_));
+      space_.fence();
+      if (!slice_.whole()) slice_.group->gather(slice_.layout, Hv_.data());
       if (sqrt_p_.extent(0) > 0) {
         auto h = Hv_;
         auto sp = sqrt_p_;
@@ -690,7 +696,9 @@ struct LanczosChains {
   const CurvatureOperator op_;
   LanczosStore* const store_;  // the operator's saved state between steps, or none
   const std::string name_;     // "spectrum" or "spectrum_ggn": stage, group and identity names
-  const index_t P_, C_, m_, rows_;
+  const index_t P_;
+  const Slice slice_;  // parallel.parameter_shards: this member's slice of the products' exact sums
+  const index_t C_, m_, rows_;
   const std::int64_t tokens_;
   const std::vector<Batch> batches_;
   index_t n_chunks_ = 0, local_chunks_ = 0, L_ = 0;

@@ -46,6 +46,16 @@ void print_landscape_plan(const LandscapeSettings& ls, index_t n, index_t microb
       random.c_str());
 }
 
+// The dry run's note on the vectors held as slices (parallel.parameter_shards), or "".
+std::string sharded_vectors_note(const ModelConfig& cfg, const AnalysisSettings& s) {
+  const int R = int(s.parameter_shards);
+  if (R == 1) return "";
+  const index_t P = ParamLayout(cfg).size();
+  return ", the doubles, exact sums and noise vectors as slices of at most " +
+         std::to_string(ShardLayout(P, R).largest()) + " of " + std::to_string(P) +
+         " parameters (parameter_shards = " + std::to_string(R) + ")";
+}
+
 void print_plan(const Campaign& c, const std::vector<int>& team_of_group, int teams, int rpc,
                 const std::string& output) {
   const AnalysisSettings& s = c.deck.analysis;
@@ -93,12 +103,7 @@ void print_plan(const Campaign& c, const std::vector<int>& team_of_group, int te
                                                  " sequences a reverse)"
                                            : "";
     const char* noise = m == 0 ? "" : p.keep_noise ? ", the noise vectors kept" : ", the noise vectors recomputed";
-    const int R = int(s.parameter_shards);
-    const std::string sharded = R == 1 ? ""
-                                       : ", the doubles, exact sums and noise vectors as slices of at most " +
-                                             std::to_string(ShardLayout(ParamLayout(c.cfg).size(), R).largest()) +
-                                             " of " + std::to_string(ParamLayout(c.cfg).size()) +
-                                             " parameters (parameter_shards = " + std::to_string(R) + ")";
+    const std::string sharded = sharded_vectors_note(c.cfg, s);
     std::printf(
         "         memory per rank %s: gradient engine %s, curvature engine (K = %lld) %s, checks %s, "
         "vectors %s (%lld parameter-sized%s%s)%s\n",

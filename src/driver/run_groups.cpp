@@ -79,12 +79,34 @@ std::string lanczos_prefix(const std::string& output, const std::string& hash, c
 // The parameters of group g, read once: the team leader reads the first file
 // (its hash computed from the values read and checked against the plan), and
 // the team's members read the other files of the group that planning grouped
-// by their stored param_sha256 alone, to prove them the same state. Throws
-// gnh::Error on every member when any member found a problem.
+// by their stored param_sha256 alone, to prove them the same state. With
+// parameter shards each member of a shard group reads its slice of the first
+// file by hyperslab and the group gathers them; the leader checks that
+// file's hash reading it in blocks (never the vector whole in one piece).
+// Throws gnh::Error on every member when any member found a problem.
 std::vector<float> group_parameters(MpiTeam& team, const GroupRecord& g, const std::vector<bool>& alias_hashed,
                                     int world_rank, bool quiet) {
   std::vector<float> params;
   std::string error;
+  ShardGroup& shards = team.shards();
+  const ShardLayout layout(g.n_params, shards.size());
+  auto read_slice = [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string& path = g.alias_paths[0];
+    if (team.rank() == 0 && verify_param_hash(path) != g.param_sha256)
+      fail(path, ": parameters hash to another state than the ", g.hash,
+           " it was grouped by (changed while the run was starting?)");
+    const int r = shards.rank();
+    params.assign(std::size_t(g.n_params), 0.0f);
+    const std::vector<float> mine = read_param_slice(path, layout.begin(r), layout.end(r));
+    std::copy(mine.begin(), mine.end(), params.begin() + layout.begin(r));
+    if (!quiet) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("gnh: [rank %d] read %s: parameters [%lld, %lld) in %.2f s\n", world_rank, g.aliases[0].c_str(),
+                  static_cast<long long>(layout.begin(r)), static_cast<long long>(layout.end(r)), s);
+      std::fflush(stdout);
+    }
+  };
   auto read = [&](std::size_t a) {
     const auto t0 = std::chrono::steady_clock::now();
     Checkpoint ck = read_checkpoint(g.alias_paths[a]);
@@ -100,7 +122,8 @@ std::vector<float> group_parameters(MpiTeam& team, const GroupRecord& g, const s
     return std::move(ck.params);
   };
   try {
-    if (team.rank() == 0) params = read(0);
+    if (shards.size() > 1) read_slice();
+    else if (team.rank() == 0) params = read(0);
     for (std::size_t a = 1; a < g.alias_paths.size(); ++a)
       if (!alias_hashed[a] && dealt_to(index_t(a - 1), team.size()) == team.rank()) read(a);
   } catch (const Error& e) {
@@ -108,24 +131,28 @@ std::vector<float> group_parameters(MpiTeam& team, const GroupRecord& g, const s
   }
   if (team.any(!error.empty())) throw Error(error);  // empty on the members that found nothing
   params.resize(static_cast<std::size_t>(g.n_params));
-  team.broadcast(params.data(), sizeof(float) * params.size(), 0);
+  if (shards.size() > 1) shards.gather(layout, params.data());
+  else team.broadcast(params.data(), sizeof(float) * params.size(), 0);
   return params;
 }
 
-// SPEC §10's AdamW preconditioner of group g: the team leader reads the
-// first alias that carries AdamW state (aliases share parameters, not
-// necessarily optimizer state: which one was used is recorded), and the team
-// shares it. Empty when no alias has state; `note` says which or why not.
+// SPEC §10's AdamW preconditioner of group g, from the first alias that
+// carries AdamW state (aliases share parameters, not necessarily optimizer
+// state: which one was used is recorded). Without parameter shards the team
+// leader reads it whole and the team shares it; with them every member reads
+// its slice by hyperslab (doc/sharding.md) and holds no more. Empty when no
+// alias has state; `note` says which or why not.
 std::vector<double> group_preconditioner(MpiTeam& team, const GroupRecord& g, const ModelConfig& cfg,
                                          std::string& note) {
   std::vector<double> P;
   std::string error;
   std::int64_t source = -1;
+  const int R = team.shards().size();
   if (team.rank() == 0) {
     try {
       for (std::size_t a = 0; a < g.alias_paths.size() && source < 0; ++a)
-        if (const auto st = read_adam_state(g.alias_paths[a])) {
-          P = adam_preconditioner(*st, cfg, g.alias_paths[a]);
+        if (R > 1 ? bool(read_adam_hyperparameters(g.alias_paths[a])) : bool(read_adam_state(g.alias_paths[a]))) {
+          if (R == 1) P = adam_preconditioner(*read_adam_state(g.alias_paths[a]), cfg, g.alias_paths[a]);
           source = std::int64_t(a);
         }
     } catch (const Error& e) {
@@ -140,9 +167,21 @@ std::vector<double> group_preconditioner(MpiTeam& team, const GroupRecord& g, co
     note = "none: no AdamW state (/optimizer) in " + names;
     return {};
   }
+  note = "AdamW state of " + g.aliases[std::size_t(source)];
+  if (R > 1) {
+    const ShardLayout layout(g.n_params, R);
+    const int r = team.shards().rank();
+    try {
+      const std::string& path = g.alias_paths[std::size_t(source)];
+      P = adam_preconditioner(*read_adam_state_slice(path, layout.begin(r), layout.end(r)), cfg, path, layout.begin(r));
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    if (team.any(!error.empty())) throw Error(error);
+    return P;
+  }
   P.resize(static_cast<std::size_t>(g.n_params));
   team.broadcast(P.data(), sizeof(double) * P.size(), 0);
-  note = "AdamW state of " + g.aliases[std::size_t(source)];
   return P;
 }
 

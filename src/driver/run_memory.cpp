@@ -103,17 +103,10 @@ std::string lower_of(const std::vector<std::pair<std::string, std::int64_t>>& se
   return out;
 }
 
-// Whether these settings may shard the vectors (io/deck.cpp refuses the
-// stages held whole beside parameter_shards > 1).
-bool shardable(const AnalysisSettings& s) {
-  return s.curvature.lanczos_steps == 0 && !s.curvature.hutchpp && !s.landscape.any();
-}
-
 // The smallest parameter_shards above the deck's whose plan fits the limit
-// (at most kMostShards; 0: none or not shardable).
+// (at most kMostShards; 0: none).
 constexpr int kMostShards = 64;
 int shards_that_fit(const Campaign& c, AnalysisSettings s, int rpc, double limit) {
-  if (!shardable(s)) return 0;
   for (int R = int(s.parameter_shards) + 1; R <= kMostShards; ++R) {
     s.parameter_shards = R;
     if (double(planned_per_rank(c, s, std::max(rpc, R))) <= limit) return R;
@@ -187,9 +180,9 @@ void check_memory(const Campaign& c, const MemoryBudget& b) {
        other_remedies(c, rpc, limit), ", run fewer ranks per node", fit);
 }
 
-// The smallest parameter_shards dividing the team (from 1 where the
-// settings may shard, else the deck's) whose plan fits at one direction a
-// pass and one block an HVP batch with the deck's grad_microbatch; where none
+// The smallest parameter_shards dividing the team whose plan fits at one
+// direction a pass and one block an HVP batch with the deck's
+// grad_microbatch; where none
 // does, the most shards and the largest grad_microbatch that fit; then the
 // largest directions_per_pass, then the largest hvp_batch.
 MemoryFit fit_memory(const Campaign& c, const MemoryBudget& b) {
@@ -207,12 +200,9 @@ MemoryFit fit_memory(const Campaign& c, const MemoryBudget& b) {
     s.hvp_batch = B;
     return double(planned_per_rank(c, s, rpc)) <= limit;
   };
-  std::vector<index_t> shards{s.parameter_shards};
-  if (shardable(s)) {
-    shards.clear();
-    for (int R = 1; R <= rpc; ++R)
-      if (rpc % R == 0) shards.push_back(R);
-  }
+  std::vector<index_t> shards;
+  for (int R = 1; R <= rpc; ++R)
+    if (rpc % R == 0) shards.push_back(R);
   bool found = false;
   for (const index_t R : shards) {
     s.parameter_shards = R;
@@ -228,12 +218,10 @@ MemoryFit fit_memory(const Campaign& c, const MemoryBudget& b) {
     }
     s.grad_microbatch = std::max<index_t>(lo, 1);
     if (lo == 0 || !fits(1, 1)) {
-      AnalysisSettings deck = c.deck.analysis;
-      deck.parameter_shards = s.parameter_shards;
       fail(c.deck.file,
            ": --fit-memory: even one direction per pass, one block per HVP batch and per gradient "
            "microbatch",
-           shardable(deck) ? " and parallel.parameter_shards = " + std::to_string(shards.back()) : "",
+           rpc > 1 ? " and parallel.parameter_shards = " + std::to_string(shards.back()) : "",
            " need more than 90% of ", b.what, ": every batch setting is at 1", other_remedies(c, rpc, limit),
            ", or run fewer ranks per node");
     }

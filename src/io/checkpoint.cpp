@@ -196,7 +196,12 @@ CheckpointHeader read_checkpoint_header(const std::string& path) {
 }
 
 namespace {
-std::optional<AdamState> read_adam(const std::string& path, bool tensors) {
+void read_flat(hid_t group, const TensorInfo& t, hsize_t a, hsize_t b, float* dst, const std::string& where);
+
+// With tensors, exp_avg_sq's values [lo, hi) (hi < 0: all of them); a slice
+// read by hyperslab from the tensors it crosses, every tensor's type and
+// shape checked all the same.
+std::optional<AdamState> read_adam(const std::string& path, bool tensors, std::int64_t lo = 0, std::int64_t hi = -1) {
   h5::File f = h5::File::open_read(path);
   if (!h5::exists(f.id(), "optimizer")) return std::nullopt;
   const ModelConfig cfg = read_config(f);
@@ -217,9 +222,24 @@ std::optional<AdamState> read_adam(const std::string& path, bool tensors) {
   s.beta2 = real("beta2", 0.0, 1.0);
   s.eps = real("eps", 0.0, HUGE_VAL);
   if (h5::read_double_attr(o.id(), "lr", where)) s.lr = real("lr", 0.0, HUGE_VAL);
-  if (tensors) {
+  if (tensors && hi < 0) {
     h5::Handle v = h5::open_group(o.id(), "exp_avg_sq", path);
     read_tensors(v.id(), layout, path, "/optimizer/exp_avg_sq/", &s.exp_avg_sq, true);
+  } else if (tensors) {
+    if (lo < 0 || lo > hi || hi > layout.size())
+      fail(path, ": a slice [", lo, ", ", hi, ") of /optimizer/exp_avg_sq of ", layout.size(), " values");
+    h5::Handle v = h5::open_group(o.id(), "exp_avg_sq", path);
+    read_tensors(v.id(), layout, path, "/optimizer/exp_avg_sq/", nullptr, true);
+    s.exp_avg_sq.resize(std::size_t(hi - lo));
+    for (const TensorInfo& t : layout.tensors()) {
+      const std::int64_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.size);
+      if (a >= b) continue;
+      const std::string where = path + ": tensor '/optimizer/exp_avg_sq/" + t.name + "'";
+      float* dst = s.exp_avg_sq.data() + (a - lo);
+      read_flat(v.id(), t, hsize_t(a - t.offset), hsize_t(b - t.offset), dst, where);
+      for (std::int64_t i = 0; i < b - a; ++i)
+        if (dst[i] < 0) fail(where, " holds a negative value at flat index ", a - t.offset + i, " (", dst[i], ")");
+    }
   }
   f.close();
   return s;
@@ -228,21 +248,26 @@ std::optional<AdamState> read_adam(const std::string& path, bool tensors) {
 
 std::optional<AdamState> read_adam_state(const std::string& path) { return read_adam(path, true); }
 std::optional<AdamState> read_adam_hyperparameters(const std::string& path) { return read_adam(path, false); }
+std::optional<AdamState> read_adam_state_slice(const std::string& path, std::int64_t lo, std::int64_t hi) {
+  return read_adam(path, true, lo, hi);
+}
 
-std::vector<double> adam_preconditioner(const AdamState& s, const ModelConfig& cfg, const std::string& path) {
+std::vector<double> adam_preconditioner(const AdamState& s, const ModelConfig& cfg, const std::string& path,
+                                        std::int64_t lo) {
   const ParamLayout layout(cfg);
-  if (std::int64_t(s.exp_avg_sq.size()) != layout.size())
-    fail(path, ": /optimizer/exp_avg_sq holds ", s.exp_avg_sq.size(), " values, the model ", layout.size());
+  const std::int64_t hi = lo + std::int64_t(s.exp_avg_sq.size());
+  if (lo < 0 || hi > layout.size())
+    fail(path, ": /optimizer/exp_avg_sq values [", lo, ", ", hi, ") beyond the model's ", layout.size());
   const double correction = 1.0 - std::pow(s.beta2, double(s.step));
   std::vector<double> P(s.exp_avg_sq.size());
   for (const auto& t : layout.tensors())
-    for (std::int64_t i = 0; i < t.size; ++i) {
-      const double vhat = double(s.exp_avg_sq[std::size_t(t.offset + i)]) / correction;
+    for (std::int64_t i = std::max<std::int64_t>(0, lo - t.offset); i < std::min(t.size, hi - t.offset); ++i) {
+      const double vhat = double(s.exp_avg_sq[std::size_t(t.offset + i - lo)]) / correction;
       const double p = 1.0 / (std::sqrt(vhat) + s.eps);
       if (!std::isfinite(p))
         fail(path, ": the AdamW preconditioner 1/(sqrt(v_hat) + eps) of tensor '", t.name, "' is not finite at index ",
-             i, " (exp_avg_sq ", s.exp_avg_sq[std::size_t(t.offset + i)], ", eps ", s.eps, ")");
-      P[std::size_t(t.offset + i)] = p;
+             i, " (exp_avg_sq ", s.exp_avg_sq[std::size_t(t.offset + i - lo)], ", eps ", s.eps, ")");
+      P[std::size_t(t.offset + i - lo)] = p;
     }
   return P;
 }

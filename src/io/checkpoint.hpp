@@ -56,11 +56,17 @@ struct AdamState {
 std::optional<AdamState> read_adam_state(const std::string& path);
 // The same without its tensors (exp_avg_sq left empty): the hyperparameters.
 std::optional<AdamState> read_adam_hyperparameters(const std::string& path);
+// The same with exp_avg_sq's values [lo, hi) of the flat order only (a
+// sharded run's slice), read by hyperslab; every tensor's type and shape is
+// checked all the same.
+std::optional<AdamState> read_adam_state_slice(const std::string& path, std::int64_t lo, std::int64_t hi);
 
 // SPEC §10's preconditioner P = 1/(sqrt(v_hat) + eps), v_hat = exp_avg_sq /
-// (1 - beta2^step), flat; throws naming the file, tensor and index where it
-// is not finite (eps = 0 with a zero second moment).
-std::vector<double> adam_preconditioner(const AdamState& s, const ModelConfig& cfg, const std::string& path);
+// (1 - beta2^step), flat (the values [lo, lo + exp_avg_sq's size) of it);
+// throws naming the file, tensor and index where it is not finite (eps = 0
+// with a zero second moment).
+std::vector<double> adam_preconditioner(const AdamState& s, const ModelConfig& cfg, const std::string& path,
+                                        std::int64_t lo = 0);
 
 // Content hash of a flat parameter vector (what groups identical states).
 std::string params_sha256(const std::vector<float>& params);

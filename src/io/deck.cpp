@@ -524,19 +524,6 @@ void read_parallel_section(const Reader& r, const toml::table& root, Deck& d) {
          ": parallel.parameter_shards = ", d.analysis.parameter_shards,
          " does not divide parallel.ranks_per_checkpoint = ", d.ranks_per_checkpoint,
          " (a checkpoint's team is cut into shard groups of parameter_shards ranks)");
-  // The stages that do not run on slices: a sharded run refuses them rather
-  // than holding their vectors whole.
-  if (d.analysis.parameter_shards > 1) {
-    const char* whole = d.analysis.curvature.lanczos_steps > 0 ? "the spectrum (curvature.lanczos_steps > 0)"
-                        : d.analysis.curvature.hutchpp ? "the Hutch++ and deflated traces (curvature.trace_estimator; "
-                                                         "set it to \"hutchinson\")"
-                        : d.analysis.landscape.any()   ? "the landscapes ([landscape])"
-                                                       : nullptr;
-    if (whole)
-      fail(r.where(*p->get("parameter_shards"), "parallel.parameter_shards"),
-           ": parallel.parameter_shards = ", d.analysis.parameter_shards, ": ", whole,
-           " runs on whole vectors only; shard the parameters of a campaign without it, or set parameter_shards = 1");
-  }
   d.noise_vectors = r.str(*p, "parallel", "noise_vectors", "auto", false, {"auto", "keep", "recompute"});
   d.analysis.keep_noise_vectors = d.noise_vectors != "recompute";
 }

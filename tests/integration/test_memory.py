@@ -143,8 +143,8 @@ class Memory(unittest.TestCase):
         self.assertIn("even one direction per pass, one block per HVP batch and per gradient microbatch", r.stderr)
 
     def test_fit_memory_chooses_the_fewest_parameter_shards(self):
-        # Without the stages held whole, on a team of two: a budget between the
-        # plans of one and two shards at one direction a pass and one block a
+        # Where the vectors set the peak (no spectrum or Hutch++ sketch), on a
+        # team of two: a budget between the plans of one and two shards at one direction a pass and one block a
         # batch is refused at one shard, naming two, and --fit-memory takes two
         # (and the deck's grad_microbatch).
         sets = ["--set", "curvature.lanczos_steps=0", "--set", 'curvature.trace_estimator="hutchinson"', "--set",

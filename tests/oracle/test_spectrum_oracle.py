@@ -708,11 +708,14 @@ class SpectrumOracle(unittest.TestCase):
     def test_rank_counts_are_bitwise_identical(self):
         self.assertGreater(self.big_params, 2 * 65536)
         snaps = {}
+        # Teams of 2 and 3, each one shard group (parallel.parameter_shards):
+        # the passes' sums in slices, the basis dealt over the team.
         for np_ in (1, 2, 3):
             deck = self.big_deck(f"ranks{np_}", 6, landscape=True)
-            self.run_ok(deck, np_, [f"parallel.ranks_per_checkpoint={np_}", "precision.policy=fp32"])
+            self.run_ok(deck, np_, [f"parallel.ranks_per_checkpoint={np_}", f"parallel.parameter_shards={np_}",
+                                    "precision.policy=fp32"])
             # Everything but the planned memory per rank, which shrinks with
-            # the team: the basis is sharded over it.
+            # the team: the basis and the vectors are sharded over it.
             snaps[np_] = {k: v for k, v in snapshot(os.path.join(self.tmp, "out", f"ranks{np_}.h5")).items()
                           if not k.endswith("@peak_memory_bytes")}
         self.assertTrue(any(k.endswith("seen/spectrum/alpha") for k in snaps[1]))

@@ -413,14 +413,15 @@ class ParameterShards(unittest.TestCase):
                 self.assertEqual(sorted(snap), sorted(base))
                 if noise == "keep":
                     self.assertTrue(all(memory[k] < whole_memory[k] for k in memory), (memory, whole_memory))
+        self.killed_and_resumed(base)
         # The second-order forward in float64 (its passes scatter nothing).
         fp64 = ["precision.policy=fp64", 'analysis.curvature_method="second-order-forward"', "curvature.lanczos_steps=0"]
         base, _ = self.run_layout("whole_sof", 1, 1, 1, fp64)
         snap, _ = self.run_layout("r2_sof", 2, 2, 2, fp64)
         self.assertEqual([k for k in base if snap.get(k) != base[k]], [])
 
-    def test_a_killed_sharded_run_resumes_to_the_same_bits(self):
-        base, _ = self.run_layout("uninterrupted", 2, 2, 2)
+    def killed_and_resumed(self, base):
+        """A sharded run killed after its first group and run again: base's bits."""
         sets = ["--set", "parallel.ranks_per_checkpoint=2", "--set", "parallel.parameter_shards=2", "--set",
                 "run.output=out/killed.h5"]
         cmd = [gnhtest.MPIEXEC, "-np", "2", gnhtest.GNH, "run", self.deck, "--quiet", *sets]
@@ -434,7 +435,7 @@ class ParameterShards(unittest.TestCase):
         subprocess.run(["pkill", "-KILL", "-f", f"^{gnhtest.GNH} run {self.deck}"], check=False)
         os.killpg(p.pid, signal.SIGKILL)
         p.communicate(timeout=120)
-        with h5py.File(os.path.join(self.tmp, "out", "uninterrupted.h5"), "r") as f:
+        with h5py.File(os.path.join(self.tmp, "out", "whole.h5"), "r") as f:
             n_groups = len(f["groups"])
         done = [f for f in os.listdir(groups) if f.endswith(".h5")]
         self.assertLess(len(done), n_groups, "the run finished before the kill")

@@ -4,8 +4,9 @@
 # built from their release archives in GNH_VENDOR_DIR (cmake/build-kokkos.sh,
 # cached; this script always builds them, so it needs the archives: with an
 # installed CUDA Kokkos, run `Kokkos_ROOT=PREFIX cmake --preset gh200` and
-# `cmake --build --preset gh200` instead), then every target
-# of gnh for sm_90 with nvcc into build-gh200/ (the gh200 preset, unity
+# `cmake --build --preset gh200` instead), then gnh, bench_engine and
+# bench_kernels (the product; not the unit tests, which never run on a GPU
+# here) for sm_90 with nvcc into build-gh200/ (the gh200 preset, unity
 # batches of 8 sources: nvcc parses Kokkos' headers once per batch). Then:
 #   - bench_engine and gnh hold sm_90 device code (cuobjdump --list-elf, or
 #     perf/device/fatbin_archs.py where the toolkit has no cuobjdump);
@@ -25,8 +26,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 t0=$SECONDS
 source cmake/kokkos-variant.sh
-gnh_build_variant cuda gh200
-echo "check-cuda: Kokkos (CUDA, $Kokkos_ROOT) and gnh compiled for sm_90 in $((SECONDS - t0)) s"
+# The product's targets: the unit tests and the oracles' probes never run on a
+# GPU here (the device check builds bench_engine alone, perf/device/prepare.sh),
+# and their nvcc compile took 6 min 40 s of this check (2 cores).
+gnh_build_variant cuda gh200 gnh bench_engine bench_kernels
+echo "check-cuda: Kokkos (CUDA, $Kokkos_ROOT) and gnh, bench_engine, bench_kernels compiled for sm_90 in $((SECONDS - t0)) s"
 
 # cuobjdump where the toolkit has it, else perf/device/fatbin_archs.py (the
 # same listing from the ELF's .nv_fatbin section).

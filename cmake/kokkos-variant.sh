@@ -1,14 +1,18 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # Sourced by cmake/check-cuda.sh and cmake/check-openmp.sh.
-# gnh_build_variant VARIANT PRESET: the Debian packages (cmake/install-deps.sh),
+# gnh_build_variant VARIANT PRESET [TARGET...]: the Debian packages (cmake/install-deps.sh),
 # Kokkos of VARIANT: an installed one where Kokkos_ROOT names it (a cluster's
 # module, Spack; Kokkos >= 4.6 with that backend and Kokkos Kernels beside it
 # or in KokkosKernels_ROOT), else built by cmake/build-kokkos.sh (cached; from
 # KOKKOS_SRC and KOKKOSKERNELS_SRC, or the release archives in GNH_VENDOR_DIR);
 # PRESET's build directory configured afresh when it was made against another
-# prefix (or, for CUDA, without the preset's ptxas report launcher); then built.
+# prefix (or, for CUDA, without the preset's ptxas report launcher); then built
+# (the TARGETs only, where given).
 gnh_build_variant() {
   local variant="$1" preset="$2" dir prefix
+  shift 2
+  local targets=()
+  for t in "$@"; do targets+=(--target "$t"); done
   dir="build-$preset"
   bash cmake/install-deps.sh
   if [ -n "${Kokkos_ROOT:-}" ]; then
@@ -25,5 +29,5 @@ gnh_build_variant() {
     rm -rf "$dir"
     cmake --preset "$preset"
   fi
-  cmake --build "$dir" -j "${GNH_BUILD_JOBS:-2}"
+  cmake --build "$dir" -j "${GNH_BUILD_JOBS:-2}" "${targets[@]}"
 }

@@ -7,7 +7,8 @@ every checkpoint. `gnh run` plans from it without reading any values, reads
 each file once to analyse it, and checks that the values it read hash to it:
 - with 1 and 2 ranks and with teams of 2, every checkpoint file is read
   exactly once (the log names every read), aliases included;
-- a file whose values were changed after conversion fails its group, naming
+- a file whose values were changed after conversion fails its group (also
+  when sharded ranks read it by slices), naming
   the file and param_sha256, while the other groups are written;
 - a file that claims another file's state (a copied attribute) fails that
   group instead of being reported as the other state;
@@ -106,6 +107,16 @@ class CheckpointReads(unittest.TestCase):
         self.assertNotIn("Traceback", r.stderr)
         self.assertNotIn("MPI_ABORT", r.stderr)
         res = gnhtest.read_results(os.path.join(self.tmp, "out", "changed.h5"))
+        self.assertEqual(sorted(res), ["ckpt_0.h5", "ckpt_2.h5", "final.h5"])
+        # Sharded, each rank reads its slice and the leader hashes the file in
+        # blocks: the same group fails, named, and the others are written.
+        r = self.run_deck(deck, 2, ["parallel.ranks_per_checkpoint=2", "parallel.parameter_shards=2",
+                                    "run.output=out/changed_sharded.h5"], extra=["--quiet"])
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("ckpt_1.h5: the parameters read hash to", r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
+        self.assertNotIn("MPI_ABORT", r.stderr)
+        res = gnhtest.read_results(os.path.join(self.tmp, "out", "changed_sharded.h5"))
         self.assertEqual(sorted(res), ["ckpt_0.h5", "ckpt_2.h5", "final.h5"])
         # The dry run reads every value: it finds the change before any computation.
         dry = self.run_deck(deck, 2, extra=["--dry-run"])

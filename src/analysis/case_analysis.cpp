@@ -451,8 +451,9 @@ struct CaseAnalysis {
   // Direction d of the case into row r of dirs: G, then the xi_j, then the
   // Rademacher v_k (SPEC §4's generator, index k), then with the AdamW
   // preconditioner P (SPEC §10) PG and the P xi_j. Each member fills its
-  // slice of the row (the Rademacher rows whole); fill_directions gathers.
-  void fill_direction(View2<T> dirs, index_t r, index_t d) {
+  // slice of the row and fill_directions gathers it; a Rademacher row is
+  // generated whole (returns true: nothing to gather).
+  bool fill_direction(View2<T> dirs, index_t r, index_t d) {
     const index_t m = plan_.n_noise, K = plan_.directions_asked;
     T* const whole_row = dirs.data() + r * P_;
     const Span1<T> row(whole_row + begin_, n_);
@@ -482,14 +483,18 @@ struct CaseAnalysis {
       else recompute_xi(whole_row, d - 1);
     } else {
       fill_rademacher<T>(space_, Span2<T>(whole_row, 1, P_), s_.seed, std::uint64_t(d - 1 - m));
+      return true;
     }
+    return false;
   }
 
   // Rows 0 .. K - 1 of dirs: directions d0 .. d0 + K - 1, whole on every member.
   void fill_directions(View2<T> dirs, index_t K, index_t d0) {
-    for (index_t r = 0; r < K; ++r) fill_direction(dirs, r, d0 + r);
+    std::vector<bool> whole(static_cast<std::size_t>(K));
+    for (index_t r = 0; r < K; ++r) whole[std::size_t(r)] = fill_direction(dirs, r, d0 + r);
     space_.fence();
-    for (index_t r = 0; r < K && !slice_.whole(); ++r) slice_.group->gather(slice_.layout, dirs.data() + r * P_);
+    for (index_t r = 0; r < K && !slice_.whole(); ++r)
+      if (!whole[std::size_t(r)]) slice_.group->gather(slice_.layout, dirs.data() + r * P_);
   }
 
   // The first pass's first direction is G: with per-sequence norms, every

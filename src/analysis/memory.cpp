@@ -116,10 +116,9 @@ std::vector<std::pair<std::size_t, index_t>> stage_vectors(const AnalysisSetting
   const index_t kept_noise = c.keep_noise ? c.n_noise : 0;  // slices
   const int shards = int(s.parameter_shards);
   const std::size_t Ps = shards > 1 ? std::size_t(ShardLayout(index_t(P), shards).largest()) : P;
-  // A scatter's round: R pieces sent and R received, one staged, each of at
-  // most a slice over R and 2^22 elements (parallel/team_mpi.cpp).
-  const std::size_t piece = std::min((Ps + std::size_t(shards) - 1) / std::size_t(shards), std::size_t(1) << 22);
-  const std::size_t rounds = shards > 1 ? scalar * piece * (2 * std::size_t(shards) + 1) : 0;
+  // A scatter's round: R pieces sent and R received, one staged (ShardLayout::round).
+  const std::size_t rounds =
+      shards > 1 ? scalar * std::size_t(ShardLayout(index_t(P), shards).round()) * (2 * std::size_t(shards) + 1) : 0;
   const Count stages[] = {
       // the gradient: the epoch's exact sum, a batch's gradient
       {0, 1, 1},

@@ -131,6 +131,17 @@ struct AccumulateSquaresLanes {
 // model size, few enough that the partial sums are a small copy per batch.
 constexpr std::int64_t sequence_chunk = std::int64_t(1) << 16;
 
+// The rounds a pass runs: its batches, or with a shard group of R > 1 (its
+// members in step) the most any member has.
+index_t pass_rounds(const std::vector<index_t>& mine, const Slice* slice) {
+  return slice && !slice->whole() ? slice->group->max(index_t(mine.size())) : index_t(mine.size());
+}
+// A stop seen by any member of a shard group in step stops them all.
+bool stopping(const StopCheck& stop, const Slice* slice) {
+  const bool s = stop && stop();
+  return slice && !slice->whole() ? slice->group->any(s) : s;
+}
+
 }  // namespace
 
 template <class T>
@@ -254,16 +265,6 @@ void BatchStager::stage(const std::int32_t* ids, const Batch& blocks, index_t B)
   const std::size_t n = std::size_t(B * context_);
   Kokkos::deep_copy(Span1<std::int32_t>(tokens_.data(), n), Span1<std::int32_t, HostSpace>(h_tokens_.data(), n));
   Kokkos::deep_copy(Span1<std::int32_t>(targets_.data(), n), Span1<std::int32_t, HostSpace>(h_targets_.data(), n));
-}
-
-// The rounds a pass runs: its batches, or with a shard group of R > 1 (its
-// members in step) the most any member has.
-inline index_t pass_rounds(const std::vector<index_t>& mine, const Slice* slice) {
-  return slice && !slice->whole() ? slice->group->max(index_t(mine.size())) : index_t(mine.size());
-}
-inline bool stopping(const StopCheck& stop, const Slice* slice) {
-  const bool s = stop && stop();
-  return slice && !slice->whole() ? slice->group->any(s) : s;
 }
 
 template <class T>

@@ -39,6 +39,15 @@ struct ShardLayout {
     for (int r = 0; r < R; ++r) m = size(r) > m ? size(r) : m;
     return m;
   }
+  // A scatter (ShardGroup::scatter_add) moves slices in rounds of at most
+  // this many elements a member: a slice over R, and never more than 2^22,
+  // so that its buffers (R pieces sent, R received) are about two slices and
+  // every MPI count fits an int.
+  static constexpr index_t kRoundMost = index_t(1) << 22;
+  index_t round() const {
+    const index_t piece = (largest() + R - 1) / R;
+    return piece < 1 ? 1 : piece < kRoundMost ? piece : kRoundMost;
+  }
 };
 
 class ShardGroup;
@@ -102,8 +111,9 @@ class ShardGroup : public Team {
   virtual index_t max(index_t v) = 0;
 };
 
-// A group of one: every vector whole.
-class SoloShards final : public ShardGroup {
+// The one-rank case (no MPI): a team of one, which is also its own shard
+// group of one (every vector whole) and its own replicas.
+class SoloTeam final : public ShardGroup {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
@@ -122,22 +132,6 @@ class SoloShards final : public ShardGroup {
   void gather(const ShardLayout&, double*) override {}
   std::vector<double> gather_values(const std::vector<double>& mine) override { return mine; }
   index_t max(index_t v) override { return v; }
-};
-
-class SoloTeam final : public Team {
- public:
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  void sum(ExactSum&) override {}
-  void share(std::vector<BatchScalars>&) override {}
-  void broadcast(void*, std::size_t, int) override {}
-  void combine(View1<double>) override {}
-  bool any(bool flag) override { return flag; }
-  ShardGroup& shards() override { return shards_; }
-  Team& replicas() override { return *this; }
-
- private:
-  SoloShards shards_;
 };
 
 // A member's slice [begin, begin + n) of the whole order, and its group.

@@ -150,11 +150,16 @@ std::vector<double> group_preconditioner(MpiTeam& team, const GroupRecord& g, co
   const int R = team.shards().size();
   if (team.rank() == 0) {
     try {
-      for (std::size_t a = 0; a < g.alias_paths.size() && source < 0; ++a)
-        if (R > 1 ? bool(read_adam_hyperparameters(g.alias_paths[a])) : bool(read_adam_state(g.alias_paths[a]))) {
-          if (R == 1) P = adam_preconditioner(*read_adam_state(g.alias_paths[a]), cfg, g.alias_paths[a]);
+      // With shards the leader only finds the alias (its hyperparameters); the members read the tensors.
+      for (std::size_t a = 0; a < g.alias_paths.size() && source < 0; ++a) {
+        const std::string& path = g.alias_paths[a];
+        if (R > 1) {
+          if (read_adam_hyperparameters(path)) source = std::int64_t(a);
+        } else if (const auto st = read_adam_state(path)) {
+          P = adam_preconditioner(*st, cfg, path);
           source = std::int64_t(a);
         }
+      }
     } catch (const Error& e) {
       error = e.what();
     }

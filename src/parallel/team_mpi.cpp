@@ -28,9 +28,9 @@ MPI_Datatype mpi_type<double>() {
 }
 
 // A shard group on its communicator: the Team part is an MpiTeam of it.
-// Slices move in rounds of at most kRound elements a member, so that the
-// buffers of a round stay small whatever the model's size and every count
-// and displacement fits MPI's int.
+// Slices move in rounds (ShardLayout::round, at most kRound elements a
+// member), so that the buffers of a round stay small whatever the model's
+// size and every count and displacement fits MPI's int.
 class MpiShards final : public ShardGroup {
  public:
   explicit MpiShards(const Comm& comm) : team_(comm) {}
@@ -63,7 +63,7 @@ class MpiShards final : public ShardGroup {
   }
 
  private:
-  static constexpr index_t kRound = index_t(1) << 22;  // analysis/memory.cpp plans its buffers
+  static constexpr index_t kRound = ShardLayout::kRoundMost;
   MPI_Comm comm() const { return team_.communicator(); }
 
   // Member q sends member r the elements of slice r of its x, r adds them
@@ -77,8 +77,7 @@ class MpiShards final : public ShardGroup {
     std::vector<int> has(std::size_t(R), 0);
     MPI_Allgather(&mine, 1, MPI_INT, has.data(), 1, MPI_INT, comm());
     if (std::none_of(has.begin(), has.end(), [](int h) { return h != 0; })) return;
-    // Rounds of at most a slice over R: the buffers hold about two slices.
-    const index_t C = std::max<index_t>(1, std::min(kRound, (layout.largest() + R - 1) / R));
+    const index_t C = layout.round();
     std::vector<T> send(std::size_t(R * C)), recv(std::size_t(R * C));
     View1<T> staged(Kokkos::view_alloc(Kokkos::WithoutInitializing, "gnh::shards::received"), C);
     const std::size_t members = std::size_t(R);
@@ -132,7 +131,7 @@ MpiTeam::MpiTeam(const Comm& comm, int parameter_shards) : owner_(comm), comm_(c
   MPI_Type_commit(&fixed_type_);
   MPI_Op_create(&sum_fixed, /*commute=*/1, &fixed_sum_);
   if (R == 1) {
-    shards_ = std::make_unique<SoloShards>();
+    shards_ = std::make_unique<SoloTeam>();  // a shard group of one
     return;
   }
   shards_ = std::make_unique<MpiShards>(comm.split(rank_ / R));

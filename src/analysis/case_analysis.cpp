@@ -30,7 +30,10 @@ Engines<T>::Engines(const ModelConfig& cfg, const AnalysisSettings& s)
 
 template <class T>
 Gpt<T>& Engines<T>::gradient() {
-  if (!gradient_) gradient_ = std::make_unique<Gpt<T>>(cfg_, gradient_shape(settings_));
+  if (!gradient_) {
+    curvature_.reset();  // freed first: the two are never held together
+    gradient_ = std::make_unique<Gpt<T>>(cfg_, gradient_shape(settings_));
+  }
   return *gradient_;
 }
 
@@ -38,6 +41,7 @@ template <class T>
 Gpt<T>& Engines<T>::curvature(index_t K) {
   if (K < 1 || K > settings_.directions_per_pass)
     throw std::logic_error("gnh::engines::curvature: K outside 1..directions_per_pass");
+  gradient_.reset();  // freed first: the two are never held together
   if (!curvature_ || curvature_->shape().directions != K) {
     // The new plan runs in the old one's buffers where they fit (a pass of
     // K - 1 after one of K: no fresh memory to fault in, which on a short
@@ -336,10 +340,11 @@ struct CaseAnalysis {
   bool noise_gradient(index_t j, std::vector<BatchScalars>& t) {
     ShardGroup& group = *slice_.group;
     const auto nb = make_batches(out_.noise_blocks[static_cast<std::size_t>(j)], s_.grad_microbatch);
+    Gpt<T>& engine = engines_.gradient();  // first: the curvature engine it replaces is freed before the sum is made
     ExactSum a(n_);
     a.clear(space_);
-    if (!gradient_pass<T>(space_, engines_.gradient(), stager_, params_, ids_, nb, group.share_of(index_t(nb.size())),
-                          a, t, hooks_.stop, {}, nullptr, &slice_))
+    if (!gradient_pass<T>(space_, engine, stager_, params_, ids_, nb, group.share_of(index_t(nb.size())), a, t,
+                          hooks_.stop, {}, nullptr, &slice_))
       return false;
     group.share(t);
     a.to_double(space_, gj_.data(), 1.0 / double(sum_in_order(t).count));
@@ -561,6 +566,17 @@ struct CaseAnalysis {
     if (keep_hv && s_.curvature.op == OperatorChoice::both && s_.curvature.blocks)
       gauss_newton_block_passes(dirs, hv_sums, Hv);
     meter_.end("curvature", out_.measured);
+    // The noise vectors and g_j are done with: freed for the later stages
+    // (analysis/memory.cpp plans them to here).
+    xi_ = View2<T>();
+    gj_ = View1<double>();
+    record_curvature(quad, quad_ggn);
+  }
+
+  // The curvature passes' quadratic forms (per token) into the statistics,
+  // and the diagonal's estimate.
+  void record_curvature(const std::vector<double>& quad, const std::vector<double>& quad_ggn) {
+    const index_t m = plan_.n_noise;
     out_.m.GHG = quad[0];
     out_.m.xiHxi.assign(quad.begin() + 1, quad.begin() + 1 + m);
     const index_t K = plan_.directions_asked;
@@ -958,8 +974,8 @@ struct CaseAnalysis {
     const auto batches = make_batches(all_blocks(plan_.n_blocks), s_.grad_microbatch);
     const std::size_t n = points.size();
     std::vector<BatchScalars> table(batches.size());
+    Gpt<T>& engine = engines_.gradient();  // first: the curvature engine it replaces is freed
     View1<T> theta(Kokkos::view_alloc(Kokkos::WithoutInitializing, "gnh::case::landscape_theta"), P_);
-    Gpt<T>& engine = engines_.gradient();
     const bool two = D2.extent(0) > 0;
     auto p0 = params_;
     const ProgressFn report = progress("landscape");
@@ -1090,6 +1106,7 @@ struct CaseAnalysis {
     IdentityCheck part{"partition_mean_gradient", 0, tol, plan_.partition};
     if (plan_.partition) {
       replicas_.sum(partition_sum_);
+      gj_ = View1<double>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "gnh::case::partition_mean"), n_);
       partition_sum_.to_double(space_, gj_.data(), 1.0 / double(m));
       auto g = gj_;
       auto Gv = G_;

@@ -22,13 +22,19 @@ namespace gnh {
 // Engines planned once per rank (one configuration per run) and reused. The
 // curvature engine is planned for the directions of the pass it runs (at most
 // directions_per_pass) and replanned only when a pass needs another count.
-// The identity checks' two engines exist only while the checks run, one at a
-// time, and the gradient and curvature engines are released before them, so
-// that the checks' stage holds one engine (analysis/memory.hpp, by stage).
+// The gradient and the curvature engine are never held together: asking for
+// one frees the other first (a pass recomputing a noise vector, then its
+// curvature pass, each makes its engine anew), so that a stage holds the
+// larger of the two, not their sum. The identity checks' two engines exist
+// only while the checks run, one at a time, and the gradient and curvature
+// engines are released before them, so that the checks' stage holds one
+// engine (analysis/memory.hpp, by stage).
 template <class T>
 struct Engines {
   Engines(const ModelConfig& cfg, const AnalysisSettings& s);
-  // Reverse, grad_microbatch; made where there is none (the checks release it).
+  // Reverse, grad_microbatch; made where there is none (the curvature engine
+  // and the checks release it). A reference is good until the next call for
+  // another engine.
   Gpt<T>& gradient();
   const ParamLayout& layout() const { return layout_; }
   const ModelConfig& config() const { return cfg_; }
@@ -44,7 +50,8 @@ struct Engines {
   // gradient engine (null otherwise).
   index_t sequence_group = 0;
   std::unique_ptr<Gpt<T>> sequence;
-  // hvp_batch by the chosen method, for K directions.
+  // hvp_batch by the chosen method, for K directions; frees the gradient
+  // engine (a reference to it is good until then).
   Gpt<T>& curvature(index_t K);
 
  private:

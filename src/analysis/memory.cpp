@@ -84,24 +84,27 @@ namespace {
 
 // The parameter-sized vectors, stage by stage (analysis/case_analysis.cpp):
 // those held throughout the case and each stage's own, in double, in 128-bit
-// exact sums and in the engine's scalar, as (bytes, count) for the gradient
-// pass, the noise batches, the curvature passes and the identity checks.
-// With parameter_shards R > 1 the doubles, the exact sums and the kept noise
-// vectors are a member's slice (the largest, ShardLayout); what the engines
-// read (parameters, directions, a batch's gradient and products) is whole,
-// as are the doubles of the landscapes and the traces (w: their
-// displacements, Ritz vectors and products, and G and Delta gathered for the
-// landscapes), and a scatter's round buffers are added.
-std::vector<std::pair<std::size_t, index_t>> stage_vectors(const AnalysisSettings& s, const CasePlan& c, std::size_t P,
-                                                           std::size_t scalar) {
+// exact sums and in the engine's scalar, for the gradient pass, the noise
+// batches, the curvature passes, the identity checks, the landscapes and the
+// traces (a curvature pass's filling, where it recomputes noise vectors, apart
+// from the pass). The noise vectors (kept, and g_j) live from the noise batches to
+// the end of the curvature passes; the checks take g_j's place again for the
+// partition's mean. With parameter_shards R > 1 the doubles, the exact sums
+// and the kept noise vectors are a member's slice (the largest, ShardLayout);
+// what the engines read (parameters, directions, a batch's gradient and
+// products) is whole, as are the doubles of the landscapes and the traces
+// (w: their displacements, Ritz vectors and products, and G and Delta
+// gathered for the landscapes), and a scatter's round buffers are added.
+std::vector<StageVectors> stage_vectors(const AnalysisSettings& s, const CasePlan& c, std::size_t P,
+                                        std::size_t scalar) {
   struct Count {
-    index_t d = 0, x = 0, t = 0, w = 0;
+    index_t d = 0, x = 0, t = 0, w = 0, kept = 0;
   };
   const index_t K = c.pass_widths.front(), part = c.partition ? 1 : 0;
   const bool fr = s.curvature_method == CurvatureMethod::forward_over_reverse;
   const bool recompute = !c.keep_noise && c.n_noise > 0, hv = s.keeps_hv();
   const index_t R = std::min(s.landscape.curvature_directions(), s.directions_per_pass),
-                g = c.n_noise > 0 ? 1 : 0;  // g_j, allocated with the noise stage
+                g = c.n_noise > 0 ? 1 : 0;  // g_j, from the noise stage to the curvature passes' end
   // The Ritz vectors kept past the spectrum (landscapes, the deflated trace);
   // Hutch++'s sketch of k3 directions and its passes' width.
   const bool keeps_ritz = c.spectrum && !s.curvature.lanczos_php && s.curvature.op != OperatorChoice::ggn &&
@@ -109,46 +112,56 @@ std::vector<std::pair<std::size_t, index_t>> stage_vectors(const AnalysisSetting
   // The sketch planned at its largest, directions_per_pass: the plan does not grow with the directions.
   const index_t ritz = keeps_ritz ? s.curvature.eigenvectors : 0, k3 = s.directions_per_pass;
   const index_t tw = s.directions_per_pass;  // the traces' passes, at their widest
-  // Throughout: G, the parameters, the kept noise vectors; the AdamW
-  // preconditioner; the update's Delta and theta_b; the diagonal.
+  // Throughout: G, the parameters; the AdamW preconditioner; the update's
+  // Delta and theta_b; the diagonal.
   const Count held{1 + (c.preconditioned ? 1 : 0) + (c.update ? 1 : 0) + (hv && s.curvature.diagonal ? 1 : 0), 0,
                    1 + (c.update ? 1 : 0)};
-  const index_t kept_noise = c.keep_noise ? c.n_noise : 0;  // slices
+  const index_t kept = c.keep_noise ? c.n_noise : 0;  // slices
   const int shards = int(s.parameter_shards);
   const std::size_t Ps = shards > 1 ? std::size_t(ShardLayout(index_t(P), shards).largest()) : P;
   // A scatter's round: R pieces sent and R received, one staged (ShardLayout::round).
   const std::size_t rounds =
       shards > 1 ? scalar * std::size_t(ShardLayout(index_t(P), shards).round()) * (2 * std::size_t(shards) + 1) : 0;
-  const Count stages[] = {
-      // the gradient: the epoch's exact sum, a batch's gradient
-      {0, 1, 1},
-      // the noise batches: g_j (then xi_j), a batch's exact sum (and the
-      // partition's), a batch's gradient
-      {1, 1 + part, 1},
-      // the curvature passes: g_j; the partition's sum; the pass's K
-      // directions; a noise vector recomputed (an exact sum and a batch's
-      // gradient); forward-over-reverse's batch gradient and K products; with
-      // H v kept, an exact sum per direction and H v in double
-      {1 + (hv ? 1 : 0), part + (recompute ? 1 : 0) + (hv ? K : 0), K + (recompute ? 1 : 0) + (fr ? 1 + K : 0)},
-      // the identity checks: g_j; the partition's sum; two directions, a
-      // gradient and two products (and the Gauss-Newton part's three)
-      {1, part, 5 + (s.curvature.gauss_newton() ? 3 : 0)},
-      // the landscapes: every direction's displacement in double (and the
-      // Ritz vectors they take), one point's parameters; the random
-      // directions' curvature pass (its directions, forward-over-reverse's
-      // batch gradient and products)
-      {g, part, 1 + R + (fr && R > 0 ? 1 + R : 0),
-       index_t(s.landscape.used().size()) + ritz + (shards > 1 ? 1 + (c.update ? 1 : 0) : 0)},
-      // the traces: the Ritz vectors (and their rounded copies), a product in
-      // double, a pass's exact sums; the sketch and its basis, a direction,
-      // forward-over-reverse's batch gradient and the pass's products
-      {g, part + tw, 2 * k3 + ritz + 1 + 1 + tw, ritz + 1}};
-  std::vector<std::pair<std::size_t, index_t>> out;
-  for (const Count& n : stages)
-    out.emplace_back(Ps * (sizeof(double) * std::size_t(held.d + n.d) + sizeof(fixed128) * std::size_t(held.x + n.x) +
-                           scalar * std::size_t(kept_noise)) +
-                         P * (scalar * std::size_t(held.t + n.t) + sizeof(double) * std::size_t(n.w)) + rounds,
-                     held.d + n.d + held.x + n.x + held.t + n.t + n.w + kept_noise);
+  const Count stages[] = {// the gradient: the epoch's exact sum, a batch's gradient
+                          {0, 1, 1},
+                          // the noise batches: g_j (then xi_j), a batch's exact sum (and the
+                          // partition's), a batch's gradient; the noise vectors kept
+                          {g, 1 + part, 1, 0, kept},
+                          // a curvature pass's noise vectors recomputed as its directions are
+                          // filled (by the gradient engine): g_j; the partition's sum; the K
+                          // directions; the noise batch's exact sum and a batch's gradient; with
+                          // H v kept, an exact sum per direction and H v in double
+                          {g + (hv ? 1 : 0), part + (recompute ? 1 : 0) + (hv ? K : 0), K + (recompute ? 1 : 0)},
+                          // the curvature passes: g_j; the partition's sum; the pass's K
+                          // directions; forward-over-reverse's batch gradient and K products;
+                          // with H v kept, an exact sum per direction and H v in double; the
+                          // noise vectors kept
+                          {g + (hv ? 1 : 0), part + (hv ? K : 0), K + (fr ? 1 + K : 0), 0, kept},
+                          // the identity checks: the partition's sum and its mean; two
+                          // directions, a gradient and two products (and the Gauss-Newton
+                          // part's three)
+                          {part, part, 5 + (s.curvature.gauss_newton() ? 3 : 0)},
+                          // the landscapes: every direction's displacement in double (and the
+                          // Ritz vectors they take), one point's parameters; the random
+                          // directions' curvature pass (its directions, forward-over-reverse's
+                          // batch gradient and products)
+                          {0, part, 1 + R + (fr && R > 0 ? 1 + R : 0),
+                           index_t(s.landscape.used().size()) + ritz + (shards > 1 ? 1 + (c.update ? 1 : 0) : 0)},
+                          // the traces: the Ritz vectors (and their rounded copies), a product in
+                          // double, a pass's exact sums; the sketch and its basis, a direction,
+                          // forward-over-reverse's batch gradient and the pass's products
+                          {0, part + tw, 2 * k3 + ritz + 1 + 1 + tw, ritz + 1}};
+  std::vector<StageVectors> out;
+  for (const Count& n : stages) {
+    StageVectors v;
+    v.sliced = Ps * (sizeof(double) * std::size_t(held.d + n.d) + sizeof(fixed128) * std::size_t(held.x + n.x) +
+                     scalar * std::size_t(n.kept));
+    v.whole = P * (scalar * std::size_t(held.t + n.t) + sizeof(double) * std::size_t(n.w));
+    v.buffers = rounds;
+    v.count = held.d + n.d + held.x + n.x + n.kept;
+    v.whole_count = held.t + n.t + n.w;
+    out.push_back(v);
+  }
   return out;
 }
 
@@ -181,26 +194,47 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const 
       std::max(plan_gpt_bytes(cfg, check_shape(s, false), scalar), plan_gpt_bytes(cfg, check_shape(s, true), scalar));
   if (s.per_sequence) m.sequence = sequence_group_bytes(cfg, s, sequence_group(cfg, s, gpu_shaped));
   const auto vectors = stage_vectors(s, c, P, scalar);
-  // The stages a case runs: the landscapes and traces only where asked for.
-  auto planned = [&s](std::size_t k) { return k < 4 || (k == 4 ? s.landscape.any() : s.curvature.hutchpp); };
+  // The stages a case runs: the noise vectors' recomputation, the
+  // landscapes and the traces only where they run.
+  enum : std::size_t { gradient, noise, recompute, curvature, checks, landscapes, traces };
+  const bool recomputes = !c.keep_noise && c.n_noise > 0;
+  auto planned = [&](std::size_t k) {
+    return k == recompute ? recomputes : k == landscapes ? s.landscape.any() : k == traces ? s.curvature.hutchpp : true;
+  };
   for (std::size_t k = 0; k < vectors.size(); ++k)
-    if (vectors[k].first > m.vectors && planned(k)) {
-      m.vectors = vectors[k].first;
-      m.vector_count = vectors[k].second;
+    if (vectors[k].bytes() > m.vectors && planned(k)) {
+      m.vectors = vectors[k].bytes();
+      m.vector_count = vectors[k].count + vectors[k].whole_count;
+      m.vectors_sliced = vectors[k].sliced;
+      m.vectors_whole = vectors[k].whole;
+      m.vectors_buffers = vectors[k].buffers;
     }
-  // The engines of each stage: the gradient's (and the per-sequence
-  // gradients') through the curvature passes, the curvature engine beside it
-  // there, and the checks' engine alone (analysis/case_analysis.hpp, Engines).
-  const std::size_t through = m.gradient + m.sequence;
+  // The engines of each stage: the per-sequence gradients' throughout; the
+  // gradient's or the curvature's, never both (analysis/case_analysis.hpp,
+  // Engines: the gradient engine recomputes the noise vectors of a curvature
+  // pass before its curvature engine is made); the checks' engine alone.
   const index_t R = std::min(s.landscape.curvature_directions(), s.directions_per_pass);
   const std::size_t landscape =
-      through + (R > 0 ? std::max(m.curvature, plan_gpt_bytes(cfg, curvature_shape(s, R), scalar)) : 0);
+      m.sequence + std::max(m.gradient, R > 0
+                                            ? std::max(m.curvature, plan_gpt_bytes(cfg, curvature_shape(s, R), scalar))
+                                            : std::size_t(0));
   // The traces' passes at their widest, directions_per_pass (the plan does not grow with the directions).
-  const std::size_t traces =
-      through + std::max(m.curvature, plan_gpt_bytes(cfg, curvature_shape(s, s.directions_per_pass), scalar));
-  const std::size_t engines[] = {through, through, through + m.curvature, m.sequence + m.checks, landscape, traces};
-  const char* names[] = {"the gradient pass",   "the noise batches", "the curvature passes",
-                         "the identity checks", "the landscapes",    "the traces"};
+  const std::size_t trace =
+      m.sequence + std::max(m.curvature, plan_gpt_bytes(cfg, curvature_shape(s, s.directions_per_pass), scalar));
+  const std::size_t engines[] = {m.gradient + m.sequence,
+                                 m.gradient + m.sequence,
+                                 m.gradient + m.sequence,
+                                 m.curvature + m.sequence,
+                                 m.checks + m.sequence,
+                                 landscape,
+                                 trace};
+  const char* names[] = {"the gradient pass",
+                         "the noise batches",
+                         "the noise vectors recomputed",
+                         "the curvature passes",
+                         "the identity checks",
+                         "the landscapes",
+                         "the traces"};
   auto stage = [&m](const char* name, std::size_t e, std::size_t v) {
     if (e + v <= m.peak) return;
     m.peak = e + v;
@@ -209,7 +243,7 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const 
     m.peak_vectors = v;
   };
   for (std::size_t k = 0; k < vectors.size(); ++k)
-    if (planned(k)) stage(names[k], engines[k], vectors[k].first);
+    if (planned(k)) stage(names[k], engines[k], vectors[k].bytes());
   if (c.spectrum) {
     m.spectrum = spectrum_bytes(cfg, s, P, members);
     // The curvature engine at the chains' width, and forward-over-reverse's
@@ -219,8 +253,9 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const 
       m.curvature = plan_gpt_bytes(cfg, curvature_shape(s, Ks), scalar);
       m.spectrum += scalar * P * std::size_t(Ks - K);
     }
-    // The spectrum's passes: the curvature stage's engines and vectors and the chains.
-    stage("the spectrum", m.gradient + m.sequence + m.curvature, vectors[2].first + m.spectrum);
+    // The spectrum's passes: the curvature engine, the curvature stage's
+    // vectors (an upper bound: the noise vectors are gone) and the chains.
+    stage("the spectrum", m.sequence + m.curvature, vectors[curvature].bytes() + m.spectrum);
   }
   return m;
 }

@@ -46,14 +46,20 @@ void print_landscape_plan(const LandscapeSettings& ls, index_t n, index_t microb
       random.c_str());
 }
 
-// The dry run's note on the vectors held as slices (parallel.parameter_shards), or "".
-std::string sharded_vectors_note(const ModelConfig& cfg, const AnalysisSettings& s) {
+// The dry run's account of a plan's vectors by kind: the analysis's own
+// (G, the noise vectors, the exact sums, ...: a member's slice with
+// parallel.parameter_shards), those the engines read or write whole, and the
+// scatter's round buffers.
+std::string vectors_by_kind(const ModelConfig& cfg, const AnalysisSettings& s, const MemoryPlan& m) {
   const int R = int(s.parameter_shards);
-  if (R == 1) return "";
   const index_t P = ParamLayout(cfg).size();
-  return ", the doubles, exact sums and noise vectors as slices of at most " +
-         std::to_string(ShardLayout(P, R).largest()) + " of " + std::to_string(P) +
-         " parameters (parameter_shards = " + std::to_string(R) + ")";
+  std::string out = gib(m.vectors_sliced) + " the analysis's own";
+  if (R > 1)
+    out += " as slices of at most " + std::to_string(ShardLayout(P, R).largest()) + " of " + std::to_string(P) +
+           " parameters (parameter_shards = " + std::to_string(R) + ")";
+  out += ", " + gib(m.vectors_whole) + " whole for the engines";
+  if (m.vectors_buffers > 0) out += ", " + gib(m.vectors_buffers) + " scatter buffers";
+  return out;
 }
 
 void print_plan(const Campaign& c, const std::vector<int>& team_of_group, int teams, int rpc,
@@ -103,13 +109,13 @@ void print_plan(const Campaign& c, const std::vector<int>& team_of_group, int te
                                                  " sequences a reverse)"
                                            : "";
     const char* noise = m == 0 ? "" : p.keep_noise ? ", the noise vectors kept" : ", the noise vectors recomputed";
-    const std::string sharded = sharded_vectors_note(c.cfg, s);
     std::printf(
-        "         memory per rank %s: gradient engine %s, curvature engine (K = %lld) %s, checks %s, "
-        "vectors %s (%lld parameter-sized%s%s)%s\n",
-        gib(mem.total()).c_str(), gib(mem.gradient).c_str(), static_cast<long long>(sizes.front()),
-        gib(mem.curvature).c_str(), gib(mem.checks).c_str(), gib(mem.vectors).c_str(),
-        static_cast<long long>(mem.vector_count), noise, sharded.c_str(), seq.c_str());
+        "         memory per rank %s (its largest stage, %s: engines %s, vectors %s): gradient engine %s, "
+        "curvature engine (K = %lld) %s, checks %s, vectors %s (%lld parameter-sized%s: %s)%s\n",
+        gib(mem.total()).c_str(), mem.peak_stage, gib(mem.peak_engines).c_str(), gib(mem.peak_vectors).c_str(),
+        gib(mem.gradient).c_str(), static_cast<long long>(sizes.front()), gib(mem.curvature).c_str(),
+        gib(mem.checks).c_str(), gib(mem.vectors).c_str(), static_cast<long long>(mem.vector_count), noise,
+        vectors_by_kind(c.cfg, s, mem).c_str(), seq.c_str());
     if (p.spectrum)
       std::printf(
           "         spectrum: %lld Lanczos chain(s) of up to %lld steps on %s, %lld epoch pass(es) per step; basis "

@@ -109,6 +109,29 @@ class Memory(unittest.TestCase):
         with h5py.File(os.path.join(self.tmp, "out", "sof.h5"), "r") as f:
             self.plan_holds_the_allocations(f)
 
+    def test_the_gradient_and_curvature_engines_are_never_held_together(self):
+        # Whole-epoch batches (30 blocks) make the engines outweigh the
+        # vectors: the curvature stage, which starts with the gradient engine
+        # of the noise batches, allocates less than the two engines' planned
+        # bytes together, and the plan, which counts the larger, holds it.
+        sets = ["--set", "curvature.lanczos_steps=0", "--set", "curvature.update=false", "--set",
+                'curvature.trace_estimator="hutchinson"', "--set", "analysis.directions=1", "--set",
+                "analysis.directions_per_pass=1", "--set", "analysis.grad_microbatch=30", "--set",
+                "analysis.hvp_batch=30", "--set", "analysis.noise_samples=1", "--set", "analysis.noise_batch=1",
+                "--set", 'run.output="out/engines.h5"']
+        r = self.gnh("--dry-run", *sets)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        m = re.search(r"gradient engine ([0-9.e+-]+) GiB, curvature engine \(K = 1\) ([0-9.e+-]+) GiB", r.stdout)
+        self.assertIsNotNone(m, r.stdout)
+        # Printed to 3 significant digits: 0.5% each.
+        both = (float(m.group(1)) + float(m.group(2))) * 2 ** 30 * 0.995
+        r = self.gnh(*sets)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with h5py.File(os.path.join(self.tmp, "out", "engines.h5"), "r") as f:
+            self.plan_holds_the_allocations(f)
+            for g in f["groups"].values():
+                self.assertLess(g["seen"]["timings"].attrs["curvature_peak_allocated_bytes"], both)
+
     def test_a_plan_over_the_budget_is_refused_naming_the_keys(self):
         r = self.gnh("--dry-run", "--set", "analysis.hvp_batch=100000000")
         self.assertNotEqual(r.returncode, 0)
@@ -174,7 +197,7 @@ class Memory(unittest.TestCase):
             r = self.gnh("--dry-run", "--set", f'parallel.noise_vectors="{noise}"', "--set",
                          f"analysis.noise_samples={samples}", "--set", f"analysis.directions={directions}", *sets)
             self.assertEqual(r.returncode, 0, r.stderr)
-            m = re.findall(r"vectors [0-9.e+-]+ GiB \((\d+) parameter-sized, the noise vectors (\w+)\)", r.stdout)
+            m = re.findall(r"vectors [0-9.e+-]+ GiB \((\d+) parameter-sized, the noise vectors (\w+):", r.stdout)
             self.assertTrue(m, r.stdout)
             self.assertEqual({w for _, w in m}, {"kept" if noise == "keep" else "recomputed"})
             return {int(n) for n, _ in m}
@@ -182,14 +205,12 @@ class Memory(unittest.TestCase):
         self.assertEqual(len(fixed), 1)
         # Hutch++'s sketch (the default here) too: at most a pass wide.
         self.assertEqual(count("recompute", 7, 40), fixed)
-        # Kept, each noise sample adds its vector, and the curvature stage
-        # (the largest without Hutch++) needs no exact sum and batch
-        # gradient to recompute one.
+        # Without Hutch++, recomputed: fixed too; kept, each noise sample adds
+        # its vector (at the curvature passes, the largest stage so).
         plain = ("--set", 'curvature.trace_estimator="hutchinson"')
         fixed = count("recompute", 3, 3, *plain)
         self.assertEqual(count("recompute", 7, 40, *plain), fixed)
-        self.assertEqual(count("keep", 3, 3, *plain), {n + 3 - 2 for n in fixed})
-        self.assertEqual(count("keep", 7, 3, *plain), {n + 7 - 2 for n in fixed})
+        self.assertEqual(count("keep", 7, 3, *plain), {n + 7 - 3 for n in count("keep", 3, 3, *plain)})
 
     def test_advice_names_only_settings_above_their_least(self):
         # Every batch setting at 1 (and the noise vectors already recomputed):
@@ -199,20 +220,28 @@ class Memory(unittest.TestCase):
         self.assertNotIn("grad_microbatch (now 1)", r.stderr)
         self.assertIn("every batch setting is at 1", r.stderr)
         self.assertNotIn("noise_vectors", r.stderr)
-        # Kept noise vectors, one direction and one block a batch: only the
-        # noise vectors and the Lanczos chains are named; the noise vectors
-        # where recomputing them plans less (7 kept vectors of 4 bytes a
-        # parameter against an exact sum and a batch gradient, 20), not where
-        # it plans more (3 of them).
-        for samples, advised in ((7, True), (3, False)):
+        # Kept noise vectors, one block a batch: only the noise vectors and
+        # the Lanczos chains are named; the noise vectors where recomputing
+        # them plans less. A recomputed noise vector's exact sum and batch
+        # gradient live while a pass's directions are filled by the gradient
+        # engine, not in the pass: recomputing frees the 7 kept vectors at the
+        # spectrum (the largest stage, one direction a pass). With the second
+        # order's passes of 6 directions, no spectrum and one noise sample, the
+        # filling (6 directions, the sum and the batch gradient) outweighs the
+        # one kept vector, and recomputing is not advised.
+        one = ("--set", "analysis.directions_per_pass=1")
+        wide = ("--set", "analysis.directions_per_pass=9", "--set", 'analysis.curvature_method="second-order-forward"',
+                "--set", "curvature.lanczos_steps=0", "--set", 'curvature.trace_estimator="hutchinson"')
+        for samples, sets, advised in ((7, one, True), (1, wide, False)):
             r = self.gnh("--dry-run", "--memory-budget", "1kB", "--set", 'parallel.noise_vectors="keep"', "--set",
-                         "analysis.grad_microbatch=1", "--set", "analysis.hvp_batch=1", "--set",
-                         "analysis.directions_per_pass=1", "--set", f"analysis.noise_samples={samples}")
+                         "analysis.grad_microbatch=1", "--set", "analysis.hvp_batch=1", *sets, "--set",
+                         f"analysis.noise_samples={samples}")
             self.assertNotEqual(r.returncode, 0)
             self.assertNotIn("(now 1)", r.stderr)
             self.assertEqual('set parallel.noise_vectors = "recompute"' in r.stderr, advised, r.stderr)
-            self.assertIn("lower curvature.lanczos_chains (now 2) or curvature.lanczos_steps (now 3)", r.stderr)
-            self.assertNotIn("--fit-memory", r.stderr)
+            if advised:
+                self.assertIn("lower curvature.lanczos_chains (now 2) or curvature.lanczos_steps (now 3)", r.stderr)
+                self.assertNotIn("--fit-memory", r.stderr)
 
     def test_per_sequence_grouping_follows_the_path(self):
         # The dry run names the sequences whose gradients one reverse takes

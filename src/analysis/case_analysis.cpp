@@ -1118,36 +1118,46 @@ struct CaseAnalysis {
     IdentityCheck symmetry{"hessian_symmetry", 0, tol, true}, paths{"curvature_paths", 0, tol, true};
     View2<T> uv("gnh::case::check_dirs", 2, P_);
     fill_rademacher<T>(space_, uv, s_.seed, 0);
-    View1<T> grad("gnh::case::check_grad", P_);
-    View2<T> hv("gnh::case::check_hv", 2, P_);
-    Kokkos::deep_copy(space_, grad, T(0));
-    Kokkos::deep_copy(space_, hv, T(0));
+    View1<T> grad("gnh::case::check_grad", P_);  // a sink: each product adds the gradient
+    View1<T> product(Kokkos::view_alloc(Kokkos::WithoutInitializing, "gnh::case::check_product"), P_);
     stager_.stage(ids_, Batch{0}, 1);
-    check_products(uv, grad, hv, CurvatureOperator::hessian);
-    const double uHv = dot(space_, uv.data(), hv.data() + P_, P_, false);
-    const double vHu = dot(space_, uv.data() + P_, hv.data(), P_, false);
-    const double scale = dot(space_, uv.data(), hv.data() + P_, P_, true);
-    symmetry.deviation = std::abs(uHv - vHu) / scale;
+    const CheckForms h = check_forms(uv, grad, product, CurvatureOperator::hessian);
+    symmetry.deviation = std::abs(h.uv - h.vu) / h.uv_abs;
     const LossSum so = engines_.check_sof().second_order(space_, params_, uv, stager_.tokens(), stager_.targets());
-    for (index_t k = 0; k < 2; ++k) {
-      const double q = dot(space_, uv.data() + k * P_, hv.data() + k * P_, P_, false);
-      const double qs = dot(space_, uv.data() + k * P_, hv.data() + k * P_, P_, true);
-      paths.deviation = std::max(paths.deviation, std::abs(so.second[k] - q) / qs);
-    }
+    for (index_t k = 0; k < 2; ++k)
+      paths.deviation = std::max(paths.deviation, std::abs(so.second[k] - h.self[k]) / h.self_abs[k]);
     out_.identities = {pyth, gradient_first, part, symmetry, paths};
-    if (cm.gauss_newton) gauss_newton_identities(uv, so, tol);
+    if (cm.gauss_newton) gauss_newton_identities(uv, grad, product, so, tol);
     engines_.release_checks();
     if (const std::int64_t a = peak_allocated(); a >= 0)
       out_.measured.emplace_back("checks_peak_allocated_bytes", double(a));
   }
 
-  // The checks' products op u and op v by forward-over-reverse on block 0
-  // (staged), one direction at a time: an engine of one direction, half the
-  // memory of two. grad is a sink (each call adds the gradient).
-  void check_products(View2<T> uv, View1<T> grad, View2<T> out, CurvatureOperator op) {
-    for (index_t k = 0; k < 2; ++k)
+  // The checks' forms of op on u and v (the rows of uv), by
+  // forward-over-reverse on block 0 (staged), one direction at a time into
+  // one product: an engine of one direction and one product vector.
+  struct CheckForms {
+    double uv = 0, vu = 0, uv_abs = 0;              // u^T(op v), v^T(op u), |u|^T|op v|
+    double self[2] = {0, 0}, self_abs[2] = {0, 0};  // v_k^T(op v_k) and |v_k|^T|op v_k|
+  };
+  CheckForms check_forms(View2<T> uv, View1<T> grad, View1<T> product, CurvatureOperator op) {
+    CheckForms f;
+    for (index_t k = 0; k < 2; ++k) {
+      Kokkos::deep_copy(space_, product, T(0));
       engines_.check_for().hvp(space_, params_, Span2<const T>(uv.data() + k * P_, 1, P_), stager_.tokens(),
-                               stager_.targets(), grad, Span2<T>(out.data() + k * P_, 1, P_), op);
+                               stager_.targets(), grad, Span2<T>(product.data(), 1, P_), op);
+      const T* self = uv.data() + k * P_;
+      const T* other = uv.data() + (1 - k) * P_;
+      f.self[k] = dot(space_, self, product.data(), P_, false);
+      f.self_abs[k] = dot(space_, self, product.data(), P_, true);
+      if (k == 0) {
+        f.vu = dot(space_, other, product.data(), P_, false);
+      } else {
+        f.uv = dot(space_, other, product.data(), P_, false);
+        f.uv_abs = dot(space_, other, product.data(), P_, true);
+      }
+    }
+    return f;
   }
 
   // The Gauss-Newton operator's identities, on block 0 with the same two
@@ -1156,21 +1166,12 @@ struct CaseAnalysis {
   // second-order forward (two different computations of one number); and
   // every form of the case is non-negative (GGN is positive semi-definite:
   // each token contributes a variance), to rounding of the largest form.
-  void gauss_newton_identities(View2<T> uv, const LossSum& so, double tol) {
-    View1<T> grad("gnh::case::check_grad", P_);
-    View2<T> gv("gnh::case::check_ggnv", 2, P_);
-    Kokkos::deep_copy(space_, grad, T(0));
-    Kokkos::deep_copy(space_, gv, T(0));
-    check_products(uv, grad, gv, CurvatureOperator::gauss_newton);
-    IdentityCheck symmetry{"ggn_symmetry", 0, tol, true}, paths{"ggn_paths", 0, tol, true};
-    const double uGv = dot(space_, uv.data(), gv.data() + P_, P_, false);
-    const double vGu = dot(space_, uv.data() + P_, gv.data(), P_, false);
-    symmetry.deviation = std::abs(uGv - vGu) / dot(space_, uv.data(), gv.data() + P_, P_, true);
-    for (index_t k = 0; k < 2; ++k) {
-      const double q = dot(space_, uv.data() + k * P_, gv.data() + k * P_, P_, false);
-      const double qs = dot(space_, uv.data() + k * P_, gv.data() + k * P_, P_, true);
-      paths.deviation = std::max(paths.deviation, std::abs(so.gauss_newton[k] - q) / qs);
-    }
+  void gauss_newton_identities(View2<T> uv, View1<T> grad, View1<T> product, const LossSum& so, double tol) {
+    const CheckForms g = check_forms(uv, grad, product, CurvatureOperator::gauss_newton);
+    IdentityCheck symmetry{"ggn_symmetry", std::abs(g.uv - g.vu) / g.uv_abs, tol, true},
+        paths{"ggn_paths", 0, tol, true};
+    for (index_t k = 0; k < 2; ++k)
+      paths.deviation = std::max(paths.deviation, std::abs(so.gauss_newton[k] - g.self[k]) / g.self_abs[k]);
     const CaseMeasurements& cm = out_.m;
     std::vector<double> forms = cm.xiHxi_ggn;
     forms.push_back(cm.GHG_ggn);

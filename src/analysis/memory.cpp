@@ -122,35 +122,37 @@ std::vector<StageVectors> stage_vectors(const AnalysisSettings& s, const CasePla
   // A scatter's round: R pieces sent and R received, one staged (ShardLayout::round).
   const std::size_t rounds =
       shards > 1 ? scalar * std::size_t(ShardLayout(index_t(P), shards).round()) * (2 * std::size_t(shards) + 1) : 0;
-  const Count stages[] = {// the gradient: the epoch's exact sum, a batch's gradient
-                          {0, 1, 1},
-                          // the noise batches: g_j (then xi_j), a batch's exact sum (and the
-                          // partition's), a batch's gradient; the noise vectors kept
-                          {g, 1 + part, 1, 0, kept},
-                          // a curvature pass's noise vectors recomputed as its directions are
-                          // filled (by the gradient engine): g_j; the partition's sum; the K
-                          // directions; the noise batch's exact sum and a batch's gradient; with
-                          // H v kept, an exact sum per direction and H v in double
-                          {g + (hv ? 1 : 0), part + (recompute ? 1 : 0) + (hv ? K : 0), K + (recompute ? 1 : 0)},
-                          // the curvature passes: g_j; the partition's sum; the pass's K
-                          // directions; forward-over-reverse's batch gradient and K products;
-                          // with H v kept, an exact sum per direction and H v in double; the
-                          // noise vectors kept
-                          {g + (hv ? 1 : 0), part + (hv ? K : 0), K + (fr ? 1 + K : 0), 0, kept},
-                          // the identity checks: the partition's sum and its mean; two
-                          // directions, a gradient and two products (and the Gauss-Newton
-                          // part's three)
-                          {part, part, 5 + (s.curvature.gauss_newton() ? 3 : 0)},
-                          // the landscapes: every direction's displacement in double (and the
-                          // Ritz vectors they take), one point's parameters; the random
-                          // directions' curvature pass (its directions, forward-over-reverse's
-                          // batch gradient and products)
-                          {0, part, 1 + R + (fr && R > 0 ? 1 + R : 0),
-                           index_t(s.landscape.used().size()) + ritz + (shards > 1 ? 1 + (c.update ? 1 : 0) : 0)},
-                          // the traces: the Ritz vectors (and their rounded copies), a product in
-                          // double, a pass's exact sums; the sketch and its basis, a direction,
-                          // forward-over-reverse's batch gradient and the pass's products
-                          {0, part + tw, 2 * k3 + ritz + 1 + 1 + tw, ritz + 1}};
+  const Count stages[] = {
+      // the gradient: the epoch's exact sum, a batch's gradient
+      {0, 1, 1},
+      // the noise batches: g_j (then xi_j), a batch's exact sum (and the
+      // partition's), a batch's gradient; the noise vectors kept
+      {g, 1 + part, 1, 0, kept},
+      // a curvature pass's noise vectors recomputed as its directions are
+      // filled (by the gradient engine): g_j; the partition's sum; the K
+      // directions; the noise batch's exact sum and a batch's gradient; with
+      // H v kept, an exact sum per direction and H v in double
+      {g + (hv ? 1 : 0), part + (recompute ? 1 : 0) + (hv ? K : 0), K + (recompute ? 1 : 0)},
+      // the curvature passes: g_j; the partition's sum; the pass's K
+      // directions; forward-over-reverse's batch gradient and K products;
+      // with H v kept, an exact sum per direction and H v in double; the
+      // noise vectors kept
+      {g + (hv ? 1 : 0), part + (hv ? K : 0), K + (fr ? 1 + K : 0), 0, kept},
+      // the identity checks: the partition's sum and its mean; two
+      // directions, a gradient and one product at a time (the Gauss-Newton
+      // part's in the same)
+      {part, part, 4},
+      // the landscapes: every direction's displacement in double (and the
+      // Ritz vectors they take), one point's parameters; the random
+      // directions' curvature pass (its directions, forward-over-reverse's
+      // batch gradient and products)
+      {0, part, 1 + R + (fr && R > 0 ? 1 + R : 0),
+       index_t(s.landscape.used().size()) + ritz + (shards > 1 ? 1 + (c.update ? 1 : 0) : 0)},
+      // the traces: the Ritz vectors (and their rounded copies), a product in
+      // double, a pass's exact sums; the sketch and its basis, a direction,
+      // forward-over-reverse's batch gradient and the pass's products
+      {0, part + tw, 2 * k3 + ritz + 1 + 1 + tw, ritz + 1},
+  };
   std::vector<StageVectors> out;
   for (const Count& n : stages) {
     StageVectors v;

@@ -347,6 +347,9 @@ struct CaseAnalysis {
                           hooks_.stop, {}, nullptr, &slice_))
       return false;
     group.share(t);
+    // g_j made now, the pass's batch gradient gone (analysis/memory.cpp), and
+    // freed by the caller once xi_j is formed.
+    gj_ = View1<double>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "gnh::case::g_j"), n_);
     a.to_double(space_, gj_.data(), 1.0 / double(sum_in_order(t).count));
     return true;
   }
@@ -360,9 +363,6 @@ struct CaseAnalysis {
     const index_t m = plan_.n_noise;
     if (index_t(out_.noise_blocks.size()) != m) throw std::logic_error("gnh::case: noise batches differ from the plan");
     xi_ = View2<T>("gnh::case::xi", keep_xi() ? m : 0, n_);
-    gj_ = View1<double>("gnh::case::g_j", n_);
-    // xi_j = g_j - G is formed in gj_'s place once g_j's own scalars are taken.
-    const View1<double> xij = gj_;
     if (plan_.partition) {
       partition_sum_ = ExactSum(n_);
       partition_sum_.clear(space_);
@@ -379,6 +379,8 @@ struct CaseAnalysis {
           r.stopped = true;
         } else {
           for (const BatchScalars& b : t) r.seconds += b.seconds;
+          // xi_j = g_j - G is formed in gj_'s place once g_j's own scalars are taken.
+          const View1<double> xij = gj_;
           r.gB_sqnorm = sdot(gj_.data(), gj_.data());
           if (plan_.partition) partition_sum_.add(space_, gj_.data());
           xi_of_gj(xij, keep_xi() ? xi_.data() + j * n_ : nullptr);
@@ -390,6 +392,7 @@ struct CaseAnalysis {
             r.xiPxi = sharded_weighted_dot(space_, slice_, xij.data(), precond_slice(), xij.data());
         }
         space_.fence();
+        gj_ = View1<double>();
       }
       const int root = group * slice_.layout.R;
       team_.broadcast_value(r, root);
@@ -448,6 +451,7 @@ struct CaseAnalysis {
       ok = noise_gradient(j, t);
       if (ok) xi_of_gj(View1<double>(), row + begin_);
       space_.fence();
+      gj_ = View1<double>();
     }
     if (team_.any(!ok)) throw Interrupted{};
     replicas_.broadcast(row + begin_, sizeof(T) * static_cast<std::size_t>(n_), group);
@@ -566,10 +570,9 @@ struct CaseAnalysis {
     if (keep_hv && s_.curvature.op == OperatorChoice::both && s_.curvature.blocks)
       gauss_newton_block_passes(dirs, hv_sums, Hv);
     meter_.end("curvature", out_.measured);
-    // The noise vectors and g_j are done with: freed for the later stages
+    // The kept noise vectors are done with: freed for the later stages
     // (analysis/memory.cpp plans them to here).
     xi_ = View2<T>();
-    gj_ = View1<double>();
     record_curvature(quad, quad_ggn);
   }
 
@@ -1208,8 +1211,9 @@ struct CaseAnalysis {
   BatchStager stager_;
   Stopwatch clock_;
   CaseStatistics out_;
-  std::int64_t tokens_ = 0;              // targets of the epoch
-  View1<double> G_, gj_;                 // (n_) the epoch's mean gradient; a noise batch's (then the partition's mean)
+  std::int64_t tokens_ = 0;  // targets of the epoch
+  // (n_) the epoch's mean gradient; a noise batch's while its xi_j is formed (then the partition's mean)
+  View1<double> G_, gj_;
   View1<double> G_whole_, delta_whole_;  // (P) G and Delta gathered (whole_G, whole_delta), where asked for
   View2<T> xi_;                          // (m, n_) the noise vectors
   // With operator "both" and per-block statistics: the epoch's GGN v_k of

@@ -87,8 +87,9 @@ namespace {
 // exact sums and in the engine's scalar, for the gradient pass, the noise
 // batches, the curvature passes, the identity checks, the landscapes and the
 // traces (a curvature pass's filling, where it recomputes noise vectors, apart
-// from the pass). The noise vectors (kept, and g_j) live from the noise batches to
-// the end of the curvature passes; the checks take g_j's place again for the
+// from the pass). The kept noise vectors live from the noise batches to the
+// end of the curvature passes; g_j only from the end of its batch's gradient
+// pass until xi_j is formed, and the checks take its place again for the
 // partition's mean. With parameter_shards R > 1 the doubles, the exact sums
 // and the kept noise vectors are a member's slice (the largest, ShardLayout);
 // what the engines read (parameters, directions, a batch's gradient and
@@ -103,8 +104,7 @@ std::vector<StageVectors> stage_vectors(const AnalysisSettings& s, const CasePla
   const index_t K = c.pass_widths.front(), part = c.partition ? 1 : 0;
   const bool fr = s.curvature_method == CurvatureMethod::forward_over_reverse;
   const bool recompute = !c.keep_noise && c.n_noise > 0, hv = s.keeps_hv();
-  const index_t R = std::min(s.landscape.curvature_directions(), s.directions_per_pass),
-                g = c.n_noise > 0 ? 1 : 0;  // g_j, from the noise stage to the curvature passes' end
+  const index_t R = std::min(s.landscape.curvature_directions(), s.directions_per_pass);
   // The Ritz vectors kept past the spectrum (landscapes, the deflated trace);
   // Hutch++'s sketch of k3 directions and its passes' width.
   const bool keeps_ritz = c.spectrum && !s.curvature.lanczos_php && s.curvature.op != OperatorChoice::ggn &&
@@ -125,19 +125,22 @@ std::vector<StageVectors> stage_vectors(const AnalysisSettings& s, const CasePla
   const Count stages[] = {
       // the gradient: the epoch's exact sum, a batch's gradient
       {0, 1, 1},
-      // the noise batches: g_j (then xi_j), a batch's exact sum (and the
-      // partition's), a batch's gradient; the noise vectors kept
-      {g, 1 + part, 1, 0, kept},
+      // the noise batches: a batch's exact sum (and the partition's), a
+      // batch's gradient; the noise vectors kept. Then, the pass done, g_j
+      // (xi_j formed in its place) beside the sum
+      {0, 1 + part, 1, 0, kept},
+      {1, 1 + part, 0, 0, kept},
       // a curvature pass's noise vectors recomputed as its directions are
-      // filled (by the gradient engine): g_j; the partition's sum; the K
-      // directions; the noise batch's exact sum and a batch's gradient; with
-      // H v kept, an exact sum per direction and H v in double
-      {g + (hv ? 1 : 0), part + (recompute ? 1 : 0) + (hv ? K : 0), K + (recompute ? 1 : 0)},
-      // the curvature passes: g_j; the partition's sum; the pass's K
-      // directions; forward-over-reverse's batch gradient and K products;
-      // with H v kept, an exact sum per direction and H v in double; the
-      // noise vectors kept
-      {g + (hv ? 1 : 0), part + (hv ? K : 0), K + (fr ? 1 + K : 0), 0, kept},
+      // filled (by the gradient engine): the partition's sum; the K
+      // directions; the noise batch's exact sum and a batch's gradient, then
+      // g_j beside the sum; with H v kept, an exact sum per direction and
+      // H v in double
+      {hv ? 1 : 0, part + (recompute ? 1 : 0) + (hv ? K : 0), K + (recompute ? 1 : 0)},
+      {(hv ? 1 : 0) + (recompute ? 1 : 0), part + (recompute ? 1 : 0) + (hv ? K : 0), K},
+      // the curvature passes: the partition's sum; the pass's K directions;
+      // forward-over-reverse's batch gradient and K products; with H v kept,
+      // an exact sum per direction and H v in double; the noise vectors kept
+      {hv ? 1 : 0, part + (hv ? K : 0), K + (fr ? 1 + K : 0), 0, kept},
       // the identity checks: the partition's sum and its mean; two
       // directions, a gradient and one product at a time (the Gauss-Newton
       // part's in the same)
@@ -181,6 +184,26 @@ std::size_t spectrum_bytes(const ModelConfig& cfg, const AnalysisSettings& s, st
   return bytes;
 }
 
+// The engines of each stage of stage_vectors, in its order: the
+// per-sequence gradients' throughout; the gradient's or the curvature's, never
+// both (analysis/case_analysis.hpp, Engines: the gradient engine recomputes
+// the noise vectors of a curvature pass before its curvature engine is made);
+// the checks' engine alone.
+std::vector<std::size_t> stage_engines(const ModelConfig& cfg, const AnalysisSettings& s, const MemoryPlan& m,
+                                       std::size_t scalar) {
+  const index_t R = std::min(s.landscape.curvature_directions(), s.directions_per_pass);
+  const std::size_t landscape =
+      m.sequence + std::max(m.gradient, R > 0
+                                            ? std::max(m.curvature, plan_gpt_bytes(cfg, curvature_shape(s, R), scalar))
+                                            : std::size_t(0));
+  // The traces' passes at their widest, directions_per_pass (the plan does not grow with the directions).
+  const std::size_t trace =
+      m.sequence + std::max(m.curvature, plan_gpt_bytes(cfg, curvature_shape(s, s.directions_per_pass), scalar));
+  const std::size_t gradient = m.gradient + m.sequence;
+  return {gradient,  gradient, gradient, gradient, gradient, m.curvature + m.sequence, m.checks + m.sequence,
+          landscape, trace};
+}
+
 }  // namespace
 
 MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const CasePlan& c, int members,
@@ -198,10 +221,15 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const 
   const auto vectors = stage_vectors(s, c, P, scalar);
   // The stages a case runs: the noise vectors' recomputation, the
   // landscapes and the traces only where they run.
-  enum : std::size_t { gradient, noise, recompute, curvature, checks, landscapes, traces };
+  // Each of the noise batches and a pass's filling in two phases: its
+  // gradient pass, then g_j beside the sum.
+  enum : std::size_t { gradient, noise, noise_mean, recompute, recompute_mean, curvature, checks, landscapes, traces };
   const bool recomputes = !c.keep_noise && c.n_noise > 0;
   auto planned = [&](std::size_t k) {
-    return k == recompute ? recomputes : k == landscapes ? s.landscape.any() : k == traces ? s.curvature.hutchpp : true;
+    return k == recompute || k == recompute_mean ? recomputes
+           : k == landscapes                     ? s.landscape.any()
+           : k == traces                         ? s.curvature.hutchpp
+                                                 : true;
   };
   for (std::size_t k = 0; k < vectors.size(); ++k)
     if (vectors[k].bytes() > m.vectors && planned(k)) {
@@ -211,27 +239,11 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const 
       m.vectors_whole = vectors[k].whole;
       m.vectors_buffers = vectors[k].buffers;
     }
-  // The engines of each stage: the per-sequence gradients' throughout; the
-  // gradient's or the curvature's, never both (analysis/case_analysis.hpp,
-  // Engines: the gradient engine recomputes the noise vectors of a curvature
-  // pass before its curvature engine is made); the checks' engine alone.
-  const index_t R = std::min(s.landscape.curvature_directions(), s.directions_per_pass);
-  const std::size_t landscape =
-      m.sequence + std::max(m.gradient, R > 0
-                                            ? std::max(m.curvature, plan_gpt_bytes(cfg, curvature_shape(s, R), scalar))
-                                            : std::size_t(0));
-  // The traces' passes at their widest, directions_per_pass (the plan does not grow with the directions).
-  const std::size_t trace =
-      m.sequence + std::max(m.curvature, plan_gpt_bytes(cfg, curvature_shape(s, s.directions_per_pass), scalar));
-  const std::size_t engines[] = {m.gradient + m.sequence,
-                                 m.gradient + m.sequence,
-                                 m.gradient + m.sequence,
-                                 m.curvature + m.sequence,
-                                 m.checks + m.sequence,
-                                 landscape,
-                                 trace};
+  const std::vector<std::size_t> engines = stage_engines(cfg, s, m, scalar);
   const char* names[] = {"the gradient pass",
                          "the noise batches",
+                         "the noise batches",
+                         "the noise vectors recomputed",
                          "the noise vectors recomputed",
                          "the curvature passes",
                          "the identity checks",

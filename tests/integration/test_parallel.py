@@ -149,11 +149,10 @@ class Parallel(unittest.TestCase):
             with self.subTest(ranks=key[0], ranks_per_checkpoint=key[1], noise_vectors=key[2]):
                 self.assertEqual(sorted(snap), sorted(base))
                 diff = [k for k in base if snap[k] != base[k]]
-                # The planned memory is what recomputing changes: no kept
-                # noise vectors, but an exact sum and a batch gradient in the
-                # curvature passes (more than these few kept vectors).
+                # The planned memory is all that recomputing may change (no
+                # kept noise vectors, an exact sum and a batch gradient while
+                # a pass is filled: which is more depends on the largest stage).
                 planned = [k for k in diff if k.endswith("@peak_memory_bytes")] if key[2] == "recompute" else []
-                self.assertEqual(bool(planned), key[2] == "recompute")
                 self.assertEqual(sorted(set(diff) - set(planned)), [])
 
     def test_rerun_is_identical_and_skips_everything(self):

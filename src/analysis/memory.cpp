@@ -82,6 +82,36 @@ PlannedCuts planned_adjoint_cuts(const ModelConfig& cfg, const AnalysisSettings&
 
 namespace {
 
+// A stage of a case (case_stages): its name, whether the case runs it, what
+// its engines take and its parameter-sized vectors.
+struct Stage {
+  const char* name = "";
+  bool runs = true;
+  std::size_t engines = 0;
+  std::size_t sliced = 0, whole = 0, buffers = 0;  // the vectors' bytes by kind
+  index_t count = 0;                               // how many vectors
+  std::size_t vectors() const { return sliced + whole + buffers; }
+};
+constexpr const char* kCurvaturePasses = "the curvature passes";
+
+// What a stage's engines take: the per-sequence gradients' throughout; the
+// gradient's or the curvature's, never both (analysis/case_analysis.hpp,
+// Engines: the gradient engine recomputes the noise vectors of a curvature
+// pass before its curvature engine is made); the checks' engine alone.
+struct StageEngines {
+  std::size_t gradient, curvature, checks, landscape, trace;
+};
+StageEngines stage_engines(const ModelConfig& cfg, const AnalysisSettings& s, const MemoryPlan& m, std::size_t scalar) {
+  const index_t R = std::min(s.landscape.curvature_directions(), s.directions_per_pass);
+  const std::size_t random =
+      R > 0 ? std::max(m.curvature, plan_gpt_bytes(cfg, curvature_shape(s, R), scalar)) : std::size_t(0);
+  // The traces' passes at their widest, directions_per_pass (the plan does not grow with the directions).
+  const std::size_t traces =
+      std::max(m.curvature, plan_gpt_bytes(cfg, curvature_shape(s, s.directions_per_pass), scalar));
+  return {m.sequence + m.gradient, m.sequence + m.curvature, m.sequence + m.checks,
+          m.sequence + std::max(m.gradient, random), m.sequence + traces};
+}
+
 // The parameter-sized vectors, stage by stage (analysis/case_analysis.cpp):
 // those held throughout the case and each stage's own, in double, in 128-bit
 // exact sums and in the engine's scalar, for the gradient pass, the noise
@@ -96,9 +126,13 @@ namespace {
 // products) is whole, as are the doubles of the landscapes and the traces
 // (w: their displacements, Ritz vectors and products, and G and Delta
 // gathered for the landscapes), and a scatter's round buffers are added.
-std::vector<StageVectors> stage_vectors(const AnalysisSettings& s, const CasePlan& c, std::size_t P,
-                                        std::size_t scalar) {
+// In the order they run, the spectrum's apart (plan_memory).
+std::vector<Stage> case_stages(const ModelConfig& cfg, const AnalysisSettings& s, const CasePlan& c,
+                               const MemoryPlan& m, std::size_t P, std::size_t scalar) {
   struct Count {
+    const char* name;
+    bool runs;
+    std::size_t engines;
     index_t d = 0, x = 0, t = 0, w = 0, kept = 0;
   };
   const index_t K = c.pass_widths.front(), part = c.partition ? 1 : 0;
@@ -114,57 +148,61 @@ std::vector<StageVectors> stage_vectors(const AnalysisSettings& s, const CasePla
   const index_t tw = s.directions_per_pass;  // the traces' passes, at their widest
   // Throughout: G, the parameters; the AdamW preconditioner; the update's
   // Delta and theta_b; the diagonal.
-  const Count held{1 + (c.preconditioned ? 1 : 0) + (c.update ? 1 : 0) + (hv && s.curvature.diagonal ? 1 : 0), 0,
-                   1 + (c.update ? 1 : 0)};
+  const Count held{"", true,
+                   0,  1 + (c.preconditioned ? 1 : 0) + (c.update ? 1 : 0) + (hv && s.curvature.diagonal ? 1 : 0),
+                   0,  1 + (c.update ? 1 : 0)};
   const index_t kept = c.keep_noise ? c.n_noise : 0;  // slices
   const int shards = int(s.parameter_shards);
   const std::size_t Ps = shards > 1 ? std::size_t(ShardLayout(index_t(P), shards).largest()) : P;
   // A scatter's round: R pieces sent and R received, one staged (ShardLayout::round).
   const std::size_t rounds =
       shards > 1 ? scalar * std::size_t(ShardLayout(index_t(P), shards).round()) * (2 * std::size_t(shards) + 1) : 0;
+  const StageEngines e = stage_engines(cfg, s, m, scalar);
   const Count stages[] = {
       // the gradient: the epoch's exact sum, a batch's gradient
-      {0, 1, 1},
+      {"the gradient pass", true, e.gradient, 0, 1, 1},
       // the noise batches: a batch's exact sum (and the partition's), a
       // batch's gradient; the noise vectors kept. Then, the pass done, g_j
       // (xi_j formed in its place) beside the sum
-      {0, 1 + part, 1, 0, kept},
-      {1, 1 + part, 0, 0, kept},
+      {"the noise batches", true, e.gradient, 0, 1 + part, 1, 0, kept},
+      {"the noise batches", true, e.gradient, 1, 1 + part, 0, 0, kept},
       // a curvature pass's noise vectors recomputed as its directions are
       // filled (by the gradient engine): the partition's sum; the K
       // directions; the noise batch's exact sum and a batch's gradient, then
       // g_j beside the sum; with H v kept, an exact sum per direction and
       // H v in double
-      {hv ? 1 : 0, part + (recompute ? 1 : 0) + (hv ? K : 0), K + (recompute ? 1 : 0)},
-      {(hv ? 1 : 0) + (recompute ? 1 : 0), part + (recompute ? 1 : 0) + (hv ? K : 0), K},
+      {"the noise vectors recomputed", recompute, e.gradient, hv ? 1 : 0, part + 1 + (hv ? K : 0), K + 1},
+      {"the noise vectors recomputed", recompute, e.gradient, (hv ? 1 : 0) + 1, part + 1 + (hv ? K : 0), K},
       // the curvature passes: the partition's sum; the pass's K directions;
       // forward-over-reverse's batch gradient and K products; with H v kept,
       // an exact sum per direction and H v in double; the noise vectors kept
-      {hv ? 1 : 0, part + (hv ? K : 0), K + (fr ? 1 + K : 0), 0, kept},
+      {kCurvaturePasses, true, e.curvature, hv ? 1 : 0, part + (hv ? K : 0), K + (fr ? 1 + K : 0), 0, kept},
       // the identity checks: the partition's sum and its mean; two
       // directions, a gradient and one product at a time (the Gauss-Newton
       // part's in the same)
-      {part, part, 4},
+      {"the identity checks", true, e.checks, part, part, 4},
       // the landscapes: every direction's displacement in double (and the
       // Ritz vectors they take), one point's parameters; the random
       // directions' curvature pass (its directions, forward-over-reverse's
       // batch gradient and products)
-      {0, part, 1 + R + (fr && R > 0 ? 1 + R : 0),
+      {"the landscapes", s.landscape.any(), e.landscape, 0, part, 1 + R + (fr && R > 0 ? 1 + R : 0),
        index_t(s.landscape.used().size()) + ritz + (shards > 1 ? 1 + (c.update ? 1 : 0) : 0)},
       // the traces: the Ritz vectors (and their rounded copies), a product in
       // double, a pass's exact sums; the sketch and its basis, a direction,
       // forward-over-reverse's batch gradient and the pass's products
-      {0, part + tw, 2 * k3 + ritz + 1 + 1 + tw, ritz + 1},
+      {"the traces", s.curvature.hutchpp, e.trace, 0, part + tw, 2 * k3 + ritz + 1 + 1 + tw, ritz + 1},
   };
-  std::vector<StageVectors> out;
+  std::vector<Stage> out;
   for (const Count& n : stages) {
-    StageVectors v;
+    Stage v;
+    v.name = n.name;
+    v.runs = n.runs;
+    v.engines = n.engines;
     v.sliced = Ps * (sizeof(double) * std::size_t(held.d + n.d) + sizeof(fixed128) * std::size_t(held.x + n.x) +
                      scalar * std::size_t(n.kept));
     v.whole = P * (scalar * std::size_t(held.t + n.t) + sizeof(double) * std::size_t(n.w));
     v.buffers = rounds;
-    v.count = held.d + n.d + held.x + n.x + n.kept;
-    v.whole_count = held.t + n.t + n.w;
+    v.count = held.d + n.d + held.x + n.x + n.kept + held.t + n.t + n.w;
     out.push_back(v);
   }
   return out;
@@ -184,26 +222,6 @@ std::size_t spectrum_bytes(const ModelConfig& cfg, const AnalysisSettings& s, st
   return bytes;
 }
 
-// The engines of each stage of stage_vectors, in its order: the
-// per-sequence gradients' throughout; the gradient's or the curvature's, never
-// both (analysis/case_analysis.hpp, Engines: the gradient engine recomputes
-// the noise vectors of a curvature pass before its curvature engine is made);
-// the checks' engine alone.
-std::vector<std::size_t> stage_engines(const ModelConfig& cfg, const AnalysisSettings& s, const MemoryPlan& m,
-                                       std::size_t scalar) {
-  const index_t R = std::min(s.landscape.curvature_directions(), s.directions_per_pass);
-  const std::size_t landscape =
-      m.sequence + std::max(m.gradient, R > 0
-                                            ? std::max(m.curvature, plan_gpt_bytes(cfg, curvature_shape(s, R), scalar))
-                                            : std::size_t(0));
-  // The traces' passes at their widest, directions_per_pass (the plan does not grow with the directions).
-  const std::size_t trace =
-      m.sequence + std::max(m.curvature, plan_gpt_bytes(cfg, curvature_shape(s, s.directions_per_pass), scalar));
-  const std::size_t gradient = m.gradient + m.sequence;
-  return {gradient,  gradient, gradient, gradient, gradient, m.curvature + m.sequence, m.checks + m.sequence,
-          landscape, trace};
-}
-
 }  // namespace
 
 MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const CasePlan& c, int members,
@@ -218,46 +236,27 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const 
   m.checks =
       std::max(plan_gpt_bytes(cfg, check_shape(s, false), scalar), plan_gpt_bytes(cfg, check_shape(s, true), scalar));
   if (s.per_sequence) m.sequence = sequence_group_bytes(cfg, s, sequence_group(cfg, s, gpu_shaped));
-  const auto vectors = stage_vectors(s, c, P, scalar);
-  // The stages a case runs: the noise vectors' recomputation, the
-  // landscapes and the traces only where they run.
-  // Each of the noise batches and a pass's filling in two phases: its
-  // gradient pass, then g_j beside the sum.
-  enum : std::size_t { gradient, noise, noise_mean, recompute, recompute_mean, curvature, checks, landscapes, traces };
-  const bool recomputes = !c.keep_noise && c.n_noise > 0;
-  auto planned = [&](std::size_t k) {
-    return k == recompute || k == recompute_mean ? recomputes
-           : k == landscapes                     ? s.landscape.any()
-           : k == traces                         ? s.curvature.hutchpp
-                                                 : true;
-  };
-  for (std::size_t k = 0; k < vectors.size(); ++k)
-    if (vectors[k].bytes() > m.vectors && planned(k)) {
-      m.vectors = vectors[k].bytes();
-      m.vector_count = vectors[k].count + vectors[k].whole_count;
-      m.vectors_sliced = vectors[k].sliced;
-      m.vectors_whole = vectors[k].whole;
-      m.vectors_buffers = vectors[k].buffers;
-    }
-  const std::vector<std::size_t> engines = stage_engines(cfg, s, m, scalar);
-  const char* names[] = {"the gradient pass",
-                         "the noise batches",
-                         "the noise batches",
-                         "the noise vectors recomputed",
-                         "the noise vectors recomputed",
-                         "the curvature passes",
-                         "the identity checks",
-                         "the landscapes",
-                         "the traces"};
-  auto stage = [&m](const char* name, std::size_t e, std::size_t v) {
+  const std::vector<Stage> stages = case_stages(cfg, s, c, m, P, scalar);
+  auto peak = [&m](const char* name, std::size_t e, std::size_t v) {
     if (e + v <= m.peak) return;
     m.peak = e + v;
     m.peak_stage = name;
     m.peak_engines = e;
     m.peak_vectors = v;
   };
-  for (std::size_t k = 0; k < vectors.size(); ++k)
-    if (planned(k)) stage(names[k], engines[k], vectors[k].bytes());
+  const Stage* passes = nullptr;  // the curvature passes', which the spectrum's bound takes
+  for (const Stage& st : stages) {
+    if (st.name == kCurvaturePasses) passes = &st;
+    if (!st.runs) continue;
+    if (st.vectors() > m.vectors) {
+      m.vectors = st.vectors();
+      m.vector_count = st.count;
+      m.vectors_sliced = st.sliced;
+      m.vectors_whole = st.whole;
+      m.vectors_buffers = st.buffers;
+    }
+    peak(st.name, st.engines, st.vectors());
+  }
   if (c.spectrum) {
     m.spectrum = spectrum_bytes(cfg, s, P, members);
     // The curvature engine at the chains' width, and forward-over-reverse's
@@ -269,7 +268,7 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const AnalysisSettings& s, const 
     }
     // The spectrum's passes: the curvature engine, the curvature stage's
     // vectors (an upper bound: the noise vectors are gone) and the chains.
-    stage("the spectrum", m.sequence + m.curvature, vectors[curvature].bytes() + m.spectrum);
+    peak("the spectrum", m.sequence + m.curvature, passes->vectors() + m.spectrum);
   }
   return m;
 }

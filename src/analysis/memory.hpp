@@ -65,15 +65,6 @@ std::size_t sequence_group_bytes(const ModelConfig& cfg, const AnalysisSettings&
 // stay bounded by the pass width whatever the number of directions.
 inline index_t hutchpp_sketch(const AnalysisSettings& s) { return std::min(s.directions / 3, s.directions_per_pass); }
 
-// The parameter-sized vectors of one stage of a case (memory.cpp): bytes of
-// those held as a member's slice and of those whole, the scatter's round
-// buffers, and how many of each.
-struct StageVectors {
-  std::size_t sliced = 0, whole = 0, buffers = 0;
-  index_t count = 0, whole_count = 0;
-  std::size_t bytes() const { return sliced + whole + buffers; }
-};
-
 struct MemoryPlan {
   std::size_t gradient = 0, curvature = 0, checks = 0;  // engines (model/plan.hpp)
   std::size_t sequence = 0;  // analysis.per_sequence: its engine (unless the gradient's) and G sequences' gradients
